@@ -217,3 +217,40 @@ def read_manifest(plan_dir: str | Path) -> dict[str, Any]:
         raise StoreError(f"{plan_dir} is not a plan directory (no {MANIFEST_FILE})") from None
     except orjson.JSONDecodeError as exc:
         raise StoreError(f"{path} is not valid JSON: {exc}") from None
+
+
+# ---------------------------------------------------------------- plan directory
+
+
+def metrics_schema() -> pa.Schema:
+    from plancc.metrics import METRIC_COLUMNS
+
+    types = {"int": pa.int64(), "float": pa.float64()}
+    return pa.schema(
+        [pa.field("epoch", pa.int32(), nullable=False), pa.field("stage", pa.string(), nullable=False)]
+        + [pa.field(name, types[kind]) for name, kind in METRIC_COLUMNS]
+    )
+
+
+def metrics_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows of {epoch, stage, metric...} as the metrics table."""
+    schema = metrics_schema()
+    return pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)
+
+
+def plan_table(cols: dict[str, Any]) -> pa.Table:
+    """Arrow plan table from `compile.plan_columns` arrays: the CSR bounds become the nested `sample_ids` lists."""
+    rows = pa.ListArray.from_arrays(pa.array(cols["row_bounds"].astype("int32")), pa.array(cols["sample_ids"], pa.int64()))
+    nested = pa.ListArray.from_arrays(pa.array(cols["batch_bounds"].astype("int32")), rows)
+    arrays = {name: (nested if name == "sample_ids" else pa.array(cols[name])) for name in PLAN_SCHEMA.names}
+    return pa.Table.from_arrays(list(arrays.values()), schema=PLAN_SCHEMA)
+
+
+def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics: pa.Table,
+                     fingerprints: dict[str, Any], settings: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """Write the plan directory's files into `directory` (a temporary one from `atomic_directory`)."""
+    write_parquet(plan, directory / PLAN_FILE, file_metadata("plan", fingerprints, settings), PLAN_ROW_GROUP)
+    write_parquet(samples.select(SAMPLES_SCHEMA.names).cast(SAMPLES_SCHEMA), directory / SAMPLES_FILE,
+                  file_metadata("samples", fingerprints, settings))
+    write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
+    write_json(manifest, directory / MANIFEST_FILE)

@@ -1,0 +1,116 @@
+"""The library entry points the CLI calls: compile a source into a plan directory, load a plan's samples.
+
+Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) -> Parquet (store).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from plancc import __version__, store
+from plancc.compile import EpochPlan, Progress, compile_plan, plan_columns
+from plancc.config import PlanSettings, ScanOptions
+from plancc.fingerprint import array_digest, config_fingerprint, dataset_fingerprint, metadata_fingerprint
+from plancc.plan import SampleArrays
+
+
+def sample_arrays(table: pa.Table) -> SampleArrays:
+    """Planner view of a samples table (sorted by sample_id)."""
+    return SampleArrays(
+        sample_id=table.column("sample_id").to_numpy().astype(np.int64),
+        length=table.column("length").to_numpy().astype(np.int64),
+        label_count=table.column("label_count").to_numpy().astype(np.int64),
+        first_label_supervised=table.column("first_label_supervised").to_numpy(zero_copy_only=False).astype(bool),
+    )
+
+
+def sample_fingerprints(table: pa.Table) -> dict[str, str]:
+    s = sample_arrays(table)
+    token_hash = table.column("token_hash").to_numpy()
+    return {
+        "dataset": dataset_fingerprint(s.sample_id, token_hash),
+        "metadata": metadata_fingerprint(s.sample_id, s.length, s.label_count, s.first_label_supervised),
+    }
+
+
+def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
+    """Digest of one epoch's plan rows: order, membership, mapping and counts."""
+    return array_digest(*(cols[k] for k in ("index", "update", "rank", "micro_step", "batch_bounds", "row_bounds",
+                                            "sample_ids", "tokens", "label_count", "cost", "num_items")))
+
+
+def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
+                 progress: Progress | None = None) -> tuple[pa.Table, dict[str, Any], Path | None]:
+    """(samples table, scan info, tokenized file or None) from a samples table, scan dir, plan dir or raw source."""
+    from plancc import scan
+
+    given = scan.load_samples_source(source)
+    if given is not None:
+        table, info = given
+        return table, info, None
+    result = scan.scan(source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)
+    return result.samples, {**result.report, "source_paths": result.source_paths}, result.tokenized_path
+
+
+def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,
+                   num_proc: int = 1, cache_dir: Path | None = None, progress: Progress | None = None
+                   ) -> dict[str, Any]:
+    """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest."""
+    samples_table, scan_info, tokenized = load_samples(
+        source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
+    )
+    s = sample_arrays(samples_table)
+    epochs = compile_plan(s, settings, progress=progress)
+    return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress)
+
+
+def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
+                   epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
+                   progress: Progress | None = None) -> dict[str, Any]:
+    if progress:
+        progress("writing plan", 0, 1)
+    settings_dict = settings.to_dict()
+    fingerprints: dict[str, Any] = {
+        **sample_fingerprints(samples_table),
+        "config": config_fingerprint(settings_dict),
+        "plancc": __version__,
+        "schema": store.SCHEMA_VERSION,
+    }
+    tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
+    for p in epochs:
+        cols = plan_columns(p, s, settings)
+        plan_fps[str(p.epoch)] = plan_fingerprint(cols)
+        tables.append(store.plan_table(cols))
+        metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
+        after = p.metrics[-1][1]
+        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
+                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
+    fingerprints["plan"] = plan_fps
+    plan = pa.concat_tables(tables)
+    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
+    data = ({"tokenized": store.TOKENIZED_FILE} if tokenized is not None
+            else {"source": scan_info.get("source_paths", []), "format": "tokenized"})
+    manifest = {
+        "plancc": __version__,
+        "schema": store.SCHEMA_VERSION,
+        "fingerprints": fingerprints,
+        "settings": settings_dict,
+        "scan": {k: v for k, v in scan_info.items() if k != "source_paths"},
+        "data": data,
+        "epochs": epoch_info,
+        "samples": len(s),
+    }
+    with store.atomic_directory(out_dir) as tmp:
+        store.write_plan_files(tmp, plan, samples_table, store.metrics_table(metric_rows), fingerprints,
+                               settings_dict, manifest)
+        if tokenized is not None:
+            shutil.copyfile(tokenized, tmp / store.TOKENIZED_FILE)
+    if progress:
+        progress("writing plan", 1, 1)
+    return manifest

@@ -1,0 +1,117 @@
+"""The pipeline: samples -> per-epoch plans (pack, drop the tail if asked, balance) -> metrics. Nothing else.
+
+Randomness enters here only: one `numpy.random.Generator` per epoch, made from `(seed, epoch)`, passed down to
+every algorithm in turn. Identical samples and settings therefore give identical plans on any machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from plancc import balance, pack
+from plancc.config import PlanSettings, SettingsError
+from plancc.metrics import summarize
+from plancc.plan import (
+    Batches,
+    SampleArrays,
+    batch_cost,
+    batch_targets,
+    batch_tokens,
+    complete_updates,
+    segment_sum,
+    update_mapping,
+)
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    epoch: int
+    batches: Batches
+    metrics: list[tuple[str, dict]]  # (stage, metrics row) in pipeline order, ending with "after"
+
+
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The only source of randomness of a plan."""
+    return np.random.default_rng(np.random.SeedSequence([seed, epoch]))
+
+
+def drop_tail(b: Batches, settings: PlanSettings) -> Batches:
+    """Remove the incomplete final update (`--drop-last`); its samples are reported as dropped."""
+    keep = complete_updates(b.num_batches, settings.world_size, settings.grad_accum) * settings.batches_per_update
+    if keep == b.num_batches:
+        return b
+    batch_bounds = b.batch_bounds[: keep + 1]
+    row_bounds = b.row_bounds[: batch_bounds[-1] + 1]
+    return Batches(b.samples[: row_bounds[-1]], row_bounds, batch_bounds)
+
+
+def check_fits(s: SampleArrays, settings: PlanSettings) -> None:
+    """Every sample must fit one row; the scan drops or truncates over-long ones, a foreign table may not."""
+    too_long = np.flatnonzero(s.length > settings.row_capacity)
+    if too_long.size:
+        i = int(too_long[0])
+        raise SettingsError(
+            f"{too_long.size} samples are longer than the row capacity {settings.row_capacity} (first: sample_id "
+            f"{int(s.sample_id[i])}, length {int(s.length[i])}); raise --sequence-len or rescan with --long drop"
+        )
+
+
+def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None) -> EpochPlan:
+    rng = epoch_rng(settings.seed, epoch)
+    b = pack.initial_batches(s, settings, rng)
+    if settings.drop_last:
+        b = drop_tail(b, settings)
+    metrics = [("before", summarize(b, s, settings))]
+    for name, stage in balance.stages(settings):
+        if progress:
+            progress(f"balancing epoch {epoch}: {name}", 0, 1)
+        b = stage(b, s, settings, rng)
+        metrics.append((name, summarize(b, s, settings)))
+    metrics.append(("after", metrics[-1][1]))
+    return EpochPlan(epoch, b, metrics)
+
+
+def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None) -> list[EpochPlan]:
+    """Plan every epoch of `settings.epochs`."""
+    if len(s) == 0:
+        raise SettingsError("the samples table is empty: nothing to plan")
+    check_fits(s, settings)
+    plans = []
+    for epoch in range(settings.epochs):
+        if progress:
+            progress("planning epochs", epoch, settings.epochs)
+        plans.append(plan_epoch(s, settings, epoch, progress))
+    if progress:
+        progress("planning epochs", settings.epochs, settings.epochs)
+    return plans
+
+
+def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[str, np.ndarray]:
+    """One row per microbatch: the plan table's columns as arrays (store turns them into Parquet)."""
+    b = p.batches
+    n = b.num_batches
+    update, rank, micro_step = update_mapping(n, settings.world_size, settings.grad_accum)
+    labels = batch_targets(b, s, settings.shift)
+    update_bounds = np.append(np.arange(0, n, settings.batches_per_update, dtype=np.int64), n)
+    num_items = np.repeat(segment_sum(labels, update_bounds), np.diff(update_bounds))
+    complete = update < complete_updates(n, settings.world_size, settings.grad_accum)
+    return {
+        "epoch": np.full(n, p.epoch, dtype=np.int32),
+        "index": np.arange(n, dtype=np.int64),
+        "update": update,
+        "rank": rank,
+        "micro_step": micro_step,
+        "sample_ids": s.sample_id[b.samples],
+        "row_bounds": b.row_bounds,
+        "batch_bounds": b.batch_bounds,
+        "tokens": batch_tokens(b, s),
+        "label_count": labels,
+        "cost": batch_cost(b, s, settings.pad_multiple),
+        "num_items": num_items,
+        "complete_update": complete,
+    }

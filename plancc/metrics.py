@@ -1,0 +1,136 @@
+"""Stage summaries from plan arrays (SPEC 6): what a plan does to labels, tokens, padding and updates.
+
+Microbatch statistics cover every microbatch of the epoch, the partial tail included. Update statistics cover
+complete updates only (`W*G` microbatches); the tail's microbatches are counted in `excluded_tail_microbatches`.
+Standard deviations are population deviations. Every value is a plain int or float (None where it does not
+apply: `rows_lower_bound` outside packed mode) so the table is JSON-able. `label_cv` and `update_label_cv` are
+std/mean, the figures balancing is judged by.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from plancc.config import PlanSettings
+from plancc.plan import (
+    Batches,
+    SampleArrays,
+    batch_cost,
+    batch_targets,
+    batch_tokens,
+    complete_updates,
+    row_tokens,
+)
+
+METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("samples", "int"),
+    ("dropped_samples", "int"),
+    ("batches", "int"),
+    ("packed_rows", "int"),
+    ("mean_packed_length", "float"),
+    ("mean_label_count", "float"),
+    ("std_label_count", "float"),
+    ("label_cv", "float"),
+    ("total_label_count", "int"),
+    ("total_tokens", "int"),
+    ("mean_unpadded_length", "float"),
+    ("std_unpadded_length", "float"),
+    ("max_unpadded_length", "int"),
+    ("mean_batch_cost", "float"),
+    ("std_batch_cost", "float"),
+    ("max_batch_cost", "int"),
+    ("total_batch_cost", "int"),
+    ("padding_tokens", "int"),
+    ("packing_efficiency", "float"),
+    ("rows_lower_bound", "int"),
+    ("updates", "int"),
+    ("mean_global_update_labels", "float"),
+    ("std_global_update_labels", "float"),
+    ("update_label_cv", "float"),
+    ("excluded_tail_microbatches", "int"),
+    ("mean_rank_cost_spread", "float"),
+    ("max_rank_cost_spread", "int"),
+    ("mean_rank_label_spread", "float"),
+    ("max_rank_label_spread", "int"),
+    ("max_naive_weight_skew", "float"),
+)
+
+
+def _mean_std(x: np.ndarray) -> tuple[float, float]:
+    if x.size == 0:
+        return 0.0, 0.0
+    x = x.astype(np.float64)
+    return float(x.mean()), float(x.std())
+
+
+def _cv(mean: float, std: float) -> float:
+    return std / mean if mean > 0 else 0.0
+
+
+def summarize(b: Batches, s: SampleArrays, settings: PlanSettings) -> dict[str, int | float | None]:
+    """One metrics row (without epoch/stage) for one epoch's microbatches; None where a metric does not apply."""
+    labels = batch_targets(b, s, settings.shift)
+    tokens = batch_tokens(b, s)
+    cost = batch_cost(b, s, settings.pad_multiple)
+    rtok = row_tokens(b, s)
+    mean_l, std_l = _mean_std(labels)
+    mean_t, std_t = _mean_std(tokens)
+    mean_c, std_c = _mean_std(cost)
+    total_tokens = int(tokens.sum())
+    capacity = settings.row_capacity
+    slots = b.num_rows * capacity if settings.mode == "packed" else int(cost.sum())
+
+    W, G = settings.world_size, settings.grad_accum
+    n_upd = complete_updates(b.num_batches, W, G)
+    full = n_upd * W * G
+    per_update = labels[:full].reshape(n_upd, W * G) if n_upd else np.zeros((0, W * G), dtype=np.int64)
+    update_totals = per_update.sum(axis=1)
+    mean_u, std_u = _mean_std(update_totals)
+    if n_upd:
+        means = update_totals / (W * G)
+        skew = float((means[:, None] / np.maximum(per_update, 1)).max())
+    else:
+        skew = 0.0
+    if W > 1 and n_upd:
+        by_step_cost = cost[:full].reshape(n_upd * G, W)  # one row per (update, micro-step), one column per rank
+        by_step_labels = labels[:full].reshape(n_upd * G, W)
+        cost_spread = by_step_cost.max(axis=1) - by_step_cost.min(axis=1)
+        label_spread = by_step_labels.max(axis=1) - by_step_labels.min(axis=1)
+        rank = (float(cost_spread.mean()), int(cost_spread.max()), float(label_spread.mean()), int(label_spread.max()))
+    else:
+        rank = (0.0, 0, 0.0, 0)
+
+    return {
+        "samples": int(b.samples.shape[0]),
+        "dropped_samples": len(s) - int(b.samples.shape[0]),
+        "batches": b.num_batches,
+        "packed_rows": b.num_rows,
+        "mean_packed_length": float(rtok.mean()) if rtok.size else 0.0,
+        "mean_label_count": mean_l,
+        "std_label_count": std_l,
+        "label_cv": _cv(mean_l, std_l),
+        "total_label_count": int(labels.sum()),
+        "total_tokens": total_tokens,
+        "mean_unpadded_length": mean_t,
+        "std_unpadded_length": std_t,
+        "max_unpadded_length": int(tokens.max()) if tokens.size else 0,
+        "mean_batch_cost": mean_c,
+        "std_batch_cost": std_c,
+        "max_batch_cost": int(cost.max()) if cost.size else 0,
+        "total_batch_cost": int(cost.sum()),
+        "padding_tokens": int(cost.sum()) - total_tokens,
+        "packing_efficiency": total_tokens / slots if slots else 0.0,
+        "rows_lower_bound": math.ceil(total_tokens / capacity) if settings.mode == "packed" else None,
+        "updates": n_upd,
+        "mean_global_update_labels": mean_u,
+        "std_global_update_labels": std_u,
+        "update_label_cv": _cv(mean_u, std_u),
+        "excluded_tail_microbatches": b.num_batches - full,
+        "mean_rank_cost_spread": rank[0],
+        "max_rank_cost_spread": rank[1],
+        "mean_rank_label_spread": rank[2],
+        "max_rank_label_spread": rank[3],
+        "max_naive_weight_skew": skew,
+    }

@@ -1,0 +1,25 @@
+"""Packing algorithms, one per module: `(lengths, capacity, rng) -> (order, bounds)`; and the layout builder."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plancc.config import PlanSettings
+from plancc.pack.best_fit import pack_best_fit
+from plancc.pack.fixed_count import group_fixed
+from plancc.plan import Batches, SampleArrays, from_rows
+
+
+def initial_batches(s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+    """The `before` plan of one epoch: shuffled, packed (or grouped) microbatches in the chosen layout."""
+    if settings.mode == "packed":
+        order, row_bounds = pack_best_fit(s.length, settings.row_capacity, rng)
+        rows_per_batch = settings.micro_batch_size if settings.real_batches else 1
+        return from_rows(order, row_bounds, rows_per_batch)
+    order, groups = group_fixed(len(s), settings.micro_batch_size, rng)
+    if settings.mode == "padded":  # one row per sample
+        return Batches(order, np.arange(len(s) + 1, dtype=np.int64), groups)
+    return Batches(order, groups, np.arange(groups.shape[0], dtype=np.int64))  # flattened: one row per group
+
+
+__all__ = ["group_fixed", "initial_batches", "pack_best_fit"]

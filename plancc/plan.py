@@ -1,0 +1,162 @@
+"""Plan arrays: one epoch's microbatches as compressed index arrays, and the quantities derived from them.
+
+A microbatch holds rows; a row holds samples. Both levels are CSR offsets, so a plan of 10M samples is three
+integer arrays and every derived quantity is a vectorized reduction::
+
+    samples     = [7, 2, 9, 4, 0, 5]      positions in the samples table, in plan order
+    row_bounds  = [0, 2, 3, 6]            row 0 = samples[0:2], row 1 = samples[2:3], row 2 = samples[3:6]
+    batch_bounds= [0, 1, 3]               microbatch 0 = rows [0:1], microbatch 1 = rows [1:3]
+
+Layouts map onto this shape: `packed` has one row per microbatch (or `micro_batch_size` rows with real
+batches), `padded` one row per sample, `flattened` one row per microbatch. Algorithms in `pack/` and `balance/`
+take and return these arrays; nothing here knows about files, tokenizers or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SampleArrays:
+    """Per-sample facts the planner needs, indexed by position in the samples table."""
+
+    sample_id: np.ndarray  # int64
+    length: np.ndarray  # int64
+    label_count: np.ndarray  # int64, labels != -100 (or shift_labels != -100 for shift "none")
+    first_label_supervised: np.ndarray  # bool
+
+    def __len__(self) -> int:
+        return int(self.length.shape[0])
+
+    def targets(self, shift: str) -> np.ndarray:
+        """Supervised targets each sample contributes when it starts its own sequence (SPEC 3).
+
+        `sample` and `row` drop the first label (no token predicts it); `none` counts pre-shifted labels as they
+        are. Under `row` shift this is exact for the first sample of a row; later samples in a row gain back
+        their first label (see `row_targets`).
+        """
+        if shift == "none":
+            return self.label_count
+        return self.label_count - self.first_label_supervised.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Batches:
+    """One epoch's ordered microbatches (see module docstring)."""
+
+    samples: np.ndarray  # int64
+    row_bounds: np.ndarray  # int64, rows + 1
+    batch_bounds: np.ndarray  # int64, batches + 1
+
+    @property
+    def num_batches(self) -> int:
+        return int(self.batch_bounds.shape[0] - 1)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_bounds.shape[0] - 1)
+
+    def rows_per_batch(self) -> np.ndarray:
+        return np.diff(self.batch_bounds)
+
+    def samples_per_row(self) -> np.ndarray:
+        return np.diff(self.row_bounds)
+
+    def row_of_sample(self) -> np.ndarray:
+        """Row index of each entry of `samples`."""
+        return np.repeat(np.arange(self.num_rows, dtype=np.int64), self.samples_per_row())
+
+    def batch_of_row(self) -> np.ndarray:
+        return np.repeat(np.arange(self.num_batches, dtype=np.int64), self.rows_per_batch())
+
+
+def segment_sum(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Sums of `values` over CSR segments `bounds` (empty segments give 0)."""
+    csum = np.zeros(values.shape[0] + 1, dtype=np.int64)
+    np.cumsum(values, out=csum[1:])
+    return csum[bounds[1:]] - csum[bounds[:-1]]
+
+
+def segment_max(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Maxima of non-negative `values` over non-empty CSR segments."""
+    if values.shape[0] == 0:
+        return np.zeros(bounds.shape[0] - 1, dtype=np.int64)
+    return np.maximum.reduceat(values, bounds[:-1]).astype(np.int64)
+
+
+def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
+    return segment_sum(s.length[b.samples], b.row_bounds)
+
+
+def row_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+    """Supervised targets per row, exactly as the collator feeds the loss (SPEC 3)."""
+    if shift == "row":
+        per_row = segment_sum(s.label_count[b.samples], b.row_bounds)
+        first = b.samples[b.row_bounds[:-1]]
+        return per_row - s.first_label_supervised[first].astype(np.int64)
+    return segment_sum(s.targets(shift)[b.samples], b.row_bounds)
+
+
+def batch_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
+    return segment_sum(row_tokens(b, s), b.batch_bounds)
+
+
+def batch_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+    return segment_sum(row_targets(b, s, shift), b.batch_bounds)
+
+
+def batch_cost(b: Batches, s: SampleArrays, pad_multiple: int) -> np.ndarray:
+    """Token slots the collator allocates: rows x longest row, rounded up to `pad_multiple`.
+
+    Padded: rows are samples, so cost = samples x padded max length. Flattened: one row, cost = its tokens.
+    Packed: the microbatch's rows padded to the longest of them.
+    """
+    longest = segment_max(row_tokens(b, s), b.batch_bounds)
+    padded = -(-longest // pad_multiple) * pad_multiple
+    return b.rows_per_batch() * padded
+
+
+def update_mapping(num_batches: int, world_size: int, grad_accum: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(update, rank, micro_step) of each global microbatch index (SPEC 4): i = u*W*G + m*W + r."""
+    i = np.arange(num_batches, dtype=np.int64)
+    per_update = world_size * grad_accum
+    return i // per_update, (i % world_size).astype(np.int32), ((i % per_update) // world_size).astype(np.int32)
+
+
+def complete_updates(num_batches: int, world_size: int, grad_accum: int) -> int:
+    return num_batches // (world_size * grad_accum)
+
+
+def from_rows(samples: np.ndarray, row_bounds: np.ndarray, rows_per_batch: int) -> Batches:
+    """Group consecutive rows into microbatches of `rows_per_batch` (the last may hold fewer)."""
+    n_rows = row_bounds.shape[0] - 1
+    batch_bounds = np.arange(0, n_rows + rows_per_batch, rows_per_batch, dtype=np.int64)
+    batch_bounds[-1] = n_rows
+    if batch_bounds.shape[0] >= 2 and batch_bounds[-2] == n_rows:
+        batch_bounds = batch_bounds[:-1]
+    return Batches(samples.astype(np.int64, copy=False), row_bounds.astype(np.int64, copy=False), batch_bounds)
+
+
+def permute_rows(b: Batches, row_order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(samples, row_bounds) with rows taken in `row_order`."""
+    sizes = b.samples_per_row()[row_order]
+    bounds = np.zeros(row_order.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    starts = b.row_bounds[:-1][row_order]
+    gather = np.repeat(starts - bounds[:-1], sizes) + np.arange(bounds[-1], dtype=np.int64)
+    return b.samples[gather], bounds
+
+
+def permute_batches(b: Batches, batch_order: np.ndarray) -> Batches:
+    """The same microbatches in another order (contents untouched)."""
+    rows_per = b.rows_per_batch()[batch_order]
+    row_order = np.repeat(b.batch_bounds[:-1][batch_order], rows_per) + (
+        np.arange(rows_per.sum(), dtype=np.int64) - np.repeat(np.cumsum(rows_per) - rows_per, rows_per)
+    )
+    samples, row_bounds = permute_rows(b, row_order)
+    batch_bounds = np.zeros(batch_order.shape[0] + 1, dtype=np.int64)
+    np.cumsum(rows_per, out=batch_bounds[1:])
+    return Batches(samples, row_bounds, batch_bounds)
