@@ -1,0 +1,3 @@
+from plancc.cli import app
+
+app(prog_name="plancc")

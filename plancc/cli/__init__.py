@@ -1,0 +1,177 @@
+"""`plancc` commands: parse options, call one library function, print. No planning logic lives here."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from plancc.cli.common import app, fail_on_errors, print_json, reporter
+from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file
+
+_EXAMPLE = "\n\nExample:\n\n    plancc compile examples/data/chat.jsonl -o plans/chat --micro-batch-size 4 --grad-accum 4"
+
+Opt = typer.Option
+
+
+def _settings(config: Path | None, flags: dict[str, Any]) -> tuple[ScanOptions, PlanSettings, int]:
+    """Defaults < config file < explicit flags; returns (scan options, plan settings, num_proc)."""
+    merged: dict[str, Any] = load_config_file(config) if config else {}
+    merged.update({k: v for k, v in flags.items() if v is not None})
+    num_proc = int(merged.pop("num_proc", 1))
+    if num_proc <= 0:
+        raise SettingsError(f"--num-proc must be a positive integer, got {num_proc}")
+    scan_names = {f.name for f in dataclasses.fields(ScanOptions)}
+    plan_names = {f.name for f in dataclasses.fields(PlanSettings)}
+    try:
+        scan = ScanOptions(**{k: v for k, v in merged.items() if k in scan_names})
+        plan = PlanSettings(**{k: v for k, v in merged.items() if k in plan_names})
+    except TypeError as exc:
+        raise SettingsError(f"invalid setting: {exc}") from None
+    return scan, plan, num_proc
+
+
+ConfigOpt = Annotated[Path | None, Opt("--config", help="TOML or YAML file of settings; flags override it.")]
+FormatOpt = Annotated[str | None, Opt("--format", help="auto|tokenized|prompt_completion|alpaca|messages|text")]
+TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="tokenizer.json or HF tokenizer dir (default: "
+                                                             "built-in byte level).")]
+SeqOpt = Annotated[int | None, Opt("--sequence-len", help="Max tokens per sample / per row (default 4096).")]
+LongOpt = Annotated[str | None, Opt("--long", help="Over-long samples: truncate|drop|error (default drop).")]
+ShiftOpt = Annotated[str | None, Opt("--shift", help="Label shift: sample|row|none (default sample).")]
+ProcOpt = Annotated[int | None, Opt("--num-proc", help="Tokenizer processes (results identical for any count).")]
+CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache (default $PLANCC_CACHE or ~/.cache/plancc).")]
+QuietOpt = Annotated[bool, Opt("--quiet", "-q", help="No progress output.")]
+JsonOpt = Annotated[bool, Opt("--json", help="Print a machine-readable result.")]
+
+
+@app.command("compile", help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan." + _EXAMPLE)
+def compile_cmd(
+    source: Annotated[str, typer.Argument(help="File, glob, save_to_disk dir, Hub id, or a samples table.")],
+    output: Annotated[Path, Opt("--output", "-o", help="Plan directory to write (replaced atomically).")],
+    config: ConfigOpt = None,
+    format: FormatOpt = None,
+    tokenizer: TokenizerOpt = None,
+    sequence_len: SeqOpt = None,
+    long: LongOpt = None,
+    shift: ShiftOpt = None,
+    mode: Annotated[str | None, Opt("--mode", help="packed|padded|flattened (default packed).")] = None,
+    micro_batch_size: Annotated[int | None, Opt("--micro-batch-size", help="Samples (or packed sequences) per "
+                                                                          "microbatch.")] = None,
+    real_batches: Annotated[bool | None, Opt("--real-batches/--one-row", help="Packed: micro_batch_size rows of "
+                                                                             "sequence_len per microbatch.")] = None,
+    pad_multiple: Annotated[int | None, Opt("--pad-multiple", help="Collator pads lengths to this multiple.")] = None,
+    world_size: Annotated[int | None, Opt("--world-size", help="Data-parallel ranks.")] = None,
+    grad_accum: Annotated[int | None, Opt("--grad-accum", help="Microbatches per rank per optimizer step.")] = None,
+    drop_last: Annotated[bool | None, Opt("--drop-last/--keep-last", help="Drop the incomplete final "
+                                                                         "update.")] = None,
+    seed: Annotated[int | None, Opt("--seed")] = None,
+    epochs: Annotated[int | None, Opt("--epochs")] = None,
+    balance: Annotated[bool | None, Opt("--balance/--no-balance", help="Label balancing (default on).")] = None,
+    balance_window: Annotated[int | None, Opt("--balance-window", help="Microbatches per window (<= 64).")] = None,
+    balance_passes: Annotated[int | None, Opt("--balance-passes", help="Bounded passes per window.")] = None,
+    num_proc: ProcOpt = None,
+    cache_dir: CacheOpt = None,
+    quiet: QuietOpt = False,
+    json: JsonOpt = False,
+) -> None:
+    from plancc.api import compile_to_dir
+
+    with fail_on_errors():
+        flags = {k: v for k, v in locals().items() if k not in ("source", "output", "config", "cache_dir", "quiet",
+                                                                "json")}
+        scan, plan, procs = _settings(config, flags)
+        if scan.sequence_len != plan.sequence_len:
+            raise SettingsError("scan and plan sequence_len differ")
+        with reporter(quiet or json) as progress:
+            manifest = compile_to_dir(source, scan, plan, output, num_proc=procs, cache_dir=cache_dir,
+                                      progress=progress)
+        if json:
+            print_json({"plan_dir": str(output), **manifest})
+        elif not quiet:
+            _print_compile_summary(output, manifest)
+
+
+def _print_compile_summary(output: Path, manifest: dict[str, Any]) -> None:
+    from plancc import store
+
+    metrics = store.read_table(output / store.METRICS_FILE, store.metrics_schema()).to_pylist()
+    by = {(m["epoch"], m["stage"]): m for m in metrics}
+    typer.echo(f"wrote {output}: {manifest['samples']} samples, {len(manifest['epochs'])} epoch(s)")
+    for e in manifest["epochs"]:
+        before, after = by[(e["epoch"], "before")], by[(e["epoch"], "after")]
+        typer.echo(
+            f"  epoch {e['epoch']}: {after['batches']} microbatches, {after['updates']} updates, "
+            f"label CV {before['label_cv']:.3f} -> {after['label_cv']:.3f}, update CV "
+            f"{before['update_label_cv']:.3f} -> {after['update_label_cv']:.3f}, "
+            f"packing efficiency {after['packing_efficiency']:.4f}"
+        )
+    typer.echo(f"  plan fingerprints: {', '.join(f'{k}={v}' for k, v in manifest['fingerprints']['plan'].items())}")
+
+
+@app.command("scan", help="Tokenize + scan SOURCE only: write the samples table and the tokenized dataset."
+                          "\n\nExample:\n\n    plancc scan data/train.jsonl -o scans/train --tokenizer tok/")
+def scan_cmd(
+    source: Annotated[str, typer.Argument(help="File, glob, save_to_disk dir or Hub id.")],
+    output: Annotated[Path, Opt("--output", "-o", help="Scan directory to write.")],
+    config: ConfigOpt = None,
+    format: FormatOpt = None,
+    tokenizer: TokenizerOpt = None,
+    sequence_len: SeqOpt = None,
+    long: LongOpt = None,
+    shift: ShiftOpt = None,
+    num_proc: ProcOpt = None,
+    cache_dir: CacheOpt = None,
+    quiet: QuietOpt = False,
+    json: JsonOpt = False,
+) -> None:
+    from plancc import scan as scan_mod
+
+    with fail_on_errors():
+        flags = {"format": format, "tokenizer": tokenizer, "sequence_len": sequence_len, "long": long,
+                 "shift": shift, "num_proc": num_proc}
+        options, _, procs = _settings(config, flags)
+        with reporter(quiet or json) as progress:
+            result = scan_mod.scan(source, options, num_proc=procs, cache_dir=cache_dir, progress=progress)
+            scan_mod.write_scan(result, output)
+        if json:
+            print_json({"scan_dir": str(output), **result.report})
+        elif not quiet:
+            r = result.report
+            typer.echo(f"wrote {output}: {r.get('retained')} samples retained of {r.get('rows_read')} rows "
+                       f"(dropped long {r.get('dropped_long')}, truncated {r.get('truncated')})")
+
+
+@app.command("validate", help="Re-check every invariant and fingerprint of a plan on disk; exit 1 on any "
+                              "violation.\n\nExample:\n\n    plancc validate plans/chat --dataset data/train.jsonl")
+def validate_cmd(
+    plan_dir: Annotated[Path, typer.Argument(help="Plan directory.")],
+    dataset: Annotated[str | None, Opt("--dataset", help="Rescan this source and compare its content "
+                                                          "fingerprint.")] = None,
+    num_proc: ProcOpt = None,
+    cache_dir: CacheOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    from plancc import store
+    from plancc.validate import validate_plan
+
+    with fail_on_errors():
+        dataset_fp = None
+        if dataset is not None:
+            from plancc.api import load_samples, sample_fingerprints
+
+            manifest = store.read_manifest(plan_dir)
+            options = ScanOptions(**manifest["scan"]["options"])
+            table, _, _ = load_samples(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
+            dataset_fp = sample_fingerprints(table)["dataset"]
+        problems, _ = validate_plan(str(plan_dir), dataset_fp)
+    if json:
+        print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
+    elif problems:
+        for p in problems:
+            typer.echo(f"violation: {p}", err=True)
+    else:
+        typer.echo(f"{plan_dir}: ok (coverage, capacity, mapping, counts, fingerprints)")
+    raise typer.Exit(1 if problems else 0)
+

@@ -1,0 +1,63 @@
+"""What every command shares: the typer app, error-to-exit-code mapping, JSON output and progress."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import typer
+
+from plancc.errors import PlanccError
+
+app = typer.Typer(
+    name="plancc",
+    help="Compile fine-tuning datasets into packed, label-balanced, token-exact training plans.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@contextlib.contextmanager
+def fail_on_errors() -> Iterator[None]:
+    """Bad input, usage or files: a one-line message on stderr and exit code 2, never a traceback."""
+    try:
+        yield
+    except PlanccError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        typer.echo(f"error:{where} {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted: nothing was written", err=True)
+        raise typer.Exit(130) from None
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n")
+
+
+@contextlib.contextmanager
+def reporter(quiet: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A progress callback `(phase, done, total)` drawing one bar per phase on stderr; None when quiet."""
+    if quiet:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    tasks: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=False) as bar:
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=max(total, 1))
+            bar.update(tasks[phase], completed=done, total=max(total, 1))
+
+        yield progress
