@@ -1,0 +1,235 @@
+"""The scan: SOURCE → samples table (+ tokenized dataset), cached by (source content, tokenizer, scan options).
+
+    read (sources.read) → detect format + check columns (sources.detect) → encode rows (sources.parallel /
+    sources.encode, or sources.samples.from_tokenized) → long policy, counts, drops, hashes (sources.samples)
+    → cache directory {samples.parquet, tokenized.parquet, scan.json}, written atomically
+
+The tokenized Parquet has one row per SOURCE row in source order, so `sample_id` is the row the trainer loads;
+dropped rows stay in it (they are simply absent from the samples table). Under `--shift none` its `labels`
+column holds already-shifted labels (report `labels_shifted`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from plancc import store
+from plancc.config import ScanOptions, canonical_hash
+from plancc.errors import InputError
+from plancc.fingerprint import dataset_fingerprint, metadata_fingerprint
+from plancc.sources import detect
+from plancc.sources.encode import RowError
+from plancc.sources.parallel import encode_rows
+from plancc.sources.read import locate, read_source
+from plancc.sources.samples import finish, from_tokenized
+from plancc.sources.tokenizer import load_tokenizer
+
+SCAN_VERSION = 1
+Progress = Callable[[str, int, int], None] | None
+
+
+@dataclass(frozen=True)
+class Scan:
+    samples: pa.Table
+    tokenized_path: Path | None
+    source_paths: list[str]
+    report: dict
+    key: str
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("PLANCC_CACHE", "~/.cache/plancc")).expanduser()
+
+
+def _options_dict(options: ScanOptions, tokenizer_fp: str) -> dict[str, Any]:
+    d = dataclasses.asdict(options)
+    d["tokenizer"] = tokenizer_fp  # the tokenizer's content matters, not where it was found
+    return d
+
+
+def _fingerprints(samples: pa.Table) -> dict[str, str]:
+    cols = {n: samples.column(n).to_numpy() for n in samples.column_names}
+    return {
+        "dataset": dataset_fingerprint(cols["sample_id"], cols["token_hash"]),
+        "metadata": metadata_fingerprint(cols["sample_id"], cols["length"], cols["label_count"],
+                                         cols["first_label_supervised"]),
+    }
+
+
+def _load_cached(path: Path, key: str) -> Scan | None:
+    manifest = path / store.SCAN_MANIFEST_FILE
+    if not (manifest.is_file() and (path / store.SAMPLES_FILE).is_file()):
+        return None
+    try:
+        report = orjson.loads(manifest.read_bytes())
+        samples = store.read_samples(path / store.SAMPLES_FILE)
+    except (orjson.JSONDecodeError, store.StoreError):
+        return None  # a damaged cache entry is recomputed, not trusted
+    if report.get("key") != key:
+        return None
+    tokenized = path / store.TOKENIZED_FILE
+    if report.get("tokenized_written") and not tokenized.is_file():
+        return None
+    return Scan(samples, tokenized if tokenized.is_file() else None, list(report.get("source_paths", [])),
+                report, key)
+
+
+def _write_entry(directory: Path, samples: pa.Table, tokenized: pa.Table | None, report: dict) -> None:
+    meta = store.file_metadata("samples", report["fingerprints"], report["options"])
+    store.write_parquet(samples, directory / store.SAMPLES_FILE, meta)
+    if tokenized is not None:
+        tmeta = store.file_metadata("tokenized", report["fingerprints"], report["options"])
+        store.write_parquet(tokenized, directory / store.TOKENIZED_FILE, tmeta, row_group_size=8192)
+    store.write_json(report, directory / store.SCAN_MANIFEST_FILE)
+
+
+def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
+         progress: Progress = None) -> Scan:
+    """Tokenize and scan SOURCE (or reuse the cached scan with the same key)."""
+    started = time.perf_counter()
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc <= 0:
+        raise InputError(f"--num-proc must be a positive integer, got {num_proc!r}")
+    tok = load_tokenizer(options.tokenizer)
+    loc = locate(str(source))
+    if progress:
+        progress("reading", 0, 1)
+    src = read_source(loc) if loc.fingerprint is None else None
+    source_fp = loc.fingerprint or (src.fingerprint if src else "")
+    opts = _options_dict(options, tok.fingerprint)
+    key = canonical_hash({"version": SCAN_VERSION, "source": source_fp, "tokenizer": tok.fingerprint,
+                          "options": opts})
+    entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "scans" / key
+    cached = _load_cached(entry, key)
+    if cached is not None:
+        if progress:
+            progress("reading", 1, 1)
+        return cached
+    if src is None:
+        src = read_source(loc)
+    if progress:
+        progress("reading", 1, 1)
+    fmt = detect.detect_format(src) if options.format == "auto" else options.format
+    work = detect.canonical(src, fmt)
+    if fmt == "tokenized":
+        vocab = tok.vocab_size if options.tokenizer is not None else None
+        enc = from_tokenized(work, options.shift, vocab, src.where)
+        labels_shifted = options.shift == "none"
+        if progress:
+            progress("tokenizing", src.num_rows, src.num_rows)
+    else:
+        try:
+            enc = encode_rows(work, fmt, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
+                              progress=progress)
+        except RowError as exc:
+            raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
+        labels_shifted = False
+    done = finish(enc, options, src.where, labels_shifted=labels_shifted)
+    write_tokens = fmt != "tokenized" or done.report["truncated"]["count"] > 0
+    report = {
+        **done.report,
+        "format": fmt,
+        "source": str(source),
+        "source_kind": src.kind,
+        "source_paths": list(src.paths),
+        "source_fingerprint": source_fp,
+        "tokenizer": tok.name,
+        "tokenizer_fingerprint": tok.fingerprint,
+        "eos_token": tok.eos_token,
+        "options": opts,
+        "labels_shifted": options.shift == "none",
+        "tokenized_written": bool(write_tokens),
+        "fingerprints": _fingerprints(done.samples),
+        "key": key,
+        "plancc_scan_version": SCAN_VERSION,
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    if progress:
+        progress("writing", 0, 1)
+    tokenized = done.tokenized.to_table() if write_tokens else None
+    if tokenized is not None:
+        tokenized = tokenized.cast(store.TOKENIZED_SCHEMA) if tokenized.schema != store.TOKENIZED_SCHEMA else tokenized
+    try:
+        with store.atomic_directory(entry) as tmp:
+            _write_entry(tmp, done.samples, tokenized, report)
+    except store.StoreError:  # another process writes the same entry: keep ours beside it
+        entry = entry.parent / f"{key}-{uuid.uuid4().hex[:8]}"
+        with store.atomic_directory(entry) as tmp:
+            _write_entry(tmp, done.samples, tokenized, report)
+    if progress:
+        progress("writing", 1, 1)
+    return Scan(done.samples, entry / store.TOKENIZED_FILE if write_tokens else None, list(src.paths), report, key)
+
+
+def write_scan(result: Scan, out_dir: Path) -> None:
+    """SCAN_DIR: samples.parquet, tokenized.parquet (when written) and scan.json, replaced atomically."""
+    report = result.report
+    with store.atomic_directory(out_dir) as tmp:
+        meta = store.file_metadata("samples", report.get("fingerprints", _fingerprints(result.samples)),
+                                   report.get("options", {}))
+        store.write_parquet(result.samples, tmp / store.SAMPLES_FILE, meta)
+        if result.tokenized_path is not None:
+            shutil.copyfile(result.tokenized_path, tmp / store.TOKENIZED_FILE)
+        store.write_json(report, tmp / store.SCAN_MANIFEST_FILE)
+
+
+def _check_samples(table: pa.Table, path: Path) -> None:
+    sid = table.column("sample_id").to_numpy()
+    length = table.column("length").to_numpy()
+    count = table.column("label_count").to_numpy()
+    problems = [
+        (np.flatnonzero(sid < 0), "sample_id is negative"),
+        (np.flatnonzero(np.diff(sid) <= 0) + 1, "sample_id is not strictly increasing (unsorted or duplicate)"),
+        (np.flatnonzero(length <= 0), "length must be positive"),
+        (np.flatnonzero((count < 0) | (count > length)), "label_count must be in [0, length]"),
+    ]
+    for rows, what in problems:
+        if rows.size:
+            raise InputError(f"{path} row {int(rows[0])}: {what}")
+    if table.num_rows == 0:
+        raise InputError(f"{path}: the samples table is empty")
+
+
+def load_samples_source(path) -> tuple[pa.Table, dict] | None:
+    """A samples table given as SOURCE (Parquet with the samples schema, or a SCAN_DIR/PLAN_DIR); else None."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        f = p / store.SAMPLES_FILE
+        if not f.is_file():
+            return None
+    elif p.is_file() and p.suffix.lower() == ".parquet":
+        f = p
+        try:
+            names = set(pq.read_schema(f).names)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
+        if names != set(store.SAMPLES_SCHEMA.names):
+            return None
+    else:
+        return None
+    table = store.read_samples(f)
+    _check_samples(table, f)
+    try:
+        meta = store.read_file_meta(f)
+    except store.StoreError:
+        meta = None  # written by another engine: fine, fingerprints are recomputed below
+    info: dict[str, Any] = {"path": str(f), "fingerprints": _fingerprints(table), "meta": meta}
+    manifest = f.parent / store.SCAN_MANIFEST_FILE
+    if manifest.is_file():
+        try:
+            info["report"] = orjson.loads(manifest.read_bytes())
+        except orjson.JSONDecodeError:
+            info["report"] = None
+    return table, info

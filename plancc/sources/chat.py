@@ -1,0 +1,113 @@
+"""Render conversations with a Jinja chat template and find the exact character spans the model must learn.
+
+Masks come from prefix differences, so they are exact for any template without knowing its markup:
+
+    prefix = render(messages[:i], add_generation_prompt=True)   "<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n"
+    upto   = render(messages[:i+1])                             prefix + "Hello<|im_end|>\\n"
+    span of assistant turn i = [len(prefix), len(upto))         "Hello<|im_end|>\\n"  (content + end of turn)
+
+The full rendering is tokenized once with offsets and exactly the tokens starting inside a span are supervised.
+Templates that rewrite earlier turns (so `upto` is not a prefix of the full text) fall back to locating the turn's
+content in the full text after the previous span. Rendering is sandboxed (no code runs from the template).
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
+            "model": "assistant", "system": "system"}
+
+
+class TemplateProblem(Exception):
+    """A template failed or rendered a turn inconsistently; the caller adds the row."""
+
+
+def _raise(message: str):
+    raise TemplateProblem(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(template: str):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template)
+    except TemplateError as exc:
+        raise TemplateProblem(f"chat template does not compile: {exc}") from None
+
+
+class Renderer:
+    """Renders message lists for one (template, bos, eos)."""
+
+    def __init__(self, template: str, bos_token: str | None, eos_token: str | None):
+        self.template = _compile(template)
+        self.extra = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                        **self.extra)
+        except TemplateProblem:
+            raise
+        except Exception as exc:  # jinja surfaces template bugs as many exception types
+            raise TemplateProblem(f"chat template failed: {type(exc).__name__}: {exc}") from None
+
+    def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+        """Full rendering and the [start, end) character spans of every assistant turn (content + end of turn)."""
+        full = self.render(messages)
+        spans: list[tuple[int, int]] = []
+        cursor = 0
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            prefix = self.render(messages[:i], add_generation_prompt=True)
+            upto = self.render(messages[: i + 1])
+            if upto.startswith(prefix) and full.startswith(upto) and len(prefix) >= cursor:
+                a, b = len(prefix), len(upto)
+            else:
+                a = full.find(m["content"], cursor)
+                if a < 0 or not m["content"]:
+                    raise TemplateProblem(f"chat template renders assistant turn {i} inconsistently across prefixes")
+                b = a + len(m["content"])
+                tail = upto[len(prefix) + len(m["content"]):] if upto.startswith(prefix + m["content"]) else ""
+                if tail and full.startswith(tail, b):
+                    b += len(tail)
+            if b > a:
+                spans.append((a, b))
+            cursor = b
+        return full, spans
+
+
+def normalize(conversation: Any) -> list[dict[str, str]]:
+    """`[{role, content}]` or ShareGPT `[{from, value}]` into `[{role, content}]` with standard role names."""
+    if not isinstance(conversation, list):
+        raise TemplateProblem(f"expected a list of messages, got {type(conversation).__name__}")
+    out = []
+    for j, m in enumerate(conversation):
+        if not isinstance(m, dict):
+            raise TemplateProblem(f"message {j} is not an object")
+        role = m.get("role", m.get("from"))
+        content = m.get("content", m.get("value"))
+        if not isinstance(role, str):
+            raise TemplateProblem(f"message {j} has no string 'role' (or 'from')")
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise TemplateProblem(f"message {j} content is {type(content).__name__}, expected string")
+        out.append({"role": ROLE_MAP.get(role, role), "content": content})
+    return out

@@ -1,0 +1,155 @@
+"""Tokenize one contiguous batch of canonical rows into flat token and label arrays.
+
+Per-sample Python work is kept to what the tokenizer API forces (one `encode_batch` per text column and reading
+`.ids`); joining prompt and completion, appending eos and masking are numpy index arithmetic on flat arrays:
+
+    prompt ids  [p0 p1 p2]      completion ids [c0 c1] + eos
+    input_ids   [p0 p1 p2 c0 c1 eos]
+    labels      [-100 -100 -100 c0 c1 eos]
+
+Returns `Encoded(ids, labels, offsets)`: CSR layout, sample i is `ids[offsets[i]:offsets[i+1]]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import pyarrow as pa
+
+from plancc.sources.chat import Renderer, TemplateProblem, normalize
+from plancc.sources.tokenizer import Tok
+
+IGNORE = -100
+
+ALPACA_WITH_INPUT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+
+
+class RowError(Exception):
+    """A problem with one source row; the caller turns `row` into a file location."""
+
+    def __init__(self, row: int, message: str):
+        super().__init__(message)
+        self.row = row
+        self.message = message
+
+
+@dataclass
+class Encoded:
+    ids: np.ndarray  # int32, flat
+    labels: np.ndarray  # int32, flat, same layout as ids
+    offsets: np.ndarray  # int64, n+1
+
+    def to_table(self) -> pa.Table:
+        off = pa.array(self.offsets.astype(np.int32) if self.offsets[-1] < 2**31 else self.offsets)
+        list_type = pa.ListArray if off.type == pa.int32() else pa.LargeListArray
+        return pa.table({
+            "input_ids": list_type.from_arrays(off, pa.array(self.ids, pa.int32())),
+            "labels": list_type.from_arrays(off, pa.array(self.labels, pa.int32())),
+        })
+
+    @staticmethod
+    def concat(parts: list[Encoded]) -> Encoded:
+        if len(parts) == 1:
+            return parts[0]
+        shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
+        offsets = np.concatenate([np.zeros(1, np.int64)] + [p.offsets[1:] + s for p, s in zip(parts, shifts, strict=True)])
+        return Encoded(np.concatenate([p.ids for p in parts]), np.concatenate([p.labels for p in parts]), offsets)
+
+
+def _flat(encodings) -> tuple[np.ndarray, np.ndarray]:
+    lists = [e.ids for e in encodings]
+    lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    offsets = np.zeros(len(lists) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=int(offsets[-1]))
+    return ids, offsets
+
+
+def _append(ids: np.ndarray, offsets: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+    """Append `token` to every sample."""
+    out = np.insert(ids, offsets[1:], np.int32(token))
+    return out, offsets + np.arange(len(offsets), dtype=np.int64)
+
+
+def _join(p_ids, p_off, c_ids, c_off) -> Encoded:
+    """Concatenate prompt i and completion i for every i; labels mask the prompt."""
+    lp, lc = np.diff(p_off), np.diff(c_off)
+    offsets = np.zeros(len(lp) + 1, np.int64)
+    np.cumsum(lp + lc, out=offsets[1:])
+    ids = np.empty(int(offsets[-1]), np.int32)
+    p_pos = np.repeat(offsets[:-1] - p_off[:-1], lp) + np.arange(len(p_ids))
+    c_pos = np.repeat(offsets[:-1] + lp - c_off[:-1], lc) + np.arange(len(c_ids))
+    ids[p_pos] = p_ids
+    ids[c_pos] = c_ids
+    labels = ids.copy()
+    labels[p_pos] = IGNORE
+    return Encoded(ids, labels, offsets)
+
+
+def _pair(tok: Tok, prompts: list[str], completions: list[str], add_eos: bool) -> Encoded:
+    p_ids, p_off = _flat(tok.tokenizer.encode_batch(prompts, add_special_tokens=True))
+    c_ids, c_off = _flat(tok.tokenizer.encode_batch(completions, add_special_tokens=False))
+    if add_eos and tok.eos_id is not None:
+        c_ids, c_off = _append(c_ids, c_off, tok.eos_id)
+    return _join(p_ids, p_off, c_ids, c_off)
+
+
+def _text(tok: Tok, texts: list[str], add_eos: bool) -> Encoded:
+    ids, off = _flat(tok.tokenizer.encode_batch(texts, add_special_tokens=True))
+    if add_eos and tok.eos_id is not None:
+        ids, off = _append(ids, off, tok.eos_id)
+    return Encoded(ids, ids.copy(), off)
+
+
+def _messages(tok: Tok, conversations: list, row0: int) -> Encoded:
+    renderer = Renderer(tok.chat_template, tok.bos_token, tok.eos_token)
+    texts, spans = [], []
+    for i, conv in enumerate(conversations):
+        try:
+            text, sp = renderer.spans(normalize(conv))
+        except TemplateProblem as exc:
+            raise RowError(row0 + i, str(exc)) from None
+        texts.append(text)
+        spans.append(sp)
+    encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
+    ids, offsets = _flat(encodings)
+    labels = np.full(len(ids), IGNORE, np.int32)
+    for i, (enc, sp) in enumerate(zip(encodings, spans, strict=True)):
+        if not sp:
+            continue
+        starts = np.fromiter((s for s, _ in enc.offsets), dtype=np.int64, count=len(enc))
+        keep = np.zeros(len(starts), bool)
+        for a, b in sp:
+            keep |= (starts >= a) & (starts < b)
+        o = offsets[i]
+        seg = ids[o:o + len(starts)]
+        labels[o:o + len(starts)][keep] = seg[keep]
+    return Encoded(ids, labels, offsets)
+
+
+def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: int = 0) -> Encoded:
+    """Encode canonical rows (see detect.canonical) of one format; `row0` is the global index of the first row."""
+    if fmt == "text":
+        return _text(tok, table.column("text").to_pylist(), add_eos)
+    if fmt == "prompt_completion":
+        return _pair(tok, table.column("prompt").to_pylist(), table.column("completion").to_pylist(), add_eos)
+    if fmt == "alpaca":
+        prompts = [
+            (ALPACA_WITH_INPUT if inp else ALPACA_NO_INPUT).format(instruction=ins, input=inp)
+            for ins, inp in zip(table.column("instruction").to_pylist(), table.column("input").to_pylist(),
+                                strict=True)
+        ]
+        return _pair(tok, prompts, table.column("output").to_pylist(), add_eos)
+    if fmt == "messages":
+        return _messages(tok, table.column("messages").to_pylist(), row0)
+    raise ValueError(f"no encoder for format {fmt}")

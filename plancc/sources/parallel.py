@@ -1,0 +1,92 @@
+"""Encode rows in contiguous chunks, in this process or a spawned process pool, with identical results.
+
+Each sample is encoded independently, so results do not depend on chunking; chunks are concatenated in row order.
+Workers exchange data through Arrow IPC files in a temporary directory (the input table is written once and
+memory-mapped by every worker; each worker writes its chunk's tokens), so no table is pickled between processes.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from plancc.sources.encode import Encoded, RowError, encode_table
+from plancc.sources.tokenizer import load_tokenizer
+
+Progress = Callable[[str, int, int], None] | None
+
+
+def _chunk_size(n: int, num_proc: int) -> int:
+    return int(min(16_384, max(512, math.ceil(n / max(1, num_proc * 4)))))
+
+
+def _from_table(table: pa.Table) -> Encoded:
+    ids = table.column("input_ids").combine_chunks()
+    labels = table.column("labels").combine_chunks()
+    offsets = np.asarray(ids.offsets, dtype=np.int64)
+    # copies: the arrays must outlive the memory-mapped file they were read from
+    return Encoded(np.array(ids.flatten().to_numpy(), dtype=np.int32),
+                   np.array(labels.flatten().to_numpy(), dtype=np.int32), offsets - offsets[0])
+
+
+def _init_worker(threads: int) -> None:
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+
+
+def _work(args: tuple) -> tuple[str, int, str]:
+    """Encode rows [a, b) of the memory-mapped input; returns ("ok", a, out_path) or ("error", row, message)."""
+    in_path, out_path, a, b, fmt, spec, add_eos = args
+    with pa.memory_map(in_path) as source:
+        table = pa.ipc.open_file(source).read_all().slice(a, b - a)
+        try:
+            enc = encode_table(table, fmt, load_tokenizer(spec), add_eos=add_eos, row0=a)
+        except RowError as exc:
+            return "error", exc.row, exc.message
+    with pa.OSFile(out_path, "wb") as sink:
+        out = enc.to_table()
+        with pa.ipc.new_file(sink, out.schema) as writer:
+            writer.write_table(out)
+    return "ok", a, out_path
+
+
+def encode_rows(work: pa.Table, fmt: str, spec: str | None, *, add_eos: bool, num_proc: int = 1,
+                progress: Progress = None) -> Encoded:
+    """Encode all rows of a canonical table; raises RowError for a row that cannot be rendered."""
+    n = work.num_rows
+    size = _chunk_size(n, num_proc)
+    bounds = [(a, min(n, a + size)) for a in range(0, n, size)]
+    parts: list[Encoded] = []
+    if num_proc <= 1 or len(bounds) == 1:
+        tok = load_tokenizer(spec)
+        for a, b in bounds:
+            parts.append(encode_table(work.slice(a, b - a), fmt, tok, add_eos=add_eos, row0=a))
+            if progress:
+                progress("tokenizing", b, n)
+        return Encoded.concat(parts)
+    with tempfile.TemporaryDirectory(prefix="plancc-scan-") as tmp:
+        in_path = str(Path(tmp) / "input.arrow")
+        with pa.OSFile(in_path, "wb") as sink, pa.ipc.new_file(sink, work.schema) as writer:
+            writer.write_table(work)
+        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos) for a, b in bounds]
+        threads = max(1, (os.cpu_count() or 1) // num_proc)
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(num_proc, initializer=_init_worker, initargs=(threads,)) as pool:
+            done = 0
+            for status, where, payload in pool.imap(_work, jobs):
+                if status == "error":
+                    pool.terminate()
+                    raise RowError(where, payload)
+                with pa.memory_map(payload) as source:
+                    parts.append(_from_table(pa.ipc.open_file(source).read_all()))
+                done = bounds[len(parts) - 1][1]
+                if progress:
+                    progress("tokenizing", done, n)
+    return Encoded.concat(parts)

@@ -1,0 +1,331 @@
+"""Read a SOURCE (file, glob, `save_to_disk` directory or Hub id) into one Arrow table, remembering where rows came from.
+
+Arrow readers are tried first because they are fast; when they refuse a JSON file, the file is re-read line by line
+with orjson so the error names the exact file and line. A column whose JSON values have mixed types is kept as a
+Python list (`Source.loose`) instead of failing the read: it is only an error if the chosen format needs it, and
+then `detect.py` names its first bad row.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from plancc.errors import InputError
+
+SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
+
+
+@dataclass
+class Source:
+    """Rows of a source: typed columns in `table`, mixed-type JSON columns in `loose` (Python lists)."""
+
+    table: pa.Table
+    loose: dict[str, list[Any]]
+    files: list[tuple[str, int, int]]  # (path, first global row, row count)
+    paths: list[str]
+    fingerprint: str
+    kind: str
+    num_rows: int = 0
+    _lines: dict[str, list[int]] = field(default_factory=dict, repr=False)
+
+    @property
+    def column_names(self) -> list[str]:
+        return [*self.table.column_names, *self.loose]
+
+    def where(self, row: int) -> str:
+        """Human location of a global row: file, row inside the file and, for JSON lines, the line number."""
+        for path, start, count in self.files:
+            if start <= row < start + count:
+                local = row - start
+                text = f"{path} row {local}"
+                if path.endswith(".jsonl") or path in self._lines:
+                    line = self._line_of(path, local)
+                    if line is not None:
+                        text += f" (line {line})"
+                return text
+        return f"{self.paths[0] if self.paths else '?'} row {row}"
+
+    def _line_of(self, path: str, local: int) -> int | None:
+        if path not in self._lines:
+            try:
+                with open(path, "rb") as f:
+                    self._lines[path] = [i for i, ln in enumerate(f, 1) if ln.strip()]
+            except OSError:
+                return None
+        lines = self._lines[path]
+        return lines[local] if local < len(lines) else None
+
+
+def _file_digest(paths: list[str]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for p in paths:
+        h.update(os.path.basename(p).encode() + b"\0")
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- per-file readers
+
+
+def _rows_to_columns(rows: list[Any], path: str, what: str) -> tuple[pa.Table, dict[str, list[Any]]]:
+    names: dict[str, None] = {}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise InputError(f"{path} {what(i)}: expected a JSON object, got {type(row).__name__}")
+        for k in row:
+            names.setdefault(k, None)
+    arrays, loose = {}, {}
+    for name in names:
+        values = [row.get(name) for row in rows]
+        try:
+            arrays[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            loose[name] = values
+    table = pa.table(arrays) if arrays else pa.table({"__row": pa.nulls(len(rows))}).drop(["__row"])
+    return table, loose
+
+
+def _read_jsonl_exact(path: str) -> tuple[pa.Table, dict[str, list[Any]], list[int]]:
+    rows, lines = [], []
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(orjson.loads(line))
+            except orjson.JSONDecodeError as exc:
+                raise InputError(f"{path} line {lineno}: malformed JSON ({exc})") from None
+            lines.append(lineno)
+    table, loose = _rows_to_columns(rows, path, lambda i: f"line {lines[i]}")
+    return table, loose, lines
+
+
+def _read_jsonl(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
+    try:
+        table = pajson.read_json(path, read_options=pajson.ReadOptions(block_size=1 << 26))
+        if table.num_rows == _count_nonblank(path):
+            return table, {}
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    table, loose, _ = _read_jsonl_exact(path)
+    return table, loose
+
+
+def _count_nonblank(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for ln in f if ln.strip())
+
+
+def _read_json(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
+    data = Path(path).read_bytes()
+    head = data.lstrip()[:1]
+    if head == b"[":
+        try:
+            rows = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise InputError(f"{path} line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})") from None
+        return _rows_to_columns(rows, path, lambda i: f"row {i}")
+    if head == b"{":
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return _read_jsonl(path)  # JSON lines in a .json file
+        if isinstance(obj, dict) and obj and all(isinstance(v, list) for v in obj.values()):
+            if len({len(v) for v in obj.values()}) != 1:
+                raise InputError(f"{path}: columns of the JSON object have different lengths")
+            n = len(next(iter(obj.values())))
+            return _rows_to_columns([{k: v[i] for k, v in obj.items()} for i in range(n)], path,
+                                    lambda i: f"row {i}")
+        return _rows_to_columns([obj], path, lambda i: f"row {i}")
+    if not head:
+        return pa.table({}), {}
+    raise InputError(f"{path} line 1: malformed JSON (expected a list of objects or JSON lines)")
+
+
+def _read_arrow(path: str) -> pa.Table:
+    source = pa.memory_map(path)
+    try:
+        return pa.ipc.open_file(source).read_all()
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return pa.ipc.open_stream(source).read_all()
+
+
+def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            return _read_jsonl(path)
+        if suffix == ".json":
+            return _read_json(path)
+        if suffix == ".parquet":
+            return pq.read_table(path), {}
+        if suffix == ".arrow":
+            return _read_arrow(path), {}
+        if suffix == ".csv":
+            return pacsv.read_csv(path), {}
+    except InputError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read {suffix[1:]} file ({exc})") from None
+    raise InputError(f"{path}: unsupported file type '{suffix}' (use one of {', '.join(SUFFIXES)})")
+
+
+# ---------------------------------------------------------------- sources
+
+
+def _combine(parts: list[tuple[str, pa.Table, dict[str, list[Any]]]], kind: str, fingerprint: str) -> Source:
+    loose_names = {name for _, _, loose in parts for name in loose}
+    tables, loose_all, files, start = [], {n: [] for n in loose_names}, [], 0
+    for path, table, loose in parts:
+        n = table.num_rows if table.num_columns else (len(next(iter(loose.values()))) if loose else 0)
+        for name in loose_names:
+            if name in loose:
+                loose_all[name].extend(loose[name])
+            elif name in table.column_names:
+                loose_all[name].extend(table.column(name).to_pylist())
+                table = table.drop([name])
+            else:
+                loose_all[name].extend([None] * n)
+        if table.num_columns == 0 and n:
+            table = pa.table({"__rows": pa.nulls(n)})
+        tables.append(table)
+        files.append((path, start, n))
+        start += n
+    if len(tables) == 1:
+        table = tables[0]
+    else:
+        try:
+            table = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise InputError(f"files of {kind} source have incompatible columns: {exc}") from None
+    if "__rows" in table.column_names:
+        table = table.drop(["__rows"])
+    return Source(table=table, loose=loose_all, files=files, paths=[p for p, _, _ in parts],
+                  fingerprint=fingerprint, kind=kind, num_rows=start)
+
+
+def _expand(source: str) -> list[str] | None:
+    if any(c in source for c in "*?["):
+        matches = sorted(p for p in globlib.glob(os.path.expanduser(source), recursive=True) if os.path.isfile(p))
+        if not matches:
+            raise InputError(f"no files match {source}")
+        return matches
+    p = Path(source).expanduser()
+    if p.is_file():
+        return [str(p)]
+    return None
+
+
+def _saved_dataset(path: Path) -> Source:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:  # datasets raises many unrelated types here
+        raise InputError(f"{path}: cannot load dataset directory ({exc})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise InputError(f"{path}: dataset dict has no 'train' split (splits: {', '.join(ds)})")
+        ds = ds["train"]
+    files = [f["filename"] for f in ds.cache_files]
+    table = ds.with_format("arrow")[:] if ds._indices is not None else ds.data.table
+    fp = hashlib.blake2b((_file_digest(files) + str(ds._fingerprint)).encode(), digest_size=16).hexdigest()
+    return Source(table=table, loose={}, files=[(str(path), 0, table.num_rows)], paths=files or [str(path)],
+                  fingerprint=fp, kind="dataset directory", num_rows=table.num_rows)
+
+
+def _hub_dataset(source: str) -> Source:
+    offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
+                  for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
+    import datasets
+
+    try:
+        if offline:
+            datasets.config.HF_HUB_OFFLINE = True
+        ds = datasets.load_dataset(source, split="train")
+    except Exception as exc:  # network, not found, gated, offline: all one answer for the user
+        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        hint = " (offline: HF_HUB_OFFLINE is set)" if offline else ""
+        raise InputError(
+            f"{source}: not a local file, glob or dataset directory, and the Hub dataset could not be loaded"
+            f"{hint}: {reason}"
+        ) from None
+    files = [f["filename"] for f in ds.cache_files]
+    table = ds.data.table
+    return Source(table=table, loose={}, files=[(source, 0, table.num_rows)], paths=files,
+                  fingerprint=f"hub:{source}:{ds._fingerprint}", kind="hub", num_rows=table.num_rows)
+
+
+def _looks_local(source: str) -> bool:
+    first = Path(source).expanduser().parts[0] if source else ""
+    return (Path(source).suffix.lower() in SUFFIXES or source.startswith((".", "/", "~"))
+            or source.count("/") > 1 or (os.sep in source and Path(first).exists()))
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a SOURCE lives, found without parsing it: local files (with a content fingerprint), a dataset
+    directory, or a Hub id (fingerprint known only after loading)."""
+
+    source: str
+    kind: str  # "files" | "directory" | "hub"
+    paths: tuple[str, ...]
+    fingerprint: str | None
+
+
+def locate(source: str) -> Located:
+    paths = _expand(source)
+    if paths is not None:
+        return Located(source, "files", tuple(paths), _file_digest(paths))
+    d = Path(source).expanduser()
+    if d.is_dir():
+        if any((d / n).exists() for n in ("state.json", "dataset_dict.json", "dataset_info.json")):
+            files = sorted(str(p) for p in d.rglob("*") if p.is_file() and p.suffix != ".lock")
+            return Located(str(d), "directory", (str(d),), _file_digest(files))
+        files = sorted(str(p) for p in d.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)
+        if not files:
+            raise InputError(f"{d}: directory holds no dataset (no save_to_disk files, no {', '.join(SUFFIXES)})")
+        suffix = Path(files[0]).suffix
+        files = [f for f in files if f.endswith(suffix)]
+        return Located(source, "files", tuple(files), _file_digest(files))
+    if _looks_local(source):
+        raise InputError(f"{source}: no such file or directory")
+    return Located(source, "hub", (), None)
+
+
+def read_source(source: str | Located) -> Source:
+    """Read a located SOURCE; raises InputError naming the file (and line) that cannot be used."""
+    loc = source if isinstance(source, Located) else locate(source)
+    if loc.kind == "files":
+        parts = [(p, *_read_file(p)) for p in loc.paths]
+        src = _combine(parts, "glob" if len(parts) > 1 else Path(loc.paths[0]).suffix[1:], loc.fingerprint or "")
+    elif loc.kind == "directory":
+        src = _saved_dataset(Path(loc.paths[0]))
+        src.fingerprint = loc.fingerprint or src.fingerprint
+    else:
+        src = _hub_dataset(loc.source)
+    if src.num_rows == 0:
+        raise InputError(f"{loc.source}: the dataset is empty (no rows)")
+    return src
+
+
+def iter_chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, n, size):
+        yield start, min(n, start + size)

@@ -1,0 +1,126 @@
+"""Load a tokenizer (`tokenizer.json`, a Hugging Face tokenizer directory, or the built-in byte-level one) and its
+chat template, without transformers and without running any code from the tokenizer directory.
+
+The built-in tokenizer is a real `tokenizers.Tokenizer`: a byte-level BPE with no merges (one token per UTF-8 byte,
+ids 0-255) plus ChatML-style special tokens, so that plancc works with nothing downloaded. The fingerprint covers
+what changes token ids and masks: the tokenizer JSON, the chat template and the eos/bos tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from plancc.errors import InputError
+
+BUILTIN_NAME = "plancc-byte-level"
+BUILTIN_SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_EOS_GUESSES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|im_end|>", "<eos>")
+
+
+@dataclass(frozen=True)
+class Tok:
+    """A loaded tokenizer with what scanning needs: template, special tokens, vocabulary size, fingerprint."""
+
+    tokenizer: Tokenizer
+    name: str
+    chat_template: str
+    eos_token: str | None
+    eos_id: int | None
+    bos_token: str | None
+    vocab_size: int
+    fingerprint: str
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The printable-character alphabet byte-level BPE uses for the 256 byte values."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def _builtin() -> Tokenizer:
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in BUILTIN_SPECIALS])
+    return tok
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _template_from(config: dict, directory: Path) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: take the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    jinja_file = directory / "chat_template.jinja"
+    if template is None and jinja_file.exists():
+        template = jinja_file.read_text(encoding="utf-8")
+    return template if isinstance(template, str) else None
+
+
+def _fingerprint(tokenizer_bytes: bytes, template: str, eos: str | None, bos: str | None) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in (tokenizer_bytes, template.encode(), (eos or "").encode(), (bos or "").encode()):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(spec: str | None) -> Tok:
+    """`spec` is None (built-in), a tokenizer.json file, or a directory with tokenizer.json (+ tokenizer_config.json)."""
+    if spec is None:
+        tok = _builtin()
+        return Tok(tok, BUILTIN_NAME, CHATML_TEMPLATE, "<|eos|>", tok.token_to_id("<|eos|>"), "<|bos|>",
+                   tok.get_vocab_size(with_added_tokens=True),
+                   _fingerprint(tok.to_str().encode(), CHATML_TEMPLATE, "<|eos|>", "<|bos|>"))
+    path = Path(spec).expanduser()
+    directory = path if path.is_dir() else path.parent
+    json_path = path / "tokenizer.json" if path.is_dir() else path
+    if not json_path.is_file():
+        hint = " (only tokenizer.json based tokenizers are supported)" if path.is_dir() else ""
+        raise InputError(f"--tokenizer {spec}: {json_path} not found{hint}")
+    raw = json_path.read_bytes()
+    try:
+        tok = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+        raise InputError(f"--tokenizer {spec}: {json_path} is not a valid tokenizer.json ({exc})") from None
+    config: dict = {}
+    config_path = directory / "tokenizer_config.json"
+    if config_path.is_file():
+        try:
+            config = orjson.loads(config_path.read_bytes())
+        except orjson.JSONDecodeError as exc:
+            raise InputError(f"--tokenizer {spec}: {config_path} is not valid JSON ({exc})") from None
+    template = _template_from(config, directory) or CHATML_TEMPLATE
+    eos = _token_text(config.get("eos_token"))
+    if eos is None:
+        eos = next((t for t in _EOS_GUESSES if tok.token_to_id(t) is not None), None)
+    bos = _token_text(config.get("bos_token"))
+    eos_id = tok.token_to_id(eos) if eos is not None else None
+    return Tok(tok, str(path), template, eos, eos_id, bos, tok.get_vocab_size(with_added_tokens=True),
+               _fingerprint(raw, template, eos, bos))
