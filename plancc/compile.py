@@ -52,11 +52,11 @@ def drop_tail(b: Batches, settings: PlanSettings) -> Batches:
 
 def check_fits(s: SampleArrays, settings: PlanSettings) -> None:
     """Every sample must fit one row; the scan drops or truncates over-long ones, a foreign table may not."""
-    too_long = np.flatnonzero(s.length > settings.row_capacity)
+    too_long = np.flatnonzero(s.length > settings.max_sample_len)
     if too_long.size:
         i = int(too_long[0])
         raise SettingsError(
-            f"{too_long.size} samples are longer than the row capacity {settings.row_capacity} (first: sample_id "
+            f"{too_long.size} samples are longer than {settings.max_sample_len} tokens (first: sample_id "
             f"{int(s.sample_id[i])}, length {int(s.length[i])}); raise --sequence-len or rescan with --long drop"
         )
 
@@ -65,7 +65,13 @@ def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Pr
     rng = epoch_rng(settings.seed, epoch)
     b = pack.initial_batches(s, settings, rng)
     if settings.drop_last:
-        b = drop_tail(b, settings)
+        full = drop_tail(b, settings)
+        if full.num_batches == 0:
+            raise SettingsError(
+                f"--drop-last leaves nothing: epoch {epoch} has {b.num_batches} microbatches, fewer than one update "
+                f"of {settings.batches_per_update} (world size x grad accum); lower them or use --keep-last"
+            )
+        b = full
     metrics = [("before", summarize(b, s, settings))]
     for name, stage in balance.stages(settings):
         if progress:

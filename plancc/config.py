@@ -90,10 +90,16 @@ class PlanSettings:
 
     @property
     def row_capacity(self) -> int:
-        """Token slots of one packed row: one row per microbatch, or `micro_batch_size` rows of `sequence_len`."""
-        if self.mode == "packed" and not self.real_batches:
+        """Most tokens one row may hold: a packed row of `micro_batch_size * sequence_len` (or `sequence_len` with
+        real batches), a flattened row of `micro_batch_size` samples, a padded row of one sample."""
+        if (self.mode == "packed" and not self.real_batches) or self.mode == "flattened":
             return self.micro_batch_size * self.sequence_len
         return self.sequence_len
+
+    @property
+    def max_sample_len(self) -> int:
+        """Longest sample a plan can place: a whole packed row, else one `sequence_len`."""
+        return self.row_capacity if self.mode == "packed" else self.sequence_len
 
     @property
     def batches_per_update(self) -> int:
