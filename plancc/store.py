@@ -108,8 +108,9 @@ def write_json(obj: Any, path: Path) -> None:
 def atomic_directory(target: str | Path) -> Iterator[Path]:
     """Yield a fresh temporary sibling of `target`; on success it replaces `target` whole.
 
-    A sibling lock file refuses a second writer of the same directory while the first runs. On any error the
-    temporary directory is removed and the previous `target` (if any) is left untouched.
+    A sibling lock file (kept: deleting it would let two writers hold different inodes) refuses a second writer
+    of the same directory while the first runs. On any error the temporary directory is removed and the
+    previous `target` (if any) is left untouched.
     """
     target = Path(target).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -138,8 +139,6 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
             fcntl.flock(lock, fcntl.LOCK_UN)
-    with contextlib.suppress(OSError):
-        lock_path.unlink()
 
 
 # ---------------------------------------------------------------- reading

@@ -1,0 +1,167 @@
+"""The plan directory contract (SPEC 6, 9): documented schemas, fingerprints in every file, atomic writes,
+refused concurrent writers, and validation that catches tampering and corruption."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from plancc import store
+from plancc.api import sample_arrays, write_plan_dir
+from plancc.compile import compile_plan
+from plancc.config import PlanSettings
+from plancc.validate import validate_plan
+from tests.plan_helpers import random_dataset, samples_table
+
+SCHEMAS = Path(__file__).parent.parent / "schemas"
+SETTINGS = PlanSettings(micro_batch_size=2, sequence_len=64, world_size=2, grad_accum=2, epochs=2)
+
+
+def _write(path: Path, settings: PlanSettings = SETTINGS, n: int = 200) -> Path:
+    ids, labels = random_dataset(np.random.default_rng(1), n, 64)
+    table = samples_table(ids, labels)
+    s = sample_arrays(table)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None)
+    return path
+
+
+def _described(name: str) -> list[tuple[str, str, bool]]:
+    doc = json.loads((SCHEMAS / f"{name}.arrow.json").read_text())
+    return [(c["name"], c["type"], c["nullable"]) for c in doc["columns"]]
+
+
+def _actual(schema: pa.Schema) -> list[tuple[str, str, bool]]:
+    """(name, type, nullable); list item names differ between Arrow ('item') and Parquet ('element')."""
+    return [(f.name, re.sub(r"(item|element): ", "", str(f.type)), f.nullable) for f in schema]
+
+
+@pytest.mark.parametrize(
+    ("name", "schema"),
+    [("plan", store.PLAN_SCHEMA), ("samples", store.SAMPLES_SCHEMA), ("tokenized", store.TOKENIZED_SCHEMA),
+     ("metrics", store.metrics_schema())],
+)
+def test_documented_schemas_match_the_code(name, schema):
+    assert _described(name) == _actual(schema)
+
+
+def test_written_plan_matches_documented_schemas_and_carries_fingerprints(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+    manifest = json.loads((plan_dir / store.MANIFEST_FILE).read_text())
+    jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
+    for file, name in [(store.PLAN_FILE, "plan"), (store.SAMPLES_FILE, "samples"), (store.METRICS_FILE, "metrics")]:
+        schema = pq.read_schema(plan_dir / file)
+        assert _actual(schema) == _described(name)
+        meta = store.read_file_meta(plan_dir / file)
+        assert meta["fingerprints"] == manifest["fingerprints"]
+        assert meta["settings"] == manifest["settings"]
+    assert sorted(manifest["fingerprints"]["plan"]) == ["0", "1"]
+
+
+def test_failed_write_keeps_the_old_plan_and_leaves_no_temporaries(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+    before = {p.name: p.read_bytes() for p in plan_dir.iterdir()}
+    with pytest.raises(RuntimeError), store.atomic_directory(plan_dir) as tmp:
+        (tmp / store.PLAN_FILE).write_bytes(b"half a plan")
+        raise RuntimeError("crash in the middle of writing")
+    assert {p.name: p.read_bytes() for p in plan_dir.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".plan.lock") == ["plan"]
+
+
+def test_successful_rewrite_replaces_the_whole_directory(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+    (plan_dir / "stray.txt").write_text("from an older plan")
+    _write(plan_dir, PlanSettings(micro_batch_size=1, sequence_len=64))
+    assert not (plan_dir / "stray.txt").exists()
+    assert json.loads((plan_dir / store.MANIFEST_FILE).read_text())["settings"]["micro_batch_size"] == 1
+
+
+def test_second_writer_of_the_same_directory_is_refused(tmp_path):
+    with (
+        store.atomic_directory(tmp_path / "plan"),
+        pytest.raises(store.StoreError, match="another plancc process"),
+        store.atomic_directory(tmp_path / "plan"),
+    ):
+        pass
+
+
+def _rewrite_plan(plan_dir: Path, change) -> None:
+    path = plan_dir / store.PLAN_FILE
+    table = pq.read_table(path)
+    meta = table.schema.metadata
+    table = change(table)
+    pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+def test_validate_accepts_a_sound_plan(tmp_path):
+    assert validate_plan(str(_write(tmp_path / "plan")))[0] == []
+
+
+def test_validate_catches_an_edited_label_count(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+
+    def bump(t: pa.Table) -> pa.Table:
+        labels = t.column("label_count").to_numpy().copy()
+        labels[3] += 1
+        return t.set_column(t.schema.get_field_index("label_count"), "label_count", pa.array(labels))
+
+    _rewrite_plan(plan_dir, bump)
+    problems, _ = validate_plan(str(plan_dir))
+    assert any("label_count differs" in p for p in problems)
+
+
+def test_validate_catches_a_duplicated_sample(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+
+    def duplicate(t: pa.Table) -> pa.Table:
+        rows = t.column("sample_ids").to_pylist()
+        rows[1] = [list(rows[0][0])]
+        return t.set_column(t.schema.get_field_index("sample_ids"), "sample_ids",
+                            pa.array(rows, store.PLAN_SCHEMA.field("sample_ids").type))
+
+    _rewrite_plan(plan_dir, duplicate)
+    problems, _ = validate_plan(str(plan_dir))
+    assert any("more than once" in p for p in problems)
+    assert any("missing" in p for p in problems)
+
+
+def test_validate_catches_a_changed_fingerprint(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+    manifest = json.loads((plan_dir / store.MANIFEST_FILE).read_text())
+    manifest["fingerprints"]["config"] = "0" * 32
+    (plan_dir / store.MANIFEST_FILE).write_text(json.dumps(manifest))
+    problems, _ = validate_plan(str(plan_dir))
+    assert any("differ from manifest.json" in p for p in problems)
+
+
+def test_corrupt_and_foreign_files_are_clear_errors(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+    data = (plan_dir / store.PLAN_FILE).read_bytes()
+    (plan_dir / store.PLAN_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(store.StoreError, match=r"plan\.parquet"):
+        store.read_plan(plan_dir)
+    foreign = tmp_path / "foreign.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), foreign)
+    with pytest.raises(store.StoreError, match="not written by plancc"):
+        store.read_file_meta(foreign)
+    with pytest.raises(store.StoreError, match="missing column 'sample_id'"):
+        store.read_samples(foreign)
+
+
+def test_per_rank_read_skips_row_groups(tmp_path):
+    """Rows are stored by (epoch, rank): one rank's epoch touches few row groups."""
+    settings = PlanSettings(micro_batch_size=1, sequence_len=8, world_size=4, grad_accum=1, balance=False)
+    ids, labels = random_dataset(np.random.default_rng(2), 4000, 4)
+    table = samples_table(ids, labels)
+    s = sample_arrays(table)
+    plan_dir = tmp_path / "plan"
+    write_plan_dir(plan_dir, table, s, settings, compile_plan(s, settings), {}, None)
+    stored = pq.read_table(plan_dir / store.PLAN_FILE, columns=["rank"]).column("rank")
+    assert pc.all(pc.greater_equal(pc.pairwise_diff(stored.combine_chunks())[1:], 0)).as_py()
