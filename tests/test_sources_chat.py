@@ -1,0 +1,84 @@
+"""Chat masks are exact for any template: with the real DeepSeek tokenizer and real chatterbot conversations, the
+supervised tokens decode to exactly each assistant turn's content plus its end-of-turn text, nothing else."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from plancc.config import ScanOptions
+from plancc.errors import InputError
+from plancc.scan import scan
+from plancc.sources.chat import Renderer
+from plancc.sources.tokenizer import CHATML_TEMPLATE, load_tokenizer
+from tests.sources_fixtures import TEMPLATES, chatterbot_conversations, deepseek_dir, write_rows
+
+
+def _runs(ids: list[int], labels: list[int]) -> list[list[int]]:
+    runs, cur = [], []
+    for t, lab in zip(ids, labels, strict=True):
+        if lab != -100:
+            assert lab == t
+            cur.append(t)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return runs
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES))
+def test_masks_exact_real_tokenizer(tmp_path, template):
+    convs = chatterbot_conversations(40)
+    src = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in convs])
+    tok_dir = deepseek_dir(tmp_path, template)
+    result = scan(str(src), ScanOptions(tokenizer=str(tok_dir)), cache_dir=tmp_path / "cache")
+    assert result.report["format"] == "messages"
+    tok = load_tokenizer(str(tok_dir)).tokenizer
+    table = pq.read_table(result.tokenized_path).to_pylist()
+    eot = TEMPLATES[template][1]
+    trim = template == "llama3"
+    for conv, row in zip(convs, table, strict=True):
+        expected = [(m["content"].strip() if trim else m["content"]) + eot for m in conv if m["role"] == "assistant"]
+        decoded = [tok.decode(r, skip_special_tokens=False) for r in _runs(row["input_ids"], row["labels"])]
+        assert decoded == expected
+
+
+def test_conversations_sharegpt_columns(tmp_path):
+    convs = chatterbot_conversations(10, system=False)
+    share = [[{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in c] for c in convs]
+    a = scan(str(write_rows(tmp_path / "a.jsonl", [{"conversations": c} for c in share])), ScanOptions(),
+             cache_dir=tmp_path / "c")
+    b = scan(str(write_rows(tmp_path / "b.jsonl", [{"messages": c} for c in convs])), ScanOptions(),
+             cache_dir=tmp_path / "c")
+    assert a.samples.equals(b.samples)
+
+
+def test_builtin_template_masks_user_and_system():
+    tok = load_tokenizer(None)
+    r = Renderer(CHATML_TEMPLATE, tok.bos_token, tok.eos_token)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
+            {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"},
+            {"role": "assistant", "content": "A2"}]
+    full, spans = r.spans(msgs)
+    assert [full[a:b] for a, b in spans] == ["A1<|im_end|>\n", "A2<|im_end|>\n"]
+
+
+def test_template_error_names_row(tmp_path):
+    convs = chatterbot_conversations(5, system=False)
+    convs[3] = [*convs[3], {"role": "tool", "content": "x"}]
+    src = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in convs])
+    with pytest.raises(InputError, match=r"chat\.jsonl row 3 \(line 4\).*unknown role tool"):
+        scan(str(src), ScanOptions(tokenizer=str(deepseek_dir(tmp_path, "deepseek"))), cache_dir=tmp_path / "c")
+
+
+def test_label_count_matches_tokenized(tmp_path):
+    convs = chatterbot_conversations(30)
+    src = write_rows(tmp_path / "chat.parquet", [{"messages": c} for c in convs])
+    result = scan(str(src), ScanOptions(), cache_dir=tmp_path / "c")
+    labels = pq.read_table(result.tokenized_path).column("labels").to_pylist()
+    counts = [int((np.array(lab) != -100).sum()) for lab in labels]
+    assert result.samples.column("label_count").to_pylist() == [counts[i] for i in
+                                                                 result.samples.column("sample_id").to_pylist()]
