@@ -1,0 +1,30 @@
+# plancc: `make install` sets up .venv and runs the example; `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_OUT ?= out/chat-plan
+
+.PHONY: install demo test lint bench clean
+
+install: $(BIN)/plancc demo
+
+$(BIN)/plancc: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+demo: $(BIN)/plancc
+	$(BIN)/plancc compile examples/data/chat.jsonl -o $(DEMO_OUT) --config examples/chat.toml
+	$(BIN)/plancc inspect metrics $(DEMO_OUT)
+	$(BIN)/plancc validate $(DEMO_OUT)
+
+test: $(BIN)/plancc
+	$(BIN)/ruff check plancc tests benchmarks examples
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/plancc
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf out bench-out .pytest_cache .ruff_cache

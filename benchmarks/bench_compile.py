@@ -1,0 +1,80 @@
+"""Whole-process `plancc compile` from a samples table: wall time (median of runs) and peak RSS.
+
+Workloads: the synthetic SFT mix (benchmarks/synthetic.py) at 100k, 1M and 10M samples; packed layout, 4 x 4096
+tokens per microbatch, W=8, G=4, balancing on and off. Each run is a fresh process, so numba's on-disk cache and
+imports are included as a user meets them (one warm-up run first fills the cache). Goals (issue 2): 1M <= 10 s;
+10M <= 2 min and <= 4 GB.
+
+    python benchmarks/bench_compile.py [--sizes 100000,1000000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic import sft_mix  # noqa: E402
+
+WORK = Path(os.environ.get("PLANCC_BENCH_DIR", "/tmp/plancc-bench"))
+FLAGS = ["--micro-batch-size", "4", "--sequence-len", "4096", "--world-size", "8", "--grad-accum", "4", "--quiet"]
+
+
+def samples_file(n: int) -> Path:
+    path = WORK / f"samples-{n}.parquet"
+    if not path.exists():
+        s = sft_mix(n, seed=0)
+        WORK.mkdir(parents=True, exist_ok=True)
+        table = pa.table({
+            "sample_id": s.sample_id,
+            "length": s.length.astype("int32"),
+            "label_count": s.label_count.astype("int32"),
+            "first_label_supervised": s.first_label_supervised,
+            "token_hash": (s.sample_id * 0x9E3779B97F4A7C15 % (1 << 64)).astype("uint64"),
+        })
+        pq.write_table(table, path)
+    return path
+
+
+def run_once(cmd: list[str]) -> tuple[float, float]:
+    """(seconds, peak RSS in MiB) of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="100000,1000000,10000000")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    plancc = [sys.executable, "-m", "plancc", "compile"]
+    print("| samples | balance | median s | min s | max s | peak RSS MiB |")
+    print("|---|---|---|---|---|---|")
+    sizes = [int(x) for x in args.sizes.split(",")]
+    for n in sizes:
+        src = samples_file(n)
+        for balance in ("--balance", "--no-balance"):
+            cmd = [*plancc, str(src), "-o", str(WORK / f"plan-{n}"), *FLAGS, balance]
+            if n == sizes[0]:
+                run_once(cmd)  # warm-up: numba's on-disk cache, page cache
+            runs = [run_once(cmd) for _ in range(args.runs if n < 10_000_000 else 1)]
+            times = [t for t, _ in runs]
+            print(f"| {n:,} | {balance[2:]} | {statistics.median(times):.2f} | {min(times):.2f} | {max(times):.2f} "
+                  f"| {max(m for _, m in runs):.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
