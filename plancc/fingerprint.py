@@ -15,6 +15,7 @@ import numpy as np
 
 from plancc.config import canonical_hash
 
+
 @numba.njit(cache=True, inline="always")
 def _round(h, v):
     h = h ^ (v * np.uint64(0xC2B2AE3D27D4EB4F))
