@@ -175,3 +175,4 @@ def validate_cmd(
         typer.echo(f"{plan_dir}: ok (coverage, capacity, mapping, counts, fingerprints)")
     raise typer.Exit(1 if problems else 0)
 
+from plancc.cli import diff_cmd, inspect_cmd  # noqa: E402,F401  (registers commands)

@@ -1,0 +1,66 @@
+"""`plancc diff OLD NEW`: parse, call `plancc.diff.diff_plans`, print, choose the exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from plancc.cli.common import app, fail_on_errors, print_json
+from plancc.diff import DEFAULT_TOLERANCE, REGRESSION_RULE
+
+_HELP = (
+    "Compare two plan directories: config changes setting by setting, fingerprint changes (dataset, metadata, "
+    "config, plan per epoch), metric deltas per epoch and stage, and membership churn (share of samples whose "
+    "update or rank changed, identical microbatches, the first differing microbatch).\n\n"
+    "Exit codes: 0 no failure (identical plans say so), 1 a change selected by --fail-on, 2 unreadable or "
+    "foreign input.\n\n"
+    "--fail-on (repeatable or comma-separated): any = the plans differ at all; config = a plan setting changed; "
+    "dataset = the samples' content changed (dataset or metadata fingerprint); " + REGRESSION_RULE + "\n\n"
+    "Example:\n\n"
+    "    plancc diff base-plan/ pr-plan/ --format markdown --fail-on dataset,metrics-regression > comment.md"
+)
+
+
+@app.command("diff", help=_HELP)
+def diff_cmd(
+    old: Annotated[Path, typer.Argument(help="The reference plan directory (e.g. the base branch's).")],
+    new: Annotated[Path, typer.Argument(help="The plan directory to compare with it.")],
+    format: Annotated[str, typer.Option("--format", "-f", help="text|json|markdown (markdown: a compact CI "
+                                                               "comment).")] = "text",
+    fail_on: Annotated[list[str] | None, typer.Option("--fail-on", help="any|config|dataset|metrics-regression; "
+                                                                         "repeat or comma-separate.")] = None,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Relative slack of metrics-regression.")
+                         ] = DEFAULT_TOLERANCE,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the rendered diff to this "
+                                                                       "file.")] = None,
+) -> None:
+    from plancc import diff as d
+    from plancc.errors import PlanccError
+
+    with fail_on_errors():
+        if format not in ("text", "json", "markdown"):
+            raise PlanccError(f"--format must be one of text, json, markdown; got {format!r}")
+        checks = d.parse_fail_on(fail_on)
+        report = d.diff_plans(old, new, tolerance=tolerance)
+        failed = d.failures(report, checks)
+        report["fail_on"] = checks
+        report["failed"] = failed
+        if format == "json":
+            print_json(report)
+            text = None
+        else:
+            text = d.render_markdown(report, failed) if format == "markdown" else d.render_text(report, failed)
+            typer.echo(text, nl=False)
+        if output is not None:
+            if text is None:
+                import orjson
+
+                output.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+            else:
+                output.write_text(text, encoding="utf-8")
+    if failed:
+        if format != "text":
+            typer.echo("diff failed: " + "; ".join(failed), err=True)
+        raise typer.Exit(1)

@@ -1,0 +1,98 @@
+"""`plancc inspect metrics|plan PLAN_DIR`: parse, call `plancc.inspect`, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from plancc.cli.common import app, fail_on_errors, print_json
+
+inspect_app = typer.Typer(
+    name="inspect",
+    help="Look inside a plan: metrics per epoch and stage, or the microbatch layout a trainer rank will see."
+         "\n\nExample:\n\n    plancc inspect metrics plans/chat --plot chat.png",
+    no_args_is_help=True,
+)
+app.add_typer(inspect_app, name="inspect")
+
+PlanArg = Annotated[Path, typer.Argument(help="Plan directory (written by `plancc compile`).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")]
+
+
+@inspect_app.command(
+    "metrics",
+    help="Before/after metrics per epoch and stage (label CV, update CV, packing efficiency, padding, rank "
+         "spread, naive weight skew...). --plot FILE.png draws histograms of labels per microbatch and per update, "
+         "before vs after balancing; the before layout is recomputed deterministically from the plan's samples "
+         "table and settings and checked against the stored before metrics."
+         "\n\nExample:\n\n    plancc inspect metrics plans/chat --epoch 0 --plot chat.png",
+)
+def metrics_cmd(
+    plan_dir: PlanArg,
+    epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write before/after histograms to this PNG "
+                                                             "(needs the `plot` extra: matplotlib).")] = None,
+    json: JsonOpt = False,
+) -> None:
+    from plancc import inspect
+
+    with fail_on_errors():
+        rows = inspect.read_metrics(plan_dir, epoch)
+        notes: list[str] = []
+        if plot is not None:
+            from plancc.plot import plot_metrics
+
+            notes = plot_metrics(plan_dir, plot, None if epoch is None else [epoch])
+    if json:
+        out: dict = {"plan_dir": str(plan_dir), "metrics": rows}
+        if plot is not None:
+            out["plot"] = {"file": str(plot), "notes": notes}
+        print_json(out)
+        return
+    console = inspect.console()
+    for table in inspect.metrics_tables(rows):
+        console.print(table)
+    if plot is not None:
+        console.print(f"wrote {plot}")
+        for n in notes:
+            console.print(f"  {n}")
+
+
+@inspect_app.command(
+    "plan",
+    help="The plan's layout in global order (update, micro-step, rank): rows, sample ids, tokens, labels, cost "
+         "and the update's global label total, filtered by --epoch/--update/--rank. Only the first --limit "
+         "microbatches are decoded and shown (0: all); totals cover every matching one."
+         "\n\nExample:\n\n    plancc inspect plan plans/chat --epoch 0 --rank 1 --update 3",
+)
+def plan_cmd(
+    plan_dir: PlanArg,
+    epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.")] = None,
+    update: Annotated[int | None, typer.Option("--update", help="Only this optimizer update.")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only what this data-parallel rank sees.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="Show at most this many microbatches (0: all).")] = 20,
+    ids: Annotated[int, typer.Option("--ids", help="Sample ids shown per microbatch in the table (0: all; "
+                                                   "--json always has all).")] = 8,
+    json: JsonOpt = False,
+) -> None:
+    from plancc import inspect
+
+    with fail_on_errors():
+        view = inspect.plan_view(plan_dir, epoch=epoch, update=update, rank=rank, limit=limit)
+    if json:
+        print_json({"plan_dir": str(plan_dir), **view.to_json()})
+        return
+    s = view.settings
+    console = inspect.console()
+    console.print(f"{plan_dir}: mode {s.get('mode')}, micro_batch_size {s.get('micro_batch_size')}, sequence_len "
+                  f"{s.get('sequence_len')}, world_size {s.get('world_size')}, grad_accum {s.get('grad_accum')}, "
+                  f"epochs {s.get('epochs')}")
+    console.print(f"{view.matching:,} matching microbatches, {view.tokens:,} tokens, {view.labels:,} labels; "
+                  f"showing {len(view.rows):,}")
+    if view.rows:
+        console.print(inspect.plan_table(view, ids))
+    if len(view.rows) < view.matching:
+        console.print(f"… {view.matching - len(view.rows):,} more (narrow with --epoch/--update/--rank or raise "
+                      "--limit)")
