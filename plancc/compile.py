@@ -73,11 +73,12 @@ def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Pr
             )
         b = full
     metrics = [("before", summarize(b, s, settings))]
-    for name, stage in balance.stages(settings):
-        if progress:
-            progress(f"balancing epoch {epoch}: {name}", 0, 1)
+    passes = balance.stages(settings)
+    for done, (name, stage) in enumerate(passes, 1):
         b = stage(b, s, settings, rng)
         metrics.append((name, summarize(b, s, settings)))
+        if progress:
+            progress(f"balancing epoch {epoch}", done, len(passes))
     metrics.append(("after", metrics[-1][1]))
     return EpochPlan(epoch, b, metrics)
 
