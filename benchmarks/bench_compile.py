@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synthetic import sft_mix  # noqa: E402
+from synthetic import sft_mix
 
 WORK = Path(os.environ.get("PLANCC_BENCH_DIR", "/tmp/plancc-bench"))
 FLAGS = ["--micro-batch-size", "4", "--sequence-len", "4096", "--world-size", "8", "--grad-accum", "4", "--quiet"]
