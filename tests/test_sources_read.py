@@ -47,7 +47,7 @@ def test_save_to_disk_directory(tmp_path):
 def test_hub_id_offline_is_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(InputError, match="plancc-test-nobody/no-such-dataset.*Hub dataset could not be loaded"):
+    with pytest.raises(InputError, match=r"plancc-test-nobody/no-such-dataset.*Hub dataset could not be loaded"):
         _scan(tmp_path, "plancc-test-nobody/no-such-dataset")
 
 

@@ -1,0 +1,98 @@
+"""The scan API: cache reuse and keys, identical results for any process count, SCAN_DIR output, samples sources."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from plancc import store
+from plancc.config import ScanOptions
+from plancc.errors import InputError
+from plancc.scan import load_samples_source, scan, write_scan
+from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
+
+
+def _phases(calls):
+    return {c[0] for c in calls}
+
+
+def test_cache_hit_reuses_and_key_follows_options(tmp_path):
+    p = write_rows(tmp_path / "d.jsonl", alpaca_rows(20))
+    calls: list = []
+    first = scan(str(p), ScanOptions(), cache_dir=tmp_path / "c", progress=lambda *a: calls.append(a))
+    assert {"reading", "tokenizing", "writing"} <= _phases(calls)
+    assert ("tokenizing", 20, 20) in calls
+    calls.clear()
+    again = scan(str(p), ScanOptions(), cache_dir=tmp_path / "c", progress=lambda *a: calls.append(a))
+    assert "tokenizing" not in _phases(calls)
+    assert again.key == first.key and again.samples.equals(first.samples)
+    assert again.tokenized_path == first.tokenized_path and again.report == first.report
+    other = scan(str(p), ScanOptions(sequence_len=2048), cache_dir=tmp_path / "c")
+    assert other.key != first.key
+    assert scan(str(p), ScanOptions(add_eos=False), cache_dir=tmp_path / "c").key not in (first.key, other.key)
+    write_rows(p, alpaca_rows(21))  # new content, same path: new key
+    assert scan(str(p), ScanOptions(), cache_dir=tmp_path / "c").key != first.key
+
+
+def test_default_cache_dir_from_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLANCC_CACHE", str(tmp_path / "env-cache"))
+    result = scan(str(write_rows(tmp_path / "d.jsonl", alpaca_rows(3))), ScanOptions())
+    assert result.tokenized_path.is_relative_to(tmp_path / "env-cache")
+
+
+def test_num_proc_identical(tmp_path):
+    convs = chatterbot_conversations(200)
+    p = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in convs * 6])
+    options = ScanOptions(tokenizer=str(deepseek_dir(tmp_path, "llama3")))
+    one = scan(str(p), options, num_proc=1, cache_dir=tmp_path / "c1")
+    two = scan(str(p), options, num_proc=2, cache_dir=tmp_path / "c2")
+    assert one.samples.equals(two.samples)
+    assert pq.read_table(one.tokenized_path).equals(pq.read_table(two.tokenized_path))
+    assert one.tokenized_path.read_bytes() == two.tokenized_path.read_bytes()
+    assert (one.tokenized_path.parent / "samples.parquet").read_bytes() == \
+        (two.tokenized_path.parent / "samples.parquet").read_bytes()
+
+
+def test_num_proc_row_error_names_row(tmp_path):
+    convs = chatterbot_conversations(100, system=False) * 12
+    convs[1100] = [{"role": "narrator", "content": "x"}]
+    p = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in convs])
+    with pytest.raises(InputError, match=r"chat\.jsonl row 1100 \(line 1101\).*unknown role narrator"):
+        scan(str(p), ScanOptions(tokenizer=str(deepseek_dir(tmp_path, "deepseek"))), num_proc=2,
+             cache_dir=tmp_path / "c")
+
+
+def test_write_scan_and_read_back(tmp_path):
+    result = scan(str(write_rows(tmp_path / "d.jsonl", alpaca_rows(9))), ScanOptions(), cache_dir=tmp_path / "c")
+    out = tmp_path / "scan-out"
+    write_scan(result, out)
+    assert sorted(f.name for f in out.iterdir()) == ["samples.parquet", "scan.json", "tokenized.parquet"]
+    meta = store.read_file_meta(out / "samples.parquet")
+    assert meta["kind"] == "samples" and meta["fingerprints"] == result.report["fingerprints"]
+    assert store.read_file_meta(out / "tokenized.parquet")["kind"] == "tokenized"
+    assert store.read_table(out / "tokenized.parquet", store.TOKENIZED_SCHEMA).num_rows == 9
+    for source in (out, out / "samples.parquet"):
+        loaded = load_samples_source(source)
+        assert loaded is not None
+        table, info = loaded
+        assert table.equals(result.samples)
+        assert info["fingerprints"] == result.report["fingerprints"]
+        assert info["report"]["key"] == result.key
+
+
+def test_load_samples_source_foreign_and_not_samples(tmp_path):
+    foreign = tmp_path / "foreign.parquet"
+    table = pa.table({"sample_id": pa.array([0, 2], pa.int64()), "length": pa.array([5, 7], pa.int32()),
+                      "label_count": pa.array([3, 7], pa.int32()),
+                      "first_label_supervised": pa.array([False, True]),
+                      "token_hash": pa.array([1, 2], pa.uint64())}, schema=store.SAMPLES_SCHEMA)
+    pq.write_table(table, foreign)
+    loaded = load_samples_source(foreign)
+    assert loaded is not None and loaded[0].equals(table) and loaded[1]["meta"] is None
+    assert load_samples_source(write_rows(tmp_path / "t.parquet", [{"text": "a"}])) is None
+    assert load_samples_source(tmp_path / "t.jsonl") is None
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.set_column(0, "sample_id", pa.array([2, 0], pa.int64())), bad)
+    with pytest.raises(InputError, match=r"bad\.parquet row 1: sample_id is not strictly increasing"):
+        load_samples_source(bad)
