@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -38,7 +39,7 @@ def samples_file(n: int) -> Path:
             "length": s.length.astype("int32"),
             "label_count": s.label_count.astype("int32"),
             "first_label_supervised": s.first_label_supervised,
-            "token_hash": (s.sample_id * 0x9E3779B97F4A7C15 % (1 << 64)).astype("uint64"),
+            "token_hash": s.sample_id.astype("uint64") * np.uint64(0x9E3779B97F4A7C15),
         })
         pq.write_table(table, path)
     return path
