@@ -53,6 +53,9 @@ SUMMARY_METRICS = ("batches", "updates", "label_cv", "update_label_cv", "packing
                    "max_naive_weight_skew")
 
 
+MAX_DETAIL_ROWS = 200  # keeps the CI comment far below GitHub's 65,536-character limit
+
+
 class PlanDirError(store.StoreError):
     """A diff input is not a plan directory written by plancc."""
 
@@ -569,6 +572,11 @@ def render_markdown(report: dict[str, Any], failed: list[str] | None = None) -> 
             detail += [f"| {entry['epoch']} | {entry['stage']} | {c['metric']} | {_fmt(c['old'])} | {_fmt(c['new'])} "
                        f"| {_fmt_delta(c['delta'])} |" for c in entry["changes"]]
     if detail:
-        out += ["", "<details><summary>All metric deltas</summary>", "",
-                "| epoch | stage | metric | old | new | Δ |", "|---|---|---|---|---|---|", *detail, "", "</details>"]
+        more = len(detail) - MAX_DETAIL_ROWS
+        summary = "All metric deltas" if more <= 0 else f"Metric deltas (first {MAX_DETAIL_ROWS} of {len(detail)})"
+        out += ["", f"<details><summary>{summary}</summary>", "",
+                "| epoch | stage | metric | old | new | Δ |", "|---|---|---|---|---|---|", *detail[:MAX_DETAIL_ROWS]]
+        if more > 0:
+            out.append(f"\n{more} more in `plancc diff --format json`")
+        out += ["", "</details>"]
     return "\n".join(out) + "\n"
