@@ -1,0 +1,38 @@
+"""Replay a compiled plan in training: sampler, collator, token-mean loss, checkpoints, Hugging Face glue.
+
+Imports only torch, pyarrow and numpy (and plancc.store); transformers is imported lazily by `plancc.runtime.hf`.
+
+    plan = RuntimePlan(plan_dir)
+    sampler = PlanSampler(plan, rank=rank, world_size=world)       # + grad_accum=... for an elastic replay
+    loader = PlanDataLoader(PlanDataset(load_tokens(plan), PlanCollator.from_plan(plan)), sampler)
+    for batch in loader:
+        logits = model(**model_inputs(batch)).logits
+        token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world).backward()
+        if batch["plan"]["last_in_update"]:
+            optimizer.step(); optimizer.zero_grad()
+"""
+
+from plancc.runtime.checkpoint import checkpoint_state, restore_checkpoint_state
+from plancc.runtime.collator import PlanCollator, model_inputs
+from plancc.runtime.data import TokenStore, load_tokens
+from plancc.runtime.loader import PlanDataLoader, PlanDataset
+from plancc.runtime.loss import token_loss, token_loss_sum
+from plancc.runtime.plan import PlanMismatchError, RuntimePlan
+from plancc.runtime.sampler import Microbatch, PlanSampler
+
+__all__ = [
+    "Microbatch",
+    "PlanCollator",
+    "PlanDataLoader",
+    "PlanDataset",
+    "PlanMismatchError",
+    "PlanSampler",
+    "RuntimePlan",
+    "TokenStore",
+    "checkpoint_state",
+    "load_tokens",
+    "model_inputs",
+    "restore_checkpoint_state",
+    "token_loss",
+    "token_loss_sum",
+]

@@ -1,0 +1,138 @@
+"""Turn a plan microbatch into tensors, with labels exactly as the plan counted them (SPEC 3).
+
+Layout of one packed row holding samples A (3 tokens) and B (2 tokens), capacity rounded to 8, shift "sample"::
+
+    input_ids     a0  a1  a2  b0  b1  pad pad pad
+    position_ids   0   1   2   0   1   0   1   2     restart per sample (pad is its own segment)
+    shift_labels  A1  A2   x  B1   x   x   x   x     target of each position; x = -100
+    labels         x  A1  A2   x  B1   x   x   x     HF convention: the model shifts labels[1:] itself
+    cu_seqlens    [0, 3, 5, 8]                       segment bounds over the flattened (rows x T) tokens
+
+Shift "row" differs only at sample boundaries: a2's target is b0's label (`shift_labels[2] = B0`). Shift "none"
+copies each sample's stored `shift_labels`. `shift_labels` is the tensor the loss reads; `labels` is
+`shift_labels` moved right by one so that a Hugging Face model that shifts internally sees the same targets
+(it is exact for shifts sample/row; with shift "none" pass `shift_labels` to the model's loss as well).
+
+Padded mode has one row per sample and an `attention_mask`; packed and flattened rows have none, so that
+Hugging Face models detect the packed samples from `position_ids` and keep them from attending to each other.
+Every row is right-padded to the batch's longest row rounded up to `pad_multiple` (pad id `pad_token_id`, label
+-100). The collated target count is checked against the plan's `label_count`: a mismatch means the data changed.
+A placeholder microbatch (see `sampler`) becomes one pad token with no target.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from plancc.runtime.data import TokenStore
+from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
+from plancc.runtime.sampler import Microbatch
+
+IGNORE = -100
+MODEL_KEYS = ("input_ids", "position_ids", "attention_mask")
+
+
+class PlanCollator:
+    """`collator(microbatch, tokens) -> batch dict` for one plan's layout and shift semantics."""
+
+    def __init__(self, *, mode: str, shift: str, pad_multiple: int = 1, pad_token_id: int = 0,
+                 check_counts: bool = True):
+        if mode not in ("packed", "padded", "flattened"):
+            raise ValueError(f"unknown mode {mode!r}")
+        if shift not in ("sample", "row", "none"):
+            raise ValueError(f"unknown shift {shift!r}")
+        self.mode, self.shift, self.pad_multiple = mode, shift, int(pad_multiple)
+        self.pad_token_id, self.check_counts = int(pad_token_id), check_counts
+
+    @classmethod
+    def from_plan(cls, plan: str | RuntimePlan, **kwargs: Any) -> PlanCollator:
+        plan = open_plan(plan)
+        return cls(mode=plan.mode, shift=plan.shift, pad_multiple=int(plan.settings.get("pad_multiple", 1)), **kwargs)
+
+    def arrays(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:
+        """The batch as numpy arrays (the work without the tensor wrapping)."""
+        ids = np.asarray(mb, dtype=np.int64)
+        rows = np.asarray(mb.rows, dtype=np.int64)
+        if ids.size == 0:  # placeholder: one pad token, no target
+            ids_len = np.zeros(0, dtype=np.int64)
+            rows, row_len = np.array([0, 0], dtype=np.int64), np.array([0], dtype=np.int64)
+        else:
+            ids_len = tokens.offsets[ids + 1] - tokens.offsets[ids]
+            csum = np.zeros(ids.size + 1, dtype=np.int64)
+            np.cumsum(ids_len, out=csum[1:])
+            row_len = csum[rows[1:]] - csum[rows[:-1]]
+        n_rows = rows.shape[0] - 1
+        width = max(int(row_len.max()), 1)
+        width = -(-width // self.pad_multiple) * self.pad_multiple
+        total = int(ids_len.sum())
+
+        input_ids = np.full((n_rows, width), self.pad_token_id, dtype=np.int64)
+        shift_labels = np.full((n_rows, width), IGNORE, dtype=np.int64)
+        # position ids: pad tail of each row counts from 0 as its own segment
+        col = np.arange(width, dtype=np.int64)
+        position_ids = np.where(col[None, :] >= row_len[:, None], col[None, :] - row_len[:, None], col[None, :])
+        if total:
+            starts = tokens.offsets[ids]
+            excl = csum[:-1]
+            row_of = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
+            within = excl - csum[rows[:-1]][row_of]  # start of each sample inside its row
+            flat = np.arange(total, dtype=np.int64)
+            rel = flat - np.repeat(excl, ids_len)  # position inside its sample
+            src = np.repeat(starts, ids_len) + rel
+            dst = np.repeat(row_of * width + within, ids_len) + rel
+            targets = tokens.targets[src]
+            if self.shift == "none":
+                st = targets.astype(np.int64)
+            else:
+                st = np.empty(total, dtype=np.int64)
+                st[:-1] = targets[1:]
+                ends = csum[1:] - 1 if self.shift == "sample" else csum[rows[1:]] - 1
+                st[ends] = IGNORE
+            input_ids.reshape(-1)[dst] = tokens.input_ids[src]
+            shift_labels.reshape(-1)[dst] = st
+            position_ids.reshape(-1)[dst] = rel
+            count = int(np.count_nonzero(st != IGNORE))
+        else:
+            count = 0
+        if self.check_counts and count != mb.label_count:
+            raise PlanMismatchError(
+                f"microbatch {mb.index} (epoch {mb.epoch}, update {mb.update}) collates to {count} supervised "
+                f"targets but the plan counted {mb.label_count}: the tokenized data or the shift semantics differ "
+                f"from the ones the plan was compiled with (shift {self.shift!r}); recompile the plan"
+            )
+        labels = np.full_like(shift_labels, IGNORE)
+        labels[:, 1:] = shift_labels[:, :-1]
+        out: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "labels": labels,
+                               "shift_labels": shift_labels, "label_count": count}
+        if self.mode == "padded":
+            out["attention_mask"] = (col[None, :] < np.maximum(row_len, 1)[:, None]).astype(np.int64)
+        else:
+            row_of_sample = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
+            key = np.concatenate([row_of_sample * 2, np.arange(n_rows, dtype=np.int64) * 2 + 1])
+            seg = np.concatenate([ids_len, width - row_len])[np.argsort(key, kind="stable")]
+            seg = seg[seg > 0]
+            cu = np.zeros(seg.shape[0] + 1, dtype=np.int32)
+            np.cumsum(seg, out=cu[1:])
+            out["cu_seqlens"] = cu
+            out["max_seqlen"] = int(seg.max()) if seg.size else 0
+        return out
+
+    def __call__(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:
+        a = self.arrays(mb, tokens)
+        batch: dict[str, Any] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()}
+        batch["num_items_in_batch"] = torch.tensor(mb.num_items, dtype=torch.int64)
+        batch["plan"] = {"epoch": mb.epoch, "index": mb.index, "update": mb.update, "micro_step": mb.micro_step,
+                         "position": mb.position, "last_in_update": mb.last_in_update,
+                         "placeholder": mb.placeholder}
+        return batch
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """The keys a causal LM's forward takes (input_ids, position_ids, attention_mask in padded mode)."""
+    return {k: batch[k] for k in MODEL_KEYS if k in batch}
+
+
+__all__ = ["IGNORE", "PlanCollator", "model_inputs"]

@@ -1,0 +1,39 @@
+"""The token-mean loss of an optimizer step, split over microbatches and ranks (seed 002's fix, automatic).
+
+For update `u` with `N` supervised targets over all its microbatches and ranks (the plan's `num_items`), the
+objective is `L = (1/N) * sum over every target of CE`. Each microbatch contributes `sum(CE) / N`; DDP averages
+gradients over `W` ranks, so each rank multiplies by `W` to undo the mean. Summing the microbatch gradients of
+all ranks then gives exactly the gradient of `L`, whatever the per-microbatch target counts::
+
+    loss = token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=W)
+    loss.backward()          # accumulate; optimizer.step() after the update's last micro-step
+
+`N` comes from the plan, so no collective is needed. Logits are upcast to fp32 before the softmax.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+def token_loss_sum(logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:
+    """Sum of per-target cross entropy in fp32 (`shift_labels[t]` is the target of `logits[t]`)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                           shift_labels.reshape(-1).to(logits.device), ignore_index=IGNORE, reduction="sum")
+
+
+def token_loss(logits: torch.Tensor, shift_labels: torch.Tensor, num_items_in_batch: torch.Tensor | int, *,
+               world_size: int = 1) -> torch.Tensor:
+    """This microbatch's share of the update's token-mean loss: sum(CE) / num_items * world_size."""
+    n = num_items_in_batch.to(logits.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
+    if torch.is_tensor(n):
+        n = n.clamp_min(1).to(torch.float32)
+    else:
+        n = float(max(int(n), 1))  # an update with no targets (possible only if every sample is unsupervised)
+    return token_loss_sum(logits, shift_labels) * world_size / n
+
+
+__all__ = ["token_loss", "token_loss_sum"]

@@ -1,0 +1,279 @@
+"""Replay a plan: one rank's microbatches of one epoch, in plan order, with exact resume and elastic replay.
+
+The plan's global order (SPEC 4): update `u` is microbatches `[u*P, (u+1)*P)` with `P = W*G`; micro-step `m` of
+rank `r` is microbatch `u*P + m*W + r`. A run on `(W', G')` with `W'*G' = P` keeps every update (same samples,
+same `num_items`) and only changes which rank runs which microbatch: elastic replay.
+
+Each rank walks *positions* `0..len(sampler)-1`: `G` micro-steps per complete update, then the incomplete final
+update (only without `--drop-last`), which has `ceil(tail / W)` micro-steps on every rank. When `tail` is not a
+multiple of `W`, the last micro-step of that update has no microbatch on some ranks; they get an **empty
+placeholder** (`Microbatch.placeholder`, no samples): the collator turns it into a one-token row with no target,
+so the loss is 0 and its gradient is zero, but every rank still runs the same number of forward/backward passes
+and the DDP all-reduce stays in lockstep::
+
+    W=2, G=2, 5 microbatches        rank 0: [0, 2] [4]       rank 1: [1, 3] [placeholder]
+                                            update 0 | tail          update 0 | tail
+
+The sampler yields `Microbatch` objects: lists of sample ids (so it works as a `torch.utils.data` batch sampler)
+carrying where they sit in the plan. `state_dict()` saves the plan's fingerprints, the replay shape and the
+position; `load_state_dict()` resumes exactly, refuses another plan, and refuses a state whose position was
+recorded as invalid. Across an elastic change, resume is exact at update boundaries only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from plancc.runtime.plan import PlanMismatchError, RankEpoch, RuntimePlan, open_plan
+
+STATE_FORMAT = "plancc.sampler/1"
+STRICT_FINGERPRINTS = ("config", "metadata", "plan", "schema")
+
+
+class Microbatch(list):
+    """The sample ids of one microbatch (flattened, plan order) and its place in the plan.
+
+    `rows` are CSR bounds over the ids (one row per sample in padded mode, one or more packed rows otherwise).
+    A placeholder (see module docstring) is empty, has `index == -1` and `label_count == 0`.
+    """
+
+    __slots__ = ("epoch", "index", "label_count", "last_in_update", "micro_step", "num_items", "position",
+                 "rows", "update")
+
+    def __init__(self, ids, *, epoch: int, index: int, update: int, micro_step: int, position: int,
+                 last_in_update: bool, rows: np.ndarray, label_count: int, num_items: int):
+        super().__init__(ids)
+        self.epoch, self.index, self.update, self.micro_step = epoch, index, update, micro_step
+        self.position, self.last_in_update, self.rows = position, last_in_update, rows
+        self.label_count, self.num_items = label_count, num_items
+
+    @property
+    def placeholder(self) -> bool:
+        return self.index < 0
+
+    def __reduce__(self):  # picklable for DataLoader worker processes
+        return (_rebuild, (list(self), {k: getattr(self, k) for k in self.__slots__}))
+
+    def __repr__(self) -> str:
+        kind = "placeholder" if self.placeholder else f"index={self.index}"
+        return (f"Microbatch({kind}, epoch={self.epoch}, update={self.update}, micro_step={self.micro_step}, "
+                f"samples={list(self)})")
+
+
+def _rebuild(ids, attrs):
+    return Microbatch(ids, **attrs)
+
+
+def _dist_defaults() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class PlanSampler:
+    """Yields rank `rank`'s microbatches of the current epoch (see module docstring).
+
+    Keyword arguments: `rank`/`world_size` default to torch.distributed's (else 0 and 1); `grad_accum` defaults to
+    the plan's and must be given for an elastic replay (`world_size * grad_accum` equal to the plan's);
+    `epoch` is the first epoch. Usable as `DataLoader(dataset, batch_sampler=sampler)` (see `PlanDataset`).
+    """
+
+    def __init__(self, plan: str | Path | RuntimePlan, *, rank: int | None = None, world_size: int | None = None,
+                 grad_accum: int | None = None, epoch: int = 0):
+        self.plan = open_plan(plan)
+        d_rank, d_world = _dist_defaults()
+        self.world_size = int(d_world if world_size is None else world_size)
+        self.rank = int(d_rank if rank is None else rank)
+        if not 0 <= self.rank < self.world_size:
+            raise PlanMismatchError(f"rank {self.rank} is outside world_size {self.world_size}")
+        self.grad_accum = self.plan.replay_grad_accum(self.world_size, grad_accum)
+        self.epoch = int(epoch)
+        self.plan._check_epoch(self.epoch)
+        self._cache: RankEpoch | None = None
+        self._start = 0  # position each new iterator starts from (0, or where a resumed state left off)
+        self._yielded = 0  # position after the last microbatch yielded
+        self._consumed: int | None = None  # position after the last microbatch the training loop reported
+        self._pending_resume = False
+        self._invalid: str | None = None
+        self._live_iterators = 0
+
+    # ------------------------------------------------------------ shape of the epoch
+    def _epoch_data(self) -> RankEpoch:
+        if self._cache is None or self._cache.epoch != self.epoch:
+            self._cache = self.plan.read_rank_epoch(self.epoch, self.rank, self.world_size)
+        return self._cache
+
+    def _shape(self) -> tuple[int, int, int]:
+        """(complete updates, micro-steps of the tail update, total positions) of the current epoch."""
+        total = self.plan.total_batches(self.epoch)
+        per_update = self.plan.batches_per_update
+        complete = total // per_update
+        tail = total - complete * per_update
+        tail_steps = -(-tail // self.world_size)
+        return complete, tail_steps, complete * self.grad_accum + tail_steps
+
+    def __len__(self) -> int:
+        """Microbatches (placeholders included) a new iterator yields: the epoch's, minus a resumed position."""
+        return self._shape()[2] - self._start
+
+    @property
+    def epoch_length(self) -> int:
+        return self._shape()[2]
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """(update, micro_step) of a position; the end of the epoch is (updates, 0)."""
+        complete, tail_steps, length = self._shape()
+        if position < complete * self.grad_accum:
+            return position // self.grad_accum, position % self.grad_accum
+        if position >= length:
+            return complete + (1 if tail_steps else 0), 0
+        return complete, position - complete * self.grad_accum
+
+    # ------------------------------------------------------------ iteration
+    def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` from its beginning; keeps a just-restored position of the same epoch (resume)."""
+        epoch = int(epoch)
+        if self._pending_resume and epoch == self.epoch:
+            return
+        self.plan._check_epoch(epoch)
+        self.epoch = epoch
+        self._start = self._yielded = 0
+        self._consumed = None
+        self._pending_resume = False
+        self._invalid = None
+
+    def microbatch(self, position: int) -> Microbatch:
+        """The microbatch (or placeholder) at `position` of the current epoch on this rank."""
+        ep = self._epoch_data()
+        complete, tail_steps, length = self._shape()
+        if not 0 <= position < length:
+            raise IndexError(f"position {position} outside the epoch's {length} microbatches")
+        update, micro_step = self.locate(position)
+        steps = self.grad_accum if update < complete else tail_steps
+        last = micro_step == steps - 1
+        if position < len(ep):  # real microbatches are a prefix of the positions (see module docstring)
+            r0, r1 = int(ep.batch_bounds[position]), int(ep.batch_bounds[position + 1])
+            rows = ep.row_bounds[r0:r1 + 1]
+            ids = ep.samples[int(rows[0]):int(rows[-1])].tolist()
+            return Microbatch(ids, epoch=self.epoch, index=int(ep.index[position]), update=update,
+                              micro_step=micro_step, position=position, last_in_update=last,
+                              rows=rows - rows[0], label_count=int(ep.label_count[position]),
+                              num_items=int(ep.num_items[position]))
+        return Microbatch([], epoch=self.epoch, index=-1, update=update, micro_step=micro_step, position=position,
+                          last_in_update=last, rows=np.zeros(1, dtype=np.int64), label_count=0,
+                          num_items=ep.tail_num_items)
+
+    def __iter__(self) -> Iterator[Microbatch]:
+        self._pending_resume = False
+        start, length = self._start, self._shape()[2]
+        self._yielded = start
+        self._consumed = None
+        self._live_iterators += 1
+        try:
+            for position in range(start, length):
+                mb = self.microbatch(position)
+                self._yielded = position + 1
+                yield mb
+        finally:
+            self._live_iterators -= 1
+
+    def mark_consumed(self, batch_or_microbatch: Any) -> None:
+        """Record that the training loop finished the given microbatch (or collated batch).
+
+        Needed when something between the sampler and the loop prefetches (a DataLoader with workers): the
+        sampler's own count is then ahead of training. `PlanDataLoader` calls it for you.
+        """
+        position = (batch_or_microbatch["plan"]["position"] if isinstance(batch_or_microbatch, dict)
+                    else batch_or_microbatch.position)
+        self._consumed = int(position) + 1
+
+    def invalidate(self, reason: str) -> None:
+        """Record that the current position cannot be trusted: saved states say so and refuse exact resume."""
+        self._invalid = reason
+
+    # ------------------------------------------------------------ state
+    @property
+    def position(self) -> int:
+        return self._consumed if self._consumed is not None else self._yielded
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-able state: plan fingerprints, replay shape, epoch, position (microbatches consumed), validity."""
+        position = self.position
+        update, micro_step = self.locate(position)
+        return {
+            "format": STATE_FORMAT,
+            "fingerprints": {k: self.plan.fingerprints.get(k) for k in ("dataset", *STRICT_FINGERPRINTS)},
+            "plan_world_size": self.plan.world_size,
+            "plan_grad_accum": self.plan.grad_accum,
+            "world_size": self.world_size,
+            "grad_accum": self.grad_accum,
+            "rank": self.rank,
+            "epoch": self.epoch,
+            "position": position,
+            "update": update,
+            "micro_step": micro_step,
+            "at_update_boundary": micro_step == 0,
+            "valid": self._invalid is None,
+            "invalid_reason": self._invalid,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, allow_dataset_change: bool = False) -> None:
+        """Resume where `state` left off; refuses another plan, an invalid position or a mid-update elastic change."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise PlanMismatchError(f"not a plancc sampler state (format {state.get('format') if isinstance(state, dict) else type(state).__name__!r}, expected {STATE_FORMAT!r})")
+        saved, ours = state["fingerprints"], self.plan.fingerprints
+        for key in STRICT_FINGERPRINTS:
+            if saved.get(key) != ours.get(key):
+                raise PlanMismatchError(
+                    f"the saved sampler state belongs to another plan: its {key} fingerprint differs from "
+                    f"{self.plan.path}'s; resume with the plan the checkpoint was trained on"
+                )
+        if saved.get("dataset") != ours.get("dataset"):
+            msg = ("the saved sampler state was trained on different data: its dataset fingerprint differs from "
+                   f"{self.plan.path}'s")
+            if not allow_dataset_change:
+                raise PlanMismatchError(msg + "; pass allow_dataset_change=True to resume anyway")
+            warnings.warn(msg + " (allowed by allow_dataset_change=True)", stacklevel=2)
+        if not state.get("valid", False):
+            raise PlanMismatchError(
+                f"the checkpoint's sampler position is invalid ({state.get('invalid_reason')}); exact resume is "
+                "impossible. Resume from another checkpoint, or start the epoch over explicitly with set_epoch()"
+            )
+        epoch = int(state["epoch"])
+        self.plan._check_epoch(epoch)
+        if (int(state["world_size"]), int(state["grad_accum"])) == (self.world_size, self.grad_accum):
+            position = int(state["position"])
+        elif state.get("at_update_boundary"):
+            self.epoch = epoch  # needed for the shape below
+            position = self._position_of_update(int(state["update"]))
+        else:
+            raise PlanMismatchError(
+                f"the checkpoint was saved mid-update (update {state['update']}, micro-step {state['micro_step']}) "
+                f"by a run of world_size {state['world_size']} x grad_accum {state['grad_accum']}; this run is "
+                f"{self.world_size} x {self.grad_accum}. Elastic resume is exact only at update boundaries: resume "
+                "with the original world size, or from a checkpoint taken at an optimizer step"
+            )
+        self.epoch = epoch
+        length = self._shape()[2]
+        if not 0 <= position <= length:
+            raise PlanMismatchError(f"saved position {position} is outside epoch {epoch}'s {length} microbatches")
+        self._start = self._yielded = position
+        self._consumed = None
+        self._invalid = None
+        self._pending_resume = True
+
+    def _position_of_update(self, update: int) -> int:
+        complete, tail_steps, length = self._shape()
+        if update <= complete:
+            return update * self.grad_accum
+        return length
+
+
+__all__ = ["Microbatch", "PlanMismatchError", "PlanSampler"]
