@@ -28,7 +28,6 @@ import pyarrow as pa
 
 from plancc import store
 from plancc.metrics import METRIC_COLUMNS
-from plancc.validate import nested_arrays
 
 FAIL_ON = ("any", "config", "dataset", "metrics-regression")
 
@@ -116,6 +115,9 @@ class EpochRows:
     """One epoch of one plan as flat arrays, addressable by global microbatch index."""
 
     def __init__(self, table: pa.Table):
+        # imports the compile side (numba): only paid when rows are compared
+        from plancc.validate import nested_arrays
+
         ids, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
         n = table.num_rows
         index = table.column("index").to_numpy()

@@ -25,7 +25,6 @@ import pyarrow.compute as pc
 
 from plancc import store
 from plancc.errors import PlanccError
-from plancc.validate import nested_arrays
 
 SCALAR_COLUMNS = ["epoch", "index", "update", "rank", "micro_step", "tokens", "label_count", "cost", "num_items",
                   "complete_update"]
@@ -161,6 +160,8 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
         order = np.argsort(key, kind="stable")
         at = order[np.searchsorted(key[order], wanted)]
         ids_col = full.column("sample_ids").take(pa.array(at))
+        from plancc.validate import nested_arrays
+
         flat, row_bounds, batch_bounds = nested_arrays(ids_col)
         scalars = shown.to_pydict()
         for i in range(shown.num_rows):
