@@ -2,6 +2,14 @@
 
 `stages(settings)` lists the passes compile runs after the `before` plan, in order, each as (name, function).
 A stage returns its input unchanged when it finds no improvement of its own objective.
+
+| stage | module | objective (never worsened) |
+|---|---|---|
+| `microbatch` (packed) | `microbatch` | microbatch label variance |
+| `fixed_count` (padded, flattened) | `fixed_count` | label variance, with total/peak cost (and flattened token variance) not raised |
+| `accumulation` (W*G > 1) | `accumulation` | variance of update label totals |
+| `within_update` | `within_update` | label variance inside each update (samples of the update kept) |
+| `rank_order` (W > 1) | `rank_order` | per micro-step rank cost spread (max and sum per update) |
 """
 
 from __future__ import annotations
@@ -20,4 +28,9 @@ def stages(settings: PlanSettings) -> list[tuple[str, Stage]]:
     """The balancing passes for these settings; none with `--no-balance`."""
     if not settings.balance:
         return []
-    return []
+    from plancc.balance.microbatch import balance_microbatches
+
+    out: list[tuple[str, Stage]] = []
+    if settings.mode == "packed":
+        out.append(("microbatch", balance_microbatches))
+    return out

@@ -1,0 +1,169 @@
+"""Shared plumbing of the balancing stages: the balanced span, label values per shift mode, windows, rebuilding.
+
+Only the microbatches of complete updates are ever touched (`span`); the tail — the microbatches of the incomplete
+final update — is copied through as is (SPEC 5).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plancc.config import PlanSettings
+from plancc.plan import Batches, SampleArrays, batch_cost, complete_updates, row_targets, row_tokens, segment_sum
+
+
+def span(b: Batches, settings: PlanSettings) -> int:
+    """Number of leading microbatches that belong to complete updates (the rest is the untouched tail)."""
+    return complete_updates(b.num_batches, settings.world_size, settings.grad_accum) * settings.batches_per_update
+
+
+def item_values(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+    """Per plan position, the targets its sample adds to a row it does not start (row shift) or always."""
+    if shift == "row":
+        return s.label_count[b.samples].astype(np.int64)
+    return s.targets(shift)[b.samples].astype(np.int64)
+
+
+def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Windows (CSR bounds, members) of at most `window` microbatches, each spanning the whole range of `values`.
+
+    Microbatches are sorted by value and dealt round-robin into ceil(n / window) windows, so every window holds
+    heavy and light microbatches alike and its mean sits near the global mean: balancing inside windows then
+    balances the whole plan, while each trade still touches only the microbatches of one window.
+    """
+    n = values.shape[0]
+    if n == 0:
+        return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    nw = -(-n // window)
+    order = np.argsort(-values, kind="stable")
+    win = np.arange(n, dtype=np.int64) % nw
+    members = order[np.argsort(win, kind="stable")]
+    bounds = np.zeros(nw + 1, dtype=np.int64)
+    np.cumsum(np.bincount(win, minlength=nw), out=bounds[1:])
+    return bounds, members.astype(np.int64)
+
+
+def contiguous_windows(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    bounds = np.append(np.arange(0, n, size, dtype=np.int64), n).astype(np.int64)
+    return bounds, np.arange(n, dtype=np.int64)
+
+
+def csr_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bounds, members): positions grouped by key, in position order inside a key."""
+    order = np.argsort(keys, kind="stable").astype(np.int64)
+    bounds = np.zeros(n_keys + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=n_keys), out=bounds[1:])
+    return bounds, order
+
+
+def split(b: Batches, n_span: int) -> tuple[Batches, np.ndarray, np.ndarray, np.ndarray]:
+    """(the span's Batches, tail samples, tail row sizes, tail rows per batch)."""
+    r_end = int(b.batch_bounds[n_span])
+    p_end = int(b.row_bounds[r_end])
+    head = Batches(b.samples[:p_end], b.row_bounds[: r_end + 1], b.batch_bounds[: n_span + 1])
+    return head, b.samples[p_end:], np.diff(b.row_bounds[r_end:]), np.diff(b.batch_bounds[n_span:])
+
+
+def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_batches: np.ndarray) -> Batches:
+    samples = np.concatenate([head.samples, tail_samples]).astype(np.int64)
+    row_bounds = np.concatenate([head.row_bounds, head.row_bounds[-1] + np.cumsum(tail_rows)]).astype(np.int64)
+    batch_bounds = np.concatenate([head.batch_bounds, head.batch_bounds[-1] + np.cumsum(tail_batches)])
+    return Batches(samples, row_bounds, batch_bounds.astype(np.int64))
+
+
+def rebuild_rows(head: Batches, row_of: np.ndarray, pinned: np.ndarray) -> Batches:
+    """The span with samples regrouped by `row_of` (pinned samples first in their row, then plan order)."""
+    pos = np.arange(row_of.shape[0], dtype=np.int64)
+    order = np.lexsort((pos, ~pinned, row_of))
+    counts = np.bincount(row_of, minlength=head.num_rows)
+    row_bounds = np.zeros(head.num_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=row_bounds[1:])
+    return Batches(head.samples[order], row_bounds, head.batch_bounds.copy())
+
+
+def label_sse(values: np.ndarray) -> float:
+    v = values.astype(np.float64)
+    return float(((v - v.mean()) ** 2).sum()) if v.size else 0.0
+
+
+__all__ = [
+    "batch_cost",
+    "contiguous_windows",
+    "csr_by",
+    "item_values",
+    "join",
+    "label_sse",
+    "rebuild_rows",
+    "row_targets",
+    "row_tokens",
+    "segment_sum",
+    "span",
+    "split",
+    "stratified_windows",
+]
+
+
+def exchange(
+    head: Batches,
+    s: SampleArrays,
+    settings: PlanSettings,
+    *,
+    windows,
+    passes: int,
+    rounds: int,
+    max_sub: int,
+    tok_weight: float = 0.0,
+    peak: int,
+) -> Batches:
+    """Run subset exchanges (see `_exchange`) over `head`, whose microbatches are grouped by `windows(mb_labels)`.
+
+    `cost_mode` follows the layout: packed rows, flattened rows with exact counts, padded groups with exact counts.
+    """
+    from plancc.balance._exchange import exchange_windows
+
+    mode = {"packed": 0, "flattened": 1, "padded": 2}[settings.mode]
+    n_items = head.samples.shape[0]
+    if head.num_batches < 2 or n_items == 0:
+        return head
+    lengths = s.length[head.samples].astype(np.int64)
+    values = item_values(head, s, settings.shift)
+    row_of_sample = head.row_of_sample()
+    if mode == 2:  # one kernel row per microbatch holding its samples
+        row_of = head.batch_of_row()[row_of_sample]
+        k_batch_bounds = np.arange(head.num_batches + 1, dtype=np.int64)
+        n_rows = head.num_batches
+    else:
+        row_of = row_of_sample.copy()
+        k_batch_bounds = head.batch_bounds.astype(np.int64)
+        n_rows = head.num_rows
+    pinned = np.zeros(n_items, dtype=np.bool_)
+    if settings.shift == "row" and mode != 2:
+        pinned[head.row_bounds[:-1][head.samples_per_row() > 0]] = True
+    row_tok = segment_sum(lengths, np.append(0, np.cumsum(np.bincount(row_of, minlength=n_rows))))
+    # row_val: exact targets of each kernel row (row shift: minus the pinned first sample's first label)
+    if mode == 2:
+        row_val = segment_sum(row_targets(head, s, settings.shift), head.batch_bounds)
+    else:
+        row_val = row_targets(head, s, settings.shift).astype(np.int64)
+    mb_val = segment_sum(row_val, k_batch_bounds)
+    mb_tok = segment_sum(row_tok, k_batch_bounds)
+    rows_in = np.diff(k_batch_bounds)
+    if mode == 0:
+        row_cap = np.minimum(settings.row_capacity, peak // np.repeat(rows_in, rows_in)).astype(np.int64)
+    else:
+        row_cap = np.full(n_rows, peak if mode == 1 else 1 << 60, dtype=np.int64)
+    for _ in range(passes):
+        w_bounds, w_members = windows(mb_val)
+        ri_bounds, ri = csr_by(row_of, n_rows)
+        made = exchange_windows(
+            w_bounds, w_members, ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok,
+            row_cap, k_batch_bounds, int(settings.pad_multiple), int(peak), mode, max_sub, float(tok_weight),
+            rounds, 256,
+        )
+        if made == 0:
+            break
+    if mode == 2:
+        pos = np.arange(n_items, dtype=np.int64)
+        order = np.lexsort((pos, row_of))
+        return Batches(head.samples[order], head.row_bounds.copy(), head.batch_bounds.copy())
+    return rebuild_rows(head, row_of, pinned)

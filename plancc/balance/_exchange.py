@@ -1,0 +1,299 @@
+"""Subset exchanges between two microbatches: the local move behind microbatch, fixed-count and within-update balance.
+
+A window is a set of at most 64 microbatches. Inside it, microbatches are sorted by label count and the heaviest is
+paired with the lightest, the second heaviest with the second lightest, and so on; each pair then trades the
+subsets of samples (up to two a side) that bring their label counts closest to each other::
+
+    row A (high):  [a1 a2 a3 a4]  labels 900        give {a2}     (len 310, 250 labels)
+    row B (low):   [b1 b2 b3]     labels 300        take {b3, b1} (len 305,  40 labels)
+    after:         A 690, B 510   — lengths moved net 5 tokens, which fit B's free space
+
+Rows filled to 99.99% by first-fit-decreasing leave almost no free space, so single swaps rarely find an equal
+length partner; pairs of samples multiply the candidates (a row of 27 samples has 378 subsets of size <= 2), and a
+length-sorted table of the partner's subsets finds the feasible ones by binary search. A trade is taken only if it
+strictly narrows the pair's label gap (for `flattened`, neither the label gap nor the token gap may widen), and
+only if neither microbatch's padded cost grows past the pair's previous total or the plan's peak. Since the pair's
+total is unchanged, a narrower gap always lowers the plan's label variance: every trade is an improvement.
+
+Modes (`cost_mode`): 0 packed (rows of items, capacity per row, microbatch cost = rows x padded longest row),
+1 flattened (one row, exact item counts, cost = tokens), 2 padded (one group of items per microbatch, exact counts,
+cost = items x padded longest item). Under `--shift row` the first sample of every row stays put (`pinned`), so each
+row's "first label is not a target" correction never changes.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+SUB_CAP = 1024  # subsets enumerated per row (by size: singles, pairs, triples) before stopping
+LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
+
+
+@numba.njit(cache=True, inline="always")
+def _padded(x, pm):
+    return -(-x // pm) * pm
+
+
+@numba.njit(cache=True)
+def _mb_cost(mb, row_a, new_a, row_b, new_b, batch_bounds, row_tok, pm, cost_mode):
+    """Cost of microbatch `mb` if rows row_a/row_b took new token totals (packed and flattened)."""
+    longest = 0
+    for r in range(batch_bounds[mb], batch_bounds[mb + 1]):
+        t = row_tok[r]
+        if r == row_a:
+            t = new_a
+        elif r == row_b:
+            t = new_b
+        if t > longest:
+            longest = t
+    if cost_mode == 1:
+        return longest
+    return (batch_bounds[mb + 1] - batch_bounds[mb]) * _padded(longest, pm)
+
+
+@numba.njit(cache=True)
+def _subsets(items, n, item_len, item_val, max_sub, exact, out_len, out_val, out_mask):
+    """Subsets of `items[:n]` of size 0 (unless `exact`), 1, 2, 3 (up to `max_sub`), at most SUB_CAP of them."""
+    k = 0
+    if not exact:
+        out_len[0] = 0
+        out_val[0] = 0
+        out_mask[0] = 0
+        k = 1
+    for x in range(n):
+        if k >= SUB_CAP:
+            return k
+        out_len[k] = item_len[items[x]]
+        out_val[k] = item_val[items[x]]
+        out_mask[k] = np.int64(1) << x
+        k += 1
+    if max_sub >= 2:
+        for x in range(n):
+            lx = item_len[items[x]]
+            vx = item_val[items[x]]
+            for y in range(x + 1, n):
+                if k >= SUB_CAP:
+                    return k
+                out_len[k] = lx + item_len[items[y]]
+                out_val[k] = vx + item_val[items[y]]
+                out_mask[k] = (np.int64(1) << x) | (np.int64(1) << y)
+                k += 1
+    if max_sub >= 3 and n <= 16:
+        for x in range(n):
+            lx = item_len[items[x]]
+            vx = item_val[items[x]]
+            for y in range(x + 1, n):
+                lxy = lx + item_len[items[y]]
+                vxy = vx + item_val[items[y]]
+                for z in range(y + 1, n):
+                    if k >= SUB_CAP:
+                        return k
+                    out_len[k] = lxy + item_len[items[z]]
+                    out_val[k] = vxy + item_val[items[z]]
+                    out_mask[k] = (np.int64(1) << x) | (np.int64(1) << y) | (np.int64(1) << z)
+                    k += 1
+    return k
+
+
+@numba.njit(cache=True, inline="always")
+def _popcount(m):
+    c = 0
+    while m:
+        m &= m - 1
+        c += 1
+    return c
+
+
+@numba.njit(cache=True)
+def _max_len_after(items, n, item_len, out_mask, in_items, in_mask):
+    """Longest item of a group after removing `out_mask` of its items and adding `in_mask` of `in_items`."""
+    m = 0
+    for x in range(n):
+        if (out_mask >> x) & 1:
+            continue
+        if item_len[items[x]] > m:
+            m = item_len[items[x]]
+    for x in range(LOCAL):
+        if (in_mask >> x) & 1 and item_len[in_items[x]] > m:
+            m = item_len[in_items[x]]
+    return m
+
+
+@numba.njit(cache=True)
+def _gather(row, w_items, n_w, row_of, pinned, buf):
+    n = 0
+    for x in range(n_w):
+        p = w_items[x]
+        if row_of[p] == row and not pinned[p] and n < LOCAL:
+            buf[n] = p
+            n += 1
+    return n
+
+
+@numba.njit(cache=True)
+def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val, row_tok, row_val, mb_val, mb_tok,
+                   row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, scan_limit,
+                   buf_a, buf_b, best_a, best_b, sa_len, sa_val, sa_m, sb_len, sb_val, sb_m):
+    """Best trade between microbatches mb_a (more labels) and mb_b; applied in place. True if one was made."""
+    exact = cost_mode != 0
+    gap0 = mb_val[mb_a] - mb_val[mb_b]
+    tgap0 = abs(mb_tok[mb_a] - mb_tok[mb_b])
+    best_score = float(gap0) * gap0 + tok_weight * float(tgap0) * tgap0
+    found = False
+    best_ra = -1
+    best_rb = -1
+    best_ma = 0
+    best_mb = 0
+    best_na = 0
+    best_nb = 0
+    best_la = 0
+    best_lb = 0
+    best_va = 0
+    best_vb = 0
+    simple_cost = cost_mode == 0 and pm == 1 and batch_bounds[mb_a + 1] - batch_bounds[mb_a] == 1 and \
+        batch_bounds[mb_b + 1] - batch_bounds[mb_b] == 1
+    for ra in range(batch_bounds[mb_a], batch_bounds[mb_a + 1]):
+        na = _gather(ra, w_items, n_w, row_of, pinned, buf_a)
+        ka = _subsets(buf_a, na, item_len, item_val, max_sub, exact, sa_len, sa_val, sa_m)
+        for rb in range(batch_bounds[mb_b], batch_bounds[mb_b + 1]):
+            nb = _gather(rb, w_items, n_w, row_of, pinned, buf_b)
+            kb = _subsets(buf_b, nb, item_len, item_val, max_sub, exact, sb_len, sb_val, sb_m)
+            if ka == 0 or kb == 0:
+                continue
+            order = np.argsort(sb_len[:kb], kind="mergesort")
+            sorted_len = sb_len[:kb][order]
+            free_a = row_cap[ra] - row_tok[ra]
+            free_b = row_cap[rb] - row_tok[rb]
+            old_a = 0
+            old_b = 0
+            if cost_mode == 2:
+                old_a = na * _padded(_max_len_after(buf_a, na, item_len, 0, buf_b, 0), pm)
+                old_b = nb * _padded(_max_len_after(buf_b, nb, item_len, 0, buf_a, 0), pm)
+            elif not simple_cost:
+                old_a = _mb_cost(mb_a, -1, 0, -1, 0, batch_bounds, row_tok, pm, cost_mode)
+                old_b = _mb_cost(mb_b, -1, 0, -1, 0, batch_bounds, row_tok, pm, cost_mode)
+            for x in range(ka):
+                la = sa_len[x]
+                sza = _popcount(sa_m[x])
+                # B's subset length lb: row_a ends at tok_a - la + lb <= cap_a, row_b at tok_b - lb + la <= cap_b
+                lo = la - free_b
+                hi = la + free_a
+                start = np.searchsorted(sorted_len, lo)
+                scanned = 0
+                for y in range(start, kb):
+                    if sorted_len[y] > hi or scanned >= scan_limit:
+                        break
+                    scanned += 1
+                    z = order[y]
+                    if sza == 0 and sb_m[z] == 0:
+                        continue
+                    if exact and _popcount(sb_m[z]) != sza:
+                        continue
+                    lb = sb_len[z]
+                    d = sa_val[x] - sb_val[z]  # labels moving from A to B
+                    gap = gap0 - 2 * d
+                    if abs(gap) >= abs(gap0):
+                        continue
+                    tgap = 0
+                    if cost_mode == 1:
+                        tgap = abs((mb_tok[mb_a] - la + lb) - (mb_tok[mb_b] - lb + la))
+                        if tgap > tgap0:
+                            continue
+                    score = float(gap) * gap + tok_weight * float(tgap) * tgap
+                    if score >= best_score:
+                        continue
+                    if not simple_cost:  # neither microbatch above the peak, the pair's total not above before
+                        if cost_mode == 2:
+                            ca = na * _padded(_max_len_after(buf_a, na, item_len, sa_m[x], buf_b, sb_m[z]), pm)
+                            cb = nb * _padded(_max_len_after(buf_b, nb, item_len, sb_m[z], buf_a, sa_m[x]), pm)
+                        else:
+                            new_a = row_tok[ra] - la + lb
+                            new_b = row_tok[rb] - lb + la
+                            ca = _mb_cost(mb_a, ra, new_a, rb, new_b, batch_bounds, row_tok, pm, cost_mode)
+                            cb = _mb_cost(mb_b, ra, new_a, rb, new_b, batch_bounds, row_tok, pm, cost_mode)
+                        if ca > peak or cb > peak or ca + cb > old_a + old_b:
+                            continue
+                    best_score = score
+                    found = True
+                    best_ra = ra
+                    best_rb = rb
+                    best_ma = sa_m[x]
+                    best_mb = sb_m[z]
+                    best_na = na
+                    best_nb = nb
+                    best_la = la
+                    best_lb = lb
+                    best_va = sa_val[x]
+                    best_vb = sb_val[z]
+                    best_a[:na] = buf_a[:na]
+                    best_b[:nb] = buf_b[:nb]
+    if not found:
+        return False
+    for x in range(best_na):
+        if (best_ma >> x) & 1:
+            row_of[best_a[x]] = best_rb
+    for x in range(best_nb):
+        if (best_mb >> x) & 1:
+            row_of[best_b[x]] = best_ra
+    row_tok[best_ra] += best_lb - best_la
+    row_tok[best_rb] += best_la - best_lb
+    row_val[best_ra] += best_vb - best_va
+    row_val[best_rb] += best_va - best_vb
+    mb_val[mb_a] += best_vb - best_va
+    mb_val[mb_b] += best_va - best_vb
+    mb_tok[mb_a] += best_lb - best_la
+    mb_tok[mb_b] += best_la - best_lb
+    return True
+
+
+@numba.njit(cache=True)
+def exchange_windows(win_bounds, win_mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val,
+                     row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm, peak, cost_mode, max_sub,
+                     tok_weight, rounds, scan_limit):
+    """Run `rounds` of extreme pairing inside every window (CSR `win_bounds` over `win_mbs`); returns trades made."""
+    buf_a = np.empty(LOCAL, dtype=np.int64)
+    buf_b = np.empty(LOCAL, dtype=np.int64)
+    best_a = np.empty(LOCAL, dtype=np.int64)
+    best_b = np.empty(LOCAL, dtype=np.int64)
+    sa_len = np.empty(SUB_CAP, dtype=np.int64)
+    sa_val = np.empty(SUB_CAP, dtype=np.int64)
+    sa_m = np.empty(SUB_CAP, dtype=np.int64)
+    sb_len = np.empty(SUB_CAP, dtype=np.int64)
+    sb_val = np.empty(SUB_CAP, dtype=np.int64)
+    sb_m = np.empty(SUB_CAP, dtype=np.int64)
+    trades = 0
+    total_items = row_items.shape[0]
+    w_items = np.empty(total_items, dtype=np.int64)
+    for w in range(win_bounds.shape[0] - 1):
+        mbs = win_mbs[win_bounds[w]:win_bounds[w + 1]]
+        k = mbs.shape[0]
+        if k < 2:
+            continue
+        n_w = 0
+        for m in mbs:
+            for r in range(batch_bounds[m], batch_bounds[m + 1]):
+                for x in range(row_items_bounds[r], row_items_bounds[r + 1]):
+                    w_items[n_w] = row_items[x]
+                    n_w += 1
+        for _ in range(rounds):
+            vals = np.empty(k, dtype=np.int64)
+            for x in range(k):
+                vals[x] = mb_val[mbs[x]]
+            order = np.argsort(-vals, kind="mergesort")
+            made = 0
+            for x in range(k // 2):
+                a = mbs[order[x]]
+                b = mbs[order[k - 1 - x]]
+                if mb_val[a] <= mb_val[b]:
+                    break
+                if _pair_exchange(a, b, w_items, n_w, row_of, pinned, item_len, item_val, row_tok, row_val, mb_val,
+                                  mb_tok, row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight,
+                                  scan_limit, buf_a, buf_b, best_a, best_b, sa_len, sa_val, sa_m, sb_len, sb_val,
+                                  sb_m):
+                    made += 1
+            trades += made
+            if made == 0:
+                break
+    return trades
