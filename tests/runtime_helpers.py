@@ -95,3 +95,70 @@ def tiny_model(seed: int = 0, vocab: int = VOCAB):
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+# ---------------------------------------------------------------- training-step references
+
+
+def merge_microbatches(mbs):
+    """One Microbatch holding every row of `mbs` (the whole update as one batch), counts summed."""
+    from plancc.runtime import Microbatch
+
+    ids, rows = [], [0]
+    for mb in mbs:
+        if mb.placeholder:
+            continue
+        ids += list(mb)
+        rows += (np.asarray(mb.rows[1:]) + rows[-1]).tolist()
+    first = mbs[0]
+    return Microbatch(ids, epoch=first.epoch, index=first.index, update=first.update, micro_step=0, position=0,
+                      last_in_update=True, rows=np.asarray(rows, dtype=np.int64),
+                      label_count=sum(mb.label_count for mb in mbs), num_items=first.num_items)
+
+
+def forward_logits(model, batch):
+    from plancc.runtime import model_inputs
+
+    return model(**model_inputs(batch)).logits
+
+
+def grads_of(model) -> dict[str, torch.Tensor]:
+    m = getattr(model, "module", model)
+    return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in m.named_parameters()}
+
+
+def update_gradients(model, batches, *, world_size: int = 1, naive: bool = False, sync=None):
+    """Per update: (loss, gradients) from the token-mean loss over `batches` (collated, in sampler order).
+
+    `naive=True` is the buggy mean-of-means loop: mean CE per microbatch, averaged over the update's microbatches.
+    `sync(is_last)` returns the context to run a micro-step in (DDP no_sync for all but the last).
+    """
+    import contextlib
+
+    import torch.nn.functional as F
+
+    from plancc.runtime import token_loss
+
+    out, loss_sum, per_update = [], 0.0, 0
+    model.zero_grad(set_to_none=True)
+    for batch in batches:
+        per_update += 1
+        logits = forward_logits(model, batch)
+        ctx = sync(batch["plan"]["last_in_update"]) if sync else contextlib.nullcontext()
+        if naive:
+            n_mb = len([b for b in batches if b["plan"]["update"] == batch["plan"]["update"]])
+            if batch["label_count"] == 0:
+                loss = logits.sum() * 0.0
+            else:
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                       batch["shift_labels"].reshape(-1), ignore_index=-100) / n_mb
+        else:
+            loss = token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world_size)
+        with ctx:
+            loss.backward()
+        loss_sum += float(loss.detach()) / world_size
+        if batch["plan"]["last_in_update"]:
+            out.append((loss_sum, grads_of(model)))
+            model.zero_grad(set_to_none=True)
+            loss_sum, per_update = 0.0, 0
+    return out

@@ -29,10 +29,8 @@ def token_loss(logits: torch.Tensor, shift_labels: torch.Tensor, num_items_in_ba
                world_size: int = 1) -> torch.Tensor:
     """This microbatch's share of the update's token-mean loss: sum(CE) / num_items * world_size."""
     n = num_items_in_batch.to(logits.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
-    if torch.is_tensor(n):
-        n = n.clamp_min(1).to(torch.float32)
-    else:
-        n = float(max(int(n), 1))  # an update with no targets (possible only if every sample is unsupervised)
+    # clamp: an update with no targets at all (every sample unsupervised) gives loss 0, not NaN
+    n = n.clamp_min(1).to(torch.float32) if torch.is_tensor(n) else float(max(int(n), 1))
     return token_loss_sum(logits, shift_labels) * world_size / n
 
 

@@ -270,7 +270,7 @@ class PlanSampler:
         self._pending_resume = True
 
     def _position_of_update(self, update: int) -> int:
-        complete, tail_steps, length = self._shape()
+        complete, _, length = self._shape()
         if update <= complete:
             return update * self.grad_accum
         return length

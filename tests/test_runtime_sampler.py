@@ -1,0 +1,207 @@
+"""Sampler: plan order, coverage, lockstep tail placeholders, exact resume, elastic replay, refusals."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from plancc import store
+from plancc.runtime import (
+    PlanCollator,
+    PlanDataLoader,
+    PlanDataset,
+    PlanMismatchError,
+    PlanSampler,
+    checkpoint_state,
+    load_tokens,
+    restore_checkpoint_state,
+)
+from tests.runtime_helpers import build_plan, make_tokenized
+
+PACKED = dict(mode="packed", micro_batch_size=2, sequence_len=24)
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    # 37 samples, flattened groups of 2 -> 19 microbatches; W=2, G=2 -> 4 complete updates + a tail of 3
+    return build_plan(tmp_path_factory.mktemp("plan"), n=37, mode="flattened", micro_batch_size=2, sequence_len=24,
+                      world_size=2, grad_accum=2, epochs=2)
+
+
+def test_import_loads_no_cli_or_datasets():
+    code = ("import sys, plancc.runtime, plancc.runtime.hf; "
+            "bad = [m for m in ('typer', 'datasets', 'transformers', 'plancc.cli', 'plancc.scan', 'plancc.compile', "
+            "'plancc.sources') if m in sys.modules]; print(bad); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plan_order_coverage_and_lockstep(plan):
+    table = store.read_plan(plan, epoch=1)
+    total = len(table)
+    assert total == 19
+    seqs = {r: list(PlanSampler(plan, rank=r, world_size=2, epoch=1)) for r in range(2)}
+    assert len(seqs[0]) == len(seqs[1]) == 4 * 2 + 2  # tail of 3 microbatches: 2 micro-steps on every rank
+    seen = []
+    for r, seq in seqs.items():
+        for mb in seq:
+            if not mb.placeholder:
+                assert mb.index % 2 == r
+                row = table.slice(mb.index, 1).to_pylist()[0]
+                assert list(mb) == [i for rw in row["sample_ids"] for i in rw]
+                assert (mb.update, mb.micro_step, mb.label_count, mb.num_items) == (
+                    row["update"], row["micro_step"], row["label_count"], row["num_items"])
+                seen += list(mb)
+    assert sorted(seen) == list(range(37))  # every sample exactly once
+    for a, b in zip(seqs[0], seqs[1], strict=True):  # lockstep
+        assert (a.update, a.micro_step, a.last_in_update) == (b.update, b.micro_step, b.last_in_update)
+    assert [mb.placeholder for mb in seqs[1]] == [False] * 9 + [True]
+    ph = seqs[1][-1]
+    assert ph.label_count == 0 and ph.num_items == seqs[0][-1].num_items and ph.last_in_update
+    assert pickle.loads(pickle.dumps(ph)).num_items == ph.num_items
+
+
+def test_drop_last_has_no_tail(tmp_path):
+    p = build_plan(tmp_path, n=37, mode="flattened", micro_batch_size=2, sequence_len=24, world_size=2, grad_accum=2,
+                   drop_last=True)
+    seq = list(PlanSampler(p, rank=1, world_size=2))
+    assert len(seq) == 8 and not any(mb.placeholder for mb in seq)
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (4, 1), (2, 2)])
+def test_elastic_replay_keeps_updates(plan, shape):
+    w, g = shape
+
+    def updates(world, accum):
+        out = defaultdict(lambda: [set(), set()])
+        for r in range(world):
+            for mb in PlanSampler(plan, rank=r, world_size=world, grad_accum=accum):
+                if not mb.placeholder:
+                    out[mb.update][0].add(mb.index)
+                    out[mb.update][1].add(mb.num_items)
+        return dict(out)
+
+    assert updates(w, g) == updates(2, 2)
+
+
+def test_world_size_mismatch_is_refused(plan):
+    with pytest.raises(PlanMismatchError, match=r"compiled for world_size 2 .*grad_accum=4"):
+        PlanSampler(plan, rank=0, world_size=1)
+    with pytest.raises(PlanMismatchError, match="same product"):
+        PlanSampler(plan, rank=0, world_size=4, grad_accum=2)
+    with pytest.raises(PlanMismatchError, match="does not divide"):
+        PlanSampler(plan, rank=0, world_size=3)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 5, 9, 10])
+def test_resume_yields_the_rest_exactly(plan, k):
+    full = [(mb.epoch, mb.position, mb.index, tuple(mb)) for mb in PlanSampler(plan, rank=1, world_size=2)]
+    s = PlanSampler(plan, rank=1, world_size=2)
+    it = iter(s)
+    head = [next(it) for _ in range(k)]
+    state = s.state_dict()
+    assert state["position"] == k and state["valid"]
+    fresh = PlanSampler(plan, rank=1, world_size=2)
+    fresh.load_state_dict(state)
+    fresh.set_epoch(0)  # a loop calling set_epoch for the resumed epoch keeps the position
+    assert len(fresh) == len(full) - k
+    rest = [(mb.epoch, mb.position, mb.index, tuple(mb)) for mb in fresh]
+    assert [(mb.epoch, mb.position, mb.index, tuple(mb)) for mb in head] + rest == full
+    fresh.set_epoch(1)
+    assert len(list(fresh)) == len(full)
+
+
+def test_elastic_resume_at_boundary_and_refused_mid_update(plan):
+    s = PlanSampler(plan, rank=0, world_size=2)
+    it = iter(s)
+    for _ in range(4):  # two complete updates
+        next(it)
+    state = s.state_dict()
+    assert state["at_update_boundary"] and state["update"] == 2
+    one = PlanSampler(plan, rank=0, world_size=1, grad_accum=4)
+    one.load_state_dict(state)
+    rest = list(one)
+    full = list(PlanSampler(plan, rank=0, world_size=1, grad_accum=4))
+    assert [mb.index for mb in rest] == [mb.index for mb in full[8:]]
+    next(it)
+    with pytest.raises(PlanMismatchError, match="mid-update"):
+        PlanSampler(plan, rank=0, world_size=1, grad_accum=4).load_state_dict(s.state_dict())
+
+
+def test_invalid_state_and_foreign_plan_refused(plan, tmp_path):
+    s = PlanSampler(plan, rank=0, world_size=2)
+    it = iter(s)
+    next(it)
+    ckpt = checkpoint_state(s)  # mid-update without the accumulated gradients
+    assert not ckpt["sampler"]["valid"] and "mid-update" in ckpt["sampler"]["invalid_reason"]
+    with pytest.raises(PlanMismatchError, match="position is invalid"):
+        restore_checkpoint_state(ckpt, PlanSampler(plan, rank=0, world_size=2))
+    s.invalidate("loader restarted")
+    with pytest.raises(PlanMismatchError, match="loader restarted"):
+        PlanSampler(plan, rank=0, world_size=2).load_state_dict(s.state_dict())
+    other = build_plan(tmp_path / "other", n=37, seed=5, mode="flattened", micro_batch_size=2, sequence_len=24,
+                       world_size=2, grad_accum=2, epochs=2)
+    with pytest.raises(PlanMismatchError, match="another plan: its config fingerprint"):
+        PlanSampler(other, rank=0, world_size=2).load_state_dict(PlanSampler(plan, rank=0, world_size=2).state_dict())
+    with pytest.raises(PlanMismatchError, match="not a plancc sampler state"):
+        PlanSampler(plan, rank=0, world_size=2).load_state_dict({"epoch": 0})
+
+
+def test_dataset_change_is_an_error_unless_allowed(tmp_path):
+    tok = make_tokenized(30, seed=3)
+    a = build_plan(tmp_path / "a", tok=tok, **PACKED)
+    ids = pa.array([[(t % 40) + 1 for t in row] for row in tok.column("input_ids").to_pylist()], pa.list_(pa.int32()))
+    labels = [[-100 if lab == -100 else (t % 40) + 1 for t, lab in zip(r_ids, r_lab, strict=True)]
+              for r_ids, r_lab in zip(tok.column("input_ids").to_pylist(), tok.column("labels").to_pylist(), strict=True)]
+    tok2 = pa.table({"input_ids": ids, "labels": pa.array(labels, pa.list_(pa.int32()))})
+    b = build_plan(tmp_path / "b", tok=tok2, **PACKED)  # same lengths and counts, other tokens
+    state = PlanSampler(a).state_dict()
+    with pytest.raises(PlanMismatchError, match="dataset fingerprint"):
+        PlanSampler(b).load_state_dict(state)
+    with pytest.warns(UserWarning, match="allow_dataset_change"):
+        PlanSampler(b).load_state_dict(state, allow_dataset_change=True)
+    with pytest.raises(PlanMismatchError, match="changed content"):
+        load_tokens(a, data=tok2)
+    with pytest.warns(UserWarning):
+        load_tokens(a, data=tok2, allow_dataset_change=True)
+    load_tokens(a, data=tok2, verify="counts")  # lengths and counts agree
+
+
+def test_corrupt_or_foreign_plan_file(plan, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(plan, bad)
+    (bad / store.PLAN_FILE).write_bytes(b"not parquet")
+    with pytest.raises(store.StoreError, match="not a readable Parquet"):
+        PlanSampler(bad, rank=0, world_size=2)
+    shutil.copyfile(plan / store.METRICS_FILE, bad / store.PLAN_FILE)
+    with pytest.raises(PlanMismatchError, match="not a plan"):
+        PlanSampler(bad, rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_state_tracks_the_training_loop_not_prefetch(plan, workers):
+    tokens = load_tokens(plan)
+    sampler = PlanSampler(plan, rank=0, world_size=2)
+    loader = PlanDataLoader(PlanDataset(tokens, PlanCollator.from_plan(plan)), sampler, num_workers=workers,
+                            prefetch_factor=4 if workers else None)
+    positions = []
+    for i, batch in enumerate(loader):
+        positions.append(batch["plan"]["position"])
+        if i == 2:
+            assert loader.state_dict()["position"] == 3
+            break
+    assert positions == [0, 1, 2]
+    full = [b["plan"]["index"] for b in PlanDataLoader(PlanDataset(tokens, PlanCollator.from_plan(plan)),
+                                                       PlanSampler(plan, rank=0, world_size=2))]
+    resumed = PlanSampler(plan, rank=0, world_size=2)
+    resumed.load_state_dict(loader.state_dict())
+    rest = [b["plan"]["index"] for b in PlanDataLoader(PlanDataset(tokens, PlanCollator.from_plan(plan)), resumed)]
+    assert full[3:] == rest
+    assert np.all(np.diff([i for i in full if i >= 0]) > 0)
