@@ -28,9 +28,20 @@ def stages(settings: PlanSettings) -> list[tuple[str, Stage]]:
     """The balancing passes for these settings; none with `--no-balance`."""
     if not settings.balance:
         return []
+    from plancc.balance.accumulation import order_for_accumulation
+    from plancc.balance.fixed_count import balance_fixed_count
     from plancc.balance.microbatch import balance_microbatches
+    from plancc.balance.rank_order import order_ranks
+    from plancc.balance.within_update import refine_updates
 
     out: list[tuple[str, Stage]] = []
     if settings.mode == "packed":
         out.append(("microbatch", balance_microbatches))
+    else:
+        out.append(("fixed_count", balance_fixed_count))
+    if settings.batches_per_update > 1:
+        out.append(("accumulation", order_for_accumulation))
+        out.append(("within_update", refine_updates))
+    if settings.world_size > 1:
+        out.append(("rank_order", order_ranks))
     return out

@@ -9,7 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_cost, complete_updates, row_targets, row_tokens, segment_sum
+from plancc.plan import (
+    Batches,
+    SampleArrays,
+    batch_cost,
+    complete_updates,
+    row_targets,
+    row_tokens,
+    segment_sum,
+)
 
 
 def span(b: Batches, settings: PlanSettings) -> int:
@@ -167,3 +175,17 @@ def exchange(
         order = np.lexsort((pos, row_of))
         return Batches(head.samples[order], head.row_bounds.copy(), head.batch_bounds.copy())
     return rebuild_rows(head, row_of, pinned)
+
+
+def max_sub(settings: PlanSettings) -> int:
+    """Largest subset a side of a trade: triples for packed rows, pairs for fixed-count microbatches."""
+    return 3 if settings.mode == "packed" else 2
+
+
+def token_weight(head: Batches, s: SampleArrays, settings: PlanSettings) -> float:
+    """Weight of the squared token gap against the squared label gap (flattened only): (mean labels / tokens)^2."""
+    if settings.mode != "flattened" or head.num_batches == 0:
+        return 0.0
+    tokens = float(s.length[head.samples].sum())
+    labels = float(row_targets(head, s, settings.shift).sum())
+    return (labels / tokens) ** 2 if tokens > 0 else 0.0

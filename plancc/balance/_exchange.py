@@ -26,7 +26,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-
 SUB_CAP = 1024  # subsets enumerated per row (by size: singles, pairs, triples) before stopping
 LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
 

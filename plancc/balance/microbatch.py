@@ -20,7 +20,6 @@ from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_cost
 
 ROUNDS = 2  # pairing rounds per window and pass
-MAX_SUB = 3  # largest subset a side
 
 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
@@ -33,6 +32,6 @@ def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rn
     new = c.exchange(
         head, s, settings,
         windows=lambda v: c.stratified_windows(v, window),
-        passes=settings.balance_passes, rounds=ROUNDS, max_sub=MAX_SUB, peak=peak,
+        passes=settings.balance_passes, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
     )
     return c.join(new, *tail)

@@ -1,0 +1,94 @@
+"""Accumulation-aware ordering (SPEC 5, stage 3): whole microbatches reordered so every update's label total is even.
+
+Blocks of at most 16 complete updates (`W*G` microbatches each) are reassigned independently: microbatches go
+largest label count first into the update with the smallest total that still has a free slot (longest-processing-
+time with cardinality), then the update with the largest total and the one with the smallest trade the pair of
+microbatches whose difference best halves their gap, until no trade narrows it. A block's new order is kept only
+if the variance of its update totals drops. Microbatch contents, costs and the tail never change::
+
+    labels 9 9 1 1 (W*G = 2)   before: updates (9+9, 1+1) = 18, 2    after: (9+1, 9+1) = 10, 10
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from plancc.balance import _common as c
+from plancc.config import PlanSettings
+from plancc.plan import Batches, SampleArrays, batch_targets, permute_batches
+
+BLOCK_UPDATES = 16
+MAX_TRADES = 256  # per block
+
+
+@numba.njit(cache=True)
+def _assign_block(values, n_upd, per_update):
+    """New order (positions into `values`) grouping them into `n_upd` updates of `per_update` with even totals."""
+    n = values.shape[0]
+    order = np.argsort(-values, kind="mergesort")
+    total = np.zeros(n_upd, dtype=np.int64)
+    filled = np.zeros(n_upd, dtype=np.int64)
+    upd = np.empty(n, dtype=np.int64)
+    for x in range(n):
+        p = order[x]
+        best = -1
+        for u in range(n_upd):
+            if filled[u] < per_update and (best < 0 or total[u] < total[best]):
+                best = u
+        upd[p] = best
+        total[best] += values[p]
+        filled[best] += 1
+    for _ in range(MAX_TRADES):
+        hi = np.argmax(total)
+        lo = np.argmin(total)
+        gap = total[hi] - total[lo]
+        if gap <= 0:
+            break
+        best_new = gap
+        bp = -1
+        bq = -1
+        for p in range(n):
+            if upd[p] != hi:
+                continue
+            for q in range(n):
+                if upd[q] != lo:
+                    continue
+                d = values[p] - values[q]
+                new_gap = abs(gap - 2 * d)
+                if d > 0 and new_gap < best_new:
+                    best_new = new_gap
+                    bp = p
+                    bq = q
+        if bp < 0:
+            break
+        d = values[bp] - values[bq]
+        upd[bp] = lo
+        upd[bq] = hi
+        total[hi] -= d
+        total[lo] += d
+    return np.argsort(upd, kind="mergesort")
+
+
+def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+    per_update = settings.batches_per_update
+    n_span = c.span(b, settings)
+    if per_update < 2 or n_span == 0:
+        return b
+    labels = batch_targets(b, s, settings.shift)
+    perm = np.arange(b.num_batches, dtype=np.int64)
+    changed = False
+    block = BLOCK_UPDATES * per_update
+    for start in range(0, n_span, block):
+        stop = min(start + block, n_span)
+        vals = labels[start:stop].astype(np.int64)
+        n_upd = (stop - start) // per_update
+        if n_upd < 2:
+            continue
+        new = _assign_block(vals, n_upd, per_update)
+        before = vals.reshape(n_upd, per_update).sum(axis=1)
+        after = vals[new].reshape(n_upd, per_update).sum(axis=1)
+        if c.label_sse(after) < c.label_sse(before):
+            perm[start:stop] = start + new
+            changed = True
+    return permute_batches(b, perm) if changed else b

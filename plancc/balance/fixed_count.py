@@ -1,0 +1,40 @@
+"""Microbatch balance for the fixed-count layouts `padded` and `flattened` (SPEC 4/5, stage 2).
+
+Every microbatch keeps exactly `micro_batch_size` samples: trades are one-for-one or two-for-two (`_exchange`,
+exact mode) between the heaviest and lightest microbatches of stratified windows (see `microbatch`).
+
+Microbatches of more than 62 samples (bit-mask width) are left as they are.
+
+- `padded`: cost = samples x longest sample, rounded up to `--pad-multiple`. A trade must narrow the label gap
+  without raising the pair's total cost or any microbatch above the plan's peak, so padding never grows.
+- `flattened`: cost = tokens. A trade must narrow the label gap or the token gap and widen neither, within the
+  plan's peak, so label variance and length variance both never grow; the score weighs the two gaps by their
+  means.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plancc.balance import _common as c
+from plancc.balance._exchange import LOCAL
+from plancc.config import PlanSettings
+from plancc.plan import Batches, SampleArrays, batch_cost
+
+ROUNDS = 2
+
+
+def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+    n_span = c.span(b, settings)
+    if n_span < 2 or not 2 <= settings.micro_batch_size <= LOCAL:
+        return b
+    peak = int(batch_cost(b, s, settings.pad_multiple).max())
+    head, *tail = c.split(b, n_span)
+    window = settings.balance_window
+    new = c.exchange(
+        head, s, settings,
+        windows=lambda v: c.stratified_windows(v, window),
+        passes=settings.balance_passes, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
+        tok_weight=c.token_weight(head, s, settings),
+    )
+    return c.join(new, *tail)

@@ -1,0 +1,40 @@
+"""Within-update refinement (SPEC 5, stage 4): sample trades between microbatches of one update.
+
+Uses the same pair trade as microbatch balance (`_exchange`), with windows that never cross an update (an update
+of more than `balance_window` microbatches is cut into windows of that size). Every trade narrows the label gap of
+two microbatches of one update, so each update keeps its samples and its label total while its within-update
+label variance drops; rows, capacity, padded cost and peak obey the same rules as the microbatch stage.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plancc.balance import _common as c
+from plancc.config import PlanSettings
+from plancc.plan import Batches, SampleArrays, batch_cost
+
+ROUNDS = 2
+
+
+def update_windows(n_span: int, per_update: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of at most `window` consecutive microbatches that never cross an update boundary."""
+    starts = [np.arange(u, u + per_update, window) for u in range(0, n_span, per_update)]
+    bounds = np.append(np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64), n_span)
+    return bounds.astype(np.int64), np.arange(n_span, dtype=np.int64)
+
+
+def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+    per_update = settings.batches_per_update
+    n_span = c.span(b, settings)
+    if per_update < 2 or n_span == 0:
+        return b
+    peak = int(batch_cost(b, s, settings.pad_multiple).max())
+    head, *tail = c.split(b, n_span)
+    windows = update_windows(n_span, per_update, settings.balance_window)
+    new = c.exchange(
+        head, s, settings,
+        windows=lambda v: windows, passes=1, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
+        tok_weight=c.token_weight(head, s, settings),
+    )
+    return c.join(new, *tail)
