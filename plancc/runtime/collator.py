@@ -131,8 +131,12 @@ class PlanCollator:
 
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """The keys a causal LM's forward takes (input_ids, position_ids, attention_mask in padded mode)."""
-    return {k: batch[k] for k in MODEL_KEYS if k in batch}
+    """Keyword arguments for a Hugging Face causal LM's forward: input_ids, position_ids, attention_mask (padded
+    mode) and `use_cache=False`: transformers detects packed samples from `position_ids` only without a KV cache,
+    so a training forward that builds one would let packed samples attend to each other."""
+    out = {k: batch[k] for k in MODEL_KEYS if k in batch}
+    out["use_cache"] = False
+    return out
 
 
 __all__ = ["IGNORE", "PlanCollator", "model_inputs"]
