@@ -10,7 +10,7 @@
   identical (same sample ids in the same rows, at the same global index) and the first differing microbatch.
 
 Churn is a columnar compare, never a loop over samples: each plan's `sample_ids` column becomes flat CSR arrays
-(`validate.nested_arrays`), the sample -> (update, rank) maps are scattered into dense id-indexed arrays (or
+(`validate.nested_arrays`), each sample's (update, rank) key is scattered into a dense id-indexed array (or
 matched by sort when ids are sparse), and microbatches of equal shape are compared element-wise through one
 gather. Epochs whose plan fingerprints are equal are not read at all: equal digests mean equal rows.
 
@@ -133,8 +133,8 @@ class EpochRows:
         self.update = table.column("update").to_numpy()
         self.rank = table.column("rank").to_numpy()
         per_batch = np.diff(self.flat_bounds)
-        self.sample_update = np.repeat(self.update, per_batch)
-        self.sample_rank = np.repeat(self.rank, per_batch)
+        self.sample_update = np.repeat(self.update.astype(np.int64), per_batch)
+        self.sample_rank = np.repeat(self.rank.astype(np.int64), per_batch)
 
     def batch_ids(self, i: int, limit: int = 8) -> list[list[int]]:
         p = self.pos[i]
@@ -168,35 +168,46 @@ def _segments_equal(a_vals: np.ndarray, a_bounds: np.ndarray, a_idx: np.ndarray,
     offs = np.arange(total, dtype=np.int64) - np.repeat(starts, sizes)
     a = a_vals[np.repeat(a_bounds[a_idx[cand]], sizes) + offs]
     b = b_vals[np.repeat(b_bounds[b_idx[cand]], sizes) + offs]
-    diff_seg = np.repeat(np.arange(cand.size, dtype=np.int64), sizes)[a != b]
-    equal[cand[np.unique(diff_seg)]] = False
+    differs = np.zeros(cand.size, dtype=bool)
+    differs[np.repeat(np.arange(cand.size, dtype=np.int64), sizes)[a != b]] = True
+    equal[cand[differs]] = False
     return equal
 
 
-def _match_samples(old_ids: np.ndarray, new_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(positions in old, positions in new) of the sample ids both hold, ordered by id."""
-    if old_ids.size == 0 or new_ids.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    lo = int(min(old_ids.min(), new_ids.min()))
-    hi = int(max(old_ids.max(), new_ids.max()))
+RANK_BITS = 24  # (update << RANK_BITS) | rank: one int64 key per sample, one scatter per plan
+
+
+def _placement_changes(old: EpochRows, new: EpochRows) -> tuple[int, int, int]:
+    """(common samples, of them placed in another update, of them placed on another rank).
+
+    Dense ids (the usual case: rows of the tokenized dataset) are compared in id space: each plan scatters one
+    (update, rank) key per sample into an id-indexed array, one random write per sample, the rest sequential.
+    Sparse ids fall back to matching by sort (`np.intersect1d`).
+    """
+    if old.ids.size == 0 or new.ids.size == 0:
+        return 0, 0, 0
+    ko = (old.sample_update << RANK_BITS) | old.sample_rank
+    kn = (new.sample_update << RANK_BITS) | new.sample_rank
+    lo = int(min(old.ids.min(), new.ids.min()))
+    hi = int(max(old.ids.max(), new.ids.max()))
     span = hi - lo + 1
-    if lo >= 0 and span <= 4 * max(old_ids.size, new_ids.size) + 1024:  # dense ids: scatter, O(n)
-        where_old = np.full(span, -1, dtype=np.int64)
-        where_old[old_ids - lo] = np.arange(old_ids.size, dtype=np.int64)
-        where_new = np.full(span, -1, dtype=np.int64)
-        where_new[new_ids - lo] = np.arange(new_ids.size, dtype=np.int64)
-        both = (where_old >= 0) & (where_new >= 0)
-        return where_old[both], where_new[both]
-    _, a, b = np.intersect1d(old_ids, new_ids, assume_unique=True, return_indices=True)
-    return a.astype(np.int64), b.astype(np.int64)
+    if lo >= 0 and span <= 4 * max(old.ids.size, new.ids.size) + 1024:
+        by_id_old = np.full(span, -1, dtype=np.int64)
+        by_id_old[old.ids - lo] = ko
+        by_id_new = np.full(span, -1, dtype=np.int64)
+        by_id_new[new.ids - lo] = kn
+        both = (by_id_old >= 0) & (by_id_new >= 0)
+        a, b = by_id_old[both], by_id_new[both]
+    else:
+        _, ia, ib = np.intersect1d(old.ids, new.ids, assume_unique=True, return_indices=True)
+        a, b = ko[ia], kn[ib]
+    mask = (1 << RANK_BITS) - 1
+    return int(a.size), int(((a >> RANK_BITS) != (b >> RANK_BITS)).sum()), int(((a & mask) != (b & mask)).sum())
 
 
 def epoch_churn(old: EpochRows, new: EpochRows, *, show_ids: int = 8) -> dict[str, Any]:
     """Membership churn of one epoch between two plans (see module docstring)."""
-    a, b = _match_samples(old.ids, new.ids)
-    common = int(a.size)
-    update_changed = int((old.sample_update[a] != new.sample_update[b]).sum()) if common else 0
-    rank_changed = int((old.sample_rank[a] != new.sample_rank[b]).sum()) if common else 0
+    common, update_changed, rank_changed = _placement_changes(old, new)
 
     m = min(old.n, new.n)
     idx = np.arange(m, dtype=np.int64)
