@@ -48,7 +48,7 @@ def _mb_cost(mb, row_a, new_a, row_b, new_b, batch_bounds, row_tok, pm, cost_mod
         if t > longest:
             longest = t
     if cost_mode == 1:
-        return longest
+        return _padded(longest, pm)
     return (batch_bounds[mb + 1] - batch_bounds[mb]) * _padded(longest, pm)
 
 

@@ -1,0 +1,271 @@
+"""SPEC 5's hard rules for every balancing stage, as properties over random plans, plus known-solvable cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from plancc import balance, pack
+from plancc.balance import _common as c
+from plancc.balance.accumulation import order_for_accumulation
+from plancc.balance.microbatch import balance_microbatches
+from plancc.balance.rank_order import order_ranks
+from plancc.compile import drop_tail, epoch_rng, plan_epoch
+from plancc.config import PlanSettings, SettingsError
+from plancc.plan import (
+    Batches,
+    SampleArrays,
+    batch_cost,
+    batch_targets,
+    batch_tokens,
+    row_tokens,
+)
+from tests.plan_helpers import direct_targets, random_dataset
+
+LAYOUTS = [("packed", False), ("packed", True), ("padded", False), ("flattened", False)]
+
+
+@st.composite
+def cases(draw):
+    mode, real = draw(st.sampled_from(LAYOUTS))
+    seq = draw(st.sampled_from([32, 64, 128]))
+    n = draw(st.integers(1, 400))
+    seed = draw(st.integers(0, 2**32 - 1))
+    settings = PlanSettings(
+        mode=mode,
+        real_batches=real,
+        micro_batch_size=draw(st.integers(1, 4)),
+        sequence_len=seq,
+        pad_multiple=draw(st.sampled_from([1, 1, 8])),
+        world_size=draw(st.sampled_from([1, 2, 8])),
+        grad_accum=draw(st.sampled_from([1, 4])),
+        drop_last=draw(st.booleans()),
+        shift=draw(st.sampled_from(["sample", "row", "none"])),
+        seed=draw(st.integers(0, 1000)),
+        balance_window=draw(st.sampled_from([2, 7, 64])),
+        balance_passes=draw(st.integers(1, 4)),
+    )
+    rng = np.random.default_rng(seed)
+    skew = draw(st.sampled_from(["uniform", "sft"]))
+    if skew == "uniform":
+        length = rng.integers(1, seq + 1, n)
+    else:
+        length = np.clip(np.rint(rng.lognormal(np.log(seq / 6), 0.9, n)), 1, seq).astype(np.int64)
+    labels = np.minimum(length, rng.integers(0, seq + 1, n) * (rng.random(n) < 0.8))
+    first = (rng.random(n) < 0.3) & (labels > 0)
+    s = SampleArrays(np.arange(n, dtype=np.int64) * 3 + 1, length.astype(np.int64), labels.astype(np.int64), first)
+    return s, settings
+
+
+def _sse(x: np.ndarray) -> float:
+    return c.label_sse(x)
+
+
+def _batch_sets(b: Batches) -> list[tuple[int, ...]]:
+    rows = [tuple(sorted(b.samples[b.row_bounds[r]:b.row_bounds[r + 1]].tolist())) for r in range(b.num_rows)]
+    return [tuple(sorted(rows[b.batch_bounds[i]:b.batch_bounds[i + 1]])) for i in range(b.num_batches)]
+
+
+def _update_sets(b: Batches, settings: PlanSettings, n_span: int) -> list[list[int]]:
+    P = settings.batches_per_update
+    out = []
+    for u in range(0, n_span, P):
+        lo, hi = b.row_bounds[b.batch_bounds[u]], b.row_bounds[b.batch_bounds[u + P]]
+        out.append(sorted(b.samples[lo:hi].tolist()))
+    return out
+
+
+def _within_update_sse(labels: np.ndarray, P: int, n_span: int) -> float:
+    x = labels[:n_span].reshape(-1, P).astype(np.float64)
+    return float(((x - x.mean(axis=1, keepdims=True)) ** 2).sum())
+
+
+def _spreads(x: np.ndarray, W: int, n_span: int) -> tuple[float, float]:
+    if n_span == 0:
+        return 0.0, 0.0
+    steps = x[:n_span].reshape(-1, W)
+    spread = steps.max(axis=1) - steps.min(axis=1)
+    return float(spread.sum()), float(spread.max())
+
+
+def check_stage(name: str, before: Batches, after: Batches, s: SampleArrays, settings: PlanSettings) -> None:
+    """Every hard rule of SPEC 5 for one stage, comparing its output with its input."""
+    n_span = c.span(before, settings)
+    if before.num_batches == 0:  # drop_last removed everything: nothing to balance
+        assert after.num_batches == 0 and after.samples.size == 0
+        return
+    # coverage, no sample added or removed, no extra rows or microbatches, row count per microbatch unchanged
+    assert np.array_equal(np.sort(after.samples), np.sort(before.samples))
+    assert after.num_batches == before.num_batches and after.num_rows == before.num_rows
+    if name in ("accumulation", "rank_order"):  # whole microbatches move, each with its rows
+        assert sorted(after.rows_per_batch().tolist()) == sorted(before.rows_per_batch().tolist())
+    else:
+        assert np.array_equal(after.rows_per_batch(), before.rows_per_batch())
+    assert (after.samples_per_row() > 0).all()
+    # fixed-count layouts: every microbatch keeps its sample count
+    sizes0, sizes1 = np.diff(before.row_bounds[before.batch_bounds]), np.diff(after.row_bounds[after.batch_bounds])
+    if settings.mode != "packed" and name in ("accumulation", "rank_order"):
+        assert sorted(sizes1.tolist()) == sorted(sizes0.tolist()), name
+    elif settings.mode != "packed":
+        assert np.array_equal(sizes1, sizes0), name
+    if settings.mode == "padded":
+        assert (after.samples_per_row() == 1).all()
+    # capacity, padded size and peak
+    if settings.mode == "packed":
+        assert row_tokens(after, s).max() <= settings.row_capacity
+    cost0, cost1 = batch_cost(before, s, settings.pad_multiple), batch_cost(after, s, settings.pad_multiple)
+    assert cost1.sum() <= cost0.sum() and cost1.max() <= cost0.max()
+    # the tail: microbatches of the incomplete final update, untouched (contents and order)
+    p0 = before.row_bounds[before.batch_bounds[n_span]]
+    assert np.array_equal(after.samples[p0:], before.samples[p0:])
+    assert np.array_equal(after.row_bounds[before.batch_bounds[n_span]:], before.row_bounds[before.batch_bounds[n_span]:])
+    l0, l1 = batch_targets(before, s, settings.shift), batch_targets(after, s, settings.shift)
+    assert l0.sum() == l1.sum()
+    P = settings.batches_per_update
+    # each stage keeps a change only if it improves its own objective
+    if name in ("microbatch", "fixed_count"):
+        assert _sse(l1) <= _sse(l0)
+        if settings.mode == "flattened":
+            assert _sse(batch_tokens(after, s)) <= _sse(batch_tokens(before, s))
+        if _sse(l1) == _sse(l0) and settings.mode != "flattened":
+            assert cost1.sum() <= cost0.sum()
+    if name == "accumulation":
+        assert sorted(_batch_sets(after)) == sorted(_batch_sets(before))  # whole microbatches only
+        t0 = l0[:n_span].reshape(-1, P).sum(axis=1) if n_span else l0[:0]
+        t1 = l1[:n_span].reshape(-1, P).sum(axis=1) if n_span else l1[:0]
+        assert _sse(t1) <= _sse(t0)
+    if name in ("within_update", "rank_order"):
+        assert _update_sets(after, settings, n_span) == _update_sets(before, settings, n_span)
+    if name == "within_update":
+        assert _within_update_sse(l1, P, n_span) <= _within_update_sse(l0, P, n_span)
+    if name == "rank_order":
+        assert _batch_sets(after) == [_batch_sets(before)[i] for i in _order(before, after)]
+        s0, m0 = _spreads(cost0, settings.world_size, n_span)
+        s1, m1 = _spreads(cost1, settings.world_size, n_span)
+        assert s1 <= s0 and m1 <= m0
+
+
+def _order(before: Batches, after: Batches) -> list[int]:
+    """Index in `before` of each microbatch of `after` (microbatches matched by content)."""
+    where: dict = {}
+    for i, key in enumerate(_batch_sets(before)):
+        where.setdefault(key, []).append(i)
+    return [where[key].pop(0) for key in _batch_sets(after)]
+
+
+@given(cases())
+def test_every_stage_keeps_the_hard_rules(case):
+    s, settings = case
+    rng = epoch_rng(settings.seed, 0)
+    b = pack.initial_batches(s, settings, rng)
+    if settings.drop_last:
+        b = drop_tail(b, settings)
+    for name, stage in balance.stages(settings):
+        new = stage(b, s, settings, rng)
+        check_stage(name, b, new, s, settings)
+        b = new
+
+
+@given(cases())
+def test_balanced_plans_are_deterministic_and_metrics_never_worsen(case):
+    s, settings = case
+    try:
+        p1, p2 = plan_epoch(s, settings, 0), plan_epoch(s, settings, 0)
+    except SettingsError:  # --drop-last left no complete update
+        assert settings.drop_last
+        return
+    for x, y in zip((p1.batches.samples, p1.batches.row_bounds, p1.batches.batch_bounds),
+                    (p2.batches.samples, p2.batches.row_bounds, p2.batches.batch_bounds), strict=True):
+        assert np.array_equal(x, y)
+    m = dict(p1.metrics)
+    first = "microbatch" if settings.mode == "packed" else "fixed_count"
+    if first in m:
+        assert m[first]["std_label_count"] <= m["before"]["std_label_count"] + 1e-9
+        assert m[first]["packed_rows"] == m["before"]["packed_rows"]
+    if "accumulation" in m:
+        assert m["accumulation"]["std_global_update_labels"] <= m[first]["std_global_update_labels"] + 1e-9
+    if "rank_order" in m:
+        assert m["rank_order"]["max_rank_cost_spread"] <= m["within_update"]["max_rank_cost_spread"]
+        assert m["rank_order"]["mean_rank_cost_spread"] <= m["within_update"]["mean_rank_cost_spread"] + 1e-9
+    assert m["after"]["total_label_count"] == m["before"]["total_label_count"]
+    assert m["after"]["total_batch_cost"] <= m["before"]["total_batch_cost"]
+    assert m["after"]["max_batch_cost"] <= m["before"]["max_batch_cost"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shift", ["sample", "row", "none"])
+def test_label_counts_equal_the_direct_count_after_balancing(layout, shift):
+    mode, real = layout
+    rng = np.random.default_rng(7)
+    ids, labels = random_dataset(rng, 300, 60)
+    if shift == "none":  # pre-shifted labels: count them as they are
+        labels = [np.append(x[1:], -100) for x in labels]
+    s = SampleArrays(
+        np.arange(300, dtype=np.int64),
+        np.array([len(x) for x in ids], dtype=np.int64),
+        np.array([int((x != -100).sum()) for x in labels], dtype=np.int64),
+        np.array([bool(x[0] != -100) for x in labels]),
+    )
+    settings = PlanSettings(mode=mode, real_batches=real, micro_batch_size=3, sequence_len=64, world_size=2,
+                            grad_accum=4, shift=shift)
+    p = plan_epoch(s, settings, 0)
+    b = p.batches
+    assert dict(p.metrics)["after"]["label_cv"] < dict(p.metrics)["before"]["label_cv"]
+    counts = batch_targets(b, s, shift)
+    for i in range(b.num_batches):
+        rows = [b.samples[b.row_bounds[r]:b.row_bounds[r + 1]].tolist() for r in range(b.batch_bounds[i], b.batch_bounds[i + 1])]
+        assert counts[i] == direct_targets(rows, labels, shift)
+
+
+def _single_sample_batches(labels: list[int]) -> tuple[Batches, SampleArrays]:
+    n = len(labels)
+    s = SampleArrays(np.arange(n, dtype=np.int64), np.full(n, 10, dtype=np.int64), np.array(labels, dtype=np.int64),
+                     np.zeros(n, dtype=bool))
+    b = Batches(np.arange(n, dtype=np.int64), np.arange(n + 1, dtype=np.int64), np.arange(n + 1, dtype=np.int64))
+    return b, s
+
+
+@pytest.mark.parametrize(("W", "G"), [(2, 1), (1, 2)])
+def test_accumulation_reaches_zero_spread_on_a_solvable_case(W, G):
+    b, s = _single_sample_batches([9] * 16 + [1] * 16)  # worst start: the 9s together
+    settings = PlanSettings(world_size=W, grad_accum=G, shift="none", sequence_len=16)
+    new = order_for_accumulation(b, s, settings, np.random.default_rng(0))
+    totals = batch_targets(new, s, "none").reshape(-1, 2).sum(axis=1)
+    assert (totals == 10).all()
+
+
+def test_accumulation_keeps_the_tail_in_place():
+    b, s = _single_sample_batches([9] * 16 + [1] * 16 + [5, 7, 3])
+    settings = PlanSettings(world_size=2, grad_accum=2, shift="none", sequence_len=16)
+    new = order_for_accumulation(b, s, settings, np.random.default_rng(0))
+    assert new.samples[-3:].tolist() == [32, 33, 34]
+    totals = batch_targets(new, s, "none")[:32].reshape(-1, 4).sum(axis=1)
+    assert (totals == 20).all()
+
+
+def test_microbatch_balance_finds_the_equal_length_trade():
+    # two full rows: (10 tokens, 9 labels) x2 and (10 tokens, 1 label) x2 -> one of each per row
+    s = SampleArrays(np.arange(4, dtype=np.int64), np.full(4, 10, dtype=np.int64), np.array([9, 9, 1, 1]),
+                     np.zeros(4, dtype=bool))
+    b = Batches(np.arange(4, dtype=np.int64), np.array([0, 2, 4]), np.array([0, 1, 2]))
+    settings = PlanSettings(micro_batch_size=1, sequence_len=20, shift="none")
+    new = balance_microbatches(b, s, settings, np.random.default_rng(0))
+    assert batch_targets(new, s, "none").tolist() == [10, 10]
+    assert row_tokens(new, s).tolist() == [20, 20]
+
+
+def test_rank_order_puts_similar_costs_on_the_same_micro_step():
+    lengths = [100, 10, 90, 20]  # micro-steps (100, 10) and (90, 20): spreads 90 and 70
+    s = SampleArrays(np.arange(4, dtype=np.int64), np.array(lengths, dtype=np.int64), np.ones(4, dtype=np.int64),
+                     np.zeros(4, dtype=bool))
+    b = Batches(np.arange(4, dtype=np.int64), np.arange(5), np.arange(5))
+    settings = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none")
+    new = order_ranks(b, s, settings, np.random.default_rng(0))
+    assert batch_tokens(new, s).tolist() == [100, 90, 20, 10]
+
+
+def test_no_balance_keeps_the_plain_plan():
+    settings = PlanSettings(balance=False, world_size=2, grad_accum=4)
+    assert balance.stages(settings) == []
