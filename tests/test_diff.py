@@ -72,6 +72,7 @@ def plans(tmp_path_factory) -> dict[str, Path]:
         # a real edit that lengthens a sample changes both its content hash and its length
         "longer": make_plan(d / "longer", with_column(with_column(base, "length", longer), "token_hash", edited)),
         "padded": make_plan(d / "padded", mode="padded", micro_batch_size=4),
+        "one_epoch_drop": make_plan(d / "one_epoch_drop", epochs=1, drop_last=True),
         "padded_base": make_plan(d / "padded_base", mode="padded", micro_batch_size=4, sequence_len=400),
     }
 
@@ -175,6 +176,20 @@ def test_longer_sample_changes_metadata_and_fails_dataset(plans):
     assert ch["dataset"] and ch["metadata"] and not ch["config"]
     assert cli("diff", plans["base"], plans["longer"], "--fail-on", "dataset").exit_code == 1
     assert cli("diff", plans["base"], plans["longer"], "--fail-on", "config").exit_code == 0
+
+
+def test_fewer_epochs_and_drop_last(plans):
+    report = json_diff(plans["base"], plans["one_epoch_drop"])
+    assert {c["setting"] for c in report["config"]} == {"epochs", "drop_last"}
+    assert [c["status"] for c in report["churn"]] == ["compared", "old_only"]
+    assert {m["status"] for m in report["metrics"] if m["epoch"] == 1} == {"old_only"}
+    e0 = report["churn"][0]
+    assert e0["removed_samples"] > 0 and e0["added_samples"] == 0  # the dropped tail's samples
+    assert e0["common_samples"] + e0["removed_samples"] == e0["samples_old"]
+    text = cli("diff", plans["base"], plans["one_epoch_drop"]).stdout
+    assert "epoch 1: only in old plan" in text
+    md = cli("diff", plans["base"], plans["one_epoch_drop"], "--format", "markdown").stdout
+    assert "| epoch 1 | epoch | present | absent |" in md
 
 
 def test_metrics_regression_packed_to_padded(plans):
