@@ -143,18 +143,15 @@ def update_gradients(model, batches, *, world_size: int = 1, naive: bool = False
     model.zero_grad(set_to_none=True)
     for batch in batches:
         per_update += 1
-        logits = forward_logits(model, batch)
         ctx = sync(batch["plan"]["last_in_update"]) if sync else contextlib.nullcontext()
-        if naive:
-            n_mb = len([b for b in batches if b["plan"]["update"] == batch["plan"]["update"]])
-            if batch["label_count"] == 0:
-                loss = logits.sum() * 0.0
-            else:
+        with ctx:  # DDP decides at forward time whether the backward all-reduces
+            logits = forward_logits(model, batch)
+            if naive:
+                n_mb = len([b for b in batches if b["plan"]["update"] == batch["plan"]["update"]])
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                        batch["shift_labels"].reshape(-1), ignore_index=-100) / n_mb
-        else:
-            loss = token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world_size)
-        with ctx:
+            else:
+                loss = token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world_size)
             loss.backward()
         loss_sum += float(loss.detach()) / world_size
         if batch["plan"]["last_in_update"]:
