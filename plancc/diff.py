@@ -20,6 +20,7 @@ gather. Epochs whose plan fingerprints are equal are not read at all: equal dige
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +281,11 @@ def _epoch_slices(table: pa.Table) -> dict[int, pa.Table]:
     return out
 
 
+def _load_rows(info: PlanInfo, epochs: list[int]) -> dict[int, EpochRows]:
+    slices = _epoch_slices(info.read_rows())
+    return {e: EpochRows(slices[e]) for e in epochs if e in slices}
+
+
 # ---------------------------------------------------------------- the report
 
 
@@ -354,8 +360,13 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
     changed_epochs = [e for e in epochs if plan_o.get(str(e)) != plan_n.get(str(e))
                       and str(e) in plan_o and str(e) in plan_n]
     churn = []
-    old_rows = _epoch_slices(old.read_rows()) if changed_epochs else {}
-    new_rows = _epoch_slices(new.read_rows()) if changed_epochs else {}
+    old_rows: dict[int, EpochRows] = {}
+    new_rows: dict[int, EpochRows] = {}
+    if changed_epochs:
+        # the two plans are read and unpacked concurrently (Arrow and large numpy ops release the GIL)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            jobs = [pool.submit(_load_rows, info, changed_epochs) for info in (old, new)]
+            old_rows, new_rows = (j.result() for j in jobs)
     for e in epochs:
         if str(e) not in plan_o or str(e) not in plan_n:
             churn.append({"epoch": e, "status": "old_only" if str(e) in plan_o else "new_only"})
@@ -364,7 +375,7 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
             if e not in old_rows or e not in new_rows:
                 raise store.StoreError(f"epoch {e} is listed in the fingerprints but has no rows in "
                                        f"{(old if e not in old_rows else new).path / store.PLAN_FILE}")
-            c = epoch_churn(EpochRows(old_rows[e]), EpochRows(new_rows[e]), show_ids=show_ids)
+            c = epoch_churn(old_rows[e], new_rows[e], show_ids=show_ids)
         else:
             c = _identical_churn(old, e)
         churn.append({"epoch": e, "status": "compared", **c})
