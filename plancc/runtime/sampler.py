@@ -110,9 +110,9 @@ class PlanSampler:
             self._cache = self.plan.read_rank_epoch(self.epoch, self.rank, self.world_size)
         return self._cache
 
-    def _shape(self) -> tuple[int, int, int]:
-        """(complete updates, micro-steps of the tail update, total positions) of the current epoch."""
-        total = self.plan.total_batches(self.epoch)
+    def _shape(self, epoch: int | None = None) -> tuple[int, int, int]:
+        """(complete updates, micro-steps of the tail update, total positions) of `epoch` (default: current)."""
+        total = self.plan.total_batches(self.epoch if epoch is None else epoch)
         per_update = self.plan.batches_per_update
         complete = total // per_update
         tail = total - complete * per_update
@@ -127,9 +127,17 @@ class PlanSampler:
     def epoch_length(self) -> int:
         return self._shape()[2]
 
-    def locate(self, position: int) -> tuple[int, int]:
+    def epoch_lengths(self) -> list[int]:
+        """Positions (micro-steps) of every epoch of the plan on this rank."""
+        return [self._shape(e)[2] for e in range(self.plan.epochs)]
+
+    def updates_per_epoch(self, epoch: int | None = None) -> int:
+        complete, tail_steps, _ = self._shape(epoch)
+        return complete + (1 if tail_steps else 0)
+
+    def locate(self, position: int, epoch: int | None = None) -> tuple[int, int]:
         """(update, micro_step) of a position; the end of the epoch is (updates, 0)."""
-        complete, tail_steps, length = self._shape()
+        complete, tail_steps, length = self._shape(epoch)
         if position < complete * self.grad_accum:
             return position // self.grad_accum, position % self.grad_accum
         if position >= length:
@@ -205,8 +213,11 @@ class PlanSampler:
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-able state: plan fingerprints, replay shape, epoch, position (microbatches consumed), validity."""
-        position = self.position
-        update, micro_step = self.locate(position)
+        return self.state_at(self.epoch, self.position, invalid=self._invalid)
+
+    def state_at(self, epoch: int, position: int, *, invalid: str | None = None) -> dict[str, Any]:
+        """The state of this sampler after `position` microbatches of `epoch` (what `state_dict` saves)."""
+        update, micro_step = self.locate(position, epoch)
         return {
             "format": STATE_FORMAT,
             "fingerprints": {k: self.plan.fingerprints.get(k) for k in ("dataset", *STRICT_FINGERPRINTS)},
@@ -215,13 +226,13 @@ class PlanSampler:
             "world_size": self.world_size,
             "grad_accum": self.grad_accum,
             "rank": self.rank,
-            "epoch": self.epoch,
-            "position": position,
+            "epoch": int(epoch),
+            "position": int(position),
             "update": update,
             "micro_step": micro_step,
             "at_update_boundary": micro_step == 0,
-            "valid": self._invalid is None,
-            "invalid_reason": self._invalid,
+            "valid": invalid is None,
+            "invalid_reason": invalid,
         }
 
     def load_state_dict(self, state: dict[str, Any], *, allow_dataset_change: bool = False) -> None:
