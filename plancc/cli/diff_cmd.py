@@ -30,7 +30,7 @@ def diff_cmd(
     format: Annotated[str, typer.Option("--format", "-f", help="text|json|markdown (markdown: a compact CI "
                                                                "comment).")] = "text",
     fail_on: Annotated[list[str] | None, typer.Option("--fail-on", help="any|config|dataset|metrics-regression; "
-                                                                         "repeat or comma-separate.")] = None,
+                                                                         "repeat or comma-separate (default: none, report only).")] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Relative slack of metrics-regression.")
                          ] = DEFAULT_TOLERANCE,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the rendered diff to this "
