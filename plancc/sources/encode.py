@@ -96,16 +96,24 @@ def _join(p_ids, p_off, c_ids, c_off) -> Encoded:
     return Encoded(ids, labels, offsets)
 
 
+def _encode_ids(tok: Tok, texts: list[str], special: bool):
+    """Encodings without offsets where the installed tokenizers has `encode_batch_fast` (ids are all we read)."""
+    fast = getattr(tok.tokenizer, "encode_batch_fast", None)
+    if fast is not None:
+        return fast(texts, add_special_tokens=special)
+    return tok.tokenizer.encode_batch(texts, add_special_tokens=special)
+
+
 def _pair(tok: Tok, prompts: list[str], completions: list[str], add_eos: bool) -> Encoded:
-    p_ids, p_off = _flat(tok.tokenizer.encode_batch(prompts, add_special_tokens=True))
-    c_ids, c_off = _flat(tok.tokenizer.encode_batch(completions, add_special_tokens=False))
+    p_ids, p_off = _flat(_encode_ids(tok, prompts, True))
+    c_ids, c_off = _flat(_encode_ids(tok, completions, False))
     if add_eos and tok.eos_id is not None:
         c_ids, c_off = _append(c_ids, c_off, tok.eos_id)
     return _join(p_ids, p_off, c_ids, c_off)
 
 
 def _text(tok: Tok, texts: list[str], add_eos: bool) -> Encoded:
-    ids, off = _flat(tok.tokenizer.encode_batch(texts, add_special_tokens=True))
+    ids, off = _flat(_encode_ids(tok, texts, True))
     if add_eos and tok.eos_id is not None:
         ids, off = _append(ids, off, tok.eos_id)
     return Encoded(ids, ids.copy(), off)
