@@ -31,7 +31,7 @@ from plancc.config import ScanOptions, canonical_hash
 from plancc.errors import InputError
 from plancc.fingerprint import dataset_fingerprint, metadata_fingerprint
 from plancc.sources import detect
-from plancc.sources.encode import RowError
+from plancc.sources.encode import Encoded, RowError
 from plancc.sources.parallel import encode_rows
 from plancc.sources.read import locate, read_source
 from plancc.sources.samples import finish, from_tokenized
@@ -87,12 +87,25 @@ def _load_cached(path: Path, key: str) -> Scan | None:
                 report, key)
 
 
-def _write_entry(directory: Path, samples: pa.Table, tokenized: pa.Table | None, report: dict) -> None:
+TOKENIZED_ROW_GROUP = 8192
+
+
+def _write_tokenized(enc: Encoded, path: Path, metadata: dict[bytes, bytes]) -> None:
+    """Row-group by row-group, so memory stays bounded and no list offset exceeds int32."""
+    schema = store.TOKENIZED_SCHEMA.with_metadata(metadata)
+    n = len(enc.offsets) - 1
+    with pq.ParquetWriter(path, schema, compression="zstd", write_statistics=True, store_schema=True) as writer:
+        for start in range(0, n, TOKENIZED_ROW_GROUP):
+            table = enc.to_table(start, min(n, start + TOKENIZED_ROW_GROUP))
+            writer.write_table(pa.Table.from_arrays(table.columns, schema=schema))
+
+
+def _write_entry(directory: Path, samples: pa.Table, tokenized: Encoded | None, report: dict) -> None:
     meta = store.file_metadata("samples", report["fingerprints"], report["options"])
     store.write_parquet(samples, directory / store.SAMPLES_FILE, meta)
     if tokenized is not None:
         tmeta = store.file_metadata("tokenized", report["fingerprints"], report["options"])
-        store.write_parquet(tokenized, directory / store.TOKENIZED_FILE, tmeta, row_group_size=8192)
+        _write_tokenized(tokenized, directory / store.TOKENIZED_FILE, tmeta)
     store.write_json(report, directory / store.SCAN_MANIFEST_FILE)
 
 
@@ -158,9 +171,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     }
     if progress:
         progress("writing", 0, 1)
-    tokenized = done.tokenized.to_table() if write_tokens else None
-    if tokenized is not None:
-        tokenized = tokenized.cast(store.TOKENIZED_SCHEMA) if tokenized.schema != store.TOKENIZED_SCHEMA else tokenized
+    tokenized = done.tokenized if write_tokens else None
     try:
         with store.atomic_directory(entry) as tmp:
             _write_entry(tmp, done.samples, tokenized, report)

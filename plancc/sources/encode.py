@@ -49,12 +49,14 @@ class Encoded:
     labels: np.ndarray  # int32, flat, same layout as ids
     offsets: np.ndarray  # int64, n+1
 
-    def to_table(self) -> pa.Table:
-        off = pa.array(self.offsets.astype(np.int32) if self.offsets[-1] < 2**31 else self.offsets)
-        list_type = pa.ListArray if off.type == pa.int32() else pa.LargeListArray
+    def to_table(self, start: int = 0, stop: int | None = None) -> pa.Table:
+        """Rows [start, stop) as `input_ids`/`labels` list<int32> columns (int32 offsets: keep slices < 2**31)."""
+        stop = len(self.offsets) - 1 if stop is None else stop
+        a, b = int(self.offsets[start]), int(self.offsets[stop])
+        off = pa.array((self.offsets[start:stop + 1] - a).astype(np.int32), pa.int32())
         return pa.table({
-            "input_ids": list_type.from_arrays(off, pa.array(self.ids, pa.int32())),
-            "labels": list_type.from_arrays(off, pa.array(self.labels, pa.int32())),
+            "input_ids": pa.ListArray.from_arrays(off, pa.array(self.ids[a:b], pa.int32())),
+            "labels": pa.ListArray.from_arrays(off, pa.array(self.labels[a:b], pa.int32())),
         })
 
     @staticmethod

@@ -1,7 +1,7 @@
 """Encode rows in contiguous chunks, in this process or a spawned process pool, with identical results.
 
 Each sample is encoded independently, so results do not depend on chunking; chunks are concatenated in row order.
-Workers exchange data through Arrow IPC files in a temporary directory (the input table is written once and
+Workers are spawned (never forked: the parent holds tokenizer and Arrow threads) and exchange data through Arrow IPC files in a temporary directory (the input table is written once and
 memory-mapped by every worker; each worker writes its chunk's tokens), so no table is pickled between processes.
 """
 
@@ -12,11 +12,14 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from plancc.errors import PlanccError
 from plancc.sources.encode import Encoded, RowError, encode_table
 from plancc.sources.tokenizer import load_tokenizer
 
@@ -77,16 +80,21 @@ def encode_rows(work: pa.Table, fmt: str, spec: str | None, *, add_eos: bool, nu
             writer.write_table(work)
         jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos) for a, b in bounds]
         threads = max(1, (os.cpu_count() or 1) // num_proc)
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(num_proc, initializer=_init_worker, initargs=(threads,)) as pool:
-            done = 0
-            for status, where, payload in pool.imap(_work, jobs):
+        pool = ProcessPoolExecutor(num_proc, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                   initargs=(threads,))
+        try:
+            for status, where, payload in pool.map(_work, jobs):
                 if status == "error":
-                    pool.terminate()
                     raise RowError(where, payload)
                 with pa.memory_map(payload) as source:
                     parts.append(_from_table(pa.ipc.open_file(source).read_all()))
-                done = bounds[len(parts) - 1][1]
                 if progress:
-                    progress("tokenizing", done, n)
+                    progress("tokenizing", bounds[len(parts) - 1][1], n)
+        except BrokenProcessPool:
+            raise PlanccError(
+                "tokenizer worker processes died (out of memory, or a script calling plancc.scan with "
+                "num_proc > 1 without an `if __name__ == '__main__':` guard); retry with --num-proc 1"
+            ) from None
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     return Encoded.concat(parts)
