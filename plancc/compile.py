@@ -61,7 +61,11 @@ def check_fits(s: SampleArrays, settings: PlanSettings) -> None:
         )
 
 
-def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None) -> EpochPlan:
+def before_batches(s: SampleArrays, settings: PlanSettings, epoch: int) -> tuple[Batches, np.random.Generator]:
+    """The `before` plan of `epoch` (packed or grouped, tail dropped if asked) and the rng balancing continues with.
+
+    Deterministic, so the read side can rebuild what balancing started from without storing it.
+    """
     rng = epoch_rng(settings.seed, epoch)
     b = pack.initial_batches(s, settings, rng)
     if settings.drop_last:
@@ -72,6 +76,11 @@ def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Pr
                 f"of {settings.batches_per_update} (world size x grad accum); lower them or use --keep-last"
             )
         b = full
+    return b, rng
+
+
+def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None) -> EpochPlan:
+    b, rng = before_batches(s, settings, epoch)
     metrics = [("before", summarize(b, s, settings))]
     passes = balance.stages(settings)
     for done, (name, stage) in enumerate(passes, 1):

@@ -7,8 +7,8 @@
   the first `limit` matching microbatches have their sample ids decoded, so a 10M-sample plan answers fast.
 * `before_counts(plan_dir, epoch)`: per-microbatch label counts and per-update totals of the `before` stage.
   The plan stores only the final (`after`) layout; the `before` layout is recomputed from the plan's own samples
-  table and settings by the compile pipeline's first step (`pack.initial_batches` with the epoch's seeded rng,
-  then `drop_tail`), which is deterministic. The recomputation is checked against the stored `before` metrics;
+  table and settings by the compile pipeline's own first step (`compile.before_batches`), which is
+  deterministic. The recomputation is checked against the stored `before` metrics;
   when they disagree (a plan written by another plancc version) it is reported as not reproduced.
 * `metrics_tables(rows)`: rich tables, one per epoch, metrics down, stages across.
 """
@@ -237,10 +237,9 @@ def _update_totals(labels: np.ndarray, per_update: int) -> np.ndarray:
 def before_counts(plan_dir: str | Path, epoch: int) -> BeforeAfter:
     """Recompute the `before` stage of `epoch` from the plan's samples table and settings (see module doc)."""
     from plancc.api import sample_arrays
-    from plancc.compile import drop_tail, epoch_rng
+    from plancc.compile import before_batches
     from plancc.config import PlanSettings
     from plancc.metrics import summarize
-    from plancc.pack import initial_batches
     from plancc.plan import batch_targets
 
     p = _plan_dir(plan_dir)
@@ -259,9 +258,7 @@ def before_counts(plan_dir: str | Path, epoch: int) -> BeforeAfter:
     after = StageCounts(a, _update_totals(a, per_update))
 
     s = sample_arrays(store.read_samples(p / store.SAMPLES_FILE))
-    b = initial_batches(s, settings, epoch_rng(settings.seed, epoch))
-    if settings.drop_last:
-        b = drop_tail(b, settings)
+    b, _ = before_batches(s, settings, epoch)
     stored = {r["stage"]: r for r in read_metrics(p, epoch)}.get("before")
     again = summarize(b, s, settings)
     keys = ("batches", "total_label_count", "std_label_count", "std_global_update_labels")
