@@ -1,0 +1,70 @@
+"""Train with the Hugging Face `Trainer` on a compiled plan: the plan's batches, its exact `num_items_in_batch`.
+
+    pip install -e ".[hf]"
+    plancc compile examples/data/chat.jsonl -o out/chat-plan --config examples/chat.toml
+    torchrun --nproc_per_node 2 examples/hf_trainer.py --plan out/chat-plan --output-dir out/hf --max-steps 4
+    torchrun --nproc_per_node 2 examples/hf_trainer.py --plan out/chat-plan --output-dir out/hf --resume
+
+`PlanTrainer` is a `Trainer` whose train dataloader replays the plan for this rank, whose accumulation windows
+are the plan's updates, and whose loss is divided by the plan's global target count of each update. Set
+`gradient_accumulation_steps` so that processes x steps equals the plan's microbatches per update (the plan's
+world_size x grad_accum). Checkpoints carry the plan position (`plancc_sampler.json`); resuming checks it.
+The model is a small Llama built from a config: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+
+from plancc.runtime import RuntimePlan, load_tokens
+from plancc.runtime.hf import PlanTrainer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--output-dir", default="out/hf")
+    ap.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (default: the plan's epochs)")
+    ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--save-steps", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output-dir")
+    args = ap.parse_args()
+
+    plan = RuntimePlan(args.plan)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if plan.batches_per_update % world:
+        raise SystemExit(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
+    tokens = load_tokens(plan)
+    vocab = -(-(int(tokens.input_ids.max()) + 1) // 64) * 64
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg)
+
+    training_args = TrainingArguments(
+        output_dir=args.output_dir,
+        use_cpu=not torch.cuda.is_available(),
+        gradient_accumulation_steps=plan.batches_per_update // world,
+        per_device_train_batch_size=1,  # ignored: the plan decides every batch
+        num_train_epochs=args.epochs if args.epochs is not None else plan.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        report_to=[],
+        ddp_backend=None if torch.cuda.is_available() else "gloo",
+    )
+    trainer = PlanTrainer(model=model, args=training_args, plan=plan, tokens=tokens)
+    trainer.train(resume_from_checkpoint=True if args.resume else None)
+
+
+if __name__ == "__main__":
+    main()
