@@ -20,6 +20,9 @@ from plancc.plan import (
 )
 
 
+SCAN = 32  # partner subsets examined per subset (the length-sorted candidates nearest in length)
+
+
 def span(b: Batches, settings: PlanSettings) -> int:
     """Number of leading microbatches that belong to complete updates (the rest is the untouched tail)."""
     return complete_updates(b.num_batches, settings.world_size, settings.grad_accum) * settings.batches_per_update
@@ -119,6 +122,7 @@ def exchange(
     windows,
     passes: int,
     rounds: int,
+    tol_share: float = 0.0,
     max_sub: int,
     tok_weight: float = 0.0,
     peak: int,
@@ -160,13 +164,15 @@ def exchange(
         row_cap = np.minimum(settings.row_capacity, peak // np.repeat(rows_in, rows_in)).astype(np.int64)
     else:
         row_cap = np.full(n_rows, peak if mode == 1 else 1 << 60, dtype=np.int64)
+    mean = float(mb_val.mean()) if mb_val.size else 0.0
+    tol = int(tol_share * mean)  # label gaps this small are not worth a trade
     for _ in range(passes):
         w_bounds, w_members = windows(mb_val)
         ri_bounds, ri = csr_by(row_of, n_rows)
         made = exchange_windows(
             w_bounds, w_members, ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok,
             row_cap, k_batch_bounds, int(settings.pad_multiple), int(peak), mode, max_sub, float(tok_weight),
-            rounds, 256,
+            rounds, SCAN, tol,
         )
         if made == 0:
             break

@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 SUB_CAP = 1024  # subsets enumerated per row (by size: singles, pairs, triples) before stopping
+IDLE = 3  # rounds without a trade before a window gives up
 LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
 
 
@@ -132,9 +133,25 @@ def _gather(row, w_items, n_w, row_of, pinned, buf):
 
 
 @numba.njit(cache=True)
+def _ensure(row, slot_of, w_items, n_w, row_of, pinned, item_len, item_val, max_sub, exact,
+            c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted):
+    """The cached subset table of `row` (rebuilt after the row changed); returns its slot."""
+    sl = slot_of[row]
+    if not c_valid[sl]:
+        n = c_n[sl]
+        k = _subsets(c_items[sl], n, item_len, item_val, max_sub, exact, c_len[sl], c_val[sl], c_mask[sl])
+        order = np.argsort(c_len[sl][:k], kind="mergesort")
+        c_order[sl][:k] = order
+        c_sorted[sl][:k] = c_len[sl][:k][order]
+        c_k[sl] = k
+        c_valid[sl] = True
+    return sl
+
+
+@numba.njit(cache=True)
 def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val, row_tok, row_val, mb_val, mb_tok,
-                   row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, scan_limit,
-                   buf_a, buf_b, best_a, best_b, sa_len, sa_val, sa_m, sb_len, sb_val, sb_m):
+                   row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b,
+                   slot_of, c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted):
     """Best trade between microbatches mb_a (more labels) and mb_b; applied in place. True if one was made."""
     exact = cost_mode != 0
     gap0 = mb_val[mb_a] - mb_val[mb_b]
@@ -154,15 +171,27 @@ def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val,
     simple_cost = cost_mode == 0 and pm == 1 and batch_bounds[mb_a + 1] - batch_bounds[mb_a] == 1 and \
         batch_bounds[mb_b + 1] - batch_bounds[mb_b] == 1
     for ra in range(batch_bounds[mb_a], batch_bounds[mb_a + 1]):
-        na = _gather(ra, w_items, n_w, row_of, pinned, buf_a)
-        ka = _subsets(buf_a, na, item_len, item_val, max_sub, exact, sa_len, sa_val, sa_m)
+        sl_a = _ensure(ra, slot_of, w_items, n_w, row_of, pinned, item_len, item_val, max_sub, exact,
+                       c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted)
+        na = c_n[sl_a]
+        ka = c_k[sl_a]
+        buf_a = c_items[sl_a]
+        sa_len = c_len[sl_a]
+        sa_val = c_val[sl_a]
+        sa_m = c_mask[sl_a]
         for rb in range(batch_bounds[mb_b], batch_bounds[mb_b + 1]):
-            nb = _gather(rb, w_items, n_w, row_of, pinned, buf_b)
-            kb = _subsets(buf_b, nb, item_len, item_val, max_sub, exact, sb_len, sb_val, sb_m)
+            sl_b = _ensure(rb, slot_of, w_items, n_w, row_of, pinned, item_len, item_val, max_sub, exact,
+                           c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted)
+            nb = c_n[sl_b]
+            kb = c_k[sl_b]
+            buf_b = c_items[sl_b]
+            sb_len = c_len[sl_b]
+            sb_val = c_val[sl_b]
+            sb_m = c_mask[sl_b]
             if ka == 0 or kb == 0:
                 continue
-            order = np.argsort(sb_len[:kb], kind="mergesort")
-            sorted_len = sb_len[:kb][order]
+            order = c_order[sl_b][:kb]
+            sorted_len = c_sorted[sl_b][:kb]
             free_a = row_cap[ra] - row_tok[ra]
             free_b = row_cap[rb] - row_tok[rb]
             old_a = 0
@@ -230,12 +259,36 @@ def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val,
                     best_b[:nb] = buf_b[:nb]
     if not found:
         return False
-    for x in range(best_na):
+    sl_a = slot_of[best_ra]
+    sl_b = slot_of[best_rb]
+    na = 0
+    nb = 0
+    for x in range(best_na):  # A keeps what it does not give, B gets it
+        p = best_a[x]
         if (best_ma >> x) & 1:
-            row_of[best_a[x]] = best_rb
+            row_of[p] = best_rb
+            if nb < LOCAL:
+                c_items[sl_b, nb] = p
+                nb += 1
     for x in range(best_nb):
+        p = best_b[x]
         if (best_mb >> x) & 1:
-            row_of[best_b[x]] = best_ra
+            row_of[p] = best_ra
+            if na < LOCAL:
+                c_items[sl_a, na] = p
+                na += 1
+    for x in range(best_na):
+        if not (best_ma >> x) & 1 and na < LOCAL:
+            c_items[sl_a, na] = best_a[x]
+            na += 1
+    for x in range(best_nb):
+        if not (best_mb >> x) & 1 and nb < LOCAL:
+            c_items[sl_b, nb] = best_b[x]
+            nb += 1
+    c_n[sl_a] = na
+    c_n[sl_b] = nb
+    c_valid[sl_a] = False
+    c_valid[sl_b] = False
     row_tok[best_ra] += best_lb - best_la
     row_tok[best_rb] += best_la - best_lb
     row_val[best_ra] += best_vb - best_va
@@ -250,49 +303,76 @@ def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val,
 @numba.njit(cache=True)
 def exchange_windows(win_bounds, win_mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val,
                      row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm, peak, cost_mode, max_sub,
-                     tok_weight, rounds, scan_limit):
-    """Run `rounds` of extreme pairing inside every window (CSR `win_bounds` over `win_mbs`); returns trades made."""
-    buf_a = np.empty(LOCAL, dtype=np.int64)
-    buf_b = np.empty(LOCAL, dtype=np.int64)
+                     tok_weight, rounds, scan_limit, tol):
+    """Pairing rounds inside every window (CSR `win_bounds` over `win_mbs`); returns the number of trades made.
+
+    Round 0 pairs the heaviest microbatch with the lightest, the second with the second lightest, ...; round r
+    rotates the light partners by r, so a heavy microbatch meets a new partner (and new exact-length subsets) each
+    round. Pairs whose label gap is at most `tol` are left alone. A window stops after IDLE rounds without a trade.
+    """
+    exact = cost_mode != 0
     best_a = np.empty(LOCAL, dtype=np.int64)
     best_b = np.empty(LOCAL, dtype=np.int64)
-    sa_len = np.empty(SUB_CAP, dtype=np.int64)
-    sa_val = np.empty(SUB_CAP, dtype=np.int64)
-    sa_m = np.empty(SUB_CAP, dtype=np.int64)
-    sb_len = np.empty(SUB_CAP, dtype=np.int64)
-    sb_val = np.empty(SUB_CAP, dtype=np.int64)
-    sb_m = np.empty(SUB_CAP, dtype=np.int64)
+    max_rows = 1
+    for w in range(win_bounds.shape[0] - 1):
+        nr = 0
+        for x in range(win_bounds[w], win_bounds[w + 1]):
+            m = win_mbs[x]
+            nr += batch_bounds[m + 1] - batch_bounds[m]
+        max_rows = max(max_rows, nr)
+    c_valid = np.zeros(max_rows, dtype=np.bool_)
+    c_n = np.zeros(max_rows, dtype=np.int64)
+    c_k = np.zeros(max_rows, dtype=np.int64)
+    c_items = np.empty((max_rows, LOCAL), dtype=np.int64)
+    c_len = np.empty((max_rows, SUB_CAP), dtype=np.int64)
+    c_val = np.empty((max_rows, SUB_CAP), dtype=np.int64)
+    c_mask = np.empty((max_rows, SUB_CAP), dtype=np.int64)
+    c_order = np.empty((max_rows, SUB_CAP), dtype=np.int64)
+    c_sorted = np.empty((max_rows, SUB_CAP), dtype=np.int64)
+    slot_of = np.zeros(row_tok.shape[0], dtype=np.int64)
     trades = 0
-    total_items = row_items.shape[0]
-    w_items = np.empty(total_items, dtype=np.int64)
+    w_items = np.empty(row_items.shape[0], dtype=np.int64)
     for w in range(win_bounds.shape[0] - 1):
         mbs = win_mbs[win_bounds[w]:win_bounds[w + 1]]
         k = mbs.shape[0]
         if k < 2:
             continue
         n_w = 0
+        nr = 0
         for m in mbs:
             for r in range(batch_bounds[m], batch_bounds[m + 1]):
+                slot_of[r] = nr
+                c_valid[nr] = False
+                c_n[nr] = 0
+                nr += 1
                 for x in range(row_items_bounds[r], row_items_bounds[r + 1]):
-                    w_items[n_w] = row_items[x]
+                    p = row_items[x]
+                    w_items[n_w] = p
                     n_w += 1
-        for _ in range(rounds):
-            vals = np.empty(k, dtype=np.int64)
+                    sl = slot_of[r]
+                    if not pinned[p] and c_n[sl] < LOCAL:
+                        c_items[sl, c_n[sl]] = p
+                        c_n[sl] += 1
+        half = k // 2
+        idle = 0
+        vals = np.empty(k, dtype=np.int64)
+        for rnd in range(rounds):
             for x in range(k):
                 vals[x] = mb_val[mbs[x]]
             order = np.argsort(-vals, kind="mergesort")
             made = 0
-            for x in range(k // 2):
+            for x in range(half):
                 a = mbs[order[x]]
-                b = mbs[order[k - 1 - x]]
-                if mb_val[a] <= mb_val[b]:
-                    break
+                b = mbs[order[k - 1 - (x + rnd) % half]]
+                if mb_val[a] - mb_val[b] <= tol and tok_weight == 0.0:
+                    continue
                 if _pair_exchange(a, b, w_items, n_w, row_of, pinned, item_len, item_val, row_tok, row_val, mb_val,
                                   mb_tok, row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight,
-                                  scan_limit, buf_a, buf_b, best_a, best_b, sa_len, sa_val, sa_m, sb_len, sb_val,
-                                  sb_m):
+                                  scan_limit, best_a, best_b, slot_of, c_valid, c_n, c_items, c_k, c_len, c_val,
+                                  c_mask, c_order, c_sorted):
                     made += 1
             trades += made
-            if made == 0:
+            idle = 0 if made else idle + 1
+            if idle >= IDLE:
                 break
     return trades

@@ -19,7 +19,8 @@ from plancc.balance import _common as c
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_cost
 
-ROUNDS = 2  # pairing rounds per window and pass
+ROUNDS = 32  # pairing rounds per window and pass (a window stops early after IDLE idle rounds)
+TOL = 0.01  # label gaps under 1% of the mean microbatch are not worth a trade
 
 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
@@ -32,6 +33,6 @@ def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rn
     new = c.exchange(
         head, s, settings,
         windows=lambda v: c.stratified_windows(v, window),
-        passes=settings.balance_passes, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
+        passes=settings.balance_passes, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak, tol_share=TOL,
     )
     return c.join(new, *tail)

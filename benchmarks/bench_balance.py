@@ -1,0 +1,118 @@
+"""Balancing quality and whole-compile time on the synthetic SFT mix, next to the reference figures of issue 3.
+
+Workloads: seed 0, W=8, G=4, sequence_len 4096; packed at capacity 16384 (micro_batch_size 4) and 4096 (1), and
+the fixed-count layouts (padded, flattened, micro_batch_size 4). Quality comes from one in-process compile of epoch
+0 (rows, microbatch label CV before -> after, update label CV after, padding); time is the median wall time of
+`plancc compile SAMPLES.parquet` in a fresh process (imports and numba's disk cache included, one warm-up first).
+Reference columns are the figures measured for "reference (Axolotl balance_labels)" in issue 3 on this mix.
+
+    python benchmarks/bench_balance.py [--sizes 20000,200000,1000000] [--runs 3] [--no-time] [--fixed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
+
+from bench_compile import WORK, samples_file  # noqa: E402
+from synthetic import sft_mix  # noqa: E402
+
+from plancc.compile import plan_epoch  # noqa: E402
+from plancc.config import PlanSettings  # noqa: E402
+
+# (n, micro_batch_size) -> rows, label CV before, after, update CV after, seconds (median)
+REFERENCE = {
+    (20_000, 4): (744, 0.207, 0.0915, 0.0099, 1.27),
+    (20_000, 1): (2989, 0.43, 0.34, 0.0126, 1.39),
+    (200_000, 4): (7412, 0.212, 0.101, 0.0092, 9.25),
+    (200_000, 1): (29774, 0.42, 0.34, 0.0206, 8.73),
+    (1_000_000, 4): (37073, 0.214, 0.101, 0.0078, 57.9),
+    (1_000_000, 1): (148936, 0.43, 0.34, 0.0180, 56.2),
+}
+# fixed-count layouts (mbs 4, 1M): label CV before -> after, secondary figure before -> after, seconds
+REFERENCE_FIXED = {
+    "padded": (0.77, 0.59, "efficiency", 0.52, 0.53, 47.8),
+    "flattened": (0.76, 0.45, "cost CV", 0.43, 0.16, 29.8),
+}
+
+
+def settings_for(mode: str, mbs: int) -> PlanSettings:
+    return PlanSettings(mode=mode, micro_batch_size=mbs, sequence_len=4096, world_size=8, grad_accum=4, seed=0)
+
+
+def compile_time(n: int, mode: str, mbs: int, runs: int) -> float:
+    src = samples_file(n)
+    out = WORK / f"plan-{n}-{mode}-{mbs}"
+    cmd = [sys.executable, "-m", "plancc", "compile", str(src), "-o", str(out), "--mode", mode,
+           "--micro-batch-size", str(mbs), "--sequence-len", "4096", "--world-size", "8", "--grad-accum", "4",
+           "--quiet"]
+    times = []
+    for i in range(runs + 1):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        if i:  # the first run warms numba's cache
+            times.append(time.perf_counter() - start)
+    shutil.rmtree(out, ignore_errors=True)
+    return statistics.median(times)
+
+
+def quality(n: int, mode: str, mbs: int) -> tuple[dict, dict]:
+    s = sft_mix(n, seed=0)
+    metrics = dict(plan_epoch(s, settings_for(mode, mbs), 0).metrics)
+    return metrics["before"], metrics["after"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="20000,200000,1000000")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--no-time", action="store_true", help="quality only (no subprocess compiles)")
+    ap.add_argument("--fixed", action="store_true", help="also the fixed-count layouts (1M: slow reference only)")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+
+    print("| workload | rows (ref) | rows lower bound | label CV before -> after | ref after | update CV | ref | "
+          "time s | ref s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in sizes:
+        for mbs in (4, 1):
+            before, after = quality(n, "packed", mbs)
+            ref = REFERENCE.get((n, mbs))
+            t = float("nan") if args.no_time else compile_time(n, "packed", mbs, args.runs)
+            r = ref or (None,) * 5
+            print(f"| {n // 1000}k, capacity {4096 * mbs} | {after['packed_rows']} ({r[0]}) | "
+                  f"{after['rows_lower_bound']} | {before['label_cv']:.3f} -> {after['label_cv']:.4f} | {r[2]} | "
+                  f"{after['update_label_cv']:.4f} | {r[3]} | {t:.2f} | {r[4]} |")
+    if args.fixed:
+        print()
+        print("| fixed-count (mbs 4) | label CV before -> after | ref | padding tokens before -> after | "
+              "efficiency / token CV after | ref | update CV | time s | ref s (1M) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for n in sizes:
+            for mode in ("padded", "flattened"):
+                before, after = quality(n, mode, 4)
+                ref = REFERENCE_FIXED[mode]
+                t = float("nan") if args.no_time else compile_time(n, mode, 4, args.runs)
+                if mode == "padded":
+                    second = f"efficiency {before['packing_efficiency']:.3f} -> {after['packing_efficiency']:.3f}"
+                else:
+                    cv0 = before["std_unpadded_length"] / before["mean_unpadded_length"]
+                    cv1 = after["std_unpadded_length"] / after["mean_unpadded_length"]
+                    second = f"cost CV {cv0:.3f} -> {cv1:.3f}"
+                print(f"| {n // 1000}k {mode} | {before['label_cv']:.3f} -> {after['label_cv']:.3f} | "
+                      f"{ref[0]} -> {ref[1]} | {before['padding_tokens']} -> {after['padding_tokens']} | {second} | "
+                      f"{ref[2]} {ref[3]} -> {ref[4]} | {after['update_label_cv']:.4f} | {t:.2f} | {ref[5]} |")
+    print()
+    print("reference = reference (Axolotl balance_labels), figures from issue 3 (its synthetic mix, seed 0).")
+
+
+if __name__ == "__main__":
+    main()
