@@ -207,3 +207,18 @@ def test_label_counts_text_sources_each_shift(tmp_path):
         labels = [np.array(r["labels"]) for r in _tokenized(result)]
         ids = result.samples.column("sample_id").to_pylist()
         assert result.samples.column("label_count").to_pylist() == [int((labels[i] != -100).sum()) for i in ids]
+
+
+@given(texts=st.lists(st.text(max_size=30), min_size=1, max_size=6))
+def test_builtin_byte_fast_path_equals_tokenizer(texts):
+    from plancc.sources.encode import _ids
+
+    ids, offsets = _ids(TOK, texts, True)
+    expected = [TOK.tokenizer.encode(t).ids for t in texts]
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(texts))] == expected
+
+
+def test_builtin_special_markup_in_text_uses_tokenizer(tmp_path):
+    result = _scan(tmp_path, write_rows(tmp_path / "d.jsonl", [{"text": "a<|im_end|>b"}]))
+    assert _tokenized(result)[0]["input_ids"] == [*_enc("a<|im_end|>b"), EOS]
+    assert TOK.tokenizer.token_to_id("<|im_end|>") in _tokenized(result)[0]["input_ids"]

@@ -98,24 +98,33 @@ def _join(p_ids, p_off, c_ids, c_off) -> Encoded:
     return Encoded(ids, labels, offsets)
 
 
-def _encode_ids(tok: Tok, texts: list[str], special: bool):
-    """Encodings without offsets where the installed tokenizers has `encode_batch_fast` (ids are all we read)."""
-    fast = getattr(tok.tokenizer, "encode_batch_fast", None)
-    if fast is not None:
-        return fast(texts, add_special_tokens=special)
-    return tok.tokenizer.encode_batch(texts, add_special_tokens=special)
+def _ids(tok: Tok, texts: list[str], special: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Flat ids and offsets of `texts`. The built-in tokenizer's ids are the UTF-8 bytes, read straight into numpy
+    unless a text contains special-token markup (`<|`), which the tokenizer itself must split out."""
+    if tok.byte_ids and not any("<|" in t for t in texts):
+        try:
+            data = [t.encode("utf-8") for t in texts]
+        except UnicodeEncodeError:
+            data = None
+        if data is not None:
+            offsets = np.zeros(len(data) + 1, np.int64)
+            np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=len(data)), out=offsets[1:])
+            return np.frombuffer(b"".join(data), dtype=np.uint8).astype(np.int32), offsets
+    fast = getattr(tok.tokenizer, "encode_batch_fast", None)  # no offsets: ids are all we read
+    encode = fast if fast is not None else tok.tokenizer.encode_batch
+    return _flat(encode(texts, add_special_tokens=special))
 
 
 def _pair(tok: Tok, prompts: list[str], completions: list[str], add_eos: bool) -> Encoded:
-    p_ids, p_off = _flat(_encode_ids(tok, prompts, True))
-    c_ids, c_off = _flat(_encode_ids(tok, completions, False))
+    p_ids, p_off = _ids(tok, prompts, True)
+    c_ids, c_off = _ids(tok, completions, False)
     if add_eos and tok.eos_id is not None:
         c_ids, c_off = _append(c_ids, c_off, tok.eos_id)
     return _join(p_ids, p_off, c_ids, c_off)
 
 
 def _text(tok: Tok, texts: list[str], add_eos: bool) -> Encoded:
-    ids, off = _flat(_encode_ids(tok, texts, True))
+    ids, off = _ids(tok, texts, True)
     if add_eos and tok.eos_id is not None:
         ids, off = _append(ids, off, tok.eos_id)
     return Encoded(ids, ids.copy(), off)

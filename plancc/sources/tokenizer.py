@@ -41,6 +41,7 @@ class Tok:
     bos_token: str | None
     vocab_size: int
     fingerprint: str
+    byte_ids: bool = False  # built-in: the ids of a text without special-token markup are its UTF-8 bytes
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -98,7 +99,7 @@ def load_tokenizer(spec: str | None) -> Tok:
         tok = _builtin()
         return Tok(tok, BUILTIN_NAME, CHATML_TEMPLATE, "<|eos|>", tok.token_to_id("<|eos|>"), "<|bos|>",
                    tok.get_vocab_size(with_added_tokens=True),
-                   _fingerprint(tok.to_str().encode(), CHATML_TEMPLATE, "<|eos|>", "<|bos|>"))
+                   _fingerprint(tok.to_str().encode(), CHATML_TEMPLATE, "<|eos|>", "<|bos|>"), byte_ids=True)
     path = Path(spec).expanduser()
     directory = path if path.is_dir() else path.parent
     json_path = path / "tokenizer.json" if path.is_dir() else path
