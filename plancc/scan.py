@@ -7,6 +7,9 @@
 The tokenized Parquet has one row per SOURCE row in source order, so `sample_id` is the row the trainer loads;
 dropped rows stay in it (they are simply absent from the samples table). Under `--shift none` its `labels`
 column holds already-shifted labels (report `labels_shifted`).
+
+`num_proc > 1` spawns worker processes: a script calling `scan` that way needs an `if __name__ == "__main__":`
+guard (the `plancc` command has one).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pyarrow.parquet as pq
 
 from plancc import store
 from plancc.config import ScanOptions, canonical_hash
-from plancc.errors import InputError
+from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import dataset_fingerprint, metadata_fingerprint
 from plancc.sources import detect
 from plancc.sources.encode import Encoded, RowError
@@ -173,12 +176,16 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         progress("writing", 0, 1)
     tokenized = done.tokenized if write_tokens else None
     try:
-        with store.atomic_directory(entry) as tmp:
-            _write_entry(tmp, done.samples, tokenized, report)
-    except store.StoreError:  # another process writes the same entry: keep ours beside it
-        entry = entry.parent / f"{key}-{uuid.uuid4().hex[:8]}"
-        with store.atomic_directory(entry) as tmp:
-            _write_entry(tmp, done.samples, tokenized, report)
+        try:
+            with store.atomic_directory(entry) as tmp:
+                _write_entry(tmp, done.samples, tokenized, report)
+        except store.StoreError:  # another process writes the same entry: keep ours beside it
+            entry = entry.parent / f"{key}-{uuid.uuid4().hex[:8]}"
+            with store.atomic_directory(entry) as tmp:
+                _write_entry(tmp, done.samples, tokenized, report)
+    except OSError as exc:
+        raise PlanccError(f"cannot write the scan cache {entry.parent}: {exc.strerror or exc}; "
+                          "set PLANCC_CACHE to a writable directory") from None
     if progress:
         progress("writing", 1, 1)
     return Scan(done.samples, entry / store.TOKENIZED_FILE if write_tokens else None, list(src.paths), report, key)
@@ -237,6 +244,8 @@ def load_samples_source(path) -> tuple[pa.Table, dict] | None:
     except store.StoreError:
         meta = None  # written by another engine: fine, fingerprints are recomputed below
     info: dict[str, Any] = {"path": str(f), "fingerprints": _fingerprints(table), "meta": meta}
+    tokenized = f.parent / store.TOKENIZED_FILE
+    info["tokenized_path"] = str(tokenized) if tokenized.is_file() else None
     manifest = f.parent / store.SCAN_MANIFEST_FILE
     if manifest.is_file():
         try:

@@ -121,3 +121,19 @@ def test_empty_dataset(tmp_path, suffix):
         p.write_text("[]" if suffix == ".json" else "")
     with pytest.raises(InputError, match="empty"):
         _scan(tmp_path, p)
+
+
+def test_csv_with_newlines_in_values(tmp_path):
+    rows = [{"prompt": "line one\nline two", "completion": "ok"}, {"prompt": "p", "completion": "c"}]
+    got = _scan(tmp_path, write_rows(tmp_path / "d.csv", rows))
+    ref = _scan(tmp_path, write_rows(tmp_path / "d.jsonl", rows))
+    assert got.samples.equals(ref.samples)
+
+
+def test_unwritable_cache_is_clear_error(tmp_path):
+    from plancc.errors import PlanccError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(PlanccError, match="cannot write the scan cache"):
+        scan(str(write_rows(tmp_path / "d.jsonl", pc_rows(2))), ScanOptions(), cache_dir=blocker / "sub")

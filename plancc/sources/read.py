@@ -177,7 +177,7 @@ def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
         if suffix == ".arrow":
             return _read_arrow(path), {}
         if suffix == ".csv":
-            return pacsv.read_csv(path), {}
+            return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:
