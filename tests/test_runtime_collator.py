@@ -56,7 +56,7 @@ def check_microbatch(batch, mb, tokens, shift, mode):
     assert int((batch["shift_labels"] != -100).sum()) == mb.label_count == batch["label_count"]
 
 
-@settings(max_examples=24)
+@settings(max_examples=30)
 @given(
     n=st.integers(3, 40),
     data_seed=st.integers(0, 2**16),
@@ -66,8 +66,10 @@ def check_microbatch(batch, mb, tokens, shift, mode):
     ranks=st.sampled_from([(1, 1), (1, 3), (2, 2), (3, 1)]),
     pad_multiple=st.sampled_from([1, 8]),
     drop_last=st.booleans(),
+    loop_threshold=st.sampled_from([0, 3, 48]),  # vectorized gather, mixed, per-sample slice copies
 )
-def test_collated_counts_equal_plan_counts(n, data_seed, layout, shift, mbs, ranks, pad_multiple, drop_last):
+def test_collated_counts_equal_plan_counts(n, data_seed, layout, shift, mbs, ranks, pad_multiple, drop_last,
+                                           loop_threshold):
     world, accum = ranks
     mode = "packed" if layout.startswith("packed") else layout
     kw = dict(mode=mode, shift=shift, micro_batch_size=mbs, sequence_len=24, world_size=world, grad_accum=accum,
@@ -80,7 +82,7 @@ def test_collated_counts_equal_plan_counts(n, data_seed, layout, shift, mbs, ran
                 return
             raise
         tokens = load_tokens(plan)
-        collator = PlanCollator.from_plan(plan)
+        collator = PlanCollator.from_plan(plan, loop_threshold=loop_threshold)
         per_update: dict[int, int] = {}
         num_items: dict[int, int] = {}
         for r in range(world):

@@ -39,13 +39,15 @@ class PlanCollator:
     """`collator(microbatch, tokens) -> batch dict` for one plan's layout and shift semantics."""
 
     def __init__(self, *, mode: str, shift: str, pad_multiple: int = 1, pad_token_id: int = 0,
-                 check_counts: bool = True):
+                 check_counts: bool = True, loop_threshold: int = 48):
         if mode not in ("packed", "padded", "flattened"):
             raise ValueError(f"unknown mode {mode!r}")
         if shift not in ("sample", "row", "none"):
             raise ValueError(f"unknown shift {shift!r}")
         self.mode, self.shift, self.pad_multiple = mode, shift, int(pad_multiple)
         self.pad_token_id, self.check_counts = int(pad_token_id), check_counts
+        self.loop_threshold = int(loop_threshold)  # up to this many samples: per-sample slice copies
+        self._ar = np.arange(4096, dtype=np.int64)
 
     @classmethod
     def from_plan(cls, plan: str | RuntimePlan, **kwargs: Any) -> PlanCollator:
@@ -54,65 +56,52 @@ class PlanCollator:
 
     def arrays(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:
         """The batch as numpy arrays (the work without the tensor wrapping)."""
-        ids = np.asarray(mb, dtype=np.int64)
-        rows = np.asarray(mb.rows, dtype=np.int64)
-        if ids.size == 0:  # placeholder: one pad token, no target
-            ids_len = np.zeros(0, dtype=np.int64)
-            rows, row_len = np.array([0, 0], dtype=np.int64), np.array([0], dtype=np.int64)
+        if len(mb) == 0:  # placeholder: one pad token, no target
+            ids = np.zeros(0, dtype=np.int64)
+            rows, row_len, ids_len = np.array([0, 0], dtype=np.int64), np.array([0], dtype=np.int64), ids
         else:
-            ids_len = tokens.offsets[ids + 1] - tokens.offsets[ids]
+            ids = np.asarray(mb, dtype=np.int64)
+            rows = np.asarray(mb.rows, dtype=np.int64)
+            starts = tokens.offsets[ids]
+            ids_len = tokens.offsets[ids + 1] - starts
             csum = np.zeros(ids.size + 1, dtype=np.int64)
             np.cumsum(ids_len, out=csum[1:])
             row_len = csum[rows[1:]] - csum[rows[:-1]]
         n_rows = rows.shape[0] - 1
         width = max(int(row_len.max()), 1)
         width = -(-width // self.pad_multiple) * self.pad_multiple
-        total = int(ids_len.sum())
 
         input_ids = np.full((n_rows, width), self.pad_token_id, dtype=np.int64)
         shift_labels = np.full((n_rows, width), IGNORE, dtype=np.int64)
-        # position ids: pad tail of each row counts from 0 as its own segment
-        col = np.arange(width, dtype=np.int64)
-        position_ids = np.where(col[None, :] >= row_len[:, None], col[None, :] - row_len[:, None], col[None, :])
-        if total:
-            starts = tokens.offsets[ids]
-            excl = csum[:-1]
-            row_of = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
-            within = excl - csum[rows[:-1]][row_of]  # start of each sample inside its row
-            flat = np.arange(total, dtype=np.int64)
-            rel = flat - np.repeat(excl, ids_len)  # position inside its sample
-            src = np.repeat(starts, ids_len) + rel
-            dst = np.repeat(row_of * width + within, ids_len) + rel
-            targets = tokens.targets[src]
-            if self.shift == "none":
-                st = targets.astype(np.int64)
-            else:
-                st = np.empty(total, dtype=np.int64)
-                st[:-1] = targets[1:]
-                ends = csum[1:] - 1 if self.shift == "sample" else csum[rows[1:]] - 1
-                st[ends] = IGNORE
-            input_ids.reshape(-1)[dst] = tokens.input_ids[src]
-            shift_labels.reshape(-1)[dst] = st
-            position_ids.reshape(-1)[dst] = rel
-            count = int(np.count_nonzero(st != IGNORE))
+        position_ids = np.empty((n_rows, width), dtype=np.int64)
+        if ids.size and ids.size <= self.loop_threshold:
+            self._fill_by_sample(ids, rows, starts.tolist(), ids_len.tolist(), row_len.tolist(), tokens, input_ids,
+                                 shift_labels, position_ids)
         else:
-            count = 0
+            self._fill_vectorized(ids, rows, starts if ids.size else ids, ids_len, row_len, csum if ids.size else
+                                  None, tokens, input_ids, shift_labels, position_ids)
+        count = int(np.count_nonzero(shift_labels != IGNORE))
         if self.check_counts and count != mb.label_count:
             raise PlanMismatchError(
                 f"microbatch {mb.index} (epoch {mb.epoch}, update {mb.update}) collates to {count} supervised "
                 f"targets but the plan counted {mb.label_count}: the tokenized data or the shift semantics differ "
                 f"from the ones the plan was compiled with (shift {self.shift!r}); recompile the plan"
             )
-        labels = np.full_like(shift_labels, IGNORE)
+        labels = np.empty_like(shift_labels)
+        labels[:, 0] = IGNORE
         labels[:, 1:] = shift_labels[:, :-1]
         out: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "labels": labels,
                                "shift_labels": shift_labels, "label_count": count}
         if self.mode == "padded":
+            col = self._arange(width)
             out["attention_mask"] = (col[None, :] < np.maximum(row_len, 1)[:, None]).astype(np.int64)
         else:
-            row_of_sample = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
-            key = np.concatenate([row_of_sample * 2, np.arange(n_rows, dtype=np.int64) * 2 + 1])
-            seg = np.concatenate([ids_len, width - row_len])[np.argsort(key, kind="stable")]
+            if n_rows == 1:
+                seg = np.append(ids_len, width - row_len[0])
+            else:
+                row_of_sample = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
+                key = np.concatenate([row_of_sample * 2, np.arange(n_rows, dtype=np.int64) * 2 + 1])
+                seg = np.concatenate([ids_len, width - row_len])[np.argsort(key, kind="stable")]
             seg = seg[seg > 0]
             cu = np.zeros(seg.shape[0] + 1, dtype=np.int32)
             np.cumsum(seg, out=cu[1:])
@@ -120,13 +109,67 @@ class PlanCollator:
             out["max_seqlen"] = int(seg.max()) if seg.size else 0
         return out
 
+    def _arange(self, n: int) -> np.ndarray:
+        if self._ar.shape[0] < n:
+            self._ar = np.arange(max(n, 2 * self._ar.shape[0]), dtype=np.int64)
+        return self._ar[:n]
+
+    def _fill_by_sample(self, ids, rows, starts, lens, row_len, tokens, input_ids, shift_labels, position_ids):
+        """Slice copies, one sample at a time: fastest when a microbatch holds few samples."""
+        x, y = tokens.input_ids, tokens.targets
+        ar = self._arange(input_ids.shape[1])
+        shift = self.shift
+        bounds = rows.tolist()
+        for r in range(len(bounds) - 1):
+            w = 0
+            last = bounds[r + 1] - 1
+            for k in range(bounds[r], bounds[r + 1]):
+                a, n = starts[k], lens[k]
+                input_ids[r, w:w + n] = x[a:a + n]
+                position_ids[r, w:w + n] = ar[:n]
+                if shift == "none":
+                    shift_labels[r, w:w + n] = y[a:a + n]
+                else:
+                    shift_labels[r, w:w + n - 1] = y[a + 1:a + n]
+                    if shift == "row" and k < last:
+                        shift_labels[r, w + n - 1] = y[starts[k + 1]]
+                w += n
+            position_ids[r, w:] = ar[:position_ids.shape[1] - w]  # the pad tail is its own segment
+
+    def _fill_vectorized(self, ids, rows, starts, ids_len, row_len, csum, tokens, input_ids, shift_labels,
+                         position_ids):
+        """One gather for all samples: fastest when a microbatch holds many (short) samples."""
+        n_rows, width = input_ids.shape
+        col = self._arange(width)
+        position_ids[:] = np.where(col[None, :] >= row_len[:, None], col[None, :] - row_len[:, None], col[None, :])
+        if csum is None:
+            return
+        total = int(csum[-1])
+        excl = csum[:-1]
+        row_of = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
+        within = excl - csum[rows[:-1]][row_of]  # start of each sample inside its row
+        rel = self._arange(total) - np.repeat(excl, ids_len)  # position inside its sample
+        src = np.repeat(starts, ids_len) + rel
+        dst = np.repeat(row_of * width + within, ids_len) + rel
+        targets = tokens.targets[src]
+        if self.shift == "none":
+            st = targets
+        else:
+            st = np.empty(total, dtype=np.int64)
+            st[:-1] = targets[1:]
+            ends = csum[1:] - 1 if self.shift == "sample" else csum[rows[1:]] - 1
+            st[ends] = IGNORE
+        input_ids.reshape(-1)[dst] = tokens.input_ids[src]
+        shift_labels.reshape(-1)[dst] = st
+        position_ids.reshape(-1)[dst] = rel
+
     def __call__(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:
         a = self.arrays(mb, tokens)
-        batch: dict[str, Any] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in a.items()}
-        batch["num_items_in_batch"] = torch.tensor(mb.num_items, dtype=torch.int64)
+        batch: dict[str, Any] = {k: torch.from_numpy(v) if type(v) is np.ndarray else v for k, v in a.items()}
+        batch["num_items_in_batch"] = torch.from_numpy(np.array(mb.num_items, dtype=np.int64))
         batch["plan"] = {"epoch": mb.epoch, "index": mb.index, "update": mb.update, "micro_step": mb.micro_step,
                          "position": mb.position, "last_in_update": mb.last_in_update,
-                         "placeholder": mb.placeholder}
+                         "placeholder": mb.index < 0}
         return batch
 
 

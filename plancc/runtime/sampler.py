@@ -97,6 +97,7 @@ class PlanSampler:
         self.epoch = int(epoch)
         self.plan._check_epoch(self.epoch)
         self._cache: RankEpoch | None = None
+        self._shapes: dict[int, tuple[int, int, int]] = {}
         self._start = 0  # position each new iterator starts from (0, or where a resumed state left off)
         self._yielded = 0  # position after the last microbatch yielded
         self._consumed: int | None = None  # position after the last microbatch the training loop reported
@@ -112,12 +113,15 @@ class PlanSampler:
 
     def _shape(self, epoch: int | None = None) -> tuple[int, int, int]:
         """(complete updates, micro-steps of the tail update, total positions) of `epoch` (default: current)."""
-        total = self.plan.total_batches(self.epoch if epoch is None else epoch)
-        per_update = self.plan.batches_per_update
-        complete = total // per_update
-        tail = total - complete * per_update
-        tail_steps = -(-tail // self.world_size)
-        return complete, tail_steps, complete * self.grad_accum + tail_steps
+        epoch = self.epoch if epoch is None else int(epoch)
+        shape = self._shapes.get(epoch)
+        if shape is None:
+            total = self.plan.total_batches(epoch)
+            per_update = self.plan.batches_per_update
+            complete = total // per_update
+            tail_steps = -(-(total - complete * per_update) // self.world_size)
+            shape = self._shapes[epoch] = (complete, tail_steps, complete * self.grad_accum + tail_steps)
+        return shape
 
     def __len__(self) -> int:
         """Microbatches (placeholders included) a new iterator yields: the epoch's, minus a resumed position."""
@@ -163,13 +167,16 @@ class PlanSampler:
         complete, tail_steps, length = self._shape()
         if not 0 <= position < length:
             raise IndexError(f"position {position} outside the epoch's {length} microbatches")
-        update, micro_step = self.locate(position)
-        steps = self.grad_accum if update < complete else tail_steps
+        g = self.grad_accum
+        if position < complete * g:
+            update, micro_step, steps = position // g, position % g, g
+        else:
+            update, micro_step, steps = complete, position - complete * g, tail_steps
         last = micro_step == steps - 1
         if position < len(ep):  # real microbatches are a prefix of the positions (see module docstring)
             r0, r1 = int(ep.batch_bounds[position]), int(ep.batch_bounds[position + 1])
             rows = ep.row_bounds[r0:r1 + 1]
-            ids = ep.samples[int(rows[0]):int(rows[-1])].tolist()
+            ids = ep.samples[rows[0]:rows[-1]].tolist()
             return Microbatch(ids, epoch=self.epoch, index=int(ep.index[position]), update=update,
                               micro_step=micro_step, position=position, last_in_update=last,
                               rows=rows - rows[0], label_count=int(ep.label_count[position]),
