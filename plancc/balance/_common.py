@@ -19,7 +19,7 @@ from plancc.plan import (
     segment_sum,
 )
 
-
+DEBUG = False
 SCAN = 32  # partner subsets examined per subset (the length-sorted candidates nearest in length)
 
 
@@ -166,14 +166,16 @@ def exchange(
         row_cap = np.full(n_rows, peak if mode == 1 else 1 << 60, dtype=np.int64)
     mean = float(mb_val.mean()) if mb_val.size else 0.0
     tol = int(tol_share * mean)  # label gaps this small are not worth a trade
-    for _ in range(passes):
-        w_bounds, w_members = windows(mb_val)
+    for p in range(passes):
+        w_bounds, w_members = windows(p, mb_val)
         ri_bounds, ri = csr_by(row_of, n_rows)
         made = exchange_windows(
             w_bounds, w_members, ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok,
             row_cap, k_batch_bounds, int(settings.pad_multiple), int(peak), mode, max_sub, float(tok_weight),
             rounds, SCAN, tol,
         )
+        if DEBUG:
+            print('pass trades', made, mb_val.std() / max(mb_val.mean(), 1))
         if made == 0:
             break
     if mode == 2:
@@ -195,3 +197,4 @@ def token_weight(head: Batches, s: SampleArrays, settings: PlanSettings) -> floa
     tokens = float(s.length[head.samples].sum())
     labels = float(row_targets(head, s, settings.shift).sum())
     return (labels / tokens) ** 2 if tokens > 0 else 0.0
+

@@ -122,19 +122,8 @@ def _max_len_after(items, n, item_len, out_mask, in_items, in_mask):
 
 
 @numba.njit(cache=True)
-def _gather(row, w_items, n_w, row_of, pinned, buf):
-    n = 0
-    for x in range(n_w):
-        p = w_items[x]
-        if row_of[p] == row and not pinned[p] and n < LOCAL:
-            buf[n] = p
-            n += 1
-    return n
-
-
-@numba.njit(cache=True)
-def _ensure(row, slot_of, w_items, n_w, row_of, pinned, item_len, item_val, max_sub, exact,
-            c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted):
+def _ensure(row, slot_of, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len, c_val, c_mask,
+            c_order, c_sorted):
     """The cached subset table of `row` (rebuilt after the row changed); returns its slot."""
     sl = slot_of[row]
     if not c_valid[sl]:
@@ -149,9 +138,9 @@ def _ensure(row, slot_of, w_items, n_w, row_of, pinned, item_len, item_val, max_
 
 
 @numba.njit(cache=True)
-def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val, row_tok, row_val, mb_val, mb_tok,
-                   row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b,
-                   slot_of, c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted):
+def _pair_exchange(mb_a, mb_b, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm, peak,
+                   cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b, slot_of, c_valid, c_n, c_items, c_k,
+                   c_len, c_val, c_mask, c_order, c_sorted, item_val):
     """Best trade between microbatches mb_a (more labels) and mb_b; applied in place. True if one was made."""
     exact = cost_mode != 0
     gap0 = mb_val[mb_a] - mb_val[mb_b]
@@ -171,8 +160,8 @@ def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val,
     simple_cost = cost_mode == 0 and pm == 1 and batch_bounds[mb_a + 1] - batch_bounds[mb_a] == 1 and \
         batch_bounds[mb_b + 1] - batch_bounds[mb_b] == 1
     for ra in range(batch_bounds[mb_a], batch_bounds[mb_a + 1]):
-        sl_a = _ensure(ra, slot_of, w_items, n_w, row_of, pinned, item_len, item_val, max_sub, exact,
-                       c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted)
+        sl_a = _ensure(ra, slot_of, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len, c_val,
+                       c_mask, c_order, c_sorted)
         na = c_n[sl_a]
         ka = c_k[sl_a]
         buf_a = c_items[sl_a]
@@ -180,8 +169,8 @@ def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val,
         sa_val = c_val[sl_a]
         sa_m = c_mask[sl_a]
         for rb in range(batch_bounds[mb_b], batch_bounds[mb_b + 1]):
-            sl_b = _ensure(rb, slot_of, w_items, n_w, row_of, pinned, item_len, item_val, max_sub, exact,
-                           c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted)
+            sl_b = _ensure(rb, slot_of, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len,
+                           c_val, c_mask, c_order, c_sorted)
             nb = c_n[sl_b]
             kb = c_k[sl_b]
             buf_b = c_items[sl_b]
@@ -301,6 +290,60 @@ def _pair_exchange(mb_a, mb_b, w_items, n_w, row_of, pinned, item_len, item_val,
 
 
 @numba.njit(cache=True)
+def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val, row_tok, row_val, mb_val, mb_tok,
+            row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, rounds, scan_limit, tol, slot_of):
+    """Pairing rounds of one window (see `exchange_windows`); touches only the window's rows and samples."""
+    k = mbs.shape[0]
+    nr = 0
+    for m in mbs:
+        nr += batch_bounds[m + 1] - batch_bounds[m]
+    best_a = np.empty(LOCAL, dtype=np.int64)
+    best_b = np.empty(LOCAL, dtype=np.int64)
+    c_valid = np.zeros(nr, dtype=np.bool_)
+    c_n = np.zeros(nr, dtype=np.int64)
+    c_k = np.zeros(nr, dtype=np.int64)
+    c_items = np.empty((nr, LOCAL), dtype=np.int64)
+    c_len = np.empty((nr, SUB_CAP), dtype=np.int64)
+    c_val = np.empty((nr, SUB_CAP), dtype=np.int64)
+    c_mask = np.empty((nr, SUB_CAP), dtype=np.int64)
+    c_order = np.empty((nr, SUB_CAP), dtype=np.int64)
+    c_sorted = np.empty((nr, SUB_CAP), dtype=np.int64)
+    nr = 0
+    for m in mbs:
+        for r in range(batch_bounds[m], batch_bounds[m + 1]):
+            slot_of[r] = nr
+            for x in range(row_items_bounds[r], row_items_bounds[r + 1]):
+                p = row_items[x]
+                if not pinned[p] and c_n[nr] < LOCAL:
+                    c_items[nr, c_n[nr]] = p
+                    c_n[nr] += 1
+            nr += 1
+    half = k // 2
+    idle = 0
+    trades = 0
+    vals = np.empty(k, dtype=np.int64)
+    for rnd in range(rounds):
+        for x in range(k):
+            vals[x] = mb_val[mbs[x]]
+        order = np.argsort(-vals, kind="mergesort")
+        made = 0
+        for x in range(half):
+            a = mbs[order[x]]
+            b = mbs[order[k - 1 - (x + rnd) % half]]
+            if mb_val[a] - mb_val[b] <= tol and tok_weight == 0.0:
+                continue
+            if _pair_exchange(a, b, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm,
+                              peak, cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b, slot_of, c_valid,
+                              c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, item_val):
+                made += 1
+        trades += made
+        idle = 0 if made else idle + 1
+        if idle >= IDLE:
+            break
+    return trades
+
+
+@numba.njit(cache=True, parallel=True)
 def exchange_windows(win_bounds, win_mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val,
                      row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm, peak, cost_mode, max_sub,
                      tok_weight, rounds, scan_limit, tol):
@@ -309,70 +352,15 @@ def exchange_windows(win_bounds, win_mbs, row_items_bounds, row_items, row_of, p
     Round 0 pairs the heaviest microbatch with the lightest, the second with the second lightest, ...; round r
     rotates the light partners by r, so a heavy microbatch meets a new partner (and new exact-length subsets) each
     round. Pairs whose label gap is at most `tol` are left alone. A window stops after IDLE rounds without a trade.
+    Windows share no microbatch, row or sample, so they run in parallel with the same result on any thread count.
     """
-    exact = cost_mode != 0
-    best_a = np.empty(LOCAL, dtype=np.int64)
-    best_b = np.empty(LOCAL, dtype=np.int64)
-    max_rows = 1
-    for w in range(win_bounds.shape[0] - 1):
-        nr = 0
-        for x in range(win_bounds[w], win_bounds[w + 1]):
-            m = win_mbs[x]
-            nr += batch_bounds[m + 1] - batch_bounds[m]
-        max_rows = max(max_rows, nr)
-    c_valid = np.zeros(max_rows, dtype=np.bool_)
-    c_n = np.zeros(max_rows, dtype=np.int64)
-    c_k = np.zeros(max_rows, dtype=np.int64)
-    c_items = np.empty((max_rows, LOCAL), dtype=np.int64)
-    c_len = np.empty((max_rows, SUB_CAP), dtype=np.int64)
-    c_val = np.empty((max_rows, SUB_CAP), dtype=np.int64)
-    c_mask = np.empty((max_rows, SUB_CAP), dtype=np.int64)
-    c_order = np.empty((max_rows, SUB_CAP), dtype=np.int64)
-    c_sorted = np.empty((max_rows, SUB_CAP), dtype=np.int64)
+    n_win = win_bounds.shape[0] - 1
     slot_of = np.zeros(row_tok.shape[0], dtype=np.int64)
-    trades = 0
-    w_items = np.empty(row_items.shape[0], dtype=np.int64)
-    for w in range(win_bounds.shape[0] - 1):
+    made = np.zeros(n_win, dtype=np.int64)
+    for w in numba.prange(n_win):
         mbs = win_mbs[win_bounds[w]:win_bounds[w + 1]]
-        k = mbs.shape[0]
-        if k < 2:
-            continue
-        n_w = 0
-        nr = 0
-        for m in mbs:
-            for r in range(batch_bounds[m], batch_bounds[m + 1]):
-                slot_of[r] = nr
-                c_valid[nr] = False
-                c_n[nr] = 0
-                nr += 1
-                for x in range(row_items_bounds[r], row_items_bounds[r + 1]):
-                    p = row_items[x]
-                    w_items[n_w] = p
-                    n_w += 1
-                    sl = slot_of[r]
-                    if not pinned[p] and c_n[sl] < LOCAL:
-                        c_items[sl, c_n[sl]] = p
-                        c_n[sl] += 1
-        half = k // 2
-        idle = 0
-        vals = np.empty(k, dtype=np.int64)
-        for rnd in range(rounds):
-            for x in range(k):
-                vals[x] = mb_val[mbs[x]]
-            order = np.argsort(-vals, kind="mergesort")
-            made = 0
-            for x in range(half):
-                a = mbs[order[x]]
-                b = mbs[order[k - 1 - (x + rnd) % half]]
-                if mb_val[a] - mb_val[b] <= tol and tok_weight == 0.0:
-                    continue
-                if _pair_exchange(a, b, w_items, n_w, row_of, pinned, item_len, item_val, row_tok, row_val, mb_val,
-                                  mb_tok, row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight,
-                                  scan_limit, best_a, best_b, slot_of, c_valid, c_n, c_items, c_k, c_len, c_val,
-                                  c_mask, c_order, c_sorted):
-                    made += 1
-            trades += made
-            idle = 0 if made else idle + 1
-            if idle >= IDLE:
-                break
-    return trades
+        if mbs.shape[0] >= 2:
+            made[w] = _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val, row_tok, row_val,
+                              mb_val, mb_tok, row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight,
+                              rounds, scan_limit, tol, slot_of)
+    return made.sum()

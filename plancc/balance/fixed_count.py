@@ -33,7 +33,7 @@ def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings, rng
     window = settings.balance_window
     new = c.exchange(
         head, s, settings,
-        windows=lambda v: c.stratified_windows(v, window),
+        windows=lambda p, v: c.stratified_windows(v, window),
         passes=settings.balance_passes, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
         tok_weight=c.token_weight(head, s, settings),
     )

@@ -32,7 +32,7 @@ def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rn
     window = settings.balance_window
     new = c.exchange(
         head, s, settings,
-        windows=lambda v: c.stratified_windows(v, window),
+        windows=lambda p, v: c.stratified_windows(v, window),
         passes=settings.balance_passes, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak, tol_share=TOL,
     )
     return c.join(new, *tail)

@@ -34,7 +34,7 @@ def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.
     windows = update_windows(n_span, per_update, settings.balance_window)
     new = c.exchange(
         head, s, settings,
-        windows=lambda v: windows, passes=1, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
+        windows=lambda p, v: windows, passes=1, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
         tok_weight=c.token_weight(head, s, settings),
     )
     return c.join(new, *tail)
