@@ -1,6 +1,8 @@
 """Accumulation-aware ordering (SPEC 5, stage 3): whole microbatches reordered so every update's label total is even.
 
-Blocks of at most 16 complete updates (`W*G` microbatches each) are reassigned independently: microbatches go
+Groups of at most 16 complete updates (`W*G` microbatches each) are reassigned independently, first blocks of
+neighbouring updates, then groups dealt from the updates sorted by total (each group spans heavy and light updates,
+so its mean sits at the global mean and totals even out across the epoch, not only inside a block): microbatches go
 largest label count first into the update with the smallest total that still has a free slot (longest-processing-
 time with cardinality), then the update with the largest total and the one with the smallest trade the pair of
 microbatches whose difference best halves their gap, until no trade narrows it. A block's new order is kept only
@@ -20,6 +22,7 @@ from plancc.plan import Batches, SampleArrays, batch_targets, permute_batches
 
 BLOCK_UPDATES = 16
 MAX_TRADES = 256  # per block
+PASSES = 2  # contiguous blocks, then stratified groups of updates
 
 
 @numba.njit(cache=True)
@@ -73,22 +76,32 @@ def _assign_block(values, n_upd, per_update):
 def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
     per_update = settings.batches_per_update
     n_span = c.span(b, settings)
-    if per_update < 2 or n_span == 0:
+    n_upd = n_span // per_update
+    if per_update < 2 or n_upd < 2:
         return b
-    labels = batch_targets(b, s, settings.shift)
-    perm = np.arange(b.num_batches, dtype=np.int64)
+    labels = batch_targets(b, s, settings.shift)[:n_span].astype(np.int64)
+    slots = np.arange(n_span, dtype=np.int64).reshape(n_upd, per_update)  # microbatch held by each update slot
     changed = False
-    block = BLOCK_UPDATES * per_update
-    for start in range(0, n_span, block):
-        stop = min(start + block, n_span)
-        vals = labels[start:stop].astype(np.int64)
-        n_upd = (stop - start) // per_update
-        if n_upd < 2:
-            continue
-        new = _assign_block(vals, n_upd, per_update)
-        before = vals.reshape(n_upd, per_update).sum(axis=1)
-        after = vals[new].reshape(n_upd, per_update).sum(axis=1)
-        if c.label_sse(after) < c.label_sse(before):
-            perm[start:stop] = start + new
-            changed = True
-    return permute_batches(b, perm) if changed else b
+    for p in range(PASSES):
+        totals = labels[slots].sum(axis=1)
+        if p == 0:  # neighbouring updates first
+            bounds, members = c.contiguous_windows(n_upd, BLOCK_UPDATES)
+        else:  # then groups of updates spanning the whole range of totals, so every group's mean is the global one
+            bounds, members = c.stratified_windows(totals, BLOCK_UPDATES)
+        for g in range(bounds.shape[0] - 1):
+            upd = np.sort(members[bounds[g]:bounds[g + 1]])
+            if upd.shape[0] < 2:
+                continue
+            held = slots[upd].reshape(-1)
+            vals = labels[held]
+            new = _assign_block(vals, upd.shape[0], per_update)
+            before = vals.reshape(-1, per_update).sum(axis=1)
+            after = vals[new].reshape(-1, per_update).sum(axis=1)
+            if c.label_sse(after) < c.label_sse(before):
+                slots[upd] = held[new].reshape(-1, per_update)
+                changed = True
+    if not changed:
+        return b
+    perm = np.arange(b.num_batches, dtype=np.int64)
+    perm[:n_span] = slots.reshape(-1)
+    return permute_batches(b, perm)
