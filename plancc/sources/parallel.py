@@ -12,7 +12,7 @@ import multiprocessing as mp
 import os
 import tempfile
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -27,7 +27,7 @@ Progress = Callable[[str, int, int], None] | None
 
 
 def _chunk_size(n: int, num_proc: int) -> int:
-    return int(min(16_384, max(512, math.ceil(n / max(1, num_proc * 4)))))
+    return int(min(8192, max(512, math.ceil(n / max(2, num_proc * 4)))))
 
 
 def _from_table(table: pa.Table) -> Encoded:
@@ -68,11 +68,16 @@ def encode_rows(work: pa.Table, fmt: str, spec: str | None, *, add_eos: bool, nu
     bounds = [(a, min(n, a + size)) for a in range(0, n, size)]
     parts: list[Encoded] = []
     if num_proc <= 1 or len(bounds) == 1:
+        # Two threads: the tokenizer releases the GIL while encoding, so one chunk's Python-side work (rendering,
+        # reading ids) overlaps the next chunk's encoding. Results are collected in row order.
         tok = load_tokenizer(spec)
-        for a, b in bounds:
-            parts.append(encode_table(work.slice(a, b - a), fmt, tok, add_eos=add_eos, row0=a))
-            if progress:
-                progress("tokenizing", b, n)
+        with ThreadPoolExecutor(2) as threads:
+            chunks = threads.map(lambda ab: encode_table(work.slice(ab[0], ab[1] - ab[0]), fmt, tok,
+                                                         add_eos=add_eos, row0=ab[0]), bounds)
+            for (_, b), enc in zip(bounds, chunks, strict=True):
+                parts.append(enc)
+                if progress:
+                    progress("tokenizing", b, n)
         return Encoded.concat(parts)
     with tempfile.TemporaryDirectory(prefix="plancc-scan-") as tmp:
         in_path = str(Path(tmp) / "input.arrow")
