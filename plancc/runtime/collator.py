@@ -13,7 +13,8 @@ copies each sample's stored `shift_labels`. `shift_labels` is the tensor the los
 `shift_labels` moved right by one so that a Hugging Face model that shifts internally sees the same targets
 (it is exact for shifts sample/row; with shift "none" pass `shift_labels` to the model's loss as well).
 
-Padded mode has one row per sample and an `attention_mask`; packed and flattened rows have none, so that
+Padded mode has one row per sample and an `attention_mask` (position ids count 0..T-1 along each row, pads
+included); packed and flattened rows have none, so that
 Hugging Face models detect the packed samples from `position_ids` and keep them from attending to each other.
 Every row is right-padded to the batch's longest row rounded up to `pad_multiple` (pad id `pad_token_id`, label
 -100). The collated target count is checked against the plan's `label_count`: a mismatch means the data changed.
@@ -74,9 +75,10 @@ class PlanCollator:
         input_ids = np.full((n_rows, width), self.pad_token_id, dtype=np.int64)
         shift_labels = np.full((n_rows, width), IGNORE, dtype=np.int64)
         position_ids = np.empty((n_rows, width), dtype=np.int64)
+        segments = None
         if ids.size and ids.size <= self.loop_threshold:
-            self._fill_by_sample(ids, rows, starts.tolist(), ids_len.tolist(), row_len.tolist(), tokens, input_ids,
-                                 shift_labels, position_ids)
+            segments = self._fill_by_sample(rows, starts.tolist(), ids_len.tolist(), tokens, input_ids,
+                                            shift_labels, position_ids)
         else:
             self._fill_vectorized(ids, rows, starts if ids.size else ids, ids_len, row_len, csum if ids.size else
                                   None, tokens, input_ids, shift_labels, position_ids)
@@ -96,7 +98,9 @@ class PlanCollator:
             col = self._arange(width)
             out["attention_mask"] = (col[None, :] < np.maximum(row_len, 1)[:, None]).astype(np.int64)
         else:
-            if n_rows == 1:
+            if segments is not None:
+                seg = np.array(segments, dtype=np.int64)
+            elif n_rows == 1:
                 seg = np.append(ids_len, width - row_len[0])
             else:
                 row_of_sample = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
@@ -114,19 +118,26 @@ class PlanCollator:
             self._ar = np.arange(max(n, 2 * self._ar.shape[0]), dtype=np.int64)
         return self._ar[:n]
 
-    def _fill_by_sample(self, ids, rows, starts, lens, row_len, tokens, input_ids, shift_labels, position_ids):
-        """Slice copies, one sample at a time: fastest when a microbatch holds few samples."""
+    def _fill_by_sample(self, rows, starts, lens, tokens, input_ids, shift_labels, position_ids) -> list[int]:
+        """Slice copies, one sample at a time: fastest when a microbatch holds few samples. Returns the
+        segment lengths (samples, then each row's pad tail) for `cu_seqlens`."""
         x, y = tokens.input_ids, tokens.targets
         ar = self._arange(input_ids.shape[1])
         shift = self.shift
         bounds = rows.tolist()
+        width = position_ids.shape[1]
+        segments: list[int] = []
+        padded = self.mode == "padded"
+        if padded:  # one sample per row, attention_mask hides the pads: positions simply count 0..T-1
+            position_ids[:] = ar[:width]
         for r in range(len(bounds) - 1):
             w = 0
             last = bounds[r + 1] - 1
             for k in range(bounds[r], bounds[r + 1]):
                 a, n = starts[k], lens[k]
                 input_ids[r, w:w + n] = x[a:a + n]
-                position_ids[r, w:w + n] = ar[:n]
+                if not padded:
+                    position_ids[r, w:w + n] = ar[:n]
                 if shift == "none":
                     shift_labels[r, w:w + n] = y[a:a + n]
                 else:
@@ -134,7 +145,11 @@ class PlanCollator:
                     if shift == "row" and k < last:
                         shift_labels[r, w + n - 1] = y[starts[k + 1]]
                 w += n
-            position_ids[r, w:] = ar[:position_ids.shape[1] - w]  # the pad tail is its own segment
+            if not padded:
+                segments += lens[bounds[r]:bounds[r + 1]]
+                segments.append(width - w)
+                position_ids[r, w:] = ar[:width - w]  # the pad tail is its own segment
+        return segments
 
     def _fill_vectorized(self, ids, rows, starts, ids_len, row_len, csum, tokens, input_ids, shift_labels,
                          position_ids):
