@@ -82,3 +82,21 @@ def test_label_count_matches_tokenized(tmp_path):
     counts = [int((np.array(lab) != -100).sum()) for lab in labels]
     assert result.samples.column("label_count").to_pylist() == [counts[i] for i in
                                                                  result.samples.column("sample_id").to_pylist()]
+
+
+def test_template_not_prefix_stable_falls_back_to_content(tmp_path):
+    # the header depends on the whole conversation, so shorter renders are not prefixes of the full one
+    template = ("turns={{ messages | length }}\n" + CHATML_TEMPLATE)
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    load_tokenizer(None).tokenizer.save(str(tok_dir / "tokenizer.json"))
+    (tok_dir / "tokenizer_config.json").write_text(
+        __import__("json").dumps({"chat_template": template, "eos_token": "<|eos|>"}))
+    convs = [*chatterbot_conversations(10), [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hi"},
+                                             {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hi"}]]
+    result = scan(str(write_rows(tmp_path / "c.jsonl", [{"messages": c} for c in convs])),
+                  ScanOptions(tokenizer=str(tok_dir)), cache_dir=tmp_path / "c")
+    tok = load_tokenizer(str(tok_dir)).tokenizer
+    for conv, row in zip(convs, pq.read_table(result.tokenized_path).to_pylist(), strict=True):
+        expected = [m["content"] + "<|im_end|>\n" for m in conv if m["role"] == "assistant"]
+        assert [tok.decode(r, skip_special_tokens=False) for r in _runs(row["input_ids"], row["labels"])] == expected

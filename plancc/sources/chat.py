@@ -80,11 +80,15 @@ class Renderer:
             if upto.startswith(prefix) and full.startswith(upto) and len(prefix) >= cursor:
                 a, b = len(prefix), len(upto)
             else:
-                a = full.find(m["content"], cursor)
+                base = self.render(messages[:i])
+                gen = prefix[len(base):] if prefix.startswith(base) else ""  # the generation prompt
+                k = full.find(gen + m["content"], cursor) if gen else -1
+                a = k + len(gen) if k >= 0 else full.find(m["content"], cursor)
                 if a < 0 or not m["content"]:
                     raise TemplateProblem(f"chat template renders assistant turn {i} inconsistently across prefixes")
                 b = a + len(m["content"])
-                tail = upto[len(prefix) + len(m["content"]):] if upto.startswith(prefix + m["content"]) else ""
+                end = upto.rfind(m["content"])  # upto ends with this turn: what follows its content ends the turn
+                tail = upto[end + len(m["content"]):] if end >= 0 else ""
                 if tail and full.startswith(tail, b):
                     b += len(tail)
             if b > a:
