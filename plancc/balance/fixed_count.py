@@ -21,7 +21,7 @@ from plancc.balance._exchange import LOCAL
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_cost
 
-ROUNDS = 2
+ROUNDS = 32  # pairing rounds per window and pass (stops early after IDLE idle rounds)
 
 
 def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
