@@ -137,3 +137,10 @@ def test_unwritable_cache_is_clear_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(PlanccError, match="cannot write the scan cache"):
         scan(str(write_rows(tmp_path / "d.jsonl", pc_rows(2))), ScanOptions(), cache_dir=blocker / "sub")
+
+
+def test_hub_id_unreachable_or_missing_is_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    with pytest.raises(InputError, match=r"plancc-test-nobody/missing-dataset-7f3a.*could not be loaded"):
+        _scan(tmp_path, "plancc-test-nobody/missing-dataset-7f3a")

@@ -108,7 +108,7 @@ def _read_jsonl_exact(path: str) -> tuple[pa.Table, dict[str, list[Any]], list[i
             try:
                 rows.append(orjson.loads(line))
             except orjson.JSONDecodeError as exc:
-                raise InputError(f"{path} line {lineno}: malformed JSON ({exc})") from None
+                raise InputError(f"{path} line {lineno}: malformed JSON ({exc.msg})") from None
             lines.append(lineno)
     table, loose = _rows_to_columns(rows, path, lambda i: f"line {lines[i]}")
     return table, loose, lines
@@ -249,24 +249,39 @@ def _saved_dataset(path: Path) -> Source:
                   fingerprint=fp, kind="dataset directory", num_rows=table.num_rows)
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One short TCP probe, so an unreachable Hub answers in seconds instead of minutes of retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def _hub_dataset(source: str) -> Source:
     offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
                   for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
-    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
+    reason_offline = " (offline: HF_HUB_OFFLINE is set)" if offline else ""
+    if not offline and not _hub_reachable():
+        offline, reason_offline = True, " (the Hub is not reachable from here)"
     import datasets
 
+    saved = datasets.config.HF_HUB_OFFLINE
     try:
-        if offline:
-            datasets.config.HF_HUB_OFFLINE = True
+        datasets.config.HF_HUB_OFFLINE = saved or offline  # offline: only the local datasets cache is tried
         ds = datasets.load_dataset(source, split="train")
     except Exception as exc:  # network, not found, gated, offline: all one answer for the user
         reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-        hint = " (offline: HF_HUB_OFFLINE is set)" if offline else ""
         raise InputError(
             f"{source}: not a local file, glob or dataset directory, and the Hub dataset could not be loaded"
-            f"{hint}: {reason}"
+            f"{reason_offline}: {reason}"
         ) from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE = saved
     files = [f["filename"] for f in ds.cache_files]
     table = ds.data.table
     return Source(table=table, loose={}, files=[(source, 0, table.num_rows)], paths=files,
