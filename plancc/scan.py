@@ -112,6 +112,18 @@ def _write_entry(directory: Path, samples: pa.Table, tokenized: Encoded | None, 
     store.write_json(report, directory / store.SCAN_MANIFEST_FILE)
 
 
+def _current_paths(loc, cached: list[str]) -> list[str]:
+    if loc.kind == "files":
+        return list(loc.paths)
+    if loc.kind == "directory":
+        names = [Path(p).name for p in cached]
+        found = [str(Path(loc.paths[0]) / n) for n in names]
+        if all(Path(f).is_file() for f in found):
+            return found
+        return sorted(str(p) for p in Path(loc.paths[0]).rglob("*.arrow"))
+    return cached
+
+
 def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
          progress: Progress = None) -> Scan:
     """Tokenize and scan SOURCE (or reuse the cached scan with the same key)."""
@@ -132,7 +144,10 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     if cached is not None:
         if progress:
             progress("reading", 1, 1)
-        return cached
+        # same content may now live elsewhere: point at the files of this call, not of the cached one
+        paths = list(src.paths) if src is not None else _current_paths(loc, cached.source_paths)
+        report = {**cached.report, "source": str(source), "source_paths": paths}
+        return dataclasses.replace(cached, source_paths=paths, report=report)
     if src is None:
         src = read_source(loc)
     if progress:

@@ -96,3 +96,20 @@ def test_load_samples_source_foreign_and_not_samples(tmp_path):
     pq.write_table(table.set_column(0, "sample_id", pa.array([2, 0], pa.int64())), bad)
     with pytest.raises(InputError, match=r"bad\.parquet row 1: sample_id is not strictly increasing"):
         load_samples_source(bad)
+
+
+def test_cache_hit_points_at_current_files(tmp_path):
+    rows = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = scan(str(write_rows(tmp_path / "a" / "t.parquet", rows)), ScanOptions(), cache_dir=tmp_path / "c")
+    second = scan(str(write_rows(tmp_path / "b" / "t.parquet", rows)), ScanOptions(), cache_dir=tmp_path / "c")
+    assert second.key == first.key and second.tokenized_path is None
+    assert second.source_paths == [str(tmp_path / "b" / "t.parquet")]
+
+
+def test_messages_with_mixed_extra_fields(tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "q", "weight": 1}, {"role": "assistant", "content": "a"}]},
+            {"messages": [{"role": "user", "content": "q", "weight": "x"}, {"role": "assistant", "content": "b"}]}]
+    result = scan(str(write_rows(tmp_path / "m.jsonl", rows)), ScanOptions(), cache_dir=tmp_path / "c")
+    assert result.samples.num_rows == 2

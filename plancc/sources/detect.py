@@ -105,12 +105,13 @@ def canonical(src: Source, fmt: str) -> pa.Table:
         if name in src.loose:
             from plancc.sources.chat import TemplateProblem, normalize
 
+            normalized = []
             for i, v in enumerate(src.loose[name]):
                 try:
-                    normalize(v)
+                    normalized.append(normalize(v))
                 except TemplateProblem as exc:
                     raise InputError(f"{src.where(i)}: column '{name}': {exc}") from None
-            return pa.table({"messages": pa.array(src.loose[name])})
+            return pa.table({"messages": pa.array(normalized)})
         arr = src.table.column(name)
         if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not (
             pa.types.is_struct(arr.type.value_type)
