@@ -37,6 +37,18 @@ from plancc.runtime import (
 )
 
 
+class Bigram(torch.nn.Module):
+    """A dependency-free toy causal LM (each position sees only its own token): `--model bigram`."""
+
+    def __init__(self, vocab_size: int, dim: int = 64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, dim), torch.nn.GELU(), torch.nn.Linear(dim, vocab_size))
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, use_cache=None):
+        return {"logits": self.mlp(self.embed(input_ids))}
+
+
 def tiny_llama(vocab_size: int, seed: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -62,6 +74,10 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="resume from --checkpoint")
     ap.add_argument("--allow-dataset-change", action="store_true")
     ap.add_argument("--num-workers", type=int, default=0)
+    ap.add_argument("--model", choices=("llama", "bigram"), default="llama",
+                    help="a tiny Llama from transformers (default) or a dependency-free toy model")
+    ap.add_argument("--verify", choices=("hash", "counts", "none"), default="hash",
+                    help="check the tokenized data against the plan (hash: full content)")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -73,12 +89,17 @@ def main() -> None:
 
     plan = RuntimePlan(args.plan)
     sampler = PlanSampler(plan, rank=rank, world_size=world, grad_accum=args.grad_accum)
-    tokens = load_tokens(plan, allow_dataset_change=args.allow_dataset_change)
+    tokens = load_tokens(plan, verify=args.verify, allow_dataset_change=args.allow_dataset_change)
     loader = PlanDataLoader(PlanDataset(tokens, PlanCollator.from_plan(plan)), sampler,
                             num_workers=args.num_workers)
 
     vocab = -(-(int(tokens.input_ids.max()) + 1) // 64) * 64
-    model = tiny_llama(vocab, args.seed).to(device)
+    if args.model == "llama":
+        model = tiny_llama(vocab, args.seed)
+    else:
+        torch.manual_seed(args.seed)
+        model = Bigram(vocab)
+    model = model.to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
@@ -109,7 +130,7 @@ def main() -> None:
             # DDP decides at forward time whether this backward all-reduces: only on the update's last micro-step
             sync = contextlib.nullcontext() if (last or world == 1) else ddp.no_sync()
             with sync:
-                logits = ddp(**model_inputs(batch)).logits
+                logits = ddp(**model_inputs(batch))["logits"]
                 loss = token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world)
                 loss.backward()
             update_loss += loss.detach().double() / world
