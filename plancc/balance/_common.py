@@ -175,7 +175,9 @@ def exchange(
             rounds, SCAN, tol,
         )
         if DEBUG:
-            print('pass trades', made, mb_val.std() / max(mb_val.mean(), 1))
+            import time
+
+            print('pass trades', made, mb_val.std() / max(mb_val.mean(), 1), time.time())
         if made == 0:
             break
     if mode == 2:

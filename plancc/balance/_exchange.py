@@ -140,7 +140,7 @@ def _ensure(row, slot_of, item_len, item_val, max_sub, exact, c_valid, c_n, c_it
 @numba.njit(cache=True)
 def _pair_exchange(mb_a, mb_b, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm, peak,
                    cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b, slot_of, c_valid, c_n, c_items, c_k,
-                   c_len, c_val, c_mask, c_order, c_sorted, item_val):
+                   c_len, c_val, c_mask, c_order, c_sorted, item_val, tol):
     """Best trade between microbatches mb_a (more labels) and mb_b; applied in place. True if one was made."""
     exact = cost_mode != 0
     gap0 = mb_val[mb_a] - mb_val[mb_b]
@@ -159,6 +159,7 @@ def _pair_exchange(mb_a, mb_b, row_of, item_len, row_tok, row_val, mb_val, mb_to
     best_vb = 0
     simple_cost = cost_mode == 0 and pm == 1 and batch_bounds[mb_a + 1] - batch_bounds[mb_a] == 1 and \
         batch_bounds[mb_b + 1] - batch_bounds[mb_b] == 1
+    done = False  # a trade leaving a gap within `tol` is good enough: stop looking
     for ra in range(batch_bounds[mb_a], batch_bounds[mb_a + 1]):
         sl_a = _ensure(ra, slot_of, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len, c_val,
                        c_mask, c_order, c_sorted)
@@ -246,6 +247,15 @@ def _pair_exchange(mb_a, mb_b, row_of, item_len, row_tok, row_val, mb_val, mb_to
                     best_vb = sb_val[z]
                     best_a[:na] = buf_a[:na]
                     best_b[:nb] = buf_b[:nb]
+                    if abs(gap) <= tol and tok_weight == 0.0:
+                        done = True
+                        break
+                if done:
+                    break
+            if done:
+                break
+        if done:
+            break
     if not found:
         return False
     sl_a = slot_of[best_ra]
@@ -334,7 +344,7 @@ def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val
                 continue
             if _pair_exchange(a, b, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm,
                               peak, cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b, slot_of, c_valid,
-                              c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, item_val):
+                              c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, item_val, tol):
                 made += 1
         trades += made
         idle = 0 if made else idle + 1
