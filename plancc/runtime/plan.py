@@ -188,7 +188,11 @@ class RuntimePlan:
         )
 
     def samples_table(self) -> pa.Table:
-        return store.read_samples(self.path / store.SAMPLES_FILE)
+        path = self.path / store.SAMPLES_FILE
+        if store.read_file_meta(path).get("fingerprints") != self.fingerprints:
+            raise PlanMismatchError(f"{path} does not belong to {self.path / store.MANIFEST_FILE}: their "
+                                    "fingerprints differ; recompile the plan")
+        return store.read_samples(path)
 
 
 def open_plan(plan: str | Path | RuntimePlan) -> RuntimePlan:

@@ -83,6 +83,9 @@ class PlanSampler:
     Keyword arguments: `rank`/`world_size` default to torch.distributed's (else 0 and 1); `grad_accum` defaults to
     the plan's and must be given for an elastic replay (`world_size * grad_accum` equal to the plan's);
     `epoch` is the first epoch. Usable as `DataLoader(dataset, batch_sampler=sampler)` (see `PlanDataset`).
+    Iterating again replays from the same start (the epoch's beginning, or a restored position), like any torch
+    sampler; `set_epoch` moves to another epoch. `state_dict()` is the position of the last microbatch yielded,
+    or of the last one reported by `mark_consumed` (what `PlanDataLoader` does for prefetching loaders).
     """
 
     def __init__(self, plan: str | Path | RuntimePlan, *, rank: int | None = None, world_size: int | None = None,
@@ -103,7 +106,6 @@ class PlanSampler:
         self._consumed: int | None = None  # position after the last microbatch the training loop reported
         self._pending_resume = False
         self._invalid: str | None = None
-        self._live_iterators = 0
 
     # ------------------------------------------------------------ shape of the epoch
     def _epoch_data(self) -> RankEpoch:
@@ -190,14 +192,10 @@ class PlanSampler:
         start, length = self._start, self._shape()[2]
         self._yielded = start
         self._consumed = None
-        self._live_iterators += 1
-        try:
-            for position in range(start, length):
-                mb = self.microbatch(position)
-                self._yielded = position + 1
-                yield mb
-        finally:
-            self._live_iterators -= 1
+        for position in range(start, length):
+            mb = self.microbatch(position)
+            self._yielded = position + 1
+            yield mb
 
     def mark_consumed(self, batch_or_microbatch: Any) -> None:
         """Record that the training loop finished the given microbatch (or collated batch).
