@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from plancc import __version__, store
 from plancc.compile import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.config import PlanSettings, ScanOptions
-from plancc.fingerprint import array_digest, config_fingerprint, dataset_fingerprint, metadata_fingerprint
+from plancc.fingerprint import array_digest, config_fingerprint, samples_fingerprints
 from plancc.plan import SampleArrays
 
 
@@ -28,15 +28,6 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
         label_count=table.column("label_count").to_numpy().astype(np.int64),
         first_label_supervised=table.column("first_label_supervised").to_numpy(zero_copy_only=False).astype(bool),
     )
-
-
-def sample_fingerprints(table: pa.Table) -> dict[str, str]:
-    s = sample_arrays(table)
-    token_hash = table.column("token_hash").to_numpy()
-    return {
-        "dataset": dataset_fingerprint(s.sample_id, token_hash),
-        "metadata": metadata_fingerprint(s.sample_id, s.length, s.label_count, s.first_label_supervised),
-    }
 
 
 def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
@@ -51,9 +42,16 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
     from plancc import scan
 
     given = scan.load_samples_source(source)
-    if given is not None:
+    if given is not None:  # a samples table, scan dir or plan dir: carry its scan report and tokenized rows along
         table, info = given
-        return table, info, None
+        tokenized = Path(info["tokenized_path"]) if info.get("tokenized_path") else None
+        manifest = Path(info["path"]).parent / store.MANIFEST_FILE
+        if info.get("report"):
+            return table, info["report"], tokenized
+        if manifest.is_file():
+            previous = store.read_manifest(manifest.parent)
+            return table, {**previous["scan"], "source_paths": previous["data"].get("source", [])}, tokenized
+        return table, {}, None
     result = scan.scan(source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)
     return result.samples, {**result.report, "source_paths": result.source_paths}, result.tokenized_path
 
@@ -77,7 +75,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
     fingerprints: dict[str, Any] = {
-        **sample_fingerprints(samples_table),
+        **samples_fingerprints(samples_table),
         "config": config_fingerprint(settings_dict),
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,

@@ -86,6 +86,17 @@ def metadata_fingerprint(sample_id: np.ndarray, length: np.ndarray, label_count:
     )
 
 
+def samples_fingerprints(table: Any) -> dict[str, str]:
+    """`dataset` and `metadata` fingerprints of a samples table (anything with `.column(name).to_numpy()`)."""
+    col = {name: np.asarray(table.column(name).to_numpy(zero_copy_only=False)) for name in
+           ("sample_id", "length", "label_count", "first_label_supervised", "token_hash")}
+    return {
+        "dataset": dataset_fingerprint(col["sample_id"], col["token_hash"]),
+        "metadata": metadata_fingerprint(col["sample_id"], col["length"], col["label_count"],
+                                         col["first_label_supervised"]),
+    }
+
+
 def config_fingerprint(settings: dict[str, Any]) -> str:
     return canonical_hash(settings)
 
@@ -95,5 +106,6 @@ __all__ = [
     "config_fingerprint",
     "dataset_fingerprint",
     "metadata_fingerprint",
+    "samples_fingerprints",
     "token_hashes",
 ]

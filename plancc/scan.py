@@ -32,13 +32,13 @@ import pyarrow.parquet as pq
 from plancc import store
 from plancc.config import ScanOptions, canonical_hash
 from plancc.errors import InputError, PlanccError
-from plancc.fingerprint import dataset_fingerprint, metadata_fingerprint
+from plancc.fingerprint import samples_fingerprints
 from plancc.sources import detect
 from plancc.sources.encode import Encoded, RowError
 from plancc.sources.parallel import encode_rows
 from plancc.sources.read import locate, read_source
 from plancc.sources.samples import finish, from_tokenized
-from plancc.sources.tokenizer import load_tokenizer
+from plancc.sources.tokenizer import BUILTIN_NAME, load_tokenizer
 
 SCAN_VERSION = 1
 Progress = Callable[[str, int, int], None] | None
@@ -61,15 +61,6 @@ def _options_dict(options: ScanOptions, tokenizer_fp: str) -> dict[str, Any]:
     d = dataclasses.asdict(options)
     d["tokenizer"] = tokenizer_fp  # the tokenizer's content matters, not where it was found
     return d
-
-
-def _fingerprints(samples: pa.Table) -> dict[str, str]:
-    cols = {n: samples.column(n).to_numpy() for n in samples.column_names}
-    return {
-        "dataset": dataset_fingerprint(cols["sample_id"], cols["token_hash"]),
-        "metadata": metadata_fingerprint(cols["sample_id"], cols["length"], cols["label_count"],
-                                         cols["first_label_supervised"]),
-    }
 
 
 def _load_cached(path: Path, key: str) -> Scan | None:
@@ -182,7 +173,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         "options": opts,
         "labels_shifted": options.shift == "none",
         "tokenized_written": bool(write_tokens),
-        "fingerprints": _fingerprints(done.samples),
+        "fingerprints": samples_fingerprints(done.samples),
         "key": key,
         "plancc_scan_version": SCAN_VERSION,
         "seconds": round(time.perf_counter() - started, 3),
@@ -210,7 +201,7 @@ def write_scan(result: Scan, out_dir: Path) -> None:
     """SCAN_DIR: samples.parquet, tokenized.parquet (when written) and scan.json, replaced atomically."""
     report = result.report
     with store.atomic_directory(out_dir) as tmp:
-        meta = store.file_metadata("samples", report.get("fingerprints", _fingerprints(result.samples)),
+        meta = store.file_metadata("samples", report.get("fingerprints", samples_fingerprints(result.samples)),
                                    report.get("options", {}))
         store.write_parquet(result.samples, tmp / store.SAMPLES_FILE, meta)
         if result.tokenized_path is not None:
@@ -258,7 +249,7 @@ def load_samples_source(path) -> tuple[pa.Table, dict] | None:
         meta = store.read_file_meta(f)
     except store.StoreError:
         meta = None  # written by another engine: fine, fingerprints are recomputed below
-    info: dict[str, Any] = {"path": str(f), "fingerprints": _fingerprints(table), "meta": meta}
+    info: dict[str, Any] = {"path": str(f), "fingerprints": samples_fingerprints(table), "meta": meta}
     tokenized = f.parent / store.TOKENIZED_FILE
     info["tokenized_path"] = str(tokenized) if tokenized.is_file() else None
     manifest = f.parent / store.SCAN_MANIFEST_FILE
@@ -268,3 +259,17 @@ def load_samples_source(path) -> tuple[pa.Table, dict] | None:
         except orjson.JSONDecodeError:
             info["report"] = None
     return table, info
+
+
+def options_from_report(report: dict[str, Any], tokenizer: str | None = None) -> ScanOptions:
+    """The scan options a report was made with, to rescan a source the same way (`validate --dataset`).
+
+    The report stores the tokenizer's fingerprint in its options and its location in `tokenizer`; `tokenizer`
+    overrides that location (a moved tokenizer rescans the same when its content is the same).
+    """
+    options = dict(report.get("options") or {})
+    if not options:
+        raise InputError("the plan has no scan report (it was compiled from a bare samples table): nothing to rescan")
+    recorded = report.get("tokenizer")
+    options["tokenizer"] = tokenizer or (None if recorded in (None, BUILTIN_NAME) else recorded)
+    return ScanOptions(**options)

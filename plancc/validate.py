@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from plancc import store
-from plancc.api import plan_fingerprint, sample_arrays, sample_fingerprints
+from plancc.api import plan_fingerprint, sample_arrays
 from plancc.config import PlanSettings
-from plancc.fingerprint import config_fingerprint
+from plancc.fingerprint import config_fingerprint, samples_fingerprints
 from plancc.plan import (
     Batches,
     batch_cost,
@@ -124,7 +124,7 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None) -> tupl
     if config_fingerprint(settings.to_dict()) != fps["config"]:
         problems.append("config fingerprint does not match the recorded settings")
     samples_table = store.read_samples(f"{plan_dir}/{store.SAMPLES_FILE}")
-    for key, value in sample_fingerprints(samples_table).items():
+    for key, value in samples_fingerprints(samples_table).items():
         if value != fps[key]:
             problems.append(f"{key} fingerprint does not match samples.parquet")
     if dataset_fingerprint is not None and dataset_fingerprint != fps["dataset"]:

@@ -107,3 +107,23 @@ def test_a_real_process_prints_no_traceback(tmp_path):
 def test_every_command_has_help_with_an_example(command):
     res = _run(*command, "--help")
     assert res.exit_code == 0 and "Example" in res.output
+
+
+def test_scan_then_compile_carries_the_tokenized_rows_and_validate_rescans(tmp_path):
+    rows = [{"prompt": f"Question {i}: " + "why? " * (i % 7), "completion": "because " * (1 + i % 11)} for i in range(60)]
+    source = tmp_path / "pc.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "cache"
+    assert _run("scan", source, "-o", tmp_path / "scan", "--sequence-len", "256", "--cache-dir", cache).exit_code == 0
+    plan = tmp_path / "plan"
+    res = _run("compile", tmp_path / "scan", "-o", plan, "--sequence-len", "256", "--json")
+    assert res.exit_code == 0, res.output
+    manifest = json.loads(res.output)
+    assert manifest["data"] == {"tokenized": store.TOKENIZED_FILE} and (plan / store.TOKENIZED_FILE).is_file()
+    assert manifest["scan"]["format"] == "prompt_completion"
+    res = _run("validate", plan, "--dataset", source, "--cache-dir", cache)
+    assert res.exit_code == 0 and "dataset content" in res.output
+    rows[5]["completion"] = "a different answer"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _run("validate", plan, "--dataset", source, "--cache-dir", cache)
+    assert res.exit_code == 1 and "the data changed since compile" in res.output

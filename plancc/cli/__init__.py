@@ -139,16 +139,22 @@ def scan_cmd(
             print_json({"scan_dir": str(output), **result.report})
         elif not quiet:
             r = result.report
-            typer.echo(f"wrote {output}: {r.get('retained')} samples retained of {r.get('rows_read')} rows "
-                       f"(dropped long {r.get('dropped_long')}, truncated {r.get('truncated')})")
+            typer.echo(f"wrote {output}: {r['retained']} samples retained of {r['rows_read']} rows ({r['format']}, "
+                       f"tokenizer {r['tokenizer']})")
+            for what in ("dropped_long", "truncated", "dropped_all_masked"):
+                if r[what]["count"]:
+                    rows = ", ".join(map(str, r[what]["first_rows"]))
+                    typer.echo(f"  {what.replace('_', ' ')}: {r[what]['count']} (first rows: {rows})")
 
 
 @app.command("validate", help="Re-check every invariant and fingerprint of a plan on disk; exit 1 on any "
                               "violation.\n\nExample:\n\n    plancc validate plans/chat --dataset data/train.jsonl")
 def validate_cmd(
     plan_dir: Annotated[Path, typer.Argument(help="Plan directory.")],
-    dataset: Annotated[str | None, Opt("--dataset", help="Rescan this source and compare its content "
-                                                          "fingerprint.")] = None,
+    dataset: Annotated[str | None, Opt("--dataset", help="Rescan this source with the plan's scan options and "
+                                                          "compare its content fingerprint.")] = None,
+    tokenizer: Annotated[str | None, Opt("--tokenizer", help="With --dataset: where the plan's tokenizer is now "
+                                                              "(default: where it was at compile).")] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     json: JsonOpt = False,
@@ -159,12 +165,12 @@ def validate_cmd(
     with fail_on_errors():
         dataset_fp = None
         if dataset is not None:
-            from plancc.api import load_samples, sample_fingerprints
+            from plancc import scan as scan_mod
+            from plancc.fingerprint import samples_fingerprints
 
-            manifest = store.read_manifest(plan_dir)
-            options = ScanOptions(**manifest["scan"]["options"])
-            table, _, _ = load_samples(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
-            dataset_fp = sample_fingerprints(table)["dataset"]
+            options = scan_mod.options_from_report(store.read_manifest(plan_dir)["scan"], tokenizer)
+            result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
+            dataset_fp = samples_fingerprints(result.samples)["dataset"]
         problems, _ = validate_plan(str(plan_dir), dataset_fp)
     if json:
         print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
@@ -172,7 +178,7 @@ def validate_cmd(
         for p in problems:
             typer.echo(f"violation: {p}", err=True)
     else:
-        typer.echo(f"{plan_dir}: ok (coverage, capacity, mapping, counts, fingerprints)")
+        checked = "coverage, capacity, mapping, counts, fingerprints" + (", dataset content" if dataset else "")
+        typer.echo(f"{plan_dir}: ok ({checked})")
     raise typer.Exit(1 if problems else 0)
-
 from plancc.cli import diff_cmd, inspect_cmd  # noqa: E402,F401  (registers commands)
