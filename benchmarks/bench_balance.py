@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from bench_compile import WORK, samples_file  # noqa: E402
-from synthetic import sft_mix  # noqa: E402
+from bench_compile import WORK, samples_file
+from synthetic import sft_mix
 
-from plancc.compile import plan_epoch  # noqa: E402
-from plancc.config import PlanSettings  # noqa: E402
+from plancc.compile import plan_epoch
+from plancc.config import PlanSettings
 
 # (n, micro_batch_size) -> rows, label CV before, after, update CV after, seconds (median)
 REFERENCE = {
@@ -48,12 +48,12 @@ def settings_for(mode: str, mbs: int) -> PlanSettings:
     return PlanSettings(mode=mode, micro_batch_size=mbs, sequence_len=4096, world_size=8, grad_accum=4, seed=0)
 
 
-def compile_time(n: int, mode: str, mbs: int, runs: int) -> float:
+def compile_time(n: int, mode: str, mbs: int, runs: int, extra: tuple[str, ...] = ()) -> float:
     src = samples_file(n)
     out = WORK / f"plan-{n}-{mode}-{mbs}"
     cmd = [sys.executable, "-m", "plancc", "compile", str(src), "-o", str(out), "--mode", mode,
            "--micro-batch-size", str(mbs), "--sequence-len", "4096", "--world-size", "8", "--grad-accum", "4",
-           "--quiet"]
+           "--quiet", *extra]
     times = []
     for i in range(runs + 1):
         start = time.perf_counter()
@@ -80,17 +80,18 @@ def main() -> None:
     sizes = [int(x) for x in args.sizes.split(",")]
 
     print("| workload | rows (ref) | rows lower bound | label CV before -> after | ref after | update CV | ref | "
-          "time s | ref s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "time s | no-balance s | ref s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         for mbs in (4, 1):
             before, after = quality(n, "packed", mbs)
             ref = REFERENCE.get((n, mbs))
             t = float("nan") if args.no_time else compile_time(n, "packed", mbs, args.runs)
+            t0 = float("nan") if args.no_time else compile_time(n, "packed", mbs, args.runs, ("--no-balance",))
             r = ref or (None,) * 5
             print(f"| {n // 1000}k, capacity {4096 * mbs} | {after['packed_rows']} ({r[0]}) | "
                   f"{after['rows_lower_bound']} | {before['label_cv']:.3f} -> {after['label_cv']:.4f} | {r[2]} | "
-                  f"{after['update_label_cv']:.4f} | {r[3]} | {t:.2f} | {r[4]} |")
+                  f"{after['update_label_cv']:.5f} | {r[3]} | {t:.2f} | {t0:.2f} | {r[4]} |")
     if args.fixed:
         print()
         print("| fixed-count (mbs 4) | label CV before -> after | ref | padding tokens before -> after | "
@@ -109,7 +110,7 @@ def main() -> None:
                     second = f"cost CV {cv0:.3f} -> {cv1:.3f}"
                 print(f"| {n // 1000}k {mode} | {before['label_cv']:.3f} -> {after['label_cv']:.3f} | "
                       f"{ref[0]} -> {ref[1]} | {before['padding_tokens']} -> {after['padding_tokens']} | {second} | "
-                      f"{ref[2]} {ref[3]} -> {ref[4]} | {after['update_label_cv']:.4f} | {t:.2f} | {ref[5]} |")
+                      f"{ref[2]} {ref[3]} -> {ref[4]} | {after['update_label_cv']:.5f} | {t:.2f} | {ref[5]} |")
     print()
     print("reference = reference (Axolotl balance_labels), figures from issue 3 (its synthetic mix, seed 0).")
 

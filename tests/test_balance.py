@@ -269,3 +269,27 @@ def test_rank_order_puts_similar_costs_on_the_same_micro_step():
 def test_no_balance_keeps_the_plain_plan():
     settings = PlanSettings(balance=False, world_size=2, grad_accum=4)
     assert balance.stages(settings) == []
+
+
+def test_balanced_plan_is_identical_on_any_thread_count():
+    import numba
+
+    rng = np.random.default_rng(3)
+    n = 3000
+    length = np.clip(np.rint(rng.lognormal(4.5, 0.9, n)), 2, 512).astype(np.int64)
+    labels = np.minimum(length - 1, np.rint(rng.lognormal(3.5, 1.2, n)).astype(np.int64))
+    s = SampleArrays(np.arange(n, dtype=np.int64), length, labels, np.zeros(n, dtype=bool))
+    settings = PlanSettings(micro_batch_size=2, sequence_len=512, world_size=2, grad_accum=2)
+    plans = []
+    for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        numba.set_num_threads(threads)
+        try:
+            plans.append(plan_epoch(s, settings, 0).batches)
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    for other in plans[1:]:
+        assert np.array_equal(other.samples, plans[0].samples)
+        assert np.array_equal(other.row_bounds, plans[0].row_bounds)
+    m = dict(plan_epoch(s, settings, 0).metrics)
+    assert m["after"]["label_cv"] < 0.5 * m["before"]["label_cv"]
+    assert m["after"]["update_label_cv"] < 0.5 * m["before"]["update_label_cv"]

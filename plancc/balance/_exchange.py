@@ -1,19 +1,23 @@
-"""Subset exchanges between two microbatches: the local move behind microbatch, fixed-count and within-update balance.
+"""Subset trades between two microbatches: the local move behind microbatch, fixed-count and within-update balance.
 
-A window is a set of at most 64 microbatches. Inside it, microbatches are sorted by label count and the heaviest is
-paired with the lightest, the second heaviest with the second lightest, and so on; each pair then trades the
-subsets of samples (up to two a side) that bring their label counts closest to each other::
+A window is a set of at most 64 microbatches. Each round sorts them by label count and pairs the heaviest half with
+the lightest half — round 0 heaviest with lightest, round r rotating the light partners by r — and each pair
+trades the subsets of samples (up to three a side) that bring their label counts closest to each other::
 
     row A (high):  [a1 a2 a3 a4]  labels 900        give {a2}     (len 310, 250 labels)
     row B (low):   [b1 b2 b3]     labels 300        take {b3, b1} (len 305,  40 labels)
     after:         A 690, B 510   — lengths moved net 5 tokens, which fit B's free space
 
-Rows filled to 99.99% by first-fit-decreasing leave almost no free space, so single swaps rarely find an equal
-length partner; pairs of samples multiply the candidates (a row of 27 samples has 378 subsets of size <= 2), and a
-length-sorted table of the partner's subsets finds the feasible ones by binary search. A trade is taken only if it
-strictly narrows the pair's label gap (for `flattened`, neither the label gap nor the token gap may widen), and
-only if neither microbatch's padded cost grows past the pair's previous total or the plan's peak. Since the pair's
-total is unchanged, a narrower gap always lowers the plan's label variance: every trade is an improvement.
+Rows filled to 99.99% by first-fit-decreasing leave almost no free space, so a trade needs subsets of (nearly)
+equal length: single swaps rarely find one, subsets of two and three samples multiply the candidates (a row of 27
+samples has 378 subsets of size <= 2), and a length-sorted table of the partner's subsets (cached per row, rebuilt
+only after the row trades) finds the feasible ones by binary search. Rotating partners matters as much: a heavy
+row of a few long samples shares equal-length subsets with only some rows, and meets a new one every round.
+
+A trade is taken only if it strictly narrows the pair's label gap (for `flattened`, neither the label gap nor the
+token gap may widen), and only if neither microbatch's padded cost grows past the plan's peak nor the pair's cost
+total past what it was. The pair's label total is unchanged, so a narrower gap always lowers the plan's label
+variance: every trade is an improvement, and no change is kept that is not one.
 
 Modes (`cost_mode`): 0 packed (rows of items, capacity per row, microbatch cost = rows x padded longest row),
 1 flattened (one row, exact item counts, cost = tokens), 2 padded (one group of items per microbatch, exact counts,

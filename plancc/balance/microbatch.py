@@ -6,9 +6,11 @@ by label count and deals them round-robin into windows, so every window holds he
 mean sits near the plan's mean. Trades keep every row within its capacity (and the plan's peak cost), never raise a
 pair's padded cost, and never add or remove a row; the tail is not touched.
 
-Against the reference's swap-then-repack on contiguous windows, this trades subsets (one or two samples a side),
-which still finds partners when first-fit-decreasing has filled rows to 99.99%, and the stratified windows let
-labels flow across the whole epoch rather than only inside one window.
+Against the reference's swap-then-repack on contiguous windows, this trades subsets (up to three samples a side)
+with a new partner every round, which still finds equal-length trades when first-fit-decreasing has filled rows
+to 99.99% (where repacking a window cannot close it again: measured, only windows holding a half-empty row
+repack into the same row count), and the stratified windows let labels flow across the whole epoch rather than
+only inside one window. The before plan stays the plain first-fit-decreasing packing.
 """
 
 from __future__ import annotations
