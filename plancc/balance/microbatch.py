@@ -21,7 +21,7 @@ from plancc.balance import _common as c
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_cost
 
-ROUNDS = 32  # pairing rounds per window and pass (a window stops early after IDLE idle rounds)
+ROUNDS = 64  # pairing rounds per window and pass (a window stops early after IDLE idle rounds)
 TOL = 0.01  # label gaps under 1% of the mean microbatch are not worth a trade
 
 
