@@ -19,7 +19,6 @@ from plancc.plan import (
     segment_sum,
 )
 
-DEBUG = False
 SCAN = 32  # partner subsets examined per subset (the length-sorted candidates nearest in length)
 
 
@@ -174,10 +173,6 @@ def exchange(
             row_cap, k_batch_bounds, int(settings.pad_multiple), int(peak), mode, max_sub, float(tok_weight),
             rounds, SCAN, tol,
         )
-        if DEBUG:
-            import time
-
-            print('pass trades', made, mb_val.std() / max(mb_val.mean(), 1), time.time())
         if made == 0:
             break
     if mode == 2:
