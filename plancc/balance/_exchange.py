@@ -31,7 +31,7 @@ import numba
 import numpy as np
 
 SUB_CAP = 1024  # subsets enumerated per row (by size: singles, pairs, triples) before stopping
-IDLE = 3  # rounds without a trade before a window gives up
+IDLE = 8  # rounds without a trade before a window gives up
 LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
 
 
