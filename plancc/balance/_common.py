@@ -113,7 +113,23 @@ __all__ = [
 ]
 
 
-def exchange(
+def exchange(b: Batches, s: SampleArrays, settings: PlanSettings, *, windows, passes: int, rounds: int,
+             tol_share: float = 0.0) -> Batches:
+    """Subset exchanges over the complete updates of `b` (the tail copied through), never above today's peak cost.
+
+    `windows(pass, mb_labels)` groups the span's microbatches; see `_exchange_span`.
+    """
+    n_span = span(b, settings)
+    if n_span < 2:
+        return b
+    peak = int(batch_cost(b, s, settings.pad_multiple).max())
+    head, *tail = split(b, n_span)
+    new = _exchange_span(head, s, settings, windows=windows, passes=passes, rounds=rounds, tol_share=tol_share,
+                         max_sub=max_sub(settings), tok_weight=token_weight(head, s, settings), peak=peak)
+    return join(new, *tail)
+
+
+def _exchange_span(
     head: Batches,
     s: SampleArrays,
     settings: PlanSettings,
@@ -121,9 +137,9 @@ def exchange(
     windows,
     passes: int,
     rounds: int,
-    tol_share: float = 0.0,
+    tol_share: float,
     max_sub: int,
-    tok_weight: float = 0.0,
+    tok_weight: float,
     peak: int,
 ) -> Batches:
     """Run subset exchanges (see `_exchange`) over `head`, whose microbatches are grouped by `windows(mb_labels)`.

@@ -19,22 +19,14 @@ import numpy as np
 from plancc.balance import _common as c
 from plancc.balance._exchange import LOCAL
 from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_cost
+from plancc.plan import Batches, SampleArrays
 
 ROUNDS = 32  # pairing rounds per window and pass (stops early after IDLE idle rounds)
 
 
 def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
-    n_span = c.span(b, settings)
-    if n_span < 2 or not 2 <= settings.micro_batch_size <= LOCAL:
+    if not 2 <= settings.micro_batch_size <= LOCAL:
         return b
-    peak = int(batch_cost(b, s, settings.pad_multiple).max())
-    head, *tail = c.split(b, n_span)
     window = settings.balance_window
-    new = c.exchange(
-        head, s, settings,
-        windows=lambda p, v: c.stratified_windows(v, window),
-        passes=settings.balance_passes, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
-        tok_weight=c.token_weight(head, s, settings),
-    )
-    return c.join(new, *tail)
+    return c.exchange(b, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
+                      passes=settings.balance_passes, rounds=ROUNDS)

@@ -19,22 +19,13 @@ import numpy as np
 
 from plancc.balance import _common as c
 from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_cost
+from plancc.plan import Batches, SampleArrays
 
 ROUNDS = 64  # pairing rounds per window and pass (a window stops early after IDLE idle rounds)
 TOL = 0.01  # label gaps under 1% of the mean microbatch are not worth a trade
 
 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
-    n_span = c.span(b, settings)
-    if n_span < 2:
-        return b
-    peak = int(batch_cost(b, s, settings.pad_multiple).max())
-    head, *tail = c.split(b, n_span)
     window = settings.balance_window
-    new = c.exchange(
-        head, s, settings,
-        windows=lambda p, v: c.stratified_windows(v, window),
-        passes=settings.balance_passes, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak, tol_share=TOL,
-    )
-    return c.join(new, *tail)
+    return c.exchange(b, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
+                      passes=settings.balance_passes, rounds=ROUNDS, tol_share=TOL)

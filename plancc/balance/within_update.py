@@ -12,7 +12,7 @@ import numpy as np
 
 from plancc.balance import _common as c
 from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_cost
+from plancc.plan import Batches, SampleArrays
 
 ROUNDS = 2
 
@@ -26,15 +26,8 @@ def update_windows(n_span: int, per_update: int, window: int) -> tuple[np.ndarra
 
 def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
     per_update = settings.batches_per_update
-    n_span = c.span(b, settings)
-    if per_update < 2 or n_span == 0:
+    if per_update < 2:
         return b
-    peak = int(batch_cost(b, s, settings.pad_multiple).max())
-    head, *tail = c.split(b, n_span)
-    windows = update_windows(n_span, per_update, settings.balance_window)
-    new = c.exchange(
-        head, s, settings,
-        windows=lambda p, v: windows, passes=1, rounds=ROUNDS, max_sub=c.max_sub(settings), peak=peak,
-        tok_weight=c.token_weight(head, s, settings),
-    )
-    return c.join(new, *tail)
+    window = settings.balance_window
+    return c.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
+                      passes=1, rounds=ROUNDS)
