@@ -5,6 +5,7 @@ Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -107,8 +108,11 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     with store.atomic_directory(out_dir) as tmp:
         store.write_plan_files(tmp, plan, samples_table, store.metrics_table(metric_rows), fingerprints,
                                settings_dict, manifest)
-        if tokenized is not None:
-            shutil.copyfile(tokenized, tmp / store.TOKENIZED_FILE)
+        if tokenized is not None:  # a hard link when the cache shares the filesystem: no second copy of the tokens
+            try:
+                os.link(tokenized, tmp / store.TOKENIZED_FILE)
+            except OSError:
+                shutil.copyfile(tokenized, tmp / store.TOKENIZED_FILE)
     if progress:
         progress("writing plan", 1, 1)
     return manifest
