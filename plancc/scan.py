@@ -201,7 +201,7 @@ def write_scan(result: Scan, out_dir: Path) -> None:
     """SCAN_DIR: samples.parquet, tokenized.parquet (when written) and scan.json, replaced atomically."""
     report = result.report
     with store.atomic_directory(out_dir) as tmp:
-        meta = store.file_metadata("samples", report.get("fingerprints", samples_fingerprints(result.samples)),
+        meta = store.file_metadata("samples", report["fingerprints"],
                                    report.get("options", {}))
         store.write_parquet(result.samples, tmp / store.SAMPLES_FILE, meta)
         if result.tokenized_path is not None:
@@ -248,8 +248,8 @@ def load_samples_source(path) -> tuple[pa.Table, dict] | None:
     try:
         meta = store.read_file_meta(f)
     except store.StoreError:
-        meta = None  # written by another engine: fine, fingerprints are recomputed below
-    info: dict[str, Any] = {"path": str(f), "fingerprints": samples_fingerprints(table), "meta": meta}
+        meta = None  # written by another engine: fine, the plan recomputes its fingerprints
+    info: dict[str, Any] = {"path": str(f), "meta": meta}
     tokenized = f.parent / store.TOKENIZED_FILE
     info["tokenized_path"] = str(tokenized) if tokenized.is_file() else None
     manifest = f.parent / store.SCAN_MANIFEST_FILE

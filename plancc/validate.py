@@ -84,7 +84,6 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings, recorded
         if wrong.size or (n and per_batch[-1] > settings.micro_batch_size):
             problems.append(f"epoch {epoch}: microbatches do not hold exactly {settings.micro_batch_size} samples")
 
-    index = table.column("index").to_numpy()
     update, rank, micro_step = update_mapping(n, settings.world_size, settings.grad_accum)
     labels = batch_targets(b, s, settings.shift)
     bounds = np.append(np.arange(0, n, settings.batches_per_update, dtype=np.int64), n)
@@ -105,7 +104,7 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings, recorded
             problems.append(msg)
     if not problems and recorded_fp is not None:
         cols = {name: table.column(name).to_numpy(zero_copy_only=False) for name in expect}
-        cols.update(index=index, sample_ids=ids, row_bounds=row_bounds, batch_bounds=batch_bounds)
+        cols.update(sample_ids=ids, row_bounds=row_bounds, batch_bounds=batch_bounds)
         if plan_fingerprint(cols) != recorded_fp:
             problems.append(f"epoch {epoch}: plan fingerprint does not match its rows")
     return problems

@@ -9,6 +9,7 @@ import pytest
 from plancc import store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
+from plancc.fingerprint import samples_fingerprints
 from plancc.scan import load_samples_source, scan, write_scan
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
 
@@ -77,7 +78,7 @@ def test_write_scan_and_read_back(tmp_path):
         assert loaded is not None
         table, info = loaded
         assert table.equals(result.samples)
-        assert info["fingerprints"] == result.report["fingerprints"]
+        assert samples_fingerprints(table) == result.report["fingerprints"]
         assert info["report"]["key"] == result.key
 
 

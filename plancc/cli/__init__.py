@@ -82,8 +82,6 @@ def compile_cmd(
         flags = {k: v for k, v in locals().items() if k not in ("source", "output", "config", "cache_dir", "quiet",
                                                                 "json")}
         scan, plan, procs = _settings(config, flags)
-        if scan.sequence_len != plan.sequence_len:
-            raise SettingsError("scan and plan sequence_len differ")
         with reporter(quiet or json) as progress:
             manifest = compile_to_dir(source, scan, plan, output, num_proc=procs, cache_dir=cache_dir,
                                       progress=progress)
