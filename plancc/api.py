@@ -24,10 +24,10 @@ from plancc.plan import SampleArrays
 def sample_arrays(table: pa.Table) -> SampleArrays:
     """Planner view of a samples table (sorted by sample_id)."""
     return SampleArrays(
-        sample_id=table.column("sample_id").to_numpy().astype(np.int64),
-        length=table.column("length").to_numpy().astype(np.int64),
-        label_count=table.column("label_count").to_numpy().astype(np.int64),
-        first_label_supervised=table.column("first_label_supervised").to_numpy(zero_copy_only=False).astype(bool),
+        sample_id=store.column(table, "sample_id").astype(np.int64),
+        length=store.column(table, "length").astype(np.int64),
+        label_count=store.column(table, "label_count").astype(np.int64),
+        first_label_supervised=store.column(table, "first_label_supervised"),
     )
 
 

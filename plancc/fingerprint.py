@@ -12,7 +12,9 @@ from typing import Any
 
 import numba
 import numpy as np
+import pyarrow as pa
 
+from plancc import store
 from plancc.config import canonical_hash
 
 
@@ -86,9 +88,9 @@ def metadata_fingerprint(sample_id: np.ndarray, length: np.ndarray, label_count:
     )
 
 
-def samples_fingerprints(table: Any) -> dict[str, str]:
-    """`dataset` and `metadata` fingerprints of a samples table (anything with `.column(name).to_numpy()`)."""
-    col = {name: np.asarray(table.column(name).to_numpy(zero_copy_only=False)) for name in
+def samples_fingerprints(table: pa.Table) -> dict[str, str]:
+    """`dataset` and `metadata` fingerprints of a samples table."""
+    col = {name: store.column(table, name) for name in
            ("sample_id", "length", "label_count", "first_label_supervised", "token_hash")}
     return {
         "dataset": dataset_fingerprint(col["sample_id"], col["token_hash"]),

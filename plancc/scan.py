@@ -210,9 +210,9 @@ def write_scan(result: Scan, out_dir: Path) -> None:
 
 
 def _check_samples(table: pa.Table, path: Path) -> None:
-    sid = table.column("sample_id").to_numpy()
-    length = table.column("length").to_numpy()
-    count = table.column("label_count").to_numpy()
+    sid = store.column(table, "sample_id")
+    length = store.column(table, "length")
+    count = store.column(table, "label_count")
     problems = [
         (np.flatnonzero(sid < 0), "sample_id is negative"),
         (np.flatnonzero(np.diff(sid) <= 0) + 1, "sample_id is not strictly increasing (unsorted or duplicate)"),

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -191,6 +192,47 @@ def read_table(path: str | Path, expected: pa.Schema, *, columns: list[str] | No
         raise StoreError(f"{path} is corrupt: {exc}") from None
 
 
+def column(table: pa.Table, name: str) -> np.ndarray:
+    """One column as numpy, read straight from its Arrow buffers when it is primitive and null-free.
+
+    pyarrow's own converters (`to_numpy`, `pa.array`, `from_pylist`) import pandas on first use: a third of a
+    second of every command. The buffers hold the same values (a view for numbers, unpacked bits for booleans).
+    """
+    arr = table.column(name).combine_chunks()
+    t = arr.type
+    if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        return np.frombuffer(arr.buffers()[1], dtype=np.dtype(str(t)))[arr.offset: arr.offset + len(arr)]
+    if arr.null_count == 0 and pa.types.is_boolean(t):
+        bits = np.unpackbits(np.frombuffer(arr.buffers()[1], dtype=np.uint8), bitorder="little")
+        return bits[arr.offset: arr.offset + len(arr)].astype(bool)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def arrow_array(values: np.ndarray, type_: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
+    """A numeric or boolean Arrow array over numpy's bytes (see `column` for why not `pa.array`); `valid` masks."""
+    n = len(values)
+    if pa.types.is_boolean(type_):
+        data = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
+    else:
+        data = np.ascontiguousarray(values, dtype=np.dtype(str(type_)))
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = 0 if valid is None else int(n - np.count_nonzero(valid))
+    return pa.Array.from_buffers(type_, n, [bitmap, pa.py_buffer(data)], null_count=nulls)
+
+
+def _optional_array(values: list[Any], type_: pa.DataType) -> pa.Array:
+    valid = np.array([v is not None for v in values], dtype=bool)
+    filled = np.array([0 if v is None else v for v in values], dtype=np.dtype(str(type_)))
+    return arrow_array(filled, type_, None if valid.all() else valid)
+
+
+def _string_array(values: list[str]) -> pa.Array:
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
+
 def read_samples(path: str | Path) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types are refused."""
     return read_table(path, SAMPLES_SCHEMA, columns=SAMPLES_SCHEMA.names)
@@ -236,15 +278,17 @@ def metrics_schema() -> pa.Schema:
 def metrics_table(rows: list[dict[str, Any]]) -> pa.Table:
     """Rows of {epoch, stage, metric...} as the metrics table."""
     schema = metrics_schema()
-    return pa.Table.from_pylist([{name: row.get(name) for name in schema.names} for row in rows], schema=schema)
+    arrays = [_string_array([row[f.name] for row in rows]) if pa.types.is_string(f.type)
+              else _optional_array([row.get(f.name) for row in rows], f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def plan_table(cols: dict[str, Any]) -> pa.Table:
     """Arrow plan table from `compile.plan_columns` arrays: the CSR bounds become the nested `sample_ids` lists."""
-    rows = pa.ListArray.from_arrays(pa.array(cols["row_bounds"].astype("int32")), pa.array(cols["sample_ids"], pa.int64()))
-    nested = pa.ListArray.from_arrays(pa.array(cols["batch_bounds"].astype("int32")), rows)
-    arrays = {name: (nested if name == "sample_ids" else pa.array(cols[name])) for name in PLAN_SCHEMA.names}
-    return pa.Table.from_arrays(list(arrays.values()), schema=PLAN_SCHEMA)
+    rows = pa.ListArray.from_arrays(arrow_array(cols["row_bounds"], pa.int32()), arrow_array(cols["sample_ids"], pa.int64()))
+    nested = pa.ListArray.from_arrays(arrow_array(cols["batch_bounds"], pa.int32()), rows)
+    arrays = [nested if f.name == "sample_ids" else arrow_array(cols[f.name], f.type) for f in PLAN_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=PLAN_SCHEMA)
 
 
 def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics: pa.Table,
