@@ -1,16 +1,18 @@
 """Microbatch balance for `packed`: equalize supervised-label counts across microbatches (SPEC 5, stage 2).
 
-Trades samples between pairs of microbatches inside windows of at most `balance_window` microbatches, for
-`balance_passes` passes (see `_exchange` for the trade). Windows are stratified: each pass sorts the microbatches
-by label count and deals them round-robin into windows, so every window holds heavy and light microbatches and its
-mean sits near the plan's mean. Trades keep every row within its capacity (and the plan's peak cost), never raise a
-pair's padded cost, and never add or remove a row; the tail is not touched.
+Two steps. First the complete updates are repacked label-aware into the same rows (`pack.label_aware`): every
+row mixes long and short samples at a label count near the mean, kept only if no microbatch's padded cost passes
+the plan's peak and the total does not grow. Then samples are traded between pairs of microbatches inside
+windows of at most `balance_window` microbatches, for `balance_passes` passes (see `_exchange` for the trade).
+Windows are stratified: each pass sorts the microbatches by label count and deals them round-robin into windows,
+so every window holds heavy and light microbatches and its mean sits near the plan's mean. Trades keep every row
+within its capacity (and the plan's peak cost), never raise a pair's padded cost, and never add or remove a row;
+the tail is not touched. The result replaces the input only if its label variance is lower.
 
-Against the reference's swap-then-repack on contiguous windows, this trades subsets (up to three samples a side)
-with a new partner every round, which still finds equal-length trades when first-fit-decreasing has filled rows
-to 99.99% (where repacking a window cannot close it again: measured, only windows holding a half-empty row
-repack into the same row count), and the stratified windows let labels flow across the whole epoch rather than
-only inside one window. The before plan stays the plain first-fit-decreasing packing.
+Against the reference's swap-then-repack on contiguous windows: its repacking can only close a window again when
+the window holds a half-empty row, since first-fit-decreasing fills rows to 99.99%; here the repacking spans the
+whole epoch at the same row count, and the trades (up to three samples a side, a new partner every round) find
+the equal-length exchanges that remain. The before plan stays the plain first-fit-decreasing packing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import numpy as np
 
 from plancc.balance import _common as c
 from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays
+from plancc.pack.label_aware import pack_label_aware
+from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets
 
 ROUNDS = 64  # pairing rounds per window and pass (a window stops early after IDLE idle rounds)
 TOL = 0.01  # label gaps under 1% of the mean microbatch are not worth a trade
@@ -27,5 +30,37 @@ TOL = 0.01  # label gaps under 1% of the mean microbatch are not worth a trade
 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
     window = settings.balance_window
-    return c.exchange(b, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
-                      passes=settings.balance_passes, rounds=ROUNDS, tol_share=TOL)
+    start = repack_label_aware(b, s, settings)
+    out = c.exchange(start, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
+                     passes=settings.balance_passes, rounds=ROUNDS, tol_share=TOL)
+    sse = [c.label_sse(batch_targets(x, s, settings.shift)) for x in (b, out)]
+    return out if sse[1] < sse[0] else b
+
+
+def repack_label_aware(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+    """`b` with its complete updates repacked by `pack_label_aware` into the same rows; `b` if that does not fit."""
+    n_span = c.span(b, settings)
+    if n_span < 2:
+        return b
+    head, *tail = c.split(b, n_span)
+    cost = batch_cost(b, s, settings.pad_multiple)
+    peak = int(cost.max())
+    capacity = min(settings.row_capacity, peak // int(head.rows_per_batch().max()))
+    row_of = head.row_of_sample()
+    lengths = s.length[head.samples].astype(np.int64)
+    values = c.item_values(head, s, settings.shift)
+    pinned = np.zeros(row_of.shape[0], dtype=bool)
+    if settings.shift == "row":  # a row's first sample decides its target count: it stays first in its row
+        pinned[head.row_bounds[:-1][head.samples_per_row() > 0]] = True
+    start_tok = np.bincount(row_of[pinned], lengths[pinned], minlength=head.num_rows).astype(np.int64)
+    start_val = np.bincount(row_of[pinned], values[pinned], minlength=head.num_rows)
+    free = ~pinned
+    assign = pack_label_aware(lengths[free], values[free], capacity, start_tok, start_val)
+    if assign is None:
+        return b
+    row_of[free] = assign
+    new = c.rebuild_rows(head, row_of, pinned)
+    new_cost = batch_cost(new, s, settings.pad_multiple)
+    if new_cost.max() > peak or new_cost.sum() > cost[:n_span].sum():
+        return b
+    return c.join(new, *tail)

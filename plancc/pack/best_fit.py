@@ -12,19 +12,37 @@ import numba
 import numpy as np
 
 
+@numba.njit(cache=True, inline="always")
+def _push(tree, head, nxt, width, row, left):
+    """Register `row` as open with `left` tokens of space."""
+    nxt[row] = head[left]
+    head[left] = row
+    node = left + width
+    while node >= 1:
+        tree[node] += 1
+        node //= 2
+
+
 @numba.njit(cache=True)
-def _best_fit(sizes, capacity):
-    """Row index per item (items in the given order); rows numbered by opening order."""
+def best_fit(sizes, capacity, filled, can_open):
+    """Row index per item (items in the given order) and the number of rows.
+
+    Rows `0..len(filled)-1` start with `filled` tokens; further rows are numbered by opening order. Without
+    `can_open`, an item that fits no row gets -1 instead of a new row.
+    """
     n = sizes.shape[0]
     width = 1
     while width < capacity + 1:
         width *= 2
     tree = np.zeros(2 * width, dtype=np.int64)  # counts of open rows per remaining space
     head = np.full(capacity + 1, -1, dtype=np.int64)  # stack of rows per remaining space
-    nxt = np.empty(n, dtype=np.int64)
-    remaining = np.empty(n, dtype=np.int64)
+    rows = filled.shape[0]
+    nxt = np.empty(n + rows, dtype=np.int64)
     assign = np.empty(n, dtype=np.int64)
-    rows = 0
+    for row in range(rows):
+        left = capacity - filled[row]
+        if left > 0:
+            _push(tree, head, nxt, width, row, left)
     for i in range(n):
         size = sizes[i]
         # smallest remaining r >= size with a row: descend the tree
@@ -44,6 +62,9 @@ def _best_fit(sizes, capacity):
                         r = node - width
                         break
                     node //= 2
+        if r < 0 and not can_open:
+            assign[i] = -1
+            continue
         if r < 0:
             row = rows
             rows += 1
@@ -57,14 +78,8 @@ def _best_fit(sizes, capacity):
                 node //= 2
             left = r - size
         assign[i] = row
-        remaining[row] = left
         if left > 0:
-            nxt[row] = head[left]
-            head[left] = row
-            node = left + width
-            while node >= 1:
-                tree[node] += 1
-                node //= 2
+            _push(tree, head, nxt, width, row, left)
     return assign, rows
 
 
@@ -78,7 +93,7 @@ def pack_best_fit(lengths: np.ndarray, capacity: int, rng: np.random.Generator) 
         raise ValueError(f"an item of length {int(lengths.max())} exceeds the row capacity {capacity}")
     shuffled = rng.permutation(n)
     order = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
-    assign, rows = _best_fit(lengths[order].astype(np.int64), int(capacity))
+    assign, rows = best_fit(lengths[order].astype(np.int64), int(capacity), np.zeros(0, dtype=np.int64), True)
     row_perm = rng.permutation(rows)  # new position of each row
     by_row = np.argsort(row_perm[assign], kind="stable")
     counts = np.bincount(row_perm[assign], minlength=rows)

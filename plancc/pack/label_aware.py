@@ -1,0 +1,75 @@
+"""Label-aware packing into a given number of rows: the starting point of microbatch balance.
+
+First-fit-decreasing rows hold items of one size class each (rows of a few long samples, rows of many short
+ones) and leave almost no free space, so their label counts are far apart and few exact-length trades exist
+between them. This packer deals instead: items are taken longest first in chunks of `rows` items, and each chunk
+is dealt one item per row, the item whose labels most exceed its length's share (labels - rho * length, rho the
+dataset's label density) to the row that is shortest of labels by the same measure. Once the dealt items hold
+`1 - small` of all tokens, best fit places the short rest into the remaining space (an item that would overflow
+its row on the deal joins the rest). Every row then mixes long and short samples at a label count near the mean.
+
+Tight rows need enough short items left for best fit to close them, so `small` climbs a ladder until everything
+fits; when no rung fits (rows of one long sample, as at small capacities), there is no label-aware packing and
+balancing starts from the plain one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plancc.pack.best_fit import best_fit
+
+LADDER = (0.3, 0.5, 0.7)  # shares of tokens left to best fit, tried in turn
+
+
+def pack_label_aware(lengths: np.ndarray, values: np.ndarray, capacity: int, start_tok: np.ndarray,
+                     start_val: np.ndarray) -> np.ndarray | None:
+    """Row of each item, every row within `capacity` and non-empty; None if no rung fits.
+
+    There are `len(start_tok)` rows; row r already holds `start_tok[r]` tokens with `start_val[r]` labels (the
+    samples pinned first in their rows, or nothing).
+    """
+    rows = start_tok.shape[0]
+    if rows == 0 or lengths.shape[0] + np.count_nonzero(start_tok) < rows:
+        return None
+    for small in LADDER:
+        assign = _deal_then_fill(lengths, values, capacity, start_tok, start_val, small)
+        if assign is not None:
+            return assign
+    return None
+
+
+def _deal_then_fill(lengths: np.ndarray, values: np.ndarray, capacity: int, start_tok: np.ndarray,
+                    start_val: np.ndarray, small: float) -> np.ndarray | None:
+    n, rows = lengths.shape[0], start_tok.shape[0]
+    order = np.argsort(-lengths, kind="stable")
+    rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
+    excess = values - rho * lengths
+    row_tok = start_tok.astype(np.int64)
+    row_excess = start_val - rho * start_tok
+    assign = np.full(n, -1, dtype=np.int64)
+    dealt_limit = (1.0 - small) * float(lengths.sum())
+    dealt = 0.0
+    deferred = []
+    k = 0
+    while k < n and dealt < dealt_limit:
+        chunk = order[k: k + rows]
+        k += chunk.shape[0]
+        items = chunk[np.argsort(-excess[chunk], kind="stable")]
+        to = np.argsort(row_excess, kind="stable")[: items.shape[0]]
+        fits = row_tok[to] + lengths[items] <= capacity
+        items, to, late = items[fits], to[fits], items[~fits]
+        assign[items] = to
+        row_tok[to] += lengths[items]
+        row_excess[to] += excess[items]
+        dealt += float(lengths[items].sum())
+        deferred.append(late)
+    rest = np.concatenate([*deferred, order[k:]])
+    rest = rest[np.argsort(-lengths[rest], kind="stable")]
+    placed, _ = best_fit(lengths[rest].astype(np.int64), int(capacity), row_tok, False)
+    if (placed < 0).any():
+        return None
+    assign[rest] = placed
+    if (np.bincount(assign, minlength=rows) + start_tok).min() == 0:
+        return None
+    return assign

@@ -1,0 +1,93 @@
+"""Packers: best fit into open or pre-filled rows, and the label-aware packing microbatch balance starts from."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from plancc.balance import _common as c
+from plancc.balance.microbatch import repack_label_aware
+from plancc.compile import before_batches
+from plancc.config import PlanSettings
+from plancc.pack.best_fit import best_fit, pack_best_fit
+from plancc.pack.label_aware import pack_label_aware
+from plancc.plan import SampleArrays, batch_targets, row_tokens
+from tests.test_balance import check_stage
+
+
+def sft_like(n: int, seq: int, seed: int) -> SampleArrays:
+    """Prompt + completion lengths with labels = completion, the shape of the issue's synthetic SFT mix."""
+    rng = np.random.default_rng(seed)
+    prompt = np.clip(np.rint(rng.lognormal(np.log(seq / 16), 0.9, n)), 2, seq // 2).astype(np.int64)
+    completion = np.clip(np.rint(rng.lognormal(np.log(seq / 24), 1.2, n)), 1, seq // 2).astype(np.int64)
+    length = np.minimum(prompt + completion, seq)
+    return SampleArrays(np.arange(n, dtype=np.int64), length, np.minimum(completion, length - 1),
+                        np.zeros(n, dtype=bool))
+
+
+@given(st.lists(st.integers(1, 50), min_size=1, max_size=200), st.lists(st.integers(0, 50), max_size=20),
+       st.booleans())
+def test_best_fit_into_filled_rows_never_overflows(sizes, filled, can_open):
+    capacity = 50
+    sizes, filled = np.array(sizes, dtype=np.int64), np.array(filled, dtype=np.int64)
+    assign, rows = best_fit(sizes, capacity, filled, can_open)
+    placed = assign >= 0
+    assert can_open <= placed.all()  # with rows to open, everything is placed
+    tokens = np.bincount(assign[placed], sizes[placed], minlength=rows) + np.append(filled, np.zeros(rows - len(filled)))
+    assert tokens.max(initial=0) <= capacity
+    if not can_open:
+        assert rows == len(filled)
+        free = capacity - tokens
+        assert all(size > free.max(initial=0) for size in sizes[~placed])  # an item is left out only if no row fits it
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(20, 600), st.sampled_from([64, 256, 1024]), st.integers(0, 3),
+       st.booleans())
+def test_label_aware_packing_keeps_capacity_and_rows(seed, n, capacity, spare_rows, pinned):
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(capacity / 8), 1.0, n)), 1, capacity).astype(np.int64)
+    values = np.minimum(lengths, rng.integers(0, capacity, n))
+    rows = len(pack_best_fit(lengths, capacity, rng)[1]) - 1 + spare_rows
+    start_tok, start_val = np.zeros(rows, dtype=np.int64), np.zeros(rows)
+    if pinned:  # the first `rows` items are already placed, one per row
+        start_tok[: min(rows, n)] = lengths[:rows]
+        start_val[: min(rows, n)] = values[:rows]
+        lengths, values = lengths[rows:], values[rows:]
+    assign = pack_label_aware(lengths, values, capacity, start_tok, start_val)
+    if assign is None:
+        return
+    assert assign.shape == lengths.shape and assign.min(initial=0) >= 0 and assign.max(initial=0) < rows
+    tokens = np.bincount(assign, lengths, minlength=rows) + start_tok
+    assert tokens.max() <= capacity and tokens.min() > 0
+
+
+def test_label_aware_packing_balances_labels_at_the_best_fit_row_count():
+    s = sft_like(20_000, 4096, seed=0)
+    capacity = 16384
+    order, bounds = pack_best_fit(s.length, capacity, np.random.default_rng(0))
+    rows = len(bounds) - 1
+    plain = np.add.reduceat(s.label_count[order], bounds[:-1])
+    assign = pack_label_aware(s.length, s.label_count, capacity, np.zeros(rows, dtype=np.int64), np.zeros(rows))
+    assert assign is not None
+    aware = np.bincount(assign, s.label_count, minlength=rows)
+    assert np.bincount(assign, s.length, minlength=rows).max() <= capacity
+    cv = [x.std() / x.mean() for x in (plain, aware)]
+    assert cv[1] < 0.5 * cv[0], cv
+
+
+def test_repacked_start_keeps_the_hard_rules_and_row_shift_targets():
+    s = sft_like(20_000, 512, seed=1)
+    s = SampleArrays(s.sample_id, s.length, s.label_count, np.random.default_rng(2).random(len(s)) < 0.5)
+    for shift in ("sample", "row"):
+        settings = PlanSettings(micro_batch_size=4, sequence_len=512, world_size=2, grad_accum=2, shift=shift)
+        b, _ = before_batches(s, settings, 0)
+        new = repack_label_aware(b, s, settings)
+        assert new is not b  # this mix repacks
+        assert row_tokens(new, s).max() <= settings.row_capacity
+        assert batch_targets(new, s, shift).sum() == batch_targets(b, s, shift).sum()
+        n_span = c.span(b, settings)
+        before_cv, after_cv = (x[:n_span].std() / x[:n_span].mean() for x in
+                               (batch_targets(b, s, shift), batch_targets(new, s, shift)))
+        assert after_cv < 0.6 * before_cv
+        check_stage("microbatch", b, new, s, settings)
