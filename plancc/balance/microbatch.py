@@ -25,7 +25,7 @@ from plancc.pack.label_aware import pack_label_aware
 from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets
 
 ROUNDS = 64  # pairing rounds per window and pass (a window stops early after IDLE idle rounds)
-TOL = 0.01  # label gaps under 1% of the mean microbatch are not worth a trade
+TOL = 0.02  # label gaps under 2% of the mean microbatch are not worth a trade
 
 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
