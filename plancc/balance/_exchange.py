@@ -31,7 +31,8 @@ import numba
 import numpy as np
 
 SUB_CAP = 1024  # subsets enumerated per row (by size: singles, pairs, triples) before stopping
-IDLE = 8  # rounds without a trade before a window gives up
+IDLE = 8  # idle rounds in a row before a window gives up
+MIN_GAIN = 0.002  # a round is idle when it lowers the window's spread (`_spread`) by less than this share
 LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
 
 
@@ -336,6 +337,23 @@ def _pair_exchange(mb_a, mb_b, row_of, item_len, row_tok, row_val, mb_val, mb_to
 
 
 @numba.njit(cache=True)
+def _spread(mbs, mb_val, mb_tok, tok_weight):
+    """What the trades of a window lower: the sum of squared label deviations (plus weighted token deviations)."""
+    k = mbs.shape[0]
+    mv = 0.0
+    mt = 0.0
+    for m in mbs:
+        mv += mb_val[m]
+        mt += mb_tok[m]
+    mv /= k
+    mt /= k
+    out = 0.0
+    for m in mbs:
+        out += (mb_val[m] - mv) ** 2 + tok_weight * (mb_tok[m] - mt) ** 2
+    return out
+
+
+@numba.njit(cache=True)
 def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val, row_tok, row_val, mb_val, mb_tok,
             row_cap, batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, rounds, scan_limit, tol, slot_of):
     """Pairing rounds of one window (see `exchange_windows`); touches only the window's rows and samples."""
@@ -369,6 +387,7 @@ def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val
     idle = 0
     trades = 0
     vals = np.empty(k, dtype=np.int64)
+    spread = _spread(mbs, mb_val, mb_tok, tok_weight)
     for rnd in range(rounds):
         for x in range(k):
             vals[x] = mb_val[mbs[x]]
@@ -384,7 +403,8 @@ def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val
                               c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, tmp, item_val, tol):
                 made += 1
         trades += made
-        idle = 0 if made else idle + 1
+        before, spread = spread, _spread(mbs, mb_val, mb_tok, tok_weight)
+        idle = 0 if before - spread > MIN_GAIN * before else idle + 1
         if idle >= IDLE:
             break
     return trades
@@ -398,7 +418,8 @@ def exchange_windows(win_bounds, win_mbs, row_items_bounds, row_items, row_of, p
 
     Round 0 pairs the heaviest microbatch with the lightest, the second with the second lightest, ...; round r
     rotates the light partners by r, so a heavy microbatch meets a new partner (and new exact-length subsets) each
-    round. Pairs whose label gap is at most `tol` are left alone. A window stops after IDLE rounds without a trade.
+    round. Pairs whose label gap is at most `tol` are left alone. A window stops after IDLE idle rounds in a row
+    (rounds that lower its spread by under MIN_GAIN: at small capacities trades go on finding crumbs for long).
     Windows share no microbatch, row or sample, so they run in parallel with the same result on any thread count.
     """
     n_win = win_bounds.shape[0] - 1
