@@ -1,4 +1,8 @@
-"""Packing algorithms, one per module: `(lengths, capacity, rng) -> (order, bounds)`; and the layout builder."""
+"""Packing algorithms, one per module, and the layout builder of the `before` plan.
+
+`best_fit` packs the plain plan (and fills pre-filled rows); `fixed_count` groups samples for padded and flattened;
+`label_aware` repacks given rows so their label counts start close (microbatch balance starts from it).
+"""
 
 from __future__ import annotations
 
