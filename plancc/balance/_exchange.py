@@ -113,17 +113,16 @@ def _popcount(m):
 
 
 @numba.njit(cache=True)
-def _max_len_after(items, n, item_len, out_mask, in_items, in_mask):
-    """Longest item of a group after removing `out_mask` of its items and adding `in_mask` of `in_items`."""
+def _max_len_after(c_items, sl, n, item_len, out_mask, sl_in, in_mask):
+    """Longest item of table row `sl` after removing its `out_mask` items and adding `in_mask` of row `sl_in`."""
     m = 0
     for x in range(n):
         if (out_mask >> x) & 1:
             continue
-        if item_len[items[x]] > m:
-            m = item_len[items[x]]
+        m = max(m, item_len[c_items[sl, x]])
     for x in range(LOCAL):
-        if (in_mask >> x) & 1 and item_len[in_items[x]] > m:
-            m = item_len[in_items[x]]
+        if (in_mask >> x) & 1:
+            m = max(m, item_len[c_items[sl_in, x]])
     return m
 
 
@@ -159,182 +158,197 @@ def _stable_order(keys, k, order, tmp):
 
 
 @numba.njit(cache=True)
-def _ensure(row, slot_of, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len, c_val, c_mask,
-            c_order, c_sorted, tmp):
-    """The cached subset table of `row` (rebuilt after the row changed); returns its slot."""
-    sl = slot_of[row]
-    if not c_valid[sl]:
-        n = c_n[sl]
-        k = _subsets(c_items[sl], n, item_len, item_val, max_sub, exact, c_len[sl], c_val[sl], c_mask[sl])
-        order = c_order[sl]
-        _stable_order(c_len[sl], k, order, tmp)
-        for i in range(k):
-            c_sorted[sl, i] = c_len[sl, order[i]]
-        c_k[sl] = k
-        c_valid[sl] = True
-    return sl
+def _rebuild(sl, item_len, item_val, max_sub, exact, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, tmp):
+    """Rebuild the subset table of slot `sl` after its row changed (callers check `c_valid` first: a call costs
+    reference counting on every array argument, which would dominate the cached case)."""
+    n = c_n[sl]
+    k = _subsets(c_items[sl], n, item_len, item_val, max_sub, exact, c_len[sl], c_val[sl], c_mask[sl])
+    order = c_order[sl]
+    _stable_order(c_len[sl], k, order, tmp)
+    for i in range(k):
+        c_sorted[sl, i] = c_len[sl, order[i]]
+    c_k[sl] = k
 
 
 @numba.njit(cache=True)
-def _pair_exchange(mb_a, mb_b, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm, peak,
-                   cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b, slot_of, c_valid, c_n, c_items, c_k,
-                   c_len, c_val, c_mask, c_order, c_sorted, tmp, item_val, tol):
-    """Best trade between microbatches mb_a (more labels) and mb_b; applied in place. True if one was made."""
-    exact = cost_mode != 0
-    gap0 = mb_val[mb_a] - mb_val[mb_b]
-    tgap0 = abs(mb_tok[mb_a] - mb_tok[mb_b])
-    best_score = float(gap0) * gap0 + tok_weight * float(tgap0) * tgap0
-    found = False
-    best_ra = -1
-    best_rb = -1
-    best_ma = 0
-    best_mb = 0
-    best_na = 0
-    best_nb = 0
-    best_la = 0
-    best_lb = 0
-    best_va = 0
-    best_vb = 0
-    simple_cost = cost_mode == 0 and pm == 1 and batch_bounds[mb_a + 1] - batch_bounds[mb_a] == 1 and \
-        batch_bounds[mb_b + 1] - batch_bounds[mb_b] == 1
-    done = False  # a trade leaving a gap within `tol` is good enough: stop looking
-    for ra in range(batch_bounds[mb_a], batch_bounds[mb_a + 1]):
-        sl_a = _ensure(ra, slot_of, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len, c_val,
-                       c_mask, c_order, c_sorted, tmp)
-        na = c_n[sl_a]
-        ka = c_k[sl_a]
-        buf_a = c_items[sl_a]
-        sa_len = c_len[sl_a]
-        sa_val = c_val[sl_a]
-        sa_m = c_mask[sl_a]
-        for rb in range(batch_bounds[mb_b], batch_bounds[mb_b + 1]):
-            sl_b = _ensure(rb, slot_of, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len,
-                           c_val, c_mask, c_order, c_sorted, tmp)
-            nb = c_n[sl_b]
-            kb = c_k[sl_b]
-            buf_b = c_items[sl_b]
-            sb_len = c_len[sl_b]
-            sb_val = c_val[sl_b]
-            sb_m = c_mask[sl_b]
-            if ka == 0 or kb == 0:
-                continue
-            order = c_order[sl_b][:kb]
-            sorted_len = c_sorted[sl_b][:kb]
-            free_a = row_cap[ra] - row_tok[ra]
-            free_b = row_cap[rb] - row_tok[rb]
-            old_a = 0
-            old_b = 0
-            if cost_mode == 2:
-                old_a = na * _padded(_max_len_after(buf_a, na, item_len, 0, buf_b, 0), pm)
-                old_b = nb * _padded(_max_len_after(buf_b, nb, item_len, 0, buf_a, 0), pm)
-            elif not simple_cost:
-                old_a = _mb_cost(mb_a, -1, 0, -1, 0, batch_bounds, row_tok, pm, cost_mode)
-                old_b = _mb_cost(mb_b, -1, 0, -1, 0, batch_bounds, row_tok, pm, cost_mode)
-            for x in range(ka):
-                la = sa_len[x]
-                sza = _popcount(sa_m[x])
-                # B's subset length lb: row_a ends at tok_a - la + lb <= cap_a, row_b at tok_b - lb + la <= cap_b
-                lo = la - free_b
-                hi = la + free_a
-                start = np.searchsorted(sorted_len, lo)
-                scanned = 0
-                for y in range(start, kb):
-                    if sorted_len[y] > hi or scanned >= scan_limit:
-                        break
-                    scanned += 1
-                    z = order[y]
-                    if sza == 0 and sb_m[z] == 0:
-                        continue
-                    if exact and _popcount(sb_m[z]) != sza:
-                        continue
-                    lb = sb_len[z]
-                    d = sa_val[x] - sb_val[z]  # labels moving from A to B
-                    gap = gap0 - 2 * d
-                    if abs(gap) >= abs(gap0):
-                        continue
-                    tgap = 0
-                    if cost_mode == 1:
-                        tgap = abs((mb_tok[mb_a] - la + lb) - (mb_tok[mb_b] - lb + la))
-                        if tgap > tgap0:
+def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm, peak,
+                 cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b, slot_of, c_valid, c_n, c_items, c_k,
+                 c_len, c_val, c_mask, c_order, c_sorted, tmp, item_val, tol):
+    """One pairing round of a window (`order`: its microbatches by label count, heaviest first; see
+    `exchange_windows`). Each pair makes its best trade, if any, in place; returns the number made.
+
+    One call per round rather than per pair: a call pays reference counting on each of its array arguments, which
+    cost as much as the search itself when most pairs find no trade.
+    """
+    k = mbs.shape[0]
+    half = k // 2
+    made = 0
+    for x in range(half):
+        mb_a = mbs[order[x]]  # more labels
+        mb_b = mbs[order[k - 1 - (x + rnd) % half]]
+        if mb_val[mb_a] - mb_val[mb_b] <= tol and tok_weight == 0.0:
+            continue
+        exact = cost_mode != 0
+        gap0 = mb_val[mb_a] - mb_val[mb_b]
+        tgap0 = abs(mb_tok[mb_a] - mb_tok[mb_b])
+        best_score = float(gap0) * gap0 + tok_weight * float(tgap0) * tgap0
+        found = False
+        best_ra = -1
+        best_rb = -1
+        best_ma = 0
+        best_mb = 0
+        best_na = 0
+        best_nb = 0
+        best_la = 0
+        best_lb = 0
+        best_va = 0
+        best_vb = 0
+        simple_cost = cost_mode == 0 and pm == 1 and batch_bounds[mb_a + 1] - batch_bounds[mb_a] == 1 and \
+            batch_bounds[mb_b + 1] - batch_bounds[mb_b] == 1
+        done = False  # a trade leaving a gap within `tol` is good enough: stop looking
+        for ra in range(batch_bounds[mb_a], batch_bounds[mb_a + 1]):
+            sl_a = slot_of[ra]
+            if not c_valid[sl_a]:
+                _rebuild(sl_a, item_len, item_val, max_sub, exact, c_n, c_items, c_k, c_len, c_val, c_mask, c_order,
+                         c_sorted, tmp)
+                c_valid[sl_a] = True
+            na = c_n[sl_a]
+            ka = c_k[sl_a]
+            for rb in range(batch_bounds[mb_b], batch_bounds[mb_b + 1]):
+                sl_b = slot_of[rb]
+                if not c_valid[sl_b]:
+                    _rebuild(sl_b, item_len, item_val, max_sub, exact, c_n, c_items, c_k, c_len, c_val, c_mask, c_order,
+                             c_sorted, tmp)
+                    c_valid[sl_b] = True
+                nb = c_n[sl_b]
+                kb = c_k[sl_b]
+                if ka == 0 or kb == 0:
+                    continue
+                free_a = row_cap[ra] - row_tok[ra]
+                free_b = row_cap[rb] - row_tok[rb]
+                old_a = 0
+                old_b = 0
+                if cost_mode == 2:
+                    old_a = na * _padded(_max_len_after(c_items, sl_a, na, item_len, 0, sl_b, 0), pm)
+                    old_b = nb * _padded(_max_len_after(c_items, sl_b, nb, item_len, 0, sl_a, 0), pm)
+                elif not simple_cost:
+                    old_a = _mb_cost(mb_a, -1, 0, -1, 0, batch_bounds, row_tok, pm, cost_mode)
+                    old_b = _mb_cost(mb_b, -1, 0, -1, 0, batch_bounds, row_tok, pm, cost_mode)
+                start = 0
+                for i in range(ka):  # A's subsets by length: B's feasible window [lo, hi] only moves up (merge join)
+                    x = c_order[sl_a, i]
+                    la = c_len[sl_a, x]
+                    ma = c_mask[sl_a, x]
+                    sza = _popcount(ma)
+                    # B's subset length lb: row_a ends at tok_a - la + lb <= cap_a, row_b at tok_b - lb + la <= cap_b
+                    lo = la - free_b
+                    hi = la + free_a
+                    while start < kb and c_sorted[sl_b, start] < lo:
+                        start += 1
+                    scanned = 0
+                    for y in range(start, kb):
+                        if c_sorted[sl_b, y] > hi or scanned >= scan_limit:
+                            break
+                        scanned += 1
+                        z = c_order[sl_b, y]
+                        mb = c_mask[sl_b, z]
+                        if sza == 0 and mb == 0:
                             continue
-                    score = float(gap) * gap + tok_weight * float(tgap) * tgap
-                    if score >= best_score:
-                        continue
-                    if not simple_cost:  # neither microbatch above the peak, the pair's total not above before
-                        if cost_mode == 2:
-                            ca = na * _padded(_max_len_after(buf_a, na, item_len, sa_m[x], buf_b, sb_m[z]), pm)
-                            cb = nb * _padded(_max_len_after(buf_b, nb, item_len, sb_m[z], buf_a, sa_m[x]), pm)
-                        else:
-                            new_a = row_tok[ra] - la + lb
-                            new_b = row_tok[rb] - lb + la
-                            ca = _mb_cost(mb_a, ra, new_a, rb, new_b, batch_bounds, row_tok, pm, cost_mode)
-                            cb = _mb_cost(mb_b, ra, new_a, rb, new_b, batch_bounds, row_tok, pm, cost_mode)
-                        if ca > peak or cb > peak or ca + cb > old_a + old_b:
+                        if exact and _popcount(mb) != sza:
                             continue
-                    best_score = score
-                    found = True
-                    best_ra = ra
-                    best_rb = rb
-                    best_ma = sa_m[x]
-                    best_mb = sb_m[z]
-                    best_na = na
-                    best_nb = nb
-                    best_la = la
-                    best_lb = lb
-                    best_va = sa_val[x]
-                    best_vb = sb_val[z]
-                    best_a[:na] = buf_a[:na]
-                    best_b[:nb] = buf_b[:nb]
-                    if abs(gap) <= tol and tok_weight == 0.0:
-                        done = True
+                        lb = c_len[sl_b, z]
+                        va = c_val[sl_a, x]
+                        vb = c_val[sl_b, z]
+                        d = va - vb  # labels moving from A to B
+                        gap = gap0 - 2 * d
+                        if abs(gap) >= abs(gap0):
+                            continue
+                        tgap = 0
+                        if cost_mode == 1:
+                            tgap = abs((mb_tok[mb_a] - la + lb) - (mb_tok[mb_b] - lb + la))
+                            if tgap > tgap0:
+                                continue
+                        score = float(gap) * gap + tok_weight * float(tgap) * tgap
+                        if score >= best_score:
+                            continue
+                        if not simple_cost:  # neither microbatch above the peak, the pair's total not above before
+                            if cost_mode == 2:
+                                ca = na * _padded(_max_len_after(c_items, sl_a, na, item_len, ma, sl_b, mb), pm)
+                                cb = nb * _padded(_max_len_after(c_items, sl_b, nb, item_len, mb, sl_a, ma), pm)
+                            else:
+                                new_a = row_tok[ra] - la + lb
+                                new_b = row_tok[rb] - lb + la
+                                ca = _mb_cost(mb_a, ra, new_a, rb, new_b, batch_bounds, row_tok, pm, cost_mode)
+                                cb = _mb_cost(mb_b, ra, new_a, rb, new_b, batch_bounds, row_tok, pm, cost_mode)
+                            if ca > peak or cb > peak or ca + cb > old_a + old_b:
+                                continue
+                        best_score = score
+                        found = True
+                        best_ra = ra
+                        best_rb = rb
+                        best_ma = ma
+                        best_mb = mb
+                        best_na = na
+                        best_nb = nb
+                        best_la = la
+                        best_lb = lb
+                        best_va = va
+                        best_vb = vb
+                        if abs(gap) <= tol and tok_weight == 0.0:
+                            done = True
+                            break
+                    if done:
                         break
                 if done:
                     break
             if done:
                 break
-        if done:
-            break
-    if not found:
-        return False
-    sl_a = slot_of[best_ra]
-    sl_b = slot_of[best_rb]
-    na = 0
-    nb = 0
-    for x in range(best_na):  # A keeps what it does not give, B gets it
-        p = best_a[x]
-        if (best_ma >> x) & 1:
-            row_of[p] = best_rb
-            if nb < LOCAL:
-                c_items[sl_b, nb] = p
-                nb += 1
-    for x in range(best_nb):
-        p = best_b[x]
-        if (best_mb >> x) & 1:
-            row_of[p] = best_ra
-            if na < LOCAL:
-                c_items[sl_a, na] = p
+        if not found:
+            continue
+        sl_a = slot_of[best_ra]
+        sl_b = slot_of[best_rb]
+        for x in range(best_na):  # the tables are rewritten below: keep their items
+            best_a[x] = c_items[sl_a, x]
+        for x in range(best_nb):
+            best_b[x] = c_items[sl_b, x]
+        na = 0
+        nb = 0
+        for x in range(best_na):  # A keeps what it does not give, B gets it
+            p = best_a[x]
+            if (best_ma >> x) & 1:
+                row_of[p] = best_rb
+                if nb < LOCAL:
+                    c_items[sl_b, nb] = p
+                    nb += 1
+        for x in range(best_nb):
+            p = best_b[x]
+            if (best_mb >> x) & 1:
+                row_of[p] = best_ra
+                if na < LOCAL:
+                    c_items[sl_a, na] = p
+                    na += 1
+        for x in range(best_na):
+            if not (best_ma >> x) & 1 and na < LOCAL:
+                c_items[sl_a, na] = best_a[x]
                 na += 1
-    for x in range(best_na):
-        if not (best_ma >> x) & 1 and na < LOCAL:
-            c_items[sl_a, na] = best_a[x]
-            na += 1
-    for x in range(best_nb):
-        if not (best_mb >> x) & 1 and nb < LOCAL:
-            c_items[sl_b, nb] = best_b[x]
-            nb += 1
-    c_n[sl_a] = na
-    c_n[sl_b] = nb
-    c_valid[sl_a] = False
-    c_valid[sl_b] = False
-    row_tok[best_ra] += best_lb - best_la
-    row_tok[best_rb] += best_la - best_lb
-    row_val[best_ra] += best_vb - best_va
-    row_val[best_rb] += best_va - best_vb
-    mb_val[mb_a] += best_vb - best_va
-    mb_val[mb_b] += best_va - best_vb
-    mb_tok[mb_a] += best_lb - best_la
-    mb_tok[mb_b] += best_la - best_lb
-    return True
+        for x in range(best_nb):
+            if not (best_mb >> x) & 1 and nb < LOCAL:
+                c_items[sl_b, nb] = best_b[x]
+                nb += 1
+        c_n[sl_a] = na
+        c_n[sl_b] = nb
+        c_valid[sl_a] = False
+        c_valid[sl_b] = False
+        row_tok[best_ra] += best_lb - best_la
+        row_tok[best_rb] += best_la - best_lb
+        row_val[best_ra] += best_vb - best_va
+        row_val[best_rb] += best_va - best_vb
+        mb_val[mb_a] += best_vb - best_va
+        mb_val[mb_b] += best_va - best_vb
+        mb_tok[mb_a] += best_lb - best_la
+        mb_tok[mb_b] += best_la - best_lb
+        made += 1
+    return made
 
 
 @numba.njit(cache=True)
@@ -384,7 +398,6 @@ def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val
                     c_items[nr, c_n[nr]] = p
                     c_n[nr] += 1
             nr += 1
-    half = k // 2
     idle = 0
     trades = 0
     vals = np.empty(k, dtype=np.int64)
@@ -393,16 +406,10 @@ def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val
         for x in range(k):
             vals[x] = mb_val[mbs[x]]
         order = np.argsort(-vals, kind="mergesort")
-        made = 0
-        for x in range(half):
-            a = mbs[order[x]]
-            b = mbs[order[k - 1 - (x + rnd) % half]]
-            if mb_val[a] - mb_val[b] <= tol and tok_weight == 0.0:
-                continue
-            if _pair_exchange(a, b, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm,
-                              peak, cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b, slot_of, c_valid,
-                              c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, tmp, item_val, tol):
-                made += 1
+        made = _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap,
+                            batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b,
+                            slot_of, c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, tmp,
+                            item_val, tol)
         trades += made
         before, spread = spread, _spread(mbs, mb_val, mb_tok, tok_weight)
         idle = 0 if before - spread > MIN_GAIN * before else idle + 1

@@ -18,6 +18,7 @@ import numpy as np
 
 from plancc.balance import _common as c
 from plancc.balance._exchange import LOCAL
+from plancc.balance.equal_length import deal_equal_labels, deal_equal_lengths
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays
 
@@ -28,5 +29,8 @@ def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings, rng
     if not 2 <= settings.micro_batch_size <= LOCAL:
         return b
     window = settings.balance_window
-    return c.exchange(b, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
+    start = deal_equal_lengths(b, s, settings)
+    if settings.mode == "flattened":
+        start = deal_equal_labels(start, s, settings)
+    return c.exchange(start, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
                       passes=settings.balance_passes, rounds=ROUNDS)

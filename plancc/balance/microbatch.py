@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.balance import _common as c
+from plancc.balance.equal_length import deal_equal_lengths
 from plancc.config import PlanSettings
 from plancc.pack.label_aware import pack_label_aware
 from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets
@@ -30,7 +31,7 @@ TOL = 0.02  # label gaps under 2% of the mean microbatch are not worth a trade
 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
     window = settings.balance_window
-    start = repack_label_aware(b, s, settings)
+    start = deal_equal_lengths(repack_label_aware(b, s, settings), s, settings)
     out = c.exchange(start, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
                      passes=settings.balance_passes, rounds=ROUNDS, tol_share=TOL)
     sse = [c.label_sse(batch_targets(x, s, settings.shift)) for x in (b, out)]
