@@ -40,9 +40,7 @@ def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
                  progress: Progress | None = None) -> tuple[pa.Table, dict[str, Any], Path | None]:
     """(samples table, scan info, tokenized file or None) from a samples table, scan dir, plan dir or raw source."""
-    from plancc import scan
-
-    given = scan.load_samples_source(source)
+    given = store.read_samples_source(source)
     if given is not None:  # a samples table, scan dir or plan dir: carry its scan report and tokenized rows along
         table, info = given
         tokenized = Path(info["tokenized_path"]) if info.get("tokenized_path") else None
@@ -53,6 +51,8 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
             previous = store.read_manifest(manifest.parent)
             return table, {**previous["scan"], "source_paths": previous["data"].get("source", [])}, tokenized
         return table, {}, None
+    from plancc import scan  # tokenizers and source readers: only for a raw source
+
     result = scan.scan(source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)
     return result.samples, {**result.report, "source_paths": result.source_paths}, result.tokenized_path
 

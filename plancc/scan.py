@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -207,58 +206,6 @@ def write_scan(result: Scan, out_dir: Path) -> None:
         if result.tokenized_path is not None:
             shutil.copyfile(result.tokenized_path, tmp / store.TOKENIZED_FILE)
         store.write_json(report, tmp / store.SCAN_MANIFEST_FILE)
-
-
-def _check_samples(table: pa.Table, path: Path) -> None:
-    sid = store.column(table, "sample_id")
-    length = store.column(table, "length")
-    count = store.column(table, "label_count")
-    problems = [
-        (np.flatnonzero(sid < 0), "sample_id is negative"),
-        (np.flatnonzero(np.diff(sid) <= 0) + 1, "sample_id is not strictly increasing (unsorted or duplicate)"),
-        (np.flatnonzero(length <= 0), "length must be positive"),
-        (np.flatnonzero((count < 0) | (count > length)), "label_count must be in [0, length]"),
-    ]
-    for rows, what in problems:
-        if rows.size:
-            raise InputError(f"{path} row {int(rows[0])}: {what}")
-    if table.num_rows == 0:
-        raise InputError(f"{path}: the samples table is empty")
-
-
-def load_samples_source(path) -> tuple[pa.Table, dict] | None:
-    """A samples table given as SOURCE (Parquet with the samples schema, or a SCAN_DIR/PLAN_DIR); else None."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        f = p / store.SAMPLES_FILE
-        if not f.is_file():
-            return None
-    elif p.is_file() and p.suffix.lower() == ".parquet":
-        f = p
-        try:
-            names = set(pq.read_schema(f).names)
-        except (pa.ArrowException, OSError) as exc:
-            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
-        if names != set(store.SAMPLES_SCHEMA.names):
-            return None
-    else:
-        return None
-    table = store.read_samples(f)
-    _check_samples(table, f)
-    try:
-        meta = store.read_file_meta(f)
-    except store.StoreError:
-        meta = None  # written by another engine: fine, the plan recomputes its fingerprints
-    info: dict[str, Any] = {"path": str(f), "meta": meta}
-    tokenized = f.parent / store.TOKENIZED_FILE
-    info["tokenized_path"] = str(tokenized) if tokenized.is_file() else None
-    manifest = f.parent / store.SCAN_MANIFEST_FILE
-    if manifest.is_file():
-        try:
-            info["report"] = orjson.loads(manifest.read_bytes())
-        except orjson.JSONDecodeError:
-            info["report"] = None
-    return table, info
 
 
 def options_from_report(report: dict[str, Any], tokenizer: str | None = None) -> ScanOptions:

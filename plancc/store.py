@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from plancc.errors import PlanccError
+from plancc.errors import InputError, PlanccError
 
 SCHEMA_VERSION = 1
 
@@ -299,3 +299,55 @@ def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics
                   file_metadata("samples", fingerprints, settings))
     write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
     write_json(manifest, directory / MANIFEST_FILE)
+
+
+def _check_samples(table: pa.Table, path: Path) -> None:
+    sid = column(table, "sample_id")
+    length = column(table, "length")
+    count = column(table, "label_count")
+    problems = [
+        (np.flatnonzero(sid < 0), "sample_id is negative"),
+        (np.flatnonzero(np.diff(sid) <= 0) + 1, "sample_id is not strictly increasing (unsorted or duplicate)"),
+        (np.flatnonzero(length <= 0), "length must be positive"),
+        (np.flatnonzero((count < 0) | (count > length)), "label_count must be in [0, length]"),
+    ]
+    for rows, what in problems:
+        if rows.size:
+            raise InputError(f"{path} row {int(rows[0])}: {what}")
+    if table.num_rows == 0:
+        raise InputError(f"{path}: the samples table is empty")
+
+
+def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
+    """A samples table given as SOURCE (Parquet with the samples schema, or a SCAN_DIR/PLAN_DIR); else None."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        f = p / SAMPLES_FILE
+        if not f.is_file():
+            return None
+    elif p.is_file() and p.suffix.lower() == ".parquet":
+        f = p
+        try:
+            names = set(pq.read_schema(f).names)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
+        if names != set(SAMPLES_SCHEMA.names):
+            return None
+    else:
+        return None
+    table = read_samples(f)
+    _check_samples(table, f)
+    try:
+        meta = read_file_meta(f)
+    except StoreError:
+        meta = None  # written by another engine: fine, the plan recomputes its fingerprints
+    info: dict[str, Any] = {"path": str(f), "meta": meta}
+    tokenized = f.parent / TOKENIZED_FILE
+    info["tokenized_path"] = str(tokenized) if tokenized.is_file() else None
+    manifest = f.parent / SCAN_MANIFEST_FILE
+    if manifest.is_file():
+        try:
+            info["report"] = orjson.loads(manifest.read_bytes())
+        except orjson.JSONDecodeError:
+            info["report"] = None
+    return table, info

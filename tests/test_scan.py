@@ -10,7 +10,8 @@ from plancc import store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.fingerprint import samples_fingerprints
-from plancc.scan import load_samples_source, scan, write_scan
+from plancc.scan import scan, write_scan
+from plancc.store import read_samples_source
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
 
 
@@ -74,7 +75,7 @@ def test_write_scan_and_read_back(tmp_path):
     assert store.read_file_meta(out / "tokenized.parquet")["kind"] == "tokenized"
     assert store.read_table(out / "tokenized.parquet", store.TOKENIZED_SCHEMA).num_rows == 9
     for source in (out, out / "samples.parquet"):
-        loaded = load_samples_source(source)
+        loaded = read_samples_source(source)
         assert loaded is not None
         table, info = loaded
         assert table.equals(result.samples)
@@ -82,21 +83,21 @@ def test_write_scan_and_read_back(tmp_path):
         assert info["report"]["key"] == result.key
 
 
-def test_load_samples_source_foreign_and_not_samples(tmp_path):
+def test_read_samples_source_foreign_and_not_samples(tmp_path):
     foreign = tmp_path / "foreign.parquet"
     table = pa.table({"sample_id": pa.array([0, 2], pa.int64()), "length": pa.array([5, 7], pa.int32()),
                       "label_count": pa.array([3, 7], pa.int32()),
                       "first_label_supervised": pa.array([False, True]),
                       "token_hash": pa.array([1, 2], pa.uint64())}, schema=store.SAMPLES_SCHEMA)
     pq.write_table(table, foreign)
-    loaded = load_samples_source(foreign)
+    loaded = read_samples_source(foreign)
     assert loaded is not None and loaded[0].equals(table) and loaded[1]["meta"] is None
-    assert load_samples_source(write_rows(tmp_path / "t.parquet", [{"text": "a"}])) is None
-    assert load_samples_source(tmp_path / "t.jsonl") is None
+    assert read_samples_source(write_rows(tmp_path / "t.parquet", [{"text": "a"}])) is None
+    assert read_samples_source(tmp_path / "t.jsonl") is None
     bad = tmp_path / "bad.parquet"
     pq.write_table(table.set_column(0, "sample_id", pa.array([2, 0], pa.int64())), bad)
     with pytest.raises(InputError, match=r"bad\.parquet row 1: sample_id is not strictly increasing"):
-        load_samples_source(bad)
+        read_samples_source(bad)
 
 
 def test_cache_hit_points_at_current_files(tmp_path):
