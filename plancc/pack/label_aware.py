@@ -32,21 +32,22 @@ def pack_label_aware(lengths: np.ndarray, values: np.ndarray, capacity: int, sta
     rows = start_tok.shape[0]
     if rows == 0 or lengths.shape[0] + np.count_nonzero(start_tok) < rows:
         return None
+    order = np.argsort(-lengths, kind="stable")
+    rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
     for small in LADDER:
-        assign = _deal_then_fill(lengths, values, capacity, start_tok, start_val, small)
+        assign = _deal_then_fill(lengths, values - rho * lengths, order, capacity, start_tok,
+                                 start_val - rho * start_tok, small)
         if assign is not None:
             return assign
     return None
 
 
-def _deal_then_fill(lengths: np.ndarray, values: np.ndarray, capacity: int, start_tok: np.ndarray,
-                    start_val: np.ndarray, small: float) -> np.ndarray | None:
+def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, order: np.ndarray, capacity: int,
+                    start_tok: np.ndarray, start_excess: np.ndarray, small: float) -> np.ndarray | None:
+    """One rung: `order` is longest first, `excess` each item's labels beyond its length's share."""
     n, rows = lengths.shape[0], start_tok.shape[0]
-    order = np.argsort(-lengths, kind="stable")
-    rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
-    excess = values - rho * lengths
     row_tok = start_tok.astype(np.int64)
-    row_excess = start_val - rho * start_tok
+    row_excess = start_excess.astype(np.float64)
     assign = np.full(n, -1, dtype=np.int64)
     dealt_limit = (1.0 - small) * float(lengths.sum())
     dealt = 0.0
