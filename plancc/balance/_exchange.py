@@ -173,7 +173,7 @@ def _rebuild(sl, item_len, item_val, max_sub, exact, c_n, c_items, c_k, c_len, c
 
 @numba.njit(cache=True)
 def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap, batch_bounds, pm, peak,
-                 cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b, slot_of, c_valid, c_n, c_items, c_k,
+                 cost_mode, max_sub, tok_weight, scan_limit, keep_a, keep_b, slot_of, c_valid, c_n, c_items, c_k,
                  c_len, c_val, c_mask, c_order, c_sorted, tmp, item_val, tol):
     """One pairing round of a window (`order`: its microbatches by label count, heaviest first; see
     `exchange_windows`). Each pair makes its best trade, if any, in place; returns the number made.
@@ -183,13 +183,13 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
     """
     k = mbs.shape[0]
     half = k // 2
+    exact = cost_mode != 0
     made = 0
     for x in range(half):
         mb_a = mbs[order[x]]  # more labels
         mb_b = mbs[order[k - 1 - (x + rnd) % half]]
         if mb_val[mb_a] - mb_val[mb_b] <= tol and tok_weight == 0.0:
             continue
-        exact = cost_mode != 0
         gap0 = mb_val[mb_a] - mb_val[mb_b]
         tgap0 = abs(mb_tok[mb_a] - mb_tok[mb_b])
         best_score = float(gap0) * gap0 + tok_weight * float(tgap0) * tgap0
@@ -198,8 +198,6 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
         best_rb = -1
         best_ma = 0
         best_mb = 0
-        best_na = 0
-        best_nb = 0
         best_la = 0
         best_lb = 0
         best_va = 0
@@ -239,8 +237,8 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
                 for i in range(ka):  # A's subsets by length: B's feasible window [lo, hi] only moves up (merge join)
                     x = c_order[sl_a, i]
                     la = c_len[sl_a, x]
-                    ma = c_mask[sl_a, x]
-                    sza = _popcount(ma)
+                    mask_a = c_mask[sl_a, x]
+                    sza = _popcount(mask_a)
                     # B's subset length lb: row_a ends at tok_a - la + lb <= cap_a, row_b at tok_b - lb + la <= cap_b
                     lo = la - free_b
                     hi = la + free_a
@@ -252,10 +250,10 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
                             break
                         scanned += 1
                         z = c_order[sl_b, y]
-                        mb = c_mask[sl_b, z]
-                        if sza == 0 and mb == 0:
+                        mask_b = c_mask[sl_b, z]
+                        if sza == 0 and mask_b == 0:
                             continue
-                        if exact and _popcount(mb) != sza:
+                        if exact and _popcount(mask_b) != sza:
                             continue
                         lb = c_len[sl_b, z]
                         va = c_val[sl_a, x]
@@ -274,8 +272,8 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
                             continue
                         if not simple_cost:  # neither microbatch above the peak, the pair's total not above before
                             if cost_mode == 2:
-                                ca = na * _padded(_max_len_after(c_items, sl_a, na, item_len, ma, sl_b, mb), pm)
-                                cb = nb * _padded(_max_len_after(c_items, sl_b, nb, item_len, mb, sl_a, ma), pm)
+                                ca = na * _padded(_max_len_after(c_items, sl_a, na, item_len, mask_a, sl_b, mask_b), pm)
+                                cb = nb * _padded(_max_len_after(c_items, sl_b, nb, item_len, mask_b, sl_a, mask_a), pm)
                             else:
                                 new_a = row_tok[ra] - la + lb
                                 new_b = row_tok[rb] - lb + la
@@ -287,10 +285,8 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
                         found = True
                         best_ra = ra
                         best_rb = rb
-                        best_ma = ma
-                        best_mb = mb
-                        best_na = na
-                        best_nb = nb
+                        best_ma = mask_a
+                        best_mb = mask_b
                         best_la = la
                         best_lb = lb
                         best_va = va
@@ -306,50 +302,59 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
                 break
         if not found:
             continue
-        sl_a = slot_of[best_ra]
-        sl_b = slot_of[best_rb]
-        for x in range(best_na):  # the tables are rewritten below: keep their items
-            best_a[x] = c_items[sl_a, x]
-        for x in range(best_nb):
-            best_b[x] = c_items[sl_b, x]
-        na = 0
-        nb = 0
-        for x in range(best_na):  # A keeps what it does not give, B gets it
-            p = best_a[x]
-            if (best_ma >> x) & 1:
-                row_of[p] = best_rb
-                if nb < LOCAL:
-                    c_items[sl_b, nb] = p
-                    nb += 1
-        for x in range(best_nb):
-            p = best_b[x]
-            if (best_mb >> x) & 1:
-                row_of[p] = best_ra
-                if na < LOCAL:
-                    c_items[sl_a, na] = p
-                    na += 1
-        for x in range(best_na):
-            if not (best_ma >> x) & 1 and na < LOCAL:
-                c_items[sl_a, na] = best_a[x]
-                na += 1
-        for x in range(best_nb):
-            if not (best_mb >> x) & 1 and nb < LOCAL:
-                c_items[sl_b, nb] = best_b[x]
-                nb += 1
-        c_n[sl_a] = na
-        c_n[sl_b] = nb
-        c_valid[sl_a] = False
-        c_valid[sl_b] = False
-        row_tok[best_ra] += best_lb - best_la
-        row_tok[best_rb] += best_la - best_lb
-        row_val[best_ra] += best_vb - best_va
-        row_val[best_rb] += best_va - best_vb
-        mb_val[mb_a] += best_vb - best_va
-        mb_val[mb_b] += best_va - best_vb
-        mb_tok[mb_a] += best_lb - best_la
-        mb_tok[mb_b] += best_la - best_lb
+        _apply_trade(best_ra, best_rb, mb_a, mb_b, best_ma, best_mb, best_la, best_lb, best_va, best_vb, row_of,
+                     slot_of, c_items, c_n, c_valid, keep_a, keep_b, row_tok, row_val, mb_val, mb_tok)
         made += 1
     return made
+
+
+@numba.njit(cache=True)
+def _apply_trade(ra, rb, mb_a, mb_b, mask_a, mask_b, la, lb, va, vb, row_of, slot_of, c_items, c_n, c_valid,
+                 keep_a, keep_b, row_tok, row_val, mb_val, mb_tok):
+    """Row ra gives its `mask_a` items (la tokens, va labels) to rb for rb's `mask_b` items (lb, vb): the items'
+    rows, both subset tables' item lists (marked for rebuilding) and the row and microbatch totals."""
+    sl_a = slot_of[ra]
+    sl_b = slot_of[rb]
+    n_a = c_n[sl_a]
+    n_b = c_n[sl_b]
+    keep_a[:n_a] = c_items[sl_a, :n_a]
+    keep_b[:n_b] = c_items[sl_b, :n_b]
+    na = 0
+    nb = 0
+    for x in range(n_a):  # A keeps what it does not give, B gets it
+        p = keep_a[x]
+        if (mask_a >> x) & 1:
+            row_of[p] = rb
+            if nb < LOCAL:
+                c_items[sl_b, nb] = p
+                nb += 1
+    for x in range(n_b):
+        p = keep_b[x]
+        if (mask_b >> x) & 1:
+            row_of[p] = ra
+            if na < LOCAL:
+                c_items[sl_a, na] = p
+                na += 1
+    for x in range(n_a):
+        if not (mask_a >> x) & 1 and na < LOCAL:
+            c_items[sl_a, na] = keep_a[x]
+            na += 1
+    for x in range(n_b):
+        if not (mask_b >> x) & 1 and nb < LOCAL:
+            c_items[sl_b, nb] = keep_b[x]
+            nb += 1
+    c_n[sl_a] = na
+    c_n[sl_b] = nb
+    c_valid[sl_a] = False
+    c_valid[sl_b] = False
+    row_tok[ra] += lb - la
+    row_tok[rb] += la - lb
+    row_val[ra] += vb - va
+    row_val[rb] += va - vb
+    mb_val[mb_a] += vb - va
+    mb_val[mb_b] += va - vb
+    mb_tok[mb_a] += lb - la
+    mb_tok[mb_b] += la - lb
 
 
 @numba.njit(cache=True)
@@ -391,8 +396,8 @@ def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val
     nr = 0
     for m in mbs:
         nr += batch_bounds[m + 1] - batch_bounds[m]
-    best_a = np.empty(LOCAL, dtype=np.int64)
-    best_b = np.empty(LOCAL, dtype=np.int64)
+    keep_a = np.empty(LOCAL, dtype=np.int64)
+    keep_b = np.empty(LOCAL, dtype=np.int64)
     c_valid = np.zeros(nr, dtype=np.bool_)
     c_n = np.zeros(nr, dtype=np.int64)
     c_k = np.zeros(nr, dtype=np.int64)
@@ -420,7 +425,7 @@ def _window(mbs, row_items_bounds, row_items, row_of, pinned, item_len, item_val
     for rnd in range(rounds):
         _by_labels(order, mbs, mb_val)
         made = _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb_tok, row_cap,
-                            batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, scan_limit, best_a, best_b,
+                            batch_bounds, pm, peak, cost_mode, max_sub, tok_weight, scan_limit, keep_a, keep_b,
                             slot_of, c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, tmp,
                             item_val, tol)
         trades += made
