@@ -156,7 +156,8 @@ def main() -> None:
         else:
             continue
         break
-    if world > 1:
+    if world > 1:  # leave together: a rank tearing gloo down while its peer is still in a collective aborts
+        dist.barrier()
         dist.destroy_process_group()
 
 
