@@ -159,7 +159,8 @@ def _stable_order(keys, k, order, tmp):
 
 
 @numba.njit(cache=True)
-def _rebuild(sl, item_len, item_val, max_sub, exact, c_n, c_items, c_k, c_len, c_val, c_mask, c_order, c_sorted, tmp):
+def _rebuild(sl, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len, c_val, c_mask, c_order,
+             c_sorted, tmp):
     """Rebuild the subset table of slot `sl` after its row changed (callers check `c_valid` first: a call costs
     reference counting on every array argument, which would dominate the cached case)."""
     n = c_n[sl]
@@ -169,6 +170,7 @@ def _rebuild(sl, item_len, item_val, max_sub, exact, c_n, c_items, c_k, c_len, c
     for i in range(k):
         c_sorted[sl, i] = c_len[sl, order[i]]
     c_k[sl] = k
+    c_valid[sl] = True
 
 
 @numba.njit(cache=True)
@@ -208,17 +210,15 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
         for ra in range(batch_bounds[mb_a], batch_bounds[mb_a + 1]):
             sl_a = slot_of[ra]
             if not c_valid[sl_a]:
-                _rebuild(sl_a, item_len, item_val, max_sub, exact, c_n, c_items, c_k, c_len, c_val, c_mask, c_order,
-                         c_sorted, tmp)
-                c_valid[sl_a] = True
+                _rebuild(sl_a, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len, c_val, c_mask,
+                         c_order, c_sorted, tmp)
             na = c_n[sl_a]
             ka = c_k[sl_a]
             for rb in range(batch_bounds[mb_b], batch_bounds[mb_b + 1]):
                 sl_b = slot_of[rb]
                 if not c_valid[sl_b]:
-                    _rebuild(sl_b, item_len, item_val, max_sub, exact, c_n, c_items, c_k, c_len, c_val, c_mask, c_order,
-                             c_sorted, tmp)
-                    c_valid[sl_b] = True
+                    _rebuild(sl_b, item_len, item_val, max_sub, exact, c_valid, c_n, c_items, c_k, c_len, c_val,
+                             c_mask, c_order, c_sorted, tmp)
                 nb = c_n[sl_b]
                 kb = c_k[sl_b]
                 if ka == 0 or kb == 0:
