@@ -309,6 +309,22 @@ def _trade_round(mbs, order, rnd, row_of, item_len, row_tok, row_val, mb_val, mb
 
 
 @numba.njit(cache=True)
+def _refill(c_items, sl, incoming, n_in, in_mask, own, n_own, own_mask):
+    """Table slot `sl`'s items after a trade: those it receives, then those it keeps (at most LOCAL); returns the
+    count."""
+    n = 0
+    for x in range(n_in):
+        if (in_mask >> x) & 1 and n < LOCAL:
+            c_items[sl, n] = incoming[x]
+            n += 1
+    for x in range(n_own):
+        if not (own_mask >> x) & 1 and n < LOCAL:
+            c_items[sl, n] = own[x]
+            n += 1
+    return n
+
+
+@numba.njit(cache=True)
 def _apply_trade(ra, rb, mb_a, mb_b, mask_a, mask_b, la, lb, va, vb, row_of, slot_of, c_items, c_n, c_valid,
                  keep_a, keep_b, row_tok, row_val, mb_val, mb_tok):
     """Row ra gives its `mask_a` items (la tokens, va labels) to rb for rb's `mask_b` items (lb, vb): the items'
@@ -319,32 +335,14 @@ def _apply_trade(ra, rb, mb_a, mb_b, mask_a, mask_b, la, lb, va, vb, row_of, slo
     n_b = c_n[sl_b]
     keep_a[:n_a] = c_items[sl_a, :n_a]
     keep_b[:n_b] = c_items[sl_b, :n_b]
-    na = 0
-    nb = 0
-    for x in range(n_a):  # A keeps what it does not give, B gets it
-        p = keep_a[x]
-        if (mask_a >> x) & 1:
-            row_of[p] = rb
-            if nb < LOCAL:
-                c_items[sl_b, nb] = p
-                nb += 1
-    for x in range(n_b):
-        p = keep_b[x]
-        if (mask_b >> x) & 1:
-            row_of[p] = ra
-            if na < LOCAL:
-                c_items[sl_a, na] = p
-                na += 1
     for x in range(n_a):
-        if not (mask_a >> x) & 1 and na < LOCAL:
-            c_items[sl_a, na] = keep_a[x]
-            na += 1
+        if (mask_a >> x) & 1:
+            row_of[keep_a[x]] = rb
     for x in range(n_b):
-        if not (mask_b >> x) & 1 and nb < LOCAL:
-            c_items[sl_b, nb] = keep_b[x]
-            nb += 1
-    c_n[sl_a] = na
-    c_n[sl_b] = nb
+        if (mask_b >> x) & 1:
+            row_of[keep_b[x]] = ra
+    c_n[sl_a] = _refill(c_items, sl_a, keep_b, n_b, mask_b, keep_a, n_a, mask_a)
+    c_n[sl_b] = _refill(c_items, sl_b, keep_a, n_a, mask_a, keep_b, n_b, mask_b)
     c_valid[sl_a] = False
     c_valid[sl_b] = False
     row_tok[ra] += lb - la
