@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plancc import __version__, store
+from plancc.carry import carry
 from plancc.compile import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.config import PlanSettings, ScanOptions
-from plancc.fingerprint import array_digest, config_fingerprint, samples_fingerprints
+from plancc.fingerprint import array_digest, config_fingerprint, samples_fingerprints, scan_identity
+from plancc.metrics import SourceDrops
 from plancc.plan import SampleArrays
 
 
@@ -58,14 +61,19 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
 
 
 def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,
-                   num_proc: int = 1, cache_dir: Path | None = None, progress: Progress | None = None
-                   ) -> dict[str, Any]:
-    """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest."""
+                   num_proc: int = 1, cache_dir: Path | None = None, progress: Progress | None = None,
+                   given: Collection[str] = ()) -> dict[str, Any]:
+    """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
+
+    A scan or plan directory as `source` carries its scan options (`plancc.carry`): `given` names the settings the
+    caller set on purpose, which must not contradict them."""
     samples_table, scan_info, tokenized = load_samples(
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
+    settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
     s = sample_arrays(samples_table)
-    epochs = compile_plan(s, settings, progress=progress)
+    drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
+    epochs = compile_plan(s, settings, progress=progress, drops=drops)
     return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress)
 
 
@@ -76,7 +84,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
     fingerprints: dict[str, Any] = {
-        **samples_fingerprints(samples_table),
+        **samples_fingerprints(samples_table, scan_identity(scan_info)),
         "config": config_fingerprint(settings_dict),
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,
@@ -104,6 +112,14 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "data": data,
         "epochs": epoch_info,
         "samples": len(s),
+        # what the summary must say: every source sample dropped or cut, and what tokenized them
+        "rows_read": scan_info.get("rows_read", len(s)),
+        "dropped_samples": scan_info.get("dropped_samples", 0),
+        "truncated_samples": scan_info.get("truncated_samples", 0),
+        "tokenizer": ({"name": scan_info["tokenizer"], "fingerprint": scan_info.get("tokenizer_fingerprint")}
+                      if scan_info.get("tokenizer") else None),
+        "chat_template": scan_info.get("chat_template"),
+        "warnings": scan_info.get("warnings", []),
     }
     with store.atomic_directory(out_dir) as tmp:
         store.write_plan_files(tmp, plan, samples_table, store.metrics_table(metric_rows), fingerprints,

@@ -13,7 +13,7 @@ import numpy as np
 
 from plancc import balance, pack
 from plancc.config import PlanSettings, SettingsError
-from plancc.metrics import summarize
+from plancc.metrics import SourceDrops, summarize
 from plancc.plan import (
     Batches,
     SampleArrays,
@@ -79,21 +79,23 @@ def before_batches(s: SampleArrays, settings: PlanSettings, epoch: int) -> tuple
     return b, rng
 
 
-def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None) -> EpochPlan:
+def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None,
+               drops: SourceDrops = SourceDrops()) -> EpochPlan:
     b, rng = before_batches(s, settings, epoch)
-    metrics = [("before", summarize(b, s, settings))]
+    metrics = [("before", summarize(b, s, settings, drops))]
     passes = balance.stages(settings)
     for done, (name, stage) in enumerate(passes, 1):
         b = stage(b, s, settings, rng)
-        metrics.append((name, summarize(b, s, settings)))
+        metrics.append((name, summarize(b, s, settings, drops)))
         if progress:
             progress(f"balancing epoch {epoch}", done, len(passes))
     metrics.append(("after", metrics[-1][1]))
     return EpochPlan(epoch, b, metrics)
 
 
-def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None) -> list[EpochPlan]:
-    """Plan every epoch of `settings.epochs`."""
+def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None,
+                 drops: SourceDrops = SourceDrops()) -> list[EpochPlan]:
+    """Plan every epoch of `settings.epochs`; `drops` (what the scan left out) goes into the metrics."""
     if len(s) == 0:
         raise SettingsError("the samples table is empty: nothing to plan")
     check_fits(s, settings)
@@ -101,7 +103,7 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
     for epoch in range(settings.epochs):
         if progress:
             progress("planning epochs", epoch, settings.epochs)
-        plans.append(plan_epoch(s, settings, epoch, progress))
+        plans.append(plan_epoch(s, settings, epoch, progress, drops))
     if progress:
         progress("planning epochs", settings.epochs, settings.epochs)
     return plans

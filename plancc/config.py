@@ -8,6 +8,7 @@ Settings that cannot change a plan (`num_proc`, `quiet`, output paths) live in n
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import tomllib
 from dataclasses import dataclass, fields
@@ -22,6 +23,9 @@ MODES = ("packed", "padded", "flattened")
 SHIFTS = ("sample", "row", "none")
 LONG_POLICIES = ("truncate", "drop", "error")
 FORMATS = ("auto", "tokenized", "prompt_completion", "alpaca", "messages", "text")
+# what --columns may map a source field onto: every column name some format reads
+ROLES = ("input_ids", "labels", "shift_labels", "prompt", "completion", "instruction", "input", "output", "messages",
+         "conversations", "text")
 
 
 class SettingsError(PlanccError):
@@ -38,22 +42,72 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise SettingsError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}; got {value!r}")
 
 
+def parse_columns(value: Any) -> tuple[tuple[str, str], ...]:
+    """`--columns prompt=question,completion=answer` (or a config mapping) as sorted (role, field) pairs."""
+    if value is None or value == "" or value == ():
+        return ()
+    if isinstance(value, dict):
+        pairs = [(str(k), str(v)) for k, v in value.items()]
+    elif isinstance(value, str):
+        pairs = []
+        for part in value.split(","):
+            role, eq, field = part.partition("=")
+            if not eq or not role.strip() or not field.strip():
+                raise SettingsError(f"--columns {value!r}: expected role=field pairs separated by commas, "
+                                    "e.g. --columns prompt=question,completion=answer")
+            pairs.append((role.strip(), field.strip()))
+    elif isinstance(value, list | tuple) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
+        pairs = [(str(r), str(f)) for r, f in value]
+    else:
+        raise SettingsError(f"--columns must be role=field pairs (a string or a mapping), got {value!r}")
+    for role, _ in pairs:
+        if role not in ROLES:
+            raise SettingsError(f"--columns: unknown role {role!r}{did_you_mean(role, ROLES)}; roles are "
+                                f"{', '.join(ROLES)}")
+    roles = [r for r, _ in pairs]
+    if len(set(roles)) != len(roles):
+        raise SettingsError(f"--columns {value!r}: a role is mapped twice")
+    return tuple(sorted(pairs))
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScanOptions:
-    """What turns a source into a samples table. `tokenizer` is a path or None (built-in byte level)."""
+    """What turns a source into a samples table.
+
+    `tokenizer` is a tokenizer path or `builtin`; None only suits already-tokenized sources. `chat_template` is a
+    built-in name or a .jinja file (None: the tokenizer directory's own). `max_dropped` is a check on the result,
+    not part of it (the scan cache key leaves it out)."""
 
     format: str = "auto"
     tokenizer: str | None = None
+    chat_template: str | None = None
+    columns: tuple[tuple[str, str], ...] = ()
+    split: str | None = None
     sequence_len: int = 4096
     long: str = "drop"
     shift: str = "sample"
     add_eos: bool = True
+    max_dropped: float = 0.05
 
     def __post_init__(self) -> None:
         _choice("format", self.format, FORMATS)
         _choice("long", self.long, LONG_POLICIES)
         _choice("shift", self.shift, SHIFTS)
         _positive("sequence_len", self.sequence_len)
+        object.__setattr__(self, "columns", parse_columns(self.columns))
+        if isinstance(self.max_dropped, bool) or not isinstance(self.max_dropped, int | float) or not (
+            0 <= self.max_dropped <= 1
+        ):
+            raise SettingsError(f"--max-dropped must be a fraction in [0, 1], got {self.max_dropped!r}")
+        for name in ("tokenizer", "chat_template", "split"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise SettingsError(f"--{name.replace('_', '-')} must be a non-empty string, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +197,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name not in known:
-            raise SettingsError(f"config file {p}: unknown setting {key!r}")
+            raise SettingsError(f"config file {p}: unknown setting {key!r}{did_you_mean(name, sorted(known))}")
         out[name] = value
     return out

@@ -7,3 +7,9 @@ class PlanccError(Exception):
 
 class InputError(PlanccError):
     """A source file, row or column cannot be used."""
+
+
+def clip(value: object, limit: int = 120) -> str:
+    """`str(value)` cut to `limit` characters on one line, so a deeply nested type or value cannot flood a message."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} chars)"

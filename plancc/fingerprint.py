@@ -78,24 +78,33 @@ def dataset_fingerprint(sample_id: np.ndarray, token_hash: np.ndarray) -> str:
 
 
 def metadata_fingerprint(sample_id: np.ndarray, length: np.ndarray, label_count: np.ndarray,
-                         first_label_supervised: np.ndarray) -> str:
-    """What the planner saw of each sample: lengths and label counts."""
-    return array_digest(
+                         first_label_supervised: np.ndarray, identity: dict[str, str | None] | None = None) -> str:
+    """What the planner saw of each sample (lengths and label counts) and what made them: the tokenizer's and the
+    chat template's fingerprints (`identity`; none for a bare or already tokenized table)."""
+    digest = array_digest(
         sample_id.astype(np.int64),
         length.astype(np.int32),
         label_count.astype(np.int32),
         first_label_supervised.astype(np.uint8),
     )
+    made_by = {k: v for k, v in (identity or {}).items() if v}
+    return canonical_hash({"samples": digest, **made_by}) if made_by else digest
 
 
-def samples_fingerprints(table: pa.Table) -> dict[str, str]:
-    """`dataset` and `metadata` fingerprints of a samples table."""
+def scan_identity(report: dict[str, Any]) -> dict[str, str | None]:
+    """The tokenizer and chat template fingerprints a scan report records (for the metadata fingerprint)."""
+    template = report.get("chat_template") or {}
+    return {"tokenizer": report.get("tokenizer_fingerprint"), "chat_template": template.get("fingerprint")}
+
+
+def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None = None) -> dict[str, str]:
+    """`dataset` and `metadata` fingerprints of a samples table made with `identity` (see scan_identity)."""
     col = {name: store.column(table, name) for name in
            ("sample_id", "length", "label_count", "first_label_supervised", "token_hash")}
     return {
         "dataset": dataset_fingerprint(col["sample_id"], col["token_hash"]),
         "metadata": metadata_fingerprint(col["sample_id"], col["length"], col["label_count"],
-                                         col["first_label_supervised"]),
+                                         col["first_label_supervised"], identity),
     }
 
 
@@ -109,5 +118,6 @@ __all__ = [
     "dataset_fingerprint",
     "metadata_fingerprint",
     "samples_fingerprints",
+    "scan_identity",
     "token_hashes",
 ]

@@ -10,6 +10,7 @@ std/mean, the figures balancing is judged by.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from plancc.plan import (
 METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("samples", "int"),
     ("dropped_samples", "int"),
+    ("tail_dropped_samples", "int"),
+    ("truncated_samples", "int"),
     ("batches", "int"),
     ("packed_rows", "int"),
     ("mean_packed_length", "float"),
@@ -69,8 +72,19 @@ def _cv(mean: float, std: float) -> float:
     return std / mean if mean > 0 else 0.0
 
 
-def summarize(b: Batches, s: SampleArrays, settings: PlanSettings) -> dict[str, int | float | None]:
-    """One metrics row (without epoch/stage) for one epoch's microbatches; None where a metric does not apply."""
+@dataclass(frozen=True)
+class SourceDrops:
+    """Samples of the source the scan left out (too long, nothing supervised) or cut to --sequence-len before
+    planning; zero for a bare samples table, whose history is unknown."""
+
+    dropped: int = 0
+    truncated: int = 0
+
+
+def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
+              drops: SourceDrops = SourceDrops()) -> dict[str, int | float | None]:
+    """One metrics row (without epoch/stage) for one epoch's microbatches; None where a metric does not apply.
+    `dropped_samples` counts every source sample missing from the epoch: the scan's drops plus --drop-last's."""
     labels = batch_targets(b, s, settings.shift)
     tokens = batch_tokens(b, s)
     cost = batch_cost(b, s, settings.pad_multiple)
@@ -104,7 +118,9 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings) -> dict[str, 
 
     return {
         "samples": int(b.samples.shape[0]),
-        "dropped_samples": len(s) - int(b.samples.shape[0]),
+        "dropped_samples": drops.dropped + len(s) - int(b.samples.shape[0]),
+        "tail_dropped_samples": len(s) - int(b.samples.shape[0]),
+        "truncated_samples": drops.truncated,
         "batches": b.num_batches,
         "packed_rows": b.num_rows,
         "mean_packed_length": float(rtok.mean()) if rtok.size else 0.0,

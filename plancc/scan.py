@@ -1,8 +1,15 @@
-"""The scan: SOURCE → samples table (+ tokenized dataset), cached by (source content, tokenizer, scan options).
+"""The scan: SOURCE → samples table (+ tokenized dataset), cached by (source content, tokenizer, chat template, scan
+options).
 
-    read (sources.read) → detect format + check columns (sources.detect) → encode rows (sources.parallel /
-    sources.encode, or sources.samples.from_tokenized) → long policy, counts, drops, hashes (sources.samples)
-    → cache directory {samples.parquet, tokenized.parquet, scan.json}, written atomically
+    read (sources.read) → map columns, detect format, check columns (sources.detect) → encode rows
+    (sources.parallel / sources.encode, or sources.samples.from_tokenized) → long policy, counts, drops, hashes
+    (sources.samples) → drop check (--max-dropped) → cache directory {samples.parquet, tokenized.parquet,
+    scan.json}, written atomically
+
+A scan whose drops exceed `--max-dropped` writes nothing, not even its cache entry; the check also runs on every
+cache hit, so a threshold lowered later is never bypassed. The report (`scan.json`) counts every dropped and
+truncated sample and names the tokenizer and chat template with their fingerprints; `warnings` holds the lines a
+user must see (drops, template markers that are not single tokens, the split a dataset dict was read with).
 
 The tokenized Parquet has one row per SOURCE row in source order, so `sample_id` is the row the trainer loads;
 dropped rows stay in it (they are simply absent from the samples table). Under `--shift none` its `labels`
@@ -31,15 +38,15 @@ import pyarrow.parquet as pq
 from plancc import store
 from plancc.config import ScanOptions, canonical_hash
 from plancc.errors import InputError, PlanccError
-from plancc.fingerprint import samples_fingerprints
-from plancc.sources import detect
+from plancc.fingerprint import samples_fingerprints, scan_identity
+from plancc.sources import detect, templates
 from plancc.sources.encode import Encoded, RowError
 from plancc.sources.parallel import encode_rows
 from plancc.sources.read import locate, read_source
-from plancc.sources.samples import finish, from_tokenized
-from plancc.sources.tokenizer import BUILTIN_NAME, load_tokenizer
+from plancc.sources.samples import check_drops, drop_warning, finish, from_tokenized
+from plancc.sources.tokenizer import BUILTIN, BUILTIN_NAME, Tok, load_tokenizer
 
-SCAN_VERSION = 1
+SCAN_VERSION = 2
 Progress = Callable[[str, int, int], None] | None
 
 
@@ -56,10 +63,19 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("PLANCC_CACHE", "~/.cache/plancc")).expanduser()
 
 
-def _options_dict(options: ScanOptions, tokenizer_fp: str) -> dict[str, Any]:
+def _options_dict(options: ScanOptions, tok: Tok | None, template: templates.ChatTemplate | None) -> dict[str, Any]:
+    """The options that decide the samples table; the tokenizer's and template's content matter, not where they
+    were found. `max_dropped` checks the result and is left out."""
     d = dataclasses.asdict(options)
-    d["tokenizer"] = tokenizer_fp  # the tokenizer's content matters, not where it was found
+    d["tokenizer"] = tok.fingerprint if tok else None
+    d["chat_template"] = template.fingerprint if template else None
+    del d["max_dropped"]
     return d
+
+
+def _needs_tokenizer(source: str, fmt: str) -> InputError:
+    return InputError(f"{source}: {fmt} data must be tokenized: pass --tokenizer PATH (the model's tokenizer.json or "
+                      f"Hugging Face tokenizer directory), or --tokenizer {BUILTIN} for the built-in byte-level one")
 
 
 def _load_cached(path: Path, key: str) -> Scan | None:
@@ -120,15 +136,15 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     started = time.perf_counter()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc <= 0:
         raise InputError(f"--num-proc must be a positive integer, got {num_proc!r}")
-    tok = load_tokenizer(options.tokenizer)
+    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    template = templates.resolve(options.chat_template, tok)
     loc = locate(str(source))
     if progress:
         progress("reading", 0, 1)
-    src = read_source(loc) if loc.fingerprint is None else None
+    src = read_source(loc, options.split) if loc.fingerprint is None else None
     source_fp = loc.fingerprint or (src.fingerprint if src else "")
-    opts = _options_dict(options, tok.fingerprint)
-    key = canonical_hash({"version": SCAN_VERSION, "source": source_fp, "tokenizer": tok.fingerprint,
-                          "options": opts})
+    opts = _options_dict(options, tok, template)
+    key = canonical_hash({"version": SCAN_VERSION, "source": source_fp, "options": opts})
     entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "scans" / key
     cached = _load_cached(entry, key)
     if cached is not None:
@@ -137,23 +153,31 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         # same content may now live elsewhere: point at the files of this call, not of the cached one
         paths = list(src.paths) if src is not None else _current_paths(loc, cached.source_paths)
         report = {**cached.report, "source": str(source), "source_paths": paths}
+        check_drops(report, options.max_dropped)
         return dataclasses.replace(cached, source_paths=paths, report=report)
     if src is None:
-        src = read_source(loc)
+        src = read_source(loc, options.split)
     if progress:
         progress("reading", 1, 1)
+    src = detect.map_columns(src, options.columns)
     fmt = detect.detect_format(src) if options.format == "auto" else options.format
     work = detect.canonical(src, fmt)
+    warnings = list(src.notes)
+    chat = None
     if fmt == "tokenized":
-        vocab = tok.vocab_size if options.tokenizer is not None else None
-        enc = from_tokenized(work, options.shift, vocab, src.where)
+        enc = from_tokenized(work, options.shift, tok.vocab_size if tok else None, src.where)
         labels_shifted = options.shift == "none"
         if progress:
             progress("tokenizing", src.num_rows, src.num_rows)
     else:
+        if tok is None:
+            raise _needs_tokenizer(str(source), fmt)
+        if fmt == "messages":
+            chat = templates.require(template, tok)
+            warnings += filter(None, [templates.marker_warning(chat, tok)])
         try:
             enc = encode_rows(work, fmt, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
-                              progress=progress)
+                              progress=progress, template=chat.text if chat else None)
         except RowError as exc:
             raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
         labels_shifted = False
@@ -166,17 +190,21 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         "source_kind": src.kind,
         "source_paths": list(src.paths),
         "source_fingerprint": source_fp,
-        "tokenizer": tok.name,
-        "tokenizer_fingerprint": tok.fingerprint,
-        "eos_token": tok.eos_token,
+        "tokenizer": tok.name if tok else None,
+        "tokenizer_fingerprint": tok.fingerprint if tok else None,
+        "chat_template": chat.describe() if chat else None,
+        "eos_token": tok.eos_token if tok else None,
         "options": opts,
+        "max_dropped": options.max_dropped,
         "labels_shifted": options.shift == "none",
         "tokenized_written": bool(write_tokens),
-        "fingerprints": samples_fingerprints(done.samples),
         "key": key,
         "plancc_scan_version": SCAN_VERSION,
         "seconds": round(time.perf_counter() - started, 3),
     }
+    report["fingerprints"] = samples_fingerprints(done.samples, scan_identity(report))
+    report["warnings"] = warnings + list(filter(None, [drop_warning(report)]))
+    check_drops(report, options.max_dropped)  # before anything is written: an over-threshold scan leaves no trace
     if progress:
         progress("writing", 0, 1)
     tokenized = done.tokenized if write_tokens else None
@@ -211,12 +239,15 @@ def write_scan(result: Scan, out_dir: Path) -> None:
 def options_from_report(report: dict[str, Any], tokenizer: str | None = None) -> ScanOptions:
     """The scan options a report was made with, to rescan a source the same way (`validate --dataset`).
 
-    The report stores the tokenizer's fingerprint in its options and its location in `tokenizer`; `tokenizer`
-    overrides that location (a moved tokenizer rescans the same when its content is the same).
+    The report stores the tokenizer's and template's fingerprints in its options and their locations beside;
+    `tokenizer` overrides the tokenizer's location (a moved tokenizer rescans the same when its content is the
+    same). A rescan compares content, so it never refuses drops (`max_dropped` 1).
     """
     options = dict(report.get("options") or {})
     if not options:
         raise InputError("the plan has no scan report (it was compiled from a bare samples table): nothing to rescan")
     recorded = report.get("tokenizer")
-    options["tokenizer"] = tokenizer or (None if recorded in (None, BUILTIN_NAME) else recorded)
-    return ScanOptions(**options)
+    options["tokenizer"] = tokenizer or (BUILTIN if recorded == BUILTIN_NAME else recorded)
+    template = report.get("chat_template") or {}
+    options["chat_template"] = template.get("name") if template.get("origin") in ("builtin", "file") else None
+    return ScanOptions(**options, max_dropped=1.0)

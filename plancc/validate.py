@@ -15,7 +15,7 @@ import pyarrow as pa
 from plancc import store
 from plancc.api import plan_fingerprint, sample_arrays
 from plancc.config import PlanSettings
-from plancc.fingerprint import config_fingerprint, samples_fingerprints
+from plancc.fingerprint import config_fingerprint, samples_fingerprints, scan_identity
 from plancc.plan import (
     Batches,
     batch_cost,
@@ -67,7 +67,8 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings, recorded
         problems.append(f"epoch {epoch}: {missing} retained samples are missing "
                         f"(first: sample_id {int(s.sample_id[np.flatnonzero(counts == 0)[0]])})")
     if settings.drop_last and dropped_metric is not None and missing != dropped_metric:
-        problems.append(f"epoch {epoch}: {missing} samples missing but the metrics report {dropped_metric} dropped")
+        problems.append(f"epoch {epoch}: {missing} samples missing but the metrics report {dropped_metric} "
+                        "dropped by --drop-last")
     if settings.drop_last and n % settings.batches_per_update:
         problems.append(f"epoch {epoch}: --drop-last plan ends with an incomplete update")
 
@@ -123,7 +124,7 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None) -> tupl
     if config_fingerprint(settings.to_dict()) != fps["config"]:
         problems.append("config fingerprint does not match the recorded settings")
     samples_table = store.read_samples(f"{plan_dir}/{store.SAMPLES_FILE}")
-    for key, value in samples_fingerprints(samples_table).items():
+    for key, value in samples_fingerprints(samples_table, scan_identity(manifest.get("scan") or {})).items():
         if value != fps[key]:
             problems.append(f"{key} fingerprint does not match samples.parquet")
     if dataset_fingerprint is not None and dataset_fingerprint != fps["dataset"]:
@@ -134,7 +135,7 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None) -> tupl
         problems.append("samples.parquet is not sorted by unique sample_id")
         return problems, manifest
     metrics = store.read_table(f"{plan_dir}/{store.METRICS_FILE}", store.metrics_schema()).to_pylist()
-    dropped = {m["epoch"]: m["dropped_samples"] for m in metrics if m["stage"] == "after"}
+    dropped = {m["epoch"]: m["tail_dropped_samples"] for m in metrics if m["stage"] == "after"}
     plan = store.read_plan(plan_dir)
     epochs = plan.column("epoch").to_numpy()
     for e in range(settings.epochs):

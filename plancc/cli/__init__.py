@@ -16,10 +16,11 @@ _EXAMPLE = "\n\nExample:\n\n    plancc compile examples/data/chat.jsonl -o plans
 Opt = typer.Option
 
 
-def _settings(config: Path | None, flags: dict[str, Any]) -> tuple[ScanOptions, PlanSettings, int]:
-    """Defaults < config file < explicit flags; returns (scan options, plan settings, num_proc)."""
+def _settings(config: Path | None, flags: dict[str, Any]) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
+    """Defaults < config file < explicit flags; returns (scan options, plan settings, num_proc, names set)."""
     merged: dict[str, Any] = load_config_file(config) if config else {}
     merged.update({k: v for k, v in flags.items() if v is not None})
+    given = set(merged)
     num_proc = int(merged.pop("num_proc", 1))
     if num_proc <= 0:
         raise SettingsError(f"--num-proc must be a positive integer, got {num_proc}")
@@ -30,13 +31,30 @@ def _settings(config: Path | None, flags: dict[str, Any]) -> tuple[ScanOptions, 
         plan = PlanSettings(**{k: v for k, v in merged.items() if k in plan_names})
     except TypeError as exc:
         raise SettingsError(f"invalid setting: {exc}") from None
-    return scan, plan, num_proc
+    return scan, plan, num_proc, given
+
+
+def _warn(report: dict[str, Any]) -> None:
+    """The scan's warnings (drops, template markers, the split used), one line each on stderr."""
+    for line in report.get("warnings") or []:
+        typer.echo(f"warning: {line}", err=True)
 
 
 ConfigOpt = Annotated[Path | None, Opt("--config", help="TOML or YAML file of settings; flags override it.")]
-FormatOpt = Annotated[str | None, Opt("--format", help="auto|tokenized|prompt_completion|alpaca|messages|text")]
-TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="tokenizer.json or HF tokenizer dir (default: "
-                                                             "built-in byte level).")]
+FormatOpt = Annotated[str | None, Opt("--format", help="auto|tokenized|prompt_completion|alpaca|messages|text "
+                                                       "[default: auto]")]
+TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, or "
+                                                             "'builtin' (byte level). Required unless the source is "
+                                                             "already tokenized.")]
+TemplateOpt = Annotated[str | None, Opt("--chat-template", help="Chat data: a .jinja file or a built-in name "
+                                                                "(chatml, llama3) [default: the tokenizer dir's own; "
+                                                                "none is an error]")]
+ColumnsOpt = Annotated[str | None, Opt("--columns", help="Map source fields onto format roles, e.g. "
+                                                         "prompt=question,completion=answer or messages=dialog.")]
+SplitOpt = Annotated[str | None, Opt("--split", help="Split of a dataset dict directory or Hub id [default: "
+                                                     "train, said on stderr]")]
+MaxDroppedOpt = Annotated[float | None, Opt("--max-dropped", help="Most share of samples the scan may drop before "
+                                                                  "it is an error [default: 0.05]")]
 SeqOpt = Annotated[int | None, Opt("--sequence-len", help="Max tokens per sample / per row (default 4096).")]
 LongOpt = Annotated[str | None, Opt("--long", help="Over-long samples: truncate|drop|error (default drop).")]
 ShiftOpt = Annotated[str | None, Opt("--shift", help="Label shift: sample|row|none (default sample).")]
@@ -53,8 +71,12 @@ def compile_cmd(
     config: ConfigOpt = None,
     format: FormatOpt = None,
     tokenizer: TokenizerOpt = None,
+    chat_template: TemplateOpt = None,
+    columns: ColumnsOpt = None,
+    split: SplitOpt = None,
     sequence_len: SeqOpt = None,
     long: LongOpt = None,
+    max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
     mode: Annotated[str | None, Opt("--mode", help="packed|padded|flattened (default packed).")] = None,
     micro_batch_size: Annotated[int | None, Opt("--micro-batch-size", help="Samples (or packed sequences) per "
@@ -81,10 +103,11 @@ def compile_cmd(
     with fail_on_errors():
         flags = {k: v for k, v in locals().items() if k not in ("source", "output", "config", "cache_dir", "quiet",
                                                                 "json")}
-        scan, plan, procs = _settings(config, flags)
+        scan, plan, procs, given = _settings(config, flags)
         with reporter(quiet or json) as progress:
             manifest = compile_to_dir(source, scan, plan, output, num_proc=procs, cache_dir=cache_dir,
-                                      progress=progress)
+                                      progress=progress, given=given)
+        _warn(manifest)
         if json:
             print_json({"plan_dir": str(output), **manifest})
         elif not quiet:
@@ -96,7 +119,12 @@ def _print_compile_summary(output: Path, manifest: dict[str, Any]) -> None:
 
     metrics = store.read_table(output / store.METRICS_FILE, store.metrics_schema()).to_pylist()
     by = {(m["epoch"], m["stage"]): m for m in metrics}
-    typer.echo(f"wrote {output}: {manifest['samples']} samples, {len(manifest['epochs'])} epoch(s)")
+    template = (manifest.get("chat_template") or {}).get("name")
+    typer.echo(f"wrote {output}: {manifest['samples']} samples of {manifest['rows_read']} ("
+               f"{manifest['dropped_samples']} dropped, {manifest['truncated_samples']} truncated), "
+               f"{len(manifest['epochs'])} epoch(s)")
+    if manifest.get("tokenizer"):
+        typer.echo(f"  tokenizer {manifest['tokenizer']['name']}" + (f", chat template {template}" if template else ""))
     for e in manifest["epochs"]:
         before, after = by[(e["epoch"], "before")], by[(e["epoch"], "after")]
         typer.echo(
@@ -116,8 +144,12 @@ def scan_cmd(
     config: ConfigOpt = None,
     format: FormatOpt = None,
     tokenizer: TokenizerOpt = None,
+    chat_template: TemplateOpt = None,
+    columns: ColumnsOpt = None,
+    split: SplitOpt = None,
     sequence_len: SeqOpt = None,
     long: LongOpt = None,
+    max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
@@ -127,18 +159,22 @@ def scan_cmd(
     from plancc import scan as scan_mod
 
     with fail_on_errors():
-        flags = {"format": format, "tokenizer": tokenizer, "sequence_len": sequence_len, "long": long,
+        flags = {"format": format, "tokenizer": tokenizer, "chat_template": chat_template, "columns": columns,
+                 "split": split, "sequence_len": sequence_len, "long": long, "max_dropped": max_dropped,
                  "shift": shift, "num_proc": num_proc}
-        options, _, procs = _settings(config, flags)
+        options, _, procs, _ = _settings(config, flags)
         with reporter(quiet or json) as progress:
             result = scan_mod.scan(source, options, num_proc=procs, cache_dir=cache_dir, progress=progress)
             scan_mod.write_scan(result, output)
+        _warn(result.report)
         if json:
             print_json({"scan_dir": str(output), **result.report})
         elif not quiet:
             r = result.report
-            typer.echo(f"wrote {output}: {r['retained']} samples retained of {r['rows_read']} rows ({r['format']}, "
-                       f"tokenizer {r['tokenizer']})")
+            template = (r.get("chat_template") or {}).get("name")
+            typer.echo(f"wrote {output}: {r['retained']} samples retained of {r['rows_read']} rows, "
+                       f"{r['dropped_samples']} dropped, {r['truncated_samples']} truncated ({r['format']}, "
+                       f"tokenizer {r['tokenizer']}{f', chat template {template}' if template else ''})")
             for what in ("dropped_long", "truncated", "dropped_all_masked"):
                 if r[what]["count"]:
                     rows = ", ".join(map(str, r[what]["first_rows"]))

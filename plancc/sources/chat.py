@@ -20,6 +20,8 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from plancc.errors import clip
+
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
             "model": "assistant", "system": "system"}
 
@@ -98,20 +100,23 @@ class Renderer:
 
 
 def normalize(conversation: Any) -> list[dict[str, str]]:
-    """`[{role, content}]` or ShareGPT `[{from, value}]` into `[{role, content}]` with standard role names."""
+    """`[{role, content}]` or ShareGPT `[{from, value}]` into `[{role, content}]` with standard role names.
+
+    Every turn must have a string `content` (or `value`): a turn without one is an error, not an empty turn."""
     if not isinstance(conversation, list):
         raise TemplateProblem(f"expected a list of messages, got {type(conversation).__name__}")
     out = []
     for j, m in enumerate(conversation):
         if not isinstance(m, dict):
-            raise TemplateProblem(f"message {j} is not an object")
+            raise TemplateProblem(f"message {j} is {type(m).__name__}, expected an object with role and content")
+        key = "content" if m.get("content") is not None or "value" not in m else "value"
         role = m.get("role", m.get("from"))
-        content = m.get("content", m.get("value"))
         if not isinstance(role, str):
-            raise TemplateProblem(f"message {j} has no string 'role' (or 'from')")
-        if content is None:
-            content = ""
+            raise TemplateProblem(f"message {j}: field 'role' (or 'from') is "
+                                  f"{'missing' if role is None else type(role).__name__}, expected a string")
+        content = m.get(key)
         if not isinstance(content, str):
-            raise TemplateProblem(f"message {j} content is {type(content).__name__}, expected string")
+            got = "missing" if content is None else f"{type(content).__name__} {clip(content, 60)}"
+            raise TemplateProblem(f"message {j} ({role}): field '{key}' is {got}, expected a string")
         out.append({"role": ROLE_MAP.get(role, role), "content": content})
     return out

@@ -7,12 +7,13 @@ The result is a table with canonical column names and types, so encoders never s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc.errors import InputError
+from plancc.errors import InputError, clip
 from plancc.sources.read import Source
 
 REQUIRED = {
@@ -37,14 +38,33 @@ def detect_format(src: Source) -> str:
         return "text"
     raise InputError(
         f"{src.paths[0] if src.paths else 'source'}: cannot tell the format from columns "
-        f"{sorted(cols)}; expected input_ids, messages/conversations, instruction+input+output, "
-        "prompt+completion or text (or pass --format)"
+        f"{clip(sorted(cols), 200)}; expected input_ids, messages/conversations, instruction+input+output, "
+        "prompt+completion or text: map yours with --columns (e.g. --columns prompt=question,completion=answer) "
+        "and/or pass --format"
     )
+
+
+def map_columns(src: Source, columns: tuple[tuple[str, str], ...]) -> Source:
+    """Rename source fields onto format roles (`--columns role=field`); a role's own column, if any, gives way."""
+    if not columns:
+        return src
+    names = src.column_names
+    for role, field in columns:
+        if field not in names:
+            raise InputError(f"{src.paths[0] if src.paths else 'source'}: --columns {role}={field}: no column "
+                             f"{field!r} (columns: {clip(', '.join(names), 200)})")
+    rename = {field: role for role, field in columns}
+    roles = set(rename.values())
+    table = src.table.drop([c for c in src.table.column_names if c in roles and c not in rename])
+    table = table.rename_columns([rename.get(c, c) for c in table.column_names])
+    loose = {rename.get(k, k): v for k, v in src.loose.items() if not (k in roles and k not in rename)}
+    return dataclasses.replace(src, table=table, loose=loose)
 
 
 def _missing(src: Source, fmt: str, name: str) -> InputError:
     return InputError(f"{src.paths[0] if src.paths else 'source'}: missing column '{name}' needed by format "
-                      f"{fmt} (columns: {', '.join(src.column_names)})")
+                      f"{fmt} (columns: {clip(', '.join(src.column_names), 200)}; map one with --columns "
+                      f"{name}=FIELD)")
 
 
 def _loose_check(src: Source, name: str, values: list[Any], ok, expected: str) -> None:
@@ -74,7 +94,7 @@ def _string_column(src: Source, name: str, *, allow_null: bool = False) -> pa.Ch
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         valid = pc.is_valid(arr)
         i = pc.index(valid, True).as_py() if arr.null_count < len(arr) else 0
-        raise InputError(f"{src.where(max(i, 0))}: column '{name}' has type {arr.type}, expected string")
+        raise InputError(f"{src.where(max(i, 0))}: column '{name}' has type {clip(arr.type)}, expected string")
     if allow_null:
         return pc.fill_null(arr, "")
     _first_null(src, name, arr, "a string")
@@ -90,7 +110,7 @@ def _int_list_column(src: Source, name: str) -> pa.ChunkedArray:
             and (pa.types.is_integer(t.value_type) or pa.types.is_null(t.value_type))):
         valid = pc.is_valid(arr)
         i = pc.index(valid, True).as_py() if arr.null_count < len(arr) else 0
-        raise InputError(f"{src.where(max(i, 0))}: column '{name}' has type {t}, expected a list of integers")
+        raise InputError(f"{src.where(max(i, 0))}: column '{name}' has type {clip(t)}, expected a list of integers")
     _first_null(src, name, arr, "a list of integers")
     return arr
 
@@ -116,11 +136,11 @@ def canonical(src: Source, fmt: str) -> pa.Table:
         if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not (
             pa.types.is_struct(arr.type.value_type)
         ):
-            raise InputError(f"{src.where(0)}: column '{name}' has type {arr.type}, expected a list of "
+            raise InputError(f"{src.where(0)}: column '{name}' has type {clip(arr.type)}, expected a list of "
                              "{role, content} (or {from, value}) objects")
         fields = {f.name for f in arr.type.value_type}
         if not ({"role", "content"} <= fields or {"from", "value"} <= fields):
-            raise InputError(f"{src.where(0)}: column '{name}' messages have fields {sorted(fields)}, expected "
+            raise InputError(f"{src.where(0)}: column '{name}' messages have fields {clip(sorted(fields))}, expected "
                              "role+content or from+value")
         _first_null(src, name, arr, "a list of messages")
         return pa.table({"messages": arr})

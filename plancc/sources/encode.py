@@ -130,12 +130,16 @@ def _text(tok: Tok, texts: list[str], add_eos: bool) -> Encoded:
     return Encoded(ids, ids.copy(), off)
 
 
-def _messages(tok: Tok, conversations: list, row0: int) -> Encoded:
-    renderer = Renderer(tok.chat_template, tok.bos_token, tok.eos_token)
+def _messages(tok: Tok, template: str, conversations: list, row0: int) -> Encoded:
+    renderer = Renderer(template, tok.bos_token, tok.eos_token)
     texts, spans = [], []
     for i, conv in enumerate(conversations):
         try:
-            text, sp = renderer.spans(normalize(conv))
+            messages = normalize(conv)
+        except TemplateProblem as exc:
+            raise RowError(row0 + i, f"column 'messages', {exc}") from None
+        try:
+            text, sp = renderer.spans(messages)
         except TemplateProblem as exc:
             raise RowError(row0 + i, str(exc)) from None
         texts.append(text)
@@ -156,8 +160,10 @@ def _messages(tok: Tok, conversations: list, row0: int) -> Encoded:
     return Encoded(ids, labels, offsets)
 
 
-def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: int = 0) -> Encoded:
-    """Encode canonical rows (see detect.canonical) of one format; `row0` is the global index of the first row."""
+def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: int = 0,
+                 template: str | None = None) -> Encoded:
+    """Encode canonical rows (see detect.canonical) of one format; `row0` is the global index of the first row;
+    `template` is the chat template's text (messages only)."""
     if fmt == "text":
         return _text(tok, table.column("text").to_pylist(), add_eos)
     if fmt == "prompt_completion":
@@ -170,5 +176,7 @@ def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: in
         ]
         return _pair(tok, prompts, table.column("output").to_pylist(), add_eos)
     if fmt == "messages":
-        return _messages(tok, table.column("messages").to_pylist(), row0)
+        if template is None:
+            raise ValueError("messages need a chat template")
+        return _messages(tok, template, table.column("messages").to_pylist(), row0)
     raise ValueError(f"no encoder for format {fmt}")

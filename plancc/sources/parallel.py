@@ -46,11 +46,11 @@ def _init_worker(threads: int) -> None:
 
 def _work(args: tuple) -> tuple[str, int, str]:
     """Encode rows [a, b) of the memory-mapped input; returns ("ok", a, out_path) or ("error", row, message)."""
-    in_path, out_path, a, b, fmt, spec, add_eos = args
+    in_path, out_path, a, b, fmt, spec, add_eos, template = args
     with pa.memory_map(in_path) as source:
         table = pa.ipc.open_file(source).read_all().slice(a, b - a)
         try:
-            enc = encode_table(table, fmt, load_tokenizer(spec), add_eos=add_eos, row0=a)
+            enc = encode_table(table, fmt, load_tokenizer(spec), add_eos=add_eos, row0=a, template=template)
         except RowError as exc:
             return "error", exc.row, exc.message
     with pa.OSFile(out_path, "wb") as sink:
@@ -60,9 +60,10 @@ def _work(args: tuple) -> tuple[str, int, str]:
     return "ok", a, out_path
 
 
-def encode_rows(work: pa.Table, fmt: str, spec: str | None, *, add_eos: bool, num_proc: int = 1,
-                progress: Progress = None) -> Encoded:
-    """Encode all rows of a canonical table; raises RowError for a row that cannot be rendered."""
+def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc: int = 1,
+                progress: Progress = None, template: str | None = None) -> Encoded:
+    """Encode all rows of a canonical table (`template`: the chat template's text); raises RowError for a row that
+    cannot be rendered."""
     n = work.num_rows
     size = _chunk_size(n, num_proc)
     bounds = [(a, min(n, a + size)) for a in range(0, n, size)]
@@ -73,7 +74,8 @@ def encode_rows(work: pa.Table, fmt: str, spec: str | None, *, add_eos: bool, nu
         tok = load_tokenizer(spec)
         with ThreadPoolExecutor(2) as threads:
             chunks = threads.map(lambda ab: encode_table(work.slice(ab[0], ab[1] - ab[0]), fmt, tok,
-                                                         add_eos=add_eos, row0=ab[0]), bounds)
+                                                         add_eos=add_eos, row0=ab[0], template=template),
+                                 bounds)
             for (_, b), enc in zip(bounds, chunks, strict=True):
                 parts.append(enc)
                 if progress:
@@ -83,7 +85,7 @@ def encode_rows(work: pa.Table, fmt: str, spec: str | None, *, add_eos: bool, nu
         in_path = str(Path(tmp) / "input.arrow")
         with pa.OSFile(in_path, "wb") as sink, pa.ipc.new_file(sink, work.schema) as writer:
             writer.write_table(work)
-        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos) for a, b in bounds]
+        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos, template) for a, b in bounds]
         threads = max(1, (os.cpu_count() or 1) // num_proc)
         pool = ProcessPoolExecutor(num_proc, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                    initargs=(threads,))

@@ -38,6 +38,7 @@ class Source:
     fingerprint: str
     kind: str
     num_rows: int = 0
+    notes: list[str] = field(default_factory=list)  # what the user should hear (e.g. which split was used)
     _lines: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
@@ -231,22 +232,36 @@ def _expand(source: str) -> list[str] | None:
     return None
 
 
-def _saved_dataset(path: Path) -> Source:
+def _pick_split(where: str, splits: list[str], split: str | None) -> tuple[str, list[str]]:
+    """The split to read from a dataset dict: `--split`, else `train` (said in a note), else an error."""
+    if split is not None:
+        if split not in splits:
+            raise InputError(f"{where}: --split {split}: no such split (splits: {', '.join(splits)})")
+        return split, []
+    if "train" not in splits:
+        raise InputError(f"{where}: dataset dict has no 'train' split: pass --split (splits: {', '.join(splits)})")
+    return "train", ([f"{where}: dataset dict: using split 'train' of {', '.join(splits)} (choose with --split)"]
+                     if len(splits) > 1 else [f"{where}: dataset dict: using its split 'train' (--split)"])
+
+
+def _saved_dataset(path: Path, split: str | None) -> Source:
     import datasets
 
     try:
         ds = datasets.load_from_disk(str(path))
     except Exception as exc:  # datasets raises many unrelated types here
         raise InputError(f"{path}: cannot load dataset directory ({exc})") from None
+    notes: list[str] = []
     if isinstance(ds, datasets.DatasetDict):
-        if "train" not in ds:
-            raise InputError(f"{path}: dataset dict has no 'train' split (splits: {', '.join(ds)})")
-        ds = ds["train"]
+        split, notes = _pick_split(str(path), list(ds), split)
+        ds = ds[split]
+    elif split is not None:
+        raise InputError(f"{path}: --split {split}: this directory holds one dataset, not a dataset dict")
     files = [f["filename"] for f in ds.cache_files]
     table = ds.with_format("arrow")[:] if ds._indices is not None else ds.data.table
     fp = hashlib.blake2b((_file_digest(files) + str(ds._fingerprint)).encode(), digest_size=16).hexdigest()
     return Source(table=table, loose={}, files=[(str(path), 0, table.num_rows)], paths=files or [str(path)],
-                  fingerprint=fp, kind="dataset directory", num_rows=table.num_rows)
+                  fingerprint=fp, kind="dataset directory", num_rows=table.num_rows, notes=notes)
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -262,7 +277,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _hub_dataset(source: str) -> Source:
+def _hub_dataset(source: str, split: str | None) -> Source:
     offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
                   for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
     reason_offline = " (offline: HF_HUB_OFFLINE is set)" if offline else ""
@@ -273,7 +288,7 @@ def _hub_dataset(source: str) -> Source:
     saved = datasets.config.HF_HUB_OFFLINE
     try:
         datasets.config.HF_HUB_OFFLINE = saved or offline  # offline: only the local datasets cache is tried
-        ds = datasets.load_dataset(source, split="train")
+        ds = datasets.load_dataset(source, split=split or "train")
     except Exception as exc:  # network, not found, gated, offline: all one answer for the user
         reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         raise InputError(
@@ -284,8 +299,9 @@ def _hub_dataset(source: str) -> Source:
         datasets.config.HF_HUB_OFFLINE = saved
     files = [f["filename"] for f in ds.cache_files]
     table = ds.data.table
+    notes = [] if split else [f"{source}: using split 'train' of the Hub dataset (choose with --split)"]
     return Source(table=table, loose={}, files=[(source, 0, table.num_rows)], paths=files,
-                  fingerprint=f"hub:{source}:{ds._fingerprint}", kind="hub", num_rows=table.num_rows)
+                  fingerprint=f"hub:{source}:{ds._fingerprint}", kind="hub", num_rows=table.num_rows, notes=notes)
 
 
 def _looks_local(source: str) -> bool:
@@ -325,17 +341,20 @@ def locate(source: str) -> Located:
     return Located(source, "hub", (), None)
 
 
-def read_source(source: str | Located) -> Source:
-    """Read a located SOURCE; raises InputError naming the file (and line) that cannot be used."""
+def read_source(source: str | Located, split: str | None = None) -> Source:
+    """Read a located SOURCE (`split`: of a dataset dict or Hub dataset); raises InputError naming the file (and
+    line) that cannot be used."""
     loc = source if isinstance(source, Located) else locate(source)
+    if split is not None and loc.kind == "files":
+        raise InputError(f"{loc.source}: --split {split} applies to dataset directories and Hub ids, not to files")
     if loc.kind == "files":
         parts = [(p, *_read_file(p)) for p in loc.paths]
         src = _combine(parts, "glob" if len(parts) > 1 else Path(loc.paths[0]).suffix[1:], loc.fingerprint or "")
     elif loc.kind == "directory":
-        src = _saved_dataset(Path(loc.paths[0]))
+        src = _saved_dataset(Path(loc.paths[0]), split)
         src.fingerprint = loc.fingerprint or src.fingerprint
     else:
-        src = _hub_dataset(loc.source)
+        src = _hub_dataset(loc.source, split)
     if src.num_rows == 0:
         raise InputError(f"{loc.source}: the dataset is empty (no rows)")
     return src

@@ -140,6 +140,8 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     report["dropped_all_masked"] = _first_rows(masked)
     keep = ~masked & ~(over & (options.long == "drop"))
     report["retained"] = int(keep.sum())
+    report["dropped_samples"] = len(lengths) - report["retained"]
+    report["truncated_samples"] = report["truncated"]["count"]
     if not keep.any():
         raise InputError(
             f"{where(0).rsplit(' row ', 1)[0]}: no supervised samples: of {len(lengths)} rows, "
@@ -159,3 +161,32 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
         schema=store.SAMPLES_SCHEMA,
     )
     return Finished(samples, enc, report)
+
+
+def _drop_parts(report: dict) -> tuple[int, int, str]:
+    rows, dropped = report["rows_read"], report["dropped_samples"]
+    share = dropped / rows if rows else 0.0
+    seq = report.get("options", {}).get("sequence_len")
+    why = (f"{report['dropped_long']['count']} longer than --sequence-len {seq}, "
+           f"{report['dropped_all_masked']['count']} without a supervised target")
+    return dropped, rows, f"{dropped} of {rows} samples ({share:.1%}): {why}"
+
+
+def drop_warning(report: dict) -> str | None:
+    """One line saying how many samples the scan dropped or truncated, and why; None when it kept them all."""
+    dropped, _, text = _drop_parts(report)
+    truncated = report.get("truncated_samples", 0)
+    parts = ([f"dropped {text}"] if dropped else []) + (
+        [f"truncated {truncated} samples to --sequence-len {report.get('options', {}).get('sequence_len')}"]
+        if truncated else [])
+    return "; ".join(parts) or None
+
+
+def check_drops(report: dict, max_dropped: float) -> None:
+    """More than `max_dropped` of the rows dropped is an error: the plan would silently train on far less data."""
+    dropped, rows, text = _drop_parts(report)
+    if rows and dropped / rows > max_dropped:
+        raise InputError(
+            f"{report.get('source', 'source')}: dropped {text}, more than --max-dropped {max_dropped:g}; raise "
+            f"--sequence-len, use --long truncate, or accept it with --max-dropped {-(-dropped * 100 // rows) / 100:g}"
+        )

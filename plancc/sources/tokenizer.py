@@ -1,9 +1,11 @@
-"""Load a tokenizer (`tokenizer.json`, a Hugging Face tokenizer directory, or the built-in byte-level one) and its
-chat template, without transformers and without running any code from the tokenizer directory.
+"""Load a tokenizer (`tokenizer.json`, a Hugging Face tokenizer directory, or the built-in byte-level one) and the
+chat template its directory ships, without transformers and without running any code from the tokenizer directory.
 
-The built-in tokenizer is a real `tokenizers.Tokenizer`: a byte-level BPE with no merges (one token per UTF-8 byte,
-ids 0-255) plus ChatML-style special tokens, so that plancc works with nothing downloaded. The fingerprint covers
-what changes token ids and masks: the tokenizer JSON, the chat template and the eos/bos tokens.
+The built-in tokenizer (`--tokenizer builtin`, chosen on purpose, never by default) is a real
+`tokenizers.Tokenizer`: a byte-level BPE with no merges (one token per UTF-8 byte, ids 0-255) plus ChatML-style
+special tokens, so that plancc works with nothing downloaded. It ships no chat template. The fingerprint covers what
+changes token ids: the tokenizer JSON and the eos/bos tokens; the chat template is fingerprinted on its own
+(`plancc.sources.templates`).
 """
 
 from __future__ import annotations
@@ -18,14 +20,9 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from plancc.errors import InputError
 
+BUILTIN = "builtin"  # the --tokenizer value that selects the built-in byte-level tokenizer
 BUILTIN_NAME = "plancc-byte-level"
 BUILTIN_SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>", "<|im_end|>")
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 _EOS_GUESSES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|im_end|>", "<eos>")
 
 
@@ -35,7 +32,8 @@ class Tok:
 
     tokenizer: Tokenizer
     name: str
-    chat_template: str
+    chat_template: str | None  # the directory's own template (tokenizer_config.json or chat_template.jinja)
+    template_source: str | None  # the file it came from
     eos_token: str | None
     eos_id: int | None
     bos_token: str | None
@@ -73,39 +71,43 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _template_from(config: dict, directory: Path) -> str | None:
+def _template_from(config: dict, config_path: Path) -> tuple[str | None, str | None]:
+    """(template text, the file it came from) of a tokenizer directory, or (None, None)."""
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: take the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
-    jinja_file = directory / "chat_template.jinja"
-    if template is None and jinja_file.exists():
-        template = jinja_file.read_text(encoding="utf-8")
-    return template if isinstance(template, str) else None
+    if isinstance(template, str):
+        return template, str(config_path)
+    jinja_file = config_path.parent / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+    return None, None
 
 
-def _fingerprint(tokenizer_bytes: bytes, template: str, eos: str | None, bos: str | None) -> str:
+def _fingerprint(tokenizer_bytes: bytes, eos: str | None, bos: str | None) -> str:
     h = hashlib.blake2b(digest_size=16)
-    for part in (tokenizer_bytes, template.encode(), (eos or "").encode(), (bos or "").encode()):
+    for part in (tokenizer_bytes, (eos or "").encode(), (bos or "").encode()):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return h.hexdigest()
 
 
 @functools.lru_cache(maxsize=4)
-def load_tokenizer(spec: str | None) -> Tok:
-    """`spec` is None (built-in), a tokenizer.json file, or a directory with tokenizer.json (+ tokenizer_config.json)."""
-    if spec is None:
+def load_tokenizer(spec: str) -> Tok:
+    """`spec` is `builtin`, a tokenizer.json file, or a directory with tokenizer.json (+ tokenizer_config.json)."""
+    if spec == BUILTIN:
         tok = _builtin()
-        return Tok(tok, BUILTIN_NAME, CHATML_TEMPLATE, "<|eos|>", tok.token_to_id("<|eos|>"), "<|bos|>",
+        return Tok(tok, BUILTIN_NAME, None, None, "<|eos|>", tok.token_to_id("<|eos|>"), "<|bos|>",
                    tok.get_vocab_size(with_added_tokens=True),
-                   _fingerprint(tok.to_str().encode(), CHATML_TEMPLATE, "<|eos|>", "<|bos|>"), byte_ids=True)
+                   _fingerprint(tok.to_str().encode(), "<|eos|>", "<|bos|>"), byte_ids=True)
     path = Path(spec).expanduser()
     directory = path if path.is_dir() else path.parent
     json_path = path / "tokenizer.json" if path.is_dir() else path
     if not json_path.is_file():
         hint = " (only tokenizer.json based tokenizers are supported)" if path.is_dir() else ""
-        raise InputError(f"--tokenizer {spec}: {json_path} not found{hint}")
+        raise InputError(f"--tokenizer {spec}: {json_path} not found{hint}; `--tokenizer {BUILTIN}` selects the "
+                         "built-in byte-level tokenizer")
     raw = json_path.read_bytes()
     try:
         tok = Tokenizer.from_str(raw.decode("utf-8"))
@@ -118,11 +120,11 @@ def load_tokenizer(spec: str | None) -> Tok:
             config = orjson.loads(config_path.read_bytes())
         except orjson.JSONDecodeError as exc:
             raise InputError(f"--tokenizer {spec}: {config_path} is not valid JSON ({exc})") from None
-    template = _template_from(config, directory) or CHATML_TEMPLATE
+    template, template_source = _template_from(config, config_path)
     eos = _token_text(config.get("eos_token"))
     if eos is None:
         eos = next((t for t in _EOS_GUESSES if tok.token_to_id(t) is not None), None)
     bos = _token_text(config.get("bos_token"))
     eos_id = tok.token_to_id(eos) if eos is not None else None
-    return Tok(tok, str(path), template, eos, eos_id, bos, tok.get_vocab_size(with_added_tokens=True),
-               _fingerprint(raw, template, eos, bos))
+    return Tok(tok, str(path.resolve()), template, template_source, eos, eos_id, bos,
+               tok.get_vocab_size(with_added_tokens=True), _fingerprint(raw, eos, bos))
