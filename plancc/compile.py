@@ -13,7 +13,7 @@ import numpy as np
 
 from plancc import balance, pack
 from plancc.config import PlanSettings, SettingsError
-from plancc.metrics import SourceDrops, summarize
+from plancc.metrics import NO_DROPS, SourceDrops, summarize
 from plancc.plan import (
     Batches,
     SampleArrays,
@@ -80,7 +80,7 @@ def before_batches(s: SampleArrays, settings: PlanSettings, epoch: int) -> tuple
 
 
 def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None,
-               drops: SourceDrops = SourceDrops()) -> EpochPlan:
+               drops: SourceDrops = NO_DROPS) -> EpochPlan:
     b, rng = before_batches(s, settings, epoch)
     metrics = [("before", summarize(b, s, settings, drops))]
     passes = balance.stages(settings)
@@ -94,7 +94,7 @@ def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Pr
 
 
 def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None,
-                 drops: SourceDrops = SourceDrops()) -> list[EpochPlan]:
+                 drops: SourceDrops = NO_DROPS) -> list[EpochPlan]:
     """Plan every epoch of `settings.epochs`; `drops` (what the scan left out) goes into the metrics."""
     if len(s) == 0:
         raise SettingsError("the samples table is empty: nothing to plan")

@@ -81,8 +81,11 @@ class SourceDrops:
     truncated: int = 0
 
 
+NO_DROPS = SourceDrops()
+
+
 def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
-              drops: SourceDrops = SourceDrops()) -> dict[str, int | float | None]:
+              drops: SourceDrops = NO_DROPS) -> dict[str, int | float | None]:
     """One metrics row (without epoch/stage) for one epoch's microbatches; None where a metric does not apply.
     `dropped_samples` counts every source sample missing from the epoch: the scan's drops plus --drop-last's."""
     labels = batch_targets(b, s, settings.shift)

@@ -69,6 +69,7 @@ def _options_dict(options: ScanOptions, tok: Tok | None, template: templates.Cha
     d = dataclasses.asdict(options)
     d["tokenizer"] = tok.fingerprint if tok else None
     d["chat_template"] = template.fingerprint if template else None
+    d["columns"] = [list(pair) for pair in options.columns]  # as JSON reads it back from a cached report
     del d["max_dropped"]
     return d
 

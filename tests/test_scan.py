@@ -9,7 +9,7 @@ import pytest
 from plancc import store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
-from plancc.fingerprint import samples_fingerprints
+from plancc.fingerprint import samples_fingerprints, scan_identity
 from plancc.scan import scan, write_scan
 from plancc.store import read_samples_source
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
@@ -22,24 +22,24 @@ def _phases(calls):
 def test_cache_hit_reuses_and_key_follows_options(tmp_path):
     p = write_rows(tmp_path / "d.jsonl", alpaca_rows(20))
     calls: list = []
-    first = scan(str(p), ScanOptions(), cache_dir=tmp_path / "c", progress=lambda *a: calls.append(a))
+    first = scan(str(p), ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "c", progress=lambda *a: calls.append(a))
     assert {"reading", "tokenizing", "writing"} <= _phases(calls)
     assert ("tokenizing", 20, 20) in calls
     calls.clear()
-    again = scan(str(p), ScanOptions(), cache_dir=tmp_path / "c", progress=lambda *a: calls.append(a))
+    again = scan(str(p), ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "c", progress=lambda *a: calls.append(a))
     assert "tokenizing" not in _phases(calls)
     assert again.key == first.key and again.samples.equals(first.samples)
     assert again.tokenized_path == first.tokenized_path and again.report == first.report
-    other = scan(str(p), ScanOptions(sequence_len=2048), cache_dir=tmp_path / "c")
+    other = scan(str(p), ScanOptions(tokenizer="builtin", sequence_len=2048), cache_dir=tmp_path / "c")
     assert other.key != first.key
-    assert scan(str(p), ScanOptions(add_eos=False), cache_dir=tmp_path / "c").key not in (first.key, other.key)
+    assert scan(str(p), ScanOptions(tokenizer="builtin", add_eos=False), cache_dir=tmp_path / "c").key not in (first.key, other.key)
     write_rows(p, alpaca_rows(21))  # new content, same path: new key
-    assert scan(str(p), ScanOptions(), cache_dir=tmp_path / "c").key != first.key
+    assert scan(str(p), ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "c").key != first.key
 
 
 def test_default_cache_dir_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv("PLANCC_CACHE", str(tmp_path / "env-cache"))
-    result = scan(str(write_rows(tmp_path / "d.jsonl", alpaca_rows(3))), ScanOptions())
+    result = scan(str(write_rows(tmp_path / "d.jsonl", alpaca_rows(3))), ScanOptions(tokenizer="builtin"))
     assert result.tokenized_path.is_relative_to(tmp_path / "env-cache")
 
 
@@ -66,7 +66,7 @@ def test_num_proc_row_error_names_row(tmp_path):
 
 
 def test_write_scan_and_read_back(tmp_path):
-    result = scan(str(write_rows(tmp_path / "d.jsonl", alpaca_rows(9))), ScanOptions(), cache_dir=tmp_path / "c")
+    result = scan(str(write_rows(tmp_path / "d.jsonl", alpaca_rows(9))), ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "c")
     out = tmp_path / "scan-out"
     write_scan(result, out)
     assert sorted(f.name for f in out.iterdir()) == ["samples.parquet", "scan.json", "tokenized.parquet"]
@@ -79,7 +79,7 @@ def test_write_scan_and_read_back(tmp_path):
         assert loaded is not None
         table, info = loaded
         assert table.equals(result.samples)
-        assert samples_fingerprints(table) == result.report["fingerprints"]
+        assert samples_fingerprints(table, scan_identity(info["report"])) == result.report["fingerprints"]
         assert info["report"]["key"] == result.key
 
 
@@ -113,5 +113,6 @@ def test_cache_hit_points_at_current_files(tmp_path):
 def test_messages_with_mixed_extra_fields(tmp_path):
     rows = [{"messages": [{"role": "user", "content": "q", "weight": 1}, {"role": "assistant", "content": "a"}]},
             {"messages": [{"role": "user", "content": "q", "weight": "x"}, {"role": "assistant", "content": "b"}]}]
-    result = scan(str(write_rows(tmp_path / "m.jsonl", rows)), ScanOptions(), cache_dir=tmp_path / "c")
+    result = scan(str(write_rows(tmp_path / "m.jsonl", rows)), ScanOptions(tokenizer="builtin", chat_template="chatml"),
+                  cache_dir=tmp_path / "c")
     assert result.samples.num_rows == 2

@@ -11,8 +11,11 @@ from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.scan import scan
 from plancc.sources.chat import Renderer
-from plancc.sources.tokenizer import CHATML_TEMPLATE, load_tokenizer
+from plancc.sources.templates import BUILTIN_TEMPLATES
+from plancc.sources.tokenizer import load_tokenizer
 from tests.sources_fixtures import TEMPLATES, chatterbot_conversations, deepseek_dir, write_rows
+
+BUILTIN_CHAT = ScanOptions(tokenizer="builtin", chat_template="chatml")
 
 
 def _runs(ids: list[int], labels: list[int]) -> list[list[int]]:
@@ -49,16 +52,16 @@ def test_masks_exact_real_tokenizer(tmp_path, template):
 def test_conversations_sharegpt_columns(tmp_path):
     convs = chatterbot_conversations(10, system=False)
     share = [[{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]} for m in c] for c in convs]
-    a = scan(str(write_rows(tmp_path / "a.jsonl", [{"conversations": c} for c in share])), ScanOptions(),
+    a = scan(str(write_rows(tmp_path / "a.jsonl", [{"conversations": c} for c in share])), BUILTIN_CHAT,
              cache_dir=tmp_path / "c")
-    b = scan(str(write_rows(tmp_path / "b.jsonl", [{"messages": c} for c in convs])), ScanOptions(),
+    b = scan(str(write_rows(tmp_path / "b.jsonl", [{"messages": c} for c in convs])), BUILTIN_CHAT,
              cache_dir=tmp_path / "c")
     assert a.samples.equals(b.samples)
 
 
 def test_builtin_template_masks_user_and_system():
-    tok = load_tokenizer(None)
-    r = Renderer(CHATML_TEMPLATE, tok.bos_token, tok.eos_token)
+    tok = load_tokenizer("builtin")
+    r = Renderer(BUILTIN_TEMPLATES["chatml"], tok.bos_token, tok.eos_token)
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
             {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"},
             {"role": "assistant", "content": "A2"}]
@@ -77,7 +80,7 @@ def test_template_error_names_row(tmp_path):
 def test_label_count_matches_tokenized(tmp_path):
     convs = chatterbot_conversations(30)
     src = write_rows(tmp_path / "chat.parquet", [{"messages": c} for c in convs])
-    result = scan(str(src), ScanOptions(), cache_dir=tmp_path / "c")
+    result = scan(str(src), BUILTIN_CHAT, cache_dir=tmp_path / "c")
     labels = pq.read_table(result.tokenized_path).column("labels").to_pylist()
     counts = [int((np.array(lab) != -100).sum()) for lab in labels]
     assert result.samples.column("label_count").to_pylist() == [counts[i] for i in
@@ -86,10 +89,10 @@ def test_label_count_matches_tokenized(tmp_path):
 
 def test_template_not_prefix_stable_falls_back_to_content(tmp_path):
     # the header depends on the whole conversation, so shorter renders are not prefixes of the full one
-    template = ("turns={{ messages | length }}\n" + CHATML_TEMPLATE)
+    template = ("turns={{ messages | length }}\n" + BUILTIN_TEMPLATES["chatml"])
     tok_dir = tmp_path / "tok"
     tok_dir.mkdir()
-    load_tokenizer(None).tokenizer.save(str(tok_dir / "tokenizer.json"))
+    load_tokenizer("builtin").tokenizer.save(str(tok_dir / "tokenizer.json"))
     (tok_dir / "tokenizer_config.json").write_text(
         __import__("json").dumps({"chat_template": template, "eos_token": "<|eos|>"}))
     convs = [*chatterbot_conversations(10), [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hi"},

@@ -18,12 +18,12 @@ from plancc.sources.encode import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
 from plancc.sources.tokenizer import load_tokenizer
 from tests.sources_fixtures import DEEPSEEK_JSON, alpaca_rows, pc_rows, write_rows
 
-TOK = load_tokenizer(None)
+TOK = load_tokenizer("builtin")
 EOS = TOK.eos_id
 
 
 def _scan(tmp_path, source, **kw):
-    return scan(str(source), ScanOptions(**kw), cache_dir=Path(tmp_path) / "cache")
+    return scan(str(source), ScanOptions(**{"tokenizer": "builtin", "chat_template": "chatml", **kw}), cache_dir=Path(tmp_path) / "cache")
 
 
 def _tokenized(result):
@@ -146,12 +146,14 @@ def _builtin_json(tmp_path) -> Path:
 def test_long_policies(tmp_path):
     rows = [{"text": "a" * n} for n in (3, 20, 5, 30)]
     p = write_rows(tmp_path / "d.jsonl", rows)
-    drop = _scan(tmp_path, p, sequence_len=10)
+    drop = _scan(tmp_path, p, sequence_len=10, max_dropped=0.5)
     assert drop.samples.column("sample_id").to_pylist() == [0, 2]
     assert drop.report["dropped_long"] == {"count": 2, "first_rows": [1, 3]}
+    assert (drop.report["dropped_samples"], drop.report["truncated_samples"]) == (2, 0)
     trunc = _scan(tmp_path, p, sequence_len=10, long="truncate")
     assert trunc.samples.column("length").to_pylist() == [4, 10, 6, 10]
     assert trunc.report["truncated"]["count"] == 2
+    assert (trunc.report["dropped_samples"], trunc.report["truncated_samples"]) == (0, 2)
     assert [len(r["input_ids"]) for r in _tokenized(trunc)] == [4, 10, 6, 10]
     with pytest.raises(InputError, match=r"d\.jsonl row 1 \(line 2\): sample has 21 tokens, more than --sequence-len 10"):
         _scan(tmp_path, p, sequence_len=10, long="error")
@@ -160,12 +162,12 @@ def test_long_policies(tmp_path):
 def test_all_masked_samples_dropped_and_reported(tmp_path):
     rows = [{"prompt": "p", "completion": "c" if i % 2 else ""} for i in range(6)]
     p = write_rows(tmp_path / "d.jsonl", rows)
-    result = _scan(tmp_path, p, add_eos=False)
+    result = _scan(tmp_path, p, add_eos=False, max_dropped=0.5)
     assert result.samples.column("sample_id").to_pylist() == [1, 3, 5]
     assert result.report["dropped_all_masked"] == {"count": 3, "first_rows": [0, 2, 4]}
     # a sample whose only label is its first token has no target after the sample shift
     t = write_rows(tmp_path / "t.jsonl", [{"input_ids": [1, 2], "labels": [1, -100]}, {"input_ids": [1, 2], "labels": [1, 2]}])
-    assert _scan(tmp_path, t).samples.column("sample_id").to_pylist() == [1]
+    assert _scan(tmp_path, t, max_dropped=0.5).samples.column("sample_id").to_pylist() == [1]
 
 
 def test_nothing_supervised_is_an_error(tmp_path):
@@ -191,7 +193,7 @@ def test_label_counts_equal_direct_count(rows, shift):
             with pytest.raises(InputError, match="no supervised samples"):
                 _scan(tmp, p, shift=shift)
             return
-        result = _scan(tmp, p, shift=shift)
+        result = _scan(tmp, p, shift=shift, max_dropped=1)
     kept = [i for i, e in enumerate(effective) if e > 0]
     assert result.samples.column("sample_id").to_pylist() == kept
     assert result.samples.column("label_count").to_pylist() == [sum(x != -100 for x in data[i][col]) for i in kept]

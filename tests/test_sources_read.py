@@ -12,7 +12,7 @@ from tests.sources_fixtures import alpaca_rows, pc_rows, write_rows
 
 
 def _scan(tmp_path, source, **kw):
-    return scan(str(source), ScanOptions(**kw), cache_dir=tmp_path / "cache")
+    return scan(str(source), ScanOptions(**{"tokenizer": "builtin", "chat_template": "chatml", **kw}), cache_dir=tmp_path / "cache")
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet", ".arrow", ".csv"])
@@ -136,7 +136,7 @@ def test_unwritable_cache_is_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(PlanccError, match="cannot write the scan cache"):
-        scan(str(write_rows(tmp_path / "d.jsonl", pc_rows(2))), ScanOptions(), cache_dir=blocker / "sub")
+        scan(str(write_rows(tmp_path / "d.jsonl", pc_rows(2))), ScanOptions(tokenizer="builtin"), cache_dir=blocker / "sub")
 
 
 def test_hub_id_unreachable_or_missing_is_clear_error(tmp_path, monkeypatch):

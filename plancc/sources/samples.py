@@ -186,7 +186,10 @@ def check_drops(report: dict, max_dropped: float) -> None:
     """More than `max_dropped` of the rows dropped is an error: the plan would silently train on far less data."""
     dropped, rows, text = _drop_parts(report)
     if rows and dropped / rows > max_dropped:
+        fixes = (["raise --sequence-len, use --long truncate"] if report["dropped_long"]["count"] else []) + (
+            ["check which field is the completion (--format, --columns)"] if report["dropped_all_masked"]["count"]
+            else [])
         raise InputError(
-            f"{report.get('source', 'source')}: dropped {text}, more than --max-dropped {max_dropped:g}; raise "
-            f"--sequence-len, use --long truncate, or accept it with --max-dropped {-(-dropped * 100 // rows) / 100:g}"
+            f"{report.get('source', 'source')}: dropped {text}, more than --max-dropped {max_dropped:g}; "
+            f"{', '.join(fixes)}, or accept it with --max-dropped {-(-dropped * 100 // rows) / 100:g}"
         )
