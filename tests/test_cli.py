@@ -114,7 +114,8 @@ def test_scan_then_compile_carries_the_tokenized_rows_and_validate_rescans(tmp_p
     source = tmp_path / "pc.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = tmp_path / "cache"
-    assert _run("scan", source, "-o", tmp_path / "scan", "--sequence-len", "256", "--cache-dir", cache).exit_code == 0
+    assert _run("scan", source, "-o", tmp_path / "scan", "--sequence-len", "256", "--tokenizer", "builtin",
+                "--cache-dir", cache).exit_code == 0
     plan = tmp_path / "plan"
     res = _run("compile", tmp_path / "scan", "-o", plan, "--sequence-len", "256", "--json")
     assert res.exit_code == 0, res.output
