@@ -12,6 +12,8 @@ import typer
 
 from plancc.errors import PlanccError
 
+MESSAGE_LIMIT = 1000  # an error is a few lines: whatever a message quotes (values, types, paths) is cut to fit
+
 app = typer.Typer(
     name="plancc",
     help="Compile fine-tuning datasets into packed, label-balanced, token-exact training plans.",
@@ -27,7 +29,10 @@ def fail_on_errors() -> Iterator[None]:
     try:
         yield
     except PlanccError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        text = str(exc)
+        if len(text) > MESSAGE_LIMIT:
+            text = f"{text[:MESSAGE_LIMIT]}... ({len(text)} chars)"
+        typer.echo(f"error: {text}", err=True)
         raise typer.Exit(2) from None
     except OSError as exc:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""

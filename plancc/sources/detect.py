@@ -130,7 +130,7 @@ def canonical(src: Source, fmt: str) -> pa.Table:
                 try:
                     normalized.append(normalize(v))
                 except TemplateProblem as exc:
-                    raise InputError(f"{src.where(i)}: column '{name}': {exc}") from None
+                    raise InputError(f"{src.where(i)}: column '{name}', {exc}") from None
             return pa.table({"messages": pa.array(normalized)})
         arr = src.table.column(name)
         if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not (
