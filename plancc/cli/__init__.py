@@ -11,7 +11,8 @@ import typer
 from plancc.cli.common import app, fail_on_errors, print_json, reporter
 from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file
 
-_EXAMPLE = "\n\nExample:\n\n    plancc compile examples/data/chat.jsonl -o plans/chat --micro-batch-size 4 --grad-accum 4"
+_EXAMPLE = ("\n\nExample:\n\n    plancc compile examples/data/chat.jsonl -o plans/chat --tokenizer builtin "
+            "--chat-template chatml --grad-accum 4")
 
 Opt = typer.Option
 
