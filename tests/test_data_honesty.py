@@ -159,6 +159,28 @@ def test_template_markers_that_are_not_single_tokens_warn(tmp_path):
     assert own.report["chat_template"]["name"].endswith("tokenizer_config.json")
 
 
+def test_a_tokenizer_directory_with_chat_template_jinja_uses_it(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok_dir = tmp_path / "bpe"
+    tok_dir.mkdir()
+    bpe = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz <>|_\n")}, merges=[],
+                               unk_token="_"))
+    bpe.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    bpe.add_special_tokens(["<|turn|>", "<|end|>"])
+    bpe.save(str(tok_dir / "tokenizer.json"))
+    (tok_dir / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ '<|turn|>' + m['role'] + '\n' + m['content'] + '<|end|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|turn|>assistant\n' }}{% endif %}")
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}] * 3
+    result = scan(str(write_rows(tmp_path / "c.jsonl", rows)), ScanOptions(tokenizer=str(tok_dir)),
+                  cache_dir=tmp_path / "c")
+    assert result.report["chat_template"]["origin"] == "tokenizer"
+    assert result.report["chat_template"]["name"] == str((tok_dir / "chat_template.jinja").resolve())
+    assert result.report["warnings"] == []  # its markers are single tokens of its vocabulary
+    assert result.samples.column("label_count").to_pylist() == [3, 3, 3]  # "y", "o", "<|end|>"
+
+
 def test_template_is_named_fingerprinted_and_keys_the_cache(tmp_path):
     src = _chat(tmp_path)
     tmpl = tmp_path / "mine.jinja"
@@ -175,8 +197,8 @@ def test_template_is_named_fingerprinted_and_keys_the_cache(tmp_path):
 
 
 def test_plan_manifest_names_tokenizer_and_template(tmp_path):
-    out = tmp_path / "plan"
-    res = _run("compile", _chat(tmp_path), "-o", out, "--tokenizer", "builtin", "--chat-template", "llama3",
+    out, src = tmp_path / "plan", _chat(tmp_path)
+    res = _run("compile", src, "-o", out, "--tokenizer", "builtin", "--chat-template", "llama3",
                "--cache-dir", tmp_path / "cache")
     assert res.exit_code == 0, res.output
     manifest = json.loads((out / store.MANIFEST_FILE).read_text())
@@ -184,6 +206,8 @@ def test_plan_manifest_names_tokenizer_and_template(tmp_path):
     assert manifest["chat_template"]["name"] == "llama3"
     assert "chat template llama3" in res.output
     assert _run("validate", out).exit_code == 0  # the metadata fingerprint folds both in, and validates
+    res = _run("validate", out, "--dataset", src, "--cache-dir", tmp_path / "cache2")  # rescans with llama3
+    assert res.exit_code == 0 and "dataset content" in res.output
 
 
 def test_llama3_builtin_masks_exactly_the_assistant_turns():
