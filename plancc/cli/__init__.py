@@ -42,20 +42,20 @@ def _warn(report: dict[str, Any]) -> None:
 
 
 ConfigOpt = Annotated[Path | None, Opt("--config", help="TOML or YAML file of settings; flags override it.")]
-FormatOpt = Annotated[str | None, Opt("--format", help="auto|tokenized|prompt_completion|alpaca|messages|text "
-                                                       "[default: auto]")]
+FormatOpt = Annotated[str | None, Opt("--format", help="auto, tokenized, prompt_completion, alpaca, "
+                                                       "messages or text (default auto).")]
 TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, or "
                                                              "'builtin' (byte level). Required unless the source is "
                                                              "already tokenized.")]
 TemplateOpt = Annotated[str | None, Opt("--chat-template", help="Chat data: a .jinja file or a built-in name "
-                                                                "(chatml, llama3) [default: the tokenizer dir's own; "
-                                                                "none is an error]")]
+                                                                "(chatml, llama3). Default: the tokenizer dir's own; "
+                                                                "none is an error.")]
 ColumnsOpt = Annotated[str | None, Opt("--columns", help="Map source fields onto format roles, e.g. "
                                                          "prompt=question,completion=answer or messages=dialog.")]
-SplitOpt = Annotated[str | None, Opt("--split", help="Split of a dataset dict directory or Hub id [default: "
-                                                     "train, said on stderr]")]
-MaxDroppedOpt = Annotated[float | None, Opt("--max-dropped", help="Most share of samples the scan may drop before "
-                                                                  "it is an error [default: 0.05]")]
+SplitOpt = Annotated[str | None, Opt("--split", help="Split of a dataset dict directory or Hub id (default "
+                                                     "train, said on stderr).")]
+MaxDroppedOpt = Annotated[float | None, Opt("--max-dropped", help="Largest share of samples the scan may drop; "
+                                                                  "more is an error (default 0.05).")]
 SeqOpt = Annotated[int | None, Opt("--sequence-len", help="Max tokens per sample / per row (default 4096).")]
 LongOpt = Annotated[str | None, Opt("--long", help="Over-long samples: truncate|drop|error (default drop).")]
 ShiftOpt = Annotated[str | None, Opt("--shift", help="Label shift: sample|row|none (default sample).")]
