@@ -65,8 +65,8 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
                    given: Collection[str] = ()) -> dict[str, Any]:
     """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
 
-    A scan or plan directory as `source` carries its scan options (`plancc.carry`): `given` names the settings the
-    caller set on purpose, which must not contradict them."""
+    The scan's sequence_len and shift become the plan's (`plancc.carry`); for a scan or plan directory as `source`
+    that is what it was made with, and `given` (the settings the caller set on purpose) must not contradict it."""
     samples_table, scan_info, tokenized = load_samples(
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
