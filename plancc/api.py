@@ -19,7 +19,7 @@ from plancc import __version__, store
 from plancc.carry import carry
 from plancc.compile import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.config import PlanSettings, ScanOptions
-from plancc.fingerprint import array_digest, config_fingerprint, samples_fingerprints, scan_identity
+from plancc.fingerprint import config_fingerprint, metrics_checksum, plan_fingerprint, scan_identity
 from plancc.metrics import SourceDrops
 from plancc.plan import SampleArrays
 
@@ -32,12 +32,6 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
         label_count=store.column(table, "label_count").astype(np.int64),
         first_label_supervised=store.column(table, "first_label_supervised"),
     )
-
-
-def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
-    """Digest of one epoch's plan rows: order, membership, mapping and counts."""
-    return array_digest(*(cols[k] for k in ("index", "update", "rank", "micro_step", "batch_bounds", "row_bounds",
-                                            "sample_ids", "tokens", "label_count", "cost", "num_items")))
 
 
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
@@ -84,7 +78,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
     fingerprints: dict[str, Any] = {
-        **samples_fingerprints(samples_table, scan_identity(scan_info)),
+        **store.samples_fingerprints(samples_table, scan_identity(scan_info)),
         "config": config_fingerprint(settings_dict),
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,
@@ -103,6 +97,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
     data = ({"tokenized": store.TOKENIZED_FILE} if tokenized is not None
             else {"source": scan_info.get("source_paths", []), "format": "tokenized"})
+    metrics = store.metrics_table(metric_rows)
     manifest = {
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,
@@ -120,9 +115,10 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
                       if scan_info.get("tokenizer") else None),
         "chat_template": scan_info.get("chat_template"),
         "warnings": scan_info.get("warnings", []),
+        "checksums": {"metrics": metrics_checksum(metrics.to_pylist())},
     }
     with store.atomic_directory(out_dir) as tmp:
-        store.write_plan_files(tmp, plan, samples_table, store.metrics_table(metric_rows), fingerprints,
+        store.write_plan_files(tmp, plan, samples_table, metrics, fingerprints,
                                settings_dict, manifest)
         if tokenized is not None:  # a hard link when the cache shares the filesystem: no second copy of the tokens
             try:

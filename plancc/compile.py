@@ -13,6 +13,7 @@ import numpy as np
 
 from plancc import balance, pack
 from plancc.config import PlanSettings, SettingsError
+from plancc.layout import complete_updates, update_mapping
 from plancc.metrics import NO_DROPS, SourceDrops, summarize
 from plancc.plan import (
     Batches,
@@ -20,9 +21,7 @@ from plancc.plan import (
     batch_cost,
     batch_targets,
     batch_tokens,
-    complete_updates,
     segment_sum,
-    update_mapping,
 )
 
 Progress = Callable[[str, int, int], None]

@@ -10,7 +10,7 @@
   identical (same sample ids in the same rows, at the same global index) and the first differing microbatch.
 
 Churn is a columnar compare, never a loop over samples: each plan's `sample_ids` column becomes flat CSR arrays
-(`validate.nested_arrays`), each sample's (update, rank) key is scattered into a dense id-indexed array (or
+(`store.nested_arrays`), each sample's (update, rank) key is scattered into a dense id-indexed array (or
 matched by sort when ids are sparse), and microbatches of equal shape are compared element-wise through one
 gather. Epochs whose plan fingerprints are equal are not read at all: equal digests mean equal rows.
 
@@ -116,10 +116,7 @@ class EpochRows:
     """One epoch of one plan as flat arrays, addressable by global microbatch index."""
 
     def __init__(self, table: pa.Table):
-        # imports the compile side (numba): only paid when rows are compared
-        from plancc.validate import nested_arrays
-
-        ids, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
+        ids, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
         n = table.num_rows
         index = table.column("index").to_numpy()
         # position (row of the file slice) of each global microbatch index

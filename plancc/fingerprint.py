@@ -1,8 +1,10 @@
-"""Content, metadata, config and plan hashes.
+"""Content, metadata, config, plan and metrics digests.
 
-Per-sample `token_hash` is a 64-bit hash of one sample's `input_ids` and `labels`, computed in a compiled loop so a
-scan of millions of samples pays nothing for it. Whole-table fingerprints are BLAKE2b digests over fixed-width
-little-endian array bytes: identical arrays give identical digests on any machine.
+Per-sample `token_hash` is a 64-bit hash of one sample's `input_ids` and `labels`, computed in a compiled loop
+(`plancc.token_hash`, loaded only when tokens are hashed) so a scan of millions of samples pays nothing for it.
+Whole-table fingerprints are BLAKE2b digests over fixed-width little-endian array bytes: identical arrays give
+identical digests on any machine. This module imports numpy and the standard library only, so the runtime checks
+a plan's digests without loading the compile side.
 """
 
 from __future__ import annotations
@@ -10,50 +12,19 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import numba
 import numpy as np
-import pyarrow as pa
 
-from plancc import store
 from plancc.config import canonical_hash
 
-
-@numba.njit(cache=True, inline="always")
-def _round(h, v):
-    h = h ^ (v * np.uint64(0xC2B2AE3D27D4EB4F))
-    h = (h << np.uint64(31)) | (h >> np.uint64(33))
-    return h * np.uint64(0x9E3779B185EBCA87)
-
-
-@numba.njit(cache=True, inline="always")
-def _avalanche(h):
-    h = h ^ (h >> np.uint64(33))
-    h = h * np.uint64(0xC2B2AE3D27D4EB4F)
-    h = h ^ (h >> np.uint64(29))
-    h = h * np.uint64(0x165667B19E3779F9)
-    return h ^ (h >> np.uint64(32))
-
-
-@numba.njit(cache=True)
-def _hash_pairs(ids, ids_offsets, labels, labels_offsets):
-    n = ids_offsets.shape[0] - 1
-    out = np.empty(n, dtype=np.uint64)
-    for i in range(n):
-        a0, a1 = ids_offsets[i], ids_offsets[i + 1]
-        b0, b1 = labels_offsets[i], labels_offsets[i + 1]
-        h = np.uint64(0x27D4EB2F165667C5) ^ np.uint64(a1 - a0)
-        for j in range(a0, a1):
-            h = _round(h, np.uint64(np.uint32(ids[j])))
-        h = _round(h, np.uint64(b1 - b0) ^ np.uint64(0xFFFFFFFF00000000))
-        for j in range(b0, b1):
-            h = _round(h, np.uint64(np.uint32(labels[j])))
-        out[i] = _avalanche(h)
-    return out
+PLAN_FINGERPRINT_COLUMNS = ("index", "update", "rank", "micro_step", "batch_bounds", "row_bounds", "sample_ids",
+                            "tokens", "label_count", "cost", "num_items")
 
 
 def token_hashes(ids: np.ndarray, ids_offsets: np.ndarray, labels: np.ndarray, labels_offsets: np.ndarray) -> np.ndarray:
     """64-bit content hash per sample of (input_ids, labels), given flat values and CSR offsets (n+1 each)."""
-    return _hash_pairs(
+    from plancc.token_hash import hash_pairs  # numba: only where tokens are hashed
+
+    return hash_pairs(
         np.ascontiguousarray(ids, dtype=np.int32),
         np.ascontiguousarray(ids_offsets, dtype=np.int64),
         np.ascontiguousarray(labels, dtype=np.int32),
@@ -97,27 +68,34 @@ def scan_identity(report: dict[str, Any]) -> dict[str, str | None]:
     return {"tokenizer": report.get("tokenizer_fingerprint"), "chat_template": template.get("fingerprint")}
 
 
-def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None = None) -> dict[str, str]:
-    """`dataset` and `metadata` fingerprints of a samples table made with `identity` (see scan_identity)."""
-    col = {name: store.column(table, name) for name in
-           ("sample_id", "length", "label_count", "first_label_supervised", "token_hash")}
-    return {
-        "dataset": dataset_fingerprint(col["sample_id"], col["token_hash"]),
-        "metadata": metadata_fingerprint(col["sample_id"], col["length"], col["label_count"],
-                                         col["first_label_supervised"], identity),
-    }
+def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
+    """Digest of one epoch's plan rows in global order: order, membership, mapping and counts (`num_items` too).
+
+    `cols` holds the plan columns as arrays plus the nested `sample_ids` as CSR (`sample_ids`, `row_bounds`,
+    `batch_bounds`); compile hashes what it writes and the store hashes what it reads with this one function.
+    """
+    return array_digest(*(cols[k] for k in PLAN_FINGERPRINT_COLUMNS))
 
 
 def config_fingerprint(settings: dict[str, Any]) -> str:
+    """Digest of every plan setting (`PlanSettings.to_dict()`)."""
     return canonical_hash(settings)
 
 
+def metrics_checksum(rows: list[dict[str, Any]]) -> str:
+    """Digest of the metrics rows as stored (epoch, stage, every metric; floats exactly): they have no fingerprint,
+    so the plan file records this to make any edit of metrics.parquet detectable."""
+    return canonical_hash({"metrics": rows})
+
+
 __all__ = [
+    "PLAN_FINGERPRINT_COLUMNS",
     "array_digest",
     "config_fingerprint",
     "dataset_fingerprint",
     "metadata_fingerprint",
-    "samples_fingerprints",
+    "metrics_checksum",
+    "plan_fingerprint",
     "scan_identity",
     "token_hashes",
 ]

@@ -160,9 +160,7 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
         order = np.argsort(key, kind="stable")
         at = order[np.searchsorted(key[order], wanted)]
         ids_col = full.column("sample_ids").take(pa.array(at))
-        from plancc.validate import nested_arrays
-
-        flat, row_bounds, batch_bounds = nested_arrays(ids_col)
+        flat, row_bounds, batch_bounds = store.nested_arrays(ids_col)
         scalars = shown.to_pydict()
         for i in range(shown.num_rows):
             r0, r1 = int(batch_bounds[i]), int(batch_bounds[i + 1])

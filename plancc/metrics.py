@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from plancc.config import PlanSettings
+from plancc.layout import complete_updates
 from plancc.plan import (
     Batches,
     SampleArrays,
     batch_cost,
     batch_targets,
     batch_tokens,
-    complete_updates,
     row_tokens,
 )
 

@@ -119,17 +119,6 @@ def batch_cost(b: Batches, s: SampleArrays, pad_multiple: int) -> np.ndarray:
     return b.rows_per_batch() * padded
 
 
-def update_mapping(num_batches: int, world_size: int, grad_accum: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(update, rank, micro_step) of each global microbatch index (SPEC 4): i = u*W*G + m*W + r."""
-    i = np.arange(num_batches, dtype=np.int64)
-    per_update = world_size * grad_accum
-    return i // per_update, (i % world_size).astype(np.int32), ((i % per_update) // world_size).astype(np.int32)
-
-
-def complete_updates(num_batches: int, world_size: int, grad_accum: int) -> int:
-    return num_batches // (world_size * grad_accum)
-
-
 def from_rows(samples: np.ndarray, row_bounds: np.ndarray, rows_per_batch: int) -> Batches:
     """Group consecutive rows into microbatches of `rows_per_batch` (the last may hold fewer)."""
     n_rows = row_bounds.shape[0] - 1

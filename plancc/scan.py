@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from plancc import store
 from plancc.config import ScanOptions, canonical_hash
 from plancc.errors import InputError, PlanccError
-from plancc.fingerprint import samples_fingerprints, scan_identity
+from plancc.fingerprint import scan_identity
 from plancc.sources import detect, templates
 from plancc.sources.encode import Encoded, RowError
 from plancc.sources.parallel import encode_rows
@@ -203,7 +203,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         "plancc_scan_version": SCAN_VERSION,
         "seconds": round(time.perf_counter() - started, 3),
     }
-    report["fingerprints"] = samples_fingerprints(done.samples, scan_identity(report))
+    report["fingerprints"] = store.samples_fingerprints(done.samples, scan_identity(report))
     report["warnings"] = warnings + list(filter(None, [drop_warning(report)]))
     check_drops(report, options.max_dropped)  # before anything is written: an over-threshold scan leaves no trace
     if progress:

@@ -2,7 +2,8 @@
 
 A plan directory holds `plan.parquet`, `samples.parquet`, `metrics.parquet` and a `manifest.json` mirror. Every
 Parquet file carries the plan's fingerprints and settings in its key-value metadata, so one file is
-self-describing. The plan table is written sorted by (epoch, rank, index) in row groups, so that one rank's epoch
+self-describing; `plan.parquet` carries the whole manifest. `PlanDir` (end of this module) is the verified reader:
+every file is checked against what the plan file's fingerprints and checksums bind. The plan table is written sorted by (epoch, rank, index) in row groups, so that one rank's epoch
 is read by skipping row groups on their statistics instead of decoding the whole file.
 """
 
@@ -23,7 +24,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from plancc.config import PlanSettings, SettingsError
 from plancc.errors import InputError, PlanccError
+from plancc.fingerprint import (
+    config_fingerprint,
+    dataset_fingerprint,
+    metadata_fingerprint,
+    metrics_checksum,
+    plan_fingerprint,
+    scan_identity,
+)
+from plancc.layout import complete_updates, update_mapping
 
 SCHEMA_VERSION = 1
 
@@ -150,16 +161,23 @@ def _open(path: Path) -> pq.ParquetFile:
         raise StoreError(f"{path} does not exist")
     try:
         return pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: e.g. a column name that is not UTF-8
         raise StoreError(f"{path} is not a readable Parquet file ({exc})") from None
 
 
 def read_file_meta(path: str | Path) -> dict[str, Any]:
-    """The plancc key-value metadata of one Parquet file; refuses foreign files and other schema versions."""
+    """The plancc key-value metadata of one Parquet file; refuses foreign files and other schema versions.
+
+    A file written with its Arrow schema holds the metadata twice (the footer's key-value pairs, which a table read
+    returns, and inside the serialized Arrow schema); they must agree, or one of them was edited.
+    """
     path = Path(path)
-    raw = (_open(path).schema_arrow.metadata or {}).get(META_KEY)
+    pf = _open(path)
+    raw = (pf.metadata.metadata or {}).get(META_KEY)
     if raw is None:
         raise StoreError(f"{path} was not written by plancc (no '{META_KEY.decode()}' metadata)")
+    if (pf.schema_arrow.metadata or {}).get(META_KEY) != raw:
+        raise StoreError(f"{path} has corrupt plancc metadata (its two copies differ)")
     try:
         meta = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -188,7 +206,7 @@ def read_table(path: str | Path, expected: pa.Schema, *, columns: list[str] | No
         if filters is None:  # the plain reader: skips importing pyarrow.dataset (half a second per process)
             return pf.read(columns=columns, use_threads=True)
         return pq.read_table(path, columns=columns, filters=filters, use_threads=True)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreError(f"{path} is corrupt: {exc}") from None
 
 
@@ -293,8 +311,13 @@ def plan_table(cols: dict[str, Any]) -> pa.Table:
 
 def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics: pa.Table,
                      fingerprints: dict[str, Any], settings: dict[str, Any], manifest: dict[str, Any]) -> None:
-    """Write the plan directory's files into `directory` (a temporary one from `atomic_directory`)."""
-    write_parquet(plan, directory / PLAN_FILE, file_metadata("plan", fingerprints, settings), PLAN_ROW_GROUP)
+    """Write the plan directory's files into `directory` (a temporary one from `atomic_directory`).
+
+    The plan file's metadata is the whole manifest (plus its kind): `manifest.json` is its human-readable mirror,
+    so that nothing a reader relies on lives only in an unchecked JSON file.
+    """
+    plan_meta = {META_KEY: orjson.dumps({**manifest, "kind": "plan"}, option=orjson.OPT_SORT_KEYS)}
+    write_parquet(plan, directory / PLAN_FILE, plan_meta, PLAN_ROW_GROUP)
     write_parquet(samples.select(SAMPLES_SCHEMA.names).cast(SAMPLES_SCHEMA), directory / SAMPLES_FILE,
                   file_metadata("samples", fingerprints, settings))
     write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
@@ -351,3 +374,257 @@ def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
         except orjson.JSONDecodeError:
             info["report"] = None
     return table, info
+
+
+# ---------------------------------------------------------------- verified reading (PlanDir)
+#
+# How the files of a plan vouch for each other: `plan.parquet`'s metadata is the root (the manifest, with the
+# fingerprints and settings); its settings must hash to the config fingerprint, each epoch's rows to that epoch's
+# plan fingerprint and the layout of SPEC 4; `samples.parquet` must hash to the dataset and metadata fingerprints,
+# `metrics.parquet` to the metrics checksum; every sibling file's metadata and `manifest.json` must equal the
+# plan file's. Checks return lists of problems (validate reports them all; the runtime raises on the first).
+
+PLAN_META_KEYS = ("checksums", "data", "epochs", "fingerprints", "kind", "plancc", "samples", "scan", "schema",
+                  "settings")
+FILE_META_KEYS = ("fingerprints", "kind", "schema", "settings")
+EPOCH_COLUMNS = ["index", "update", "rank", "micro_step", "sample_ids", "tokens", "label_count", "cost", "num_items",
+                 "complete_update"]
+
+
+class PlanIntegrityError(StoreError):
+    """A plan file's content or metadata does not match what the plan's fingerprints and checksums bind."""
+
+
+def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None = None) -> dict[str, str]:
+    """`dataset` and `metadata` fingerprints of a samples table made with `identity` (`fingerprint.scan_identity`)."""
+    col = {name: column(table, name) for name in SAMPLES_SCHEMA.names}
+    return {
+        "dataset": dataset_fingerprint(col["sample_id"], col["token_hash"]),
+        "metadata": metadata_fingerprint(col["sample_id"], col["length"], col["label_count"],
+                                         col["first_label_supervised"], identity),
+    }
+
+
+def nested_arrays(sample_ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat sample ids, row bounds, batch bounds) of a `list<list<int64>>` column, without a Python loop."""
+    batches = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
+    rows = batches.flatten()
+    batch_bounds = np.asarray(batches.offsets, dtype=np.int64) - batches.offsets[0].as_py()
+    row_bounds = np.asarray(rows.offsets, dtype=np.int64) - rows.offsets[0].as_py()
+    return rows.flatten().to_numpy().astype(np.int64), row_bounds, batch_bounds
+
+
+def first_difference(got: Any, want: Any, where: str = "") -> str | None:
+    """Path of the first place two JSON values differ (`settings.grad_accum`, `epochs[0].batches`), else None."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for key in sorted(set(got) | set(want)):
+            if key not in got or key not in want:
+                return f"{where}{key} ({'missing' if key not in got else 'unexpected'})"
+            found = first_difference(got[key], want[key], f"{where}{key}.")
+            if found:
+                return found
+        return None
+    if isinstance(got, list) and isinstance(want, list):
+        for i, (a, b) in enumerate(zip(got, want, strict=False)):
+            found = first_difference(a, b, f"{where.rstrip('.')}[{i}].")
+            if found:
+                return found
+        return None if len(got) == len(want) else f"{where.rstrip('.')} (length {len(got)}, expected {len(want)})"
+    if got == want and type(got) is type(want):
+        return None
+    return f"{where.rstrip('.')} ({got!r}, expected {want!r})"
+
+
+def schema_problems(path: Path, expected: pa.Schema) -> list[str]:
+    """Columns, types and nullability of a Parquet file against its schema (stricter than `read_table`)."""
+    try:
+        got = _open(path).schema_arrow
+    except StoreError as exc:
+        return [str(exc)]
+    if got.names != expected.names:
+        return [f"{path}: columns {got.names}, expected {expected.names}"]
+    return [f"{path}: column '{f.name}' is {g.type} (nullable {g.nullable}), expected {f.type} (nullable {f.nullable})"
+            for f, g in zip(expected, got, strict=True) if not (g.type.equals(f.type) and g.nullable == f.nullable)]
+
+
+def statistics_problems(path: Path) -> list[str]:
+    """Row-group statistics of every column against the values they describe.
+
+    Filtered reads (one epoch, one rank) skip row groups on their min/max, so a wrong statistic would hide rows
+    from some reader while a full read looks sound. plancc writes statistics for every column; a column with
+    values but without min/max was changed too.
+    """
+    try:
+        pf = _open(path)
+        md = pf.metadata
+        problems = []
+        for i in range(md.num_row_groups):
+            group = md.row_group(i)
+            table = pf.read_row_group(i)
+            for j in range(group.num_columns):
+                meta = group.column(j)
+                values = table.column(meta.path_in_schema.split(".")[0]).combine_chunks()
+                nested = pa.types.is_list(values.type)
+                while pa.types.is_list(values.type):
+                    values = values.flatten()
+                st = meta.statistics
+                present = len(values) - values.null_count
+                if st is None or (present and not st.has_min_max):
+                    problems.append(f"{path} row group {i} column {meta.path_in_schema}: statistics are missing")
+                    continue
+                bounds = pc.min_max(values)
+                checks = [("values", st.num_values, present)]
+                if not nested:
+                    checks.append(("nulls", st.null_count, values.null_count))
+                if present:
+                    checks += [("min", st.min, bounds["min"].as_py()), ("max", st.max, bounds["max"].as_py())]
+                problems += [f"{path} row group {i} column {meta.path_in_schema}: statistics {what} is {got!r}, its "
+                             f"values give {want!r}" for what, got, want in checks if got != want][:1]
+        return problems
+    except StoreError as exc:
+        return [str(exc)]
+    except (pa.ArrowException, OSError, ValueError, KeyError) as exc:  # a column name changed: Key/ValueError
+        return [f"{path} is corrupt: {exc}"]
+
+
+def _first_row(bad: np.ndarray) -> int:
+    return int(np.flatnonzero(bad)[0])
+
+
+class PlanDir:
+    """A plan directory opened for reading, with the checks that bind its files together (see above).
+
+    Opening reads only the plan file's footer: refuses a missing, foreign or other-schema plan file and metadata
+    without the manifest's keys, and types the settings (`PlanSettings`). The `*_problems` methods check one file
+    each; `read_epoch` + `epoch_problems` check one epoch's rows against the layout and the plan fingerprint.
+    """
+
+    def __init__(self, path: str | Path):
+        p = Path(path)
+        if p.is_file() and p.name == PLAN_FILE:
+            p = p.parent
+        if not p.is_dir():
+            raise StoreError(f"{path} is not a plan directory" + ("" if p.exists() else " (it does not exist)"))
+        if not (p / PLAN_FILE).exists():
+            raise StoreError(f"{path} is not a plan directory (no {PLAN_FILE}); write one with "
+                             "`plancc compile SOURCE -o PLAN_DIR`")
+        self.path = p
+        self.plan_file = p / PLAN_FILE
+        self.meta: dict[str, Any] = read_file_meta(self.plan_file)
+        if self.meta.get("kind") != "plan":
+            raise PlanIntegrityError(f"{self.plan_file} is a plancc '{self.meta.get('kind')}' file, not a plan")
+        if sorted(self.meta) != sorted(PLAN_META_KEYS):
+            raise PlanIntegrityError(
+                f"{self.plan_file}: metadata keys {sorted(self.meta)}, expected {list(PLAN_META_KEYS)} (written by "
+                "an older plancc, or edited); recompile the plan")
+        self.fingerprints: dict[str, Any] = self.meta["fingerprints"]
+        try:
+            self.settings = PlanSettings(**self.meta["settings"])
+        except (TypeError, SettingsError) as exc:
+            raise PlanIntegrityError(f"{self.plan_file}: settings this plancc cannot use ({exc})") from None
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """Where the trainer's tokenized rows live: {"tokenized": file in this directory} or {"source": [paths]}."""
+        return self.meta["data"]
+
+    def header_problems(self) -> list[str]:
+        """The settings hash to the config fingerprint and the plan fingerprints name exactly the plan's epochs."""
+        problems = []
+        if config_fingerprint(self.meta["settings"]) != self.fingerprints.get("config"):
+            problems.append(f"{self.plan_file}: its settings do not hash to its config fingerprint (a setting such as "
+                            "grad_accum or world_size was edited); recompile the plan")
+        epochs = sorted(self.fingerprints.get("plan", {}))
+        if epochs != sorted(str(e) for e in range(self.settings.epochs)):
+            problems.append(f"{self.plan_file}: plan fingerprints for epochs {epochs}, but settings say "
+                            f"epochs={self.settings.epochs}")
+        return problems
+
+    def manifest_problems(self) -> list[str]:
+        """`manifest.json` must equal the plan file's metadata (it is its mirror, never read for settings)."""
+        path = self.path / MANIFEST_FILE
+        try:
+            manifest = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return [f"{path} is missing (it mirrors {PLAN_FILE}'s metadata)"]
+        except orjson.JSONDecodeError as exc:
+            return [f"{path} is not valid JSON: {exc}"]
+        found = first_difference(manifest, {k: v for k, v in self.meta.items() if k != "kind"})
+        return [f"{path}: {found} differs from {PLAN_FILE}'s metadata"] if found else []
+
+    def companion_problems(self, name: str, kind: str) -> list[str]:
+        """A sibling Parquet file's metadata: its kind, and the plan's schema version, fingerprints and settings."""
+        path = self.path / name
+        try:
+            meta = read_file_meta(path)
+        except StoreError as exc:
+            return [str(exc)]
+        want = {"fingerprints": self.fingerprints, "kind": kind, "schema": SCHEMA_VERSION,
+                "settings": self.meta["settings"]}
+        found = first_difference(meta, want)
+        return [f"{path}: metadata {found} differs from {PLAN_FILE}'s"] if found else []
+
+    # ------------------------------------------------------------ samples and metrics
+    def read_samples(self) -> pa.Table:
+        return read_samples(self.path / SAMPLES_FILE)
+
+    def samples_problems(self, table: pa.Table) -> list[str]:
+        """The samples' content against the dataset and metadata fingerprints."""
+        return [f"{self.path / SAMPLES_FILE}: its rows do not hash to the plan's {key} fingerprint "
+                f"({'token hashes' if key == 'dataset' else 'ids, lengths or label counts'} changed)"
+                for key, value in samples_fingerprints(table, scan_identity(self.meta["scan"])).items()
+                if value != self.fingerprints.get(key)]
+
+    def read_metrics(self) -> pa.Table:
+        return read_table(self.path / METRICS_FILE, metrics_schema())
+
+    def metrics_problems(self, table: pa.Table) -> list[str]:
+        """The metrics rows against the checksum the plan file records."""
+        if metrics_checksum(table.to_pylist()) != self.meta["checksums"].get("metrics"):
+            return [f"{self.path / METRICS_FILE}: its rows do not match the metrics checksum in {PLAN_FILE}"]
+        return []
+
+    # ------------------------------------------------------------ plan rows
+    def read_epoch(self, epoch: int, columns: list[str] | None = None) -> pa.Table:
+        """One epoch's rows in global order (a filtered read: the same one the runtime verifies and replays)."""
+        table = read_table(self.plan_file, PLAN_SCHEMA, columns=columns or EPOCH_COLUMNS,
+                           filters=[("epoch", "=", int(epoch))])
+        index = column(table, "index")
+        if index.shape[0] > 1 and not bool(np.all(index[1:] > index[:-1])):
+            table = table.take(pc.sort_indices(table, [("index", "ascending")]))
+        return table
+
+    def epoch_problems(self, epoch: int, table: pa.Table) -> list[str]:
+        """One epoch's rows (`EPOCH_COLUMNS`, global order) against the layout of SPEC 4 and the plan fingerprint.
+
+        The layout names the first row that breaks it (index, update/rank/micro_step, the update's `num_items` as
+        the sum of its label counts, `complete_update`); rows that keep it but differ from what was compiled
+        (samples exchanged, ids or counts edited consistently) fail the fingerprint, which covers every column.
+        """
+        W, G = self.settings.world_size, self.settings.grad_accum
+        n = table.num_rows
+        cols = {name: column(table, name) for name in EPOCH_COLUMNS if name != "sample_ids"}
+        update, rank, micro_step = update_mapping(n, W, G)
+        starts = np.arange(0, n, W * G)
+        totals = np.add.reduceat(cols["label_count"], starts) if n else np.zeros(0, dtype=np.int64)
+        expect = {
+            "index": (np.arange(n), "the row's position in the epoch"),
+            "update": (update, f"index // (world_size*grad_accum) = index // {W * G}"),
+            "rank": (rank, f"index % world_size = index % {W}"),
+            "micro_step": (micro_step, f"(index % {W * G}) // {W}"),
+            "num_items": (np.repeat(totals, np.diff(np.append(starts, n))), "the sum of its update's label_count"),
+            "complete_update": (update < complete_updates(n, W, G), f"whether its update holds all {W * G} rows"),
+        }
+        problems = []
+        for name, (want, why) in expect.items():
+            bad = cols[name] != want
+            if bad.any():
+                i = _first_row(bad)
+                problems.append(f"{self.plan_file} epoch {epoch} row {i}: {name} is {cols[name][i]}, but {why} "
+                                f"gives {want[i]} ({int(bad.sum())} rows differ)")
+        ids, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
+        recorded = self.fingerprints.get("plan", {}).get(str(epoch))
+        if plan_fingerprint({**cols, "sample_ids": ids, "row_bounds": row_bounds, "batch_bounds": batch_bounds}) != recorded:
+            problems.append(f"{self.plan_file} epoch {epoch}: its {n} rows do not hash to the epoch's plan "
+                            "fingerprint (rows edited, deleted, reordered or samples exchanged)")
+        return problems

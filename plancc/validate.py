@@ -1,40 +1,29 @@
-"""Re-check a plan on disk against its own samples table: every invariant and fingerprint of SPEC 4-6.
+"""Re-check a plan on disk, every file it ships: invariants of SPEC 4-6, fingerprints, checksums and the mirror.
 
-Nothing is trusted from the writer: coverage, capacity, the update/rank/micro-step mapping, per-microbatch
-tokens, targets, cost and per-update totals are recomputed from the samples table and compared, and the
-fingerprints are recomputed from content. The result is a list of violations (empty when the plan is sound).
+Nothing is trusted from the writer. `store.PlanDir` checks how the files vouch for each other (settings against
+the config fingerprint, each epoch's rows against the layout and its plan fingerprint, samples against the
+dataset and metadata fingerprints, metrics against their checksum, every file's metadata and `manifest.json`
+against the plan file's). On top, this module recomputes from the samples table what a plan must satisfy
+(coverage, capacity, per-microbatch tokens, targets and cost), recomputes each epoch's final metrics from its rows,
+and checks the tokenized data the trainer will load: present, complete and, unless `fast`, equal in content to
+the dataset fingerprint (each planned sample's hash against the samples table). The result is a list of
+violations, each naming its file and row or field (empty when the plan is sound).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from plancc import store
-from plancc.api import plan_fingerprint, sample_arrays
+from plancc.api import sample_arrays
 from plancc.config import PlanSettings
-from plancc.fingerprint import config_fingerprint, samples_fingerprints, scan_identity
-from plancc.plan import (
-    Batches,
-    batch_cost,
-    batch_targets,
-    batch_tokens,
-    complete_updates,
-    row_tokens,
-    segment_sum,
-    update_mapping,
-)
-
-
-def nested_arrays(sample_ids: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(flat sample ids, row bounds, batch bounds) of a `list<list<int64>>` column, without a Python loop."""
-    batches = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
-    rows = batches.flatten()
-    batch_bounds = np.asarray(batches.offsets, dtype=np.int64) - batches.offsets[0].as_py()
-    row_bounds = np.asarray(rows.offsets, dtype=np.int64) - rows.offsets[0].as_py()
-    return rows.flatten().to_numpy().astype(np.int64), row_bounds, batch_bounds
+from plancc.metrics import SourceDrops, summarize
+from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 
 
 def _mismatch(name: str, epoch: int, got: np.ndarray, want: np.ndarray) -> str | None:
@@ -42,106 +31,203 @@ def _mismatch(name: str, epoch: int, got: np.ndarray, want: np.ndarray) -> str |
     if bad.size == 0:
         return None
     i = int(bad[0])
-    return f"epoch {epoch}: {name} differs at microbatch {i} (plan {got[i]}, recomputed {want[i]}); {bad.size} in all"
+    return (f"{store.PLAN_FILE} epoch {epoch} row {i}: {name} is {got[i]}, recomputed from {store.SAMPLES_FILE} "
+            f"{want[i]} ({bad.size} rows differ)")
 
 
-def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings, recorded_fp: str | None,
-                dropped_metric: int | None) -> list[str]:
+def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
+    """Coverage, capacity, microbatch shape and per-microbatch counts of one epoch against the samples table."""
     problems: list[str] = []
-    ids, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
-    pos = np.searchsorted(s.sample_id, ids)
-    pos = np.minimum(pos, len(s) - 1)
+    ids, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
+    pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
     unknown = s.sample_id[pos] != ids
     if unknown.any():
-        return [f"epoch {epoch}: {int(unknown.sum())} sample ids are not in the samples table "
-                f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"]
+        return [f"{store.PLAN_FILE} epoch {epoch}: {int(unknown.sum())} sample ids are not in {store.SAMPLES_FILE} "
+                f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None
     b = Batches(pos, row_bounds, batch_bounds)
     n = b.num_batches
 
     counts = np.bincount(pos, minlength=len(s))
     if (counts > 1).any():
-        problems.append(f"epoch {epoch}: {int((counts > 1).sum())} samples appear more than once "
-                        f"(first: sample_id {int(s.sample_id[np.flatnonzero(counts > 1)[0]])})")
+        again = np.ones(pos.shape[0], dtype=bool)
+        again[np.unique(pos, return_index=True)[1]] = False  # every occurrence after a sample's first
+        at = int(np.flatnonzero(again)[0])
+        row = int(np.searchsorted(b.row_bounds[b.batch_bounds], at, side="right")) - 1
+        problems.append(f"{store.PLAN_FILE} epoch {epoch}: {int((counts > 1).sum())} samples appear more than once "
+                        f"(first again: row {row}, sample_id {int(ids[at])})")
     missing = int((counts == 0).sum())
     if missing and not settings.drop_last:
-        problems.append(f"epoch {epoch}: {missing} retained samples are missing "
+        problems.append(f"{store.PLAN_FILE} epoch {epoch}: {missing} retained samples are missing "
                         f"(first: sample_id {int(s.sample_id[np.flatnonzero(counts == 0)[0]])})")
-    if settings.drop_last and dropped_metric is not None and missing != dropped_metric:
-        problems.append(f"epoch {epoch}: {missing} samples missing but the metrics report {dropped_metric} "
-                        "dropped by --drop-last")
     if settings.drop_last and n % settings.batches_per_update:
-        problems.append(f"epoch {epoch}: --drop-last plan ends with an incomplete update")
+        problems.append(f"{store.PLAN_FILE} epoch {epoch}: --drop-last plan ends with an incomplete update")
 
     over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
     if over.size:
-        problems.append(f"epoch {epoch}: {over.size} rows exceed capacity {settings.row_capacity} (first: row {over[0]})")
+        problems.append(f"{store.PLAN_FILE} epoch {epoch}: {over.size} rows exceed capacity {settings.row_capacity} "
+                        f"(first: row {over[0]})")
     if settings.mode == "packed":
         too_many = np.flatnonzero(b.rows_per_batch() > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
-            problems.append(f"epoch {epoch}: microbatch {too_many[0]} has too many rows")
+            problems.append(f"{store.PLAN_FILE} epoch {epoch} row {too_many[0]}: the microbatch has too many rows")
     else:
         per_batch = segment_sum(b.samples_per_row(), b.batch_bounds)
         wrong = np.flatnonzero(per_batch[:-1] != settings.micro_batch_size) if n else np.array([])
         if wrong.size or (n and per_batch[-1] > settings.micro_batch_size):
-            problems.append(f"epoch {epoch}: microbatches do not hold exactly {settings.micro_batch_size} samples")
-
-    update, rank, micro_step = update_mapping(n, settings.world_size, settings.grad_accum)
-    labels = batch_targets(b, s, settings.shift)
-    bounds = np.append(np.arange(0, n, settings.batches_per_update, dtype=np.int64), n)
+            problems.append(f"{store.PLAN_FILE} epoch {epoch}: microbatches do not hold exactly "
+                            f"{settings.micro_batch_size} samples")
     expect = {
-        "index": np.arange(n),
-        "update": update,
-        "rank": rank,
-        "micro_step": micro_step,
         "tokens": batch_tokens(b, s),
-        "label_count": labels,
+        "label_count": batch_targets(b, s, settings.shift),
         "cost": batch_cost(b, s, settings.pad_multiple),
-        "num_items": np.repeat(segment_sum(labels, bounds), np.diff(bounds)),
-        "complete_update": update < complete_updates(n, settings.world_size, settings.grad_accum),
     }
     for name, want in expect.items():
-        msg = _mismatch(name, epoch, table.column(name).to_numpy(zero_copy_only=False), want)
+        msg = _mismatch(name, epoch, store.column(table, name), want)
         if msg:
             problems.append(msg)
-    if not problems and recorded_fp is not None:
-        cols = {name: table.column(name).to_numpy(zero_copy_only=False) for name in expect}
-        cols.update(sample_ids=ids, row_bounds=row_bounds, batch_bounds=batch_bounds)
-        if plan_fingerprint(cols) != recorded_fp:
-            problems.append(f"epoch {epoch}: plan fingerprint does not match its rows")
+    return problems, b
+
+
+def _metrics_problems(plan: store.PlanDir, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
+    """Each epoch's stored `after` row against the one recomputed from its rows; the manifest's epoch summary."""
+    problems = []
+    stored = {(int(r["epoch"]), r["stage"]): r for r in metrics.to_pylist()}
+    for epoch, again in after.items():
+        row = stored.get((epoch, "after"))
+        if row is None:
+            problems.append(f"{store.METRICS_FILE}: no 'after' row for epoch {epoch}")
+            continue
+        for name, value in again.items():
+            if row[name] != value:
+                problems.append(f"{store.METRICS_FILE} epoch {epoch} stage after: {name} is {row[name]}, recomputed "
+                                f"from {store.PLAN_FILE} {value}")
+                break
+    epochs = [{"epoch": e, **{k: a[k] for k in ("batches", "updates", "samples", "dropped_samples")}}
+              for e, a in sorted(after.items())]
+    found = store.first_difference(plan.meta["epochs"], epochs)
+    if found:
+        problems.append(f"{store.PLAN_FILE} metadata: epochs {found} (recomputed from the rows)")
     return problems
 
 
-def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None) -> tuple[list[str], dict[str, Any]]:
-    """(violations, summary) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given."""
-    manifest = store.read_manifest(plan_dir)
-    problems: list[str] = []
-    fps = manifest["fingerprints"]
-    for name in (store.PLAN_FILE, store.SAMPLES_FILE, store.METRICS_FILE):
-        meta = store.read_file_meta(f"{plan_dir}/{name}")
-        if meta["fingerprints"] != fps:
-            problems.append(f"{name}: fingerprints in its metadata differ from {store.MANIFEST_FILE}")
-    settings = PlanSettings(**manifest["settings"])
-    if config_fingerprint(settings.to_dict()) != fps["config"]:
-        problems.append("config fingerprint does not match the recorded settings")
-    samples_table = store.read_samples(f"{plan_dir}/{store.SAMPLES_FILE}")
-    for key, value in samples_fingerprints(samples_table, scan_identity(manifest.get("scan") or {})).items():
-        if value != fps[key]:
-            problems.append(f"{key} fingerprint does not match samples.parquet")
-    if dataset_fingerprint is not None and dataset_fingerprint != fps["dataset"]:
+def tokenized_problems(plan: store.PlanDir, samples: pa.Table, *, fast: bool) -> list[str]:
+    """The tokenized data the trainer loads: present, of the tokenized schema, holding every planned sample and,
+    unless `fast` (metadata only), equal in content to each sample's `token_hash` (so to the dataset fingerprint)."""
+    data = plan.data
+    if "tokenized" not in data:
+        missing = [p for p in data.get("source", []) if not Path(p).exists()]
+        return [f"the plan's source data {p} does not exist" for p in missing[:1]]
+    if data["tokenized"] != store.TOKENIZED_FILE:
+        return [f"{plan.plan_file} metadata: data.tokenized is {data['tokenized']!r}, expected "
+                f"{store.TOKENIZED_FILE!r}"]
+    path = plan.path / store.TOKENIZED_FILE
+    if not path.is_file():
+        return [f"{path} is missing: the plan's tokenized data (copy it back, or recompile the plan)"]
+    try:
+        got = pq.read_schema(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        return [f"{path} is not a readable Parquet file ({exc})"]
+    target = "shift_labels" if plan.settings.shift == "none" and "shift_labels" in got.names else "labels"
+    for name in ("input_ids", target):
+        if name not in got.names or not pa.types.is_list(got.field(name).type):
+            return [f"{path}: no list column '{name}' (columns: {got.names})"]
+    meta = (got.metadata or {}).get(store.META_KEY)
+    if meta is not None:  # written by plancc's scan: its fingerprints must be the plan's
+        try:
+            tmeta = store.read_file_meta(path)
+        except store.StoreError as exc:
+            return [str(exc)]
+        for key in ("dataset", "metadata"):
+            if tmeta.get("kind") != "tokenized" or tmeta.get("fingerprints", {}).get(key) != plan.fingerprints[key]:
+                return [f"{path}: its metadata ({tmeta.get('kind')!r}, {key} fingerprint) is not this plan's: the "
+                        "file was swapped in from another plan or scan"]
+        scan_options = plan.meta["scan"].get("options")
+        if scan_options is not None and tmeta.get("settings") != scan_options:
+            found = store.first_difference(tmeta.get("settings"), scan_options)
+            return [f"{path}: metadata settings {found} differ from the plan's scan options"]
+    sid = store.column(samples, "sample_id")
+    rows = pq.ParquetFile(path).metadata.num_rows
+    if sid.size and int(sid[-1]) >= rows:
+        return [f"{path} has {rows} rows but the plan uses sample_id {int(sid[-1])}: the file is incomplete"]
+    if fast:
+        return []
+    stats = store.statistics_problems(path)
+    if stats:
+        return stats
+    from plancc.fingerprint import token_hashes  # compiled hashing: only for the full check
+
+    try:
+        table = pq.read_table(path, columns=["input_ids", target])
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        return [f"{path} is corrupt: {exc}"]
+    ids, ids_off = _flat(table.column("input_ids"))
+    lab, lab_off = _flat(table.column(target))
+    hashes = token_hashes(ids, ids_off, lab, lab_off)[sid]
+    bad = np.flatnonzero(hashes != store.column(samples, "token_hash"))
+    if bad.size:
+        return [f"{path} row {int(sid[bad[0]])}: its tokens or labels do not hash to the plan's token_hash for that "
+                f"sample ({bad.size} samples differ; dataset fingerprint mismatch)"]
+    return []
+
+
+def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    arr = col.combine_chunks()
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    return arr.flatten().to_numpy(zero_copy_only=False), offsets - offsets[0]
+
+
+def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast: bool = False
+                  ) -> tuple[list[str], dict[str, Any]]:
+    """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given.
+
+    Raises `StoreError` only when PLAN_DIR is not a plan directory at all; a plan file that cannot be read or
+    trusted is a violation like any other.
+    """
+    if not (Path(plan_dir) / store.PLAN_FILE).exists():
+        store.PlanDir(plan_dir)  # raises the "not a plan directory" error
+    try:
+        plan = store.PlanDir(plan_dir)
+    except store.StoreError as exc:
+        return [str(exc)], {}
+    problems = plan.header_problems() + plan.manifest_problems()
+    for name, kind, schema in ((store.SAMPLES_FILE, "samples", store.SAMPLES_SCHEMA),
+                               (store.METRICS_FILE, "metrics", store.metrics_schema()),
+                               (store.PLAN_FILE, "plan", store.PLAN_SCHEMA)):
+        problems += store.schema_problems(plan.path / name, schema) + store.statistics_problems(plan.path / name)
+        if kind != "plan":
+            problems += plan.companion_problems(name, kind)
+    if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
         problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
-                        f"{fps['dataset']}: the data changed since compile")
-    s = sample_arrays(samples_table)
+                        f"{plan.fingerprints['dataset']}: the data changed since compile")
+    try:
+        samples = plan.read_samples()
+        metrics = plan.read_metrics()
+    except store.StoreError as exc:
+        return [*problems, str(exc)], plan.meta
+    problems += plan.samples_problems(samples) + plan.metrics_problems(metrics)
+    s = sample_arrays(samples)
     if (np.diff(s.sample_id) <= 0).any():
-        problems.append("samples.parquet is not sorted by unique sample_id")
-        return problems, manifest
-    metrics = store.read_table(f"{plan_dir}/{store.METRICS_FILE}", store.metrics_schema()).to_pylist()
-    dropped = {m["epoch"]: m["tail_dropped_samples"] for m in metrics if m["stage"] == "after"}
-    plan = store.read_plan(plan_dir)
-    epochs = plan.column("epoch").to_numpy()
-    for e in range(settings.epochs):
-        lo, hi = np.searchsorted(epochs, [e, e + 1])
-        problems += check_epoch(e, plan.slice(lo, hi - lo), s, settings, fps["plan"].get(str(e)), dropped.get(e))
-    extra = set(np.unique(epochs).tolist()) - set(range(settings.epochs))
-    if extra:
-        problems.append(f"plan holds epochs {sorted(extra)} beyond --epochs {settings.epochs}")
-    return problems, manifest
+        return [*problems, f"{store.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
+    if plan.meta["samples"] != len(s):
+        problems.append(f"{store.PLAN_FILE} metadata: samples is {plan.meta['samples']}, {store.SAMPLES_FILE} holds "
+                        f"{len(s)}")
+    after: dict[int, dict[str, Any]] = {}
+    drops = SourceDrops(plan.meta.get("dropped_samples", 0), plan.meta.get("truncated_samples", 0))
+    rows = 0
+    for e in range(plan.settings.epochs):
+        try:
+            table = plan.read_epoch(e)
+        except store.StoreError as exc:
+            return [*problems, str(exc)], plan.meta
+        rows += table.num_rows
+        found = plan.epoch_problems(e, table)
+        more, b = check_epoch(e, table, s, plan.settings)
+        problems += found + more
+        if b is not None:
+            after[e] = summarize(b, s, plan.settings, drops)
+    total = pq.ParquetFile(plan.plan_file).metadata.num_rows
+    if total != rows:
+        problems.append(f"{store.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
+    problems += _metrics_problems(plan, metrics, after)
+    problems += tokenized_problems(plan, samples, fast=fast)
+    return problems, plan.meta

@@ -13,7 +13,7 @@ from plancc import store
 from plancc.api import sample_arrays, write_plan_dir
 from plancc.compile import compile_plan, plan_columns
 from plancc.config import PlanSettings, SettingsError
-from plancc.validate import nested_arrays, validate_plan
+from plancc.validate import validate_plan
 from tests.plan_helpers import direct_targets, random_dataset, samples_table
 
 ANY_DROP_LAST = st.booleans()
@@ -132,7 +132,7 @@ def test_plan_on_disk_reads_back_per_rank(tmp_path_factory, case):
     for plan in plans:
         full = store.read_plan(d, epoch=plan.epoch)
         assert full.column("index").to_pylist() == list(range(plan.batches.num_batches))
-        flat, row_bounds, batch_bounds = nested_arrays(full.column("sample_ids"))
+        flat, row_bounds, batch_bounds = store.nested_arrays(full.column("sample_ids"))
         assert (flat == s.sample_id[plan.batches.samples]).all()
         assert (row_bounds == plan.batches.row_bounds).all() and (batch_bounds == plan.batches.batch_bounds).all()
         for r in range(settings.world_size):

@@ -9,7 +9,7 @@ import pytest
 from plancc import store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
-from plancc.fingerprint import samples_fingerprints, scan_identity
+from plancc.fingerprint import scan_identity
 from plancc.scan import scan, write_scan
 from plancc.store import read_samples_source
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
@@ -79,7 +79,7 @@ def test_write_scan_and_read_back(tmp_path):
         assert loaded is not None
         table, info = loaded
         assert table.equals(result.samples)
-        assert samples_fingerprints(table, scan_identity(info["report"])) == result.report["fingerprints"]
+        assert store.samples_fingerprints(table, scan_identity(info["report"])) == result.report["fingerprints"]
         assert info["report"]["key"] == result.key
 
 

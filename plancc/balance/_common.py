@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.config import PlanSettings
+from plancc.layout import complete_updates
 from plancc.plan import (
     Batches,
     SampleArrays,
     batch_cost,
-    complete_updates,
     row_targets,
     row_tokens,
     segment_sum,

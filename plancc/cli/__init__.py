@@ -190,6 +190,8 @@ def validate_cmd(
                                                           "compare its content fingerprint.")] = None,
     tokenizer: Annotated[str | None, Opt("--tokenizer", help="With --dataset: where the plan's tokenizer is now "
                                                               "(default: where it was at compile).")] = None,
+    fast: Annotated[bool, Opt("--fast", help="Check the tokenized data's metadata and size only, not its "
+                                             "content (the full check hashes every planned sample).")] = False,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     json: JsonOpt = False,
@@ -201,19 +203,18 @@ def validate_cmd(
         dataset_fp = None
         if dataset is not None:
             from plancc import scan as scan_mod
-            from plancc.fingerprint import samples_fingerprints
-
-            options = scan_mod.options_from_report(store.read_manifest(plan_dir)["scan"], tokenizer)
+            options = scan_mod.options_from_report(store.PlanDir(plan_dir).meta["scan"], tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
-            dataset_fp = samples_fingerprints(result.samples)["dataset"]
-        problems, _ = validate_plan(str(plan_dir), dataset_fp)
+            dataset_fp = store.samples_fingerprints(result.samples)["dataset"]
+        problems, _ = validate_plan(str(plan_dir), dataset_fp, fast=fast)
     if json:
         print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
     elif problems:
         for p in problems:
             typer.echo(f"violation: {p}", err=True)
     else:
-        checked = "coverage, capacity, mapping, counts, fingerprints" + (", dataset content" if dataset else "")
+        checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, tokenized data "
+                   + ("metadata" if fast else "content") + (", dataset content" if dataset else ""))
         typer.echo(f"{plan_dir}: ok ({checked})")
     raise typer.Exit(1 if problems else 0)
 from plancc.cli import diff_cmd, inspect_cmd  # noqa: E402,F401  (registers commands)

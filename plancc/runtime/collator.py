@@ -53,7 +53,7 @@ class PlanCollator:
     @classmethod
     def from_plan(cls, plan: str | RuntimePlan, **kwargs: Any) -> PlanCollator:
         plan = open_plan(plan)
-        return cls(mode=plan.mode, shift=plan.shift, pad_multiple=int(plan.settings.get("pad_multiple", 1)), **kwargs)
+        return cls(mode=plan.mode, shift=plan.shift, pad_multiple=plan.settings.pad_multiple, **kwargs)
 
     def arrays(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:
         """The batch as numpy arrays (the work without the tensor wrapping)."""

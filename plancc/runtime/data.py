@@ -117,12 +117,12 @@ def _read_any(path: Path) -> pa.Table:
 
 
 def data_paths(plan: RuntimePlan) -> list[Path]:
-    data = plan.manifest.get("data", {})
+    data = plan.dir.data
     if "tokenized" in data:
         return [plan.path / data["tokenized"]]
     if data.get("source"):
         return [Path(p) for p in data["source"]]
-    raise PlanMismatchError(f"{plan.path}: the manifest names no tokenized data; pass data= to load_tokens")
+    raise PlanMismatchError(f"{plan.path}: the plan names no tokenized data; pass data= to load_tokens")
 
 
 def load_tokens(plan: str | Path | RuntimePlan, *, data: str | Path | pa.Table | None = None,

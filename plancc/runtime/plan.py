@@ -1,30 +1,29 @@
-"""A compiled plan as the runtime sees it: manifest, fingerprints, settings, and one rank's epoch as flat arrays.
+"""A compiled plan as the runtime sees it: verified fingerprints and settings, and one rank's epoch as flat arrays.
 
-Reading one rank's epoch is a filtered Parquet read (the plan file is sorted by (epoch, rank, index) in row
-groups), so a 10M-sample plan loads one rank's epoch without decoding the rest. The nested `sample_ids` column
-becomes three flat arrays, the same CSR shape the compiler uses::
+Reading an epoch is a filtered Parquet read of that epoch's rows (the plan file is sorted by (epoch, rank, index)
+in row groups, so other epochs are not decoded); all of its rows are checked against the layout and the epoch's
+plan fingerprint before any is replayed, then the rank keeps its own. The nested `sample_ids` column becomes three
+flat arrays, the same CSR shape the compiler uses::
 
     samples     = [7, 2, 9, 4, 0, 5]   sample ids, in plan order
     row_bounds  = [0, 2, 3, 6]         row k = samples[row_bounds[k]:row_bounds[k+1]]
     batch_bounds= [0, 1, 3]            microbatch j = rows[batch_bounds[j]:batch_bounds[j+1]]
 
 Elastic replay: a plan compiled for (W, G) is read for (W', G') with W'·G' = W·G. The global order is unchanged;
-rank r' takes every W'-th microbatch (`index % W' == r'`), so it reads the original ranks r with
-`r ≡ r' (mod gcd(W, W'))` and keeps its own rows.
+rank r' takes every W'-th microbatch (`index % W' == r'`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from plancc import store
+from plancc.config import PlanSettings
 from plancc.errors import PlanccError
 
 
@@ -55,32 +54,36 @@ class RankEpoch:
 
 
 class RuntimePlan:
-    """A plan directory opened for training: validated manifest, fingerprints and settings; lazy epoch reads."""
+    """A plan directory opened for training, verified before step 1 (`store.PlanDir` does the checks).
+
+    Opening refuses a plan whose settings do not hash to the config fingerprint, whose samples or metrics file
+    belongs to another plan, or whose `manifest.json` differs from the plan file's metadata (settings and
+    fingerprints are read from the Parquet metadata the fingerprints cover, never from the manifest). Reading an
+    epoch verifies all of that epoch's rows (layout, `num_items`, plan fingerprint) before any is replayed; the
+    samples table is checked against the dataset and metadata fingerprints when it is read.
+    """
 
     def __init__(self, plan_dir: str | Path):
-        self.path = Path(plan_dir)
-        self.manifest: dict[str, Any] = store.read_manifest(self.path)
-        meta = store.read_file_meta(self.path / store.PLAN_FILE)
-        if meta.get("kind") != "plan":
-            raise PlanMismatchError(f"{self.path / store.PLAN_FILE} is a '{meta.get('kind')}' file, not a plan")
-        fps = self.manifest.get("fingerprints", {})
-        if meta.get("fingerprints") != fps:
-            raise PlanMismatchError(
-                f"{self.path / store.PLAN_FILE} does not belong to {self.path / store.MANIFEST_FILE}: their "
-                "fingerprints differ (a file was replaced or mixed from two plans); recompile the plan"
-            )
-        self.fingerprints: dict[str, Any] = fps
-        self.settings: dict[str, Any] = self.manifest["settings"]
-        self._epoch_batches = {int(e["epoch"]): int(e["batches"]) for e in self.manifest.get("epochs", [])}
+        try:
+            self.dir = store.PlanDir(plan_dir)
+        except store.PlanIntegrityError as exc:
+            raise PlanMismatchError(str(exc)) from None
+        self.path = self.dir.path
+        _refuse([*self.dir.header_problems(), *self.dir.manifest_problems(),
+                 *self.dir.companion_problems(store.SAMPLES_FILE, "samples")])
+        self.fingerprints: dict[str, Any] = self.dir.fingerprints
+        self.settings: PlanSettings = self.dir.settings
+        self._verified: tuple[int, pa.Table] | None = None  # the last epoch read and verified
+        self._epoch_batches: dict[int, int] = {}
 
     # ------------------------------------------------------------ settings
     @property
     def world_size(self) -> int:
-        return int(self.settings["world_size"])
+        return self.settings.world_size
 
     @property
     def grad_accum(self) -> int:
-        return int(self.settings["grad_accum"])
+        return self.settings.grad_accum
 
     @property
     def batches_per_update(self) -> int:
@@ -88,15 +91,15 @@ class RuntimePlan:
 
     @property
     def mode(self) -> str:
-        return str(self.settings["mode"])
+        return self.settings.mode
 
     @property
     def shift(self) -> str:
-        return str(self.settings["shift"])
+        return self.settings.shift
 
     @property
     def epochs(self) -> int:
-        return int(self.settings["epochs"])
+        return self.settings.epochs
 
     def replay_grad_accum(self, world_size: int, grad_accum: int | None = None) -> int:
         """The grad_accum a run of `world_size` uses; refuses a replay that would change the updates."""
@@ -121,12 +124,23 @@ class RuntimePlan:
         return int(grad_accum)
 
     # ------------------------------------------------------------ reads
-    def total_batches(self, epoch: int) -> int:
+    def epoch_rows(self, epoch: int) -> pa.Table:
+        """All rows of `epoch` in global order, verified against the layout and the epoch's plan fingerprint.
+
+        Every rank reads and checks the whole epoch (plan rows are small: ids and a few integers per microbatch),
+        so no rank replays a row that was edited, deleted or reordered, and every rank sees the same tail.
+        """
         self._check_epoch(epoch)
+        if self._verified is None or self._verified[0] != epoch:
+            table = self.dir.read_epoch(epoch)
+            _refuse(self.dir.epoch_problems(epoch, table))
+            self._verified = (int(epoch), table)
+            self._epoch_batches[int(epoch)] = table.num_rows
+        return self._verified[1]
+
+    def total_batches(self, epoch: int) -> int:
         if epoch not in self._epoch_batches:
-            t = store.read_table(self.path / store.PLAN_FILE, store.PLAN_SCHEMA, columns=["index"],
-                                 filters=[("epoch", "=", int(epoch))])
-            self._epoch_batches[epoch] = len(t)
+            self.epoch_rows(epoch)
         return self._epoch_batches[epoch]
 
     def _check_epoch(self, epoch: int) -> None:
@@ -135,64 +149,44 @@ class RuntimePlan:
                                     "compile with more --epochs")
 
     def read_rank_epoch(self, epoch: int, rank: int, world_size: int) -> RankEpoch:
-        """Rank `rank`'s microbatches of `epoch` when the plan is replayed on `world_size` ranks."""
-        self._check_epoch(epoch)
+        """Rank `rank`'s microbatches of `epoch` when the plan is replayed on `world_size` ranks.
+
+        Elastic replay needs nothing special here: rank r' of W' takes every W'-th row of the verified epoch.
+        """
         if not 0 <= rank < world_size:
             raise PlanMismatchError(f"rank {rank} is outside world_size {world_size}")
-        g = math.gcd(self.world_size, world_size)
-        ranks = [r for r in range(self.world_size) if r % g == rank % g]
-        filters: list[Any] = [("epoch", "=", int(epoch))]
-        filters.append(("rank", "=", ranks[0]) if len(ranks) == 1 else ("rank", "in", ranks))
-        table = store.read_table(self.path / store.PLAN_FILE, store.PLAN_SCHEMA, columns=PLAN_COLUMNS,
-                                 filters=filters)
-        index = table.column("index").to_numpy()
-        if world_size != self.world_size:
-            keep = np.flatnonzero(index % world_size == rank)
-            table = table.take(pa.array(keep))
-            index = index[keep]
-        if index.shape[0] > 1 and not bool(np.all(index[1:] > index[:-1])):
-            order = pc.sort_indices(table, [("index", "ascending")])
-            table = table.take(order)
-            index = table.column("index").to_numpy()
-        outer = table.column("sample_ids").combine_chunks()
-        batch_bounds = np.asarray(outer.offsets, dtype=np.int64)
-        rows = outer.flatten()
-        batch_bounds -= batch_bounds[0] if batch_bounds.shape[0] else 0
-        row_bounds = np.asarray(rows.offsets, dtype=np.int64)
-        samples = rows.flatten().to_numpy().astype(np.int64, copy=False)
-        row_bounds -= row_bounds[0] if row_bounds.shape[0] else 0
-        total = self.total_batches(epoch)
-        per_update = self.batches_per_update
-        tail_start = (total // per_update) * per_update
-        tail_num_items = 0
-        num_items = table.column("num_items").to_numpy()
-        if tail_start < total:
-            in_tail = np.flatnonzero(index >= tail_start)
-            if in_tail.size:
-                tail_num_items = int(num_items[in_tail[0]])
-            else:  # this rank has no real microbatch in the tail: read the tail's total from its first row
-                t = store.read_table(self.path / store.PLAN_FILE, store.PLAN_SCHEMA, columns=["num_items"],
-                                     filters=[("epoch", "=", int(epoch)), ("index", "=", int(tail_start))])
-                tail_num_items = int(t.column("num_items")[0].as_py())
+        table = self.epoch_rows(epoch)
+        all_index = store.column(table, "index")
+        keep = np.flatnonzero(all_index % world_size == rank)
+        mine = table.select(PLAN_COLUMNS).take(pa.array(keep))
+        ids, row_bounds, batch_bounds = store.nested_arrays(mine.column("sample_ids"))
+        total = table.num_rows
+        tail_start = (total // self.batches_per_update) * self.batches_per_update
         return RankEpoch(
             epoch=int(epoch),
-            index=index.astype(np.int64, copy=False),
-            samples=samples,
+            index=all_index[keep],
+            samples=ids,
             row_bounds=row_bounds,
             batch_bounds=batch_bounds,
-            tokens=table.column("tokens").to_numpy(),
-            label_count=table.column("label_count").to_numpy(),
-            num_items=num_items,
+            tokens=store.column(mine, "tokens"),
+            label_count=store.column(mine, "label_count"),
+            num_items=store.column(mine, "num_items"),
             total_batches=total,
-            tail_num_items=tail_num_items,
+            tail_num_items=int(store.column(table, "num_items")[tail_start]) if tail_start < total else 0,
         )
 
     def samples_table(self) -> pa.Table:
-        path = self.path / store.SAMPLES_FILE
-        if store.read_file_meta(path).get("fingerprints") != self.fingerprints:
-            raise PlanMismatchError(f"{path} does not belong to {self.path / store.MANIFEST_FILE}: their "
-                                    "fingerprints differ; recompile the plan")
-        return store.read_samples(path)
+        """The plan's samples table, checked against the dataset and metadata fingerprints."""
+        table = self.dir.read_samples()
+        _refuse(self.dir.samples_problems(table))
+        return table
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise PlanMismatchError(f"{problems[0]}{more}; this plan was changed after it was compiled: recompile it "
+                                "(`plancc validate PLAN_DIR` lists every problem)")
 
 
 def open_plan(plan: str | Path | RuntimePlan) -> RuntimePlan:

@@ -1,0 +1,403 @@
+"""Integrity (SPEC 6, 9; issue 15): `plancc validate` checks every file a plan ships, and the runtime refuses a
+changed plan before its first microbatch.
+
+Each tampering is applied to a copy of one small plan compiled from a raw source (so it ships a tokenized file
+written by the scan). A seeded byte-flip sweep over every file then shows that each flip is either reported by
+validate or provably harmless: the file decodes to exactly the same tables, metadata, epoch reads and statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from plancc import store
+from plancc.api import sample_arrays, write_plan_dir
+from plancc.cli import app
+from plancc.compile import compile_plan
+from plancc.config import PlanSettings
+from plancc.runtime import PlanMismatchError, PlanSampler, load_tokens
+from plancc.validate import validate_plan
+from tests.plan_helpers import random_dataset, samples_table
+
+runner = CliRunner()
+WORLD = 2
+
+
+def _rows(variant: int = 0) -> list[dict[str, str]]:
+    """60 prompt/completion rows; rows i and i+30 are equal (so two equal samples can be swapped)."""
+    return [{"prompt": f"Question {i % 30 + variant}: " + "why? " * (i % 7),
+             "completion": "because " * (1 + (i % 30) % 11)} for i in range(60)]
+
+
+def _compile(tmp: Path, rows: list[dict[str, str]]) -> Path:
+    source = tmp / "pc.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp / "plan"
+    res = runner.invoke(app, ["compile", str(source), "-o", str(out), "--sequence-len",
+                              "128", "--world-size", str(WORLD), "--grad-accum", "2", "--epochs", "2", "--quiet",
+                              "--cache-dir", str(tmp / "cache")])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    return _compile(tmp_path_factory.mktemp("pristine"), _rows())
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory) -> Path:
+    return _compile(tmp_path_factory.mktemp("foreign"), _rows(variant=100))
+
+
+@pytest.fixture
+def plan(pristine, tmp_path) -> Path:
+    """A private copy (real files: the pristine tokenized file may be a hard link into the scan cache)."""
+    return Path(shutil.copytree(pristine, tmp_path / "plan"))
+
+
+def validate(plan_dir: Path, *args: str):
+    r = runner.invoke(app, ["validate", str(plan_dir), *args])
+    assert "Traceback" not in r.output, r.output
+    return r
+
+
+def replay_first_microbatch(plan_dir: Path) -> None:
+    """What a trainer does before step 1: open the sampler, load the tokens, take the first microbatch."""
+    for rank in range(WORLD):
+        sampler = PlanSampler(plan_dir, rank=rank, world_size=WORLD)
+        load_tokens(plan_dir)
+        next(iter(sampler))
+
+
+# ---------------------------------------------------------------- tampering one thing at a time
+
+
+def _rewrite(path: Path, change: Callable[[pa.Table], pa.Table]) -> None:
+    """Rewrite a Parquet file with changed rows, keeping its metadata (what a careless or hostile edit does)."""
+    table = pq.read_table(path)
+    pq.write_table(change(table).replace_schema_metadata(table.schema.metadata), path)
+
+
+def _set(table: pa.Table, name: str, values) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), table.schema.field(name), [values])
+
+
+def _edit_column(name: str, row: int, delta: int):
+    def change(t: pa.Table) -> pa.Table:
+        v = t.column(name).to_numpy().copy()
+        v[row] += delta
+        return _set(t, name, pa.array(v, t.schema.field(name).type))
+    return change
+
+
+def _edit_ids(edit: Callable[[list], None]):
+    def change(t: pa.Table) -> pa.Table:
+        rows = t.column("sample_ids").to_pylist()
+        edit(rows)
+        return _set(t, "sample_ids", pa.array(rows, store.PLAN_SCHEMA.field("sample_ids").type))
+    return change
+
+
+def _swap_equal_samples(rows: list) -> None:
+    """Swap samples 3 and 33 (equal content) where they first sit: epoch 0 (the file's first rows)."""
+    where: dict[int, tuple[int, int, int]] = {}
+    for b, batch in enumerate(rows):
+        for r, row in enumerate(batch):
+            for k, sid in enumerate(row):
+                if sid in (3, 33):
+                    where.setdefault(sid, (b, r, k))
+    (b1, r1, k1), (b2, r2, k2) = where[3], where[33]
+    rows[b1][r1][k1], rows[b2][r2][k2] = 33, 3
+
+
+def _change_one_id(rows: list, at: int = 20) -> None:
+    rows[at][0][0] = rows[0][0][0]  # a later row of epoch 0 (rank 0: the file's first rows) takes row 0's sample
+
+
+def _manifest(change: Callable[[dict], None]):
+    def tamper(plan_dir: Path) -> None:
+        path = plan_dir / store.MANIFEST_FILE
+        m = json.loads(path.read_text())
+        change(m)
+        path.write_text(json.dumps(m, indent=2))
+    return tamper
+
+
+def _settings(**new):
+    return lambda m: m["settings"].update(new)
+
+
+def _metrics(plan_dir: Path) -> None:
+    def change(t: pa.Table) -> pa.Table:
+        v = t.column("label_cv").to_numpy().copy()
+        v[-1] *= 0.5
+        return _set(t, "label_cv", pa.array(v))
+    _rewrite(plan_dir / store.METRICS_FILE, change)
+
+
+def _plan_metadata(**new):
+    """Edit the settings in plan.parquet's own metadata (and the manifest mirror, consistently)."""
+    def tamper(plan_dir: Path) -> None:
+        path = plan_dir / store.PLAN_FILE
+        table = pq.read_table(path)
+        meta = json.loads(table.schema.metadata[store.META_KEY])
+        meta["settings"].update(new)
+        pq.write_table(table.replace_schema_metadata({store.META_KEY: json.dumps(meta).encode()}), path)
+        _manifest(_settings(**new))(plan_dir)
+    return tamper
+
+
+def _tokenized(how: str):
+    def tamper(plan_dir: Path, foreign: Path) -> None:
+        path = plan_dir / store.TOKENIZED_FILE
+        if how == "deleted":
+            path.unlink()
+        elif how == "emptied":
+            path.write_bytes(b"")
+        elif how == "truncated":
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        elif how == "fewer rows":
+            table = pq.read_table(path)
+            pq.write_table(table.slice(0, 50).replace_schema_metadata(table.schema.metadata), path)
+        elif how == "swapped":
+            shutil.copyfile(foreign / store.TOKENIZED_FILE, path)
+        elif how == "one label":
+            def change(t: pa.Table) -> pa.Table:
+                labels = t.column("labels").to_pylist()
+                labels[7][-1] = -100 if labels[7][-1] != -100 else 5
+                return _set(t, "labels", pa.array(labels, t.schema.field("labels").type))
+            _rewrite(path, change)
+    return tamper
+
+
+# (name, tamper, text validate must print, whether the runtime reads what was changed)
+TAMPERS = [
+    ("two equal samples swapped", lambda p: _rewrite(p / store.PLAN_FILE, _edit_ids(_swap_equal_samples)),
+     "do not hash to the epoch's plan fingerprint", True),
+    ("num_items edited", lambda p: _rewrite(p / store.PLAN_FILE, _edit_column("num_items", 0, 3)),
+     "row 0: num_items", True),
+    ("label_count and num_items edited together",
+     lambda p: _rewrite(p / store.PLAN_FILE, lambda t: _edit_all_num_items(_edit_column("label_count", 0, 1)(t))),
+     "label_count is", True),
+    ("first row deleted", lambda p: _rewrite(p / store.PLAN_FILE, lambda t: t.slice(1)),
+     "row 0: index is 1", True),
+    ("one sample id changed", lambda p: _rewrite(p / store.PLAN_FILE, _edit_ids(_change_one_id)),
+     "appear more than once (first again: row", True),
+    ("manifest grad_accum halved", _manifest(_settings(grad_accum=1)), "settings.grad_accum", True),
+    ("manifest world size doubled, accumulation halved", _manifest(_settings(world_size=4, grad_accum=1)),
+     "settings.grad_accum", True),
+    ("plan metadata grad_accum halved", _plan_metadata(grad_accum=1), "config fingerprint", True),
+    ("plan metadata world size doubled, accumulation halved", _plan_metadata(world_size=4, grad_accum=1),
+     "config fingerprint", True),
+    ("manifest epoch batch count lowered", _manifest(lambda m: m["epochs"][0].update(batches=m["epochs"][0]["batches"] - 1)),
+     "epochs[0].batches", True),
+    ("manifest data path changed", _manifest(lambda m: m["data"].update(tokenized="other.parquet")),
+     "data.tokenized", True),
+    ("manifest deleted", lambda p: (p / store.MANIFEST_FILE).unlink(), "manifest.json is missing", False),
+    ("metrics label_cv edited", _metrics, "label_cv", False),
+    ("samples token_hash edited", lambda p: _rewrite(p / store.SAMPLES_FILE, _edit_column("token_hash", 4, 1)),
+     "dataset fingerprint", True),
+    ("samples length edited", lambda p: _rewrite(p / store.SAMPLES_FILE, _edit_column("length", 4, 1)),
+     "metadata fingerprint", True),
+]
+
+
+def _edit_all_num_items(t: pa.Table) -> pa.Table:
+    """Recompute every num_items from the (edited) label counts, so only the samples table can tell."""
+    plan = t.sort_by([("epoch", "ascending"), ("index", "ascending")])
+    per_update = WORLD * 2
+    labels = plan.column("label_count").to_numpy()
+    epochs = plan.column("epoch").to_numpy()
+    index = plan.column("index").to_numpy()
+    key = epochs * 10**6 + index // per_update
+    _, inverse = np.unique(key, return_inverse=True)
+    totals = np.bincount(inverse, weights=labels).astype(np.int64)[inverse]
+    return _set(plan, "num_items", pa.array(totals, pa.int64()))
+
+
+TOKENIZED = ["deleted", "emptied", "truncated", "fewer rows", "swapped", "one label"]
+
+
+@pytest.mark.parametrize(("name", "tamper", "message", "runtime_reads"), TAMPERS, ids=[t[0] for t in TAMPERS])
+def test_validate_and_runtime_refuse_a_tampered_plan(plan, name, tamper, message, runtime_reads):
+    replay_first_microbatch(plan)  # sound before
+    tamper(plan)
+    r = validate(plan)
+    assert r.exit_code == 1, (name, r.output)
+    assert message in r.output, (name, r.output)
+    if runtime_reads:
+        with pytest.raises((PlanMismatchError, store.StoreError)):
+            replay_first_microbatch(plan)
+
+
+@pytest.mark.parametrize("how", TOKENIZED)
+def test_tokenized_data_is_checked_by_validate_and_the_runtime(plan, foreign, how):
+    _tokenized(how)(plan, foreign)
+    r = validate(plan)
+    assert r.exit_code == 1 and store.TOKENIZED_FILE in r.output, (how, r.output)
+    with pytest.raises(PlanMismatchError):
+        replay_first_microbatch(plan)
+
+
+def test_a_tampered_later_epoch_is_refused_before_its_first_microbatch(plan):
+    last = pq.read_metadata(plan / store.PLAN_FILE).num_rows - 1  # the file ends with epoch 1
+    _rewrite(plan / store.PLAN_FILE, _edit_ids(lambda rows: _change_one_id(rows, last)))
+    sampler = PlanSampler(plan, rank=0, world_size=WORLD)
+    assert len(list(sampler)) > 0  # epoch 0 is intact and verified
+    sampler.set_epoch(1)
+    with pytest.raises(PlanMismatchError, match="epoch 1"):
+        next(iter(sampler))
+
+
+def test_fast_checks_tokenized_metadata_only(plan, foreign):
+    assert validate(plan, "--fast").exit_code == 0
+    _tokenized("one label")(plan, foreign)
+    assert validate(plan, "--fast").exit_code == 0  # content is the full check's job
+    r = validate(plan)
+    assert r.exit_code == 1 and "tokenized.parquet row 7" in r.output
+    for how in ("deleted",):
+        _tokenized(how)(plan, foreign)
+        assert validate(plan, "--fast").exit_code == 1
+
+
+def test_fast_refuses_tokenized_data_of_another_plan(plan, foreign):
+    _tokenized("swapped")(plan, foreign)
+    r = validate(plan, "--fast")
+    assert r.exit_code == 1 and "swapped in from another plan" in r.output
+
+
+def test_a_sound_plan_validates_and_replays(plan):
+    r = validate(plan)
+    assert r.exit_code == 0 and "tokenized data content" in r.output, r.output
+    replay_first_microbatch(plan)
+
+
+def test_not_a_plan_directory_is_exit_2(tmp_path):
+    assert validate(tmp_path).exit_code == 2
+    assert validate(tmp_path / "missing").exit_code == 2
+
+
+def test_unreadable_plan_file_is_a_violation(plan):
+    (plan / store.PLAN_FILE).write_bytes(b"PAR1 garbage")
+    r = validate(plan)
+    assert r.exit_code == 1 and "plan.parquet" in r.output
+
+
+# ---------------------------------------------------------------- the byte-flip sweep
+
+FLIPS_PER_FILE = 60
+FILES = [store.PLAN_FILE, store.SAMPLES_FILE, store.METRICS_FILE, store.MANIFEST_FILE, store.TOKENIZED_FILE]
+
+
+def _decoded(path: Path, epochs: int) -> object:
+    """Everything a reader can get from one file, or the error reading it gives: the table with its schema and
+    metadata, the Arrow schema, every column statistic (filtered reads skip row groups on them) and, for the plan,
+    each epoch's filtered read. Parquet's own leaf names are left out: readers take names from the Arrow schema."""
+    try:
+        if path.suffix == ".json":
+            return json.loads(path.read_bytes())
+        pf = pq.ParquetFile(path)
+        table = pf.read()
+        stats = [[c.statistics.to_dict() if c.statistics is not None else None
+                  for c in (pf.metadata.row_group(i).column(j) for j in range(pf.metadata.num_columns))]
+                 for i in range(pf.metadata.num_row_groups)]
+        epoch_reads = ([pq.read_table(path, filters=[("epoch", "=", e)]) for e in range(epochs)]
+                       if path.name == store.PLAN_FILE else [])
+        return table, table.schema, table.schema.metadata, pf.schema_arrow, stats, epoch_reads
+    except Exception as exc:  # any failure to decode is a change a reader sees
+        return f"unreadable: {type(exc).__name__}"
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        ta, sa, ma, pa_, st_a, ea = a
+        tb, sb, mb, pb, st_b, eb = b
+        return (ta.equals(tb) and sa.equals(sb) and ma == mb and pa_.equals(pb) and st_a == st_b
+                and len(ea) == len(eb) and all(x.equals(y) for x, y in zip(ea, eb, strict=True)))
+    return a == b
+
+
+def test_every_byte_flip_is_detected_or_harmless(plan):
+    """Seeded: 60 flips (a random byte XOR a random non-zero value) at random offsets of each of the 5 files."""
+    rng = np.random.default_rng(15)
+    epochs = 2
+    tally: dict[str, dict[str, int]] = {}
+    silent = []
+    for name in FILES:
+        path = plan / name
+        original = path.read_bytes()
+        before = _decoded(path, epochs)
+        counts = tally.setdefault(name, {"detected": 0, "harmless": 0})
+        for _ in range(FLIPS_PER_FILE):
+            at = int(rng.integers(len(original)))
+            flipped = bytearray(original)
+            flipped[at] ^= int(rng.integers(1, 256))
+            path.write_bytes(bytes(flipped))
+            try:
+                problems, _ = validate_plan(str(plan))
+            except store.StoreError as exc:  # not even recognisable as a plan: still a refusal
+                problems = [str(exc)]
+            if problems:
+                counts["detected"] += 1
+            elif _same(_decoded(path, epochs), before):
+                counts["harmless"] += 1
+            else:
+                silent.append((name, at))
+        path.write_bytes(original)
+    print("byte flips:", tally)
+    assert silent == [], f"flips accepted although content changed: {silent}"
+    assert sum(c["detected"] for c in tally.values()) > 0.5 * FLIPS_PER_FILE * len(FILES)
+    assert validate_plan(str(plan))[0] == []
+
+
+# ---------------------------------------------------------------- moved from test_store: hand-made plans
+
+SETTINGS = PlanSettings(micro_batch_size=2, sequence_len=64, world_size=2, grad_accum=2, epochs=2)
+
+
+def _write(path: Path, settings: PlanSettings = SETTINGS, n: int = 200) -> Path:
+    ids, labels = random_dataset(np.random.default_rng(1), n, 64)
+    table = samples_table(ids, labels)
+    s = sample_arrays(table)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None)
+    return path
+
+
+def test_validate_accepts_a_sound_plan_without_tokenized_data(tmp_path):
+    assert validate_plan(str(_write(tmp_path / "plan")))[0] == []
+
+
+def test_validate_catches_an_edited_label_count(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+    _rewrite(plan_dir / store.PLAN_FILE, _edit_column("label_count", 3, 1))
+    problems, _ = validate_plan(str(plan_dir))
+    assert any("label_count is" in p and "recomputed from samples.parquet" in p for p in problems), problems
+
+
+def test_validate_catches_a_duplicated_sample(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+
+    def duplicate(rows: list) -> None:
+        rows[1] = [list(rows[0][0])]
+
+    _rewrite(plan_dir / store.PLAN_FILE, _edit_ids(duplicate))
+    problems, _ = validate_plan(str(plan_dir))
+    assert any("more than once" in p for p in problems)
+    assert any("missing" in p for p in problems)
+
+
+def test_validate_catches_a_changed_fingerprint(tmp_path):
+    plan_dir = _write(tmp_path / "plan")
+    _manifest(lambda m: m["fingerprints"].update(config="0" * 32))(plan_dir)
+    problems, _ = validate_plan(str(plan_dir))
+    assert any("fingerprints.config" in p and "manifest.json" in p for p in problems), problems
