@@ -45,6 +45,7 @@ MANIFEST_FILE = "manifest.json"
 TOKENIZED_FILE = "tokenized.parquet"
 SCAN_MANIFEST_FILE = "scan.json"
 
+ARROW_SCHEMA_KEY = b"ARROW:schema"  # pyarrow's serialized Arrow schema (store_schema=True)
 META_KEY = b"plancc"  # JSON: {"schema": int, "fingerprints": {...}, "settings": {...}, "kind": str}
 
 SAMPLES_SCHEMA = pa.schema(
@@ -173,9 +174,13 @@ def read_file_meta(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     pf = _open(path)
-    raw = (pf.metadata.metadata or {}).get(META_KEY)
+    pairs = pf.metadata.metadata or {}
+    raw = pairs.get(META_KEY)
     if raw is None:
         raise StoreError(f"{path} was not written by plancc (no '{META_KEY.decode()}' metadata)")
+    extra = sorted(set(pairs) - {META_KEY, ARROW_SCHEMA_KEY})
+    if extra:
+        raise StoreError(f"{path} has metadata keys plancc does not write ({extra[0]!r}): the file was edited")
     if (pf.schema_arrow.metadata or {}).get(META_KEY) != raw:
         raise StoreError(f"{path} has corrupt plancc metadata (its two copies differ)")
     try:
@@ -540,13 +545,13 @@ class PlanDir:
                             f"epochs={self.settings.epochs}")
         return problems
 
-    def manifest_problems(self) -> list[str]:
+    def manifest_problems(self, *, required: bool = True) -> list[str]:
         """`manifest.json` must equal the plan file's metadata (it is its mirror, never read for settings)."""
         path = self.path / MANIFEST_FILE
         try:
             manifest = orjson.loads(path.read_bytes())
         except FileNotFoundError:
-            return [f"{path} is missing (it mirrors {PLAN_FILE}'s metadata)"]
+            return [f"{path} is missing (it mirrors {PLAN_FILE}'s metadata)"] if required else []
         except orjson.JSONDecodeError as exc:
             return [f"{path} is not valid JSON: {exc}"]
         found = first_difference(manifest, {k: v for k, v in self.meta.items() if k != "kind"})
@@ -625,6 +630,25 @@ class PlanDir:
         ids, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
         recorded = self.fingerprints.get("plan", {}).get(str(epoch))
         if plan_fingerprint({**cols, "sample_ids": ids, "row_bounds": row_bounds, "batch_bounds": batch_bounds}) != recorded:
+            again = repeated_sample(ids, row_bounds[batch_bounds]) if not problems else None  # names a row
+            if again is not None:
+                problems.append(f"{self.plan_file} epoch {epoch} row {again[0]}: sample_id {again[1]} again "
+                                f"(already in row {again[2]})")
             problems.append(f"{self.plan_file} epoch {epoch}: its {n} rows do not hash to the epoch's plan "
                             "fingerprint (rows edited, deleted, reordered or samples exchanged)")
         return problems
+
+
+def repeated_sample(ids: np.ndarray, batch_starts: np.ndarray) -> tuple[int, int, int] | None:
+    """(row, sample id, earlier row) of the first sample an epoch holds twice, or None (a sound plan).
+
+    `ids` are the epoch's sample ids in plan order, `batch_starts` the position of each row's first id.
+    """
+    again = np.ones(ids.shape[0], dtype=bool)
+    again[np.unique(ids, return_index=True)[1]] = False
+    if not again.any():
+        return None
+    at = _first_row(again)
+    first = int(np.flatnonzero(ids == ids[at])[0])
+    row, earlier = np.searchsorted(batch_starts, [at, first], side="right") - 1
+    return int(row), int(ids[at]), int(earlier)

@@ -49,12 +49,9 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
 
     counts = np.bincount(pos, minlength=len(s))
     if (counts > 1).any():
-        again = np.ones(pos.shape[0], dtype=bool)
-        again[np.unique(pos, return_index=True)[1]] = False  # every occurrence after a sample's first
-        at = int(np.flatnonzero(again)[0])
-        row = int(np.searchsorted(b.row_bounds[b.batch_bounds], at, side="right")) - 1
-        problems.append(f"{store.PLAN_FILE} epoch {epoch}: {int((counts > 1).sum())} samples appear more than once "
-                        f"(first again: row {row}, sample_id {int(ids[at])})")
+        row, sid, first = store.repeated_sample(ids, b.row_bounds[b.batch_bounds])
+        problems.append(f"{store.PLAN_FILE} epoch {epoch} row {row}: sample_id {sid} again (already in row {first}); "
+                        f"{int((counts > 1).sum())} samples appear more than once")
     missing = int((counts == 0).sum())
     if missing and not settings.drop_last:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: {missing} retained samples are missing "
@@ -222,7 +219,7 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
         rows += table.num_rows
         found = plan.epoch_problems(e, table)
         more, b = check_epoch(e, table, s, plan.settings)
-        problems += found + more
+        problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
         if b is not None:
             after[e] = summarize(b, s, plan.settings, drops)
     total = pq.ParquetFile(plan.plan_file).metadata.num_rows

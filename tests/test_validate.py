@@ -34,8 +34,8 @@ WORLD = 2
 
 def _rows(variant: int = 0) -> list[dict[str, str]]:
     """60 prompt/completion rows; rows i and i+30 are equal (so two equal samples can be swapped)."""
-    return [{"prompt": f"Question {i % 30 + variant}: " + "why? " * (i % 7),
-             "completion": "because " * (1 + (i % 30) % 11)} for i in range(60)]
+    return [{"prompt": f"Question {j + variant}: " + "why? " * (j % 7), "completion": "because " * (1 + j % 11)}
+            for j in (i % 30 for i in range(60))]
 
 
 def _compile(tmp: Path, rows: list[dict[str, str]]) -> Path:
@@ -192,7 +192,7 @@ TAMPERS = [
     ("first row deleted", lambda p: _rewrite(p / store.PLAN_FILE, lambda t: t.slice(1)),
      "row 0: index is 1", True),
     ("one sample id changed", lambda p: _rewrite(p / store.PLAN_FILE, _edit_ids(_change_one_id)),
-     "appear more than once (first again: row", True),
+     "again (already in row 0)", True),
     ("manifest grad_accum halved", _manifest(_settings(grad_accum=1)), "settings.grad_accum", True),
     ("manifest world size doubled, accumulation halved", _manifest(_settings(world_size=4, grad_accum=1)),
      "settings.grad_accum", True),

@@ -69,7 +69,7 @@ class RuntimePlan:
         except store.PlanIntegrityError as exc:
             raise PlanMismatchError(str(exc)) from None
         self.path = self.dir.path
-        _refuse([*self.dir.header_problems(), *self.dir.manifest_problems(),
+        _refuse([*self.dir.header_problems(), *self.dir.manifest_problems(required=False),
                  *self.dir.companion_problems(store.SAMPLES_FILE, "samples")])
         self.fingerprints: dict[str, Any] = self.dir.fingerprints
         self.settings: PlanSettings = self.dir.settings
