@@ -518,10 +518,10 @@ class PlanDir:
         self.meta: dict[str, Any] = read_file_meta(self.plan_file)
         if self.meta.get("kind") != "plan":
             raise PlanIntegrityError(f"{self.plan_file} is a plancc '{self.meta.get('kind')}' file, not a plan")
-        if sorted(self.meta) != sorted(PLAN_META_KEYS):
-            raise PlanIntegrityError(
-                f"{self.plan_file}: metadata keys {sorted(self.meta)}, expected {list(PLAN_META_KEYS)} (written by "
-                "an older plancc, or edited); recompile the plan")
+        missing = sorted(set(PLAN_META_KEYS) - set(self.meta))
+        if missing:
+            raise PlanIntegrityError(f"{self.plan_file}: metadata lacks {missing} (written by an older plancc, or "
+                                     "edited); recompile the plan")
         self.fingerprints: dict[str, Any] = self.meta["fingerprints"]
         try:
             self.settings = PlanSettings(**self.meta["settings"])

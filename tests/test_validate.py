@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from plancc import store
@@ -291,6 +293,41 @@ def test_unreadable_plan_file_is_a_violation(plan):
     (plan / store.PLAN_FILE).write_bytes(b"PAR1 garbage")
     r = validate(plan)
     assert r.exit_code == 1 and "plan.parquet" in r.output
+
+
+@pytest.fixture(scope="module")
+def epoch0(pristine) -> tuple[store.PlanDir, pa.Table]:
+    plan = store.PlanDir(pristine)
+    return plan, plan.read_epoch(0)
+
+
+EDITABLE = ["index", "update", "rank", "micro_step", "tokens", "label_count", "cost", "num_items", "complete_update"]
+
+
+@given(name=st.sampled_from([*EDITABLE, "sample_ids"]), row=st.integers(0, 10**6), delta=st.integers(1, 2**40))
+def test_any_single_value_edit_of_an_epoch_is_refused(epoch0, name, row, delta):
+    """Invariant: changing any one value of any row of an epoch (what the runtime replays) is a problem."""
+    plan, table = epoch0
+    row %= table.num_rows
+    if name == "sample_ids":
+        rows = table.column(name).to_pylist()
+        rows[row][0][0] = (rows[row][0][0] + delta) % 60  # another sample of the plan (or an equal one)
+        if rows[row][0][0] == table.column(name)[row][0][0].as_py():
+            return
+        column = pa.array(rows, store.PLAN_SCHEMA.field(name).type)
+    elif name == "complete_update":
+        v = table.column(name).to_pylist()
+        v[row] = not v[row]
+        column = pa.array(v, pa.bool_())
+    else:
+        v = table.column(name).to_numpy().copy()
+        old = v[row]
+        v[row] = (int(old) + delta) % np.iinfo(v.dtype).max
+        if v[row] == old:
+            return
+        column = pa.array(v, table.schema.field(name).type)
+    assert plan.epoch_problems(0, _set(table, name, column))
+    assert plan.epoch_problems(0, table) == []
 
 
 # ---------------------------------------------------------------- the byte-flip sweep
