@@ -2,9 +2,10 @@
 
 A plan directory holds `plan.parquet`, `samples.parquet`, `metrics.parquet` and a `manifest.json` mirror. Every
 Parquet file carries the plan's fingerprints and settings in its key-value metadata, so one file is
-self-describing; `plan.parquet` carries the whole manifest. `PlanDir` (end of this module) is the verified reader:
-every file is checked against what the plan file's fingerprints and checksums bind. The plan table is written sorted by (epoch, rank, index) in row groups, so that one rank's epoch
-is read by skipping row groups on their statistics instead of decoding the whole file.
+self-describing; `plan.parquet` carries the whole manifest. The plan table is written sorted by (epoch, rank, index)
+in row groups, so that one epoch (or one rank's) is read by skipping row groups on their statistics instead of
+decoding the whole file. `PlanDir` (end of this module) is the verified reader: every file is checked against what
+the plan file's fingerprints and checksums bind.
 """
 
 from __future__ import annotations
@@ -391,7 +392,6 @@ def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
 
 PLAN_META_KEYS = ("checksums", "data", "epochs", "fingerprints", "kind", "plancc", "samples", "scan", "schema",
                   "settings")
-FILE_META_KEYS = ("fingerprints", "kind", "schema", "settings")
 EPOCH_COLUMNS = ["index", "update", "rank", "micro_step", "sample_ids", "tokens", "label_count", "cost", "num_items",
                  "complete_update"]
 
@@ -629,7 +629,8 @@ class PlanDir:
                                 f"gives {want[i]} ({int(bad.sum())} rows differ)")
         ids, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
         recorded = self.fingerprints.get("plan", {}).get(str(epoch))
-        if plan_fingerprint({**cols, "sample_ids": ids, "row_bounds": row_bounds, "batch_bounds": batch_bounds}) != recorded:
+        nested = {"sample_ids": ids, "row_bounds": row_bounds, "batch_bounds": batch_bounds}
+        if plan_fingerprint({**cols, **nested}) != recorded:
             again = repeated_sample(ids, row_bounds[batch_bounds]) if not problems else None  # names a row
             if again is not None:
                 problems.append(f"{self.plan_file} epoch {epoch} row {again[0]}: sample_id {again[1]} again "
