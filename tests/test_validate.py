@@ -44,7 +44,7 @@ def _compile(tmp: Path, rows: list[dict[str, str]]) -> Path:
     source = tmp / "pc.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp / "plan"
-    res = runner.invoke(app, ["compile", str(source), "-o", str(out), "--sequence-len",
+    res = runner.invoke(app, ["compile", str(source), "-o", str(out), "--tokenizer", "builtin", "--sequence-len",
                               "128", "--world-size", str(WORLD), "--grad-accum", "2", "--epochs", "2", "--quiet",
                               "--cache-dir", str(tmp / "cache")])
     assert res.exit_code == 0, res.output
