@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -26,13 +27,15 @@ import torch.distributed as dist
 from plancc.runtime import (
     PlanCollator,
     PlanDataLoader,
+    CheckpointError,
     PlanDataset,
+    PlanMismatchError,
     PlanSampler,
     RuntimePlan,
-    checkpoint_state,
+    load_checkpoint,
     load_tokens,
     model_inputs,
-    restore_checkpoint_state,
+    save_checkpoint,
     token_loss,
 )
 
@@ -71,7 +74,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", type=Path, default=None, help="directory for checkpoints (saved per update)")
     ap.add_argument("--save-every", type=int, default=2, help="save a checkpoint every N optimizer steps")
-    ap.add_argument("--resume", action="store_true", help="resume from --checkpoint")
+    ap.add_argument("--keep", type=int, default=2, help="checkpoints (steps) to keep")
+    ap.add_argument("--resume", action="store_true",
+                    help="resume from the newest checkpoint in --checkpoint that every rank saved completely")
     ap.add_argument("--allow-dataset-change", action="store_true")
     ap.add_argument("--num-workers", type=int, default=0)
     ap.add_argument("--model", choices=("llama", "bigram"), default="llama",
@@ -104,18 +109,20 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
 
     step = 0
-    ckpt_file = args.checkpoint / f"rank{rank}.pt" if args.checkpoint else None
     if args.resume:
-        if ckpt_file is None or not ckpt_file.exists():
-            raise SystemExit(f"--resume: no checkpoint at {ckpt_file}")
-        ckpt = torch.load(ckpt_file, map_location=device)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optim"])
-        restore_checkpoint_state(ckpt["data"], sampler, model=model,
-                                 allow_dataset_change=args.allow_dataset_change)
-        step = ckpt["step"]
+        if args.checkpoint is None:
+            raise SystemExit("--resume needs --checkpoint DIR")
+        try:
+            resumed = load_checkpoint(args.checkpoint, sampler=sampler, model=model, map_location=device,
+                                      allow_dataset_change=args.allow_dataset_change)
+        except (CheckpointError, PlanMismatchError) as e:  # raised on every rank alike: none is left waiting
+            print(f"rank {rank}: --resume: {e}", file=sys.stderr)
+            sys.exit(2)
+        model.load_state_dict(resumed.state["model"])
+        opt.load_state_dict(resumed.state["optim"])
+        step = resumed.step
         if rank == 0:
-            print(f"resumed at epoch {sampler.epoch}, update {ckpt['data']['sampler']['update']} (step {step})")
+            print(f"resumed at epoch {sampler.epoch}, update {sampler.locate(sampler.position)[0]} (step {step})")
 
     if rank == 0:
         print(f"plan {plan.path}: world_size {world} x grad_accum {sampler.grad_accum} "
@@ -147,10 +154,9 @@ def main() -> None:
                       f"loss {update_loss.item():.4f} targets {int(batch['num_items_in_batch'])} "
                       f"({time.perf_counter() - t0:.1f}s)", flush=True)
             update_loss.zero_()
-            if ckpt_file is not None and step % args.save_every == 0:
-                ckpt_file.parent.mkdir(parents=True, exist_ok=True)
-                torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step,
-                            "data": checkpoint_state(sampler, model=model)}, ckpt_file)
+            if args.checkpoint is not None and step % args.save_every == 0:
+                save_checkpoint(args.checkpoint, step, {"model": model.state_dict(), "optim": opt.state_dict()},
+                                sampler=sampler, model=model, keep=args.keep)
             if args.max_updates is not None and step >= args.max_updates:
                 break
         else:

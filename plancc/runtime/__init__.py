@@ -12,7 +12,14 @@ Imports only torch, pyarrow and numpy (and plancc.store); transformers is import
             optimizer.step(); optimizer.zero_grad()
 """
 
-from plancc.runtime.checkpoint import checkpoint_state, restore_checkpoint_state
+from plancc.runtime.checkpoint import (
+    CheckpointError,
+    Resumed,
+    checkpoint_state,
+    load_checkpoint,
+    restore_checkpoint_state,
+    save_checkpoint,
+)
 from plancc.runtime.collator import PlanCollator, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataLoader, PlanDataset
@@ -21,18 +28,22 @@ from plancc.runtime.plan import PlanMismatchError, RuntimePlan
 from plancc.runtime.sampler import Microbatch, PlanSampler
 
 __all__ = [
+    "CheckpointError",
     "Microbatch",
     "PlanCollator",
     "PlanDataLoader",
     "PlanDataset",
     "PlanMismatchError",
     "PlanSampler",
+    "Resumed",
     "RuntimePlan",
     "TokenStore",
     "checkpoint_state",
+    "load_checkpoint",
     "load_tokens",
     "model_inputs",
     "restore_checkpoint_state",
+    "save_checkpoint",
     "token_loss",
     "token_loss_sum",
 ]

@@ -1,24 +1,75 @@
-"""Checkpoint bookkeeping: the sampler state plus what makes it exact, and a validity flag when it cannot be.
+"""Checkpoints: the sampler state plus what makes it exact, written so that a kill never costs the last good one.
 
 At an update boundary the sampler position alone resumes exactly (the optimizer has stepped; gradients are
 zero). Mid-update, the gradients accumulated so far belong to the checkpoint too: `checkpoint_state(sampler,
 model=model)` saves them (each rank its own, before DDP's all-reduce). Without a model, a mid-update state is
 recorded as invalid, and `restore_checkpoint_state` refuses it with a message instead of silently restarting the
-update::
+update.
 
-    ckpt = {"model": model.state_dict(), "optim": optim.state_dict(), "data": checkpoint_state(sampler, model=model)}
+`save_checkpoint` / `load_checkpoint` put that on disk for a training loop (every rank calls both)::
+
+    save_checkpoint(ckpt_dir, step, {"model": model.state_dict(), "optim": opt.state_dict()},
+                    sampler=sampler, model=model)                     # keeps the newest 2 steps
     ...
-    restore_checkpoint_state(ckpt["data"], sampler, model=model)
+    resumed = load_checkpoint(ckpt_dir, sampler=sampler, model=model)  # restores sampler (+ mid-update grads)
+    model.load_state_dict(resumed.state["model"]); opt.load_state_dict(resumed.state["optim"])
+
+Layout, and why a kill at any instant leaves a usable checkpoint::
+
+    ckpt_dir/step-00000004/rank0.pt     tensors only (torch.save; loaded with weights_only=True)
+    ckpt_dir/step-00000004/rank0.json   step, sampler state (JSON), size and sha256 of rank0.pt
+    ckpt_dir/latest                     {"step": 4, ...}: written by rank 0 once every rank's files are complete
+
+Every file is written to a temporary sibling, fsynced, renamed over its name and the directory fsynced, so a
+name never points at a partial file; a rank's `.json` is written after its `.pt` and vouches for its bytes.
+`latest` moves only after a barrier, and old steps are pruned only after `latest` has moved past them. Loading
+skips (with a warning) any step whose files are missing, truncated or corrupt, and the ranks then agree in one
+all_gather on the newest step every rank has complete: a mix is resumed from that step with a warning naming
+each rank's newest, or refused on every rank when they share none. No rank can take another branch, so none
+hangs.
+
+Tests kill a save at a named point with `PLANCC_CHECKPOINT_FAULT=POINT[:STEP[:RANK]]` (see `FAULT_POINTS`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 import torch
 
 from plancc.runtime.plan import PlanMismatchError
 from plancc.runtime.sampler import PlanSampler
+
+FORMAT = "plancc.checkpoint/1"
+LATEST = "latest"
+FAULT_ENV = "PLANCC_CHECKPOINT_FAULT"
+FAULT_POINTS = (
+    "tensors_temp",     # this rank's .pt is complete in its temporary file, not yet renamed
+    "tensors_written",  # this rank's .pt is in place, its .json not yet written
+    "rank_saved",       # this rank's files are complete; the other ranks may not be (before the barrier)
+    "latest_temp",      # (rank 0) every rank is saved; the new `latest` is in its temporary file
+    "saved",            # `latest` points at the new step; older steps not yet pruned
+)
+_STEP_DIR = re.compile(r"step-(\d+)$")
+_AGREE_SLOTS = 32  # newest complete steps each rank reports when the ranks agree on one
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from: missing, damaged, or not the same step on every rank."""
+
+
+# ---------------------------------------------------------------- data side (sampler + accumulated gradients)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -53,3 +104,301 @@ def restore_checkpoint_state(ckpt: dict[str, Any], sampler: PlanSampler, *, mode
     for name, p in _unwrap(model).named_parameters():
         g = grads.get(name)
         p.grad = None if g is None else g.to(p.device).clone()
+
+
+# ---------------------------------------------------------------- atomic files
+
+
+def _fault_from_env(point: str, step: int, rank: int) -> None:
+    """Die like a SIGKILL at `point` when PLANCC_CHECKPOINT_FAULT names it (and the step / rank, if given)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    name, *rest = spec.split(":")
+    if name == point and (len(rest) < 1 or int(rest[0]) == step) and (len(rest) < 2 or int(rest[1]) == rank):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fsync_dir(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Sha256Writer:
+    """A write-only file wrapper that counts and hashes what passes through (what `torch.save` needs)."""
+
+    def __init__(self, f: IO[bytes]):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None], *,
+                 before_rename: Callable[[], None] | None = None) -> None:
+    """Write `path` through `write(file)`: temporary sibling, flush, fsync, rename, fsync of the directory.
+
+    Readers see the old file or the whole new one, never a part. On an error the temporary file is removed.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: str | Path, obj: Any, **kwargs: Any) -> None:
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode() + b"\n"), **kwargs)
+
+
+def load_tensors(path: str | Path, map_location: Any = None) -> Any:
+    """`torch.load(weights_only=True)` with a clear error for a truncated or damaged file."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        size = os.path.getsize(path) if os.path.exists(path) else None
+        raise CheckpointError(f"{path}: not a readable tensor checkpoint ({size} bytes; truncated or damaged?): "
+                              f"{str(e).splitlines()[0]}") from None
+
+
+# ---------------------------------------------------------------- collectives (no-ops without a process group)
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+
+
+def _barrier() -> None:
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()
+
+
+def _all_gather_rows(row: list[int]) -> list[list[int]]:
+    """Every rank's `row` (same length on all), in rank order; just ours without a process group."""
+    dist = _dist()
+    if dist is None:
+        return [row]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, mine)
+    return [r.tolist() for r in rows]
+
+
+# ---------------------------------------------------------------- save
+
+
+def step_dir(directory: str | Path, step: int) -> Path:
+    return Path(directory) / f"step-{int(step):08d}"
+
+
+def _steps(directory: Path) -> list[int]:
+    """Step numbers of the step directories under `directory`, newest first."""
+    if not directory.is_dir():
+        return []
+    found = (_STEP_DIR.match(p.name) for p in directory.iterdir() if p.is_dir())
+    return sorted((int(m.group(1)) for m in found if m), reverse=True)
+
+
+def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], *, sampler: PlanSampler,
+                    model: torch.nn.Module | None = None, keep: int = 2, extra: dict[str, Any] | None = None,
+                    fault: Callable[[str, int, int], None] = _fault_from_env) -> Path:
+    """Save this rank's `state` (tensors and containers of them, e.g. model and optimizer state dicts) and the
+    sampler's data state as step `step`; every rank must call it. Returns the step directory.
+
+    `extra` is JSON stored with the sampler state. Once every rank's files are complete, rank 0 points `latest`
+    at the step, then each rank removes its files of steps beyond the newest `keep` (and of any step after
+    this one: an abandoned run's). `fault(point, step, rank)` is called at each of `FAULT_POINTS` (tests).
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1 (got {keep})")
+    directory, rank, step = Path(directory), sampler.rank, int(step)
+    out = step_dir(directory, step)
+    out.mkdir(parents=True, exist_ok=True)
+    fsync_dir(directory)
+    data = checkpoint_state(sampler, model=model)
+    digest: dict[str, Any] = {}
+
+    def write_tensors(f: IO[bytes]) -> None:
+        w = _Sha256Writer(f)
+        torch.save({"state": state, "grads": data["grads"]}, w)
+        digest.update(bytes=w.size, sha256=w.sha.hexdigest())
+
+    atomic_write(out / f"rank{rank}.pt", write_tensors, before_rename=lambda: fault("tensors_temp", step, rank))
+    fault("tensors_written", step, rank)
+    meta = {"format": FORMAT, "step": step, "rank": rank, "world_size": sampler.world_size,
+            "tensors": {"file": f"rank{rank}.pt", **digest}, "sampler": data["sampler"], "extra": extra or {}}
+    write_json_atomic(out / f"rank{rank}.json", meta)
+    fault("rank_saved", step, rank)
+    _barrier()  # every rank's files are complete
+    if rank == 0:
+        write_json_atomic(directory / LATEST, {"step": step, "dir": out.name, "world_size": sampler.world_size},
+                          before_rename=lambda: fault("latest_temp", step, rank))
+    fault("saved", step, rank)
+    _barrier()  # `latest` has moved: older steps may go
+    _prune(directory, rank, step, keep)
+    return out
+
+
+def _prune(directory: Path, rank: int, step: int, keep: int) -> None:
+    kept = [s for s in _steps(directory) if s <= step][:keep]
+    for s in _steps(directory):
+        d = step_dir(directory, s)
+        for p in d.glob(f".rank{rank}.*.tmp-*"):  # left by a killed save
+            p.unlink(missing_ok=True)
+        if s in kept:
+            continue
+        for name in (f"rank{rank}.json", f"rank{rank}.pt"):  # the .json first: it vouches for the .pt
+            (d / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            d.rmdir()  # the last rank to leave removes it
+
+
+# ---------------------------------------------------------------- load
+
+
+@dataclass
+class Resumed:
+    """What `load_checkpoint` found: the step, this rank's saved `state` (tensors), the `extra` JSON."""
+
+    step: int
+    state: dict[str, Any]
+    extra: dict[str, Any]
+    path: Path
+
+
+def _read_meta(d: Path, rank: int, step: int) -> dict[str, Any]:
+    """This rank's metadata of step dir `d` (rank 0's when this rank has none: a run of another world size),
+    after checking that the tensor file it vouches for is whole. Raises CheckpointError saying what is wrong."""
+    own = d / f"rank{rank}.json"
+    meta_path = own if own.exists() or rank == 0 else d / "rank0.json"
+    if not meta_path.exists():
+        raise CheckpointError(f"{own} is missing (the save of step {step} did not finish)")
+    try:
+        meta = json.loads(meta_path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("step") != step:
+        raise CheckpointError(f"{meta_path}: not a {FORMAT} file of step {step}")
+    if meta_path != own and meta["world_size"] > rank:  # that run had a rank `rank`: its files are unfinished
+        raise CheckpointError(f"{own} is missing (the save of step {step} did not finish)")
+    tensors = d / meta["tensors"]["file"]
+    if not tensors.exists():
+        raise CheckpointError(f"{tensors} is missing")
+    size = tensors.stat().st_size
+    if size != meta["tensors"]["bytes"]:
+        raise CheckpointError(f"{tensors} is truncated or damaged ({size} bytes, {meta['tensors']['bytes']} saved)")
+    sha = hashlib.sha256()
+    with open(tensors, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            sha.update(block)
+    if sha.hexdigest() != meta["tensors"]["sha256"]:
+        raise CheckpointError(f"{tensors} is damaged (its sha256 differs from the one saved in {meta_path.name})")
+    meta["_tensors_path"] = str(tensors)
+    return meta
+
+
+def _latest(directory: Path) -> int | None:
+    path = directory / LATEST
+    if not path.exists():
+        return None
+    try:
+        return int(json.loads(path.read_bytes())["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"{path} is unreadable ({e}); looking for the newest complete step instead", stacklevel=3)
+        return None
+
+
+def complete_steps(directory: str | Path, rank: int) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, str]]]:
+    """Newest first: (step, metadata) of the steps this rank can resume from, (step, why not) of the others.
+
+    Only steps up to `latest` count when it is readable: a newer step directory is a save that did not finish.
+    """
+    directory = Path(directory)
+    latest = _latest(directory)
+    good, bad = [], []
+    for s in _steps(directory):
+        if latest is not None and s > latest:
+            continue
+        try:
+            good.append((s, _read_meta(step_dir(directory, s), rank, s)))
+        except CheckpointError as e:
+            bad.append((s, str(e)))
+    return good, bad
+
+
+def agree_on_step(newest_first: list[list[int]]) -> tuple[int | None, str | None]:
+    """The step every rank resumes from, given each rank's complete steps (newest first), and why it is not
+    simply everyone's newest (None when it is). The step is None when the ranks share none."""
+    newest = [r[0] if r else None for r in newest_first]
+    if len(newest) == 1:
+        return newest[0], None
+    common = set(newest_first[0]).intersection(*newest_first[1:])
+    names = ", ".join(f"rank {r}: {'none' if s is None else f'step {s}'}" for r, s in enumerate(newest))
+    if len(set(newest)) == 1 and newest[0] is not None:
+        return newest[0], None
+    if not common:
+        return None, f"the ranks' newest complete checkpoints differ ({names}) and no step is complete on every rank"
+    step = max(common)
+    return step, f"the ranks' newest complete checkpoints differ ({names}); step {step} is the newest every rank has"
+
+
+def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch.nn.Module | None = None,
+                    map_location: Any = "cpu", allow_dataset_change: bool = False) -> Resumed:
+    """Resume from the newest step that is complete on every rank; every rank must call it.
+
+    Restores `sampler` (and the accumulated gradients of a mid-update checkpoint into `model`) and returns the
+    saved tensors for the caller to load into the model and optimizer. Damaged or unfinished steps are skipped
+    with a warning; ranks whose newest steps differ resume from the newest step all of them have (a warning
+    names each rank's), or all raise CheckpointError when they share none. A rank of a run with more ranks
+    than the checkpoint's reads rank 0's files (exact at update boundaries; the sampler refuses otherwise).
+    """
+    directory, rank = Path(directory), sampler.rank
+    good, bad = complete_steps(directory, rank)
+    row = [s for s, _ in good[:_AGREE_SLOTS]]
+    rows = _all_gather_rows(row + [-1] * (_AGREE_SLOTS - len(row)))
+    step, why = agree_on_step([[s for s in r if s >= 0] for r in rows])
+    if step is None:
+        detail = f"{why}; " if why else ""
+        problems = "; ".join(msg for _, msg in bad) or "no complete step directory"
+        raise CheckpointError(f"no checkpoint in {directory} to resume from: {detail}rank {rank}: {problems}")
+    skipped = [msg for s, msg in bad if s > step]
+    if skipped:
+        warnings.warn(f"skipped damaged or unfinished checkpoints: {'; '.join(skipped)}", stacklevel=2)
+    if why is not None:
+        warnings.warn(f"{why}: every rank resumes from step {step}", stacklevel=2)
+    meta = dict(good)[step]
+    failure: Exception | None = None
+    try:
+        saved = load_tensors(meta["_tensors_path"], map_location)
+        restore_checkpoint_state({"sampler": meta["sampler"], "grads": saved["grads"]}, sampler, model=model,
+                                 allow_dataset_change=allow_dataset_change)
+    except (CheckpointError, PlanMismatchError) as e:
+        failure = e
+    failed = [r for r, (flag,) in enumerate(_all_gather_rows([int(failure is not None)])) if flag]
+    if failure is not None:
+        raise failure
+    if failed:  # another rank refused the step: leave together instead of training alone and hanging
+        raise CheckpointError(f"rank(s) {failed} could not resume from step {step} of {directory} (see their "
+                              "errors); no rank resumes")
+    return Resumed(step=step, state=saved["state"], extra=meta["extra"], path=step_dir(directory, step))

@@ -1,0 +1,214 @@
+"""Checkpoints on disk: a save interrupted at any point leaves the previous step usable and the resumed run exact
+(final weights and Adam state bitwise equal); damaged files are skipped with a warning or refused clearly; ranks
+whose newest steps differ fall back to the newest common step, or all refuse, on 2-rank gloo without hanging."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from plancc.runtime import (
+    CheckpointError,
+    PlanCollator,
+    PlanSampler,
+    load_checkpoint,
+    load_tokens,
+    model_inputs,
+    save_checkpoint,
+    token_loss,
+)
+from plancc.runtime.checkpoint import FAULT_POINTS, LATEST, agree_on_step, load_tensors, step_dir
+from tests.runtime_helpers import build_plan, tiny_model
+
+EPOCHS = 2
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    plan = build_plan(tmp_path_factory.mktemp("ckpt"), n=20, data_seed=2, max_len=16, mode="packed",
+                      micro_batch_size=2, sequence_len=16, grad_accum=4, epochs=EPOCHS)
+    return plan, load_tokens(plan), PlanCollator.from_plan(plan)
+
+
+def train(setup, ckpt_dir=None, *, resume=False, fault=None, keep=2, save_every=1):
+    """Train EPOCHS epochs saving every `save_every` steps; returns (model, optimizer, step resumed from)."""
+    plan, tokens, collator = setup
+    model = tiny_model(seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sampler = PlanSampler(plan)
+    step = resumed_from = 0
+    if resume:
+        r = load_checkpoint(ckpt_dir, sampler=sampler, model=model)
+        model.load_state_dict(r.state["model"])
+        opt.load_state_dict(r.state["optim"])
+        step = resumed_from = r.step
+    kw = {} if fault is None else {"fault": fault}
+    for epoch in range(sampler.epoch, EPOCHS):
+        sampler.set_epoch(epoch)
+        for mb in sampler:
+            batch = collator(mb, tokens)
+            token_loss(model(**model_inputs(batch)).logits, batch["shift_labels"],
+                       batch["num_items_in_batch"]).backward()
+            if mb.last_in_update:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                if ckpt_dir is not None and step % save_every == 0:
+                    save_checkpoint(ckpt_dir, step, {"model": model.state_dict(), "optim": opt.state_dict()},
+                                    sampler=sampler, model=model, keep=keep, **kw)
+    return model, opt, resumed_from
+
+
+def assert_bitwise_equal(a, b):
+    ma, oa, _ = a
+    mb, ob, _ = b
+    for (name, x), y in zip(ma.state_dict().items(), mb.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+    sa, sb = oa.state_dict()["state"], ob.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        for n in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(sa[k][n], sb[k][n]), (k, n)
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+    return train(setup)
+
+
+def fault_at(point, step):
+    def fault(p, s, rank):
+        if (p, s) == (point, step):
+            raise Killed(p)
+    return fault
+
+
+@pytest.mark.parametrize("point", FAULT_POINTS)
+def test_save_interrupted_at_each_point_resumes_exactly(setup, reference, tmp_path, point):
+    with pytest.raises(Killed):
+        train(setup, tmp_path, fault=fault_at(point, 3))
+    assert not list(tmp_path.rglob("*.tmp-*"))  # an error (not a kill) cleans its temporary file up
+    # before `latest` moves, step 2 is the checkpoint; after, step 3 is
+    want = 3 if point == "saved" else 2
+    assert json.loads((tmp_path / LATEST).read_text())["step"] == want
+    resumed = train(setup, tmp_path, resume=True)
+    assert resumed[2] == want
+    assert_bitwise_equal(resumed, reference)
+    final = json.loads((tmp_path / LATEST).read_text())["step"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST, step_dir(tmp_path, final - 1).name,
+                                                          step_dir(tmp_path, final).name]  # keep=2
+
+
+def test_damaged_files_are_skipped_or_refused_clearly(setup, reference, tmp_path):
+    train(setup, tmp_path, keep=3)
+    steps = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("step-*"))
+    assert len(steps) == 3
+    newest = step_dir(tmp_path, steps[-1]) / "rank0.pt"
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(CheckpointError, match="truncated or damaged"):
+        load_tensors(newest)
+    with pytest.warns(UserWarning, match=r"rank0.pt is truncated or damaged \(\d+ bytes, \d+ saved\)"):
+        model, opt, step = train(setup, tmp_path, resume=True, save_every=10**6)
+    assert step == steps[-2]
+    assert_bitwise_equal((model, opt, step), reference)
+
+    mid = step_dir(tmp_path, steps[-2]) / "rank0.pt"
+    flipped = bytearray(mid.read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF  # same size, other bytes
+    mid.write_bytes(bytes(flipped))
+    (tmp_path / LATEST).write_text("{not json")
+    with pytest.warns(UserWarning) as record:
+        assert train(setup, tmp_path, resume=True, save_every=10**6)[2] == steps[0]
+    text = " ".join(str(w.message) for w in record)
+    assert f"{LATEST} is unreadable" in text and "sha256 differs" in text
+
+    (step_dir(tmp_path, steps[0]) / "rank0.json").unlink()
+    with pytest.raises(CheckpointError, match="no checkpoint in .* to resume from: rank 0: .*rank0.json is missing"):
+        train(setup, tmp_path, resume=True)
+
+
+def test_agree_on_step():
+    assert agree_on_step([[4, 2], [4, 2]]) == (4, None)
+    step, why = agree_on_step([[70, 68], [68, 66]])
+    assert step == 68 and "rank 0: step 70, rank 1: step 68" in why
+    step, why = agree_on_step([[70], [68]])
+    assert step is None and "rank 0: step 70, rank 1: step 68" in why and "no step is complete on every rank" in why
+    assert agree_on_step([[], [2]])[0] is None
+    assert agree_on_step([[]])[0] is None
+
+
+# ---------------------------------------------------------------- 2 ranks (gloo): ranks that disagree
+
+
+def _resume(ckpt: str, sampler: PlanSampler, model) -> dict:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = {"step": load_checkpoint(ckpt, sampler=sampler, model=model).step}
+        except CheckpointError as e:
+            out = {"error": str(e)}
+    return {**out, "warnings": [str(w.message) for w in caught]}
+
+
+def _rank_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> None:
+    """Save steps 2 and 4 on both ranks, then resume three times, damaging files in between (rank 0 does)."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    results = {}
+    try:
+        sampler = PlanSampler(plan)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        for step in (2, 4):
+            save_checkpoint(ckpt, step, {"model": model.state_dict()}, sampler=sampler, keep=3)
+        results["agree"] = _resume(ckpt, sampler, model)
+        dist.barrier()
+        if rank == 0:  # rank 1's step 4 never finished (a kill between the ranks' saves; `latest` still at 4)
+            (step_dir(ckpt, 4) / "rank1.json").unlink()
+        dist.barrier()
+        results["fallback"] = _resume(ckpt, sampler, model)
+        dist.barrier()
+        if rank == 0:  # and rank 0's step 2 is gone: no step in common
+            (step_dir(ckpt, 2) / "rank0.pt").unlink()
+        dist.barrier()
+        results["refuse"] = _resume(ckpt, sampler, model)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def test_two_ranks_with_different_steps_fall_back_or_refuse(tmp_path):
+    plan = build_plan(tmp_path / "p", n=24, data_seed=1, max_len=16, mode="packed", micro_batch_size=2,
+                      sequence_len=16, world_size=2, grad_accum=2)
+    ctx = mp.spawn(_rank_worker, args=(str(plan), str(tmp_path / "ckpt"), str(tmp_path / "store"), str(tmp_path)),
+                   nprocs=2, join=False)
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks hung")
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in results:
+        assert r["agree"] == {"step": 4, "warnings": []}
+        assert r["fallback"]["step"] == 2
+        assert any("rank 0: step 4, rank 1: step 2" in w and "every rank resumes from step 2" in w
+                   for w in r["fallback"]["warnings"]), r
+        assert "step" not in r["refuse"], r  # both ranks refuse: neither waits for the other
+        assert "rank 0: step 4, rank 1: step 2" in r["refuse"]["error"]
+        assert "no step is complete on every rank" in r["refuse"]["error"]
