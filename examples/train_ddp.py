@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 
 from plancc.runtime import (
+    CheckpointError,
     PlanCollator,
     PlanDataLoader,
-    CheckpointError,
     PlanDataset,
     PlanMismatchError,
     PlanSampler,

@@ -41,7 +41,7 @@ import re
 import signal
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
