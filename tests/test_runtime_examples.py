@@ -1,23 +1,30 @@
-"""examples/train_ddp.py under torchrun (2 ranks, gloo), then resumed elastically on 1 rank: same losses."""
+"""examples/train_ddp.py under torchrun (2 ranks, gloo): a rank killed while saving a checkpoint, resumed on 2
+ranks (final weights and Adam state bitwise equal to the uninterrupted run's) and elastically on 1 rank."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from plancc.runtime.checkpoint import FAULT_ENV, LATEST, load_tensors, step_dir
 from tests.runtime_helpers import build_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(args: list[str], nproc: int) -> str:
+def run(args: list[str], nproc: int, *, fault: str | None = None, ok: bool = True) -> str:
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
     cmd = [sys.executable, *launcher, str(ROOT / "examples" / "train_ddp.py"), "--model", "bigram", "--verify",
            "counts", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV} | ({FAULT_ENV: fault} if fault else {})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert (proc.returncode == 0) == ok, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
 
@@ -25,15 +32,36 @@ def losses(out: str) -> dict[int, str]:
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"step\s+(\d+) loss (\S+)", out)}
 
 
-def test_train_ddp_example_torchrun_and_elastic_resume(tmp_path):
+def test_train_ddp_kill_during_save_then_resume_exact_and_elastic(tmp_path):
     plan = build_plan(tmp_path / "p", n=40, data_seed=1, max_len=20, mode="packed", micro_batch_size=2,
                       sequence_len=24, world_size=2, grad_accum=2)
-    ckpt = tmp_path / "ckpt"
-    out = run(["--plan", str(plan), "--max-updates", "3", "--checkpoint", str(ckpt), "--save-every", "2"], 2)
-    full = losses(out)
-    assert sorted(full) == [1, 2, 3], out
-    # resume the 2-rank checkpoint (taken at step 2, an update boundary) on 1 rank with grad_accum 4
-    out = run(["--plan", str(plan), "--max-updates", "3", "--checkpoint", str(ckpt), "--resume",
-               "--grad-accum", "4"], 1)
+    common = ["--plan", str(plan), "--max-updates", "3", "--save-every", "1"]
+    full_dir, ckpt = tmp_path / "full", tmp_path / "ckpt"
+    full = losses(run([*common, "--checkpoint", str(full_dir)], 2))
+    assert sorted(full) == [1, 2, 3]
+
+    # rank 1 dies (SIGKILL) with its step-3 file half-saved, after rank 0 finished its own: step 2 stays current
+    out = run([*common, "--checkpoint", str(ckpt)], 2, fault="tensors_temp:3:1", ok=False)
+    assert (step_dir(ckpt, 3) / "rank0.json").exists() and list(step_dir(ckpt, 3).glob(".rank1.pt.tmp-*"))
+    assert '"step": 2' in (ckpt / LATEST).read_text()
+    assert losses(out) == full
+    elastic = tmp_path / "elastic"
+    shutil.copytree(ckpt, elastic)
+
+    out = run([*common, "--checkpoint", str(ckpt), "--resume"], 2)
+    assert "resumed at epoch 0, update 2 (step 2)" in out, out
+    assert losses(out) == {3: full[3]}
+    for rank in (0, 1):
+        want = load_tensors(step_dir(full_dir, 3) / f"rank{rank}.pt")["state"]
+        got = load_tensors(step_dir(ckpt, 3) / f"rank{rank}.pt")["state"]
+        for name, t in want["model"].items():
+            assert torch.equal(got["model"][name], t), name
+        for i, s in want["optim"]["state"].items():
+            for k, t in s.items():
+                assert torch.equal(got["optim"]["state"][i][k], t), (i, k)
+    assert not list(step_dir(ckpt, 3).glob(".*.tmp-*"))  # the next save cleared the killed one's leftovers
+
+    # the same 2-rank checkpoint (step 2, an update boundary) resumed on 1 rank with grad_accum 4
+    out = run([*common, "--checkpoint", str(elastic), "--resume", "--grad-accum", "4"], 1)
     assert "resumed at epoch 0, update 2" in out, out
     assert losses(out) == {3: full[3]}
