@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,3 +105,100 @@ def test_trainer_resume_from_checkpoint_is_exact(plan, tmp_path):
 def test_trainer_refuses_wrong_accumulation(plan, tmp_path):
     with pytest.raises(PlanMismatchError, match="gradient_accumulation_steps=2"):
         PlanTrainer(model=tiny_model(), args=args_for(tmp_path, gradient_accumulation_steps=3), plan=plan)
+
+
+def test_trainer_resume_skips_a_checkpoint_whose_save_did_not_finish(plan, tmp_path):
+    full = tiny_model(seed=3)
+    PlanTrainer(model=full, args=args_for(tmp_path / "full", num_train_epochs=2), plan=plan).train()
+    out = tmp_path / "run"
+    PlanTrainer(model=tiny_model(seed=3), args=args_for(out, max_steps=4, save_strategy="steps", save_steps=2,
+                                                        save_total_limit=2, num_train_epochs=2), plan=plan).train()
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    # what a kill after the Trainer's own files and before the plan state leaves: checkpoint-4 is unfinished
+    (out / "checkpoint-4" / STATE_FILE).unlink()
+    with pytest.raises(PlanMismatchError, match=r"lacks a plancc sampler state \(rank 0: no state\)"):
+        PlanTrainer(model=tiny_model(), args=args_for(out, num_train_epochs=2), plan=plan).train(
+            resume_from_checkpoint=str(out / "checkpoint-4"))
+    resumed = tiny_model(seed=99)
+    with pytest.warns(UserWarning, match="resuming from checkpoint-2: skipped checkpoint-4"):
+        PlanTrainer(model=resumed, args=args_for(out, num_train_epochs=2), plan=plan).train(
+            resume_from_checkpoint=True)
+    for (name, a), b in zip(full.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-8), name
+
+
+# ---------------------------------------------------------------- 2 ranks (gloo, spawned)
+
+
+def _hf_worker(rank: int, plan: str, root: str, port: int, phase: str) -> None:
+    import os
+    import warnings
+
+    from safetensors.torch import load_file
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    kw = dict(max_steps=4, save_strategy="steps", save_steps=2, save_total_limit=1, ddp_backend="gloo",
+              gradient_accumulation_steps=1)
+    if phase == "train":
+        PlanTrainer(model=tiny_model(seed=3), args=args_for(f"{root}/full", **kw), plan=plan).train()
+        os.environ["PLANCC_CHECKPOINT_FAULT"] = "tensors_written:4:1"  # rank 1 dies in the save of step 4
+        PlanTrainer(model=tiny_model(seed=3), args=args_for(f"{root}/run", **kw), plan=plan).train()
+        return
+    trainer = PlanTrainer(model=tiny_model(seed=99), args=args_for(f"{root}/run", **kw), plan=plan)
+    result = {"kept": sorted(os.listdir(f"{root}/run"))}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train(resume_from_checkpoint=True)
+    result["warnings"] = [str(w.message) for w in caught if "skipped" in str(w.message)]
+    want, got = (load_file(f"{root}/{d}/checkpoint-4/model.safetensors") for d in ("full", "run"))
+    result["equal"] = all(torch.equal(want[k], got[k]) for k in want)
+    # rank 1's state names another step than rank 0's: both ranks refuse the checkpoint
+    torch.distributed.barrier()
+    if rank == 1:
+        path = Path(root) / "run" / "checkpoint-4" / "plancc_sampler.rank1.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "global_step": 2}))
+    torch.distributed.barrier()
+    try:
+        trainer.check_checkpoint(f"{root}/run/checkpoint-4")
+    except PlanMismatchError as e:
+        result["refused"] = str(e)
+    with open(f"{root}/rank{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+def test_two_rank_trainer_killed_mid_save_resumes_exactly_and_refuses_disagreeing_ranks(tmp_path):
+    import socket
+    import time
+
+    import torch.multiprocessing as mp
+
+    plan = build_plan(tmp_path / "p", n=40, data_seed=4, max_len=16, mode="flattened", micro_batch_size=2,
+                      sequence_len=16, world_size=2, grad_accum=1)
+
+    def spawn(phase):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.spawn(_hf_worker, args=(str(plan), str(tmp_path), port, phase), nprocs=2, join=False)
+        deadline = time.monotonic() + 300
+        try:
+            while not ctx.join(timeout=5):
+                assert time.monotonic() < deadline, f"{phase}: the ranks hung"
+        except mp.ProcessExitedException as e:
+            return e.exit_code
+        finally:
+            for p in ctx.processes:
+                p.kill()
+        return 0
+
+    assert spawn("train") == -9  # rank 1 SIGKILLed itself; mp.spawn ended rank 0 (waiting at the barrier)
+    assert not (tmp_path / "run" / "checkpoint-4" / "plancc_sampler.rank1.json").exists()
+    spawn("resume")
+    for rank in (0, 1):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["kept"] == ["checkpoint-2", "checkpoint-4"]  # save_total_limit=1 kept the last complete one
+        assert r["warnings"] and "resuming from checkpoint-2: skipped checkpoint-4" in r["warnings"][0]
+        assert r["equal"]
+        assert "the ranks' sampler states disagree (rank 0: step 4, rank 1: step 2)" in r["refused"]

@@ -205,6 +205,22 @@ def _all_gather_rows(row: list[int]) -> list[list[int]]:
     return [r.tolist() for r in rows]
 
 
+def together(fn: Callable[[], Any], what: str) -> Any:
+    """`fn()` on every rank; if it raises on any rank, every rank raises (its own error, or one naming the ranks
+    that failed), so no rank goes on to wait in a collective for a rank that left."""
+    failure: Exception | None = None
+    try:
+        result = fn()
+    except (CheckpointError, PlanMismatchError) as e:
+        failure = e
+    failed = [r for r, (flag,) in enumerate(_all_gather_rows([int(failure is not None)])) if flag]
+    if failure is not None:
+        raise failure
+    if failed:
+        raise CheckpointError(f"rank(s) {failed} could not {what} (see their errors); no rank goes on")
+    return result
+
+
 # ---------------------------------------------------------------- save
 
 
@@ -388,17 +404,12 @@ def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch
     if why is not None:
         warnings.warn(f"{why}: every rank resumes from step {step}", stacklevel=2)
     meta = dict(good)[step]
-    failure: Exception | None = None
-    try:
+
+    def restore() -> dict[str, Any]:
         saved = load_tensors(meta["_tensors_path"], map_location)
         restore_checkpoint_state({"sampler": meta["sampler"], "grads": saved["grads"]}, sampler, model=model,
                                  allow_dataset_change=allow_dataset_change)
-    except (CheckpointError, PlanMismatchError) as e:
-        failure = e
-    failed = [r for r, (flag,) in enumerate(_all_gather_rows([int(failure is not None)])) if flag]
-    if failure is not None:
-        raise failure
-    if failed:  # another rank refused the step: leave together instead of training alone and hanging
-        raise CheckpointError(f"rank(s) {failed} could not resume from step {step} of {directory} (see their "
-                              "errors); no rank resumes")
+        return saved
+
+    saved = together(restore, f"resume from step {step} of {directory}")
     return Resumed(step=step, state=saved["state"], extra=meta["extra"], path=step_dir(directory, step))

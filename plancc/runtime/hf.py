@@ -12,9 +12,14 @@ What it changes in `Trainer` (transformers is imported only here, and only when 
   global count for it (no gather, no recount);
 - the loss is `plancc.runtime.token_loss` (fp32 CE, sum, / num_items, x world size), whatever the model's own
   loss function does with `num_items_in_batch`, so a model that ignores the kwarg cannot reintroduce the bug;
-- every checkpoint gets `plancc_sampler.json` (the sampler state at that optimizer step); resuming checks it
-  against the plan (fingerprints, validity, world size) before the Trainer skips the consumed batches, and
-  refuses a checkpoint without one. The skip itself goes through the sampler only (no batch is collated).
+- every checkpoint gets each rank's sampler state at that optimizer step (`plancc_sampler.json` for rank 0,
+  `plancc_sampler.rank<r>.json` for the others), written atomically once the Trainer's own files are saved and
+  fsynced; it is the checkpoint's completion mark, and `save_total_limit` rotation waits for it, so a kill
+  mid-save never leaves the run without a complete checkpoint. Resuming checks the states against the plan
+  (fingerprints, validity, world size) and that every rank's names the same step (one all_gather: a mix is
+  refused, naming each rank's step) before the Trainer skips the consumed batches; a checkpoint without them is
+  refused. `resume_from_checkpoint=True` takes the newest checkpoint complete on every rank (a warning says
+  which newer ones it skipped). The skip itself goes through the sampler only (no batch is collated).
 Label smoothing and `compute_loss_func` are not supported (they would change the objective the plan counts for).
 """
 
@@ -22,13 +27,23 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from plancc.runtime.checkpoint import (
+    _all_gather_rows,
+    _barrier,
+    _fault_from_env,
+    agree_on_step,
+    fsync_dir,
+    together,
+    write_json_atomic,
+)
 from plancc.runtime.collator import MODEL_KEYS, PlanCollator
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataLoader, PlanDataset
@@ -40,16 +55,15 @@ STATE_FILE = "plancc_sampler.json"
 CONTROL_KEYS = ("plan", "num_items_in_batch", "label_count", "cu_seqlens", "max_seqlen")
 
 
-class _SaveSamplerState(TrainerCallback):
-    def __init__(self, trainer: PlanTrainer):
-        self.trainer = trainer
+def state_file(rank: int) -> str:
+    """The name of rank `rank`'s sampler state in a checkpoint directory (rank 0's is `STATE_FILE`)."""
+    return STATE_FILE if rank == 0 else f"plancc_sampler.rank{rank}.json"
 
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if ckpt.is_dir():
-                (ckpt / STATE_FILE).write_text(json.dumps(self.trainer.plan_state(state.global_step), indent=1))
-        return control
+
+def _checkpoint_step(ckpt: Path) -> int | None:
+    name = ckpt.name
+    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
+    return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else None
 
 
 class PlanTrainer(Trainer):
@@ -84,7 +98,6 @@ class PlanTrainer(Trainer):
         if hasattr(self, "loss_is_scaled_for_ga"):
             self.loss_is_scaled_for_ga = True
         self.plan_sampler = self._make_sampler()
-        self.add_callback(_SaveSamplerState(self))
 
     # ------------------------------------------------------------ data
     def _make_sampler(self) -> PlanSampler:
@@ -154,27 +167,94 @@ class PlanTrainer(Trainer):
                        f"sampler consumed {own._consumed} microbatches")
         return own.state_at(epoch, position, invalid=invalid)
 
+    def _save_checkpoint(self, model, trial) -> None:
+        """The Trainer's save, then each rank's sampler state (atomic: the checkpoint's completion mark), then
+        the rotation of old checkpoints (held back until now, so the previous one outlives an unfinished save)."""
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        run_dir, step, rank = Path(self._get_output_dir(trial=trial)), self.state.global_step, self.args.process_index
+        ckpt = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        _fault_from_env("tensors_written", step, rank)
+        _barrier()  # every rank's Trainer files are written
+        if self.args.should_save:  # durable before anything vouches for them
+            for path in ckpt.rglob("*"):
+                if path.is_file():
+                    with open(path, "rb") as f:
+                        os.fsync(f.fileno())
+            fsync_dir(ckpt)
+        _barrier()
+        write_json_atomic(ckpt / state_file(rank), {**self.plan_state(step), "global_step": step})
+        _fault_from_env("rank_saved", step, rank)
+        _barrier()  # the checkpoint is complete on every rank
+        if self.args.should_save:
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=limit, use_mtime=True,
+                               best_model_checkpoint=self.state.best_model_checkpoint)
+
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         self._epoch_lengths_check()
         if resume_from_checkpoint:
-            ckpt = (get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True
-                    else resume_from_checkpoint)
-            if ckpt is None:
-                raise PlanMismatchError(f"no checkpoint found in {self.args.output_dir} to resume from")
-            self.check_checkpoint(ckpt)
-            resume_from_checkpoint = ckpt
+            resume_from_checkpoint = str(self.resume_checkpoint(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
+    def _state_step(self, ckpt: Path) -> int | None:
+        """The step this rank's sampler state in `ckpt` was saved at; None when it is missing or unreadable."""
+        try:
+            step = json.loads((ckpt / state_file(self.args.process_index)).read_bytes()).get("global_step")
+            return step if isinstance(step, int) and (ckpt / "trainer_state.json").exists() else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def resume_checkpoint(self, ckpt: str | os.PathLike | bool) -> Path:
+        """The checkpoint to resume from, checked on every rank (see `check_checkpoint`); for `True`, the newest
+        checkpoint in `output_dir` whose sampler states every rank has complete."""
+        if ckpt is not True:
+            self.check_checkpoint(ckpt)
+            return Path(ckpt)
+        out = Path(self.args.output_dir)
+        found = sorted(((s, p) for p in (out.iterdir() if out.is_dir() else ()) if p.is_dir()
+                        and (s := _checkpoint_step(p)) is not None), reverse=True)
+        mine = [s for s, p in found if self._state_step(p) == s][:32]
+        rows = _all_gather_rows(mine + [-1] * (32 - len(mine)))
+        step, why = agree_on_step([[s for s in r if s >= 0] for r in rows])
+        if step is None:
+            raise PlanMismatchError(f"no checkpoint in {out} to resume from that every rank saved completely"
+                                    + (f": {why}" if why else ""))
+        skipped = [p.name for s, p in found if s > step]
+        if skipped:
+            warnings.warn(f"resuming from {PREFIX_CHECKPOINT_DIR}-{step}: skipped {', '.join(skipped)} (not "
+                          f"complete on every rank{f': {why}' if why else ''})", stacklevel=3)
+        ckpt = out / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        self.check_checkpoint(ckpt)
+        return ckpt
+
     def check_checkpoint(self, ckpt: str | os.PathLike) -> None:
-        """Refuse a checkpoint whose plan, validity or position does not fit this run (clear message)."""
-        path = Path(ckpt) / STATE_FILE
-        if not path.exists():
-            raise PlanMismatchError(f"{ckpt} has no {STATE_FILE}: it was not saved by PlanTrainer, so its data "
-                                    "position is unknown and exact resume is impossible")
-        saved = json.loads(path.read_text())
+        """Refuse a checkpoint whose plan, validity, position, or step on some rank does not fit this run.
+
+        Every rank must call it: the ranks compare their steps in one all_gather and all raise alike.
+        """
+        ckpt = Path(ckpt)
+        path = ckpt / state_file(self.args.process_index)
+        step = self._state_step(ckpt) if path.exists() else -1
+        steps = [r[0] for r in _all_gather_rows([-2 if step is None else step])]
+        names = ", ".join(f"rank {r}: " + {-1: "no state", -2: "unreadable"}.get(s, f"step {s}")
+                          for r, s in enumerate(steps))
+        if -1 in steps:
+            raise PlanMismatchError(f"{ckpt} lacks a plancc sampler state ({names}): it was not saved by "
+                                    "PlanTrainer, or its save did not finish, so its data position is unknown and "
+                                    "exact resume is impossible")
+        if len(set(steps)) > 1 or -2 in steps:
+            raise PlanMismatchError(f"{ckpt}: the ranks' sampler states disagree ({names}); resume from a "
+                                    "checkpoint every rank saved completely (resume_from_checkpoint=True finds one)")
+        together(lambda: self._check_state(ckpt, json.loads(path.read_text())), f"resume from {ckpt}")
+
+    def _check_state(self, ckpt: Path, saved: dict[str, Any]) -> None:
         probe = self._make_sampler()
         probe.load_state_dict(saved, allow_dataset_change=self.allow_dataset_change)  # plan, validity, shape
-        trainer_state = json.loads((Path(ckpt) / "trainer_state.json").read_text())
+        trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
         expected = self.plan_state(int(trainer_state["global_step"]))
         if (expected["epoch"], expected["update"]) != (saved["epoch"], saved["update"]):
             raise PlanMismatchError(
@@ -182,4 +262,4 @@ class PlanTrainer(Trainer):
                 f"plan sampler was saved at epoch {saved['epoch']} update {saved['update']}")
 
 
-__all__ = ["STATE_FILE", "PlanTrainer"]
+__all__ = ["STATE_FILE", "PlanTrainer", "state_file"]
