@@ -8,7 +8,9 @@
 `PlanTrainer` is a `Trainer` whose train dataloader replays the plan for this rank, whose accumulation windows
 are the plan's updates, and whose loss is divided by the plan's global target count of each update. Set
 `gradient_accumulation_steps` so that processes x steps equals the plan's microbatches per update (the plan's
-world_size x grad_accum). Checkpoints carry the plan position (`plancc_sampler.json`); resuming checks it.
+world_size x grad_accum). Checkpoints carry each rank's plan position (`plancc_sampler*.json`, written
+atomically once the checkpoint's other files are on disk); `--resume` takes the newest checkpoint that every rank
+saved completely and refuses one whose ranks disagree.
 The model is a small Llama built from a config: nothing is downloaded.
 """
 
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (default: the plan's epochs)")
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--save-steps", type=int, default=2)
+    ap.add_argument("--save-total-limit", type=int, default=2, help="checkpoints to keep")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output-dir")
     args = ap.parse_args()
@@ -59,6 +62,7 @@ def main() -> None:
         logging_steps=1,
         save_strategy="steps",
         save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit,
         report_to=[],
         ddp_backend=None if torch.cuda.is_available() else "gloo",
     )

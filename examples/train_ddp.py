@@ -9,7 +9,9 @@ Runs on CPU with gloo (NCCL when CUDA is available). The model is a small Llama 
 downloaded. Each rank replays its share of the plan; `num_items_in_batch` comes from the plan, so every rank
 divides by the same global count without an all-reduce, and `token_loss` multiplies by the world size to undo
 DDP's gradient mean. In the final update of an epoch a rank may get an empty placeholder microbatch: it runs a
-forward/backward with no target (zero gradient) to keep the ranks in lockstep.
+forward/backward with no target (zero gradient) to keep the ranks in lockstep. Checkpoints go through
+`plancc.runtime.save_checkpoint`: a kill at any instant (even mid-save) leaves the last complete step, and
+`--resume` starts every rank from the newest step all of them saved completely.
 """
 
 from __future__ import annotations
