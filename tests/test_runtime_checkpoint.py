@@ -181,6 +181,14 @@ def _rank_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> None:
         dist.barrier()
         results["fallback"] = _resume(ckpt, sampler, model)
         dist.barrier()
+        if rank == 0:  # rank 0's step 2 damaged (same size): found only when loading it, after the ranks agreed
+            pt = step_dir(ckpt, 2) / "rank0.pt"
+            data = bytearray(pt.read_bytes())
+            data[-100] ^= 0xFF
+            pt.write_bytes(bytes(data))
+        dist.barrier()
+        results["damaged"] = _resume(ckpt, sampler, model)
+        dist.barrier()
         if rank == 0:  # and rank 0's step 2 is gone: no step in common
             (step_dir(ckpt, 2) / "rank0.pt").unlink()
         dist.barrier()
@@ -209,6 +217,9 @@ def test_two_ranks_with_different_steps_fall_back_or_refuse(tmp_path):
         assert r["fallback"]["step"] == 2
         assert any("rank 0: step 4, rank 1: step 2" in w and "every rank resumes from step 2" in w
                    for w in r["fallback"]["warnings"]), r
-        assert "step" not in r["refuse"], r  # both ranks refuse: neither waits for the other
+        assert "step" not in r["damaged"] and "step" not in r["refuse"], r  # both ranks refuse, neither waits
+    assert "rank0.pt is damaged (its sha256 differs" in results[0]["damaged"]["error"]
+    assert "rank(s) [0] could not resume from step 2" in results[1]["damaged"]["error"]
+    for r in results:
         assert "rank 0: step 4, rank 1: step 2" in r["refuse"]["error"]
         assert "no step is complete on every rank" in r["refuse"]["error"]

@@ -305,7 +305,7 @@ class Resumed:
 
 def _read_meta(d: Path, rank: int, step: int) -> dict[str, Any]:
     """This rank's metadata of step dir `d` (rank 0's when this rank has none: a run of another world size),
-    after checking that the tensor file it vouches for is whole. Raises CheckpointError saying what is wrong."""
+    after checking that the tensor file it vouches for has its size. Raises CheckpointError saying what is wrong."""
     own = d / f"rank{rank}.json"
     meta_path = own if own.exists() or rank == 0 else d / "rank0.json"
     if not meta_path.exists():
@@ -324,14 +324,22 @@ def _read_meta(d: Path, rank: int, step: int) -> dict[str, Any]:
     size = tensors.stat().st_size
     if size != meta["tensors"]["bytes"]:
         raise CheckpointError(f"{tensors} is truncated or damaged ({size} bytes, {meta['tensors']['bytes']} saved)")
+    meta["_tensors_path"], meta["_meta_name"] = str(tensors), meta_path.name
+    return meta
+
+
+def _verify(meta: dict[str, Any]) -> None:
+    """Check the tensor file's sha256 against its metadata (once)."""
+    if meta.get("_verified"):
+        return
     sha = hashlib.sha256()
-    with open(tensors, "rb") as f:
+    with open(meta["_tensors_path"], "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             sha.update(block)
     if sha.hexdigest() != meta["tensors"]["sha256"]:
-        raise CheckpointError(f"{tensors} is damaged (its sha256 differs from the one saved in {meta_path.name})")
-    meta["_tensors_path"] = str(tensors)
-    return meta
+        raise CheckpointError(f"{meta['_tensors_path']} is damaged (its sha256 differs from the one saved in "
+                              f"{meta['_meta_name']})")
+    meta["_verified"] = True
 
 
 def _latest(directory: Path) -> int | None:
@@ -345,10 +353,12 @@ def _latest(directory: Path) -> int | None:
         return None
 
 
-def complete_steps(directory: str | Path, rank: int) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, str]]]:
+def complete_steps(directory: str | Path, rank: int) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
     """Newest first: (step, metadata) of the steps this rank can resume from, (step, why not) of the others.
 
     Only steps up to `latest` count when it is readable: a newer step directory is a save that did not finish.
+    Every step's files are checked for presence and size; the sha256 only of the newest good step (one file
+    read in the usual case; `load_checkpoint` verifies an older one it falls back to before loading it).
     """
     directory = Path(directory)
     latest = _latest(directory)
@@ -357,7 +367,10 @@ def complete_steps(directory: str | Path, rank: int) -> tuple[list[tuple[int, di
         if latest is not None and s > latest:
             continue
         try:
-            good.append((s, _read_meta(step_dir(directory, s), rank, s)))
+            meta = _read_meta(step_dir(directory, s), rank, s)
+            if not good:
+                _verify(meta)
+            good.append((s, meta))
         except CheckpointError as e:
             bad.append((s, str(e)))
     return good, bad
@@ -406,6 +419,7 @@ def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch
     meta = dict(good)[step]
 
     def restore() -> dict[str, Any]:
+        _verify(meta)
         saved = load_tensors(meta["_tensors_path"], map_location)
         restore_checkpoint_state({"sampler": meta["sampler"], "grads": saved["grads"]}, sampler, model=model,
                                  allow_dataset_change=allow_dataset_change)
