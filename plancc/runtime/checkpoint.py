@@ -25,8 +25,9 @@ name never points at a partial file; a rank's `.json` is written after its `.pt`
 `latest` moves only after a barrier, and old steps are pruned only after `latest` has moved past them. Loading
 skips (with a warning) any step whose files are missing, truncated or corrupt, and the ranks then agree in one
 all_gather on the newest step every rank has complete: a mix is resumed from that step with a warning naming
-each rank's newest, or refused on every rank when they share none. No rank can take another branch, so none
-hangs.
+each rank's newest, or refused on every rank when they share none. A second one-number all_gather after
+loading turns a failure on any rank (a damaged file, a sampler refusal) into an error on every rank: no rank can
+take another branch, so none is left waiting in a collective.
 
 Tests kill a save at a named point with `PLANCC_CHECKPOINT_FAULT=POINT[:STEP[:RANK]]` (see `FAULT_POINTS`).
 """
