@@ -238,12 +238,12 @@ def _steps(directory: Path) -> list[int]:
 
 
 def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], *, sampler: PlanSampler,
-                    model: torch.nn.Module | None = None, keep: int = 2, extra: dict[str, Any] | None = None,
+                    model: torch.nn.Module | None = None, keep: int = 2,
                     fault: Callable[[str, int, int], None] = _fault_from_env) -> Path:
     """Save this rank's `state` (tensors and containers of them, e.g. model and optimizer state dicts) and the
     sampler's data state as step `step`; every rank must call it. Returns the step directory.
 
-    `extra` is JSON stored with the sampler state. Once every rank's files are complete, rank 0 points `latest`
+    Once every rank's files are complete, rank 0 points `latest`
     at the step, then each rank removes its files of steps beyond the newest `keep` (and of any step after
     this one: an abandoned run's). `fault(point, step, rank)` is called at each of `FAULT_POINTS` (tests).
     """
@@ -264,7 +264,7 @@ def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], *, 
     atomic_write(out / f"rank{rank}.pt", write_tensors, before_rename=lambda: fault("tensors_temp", step, rank))
     fault("tensors_written", step, rank)
     meta = {"format": FORMAT, "step": step, "rank": rank, "world_size": sampler.world_size,
-            "tensors": {"file": f"rank{rank}.pt", **digest}, "sampler": data["sampler"], "extra": extra or {}}
+            "tensors": {"file": f"rank{rank}.pt", **digest}, "sampler": data["sampler"]}
     write_json_atomic(out / f"rank{rank}.json", meta)
     fault("rank_saved", step, rank)
     _barrier()  # every rank's files are complete
@@ -278,6 +278,9 @@ def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], *, 
 
 
 def _prune(directory: Path, rank: int, step: int, keep: int) -> None:
+    if rank == 0:
+        for p in directory.glob(f".{LATEST}.tmp-*"):  # left by a killed save
+            p.unlink(missing_ok=True)
     kept = [s for s in _steps(directory) if s <= step][:keep]
     for s in _steps(directory):
         d = step_dir(directory, s)
@@ -296,11 +299,10 @@ def _prune(directory: Path, rank: int, step: int, keep: int) -> None:
 
 @dataclass
 class Resumed:
-    """What `load_checkpoint` found: the step, this rank's saved `state` (tensors), the `extra` JSON."""
+    """What `load_checkpoint` found: the step, this rank's saved `state` (tensors), the step directory."""
 
     step: int
     state: dict[str, Any]
-    extra: dict[str, Any]
     path: Path
 
 
@@ -427,4 +429,4 @@ def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch
         return saved
 
     saved = together(restore, f"resume from step {step} of {directory}")
-    return Resumed(step=step, state=saved["state"], extra=meta["extra"], path=step_dir(directory, step))
+    return Resumed(step=step, state=saved["state"], path=step_dir(directory, step))
