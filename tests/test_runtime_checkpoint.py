@@ -134,7 +134,8 @@ def test_damaged_files_are_skipped_or_refused_clearly(setup, reference, tmp_path
     assert f"{LATEST} is unreadable" in text and "sha256 differs" in text
 
     (step_dir(tmp_path, steps[0]) / "rank0.json").unlink()
-    with pytest.raises(CheckpointError, match=r"no checkpoint in .* to resume from: rank 0: .*rank0.json is missing"):
+    with pytest.raises(CheckpointError, match=r"no checkpoint in .* to resume from: rank 0: .*rank0.json is missing"), \
+            pytest.warns(UserWarning, match=f"{LATEST} is unreadable"):
         train(setup, tmp_path, resume=True)
 
 
