@@ -7,6 +7,11 @@ the fixed-count layouts (padded, flattened, micro_batch_size 4). Quality comes f
 Reference columns are the figures measured for "reference (Axolotl balance_labels)" in issue 3 on this mix.
 
     python benchmarks/bench_balance.py [--sizes 20000,200000,1000000] [--runs 3] [--no-time] [--fixed]
+    python benchmarks/bench_balance.py --seeds 0,1,2,3 [--sizes ...] [--mbs 4]
+
+`--seeds` prints, per size, min / median / max over the data seeds (draws of the mix) of the issue-13 goals at
+capacity 4096 * mbs: microbatch label CV, rows above the lower bound, update label CV, mean rank cost CV within an
+update, and the in-process plan time; never one draw.
 """
 
 from __future__ import annotations
@@ -87,14 +92,61 @@ def quality(n: int, mode: str, mbs: int) -> tuple[dict, dict]:
     return metrics["before"], metrics["after"]
 
 
+def rank_cost_cv(cost: np.ndarray, n_upd: int, w: int, g: int) -> float:
+    """Mean over complete updates of the CV of the W ranks' total cost (micro-step-major layout)."""
+    per_rank = cost[: n_upd * w * g].reshape(n_upd, g, w).sum(axis=1).astype(np.float64)
+    return float((per_rank.std(axis=1) / per_rank.mean(axis=1)).mean())
+
+
+def seed_stats(n: int, mbs: int, seeds: list[int]) -> dict[str, list[float]]:
+    from plancc.plan import batch_cost
+
+    settings = settings_for("packed", mbs)
+    out: dict[str, list[float]] = {k: [] for k in ("cv", "rows_over", "update_cv", "rank_cv", "seconds")}
+    for seed in seeds:
+        s = sft_mix(n, seed=seed)
+        start = time.perf_counter()
+        p = plan_epoch(s, settings, 0)
+        out["seconds"].append(time.perf_counter() - start)
+        after = dict(p.metrics)["after"]
+        out["cv"].append(after["label_cv"])
+        out["rows_over"].append(after["packed_rows"] / after["rows_lower_bound"] - 1)
+        out["update_cv"].append(after["update_label_cv"])
+        cost = batch_cost(p.batches, s, settings.pad_multiple)
+        out["rank_cv"].append(rank_cost_cv(cost, after["updates"], settings.world_size, settings.grad_accum))
+    return out
+
+
+def seed_table(sizes: list[int], seeds: list[int], mbs: int) -> None:
+    def mmm(v: list[float], fmt: str) -> str:
+        return " / ".join(format(x, fmt) for x in (min(v), statistics.median(v), max(v)))
+
+    print(f"capacity {4096 * mbs}, W=8, G=4, data seeds {','.join(map(str, seeds))}: min / median / max")
+    print()
+    print("| samples | label CV (goal max <= 0.05) | rows above lower bound (<= 0.01%) | update CV (<= 0.003) | "
+          "rank cost CV in an update (<= 0.02) | plan s (in process) |")
+    print("|---|---|---|---|---|---|")
+    for n in sizes:
+        r = seed_stats(n, mbs, seeds)
+        rows = " / ".join(f"{100 * x:.3f}%" for x in (min(r["rows_over"]), statistics.median(r["rows_over"]),
+                                                        max(r["rows_over"])))
+        print(f"| {n:,} | {mmm(r['cv'], '.4f')} | {rows} | {mmm(r['update_cv'], '.5f')} | "
+              f"{mmm(r['rank_cv'], '.4f')} | {mmm(r['seconds'], '.1f')} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="20000,200000,1000000")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-time", action="store_true", help="quality only (no subprocess compiles)")
     ap.add_argument("--fixed", action="store_true", help="also the fixed-count layouts (1M: slow reference only)")
+    ap.add_argument("--seeds", help="data seeds: min / median / max of the goals over these draws instead")
+    ap.add_argument("--mbs", type=int, default=4, help="with --seeds: rows of 4096 * MBS tokens")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    if args.seeds:
+        seed_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs)
+        return
 
     print("| workload | rows (ref) | rows lower bound | label CV before -> after | ref after | CV floor | update CV | "
           "ref | time s | no-balance s | ref s |")
