@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc import balance, pack
+from plancc import balance, jit, pack
 from plancc.config import PlanSettings, SettingsError
 from plancc.layout import complete_updates, update_mapping
 from plancc.metrics import NO_DROPS, SourceDrops, summarize
@@ -98,6 +98,9 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
     if len(s) == 0:
         raise SettingsError("the samples table is empty: nothing to plan")
     check_fits(s, settings)
+    cold = jit.cold()
+    if cold and progress:  # numba compiles each kernel on its first call: say why this run is slow, once
+        progress(jit.COMPILING, 0, 1)
     plans = []
     for epoch in range(settings.epochs):
         if progress:
@@ -105,6 +108,10 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
         plans.append(plan_epoch(s, settings, epoch, progress, drops))
     if progress:
         progress("planning epochs", settings.epochs, settings.epochs)
+    if cold:
+        jit.mark_compiled()
+        if progress:
+            progress(jit.COMPILING, 1, 1)
     return plans
 
 

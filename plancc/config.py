@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import os
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -200,3 +201,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise SettingsError(f"config file {p}: unknown setting {key!r}{did_you_mean(name, sorted(known))}")
         out[name] = value
     return out
+
+
+def default_cache_dir() -> Path:
+    """The plancc cache (scans, compiled kernels): $PLANCC_CACHE, else ~/.cache/plancc."""
+    return Path(os.environ.get("PLANCC_CACHE", "~/.cache/plancc")).expanduser()

@@ -22,7 +22,6 @@ guard (the `plancc` command has one).
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import time
 import uuid
@@ -36,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store
-from plancc.config import ScanOptions, canonical_hash
+from plancc.config import ScanOptions, canonical_hash, default_cache_dir
 from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import scan_identity
 from plancc.sources import detect, templates
@@ -57,10 +56,6 @@ class Scan:
     source_paths: list[str]
     report: dict
     key: str
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("PLANCC_CACHE", "~/.cache/plancc")).expanduser()
 
 
 def _options_dict(options: ScanOptions, tok: Tok | None, template: templates.ChatTemplate | None) -> dict[str, Any]:

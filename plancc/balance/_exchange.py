@@ -29,8 +29,9 @@ row's "first label is not a target" correction never changes.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from plancc.jit import numba
 
 SUB_CAP = 128  # subsets enumerated per row (singles, then pairs, then triples)
 IDLE = 8  # idle rounds in a row before a window gives up

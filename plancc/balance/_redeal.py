@@ -25,11 +25,11 @@ apart. The tail is not touched (SPEC 5), and a result is kept only if it lowers 
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from plancc.balance import _common as c
 from plancc.config import PlanSettings
+from plancc.jit import numba
 from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
 
 

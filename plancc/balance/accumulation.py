@@ -13,11 +13,11 @@ if the variance of its update totals drops. Microbatch contents, costs and the t
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from plancc.balance import _common as c
 from plancc.config import PlanSettings
+from plancc.jit import numba
 from plancc.plan import Batches, SampleArrays, batch_targets, permute_batches
 
 BLOCK_UPDATES = 16

@@ -8,8 +8,9 @@ that density for label awareness (see `plancc.balance`).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from plancc.jit import numba
 
 
 @numba.njit(cache=True, inline="always")
