@@ -22,6 +22,7 @@ from plancc.errors import PlanccError
 
 MODES = ("packed", "padded", "flattened")
 SHIFTS = ("sample", "row", "none")
+COSTS = ("tokens", "attention")
 LONG_POLICIES = ("truncate", "drop", "error")
 FORMATS = ("auto", "tokenized", "prompt_completion", "alpaca", "messages", "text")
 # what --columns may map a source field onto: every column name some format reads
@@ -129,9 +130,11 @@ class PlanSettings:
     balance: bool = True
     balance_window: int = 64
     balance_passes: int = 4
+    cost: str = "tokens"  # what rank ordering evens out: padded token slots, or attention (squared segments)
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
+        _choice("cost", self.cost, COSTS)
         _choice("shift", self.shift, SHIFTS)
         for name in ("micro_batch_size", "sequence_len", "pad_multiple", "world_size", "grad_accum", "epochs",
                      "balance_window", "balance_passes"):

@@ -19,6 +19,7 @@ from plancc.layout import complete_updates
 from plancc.plan import (
     Batches,
     SampleArrays,
+    batch_attention,
     batch_cost,
     batch_targets,
     batch_tokens,
@@ -57,6 +58,9 @@ METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("max_rank_cost_spread", "int"),
     ("mean_rank_label_spread", "float"),
     ("max_rank_label_spread", "int"),
+    ("attention_cv", "float"),
+    ("mean_rank_attention_spread", "float"),
+    ("max_rank_attention_spread", "int"),
     ("max_naive_weight_skew", "float"),
 )
 
@@ -110,14 +114,14 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         skew = float((means[:, None] / np.maximum(per_update, 1)).max())
     else:
         skew = 0.0
-    if W > 1 and n_upd:
-        by_step_cost = cost[:full].reshape(n_upd * G, W)  # one row per (update, micro-step), one column per rank
-        by_step_labels = labels[:full].reshape(n_upd * G, W)
-        cost_spread = by_step_cost.max(axis=1) - by_step_cost.min(axis=1)
-        label_spread = by_step_labels.max(axis=1) - by_step_labels.min(axis=1)
-        rank = (float(cost_spread.mean()), int(cost_spread.max()), float(label_spread.mean()), int(label_spread.max()))
+    attention = batch_attention(b, s, settings.mode, settings.pad_multiple)
+    mean_a, std_a = _mean_std(attention)
+    if W > 1 and n_upd:  # per (update, micro-step): max - min across ranks
+        spread = [by_step.max(axis=1) - by_step.min(axis=1) for by_step in
+                  (x[:full].reshape(n_upd * G, W) for x in (cost, labels, attention))]
+        rank = [f(x) for x in spread for f in (lambda v: float(v.mean()), lambda v: int(v.max()))]
     else:
-        rank = (0.0, 0, 0.0, 0)
+        rank = [0.0, 0, 0.0, 0, 0.0, 0]
 
     return {
         "samples": int(b.samples.shape[0]),
@@ -151,5 +155,8 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "max_rank_cost_spread": rank[1],
         "mean_rank_label_spread": rank[2],
         "max_rank_label_spread": rank[3],
+        "attention_cv": _cv(mean_a, std_a),
+        "mean_rank_attention_spread": rank[4],
+        "max_rank_attention_spread": rank[5],
         "max_naive_weight_skew": skew,
     }

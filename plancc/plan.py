@@ -119,6 +119,17 @@ def batch_cost(b: Batches, s: SampleArrays, pad_multiple: int) -> np.ndarray:
     return b.rows_per_batch() * padded
 
 
+def batch_attention(b: Batches, s: SampleArrays, mode: str, pad_multiple: int) -> np.ndarray:
+    """Attention work per microbatch: the sum of squared segment lengths, what varlen attention spends (each sample
+    attends within itself). Padded rows run dense attention: each row costs its padded length squared."""
+    if mode == "padded":
+        longest = segment_max(row_tokens(b, s), b.batch_bounds)
+        padded = -(-longest // pad_multiple) * pad_multiple
+        return b.rows_per_batch() * padded * padded
+    length = s.length[b.samples].astype(np.int64)
+    return segment_sum(segment_sum(length * length, b.row_bounds), b.batch_bounds)
+
+
 def from_rows(samples: np.ndarray, row_bounds: np.ndarray, rows_per_batch: int) -> Batches:
     """Group consecutive rows into microbatches of `rows_per_batch` (the last may hold fewer)."""
     n_rows = row_bounds.shape[0] - 1

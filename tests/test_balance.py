@@ -14,9 +14,11 @@ from plancc.balance.microbatch import balance_microbatches
 from plancc.balance.rank_order import order_ranks
 from plancc.compile import drop_tail, epoch_rng, plan_epoch
 from plancc.config import PlanSettings, SettingsError
+from plancc.metrics import summarize
 from plancc.plan import (
     Batches,
     SampleArrays,
+    batch_attention,
     batch_cost,
     batch_targets,
     batch_tokens,
@@ -46,6 +48,7 @@ def cases(draw):
         seed=draw(st.integers(0, 1000)),
         balance_window=draw(st.sampled_from([2, 7, 64])),
         balance_passes=draw(st.integers(1, 4)),
+        cost=draw(st.sampled_from(["tokens", "attention"])),
     )
     rng = np.random.default_rng(seed)
     skew = draw(st.sampled_from(["uniform", "sft"]))
@@ -142,6 +145,8 @@ def check_stage(name: str, before: Batches, after: Batches, s: SampleArrays, set
         assert _within_update_sse(l1, P, n_span) <= _within_update_sse(l0, P, n_span)
     if name == "rank_order":
         assert _batch_sets(after) == [_batch_sets(before)[i] for i in _order(before, after)]
+        if settings.cost == "attention":
+            cost0, cost1 = (batch_attention(x, s, settings.mode, settings.pad_multiple) for x in (before, after))
         s0, m0 = _spreads(cost0, settings.world_size, n_span)
         s1, m1 = _spreads(cost1, settings.world_size, n_span)
         assert s1 <= s0 and m1 <= m0
@@ -187,8 +192,9 @@ def test_balanced_plans_are_deterministic_and_metrics_never_worsen(case):
     if "accumulation" in m:
         assert m["accumulation"]["std_global_update_labels"] <= m[first]["std_global_update_labels"] + 1e-9
     if "rank_order" in m:
-        assert m["rank_order"]["max_rank_cost_spread"] <= m["within_update"]["max_rank_cost_spread"]
-        assert m["rank_order"]["mean_rank_cost_spread"] <= m["within_update"]["mean_rank_cost_spread"] + 1e-9
+        work = "attention" if settings.cost == "attention" else "cost"
+        assert m["rank_order"][f"max_rank_{work}_spread"] <= m["within_update"][f"max_rank_{work}_spread"]
+        assert m["rank_order"][f"mean_rank_{work}_spread"] <= m["within_update"][f"mean_rank_{work}_spread"] + 1e-9
     assert m["after"]["total_label_count"] == m["before"]["total_label_count"]
     assert m["after"]["total_batch_cost"] <= m["before"]["total_batch_cost"]
     assert m["after"]["max_batch_cost"] <= m["before"]["max_batch_cost"]
@@ -264,6 +270,32 @@ def test_rank_order_puts_similar_costs_on_the_same_micro_step():
     settings = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none")
     new = order_ranks(b, s, settings, np.random.default_rng(0))
     assert batch_tokens(new, s).tolist() == [100, 90, 20, 10]
+
+
+def test_attention_cost_puts_similar_attention_on_the_same_micro_step():
+    # microbatches of equal tokens: one sample of 100 (attention 10000) or ten of 10 (attention 1000)
+    lengths = [100] + [10] * 10 + [100] + [10] * 10
+    labels = np.where(np.array(lengths) == 100, 10, 1)  # 10 labels in every microbatch
+    s = SampleArrays(np.arange(22, dtype=np.int64), np.array(lengths, dtype=np.int64), labels,
+                     np.zeros(22, dtype=bool))
+    bounds = np.array([0, 1, 11, 12, 22])
+    b = Batches(np.arange(22, dtype=np.int64), bounds, np.arange(5))
+    assert batch_attention(b, s, "packed", 1).tolist() == [10000, 1000, 10000, 1000]
+    tokens = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none")
+    assert order_ranks(b, s, tokens, np.random.default_rng(0)) is b  # equal token costs: nothing to gain
+    attention = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none", cost="attention")
+    new = order_ranks(b, s, attention, np.random.default_rng(0))
+    assert batch_attention(new, s, "packed", 1).tolist() == [10000, 10000, 1000, 1000]
+    m = summarize(new, s, attention)
+    assert m["max_rank_attention_spread"] == 0 and summarize(b, s, attention)["max_rank_attention_spread"] == 9000
+
+
+def test_padded_attention_counts_the_padded_rows():
+    s = SampleArrays(np.arange(3, dtype=np.int64), np.array([5, 9, 3]), np.ones(3, dtype=np.int64),
+                     np.zeros(3, dtype=bool))
+    b = Batches(np.arange(3, dtype=np.int64), np.arange(4), np.array([0, 2, 3]))  # rows (5, 9) and (3)
+    assert batch_attention(b, s, "padded", 4).tolist() == [2 * 12 * 12, 4 * 4]
+    assert batch_attention(b, s, "flattened", 4).tolist() == [25 + 81, 9]
 
 
 def test_no_balance_keeps_the_plain_plan():

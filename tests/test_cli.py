@@ -39,6 +39,11 @@ def test_compile_from_a_samples_table_then_validate(tmp_path, samples_file):
     manifest = json.loads(res.output)
     assert manifest["settings"]["world_size"] == 2 and manifest["samples"] == 300
     assert _run("validate", out).exit_code == 0
+    res = _run("compile", samples_file, "-o", tmp_path / "attention", "--sequence-len", "256", "--world-size", "2",
+               "--grad-accum", "2", "--cost", "attention", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["settings"]["cost"] == "attention"
+    assert _run("validate", tmp_path / "attention").exit_code == 0
 
 
 def test_flags_override_the_config_file(tmp_path, samples_file):
@@ -64,6 +69,7 @@ def test_flags_override_the_config_file(tmp_path, samples_file):
         (["--sequence-len", "16"], "longer than 16 tokens"),
         (["--drop-last", "--world-size", "64", "--grad-accum", "64", "--sequence-len", "256"], "--drop-last leaves"),
         (["--mode", "padded", "--real-batches"], "--real-batches only applies"),
+        (["--cost", "flops"], "--cost must be one of tokens, attention"),
     ],
 )
 def test_bad_settings_exit_2_with_the_setting_named(tmp_path, samples_file, args, message):

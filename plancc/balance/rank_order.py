@@ -1,8 +1,10 @@
 """Rank ordering (SPEC 5, stage 5, W > 1): ranks do similar work at the same micro-step.
 
 Inside each complete update, microbatch `m*W + r` runs on rank `r` at micro-step `m`. The update's microbatches are
-sorted by (cost, labels) and dealt `W` at a time into micro-steps, which groups similar costs into the same step
-(consecutive runs of a sorted list minimize the sum of ranges). An update's new order is kept only when neither the
+sorted by (work, labels) and dealt `W` at a time into micro-steps, which groups similar work into the same step
+(consecutive runs of a sorted list minimize the sum of ranges). Work is the padded token slots (`--cost tokens`) or
+the attention work, the sum of squared segment lengths (`--cost attention`): at equal tokens, a microbatch of one
+long sample spends far more on attention than one of many short ones, and ranks wait on the slowest. An update's new order is kept only when neither the
 sum nor the maximum of its per-step cost spreads grows and one of them (or, at equal cost spread, the label spread)
 shrinks. Update membership never changes; the tail stays in place.
 """
@@ -13,7 +15,7 @@ import numpy as np
 
 from plancc.balance import _common as c
 from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, permute_batches
+from plancc.plan import Batches, SampleArrays, batch_attention, batch_cost, batch_targets, permute_batches
 
 
 def _spreads(x: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray]:
@@ -29,10 +31,12 @@ def order_ranks(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.ran
     if W < 2 or n_span == 0:
         return b
     n_upd = n_span // P
-    cost = batch_cost(b, s, settings.pad_multiple)[:n_span].reshape(n_upd, P)
+    if settings.cost == "attention":
+        cost = batch_attention(b, s, settings.mode, settings.pad_multiple)[:n_span].reshape(n_upd, P)
+    else:
+        cost = batch_cost(b, s, settings.pad_multiple)[:n_span].reshape(n_upd, P)
     labels = batch_targets(b, s, settings.shift)[:n_span].reshape(n_upd, P)
-    key = cost * (np.int64(1) << 24) + np.minimum(labels, (1 << 24) - 1)
-    new = np.argsort(-key, axis=1, kind="stable")
+    new = np.lexsort((-labels, -cost), axis=1)  # most work first, then most labels; ties keep their order
     rows = np.arange(n_upd)[:, None]
     c_sum0, c_max0 = _spreads(cost, W)
     c_sum1, c_max1 = _spreads(cost[rows, new], W)
