@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from plancc.balance import _common as c
 from plancc.balance.microbatch import repack_label_aware
-from plancc.compile import before_batches
+from plancc.compile import before_batches, plan_epoch
 from plancc.config import PlanSettings
 from plancc.pack.best_fit import best_fit, pack_best_fit
 from plancc.pack.label_aware import _close, pack_label_aware
@@ -54,7 +54,7 @@ def test_label_aware_packing_keeps_capacity_and_rows(seed, n, capacity, spare_ro
         start_tok[: min(rows, n)] = lengths[:rows]
         start_val[: min(rows, n)] = values[:rows]
         lengths, values = lengths[rows:], values[rows:]
-    assign = pack_label_aware(lengths, values, capacity, start_tok, start_val)
+    assign = pack_label_aware(lengths, values, capacity, start_tok, start_val, rng)
     if assign is None:
         return
     assert assign.shape == lengths.shape and assign.min(initial=0) >= 0 and assign.max(initial=0) < rows
@@ -68,7 +68,8 @@ def test_label_aware_packing_balances_labels_at_the_best_fit_row_count():
     order, bounds = pack_best_fit(s.length, capacity, np.random.default_rng(0))
     rows = len(bounds) - 1
     plain = np.add.reduceat(s.label_count[order], bounds[:-1])
-    assign = pack_label_aware(s.length, s.label_count, capacity, np.zeros(rows, dtype=np.int64), np.zeros(rows))
+    assign = pack_label_aware(s.length, s.label_count, capacity, np.zeros(rows, dtype=np.int64), np.zeros(rows),
+                              np.random.default_rng(0))
     assert assign is not None
     aware = np.bincount(assign, s.label_count, minlength=rows)
     assert np.bincount(assign, s.length, minlength=rows).max() <= capacity
@@ -82,7 +83,7 @@ def test_repacked_start_keeps_the_hard_rules_and_row_shift_targets():
     for shift in ("sample", "row"):
         settings = PlanSettings(micro_batch_size=4, sequence_len=512, world_size=2, grad_accum=2, shift=shift)
         b, _ = before_batches(s, settings, 0)
-        new = repack_label_aware(b, s, settings)
+        new = repack_label_aware(b, s, settings, np.random.default_rng(0))
         assert new is not b  # this mix repacks
         assert row_tokens(new, s).max() <= settings.row_capacity
         assert batch_targets(new, s, shift).sum() == batch_targets(b, s, shift).sum()
@@ -106,7 +107,7 @@ def test_closing_left_out_items_keeps_capacity_and_every_row(seed, n, spare_rows
     assign[order] = placed
     assign[rng.random(n) < left_out] = -1  # some items left out on purpose, as a failed deal leaves them
     before = assign.copy()
-    if not _close(lengths, assign, start_tok, capacity):
+    if not _close(lengths, assign, start_tok, capacity, rng):
         return
     assert (assign >= 0).all()
     tokens = np.bincount(assign, lengths, minlength=rows) + start_tok
@@ -132,3 +133,16 @@ def test_a_draw_whose_global_deal_leaves_items_out_still_balances():
     labels = batch_targets(new, s, settings.shift)[:n_span]
     assert labels.std() / labels.mean() < 0.03
     check_stage("microbatch", b, new, s, settings)
+
+
+def test_repacking_at_capacity_4096_leaves_no_trend_along_the_plan():
+    """At ~7 samples a row the deal runs few chunks; rows of equal excess must be taken in a seeded order, or the
+    first chunk leaves label counts falling along the plan, which accumulation cannot undo (update CV 0.009
+    instead of 0.0007 on this mix)."""
+    from benchmarks.synthetic import sft_mix
+
+    s = sft_mix(20_000, seed=0)
+    settings = PlanSettings(micro_batch_size=1, sequence_len=4096, world_size=8, grad_accum=4)
+    metrics = dict(plan_epoch(s, settings, 0).metrics)
+    assert metrics["microbatch"]["label_cv"] < 0.5 * metrics["before"]["label_cv"]
+    assert metrics["after"]["update_label_cv"] < 0.002

@@ -41,7 +41,7 @@ TOL = 0.02  # label gaps under 2% of the mean microbatch are not worth a trade
 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
     window = settings.balance_window
-    start = repack_label_aware(b, s, settings)
+    start = repack_label_aware(b, s, settings, rng)
     if start is b:  # rows too full to repack: re-deal equal lengths instead (after a repacking it does not help)
         start = deal_equal_lengths(b, s, settings)
     out = c.exchange(start, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
@@ -50,7 +50,7 @@ def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rn
     return out if sse[1] < sse[0] else b
 
 
-def repack_label_aware(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+def repack_label_aware(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
     """`b` with its complete updates repacked by `pack_label_aware` into the same rows; `b` if that does not fit."""
     n_span = c.span(b, settings)
     if n_span < 2:
@@ -68,7 +68,7 @@ def repack_label_aware(b: Batches, s: SampleArrays, settings: PlanSettings) -> B
     start_tok = np.bincount(row_of[pinned], lengths[pinned], minlength=head.num_rows).astype(np.int64)
     start_val = np.bincount(row_of[pinned], values[pinned], minlength=head.num_rows)
     free = ~pinned
-    assign = pack_label_aware(lengths[free], values[free], capacity, start_tok, start_val)
+    assign = pack_label_aware(lengths[free], values[free], capacity, start_tok, start_val, rng)
     if assign is None:
         return b
     row_of[free] = assign
