@@ -94,8 +94,8 @@ def compile_cmd(
     balance: Annotated[bool | None, Opt("--balance/--no-balance", help="Label balancing (default on).")] = None,
     balance_window: Annotated[int | None, Opt("--balance-window", help="Microbatches per window (<= 64).")] = None,
     balance_passes: Annotated[int | None, Opt("--balance-passes", help="Bounded passes per window.")] = None,
-    cost: Annotated[str | None, Opt("--cost", help="What rank ordering evens out: tokens (padded slots) or "
-                                                   "attention (sum of squared sample lengths).")] = None,
+    cost: Annotated[str | None, Opt("--cost", help="What rank ordering evens out: tokens (padded slots; the "
+                                                   "default) or attention (sum of squared sample lengths).")] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
