@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from plancc.config import canonical_hash
-from plancc.jit import numba
 
 PLAN_FINGERPRINT_COLUMNS = ("index", "update", "rank", "micro_step", "batch_bounds", "row_bounds", "sample_ids",
                             "tokens", "label_count", "cost", "num_items")

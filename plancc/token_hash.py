@@ -6,8 +6,9 @@ numba; only hashing tokens does.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from plancc.jit import numba
 
 
 @numba.njit(cache=True, inline="always")
