@@ -56,11 +56,13 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
 
 def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,
                    num_proc: int = 1, cache_dir: Path | None = None, progress: Progress | None = None,
-                   given: Collection[str] = ()) -> dict[str, Any]:
+                   given: Collection[str] = (), overwrite: bool = False) -> dict[str, Any]:
     """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
 
+    The output is checked first (`store.check_output`): a refused `-o` costs no work and gets nothing written.
     The scan's sequence_len and shift become the plan's (`plancc.carry`); for a scan or plan directory as `source`
     that is what it was made with, and `given` (the settings the caller set on purpose) must not contradict it."""
+    store.check_output(out_dir, overwrite=overwrite)
     samples_table, scan_info, tokenized = load_samples(
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
@@ -68,12 +70,21 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     s = sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
     epochs = compile_plan(s, settings, progress=progress, drops=drops)
-    return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress)
+    return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress,
+                          overwrite=overwrite)
+
+
+def source_locations(scan_info: dict[str, Any], plan_dir: str | Path) -> dict[str, Any]:
+    """Where a tokenized source lives, absolute and relative to the plan, so a trainer finds it from any folder
+    (and after moving plan and data together)."""
+    sources = [os.path.abspath(p) for p in scan_info.get("source_paths", [])]
+    at = os.path.realpath(plan_dir)
+    return {"source": sources, "source_relative": [os.path.relpath(p, at) for p in sources], "format": "tokenized"}
 
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
-                   progress: Progress | None = None) -> dict[str, Any]:
+                   progress: Progress | None = None, *, overwrite: bool = False) -> dict[str, Any]:
     if progress:
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
@@ -95,8 +106,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     fingerprints["plan"] = plan_fps
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    data = ({"tokenized": store.TOKENIZED_FILE} if tokenized is not None
-            else {"source": scan_info.get("source_paths", []), "format": "tokenized"})
+    data = {"tokenized": store.TOKENIZED_FILE} if tokenized is not None else source_locations(scan_info, out_dir)
     metrics = store.metrics_table(metric_rows)
     manifest = {
         "plancc": __version__,
@@ -117,7 +127,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "warnings": scan_info.get("warnings", []),
         "checksums": {"metrics": metrics_checksum(metrics.to_pylist())},
     }
-    with store.atomic_directory(out_dir) as tmp:
+    with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
         store.write_plan_files(tmp, plan, samples_table, metrics, fingerprints,
                                settings_dict, manifest)
         if tokenized is not None:  # a hard link when the cache shares the filesystem: no second copy of the tokens

@@ -13,3 +13,7 @@ def clip(value: object, limit: int = 120) -> str:
     """`str(value)` cut to `limit` characters on one line, so a deeply nested type or value cannot flood a message."""
     text = " ".join(str(value).split())
     return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} chars)"
+
+
+class PlanccWarning(UserWarning):
+    """Something the user should know that does not stop the command (the CLI prints it as one line)."""

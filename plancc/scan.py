@@ -34,7 +34,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc import store
+from plancc import atomic, store
 from plancc.config import ScanOptions, canonical_hash, default_cache_dir
 from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import scan_identity
@@ -206,11 +206,11 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     tokenized = done.tokenized if write_tokens else None
     try:
         try:
-            with store.atomic_directory(entry) as tmp:
+            with store.atomic_directory(entry, owned=True, what="scan") as tmp:
                 _write_entry(tmp, done.samples, tokenized, report)
-        except store.StoreError:  # another process writes the same entry: keep ours beside it
+        except atomic.OutputBusy:  # another process writes the same entry: keep ours beside it
             entry = entry.parent / f"{key}-{uuid.uuid4().hex[:8]}"
-            with store.atomic_directory(entry) as tmp:
+            with store.atomic_directory(entry, owned=True, what="scan") as tmp:
                 _write_entry(tmp, done.samples, tokenized, report)
     except OSError as exc:
         raise PlanccError(f"cannot write the scan cache {entry.parent}: {exc.strerror or exc}; "
@@ -220,10 +220,11 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     return Scan(done.samples, entry / store.TOKENIZED_FILE if write_tokens else None, list(src.paths), report, key)
 
 
-def write_scan(result: Scan, out_dir: Path) -> None:
-    """SCAN_DIR: samples.parquet, tokenized.parquet (when written) and scan.json, replaced atomically."""
+def write_scan(result: Scan, out_dir: Path, *, overwrite: bool = False) -> None:
+    """SCAN_DIR: samples.parquet, tokenized.parquet (when written) and scan.json, replaced atomically; an existing
+    scan only with `overwrite`, a folder holding anything else never (`store.check_output`)."""
     report = result.report
-    with store.atomic_directory(out_dir) as tmp:
+    with store.atomic_directory(out_dir, overwrite=overwrite, what="scan") as tmp:
         meta = store.file_metadata("samples", report["fingerprints"],
                                    report.get("options", {}))
         store.write_parquet(result.samples, tmp / store.SAMPLES_FILE, meta)

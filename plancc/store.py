@@ -11,10 +11,8 @@ the plan file's fingerprints and checksums bind.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import functools
 import os
-import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from plancc import atomic
 from plancc.config import PlanSettings, SettingsError
 from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import (
@@ -118,41 +117,55 @@ def write_json(obj: Any, path: Path) -> None:
     path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
-@contextlib.contextmanager
-def atomic_directory(target: str | Path) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of `target`; on success it replaces `target` whole.
+class OutputError(PlanccError):
+    """An `-o` directory plancc must not write into (foreign content, or a plan/scan without `--overwrite`)."""
 
-    A sibling lock file (kept: deleting it would let two writers hold different inodes) refuses a second writer
-    of the same directory while the first runs. On any error the temporary directory is removed and the
-    previous `target` (if any) is left untouched.
+
+def output_kind(path: Path) -> str | None:
+    """'plan' or 'scan' when `path` is a plancc plan or scan directory (recognised by its manifest), else None."""
+    for name, kind, marker in ((MANIFEST_FILE, "plan", "fingerprints"), (SCAN_MANIFEST_FILE, "scan",
+                                                                         "plancc_scan_version")):
+        try:
+            manifest = orjson.loads((path / name).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        if isinstance(manifest, dict) and marker in manifest and ("plancc" in manifest or kind == "scan"):
+            return kind
+    return None
+
+
+def check_output(target: str | Path, *, overwrite: bool) -> None:
+    """Refuse an output path that is not absent, an empty directory, or (with `overwrite`) a plancc plan/scan.
+
+    Runs before any work (so a refused command costs nothing) and again under the writer's lock.
     """
-    target = Path(target).absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() and not target.is_dir():
-        raise StoreError(f"output {target} exists and is not a directory")
-    lock_path = target.parent / f".{target.name}.lock"
-    with open(lock_path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreError(
-                f"another plancc process is writing {target} (lock {lock_path}); wait for it or choose another -o"
-            ) from None
-        tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
-        tmp.mkdir()
-        try:
-            yield tmp
-            old = None
-            if target.exists():
-                old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:12]}"
-                os.rename(target, old)
-            os.rename(tmp, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    target = Path(target)
+    if not os.path.lexists(target):
+        return
+    if not target.is_dir():
+        raise OutputError(f"output {target} exists and is not a directory; choose another -o")
+    entries = sorted(os.listdir(target))
+    if not entries:
+        return
+    kind = output_kind(target)
+    if kind is None:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise OutputError(f"output {target} is not empty and is not a plancc plan or scan directory (it holds "
+                          f"{shown}); plancc never writes into such a folder: choose a new or empty -o")
+    if not overwrite:
+        raise OutputError(f"output {target} already holds a plancc {kind}; pass --overwrite to replace it")
+
+
+@contextlib.contextmanager
+def atomic_directory(target: str | Path, *, overwrite: bool = False, owned: bool = False,
+                     what: str = "plan") -> Iterator[Path]:
+    """A temporary directory whose content replaces `target` whole when the block ends (see `plancc.atomic`).
+
+    `owned`: `target` lives in a directory plancc owns (the scan cache), so whatever is there is replaced.
+    """
+    check = None if owned else functools.partial(check_output, overwrite=overwrite)
+    with atomic.replace_directory(target, check, what=what) as tmp:
+        yield tmp
 
 
 # ---------------------------------------------------------------- reading
@@ -277,6 +290,7 @@ def read_plan(plan_dir: str | Path, *, epoch: int | None = None, rank: int | Non
 
 
 def read_manifest(plan_dir: str | Path) -> dict[str, Any]:
+    atomic.recover(plan_dir)  # a plan an interrupted replace left behind is put back before it is read
     path = Path(plan_dir) / MANIFEST_FILE
     try:
         return orjson.loads(path.read_bytes())
@@ -350,6 +364,8 @@ def _check_samples(table: pa.Table, path: Path) -> None:
 def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
     """A samples table given as SOURCE (Parquet with the samples schema, or a SCAN_DIR/PLAN_DIR); else None."""
     p = Path(path).expanduser()
+    if p.is_dir() or not p.exists():
+        atomic.recover(p)
     if p.is_dir():
         f = p / SAMPLES_FILE
         if not f.is_file():

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from plancc import store
+from plancc import atomic, store
 from plancc.api import sample_arrays, write_plan_dir
 from plancc.compile import compile_plan
 from plancc.config import PlanSettings
@@ -24,11 +24,11 @@ SCHEMAS = Path(__file__).parent.parent / "schemas"
 SETTINGS = PlanSettings(micro_batch_size=2, sequence_len=64, world_size=2, grad_accum=2, epochs=2)
 
 
-def _write(path: Path, settings: PlanSettings = SETTINGS, n: int = 200) -> Path:
+def _write(path: Path, settings: PlanSettings = SETTINGS, n: int = 200, overwrite: bool = False) -> Path:
     ids, labels = random_dataset(np.random.default_rng(1), n, 64)
     table = samples_table(ids, labels)
     s = sample_arrays(table)
-    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None, overwrite=overwrite)
     return path
 
 
@@ -67,17 +67,17 @@ def test_written_plan_matches_documented_schemas_and_carries_fingerprints(tmp_pa
 def test_failed_write_keeps_the_old_plan_and_leaves_no_temporaries(tmp_path):
     plan_dir = _write(tmp_path / "plan")
     before = {p.name: p.read_bytes() for p in plan_dir.iterdir()}
-    with pytest.raises(RuntimeError), store.atomic_directory(plan_dir) as tmp:
+    with pytest.raises(RuntimeError), store.atomic_directory(plan_dir, overwrite=True) as tmp:
         (tmp / store.PLAN_FILE).write_bytes(b"half a plan")
         raise RuntimeError("crash in the middle of writing")
     assert {p.name: p.read_bytes() for p in plan_dir.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".plan.lock") == ["plan"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]  # no temporary, no lock file
 
 
 def test_successful_rewrite_replaces_the_whole_directory(tmp_path):
     plan_dir = _write(tmp_path / "plan")
     (plan_dir / "stray.txt").write_text("from an older plan")
-    _write(plan_dir, PlanSettings(micro_batch_size=1, sequence_len=64))
+    _write(plan_dir, PlanSettings(micro_batch_size=1, sequence_len=64), overwrite=True)
     assert not (plan_dir / "stray.txt").exists()
     assert json.loads((plan_dir / store.MANIFEST_FILE).read_text())["settings"]["micro_batch_size"] == 1
 
@@ -85,7 +85,7 @@ def test_successful_rewrite_replaces_the_whole_directory(tmp_path):
 def test_second_writer_of_the_same_directory_is_refused(tmp_path):
     with (
         store.atomic_directory(tmp_path / "plan"),
-        pytest.raises(store.StoreError, match="another plancc process"),
+        pytest.raises(atomic.OutputBusy, match="another plancc process"),
         store.atomic_directory(tmp_path / "plan"),
     ):
         pass

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from plancc.cli.common import app, fail_on_errors, print_json, reporter
+from plancc.cli.common import SourceCommand, app, fail_on_errors, print_json, reporter
 from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file
 
 _EXAMPLE = ("\n\nExample:\n\n    plancc compile examples/data/chat.jsonl -o plans/chat --tokenizer builtin "
@@ -63,12 +63,16 @@ ProcOpt = Annotated[int | None, Opt("--num-proc", help="Tokenizer processes (res
 CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache (default $PLANCC_CACHE or ~/.cache/plancc).")]
 QuietOpt = Annotated[bool, Opt("--quiet", "-q", help="No progress output.")]
 JsonOpt = Annotated[bool, Opt("--json", help="Print a machine-readable result.")]
+OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plancc plan/scan at -o (a folder holding "
+                                                       "anything else is never touched).")]
 
 
-@app.command("compile", help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan." + _EXAMPLE)
+@app.command("compile", cls=SourceCommand, help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan." + _EXAMPLE)
 def compile_cmd(
     source: Annotated[str, typer.Argument(help="File, glob, save_to_disk dir, Hub id, or a samples table.")],
-    output: Annotated[Path, Opt("--output", "-o", help="Plan directory to write (replaced atomically).")],
+    output: Annotated[Path, Opt("--output", "-o", help="Plan directory to write: absent, empty, or a plan to "
+                                                        "replace atomically with --overwrite.")],
+    overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
     format: FormatOpt = None,
     tokenizer: TokenizerOpt = None,
@@ -104,12 +108,12 @@ def compile_cmd(
     from plancc.api import compile_to_dir
 
     with fail_on_errors():
-        flags = {k: v for k, v in locals().items() if k not in ("source", "output", "config", "cache_dir", "quiet",
-                                                                "json")}
+        flags = {k: v for k, v in locals().items() if k not in ("source", "output", "overwrite", "config", "cache_dir",
+                                                                "quiet", "json")}
         scan, plan, procs, given = _settings(config, flags)
         with reporter(quiet or json) as progress:
             manifest = compile_to_dir(source, scan, plan, output, num_proc=procs, cache_dir=cache_dir,
-                                      progress=progress, given=given)
+                                      progress=progress, given=given, overwrite=overwrite)
         _warn(manifest)
         if json:
             print_json({"plan_dir": str(output), **manifest})
@@ -139,11 +143,13 @@ def _print_compile_summary(output: Path, manifest: dict[str, Any]) -> None:
     typer.echo(f"  plan fingerprints: {', '.join(f'{k}={v}' for k, v in manifest['fingerprints']['plan'].items())}")
 
 
-@app.command("scan", help="Tokenize + scan SOURCE only: write the samples table and the tokenized dataset."
+@app.command("scan", cls=SourceCommand, help="Tokenize + scan SOURCE only: write the samples table and the tokenized dataset."
                           "\n\nExample:\n\n    plancc scan data/train.jsonl -o scans/train --tokenizer tok/")
 def scan_cmd(
     source: Annotated[str, typer.Argument(help="File, glob, save_to_disk dir or Hub id.")],
-    output: Annotated[Path, Opt("--output", "-o", help="Scan directory to write.")],
+    output: Annotated[Path, Opt("--output", "-o", help="Scan directory to write: absent, empty, or a scan to "
+                                                        "replace atomically with --overwrite.")],
+    overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
     format: FormatOpt = None,
     tokenizer: TokenizerOpt = None,
@@ -160,15 +166,17 @@ def scan_cmd(
     json: JsonOpt = False,
 ) -> None:
     from plancc import scan as scan_mod
+    from plancc import store
 
     with fail_on_errors():
+        store.check_output(output, overwrite=overwrite)  # before any work
         flags = {"format": format, "tokenizer": tokenizer, "chat_template": chat_template, "columns": columns,
                  "split": split, "sequence_len": sequence_len, "long": long, "max_dropped": max_dropped,
                  "shift": shift, "num_proc": num_proc}
         options, _, procs, _ = _settings(config, flags)
         with reporter(quiet or json) as progress:
             result = scan_mod.scan(source, options, num_proc=procs, cache_dir=cache_dir, progress=progress)
-            scan_mod.write_scan(result, output)
+            scan_mod.write_scan(result, output, overwrite=overwrite)
         _warn(result.report)
         if json:
             print_json({"scan_dir": str(output), **result.report})

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 import typer
+from typer.core import TyperCommand
 
-from plancc.errors import PlanccError
+from plancc.errors import PlanccError, PlanccWarning
 
 MESSAGE_LIMIT = 1000  # an error is a few lines: whatever a message quotes (values, types, paths) is cut to fit
 
@@ -23,9 +26,29 @@ app = typer.Typer(
 )
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signum)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, PlanccWarning):
+        typer.echo(f"warning: {message}", err=True)
+    else:
+        _default_show_warning(message, category, filename, lineno, file, line)
+
+
+_default_show_warning = warnings.showwarning
+
+
 @contextlib.contextmanager
 def fail_on_errors() -> Iterator[None]:
-    """Bad input, usage or files: a one-line message on stderr and exit code 2, never a traceback."""
+    """Bad input, usage or files: a one-line message on stderr and exit code 2, never a traceback.
+
+    SIGTERM is handled like Ctrl-C, so both end with a message saying what is on disk (`plancc.atomic`).
+    """
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+    warnings.showwarning = _show_warning
     try:
         yield
     except PlanccError as exc:
@@ -38,9 +61,23 @@ def fail_on_errors() -> Iterator[None]:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         typer.echo(f"error:{where} {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        typer.echo("interrupted: nothing was written", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:
+        typer.echo(getattr(exc, "message", "interrupted: nothing was written"), err=True)
+        signum = getattr(exc, "signum", exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT)
+        raise typer.Exit(128 + signum) from None
+
+
+class SourceCommand(TyperCommand):
+    """A command taking one SOURCE: surplus arguments are most likely a glob the shell expanded, so say so."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:  # click's UsageError, vendored by typer under a private name
+            if "unexpected extra argument" in str(getattr(exc, "message", "")):
+                exc.message += ("; SOURCE is one argument: quote a glob so the shell does not expand it, e.g. "
+                                "'data/*.jsonl'")
+            raise
 
 
 def print_json(obj: Any) -> None:

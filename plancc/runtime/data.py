@@ -120,8 +120,10 @@ def data_paths(plan: RuntimePlan) -> list[Path]:
     data = plan.dir.data
     if "tokenized" in data:
         return [plan.path / data["tokenized"]]
-    if data.get("source"):
-        return [Path(p) for p in data["source"]]
+    if data.get("source"):  # absolute; else relative to the plan (plan and data moved together)
+        relative = data.get("source_relative") or [None] * len(data["source"])
+        return [Path(p) if Path(p).exists() or rel is None else plan.path / rel
+                for p, rel in zip(data["source"], relative, strict=True)]
     raise PlanMismatchError(f"{plan.path}: the plan names no tokenized data; pass data= to load_tokens")
 
 

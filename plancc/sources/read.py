@@ -8,9 +8,12 @@ then `detect.py` names its first bad row.
 
 from __future__ import annotations
 
+import codecs
+import fnmatch
 import glob as globlib
 import hashlib
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +25,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from plancc.errors import InputError
+from plancc.errors import InputError, PlanccWarning
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
 
@@ -166,9 +169,31 @@ def _read_arrow(path: str) -> pa.Table:
         return pa.ipc.open_stream(source).read_all()
 
 
+def _check_utf8(path: str) -> None:
+    """Text sources must be UTF-8: the first bad byte is an error naming its line and byte offset (Arrow's
+    readers would otherwise keep the bytes and fail far later, or turn a CSV column into binary)."""
+    done, lines, rest = 0, 0, b""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 22)
+            block = rest + chunk
+            cut = len(block) if not chunk else block.rfind(b"\n") + 1  # whole lines: never split a character
+            try:
+                codecs.decode(block[:cut], "utf-8")
+            except UnicodeDecodeError as exc:
+                line = lines + block.count(b"\n", 0, exc.start) + 1
+                raise InputError(f"{path} line {line} (byte offset {done + exc.start}): not valid UTF-8 (byte "
+                                 f"0x{block[exc.start]:02x}); save the file as UTF-8") from None
+            if not chunk:
+                return
+            done, lines, rest = done + cut, lines + block.count(b"\n", 0, cut), block[cut:]
+
+
 def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
     suffix = Path(path).suffix.lower()
     try:
+        if suffix in (".jsonl", ".json", ".csv"):
+            _check_utf8(path)
         if suffix == ".jsonl":
             return _read_jsonl(path)
         if suffix == ".json":
@@ -221,15 +246,70 @@ def _combine(parts: list[tuple[str, pa.Table, dict[str, list[Any]]]], kind: str,
 
 
 def _expand(source: str) -> list[str] | None:
-    if any(c in source for c in "*?["):
-        matches = sorted(p for p in globlib.glob(os.path.expanduser(source), recursive=True) if os.path.isfile(p))
-        if not matches:
-            raise InputError(f"no files match {source}")
-        return matches
+    """Absolute paths of the files SOURCE names: a path that exists is taken literally (`train[v2].jsonl`), else
+    a glob; None for a directory or something that is not local."""
     p = Path(source).expanduser()
     if p.is_file():
-        return [str(p)]
-    return None
+        return [os.path.abspath(p)]
+    if p.exists() or not globlib.has_magic(source):
+        return None
+    matches = _unique_files(_glob(os.path.expanduser(source)))
+    if not matches:
+        raise InputError(f"no files match {source}")
+    return matches
+
+
+def _unique_files(found: list[str]) -> list[str]:
+    """Files among `found`, sorted, each real file once (the first of its names through symlinks)."""
+    seen: dict[str, str] = {}
+    for path in sorted(os.path.abspath(f) for f in found if os.path.isfile(f)):
+        first = seen.setdefault(os.path.realpath(path), path)
+        if first != path:
+            warnings.warn(f"{path} is the same file as {first}: read once", PlanccWarning, stacklevel=3)
+    return list(seen.values())
+
+
+def _glob(pattern: str) -> list[str]:
+    """Paths matching `pattern` (`*`, `?`, `[...]`; `**` any number of directories; hidden names only when the
+    pattern spells the dot). `**` walks the tree itself: a directory reached twice (a symlink loop, or a second
+    link to a searched directory) is skipped with a warning instead of searched again, forever."""
+    if "**" not in pattern:
+        return globlib.glob(pattern)
+    parts = pattern.split("/")
+    fixed = next(i for i, part in enumerate(parts) if globlib.has_magic(part))
+    root = "/".join(parts[:fixed]) or ("/" if pattern.startswith("/") else ".")
+    pats = parts[fixed:]
+    found, visited = [], set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        st = os.stat(dirpath)
+        visited.add((st.st_dev, st.st_ino))
+        keep = []
+        for d in sorted(dirnames):
+            full = os.path.join(dirpath, d)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in visited:
+                warnings.warn(f"{full} leads back to a directory already searched (symlink loop): skipped",
+                              PlanccWarning, stacklevel=4)
+            else:
+                visited.add((st.st_dev, st.st_ino))
+                keep.append(d)
+        dirnames[:] = keep
+        rel = [] if dirpath == root else os.path.relpath(dirpath, root).split(os.sep)
+        found += [os.path.join(dirpath, f) for f in filenames if _match([*rel, f], pats)]
+    return found
+
+
+def _match(names: list[str], pats: list[str]) -> bool:
+    if not pats:
+        return not names
+    if pats[0] == "**":
+        return any(_match(names[i:], pats[1:]) for i in range(len(names) + 1)
+                   if not any(n.startswith(".") for n in names[:i]))
+    return (bool(names) and fnmatch.fnmatchcase(names[0], pats[0])
+            and (not names[0].startswith(".") or pats[0].startswith(".")) and _match(names[1:], pats[1:]))
 
 
 def _pick_split(where: str, splits: list[str], split: str | None) -> tuple[str, list[str]]:
@@ -325,7 +405,7 @@ def locate(source: str) -> Located:
     paths = _expand(source)
     if paths is not None:
         return Located(source, "files", tuple(paths), _file_digest(paths))
-    d = Path(source).expanduser()
+    d = Path(source).expanduser().absolute()  # recorded absolute: a plan is used from other folders
     if d.is_dir():
         if any((d / n).exists() for n in ("state.json", "dataset_dict.json", "dataset_info.json")):
             files = sorted(str(p) for p in d.rglob("*") if p.is_file() and p.suffix != ".lock")

@@ -1,0 +1,308 @@
+"""Replace a whole output directory so that its path always holds the complete old or the complete new one.
+
+The protocol, for a target `D/NAME` (all names hidden, beside the target, never inside it):
+
+1. Lock: `D/.NAME.lock`, held with `flock` (the kernel drops it when its process dies, so a dead writer's lock
+   never blocks) and unlinked by its holder when done (no litter). A second live writer is refused.
+2. Recover (also run by every reader of a plan or scan directory, see `recover`): leftovers of dead writers
+   beside the target are reclaimed, see the crash states below.
+3. Write the new directory as `D/.NAME.plancc-tmp-PID-HEX`, fsync every file and the directory.
+4. Commit: `renameat2(tmp, D/NAME, RENAME_EXCHANGE)` swaps the two paths in one step (the old directory now sits
+   under the temporary name), or `rename(tmp, D/NAME)` when there is no old one. Where the filesystem has no
+   exchange, two renames: `D/NAME -> D/.NAME.plancc-old-PID-HEX`, then `tmp -> D/NAME`. Then fsync `D`.
+   SIGINT and SIGTERM are held back (in the main thread) for the few system calls of the commit, so an interrupt
+   lands before it (old directory unchanged) or after it (new directory in place), and the message says which.
+5. Remove the old directory; unlink the lock.
+
+Crash states (SIGKILL or power loss at each step) and what the next command does with them:
+
+| killed after           | at D/NAME                | left beside it             | recovery                               |
+|------------------------|--------------------------|----------------------------|----------------------------------------|
+| 3 (written or synced)  | complete old (or none)   | tmp holding a partial new  | tmp removed                            |
+| 4, exchange            | complete new             | tmp holding the old        | tmp removed                            |
+| 4, first of two renames| nothing                  | old + complete new tmp     | old renamed back (rolled back), tmp removed |
+| 4, second rename       | complete new             | old                        | old removed                            |
+| 5                      | complete new             | (part of) the old          | removed                                |
+
+Only leftovers whose lock can be taken are touched, so a live writer's temporaries are never reclaimed.
+`PLANCC_FAULT=POINT:kill|int` (tests only) sends the process SIGKILL or SIGINT at a named point of this sequence:
+`written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`. `PLANCC_REPLACE=rename`
+forces the two-rename fallback (to test it on a filesystem that has the exchange).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import re
+import shutil
+import signal
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from plancc.errors import PlanccError
+
+_FAULT = os.environ.get("PLANCC_FAULT", "")
+_EXCHANGE = os.environ.get("PLANCC_REPLACE", "exchange") != "rename"
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.plancc-(?:tmp|old)-\d+-[0-9a-f]+$")
+_LOCK = re.compile(r"^\.(?P<name>.+)\.lock$")
+_LOCK_MARK = b"plancc pid "
+
+
+class OutputBusy(PlanccError):
+    """Another live plancc process is writing the same output directory."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT/SIGTERM during a replace; `message` says truthfully what is at the path now."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.message = message
+        self.signum = signum
+
+
+def _fault(point: str) -> None:
+    """Deterministic crash injection for the tests (see the module docstring); a no-op unless PLANCC_FAULT names
+    this point."""
+    if not _FAULT or _FAULT.split(":")[0] != point:
+        return
+    how = _FAULT.split(":")[1] if ":" in _FAULT else "kill"
+    os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGINT)
+
+
+# ---------------------------------------------------------------- locks
+
+
+@contextlib.contextmanager
+def _lock(parent: Path, name: str, *, wait: bool = False) -> Iterator[bool]:
+    """Hold `parent/.name.lock`; yields False (holding nothing) when a live process has it and `wait` is off.
+
+    The holder unlinks the file before releasing it; a process that locked a file already unlinked (it opened it
+    just before) sees the path point elsewhere and tries again, so two processes never both hold the lock.
+    """
+    path = parent / f".{name}.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            yield False
+            return
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, _LOCK_MARK + str(os.getpid()).encode() + b"\n")
+        yield True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _lock_owner(parent: Path, name: str) -> str:
+    with contextlib.suppress(OSError):
+        raw = (parent / f".{name}.lock").read_bytes()
+        if raw.startswith(_LOCK_MARK):
+            return f" (pid {raw[len(_LOCK_MARK):].strip().decode(errors='replace')})"
+    return ""
+
+
+# ---------------------------------------------------------------- recovery
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _recover_name(parent: Path, name: str, leftovers: list[Path]) -> None:
+    """With NAME's lock held: roll back an unfinished two-rename swap, then remove every leftover of NAME."""
+    target = parent / name
+    olds = sorted(p for p in leftovers if ".plancc-old-" in p.name)
+    if olds and not os.path.lexists(target):
+        os.rename(olds[0], target)  # killed between the two renames: the old directory is whole, put it back
+        _fsync_dir(parent)
+        leftovers = [p for p in leftovers if p != olds[0]]
+    for p in leftovers:
+        _remove(p)
+
+
+def recover(target: str | Path) -> None:
+    """Reclaim what dead writers left beside `target` (in its parent directory), restoring a target that an
+    interrupted two-rename swap left missing. Best effort: a read-only parent is left as it is."""
+    parent = Path(os.path.realpath(target)).parent
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    names: dict[str, list[Path]] = {}
+    for entry in entries:
+        m = _LEFTOVER.match(entry)
+        if m:
+            names.setdefault(m["name"], []).append(parent / entry)
+        else:
+            m = _LOCK.match(entry)
+            if m and _is_our_lock(parent / entry):
+                names.setdefault(m["name"], [])
+    for name, leftovers in names.items():
+        with contextlib.suppress(OSError), _lock(parent, name) as held:
+            if held:
+                _recover_name(parent, name, leftovers)
+
+
+def _is_our_lock(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_LOCK_MARK)) == _LOCK_MARK
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- durability and the swap
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
+
+
+def _renameat2() -> Callable[..., int] | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        return fn
+    number = _SYS_RENAMEAT2.get(os.uname().machine)
+    if number is None:
+        return None
+    return lambda *args: libc.syscall(number, *args)
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically; False when this OS or filesystem cannot (then nothing changed)."""
+    fn = _renameat2() if _EXCHANGE else None
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[list[int]]:
+    """Hold back SIGINT/SIGTERM (main thread only; elsewhere Python delivers none); re-deliver after."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _: caught.append(signum)) for s in sigs}
+    try:
+        yield caught
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _commit(tmp: Path, target: Path, stamp: str) -> Path | None:
+    """Put `tmp` at `target`; returns where the old directory now is (None when there was none)."""
+    if not os.path.lexists(target):
+        os.rename(tmp, target)
+        _fault("swapped")
+        return None
+    if exchange(tmp, target):
+        _fault("swapped")
+        return tmp
+    old = target.parent / f".{target.name}.plancc-old-{stamp}"
+    os.rename(target, old)
+    _fault("moved_old")
+    os.rename(tmp, target)
+    _fault("swapped")
+    return old
+
+
+@contextlib.contextmanager
+def replace_directory(target: str | Path, check: Callable[[Path], None] | None = None, *,
+                      what: str = "output") -> Iterator[Path]:
+    """Yield a fresh temporary directory beside `target`; when the block ends without error it replaces
+    `target` whole (see the module docstring). `check(target)` runs under the lock, before anything is created,
+    and raises to refuse the target. On error or interrupt `target` is left as it was."""
+    target = Path(os.path.realpath(target))
+    parent, name = target.parent, target.name
+    parent.mkdir(parents=True, exist_ok=True)
+    with _lock(parent, name) as held:
+        if not held:
+            raise OutputBusy(f"another plancc process{_lock_owner(parent, name)} is writing {target} now; wait "
+                             "for it or choose another -o")
+        recover(target)  # the lock on NAME is ours: other names' leftovers are reclaimed, NAME's below
+        _recover_name(parent, name, [parent / e for e in os.listdir(parent)
+                                     if (m := _LEFTOVER.match(e)) and m["name"] == name])
+        if check is not None:
+            check(target)
+        existed = os.path.lexists(target)
+        stamp = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        tmp = parent / f".{name}.plancc-tmp-{stamp}"
+        tmp.mkdir()
+        old: Path | None = None
+        committed = False
+        try:
+            yield tmp
+            _fault("written")
+            _fsync_tree(tmp)
+            _fault("synced")
+            with _signals_held() as caught:
+                old = _commit(tmp, target, stamp)
+                committed = True
+                _fsync_dir(parent)
+            for signum in caught[:1]:
+                signal.raise_signal(signum)  # the held-back interrupt, now that the new directory is in place
+            _fault("cleanup")
+        except KeyboardInterrupt as exc:
+            signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+            if committed:
+                raise Interrupted(f"interrupted after the new {what} was written: the new {what} is in place at "
+                                  f"{target}", signum) from None
+            kept = f"the old {what} is unchanged" if existed else "nothing was written"
+            raise Interrupted(f"interrupted before the {what} was replaced: {kept} at {target}", signum) from None
+        finally:
+            if not committed:
+                _remove(tmp)
+            elif old is not None:
+                _remove(old)
