@@ -25,7 +25,7 @@ Crash states (SIGKILL or power loss at each step) and what the next command does
 | 5                      | complete new             | (part of) the old          | removed                                |
 
 Only leftovers whose lock can be taken are touched, so a live writer's temporaries are never reclaimed.
-`PLANCC_FAULT=POINT:kill|int` (tests only) sends the process SIGKILL or SIGINT at a named point of this sequence:
+`PLANCC_FAULT=POINT:kill|int|term` (tests only) sends the process SIGKILL, SIGINT or SIGTERM at a named point of this sequence:
 `written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`. `PLANCC_REPLACE=rename`
 forces the two-rename fallback (to test it on a filesystem that has the exchange).
 """
@@ -73,7 +73,7 @@ def _fault(point: str) -> None:
     if not _FAULT or _FAULT.split(":")[0] != point:
         return
     how = _FAULT.split(":")[1] if ":" in _FAULT else "kill"
-    os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGINT)
+    os.kill(os.getpid(), {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}[how])
 
 
 # ---------------------------------------------------------------- locks
