@@ -26,6 +26,7 @@ from tests.plan_helpers import random_dataset, samples_table
 
 runner = CliRunner()
 ROOT = Path(__file__).parent.parent
+TOKENIZED = '{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}\n' * 4  # a source that needs no tokenizer
 FLAGS = ["--sequence-len", "256", "--micro-batch-size", "2", "--world-size", "2", "--grad-accum", "2", "-q"]
 
 
@@ -82,8 +83,8 @@ def _foreign(tmp_path: Path, case: str) -> tuple[Path, Path]:
 def test_a_foreign_folder_is_never_touched(tmp_path, monkeypatch, source, case, command, overwrite):
     out, folder = _foreign(tmp_path, case)
     monkeypatch.chdir(folder if case == "cwd" else tmp_path)
-    text = tmp_path / "text.jsonl"
-    text.write_text('{"text": "a few words"}\n' * 4)
+    text = tmp_path / "tokens.jsonl"
+    text.write_text(TOKENIZED)
     before, around = _tree(folder), sorted(os.listdir(folder.parent))
     if command == "compile":
         res = _compile(source, out, *(["--overwrite"] if overwrite else []))
@@ -115,8 +116,8 @@ def test_an_existing_plan_is_replaced_only_with_overwrite(tmp_path, source):
 
 
 def test_an_empty_folder_is_written_and_a_scan_is_replaced_only_with_overwrite(tmp_path):
-    text = tmp_path / "text.jsonl"
-    text.write_text('{"text": "a few words"}\n' * 4)
+    text = tmp_path / "tokens.jsonl"
+    text.write_text(TOKENIZED)
     (tmp_path / "scan").mkdir()
     args = ["scan", str(text), "-o", str(tmp_path / "scan"), "-q"]
     assert runner.invoke(app, args).exit_code == 0
@@ -124,12 +125,12 @@ def test_an_empty_folder_is_written_and_a_scan_is_replaced_only_with_overwrite(t
     res = runner.invoke(app, args)
     assert res.exit_code == 2 and "--overwrite" in res.output
     assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
-    assert sorted(os.listdir(tmp_path)) == ["scan", "text.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == ["scan", "tokens.jsonl"]
 
 
 def test_the_scan_cache_keeps_working_without_litter(tmp_path):
-    text = tmp_path / "text.jsonl"
-    text.write_text('{"text": "a few words"}\n' * 4)
+    text = tmp_path / "tokens.jsonl"
+    text.write_text(TOKENIZED)
     cache = tmp_path / "cache"
     for out in ("a", "b"):
         res = runner.invoke(app, ["scan", str(text), "-o", str(tmp_path / out), "-q", "--json", "--cache-dir",

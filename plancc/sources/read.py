@@ -169,13 +169,13 @@ def _read_arrow(path: str) -> pa.Table:
         return pa.ipc.open_stream(source).read_all()
 
 
-def _check_utf8(path: str) -> None:
+def check_utf8(path: str, chunk_size: int = 1 << 22) -> None:
     """Text sources must be UTF-8: the first bad byte is an error naming its line and byte offset (Arrow's
     readers would otherwise keep the bytes and fail far later, or turn a CSV column into binary)."""
     done, lines, rest = 0, 0, b""
     with open(path, "rb") as f:
         while True:
-            chunk = f.read(1 << 22)
+            chunk = f.read(chunk_size)
             block = rest + chunk
             cut = len(block) if not chunk else block.rfind(b"\n") + 1  # whole lines: never split a character
             try:
@@ -193,7 +193,7 @@ def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
     suffix = Path(path).suffix.lower()
     try:
         if suffix in (".jsonl", ".json", ".csv"):
-            _check_utf8(path)
+            check_utf8(path)
         if suffix == ".jsonl":
             return _read_jsonl(path)
         if suffix == ".json":
