@@ -15,7 +15,7 @@ $(BIN)/plancc: pyproject.toml
 	touch $@
 
 demo: $(BIN)/plancc
-	$(BIN)/plancc compile examples/data/chat.jsonl -o $(DEMO_OUT) --config examples/chat.toml
+	$(BIN)/plancc compile examples/data/chat.jsonl -o $(DEMO_OUT) --config examples/chat.toml --overwrite
 	$(BIN)/plancc inspect metrics $(DEMO_OUT)
 	$(BIN)/plancc validate $(DEMO_OUT)
 

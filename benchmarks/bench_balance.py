@@ -60,7 +60,7 @@ def compile_time(n: int, mode: str, mbs: int, runs: int, extra: tuple[str, ...] 
     out = WORK / f"plan-{n}-{mode}-{mbs}"
     cmd = [sys.executable, "-m", "plancc", "compile", str(src), "-o", str(out), "--mode", mode,
            "--micro-batch-size", str(mbs), "--sequence-len", "4096", "--world-size", "8", "--grad-accum", "4",
-           "--quiet", *extra]
+           "--quiet", "--overwrite", *extra]
     times = []
     for i in range(runs + 1):
         start = time.perf_counter()

@@ -253,7 +253,11 @@ def _commit(tmp: Path, target: Path, stamp: str) -> Path | None:
     old = target.parent / f".{target.name}.plancc-old-{stamp}"
     os.rename(target, old)
     _fault("moved_old")
-    os.rename(tmp, target)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        os.rename(old, target)  # put the old directory back before reporting the error
+        raise
     _fault("swapped")
     return old
 

@@ -9,6 +9,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import jsonschema
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -136,7 +137,10 @@ def test_a_plan_from_a_relative_source_path_trains_from_any_folder_and_after_a_m
     _tokenized(work / "data" / "train.jsonl", 6)
     monkeypatch.chdir(work)
     assert _compile("data/train.jsonl", "-o", "plans/p").exit_code == 0
-    data = json.loads((work / "plans" / "p" / "manifest.json").read_text())["data"]
+    manifest = json.loads((work / "plans" / "p" / "manifest.json").read_text())
+    jsonschema.validate(manifest, json.loads((Path(__file__).parent.parent / "schemas" / "manifest.schema.json")
+                                             .read_text()))
+    data = manifest["data"]
     assert data["source"] == [str(work / "data" / "train.jsonl")]
     assert data["source_relative"] == [os.path.join("..", "..", "data", "train.jsonl")]
     monkeypatch.chdir(tmp_path)

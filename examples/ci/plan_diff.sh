@@ -52,7 +52,7 @@ fi
 
 # The plan committed by this change should be what its data and config compile to.
 if [ -f "$PLAN_DIR/plan.parquet" ] && ! plancc diff "$PLAN_DIR" "$work/new" --fail-on any > /dev/null 2>&1; then
-  printf '\n⚠️ The plan committed at `%s` is not what this branch compiles to: run `plancc compile %s -o %s` and commit it.\n' \
+  printf '\n⚠️ The plan committed at `%s` is not what this branch compiles to: run `plancc compile %s -o %s --overwrite` and commit it.\n' \
     "$PLAN_DIR" "$SOURCE" "$PLAN_DIR" >> "$OUT"
 fi
 exit "$rc"
