@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,7 +47,8 @@ def fail_on_errors() -> Iterator[None]:
 
     SIGTERM is handled like Ctrl-C, so both end with a message saying what is on disk (`plancc.atomic`).
     """
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if term is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminated)
     warnings.showwarning = _show_warning
     try:
@@ -65,6 +67,10 @@ def fail_on_errors() -> Iterator[None]:
         typer.echo(getattr(exc, "message", "interrupted: nothing was written"), err=True)
         signum = getattr(exc, "signum", exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT)
         raise typer.Exit(128 + signum) from None
+    finally:
+        warnings.showwarning = _default_show_warning
+        if term is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, term)
 
 
 class SourceCommand(TyperCommand):
