@@ -96,7 +96,8 @@ def test_a_glob_through_symlink_loops_reads_each_real_file_once(tmp_path):
         loc = locate(str(data / "**" / "*.jsonl"))
     assert list(loc.paths) == [str(data / "a.jsonl"), str(data / "sub" / "b.jsonl")]
     said = [str(w.message) for w in caught if issubclass(w.category, PlanccWarning)]
-    assert any("symlink loop" in m and str(data / "loop") in m for m in said)
+    assert any(m.startswith(f"{data / 'loop'} is a directory already searched") for m in said)
+    assert any(m.startswith(f"{data / 'sub' / 'up'} is a directory already searched") for m in said)
     assert any("same.jsonl is the same file as" in m for m in said)
     assert read_source(loc).num_rows == 5
 

@@ -291,8 +291,8 @@ def _glob(pattern: str) -> list[str]:
             except OSError:
                 continue
             if (st.st_dev, st.st_ino) in visited:
-                warnings.warn(f"{full} leads back to a directory already searched (symlink loop): skipped",
-                              PlanccWarning, stacklevel=4)
+                warnings.warn(f"{full} is a directory already searched (a symlink loop, or a second link to "
+                              "it): skipped", PlanccWarning, stacklevel=4)
             else:
                 visited.add((st.st_dev, st.st_ino))
                 keep.append(d)
