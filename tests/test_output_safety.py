@@ -251,3 +251,15 @@ def test_exchange_swaps_two_directories_atomically(tmp_path):
     if not atomic.exchange(tmp_path / "a", tmp_path / "b"):
         pytest.skip("this filesystem has no RENAME_EXCHANGE (the two-rename fallback is tested above)")
     assert os.listdir(tmp_path / "b") == ["x"] and os.listdir(tmp_path / "a") == []
+
+
+def test_two_concurrent_compiles_into_one_folder_leave_one_whole_plan(tmp_path, source):
+    plan = tmp_path / "plan"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-m", "plancc", "compile", str(source), "-o", str(plan), *FLAGS,
+                               "--seed", str(seed), "--overwrite"], env=env, stderr=subprocess.PIPE, text=True)
+             for seed in (1, 2)]
+    outcomes = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    assert all(rc == 0 or (rc == 2 and "another plancc process" in err) for rc, err in outcomes), outcomes
+    assert runner.invoke(app, ["validate", str(plan)]).exit_code == 0
+    assert sorted(os.listdir(tmp_path)) == ["plan"]
