@@ -23,11 +23,12 @@ Crash states (SIGKILL or power loss at each step) and what the next command does
 | 4, first of two renames| nothing                  | old + complete new tmp     | old renamed back (rolled back), tmp removed |
 | 4, second rename       | complete new             | old                        | old removed                            |
 | 5                      | complete new             | (part of) the old          | removed                                |
+| any step               | as above                 | its `.NAME.lock` file      | removed (it blocks nothing meanwhile)  |
 
 Only leftovers whose lock can be taken are touched, so a live writer's temporaries are never reclaimed.
-`PLANCC_FAULT=POINT:kill|int|term` (tests only) sends the process SIGKILL, SIGINT or SIGTERM at a named point of this sequence:
-`written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`. `PLANCC_REPLACE=rename`
-forces the two-rename fallback (to test it on a filesystem that has the exchange).
+`PLANCC_FAULT=POINT:kill|int|term` (tests only) sends the process SIGKILL, SIGINT or SIGTERM at a named point
+of this sequence: `written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`.
+`PLANCC_REPLACE=rename` forces the two-rename fallback (to test it on a filesystem that has the exchange).
 """
 
 from __future__ import annotations
