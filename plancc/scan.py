@@ -148,7 +148,8 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
             progress("reading", 1, 1)
         # same content may now live elsewhere: point at the files of this call, not of the cached one
         paths = list(src.paths) if src is not None else _current_paths(loc, cached.source_paths)
-        report = {**cached.report, "source": str(source), "source_paths": paths}
+        report = {**cached.report, "source": str(source), "source_paths": paths,
+                  "tokenizer": tok.name if tok else None}  # this call's tokenizer path, as for the source
         check_drops(report, options.max_dropped)
         return dataclasses.replace(cached, source_paths=paths, report=report)
     if src is None:

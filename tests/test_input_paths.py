@@ -151,13 +151,16 @@ def test_a_plan_from_a_relative_source_path_trains_from_any_folder_and_after_a_m
 
 
 def test_validate_dataset_runs_from_another_folder_with_a_relative_tokenizer(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    (work / "tok").mkdir(parents=True)
-    shutil.copyfile(DEEPSEEK_JSON, work / "tok" / "tokenizer.json")
-    (work / "train.jsonl").write_text("".join(json.dumps({"text": f"sample number {i}"}) + "\n" for i in range(8)))
-    monkeypatch.chdir(work)
-    res = _compile("train.jsonl", "-o", "plan", "--tokenizer", "tok/tokenizer.json")
-    assert res.exit_code == 0, res.output
+    cache = tmp_path / "cache"
+    for name in ("first", "work"):  # the second compile reuses the first one's cached scan ...
+        work = tmp_path / name
+        (work / "tok").mkdir(parents=True)
+        shutil.copyfile(DEEPSEEK_JSON, work / "tok" / "tokenizer.json")
+        (work / "train.jsonl").write_text("".join(json.dumps({"text": f"sample {i}"}) + "\n" for i in range(8)))
+        monkeypatch.chdir(work)
+        res = _compile("train.jsonl", "-o", "plan", "--tokenizer", "tok/tokenizer.json", "--cache-dir", cache)
+        assert res.exit_code == 0, res.output
+    shutil.rmtree(tmp_path / "first")  # ... but must record its own tokenizer path, not the first one's
     monkeypatch.chdir(tmp_path)
     res = runner.invoke(app, ["validate", str(work / "plan"), "--dataset", str(work / "train.jsonl")])
     assert res.exit_code == 0, res.output

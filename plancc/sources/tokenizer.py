@@ -93,15 +93,20 @@ def _fingerprint(tokenizer_bytes: bytes, eos: str | None, bos: str | None) -> st
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=4)
 def load_tokenizer(spec: str) -> Tok:
     """`spec` is `builtin`, a tokenizer.json file, or a directory with tokenizer.json (+ tokenizer_config.json)."""
+    return _load_tokenizer(spec, spec if spec == BUILTIN else str(Path(spec).expanduser().absolute()))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(spec: str, absolute: str) -> Tok:
+    """Cached by absolute path too: one relative `spec` names different files from different folders."""
     if spec == BUILTIN:
         tok = _builtin()
         return Tok(tok, BUILTIN_NAME, None, None, "<|eos|>", tok.token_to_id("<|eos|>"), "<|bos|>",
                    tok.get_vocab_size(with_added_tokens=True),
                    _fingerprint(tok.to_str().encode(), "<|eos|>", "<|bos|>"), byte_ids=True)
-    path = Path(spec).expanduser()
+    path = Path(absolute)
     directory = path if path.is_dir() else path.parent
     json_path = path / "tokenizer.json" if path.is_dir() else path
     if not json_path.is_file():
