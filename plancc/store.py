@@ -290,7 +290,7 @@ def read_plan(plan_dir: str | Path, *, epoch: int | None = None, rank: int | Non
 
 
 def read_manifest(plan_dir: str | Path) -> dict[str, Any]:
-    atomic.recover(plan_dir)  # a plan an interrupted replace left behind is put back before it is read
+    atomic.recover(plan_dir)  # as in `PlanDir`
     path = Path(plan_dir) / MANIFEST_FILE
     try:
         return orjson.loads(path.read_bytes())
@@ -524,6 +524,7 @@ class PlanDir:
         p = Path(path)
         if p.is_file() and p.name == PLAN_FILE:
             p = p.parent
+        atomic.recover(p)  # a plan an interrupted replace left behind is put back (or finished) before it is read
         if not p.is_dir():
             raise StoreError(f"{path} is not a plan directory" + ("" if p.exists() else " (it does not exist)"))
         if not (p / PLAN_FILE).exists():
