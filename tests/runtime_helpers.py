@@ -79,12 +79,12 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     return out
 
 
-def tiny_model(seed: int = 0, vocab: int = VOCAB):
-    """A 1-layer Llama from a config (no downloads), fp32, dropout off."""
+def tiny_model(seed: int = 0, vocab: int = VOCAB, *, layers: int = 1, hidden: int = 16):
+    """A tiny Llama from a config (no downloads; default 1 layer of width 16), fp32, dropout off."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                       attention_dropout=0.0, tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"

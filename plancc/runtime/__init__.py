@@ -20,7 +20,7 @@ from plancc.runtime.checkpoint import (
     restore_checkpoint_state,
     save_checkpoint,
 )
-from plancc.runtime.collator import PlanCollator, model_inputs
+from plancc.runtime.collator import PlanCollator, block_causal_mask, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataLoader, PlanDataset
 from plancc.runtime.loss import token_loss, token_loss_sum
@@ -38,6 +38,7 @@ __all__ = [
     "Resumed",
     "RuntimePlan",
     "TokenStore",
+    "block_causal_mask",
     "checkpoint_state",
     "load_checkpoint",
     "load_tokens",

@@ -44,7 +44,7 @@ from plancc.runtime.checkpoint import (
     together,
     write_json_atomic,
 )
-from plancc.runtime.collator import MODEL_KEYS, PlanCollator
+from plancc.runtime.collator import PlanCollator, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataLoader, PlanDataset
 from plancc.runtime.loss import token_loss
@@ -133,8 +133,10 @@ class PlanTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if num_items_in_batch is None:
             num_items_in_batch = inputs["num_items_in_batch"]
-        kwargs = {k: inputs[k] for k in MODEL_KEYS if k in inputs}
-        outputs = model(**kwargs, use_cache=False)
+        inner = getattr(model, "module", model)
+        attn = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+        outputs = model(**model_inputs(inputs, attn, explicit_mask=self.explicit_mask,
+                                       dtype=getattr(inner, "dtype", torch.float32)))
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         loss = token_loss(logits, inputs["shift_labels"], num_items_in_batch, world_size=self.args.world_size)
         return (loss, outputs) if return_outputs else loss
