@@ -79,6 +79,28 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     return out
 
 
+def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), n: int = 24, data_seed: int = 3,
+                      **settings) -> Path:
+    """A packed plan whose epochs have different numbers of microbatches: epoch `e` is packed into rows of
+    `capacities[e]` tokens (the plan records the largest, so no row exceeds the stored capacity). Plans compiled
+    today keep one count for every epoch, but the runtime must not assume it."""
+    from dataclasses import replace
+
+    from plancc.compile import plan_epoch
+
+    tok = make_tokenized(n, seed=data_seed, min_len=3, max_len=min(capacities))
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "tokenized.parquet"
+    pq.write_table(tok, path)
+    table = samples_table(tok)
+    s = api.sample_arrays(table)
+    ps = PlanSettings(mode="packed", sequence_len=max(capacities), epochs=len(capacities), **settings)
+    epochs = [plan_epoch(s, replace(ps, sequence_len=c), e) for e, c in enumerate(capacities)]
+    out = tmp / "plan"
+    api.write_plan_dir(out, table, s, ps, epochs, {}, path)
+    return out
+
+
 def tiny_model(seed: int = 0, vocab: int = VOCAB, *, layers: int = 1, hidden: int = 16):
     """A tiny Llama from a config (no downloads; default 1 layer of width 16), fp32, dropout off."""
     from transformers import LlamaConfig, LlamaForCausalLM
