@@ -181,3 +181,27 @@ def update_gradients(model, batches, *, world_size: int = 1, naive: bool = False
             model.zero_grad(set_to_none=True)
             loss_sum, per_update = 0.0, 0
     return out
+
+
+def plain_loop_grads(plan, model, lr: float, steps: int | None = None, **sampler_kw):
+    """Per-update gradients of the plain loop over the plan's epochs (the first `steps` updates), stepping SGD
+    between updates like a Trainer does; returns them and the trained model."""
+    from plancc.runtime import PlanCollator, PlanSampler, load_tokens
+
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    collator, tokens = PlanCollator.from_plan(plan), load_tokens(plan)
+    sampler = PlanSampler(plan, **sampler_kw)
+    out = []
+    for epoch in range(sampler.plan.epochs):
+        sampler.set_epoch(epoch)
+        batches = [collator(mb, tokens) for mb in sampler]
+        for u in range(sampler.updates_per_epoch()):
+            if steps is not None and len(out) == steps:
+                return out, model
+            (_, g), = update_gradients(model, [b for b in batches if b["plan"]["update"] == u])
+            for n, p in model.named_parameters():
+                p.grad = g[n].clone()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            out.append(g)
+    return out, model

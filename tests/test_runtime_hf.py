@@ -10,15 +10,15 @@ import pytest
 import torch
 from transformers import TrainerCallback, TrainingArguments
 
-from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, load_tokens
+from plancc.runtime import PlanMismatchError, PlanSampler
 from plancc.runtime.hf import STATE_FILE, PlanTrainer
 from tests.runtime_helpers import (
     build_plan,
     build_uneven_plan,
     grads_of,
+    plain_loop_grads,
     rel_err,
     tiny_model,
-    update_gradients,
 )
 
 LR = 0.5
@@ -48,35 +48,12 @@ def plan(tmp_path_factory):
                       micro_batch_size=2, sequence_len=16, grad_accum=2, epochs=2)
 
 
-def plain_loop_grads(plan, steps=None, **sampler_kw):
-    """Per-update gradients of the plain loop over the plan's epochs (the first `steps` updates), stepping SGD
-    between updates like the Trainer."""
-    model = tiny_model(seed=3)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    collator, tokens = PlanCollator.from_plan(plan), load_tokens(plan)
-    sampler = PlanSampler(plan, **sampler_kw)
-    out = []
-    for epoch in range(sampler.plan.epochs):
-        sampler.set_epoch(epoch)
-        batches = [collator(mb, tokens) for mb in sampler]
-        for u in range(sampler.updates_per_epoch()):
-            if steps is not None and len(out) == steps:
-                return out, model
-            (_, g), = update_gradients(model, [b for b in batches if b["plan"]["update"] == u])
-            for n, p in model.named_parameters():
-                p.grad = g[n].clone()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            out.append(g)
-    return out, model
-
-
 def test_trainer_two_steps_equal_plain_loop(plan, tmp_path):
     rec = GradRecorder()
     model = tiny_model(seed=3)
     trainer = PlanTrainer(model=model, args=args_for(tmp_path, max_steps=2), plan=plan, callbacks=[rec])
     trainer.train()
-    ref, ref_model = plain_loop_grads(plan, 2)
+    ref, ref_model = plain_loop_grads(plan, tiny_model(seed=3), LR, 2)
     assert len(rec.grads) == 2
     for got, want in zip(rec.grads, ref, strict=True):
         assert max(rel_err(got[k], want[k]) for k in want) < 1e-5
@@ -235,7 +212,7 @@ def test_trainer_trains_unequal_epochs_like_the_plain_loop(uneven):
     plan, grads, model, _ = uneven
     lengths = PlanSampler(plan).epoch_lengths()
     assert len(set(lengths)) == 3
-    ref, ref_model = plain_loop_grads(plan)
+    ref, ref_model = plain_loop_grads(plan, tiny_model(seed=3), LR)
     assert len(grads) == len(ref) == sum(-(-n // 2) for n in lengths)
     for got, want in zip(grads, ref, strict=True):
         assert max(rel_err(got[k], want[k]) for k in want) < 1e-5
