@@ -64,7 +64,7 @@ def main() -> None:
         save_steps=args.save_steps,
         save_total_limit=args.save_total_limit,
         report_to=[],
-        ddp_backend=None if torch.cuda.is_available() else "gloo",
+        ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None,
     )
     trainer = PlanTrainer(model=model, args=training_args, plan=plan, tokens=tokens)
     trainer.train(resume_from_checkpoint=True if args.resume else None)

@@ -204,7 +204,9 @@ def uneven(request, tmp_path_factory):
     plan = build_uneven_plan(root / "p", grad_accum=2, drop_last=request.param)
     rec = GradRecorder()
     model = tiny_model(seed=3)
-    PlanTrainer(model=model, args=args_for(root / "full", num_train_epochs=3), plan=plan, callbacks=[rec]).train()
+    trainer = PlanTrainer(model=model, args=args_for(root / "full", num_train_epochs=3), plan=plan, callbacks=[rec])
+    trainer.train()
+    assert trainer.state.epoch == 3.0  # the plan's epochs, though the Trainer ran them as one stream
     return plan, rec.grads, model, root
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from plancc.runtime.checkpoint import (
@@ -96,6 +96,17 @@ def _checkpoint_step(ckpt: Path) -> int | None:
     return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else None
 
 
+class _PlanEpoch(TrainerCallback):
+    """The Trainer runs the plan's epochs as its one epoch (see `_EpochStream`): report the plan's epochs instead."""
+
+    def __init__(self, trainer: PlanTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        state.epoch = self.trainer.plan_epoch_progress(state.global_step)
+        return control
+
+
 class PlanTrainer(Trainer):
     """A `Trainer` that replays a plancc plan (see module docstring). Extra keyword arguments: `plan` (a plan
     directory or `RuntimePlan`), `tokens` (a `TokenStore`; default: the plan's data, verified), `verify`,
@@ -129,6 +140,7 @@ class PlanTrainer(Trainer):
         if hasattr(self, "loss_is_scaled_for_ga"):
             self.loss_is_scaled_for_ga = True
         self.plan_sampler = self._make_sampler()
+        self.add_callback(_PlanEpoch(self))
 
     # ------------------------------------------------------------ data
     def _make_sampler(self) -> PlanSampler:
@@ -171,12 +183,11 @@ class PlanTrainer(Trainer):
         values[6] = args.max_steps if args.max_steps > 0 else updates
         return tuple(values)
 
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        if "epoch" in logs:  # the plan's epochs, not the Trainer's single one
-            bounds, step = self._update_bounds(), self.state.global_step
-            epoch = max(e for e in range(self.plan.epochs) if bounds[e] <= step)
-            logs["epoch"] = round(epoch + (step - bounds[epoch]) / max(bounds[epoch + 1] - bounds[epoch], 1), 4)
-        super().log(logs, *args, **kwargs)
+    def plan_epoch_progress(self, global_step: int) -> float:
+        """Epochs of the plan done after `global_step` optimizer steps (what the Trainer logs as `epoch`)."""
+        bounds = self._update_bounds()
+        epoch = max(e for e in range(self.plan.epochs) if bounds[e] <= global_step)
+        return epoch + (global_step - bounds[epoch]) / max(bounds[epoch + 1] - bounds[epoch], 1)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """One plan update's batches and its global target count from the plan."""
