@@ -1,12 +1,13 @@
 """Replay a compiled plan in training: sampler, collator, token-mean loss, checkpoints, Hugging Face glue.
 
-Imports only torch, pyarrow and numpy (and plancc.store); transformers is imported lazily by `plancc.runtime.hf`.
+Imports only torch, pyarrow and numpy (and plancc.store); transformers is imported only by `plancc.runtime.hf`,
+TRL only by `plancc.runtime.trl`.
 
     plan = RuntimePlan(plan_dir)
     sampler = PlanSampler(plan, rank=rank, world_size=world)       # + grad_accum=... for an elastic replay
     loader = PlanDataLoader(PlanDataset(load_tokens(plan), PlanCollator.from_plan(plan)), sampler)
-    for batch in loader:
-        logits = model(**model_inputs(batch)).logits
+    for batch in loader:                      # DDP: under ddp.no_sync() unless batch["plan"]["last_in_update"]
+        logits = model(**model_inputs(batch, model.config._attn_implementation)).logits
         token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world).backward()
         if batch["plan"]["last_in_update"]:
             optimizer.step(); optimizer.zero_grad()
