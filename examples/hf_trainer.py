@@ -4,6 +4,7 @@
     plancc compile examples/data/chat.jsonl -o out/chat-plan --config examples/chat.toml
     torchrun --nproc_per_node 2 examples/hf_trainer.py --plan out/chat-plan --output-dir out/hf --max-steps 4
     torchrun --nproc_per_node 2 examples/hf_trainer.py --plan out/chat-plan --output-dir out/hf --resume
+    accelerate launch --multi_gpu --num_processes 2 examples/hf_trainer.py --plan out/chat-plan --max-steps 4
 
 `PlanTrainer` is a `Trainer` whose train dataloader replays the plan for this rank, whose accumulation windows
 are the plan's updates, and whose loss is divided by the plan's global target count of each update. Set

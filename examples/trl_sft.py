@@ -2,10 +2,11 @@
 
     pip install -e ".[hf]"
     plancc compile examples/data/chat.jsonl -o out/chat-plan --config examples/chat.toml
-    accelerate launch --cpu --num_processes 2 examples/trl_sft.py --plan out/chat-plan --max-steps 4
+    accelerate launch --multi_gpu --num_processes 2 examples/trl_sft.py --plan out/chat-plan --max-steps 4
     python examples/trl_sft.py --plan out/chat-plan --max-steps 4           # one process: G = W x G of the plan
-    accelerate launch --cpu --num_processes 2 examples/trl_sft.py --plan out/chat-plan --resume
+    accelerate launch --multi_gpu --num_processes 2 examples/trl_sft.py --plan out/chat-plan --resume
 
+(`--multi_gpu` selects accelerate's torchrun launcher; without GPUs the processes train on the CPU with gloo.)
 `PlanSFTTrainer` is an `SFTTrainer` whose batches, counts and loss come from the plan (see
 `plancc.runtime.trl`). `gradient_accumulation_steps` is set so that processes x steps equals the plan's
 microbatches per update. The tokenizer is the one the plan was compiled with: `--tokenizer DIR` for a Hugging Face

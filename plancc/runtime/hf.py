@@ -30,6 +30,7 @@ Label smoothing and `compute_loss_func` are not supported (they would change the
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import warnings
@@ -165,12 +166,20 @@ class PlanTrainer(Trainer):
             bounds.append(bounds[-1] + self.plan_sampler.updates_per_epoch(e))
         return bounds
 
+    def _epoch_at(self, global_step: int) -> tuple[int, int, int]:
+        """(epoch, optimizer steps done in it, its optimizer steps) after `global_step` steps of the stream; past
+        the end, the last epoch with more steps done than it has."""
+        bounds = self._update_bounds()
+        epoch = min(bisect.bisect_right(bounds, global_step), self.plan.epochs) - 1
+        return epoch, global_step - bounds[epoch], bounds[epoch + 1] - bounds[epoch]
+
     def get_train_dataloader(self) -> PlanDataLoader:
         self.plan_sampler = self._make_sampler()
         stream = _EpochStream(self.plan_sampler, self._train_epochs())
-        if self.args.max_steps > self._update_bounds()[-1]:
-            raise PlanMismatchError(f"max_steps {self.args.max_steps} exceeds the plan's {self._update_bounds()[-1]} "
-                                    "optimizer steps; compile the plan with more --epochs")
+        total = self._update_bounds()[-1]
+        if self.args.max_steps > total:
+            raise PlanMismatchError(f"max_steps {self.args.max_steps} exceeds the plan's {total} optimizer steps; "
+                                    "compile the plan with more --epochs")
         return PlanDataLoader(PlanDataset(self.plan_tokens, self.plan_collator), stream,
                               num_workers=self.args.dataloader_num_workers,
                               pin_memory=self.args.dataloader_pin_memory)
@@ -185,9 +194,8 @@ class PlanTrainer(Trainer):
 
     def plan_epoch_progress(self, global_step: int) -> float:
         """Epochs of the plan done after `global_step` optimizer steps (what the Trainer logs as `epoch`)."""
-        bounds = self._update_bounds()
-        epoch = max(e for e in range(self.plan.epochs) if bounds[e] <= global_step)
-        return epoch + (global_step - bounds[epoch]) / max(bounds[epoch + 1] - bounds[epoch], 1)
+        epoch, done, steps = self._epoch_at(global_step)
+        return epoch + done / max(steps, 1)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """One plan update's batches and its global target count from the plan."""
@@ -223,13 +231,8 @@ class PlanTrainer(Trainer):
     # ------------------------------------------------------------ checkpoints
     def plan_state(self, global_step: int) -> dict[str, Any]:
         """The sampler state right after optimizer step `global_step` (from the Trainer's own count)."""
-        bounds = self._update_bounds()
-        if global_step >= bounds[-1]:
-            epoch = self.plan.epochs - 1
-            position = self.plan_sampler.epoch_lengths()[epoch]
-        else:
-            epoch = max(e for e in range(self.plan.epochs) if bounds[e] <= global_step)
-            position = (global_step - bounds[epoch]) * self.plan_grad_accum
+        epoch, done, _ = self._epoch_at(global_step)
+        position = min(done * self.plan_grad_accum, self.plan_sampler.epoch_lengths()[epoch])
         invalid = None
         own = self.plan_sampler
         if own.epoch == epoch and own._consumed is not None and own._consumed != position:
