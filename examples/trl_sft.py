@@ -30,11 +30,11 @@ from plancc.runtime.trl import PlanSFTTrainer
 def tokenizer_for(path: str | None):
     if path is not None:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    from plancc.sources.tokenizer import load_tokenizer  # the built-in tokenizer the plan was compiled with
+    from plancc.sources.tokenizer import BUILTIN, load_tokenizer  # what `tokenizer = "builtin"` compiled with
 
-    tok = load_tokenizer(None)
+    tok = load_tokenizer(BUILTIN)
     return PreTrainedTokenizerFast(tokenizer_object=tok.tokenizer, eos_token=tok.eos_token, pad_token="<|pad|>",
-                                   bos_token=tok.bos_token, chat_template=tok.chat_template)
+                                   bos_token=tok.bos_token)
 
 
 def main() -> None:
