@@ -81,6 +81,9 @@ def main() -> None:
     )
     trainer = PlanSFTTrainer(model=model, args=config, plan=plan, tokens=tokens, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=True if args.resume else None)
+    if torch.distributed.is_initialized():  # leave together: a rank tearing gloo down mid-collective aborts
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
