@@ -75,7 +75,7 @@ def test_plan_shape(setup, reference):
     lengths = PlanSampler(plan).epoch_lengths()
     assert len(consumed) == sum(lengths) and len(set(lengths)) == EPOCHS  # epochs of different lengths
     tails = [n % 3 for n in lengths]
-    assert any(tails) != RuntimePlan(plan).settings["drop_last"]  # tail updates exactly without --drop-last
+    assert any(tails) != RuntimePlan(plan).settings.drop_last  # tail updates exactly without --drop-last
 
 
 @pytest.mark.parametrize("k", [3, 4, "epoch_boundary", "across_epoch", "mid_update_epoch_1", "last"])
