@@ -4,6 +4,7 @@
     plancc compile examples/data/chat.jsonl -o out/chat-plan --config examples/chat.toml
     torchrun --nproc_per_node 2 examples/hf_trainer.py --plan out/chat-plan --output-dir out/hf --max-steps 4
     torchrun --nproc_per_node 2 examples/hf_trainer.py --plan out/chat-plan --output-dir out/hf --resume
+    accelerate launch --multi_gpu --num_processes 2 examples/hf_trainer.py --plan out/chat-plan --max-steps 4
 
 `PlanTrainer` is a `Trainer` whose train dataloader replays the plan for this rank, whose accumulation windows
 are the plan's updates, and whose loss is divided by the plan's global target count of each update. Set
@@ -64,10 +65,13 @@ def main() -> None:
         save_steps=args.save_steps,
         save_total_limit=args.save_total_limit,
         report_to=[],
-        ddp_backend=None if torch.cuda.is_available() else "gloo",
+        ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None,
     )
     trainer = PlanTrainer(model=model, args=training_args, plan=plan, tokens=tokens)
     trainer.train(resume_from_checkpoint=True if args.resume else None)
+    if torch.distributed.is_initialized():  # leave together: a rank tearing gloo down mid-collective aborts
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -79,12 +79,34 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     return out
 
 
-def tiny_model(seed: int = 0, vocab: int = VOCAB):
-    """A 1-layer Llama from a config (no downloads), fp32, dropout off."""
+def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), n: int = 24, data_seed: int = 3,
+                      **settings) -> Path:
+    """A packed plan whose epochs have different numbers of microbatches: epoch `e` is packed into rows of
+    `capacities[e]` tokens (the plan records the largest, so no row exceeds the stored capacity). Plans compiled
+    today keep one count for every epoch, but the runtime must not assume it."""
+    from dataclasses import replace
+
+    from plancc.compile import plan_epoch
+
+    tok = make_tokenized(n, seed=data_seed, min_len=3, max_len=min(capacities))
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "tokenized.parquet"
+    pq.write_table(tok, path)
+    table = samples_table(tok)
+    s = api.sample_arrays(table)
+    ps = PlanSettings(mode="packed", sequence_len=max(capacities), epochs=len(capacities), **settings)
+    epochs = [plan_epoch(s, replace(ps, sequence_len=c), e) for e, c in enumerate(capacities)]
+    out = tmp / "plan"
+    api.write_plan_dir(out, table, s, ps, epochs, {}, path)
+    return out
+
+
+def tiny_model(seed: int = 0, vocab: int = VOCAB, *, layers: int = 1, hidden: int = 16):
+    """A tiny Llama from a config (no downloads; default 1 layer of width 16), fp32, dropout off."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                       attention_dropout=0.0, tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"
@@ -159,3 +181,27 @@ def update_gradients(model, batches, *, world_size: int = 1, naive: bool = False
             model.zero_grad(set_to_none=True)
             loss_sum, per_update = 0.0, 0
     return out
+
+
+def plain_loop_grads(plan, model, lr: float, steps: int | None = None, **sampler_kw):
+    """Per-update gradients of the plain loop over the plan's epochs (the first `steps` updates), stepping SGD
+    between updates like a Trainer does; returns them and the trained model."""
+    from plancc.runtime import PlanCollator, PlanSampler, load_tokens
+
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    collator, tokens = PlanCollator.from_plan(plan), load_tokens(plan)
+    sampler = PlanSampler(plan, **sampler_kw)
+    out = []
+    for epoch in range(sampler.plan.epochs):
+        sampler.set_epoch(epoch)
+        batches = [collator(mb, tokens) for mb in sampler]
+        for u in range(sampler.updates_per_epoch()):
+            if steps is not None and len(out) == steps:
+                return out, model
+            (_, g), = update_gradients(model, [b for b in batches if b["plan"]["update"] == u])
+            for n, p in model.named_parameters():
+                p.grad = g[n].clone()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            out.append(g)
+    return out, model

@@ -36,6 +36,7 @@ def expected_row(samples, tokens: TokenStore, shift: str):
 
 def check_microbatch(batch, mb, tokens, shift, mode):
     rows = [list(mb)[int(mb.rows[k]):int(mb.rows[k + 1])] for k in range(len(mb.rows) - 1)]
+    check_segments(batch)
     if mb.placeholder:
         assert batch["shift_labels"].eq(-100).all() and batch["label_count"] == 0
         return
@@ -50,10 +51,21 @@ def check_microbatch(batch, mb, tokens, shift, mode):
         assert batch["labels"][r, 1:].tolist() == batch["shift_labels"][r, :-1].tolist()
         if mode == "padded":
             assert batch["attention_mask"][r].sum() == n
-    if mode != "padded":
-        cu = batch["cu_seqlens"]
-        assert int(cu[-1]) == batch["input_ids"].numel() and torch.all(cu[1:] > cu[:-1])
     assert int((batch["shift_labels"] != -100).sum()) == mb.label_count == batch["label_count"]
+
+
+def check_segments(batch):
+    """One rule in every layout: `position_ids` restart at 0 exactly at the bounds of `cu_seqlens` (pad tails are
+    segments of their own), so the varlen kwargs say what the position ids say."""
+    pos = batch["position_ids"].reshape(-1)
+    starts = torch.nonzero(pos == 0).reshape(-1)
+    bounds = torch.cat([starts, torch.tensor([pos.numel()])]).to(torch.int32)
+    cu = batch["cu_seqlens"]
+    assert cu.dtype == torch.int32 and torch.equal(cu, bounds)
+    assert batch["max_seqlen"] == int((bounds[1:] - bounds[:-1]).max())
+    kw = model_inputs(batch, "flash_attention_2")
+    assert torch.equal(kw["cu_seq_lens_q"], bounds) and torch.equal(kw["cu_seq_lens_k"], bounds)
+    assert kw["max_length_q"] == kw["max_length_k"] == batch["max_seqlen"] and "attention_mask" not in kw
 
 
 @settings(max_examples=30)

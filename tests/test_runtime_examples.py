@@ -1,5 +1,6 @@
 """examples/train_ddp.py under torchrun (2 ranks, gloo): a rank killed while saving a checkpoint, resumed on 2
-ranks (final weights and Adam state bitwise equal to the uninterrupted run's) and elastically on 1 rank."""
+ranks (final weights and Adam state bitwise equal to the uninterrupted run's) and elastically on 1 rank;
+examples/hf_trainer.py under `accelerate launch` (2 CPU processes) trains the weights one process does."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from plancc.runtime.checkpoint import FAULT_ENV, LATEST, load_tensors, step_dir
-from tests.runtime_helpers import build_plan
+from tests.runtime_helpers import build_plan, rel_err
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,3 +67,19 @@ def test_train_ddp_kill_during_save_then_resume_exact_and_elastic(tmp_path):
     out = run([*common, "--checkpoint", str(elastic), "--resume", "--grad-accum", "4"], 1)
     assert "resumed at epoch 0, update 2" in out, out
     assert losses(out) == {3: full[3]}
+
+
+def test_hf_trainer_example_accelerate_two_cpu_processes(tmp_path):
+    plan = build_plan(tmp_path / "p", n=24, data_seed=1, max_len=20, mode="packed", micro_batch_size=2,
+                      sequence_len=24, world_size=2, grad_accum=2)
+    example = [str(ROOT / "examples" / "hf_trainer.py"), "--plan", str(plan), "--max-steps", "2", "--save-steps", "2"]
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    for cmd, out in ((accelerate, "two"), ([sys.executable], "one")):
+        proc = subprocess.run([*cmd, *example, "--output-dir", str(tmp_path / out)], capture_output=True, text=True,
+                              timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "two" / "checkpoint-2" / "rng_state_1.pth").exists()  # two processes ran
+    two = load_file(tmp_path / "two" / "checkpoint-2" / "model.safetensors")
+    one = load_file(tmp_path / "one" / "checkpoint-2" / "model.safetensors")
+    assert max(rel_err(two[k], one[k]) for k in one) < 1e-5

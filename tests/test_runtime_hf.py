@@ -10,9 +10,16 @@ import pytest
 import torch
 from transformers import TrainerCallback, TrainingArguments
 
-from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, load_tokens
+from plancc.runtime import PlanMismatchError, PlanSampler
 from plancc.runtime.hf import STATE_FILE, PlanTrainer
-from tests.runtime_helpers import build_plan, grads_of, rel_err, tiny_model, update_gradients
+from tests.runtime_helpers import (
+    build_plan,
+    build_uneven_plan,
+    grads_of,
+    plain_loop_grads,
+    rel_err,
+    tiny_model,
+)
 
 LR = 0.5
 
@@ -41,29 +48,12 @@ def plan(tmp_path_factory):
                       micro_batch_size=2, sequence_len=16, grad_accum=2, epochs=2)
 
 
-def plain_loop_grads(plan, steps):
-    """Per-update gradients of the plain loop, stepping SGD between updates like the Trainer."""
-    model = tiny_model(seed=3)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    collator, tokens = PlanCollator.from_plan(plan), load_tokens(plan)
-    batches = [collator(mb, tokens) for mb in PlanSampler(plan)]
-    out = []
-    for u in range(steps):
-        (_, g), = update_gradients(model, [b for b in batches if b["plan"]["update"] == u])
-        for n, p in model.named_parameters():
-            p.grad = g[n].clone()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(g)
-    return out, model
-
-
 def test_trainer_two_steps_equal_plain_loop(plan, tmp_path):
     rec = GradRecorder()
     model = tiny_model(seed=3)
     trainer = PlanTrainer(model=model, args=args_for(tmp_path, max_steps=2), plan=plan, callbacks=[rec])
     trainer.train()
-    ref, ref_model = plain_loop_grads(plan, 2)
+    ref, ref_model = plain_loop_grads(plan, tiny_model(seed=3), LR, 2)
     assert len(rec.grads) == 2
     for got, want in zip(rec.grads, ref, strict=True):
         assert max(rel_err(got[k], want[k]) for k in want) < 1e-5
@@ -202,3 +192,56 @@ def test_two_rank_trainer_killed_mid_save_resumes_exactly_and_refuses_disagreein
         assert r["warnings"] and "resuming from checkpoint-2: skipped checkpoint-4" in r["warnings"][0]
         assert r["equal"]
         assert "the ranks' sampler states disagree (rank 0: step 4, rank 1: step 2)" in r["refused"]
+
+
+# ---------------------------------------------------------------- epochs of different lengths, --drop-last on/off
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["keep_last", "drop_last"])
+def uneven(request, tmp_path_factory):
+    """Three epochs of 5, 10 and 6 microbatches (4, 8, 6 with --drop-last), W=1 x G=2: tails and unequal epochs."""
+    root = tmp_path_factory.mktemp("uneven")
+    plan = build_uneven_plan(root / "p", grad_accum=2, drop_last=request.param)
+    rec = GradRecorder()
+    model = tiny_model(seed=3)
+    trainer = PlanTrainer(model=model, args=args_for(root / "full", num_train_epochs=3), plan=plan, callbacks=[rec])
+    trainer.train()
+    assert trainer.state.epoch == 3.0  # the plan's epochs, though the Trainer ran them as one stream
+    return plan, rec.grads, model, root
+
+
+def test_trainer_trains_unequal_epochs_like_the_plain_loop(uneven):
+    plan, grads, model, _ = uneven
+    lengths = PlanSampler(plan).epoch_lengths()
+    assert len(set(lengths)) == 3
+    ref, ref_model = plain_loop_grads(plan, tiny_model(seed=3), LR)
+    assert len(grads) == len(ref) == sum(-(-n // 2) for n in lengths)
+    for got, want in zip(grads, ref, strict=True):
+        assert max(rel_err(got[k], want[k]) for k in want) < 1e-5
+    for (name, a), b in zip(model.named_parameters(), ref_model.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.parametrize("where", ["epoch_boundary", "across_epoch_boundary"])
+def test_trainer_resume_at_and_across_epoch_boundary_is_bit_identical(uneven, where):
+    plan, _, full, root = uneven
+    first_epoch = PlanSampler(plan).updates_per_epoch(0)
+    step = first_epoch + (where == "across_epoch_boundary")
+    out = root / where
+    PlanTrainer(model=tiny_model(seed=3), plan=plan, args=args_for(
+        out, max_steps=step, save_strategy="steps", save_steps=step)).train()
+    ckpt = out / f"checkpoint-{step}"
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    assert (state["epoch"], state["update"], state["valid"]) == (1, step - first_epoch, True)
+    resumed = tiny_model(seed=99)  # weights come from the checkpoint
+    PlanTrainer(model=resumed, args=args_for(out, num_train_epochs=3), plan=plan).train(
+        resume_from_checkpoint=str(ckpt))
+    for (name, a), b in zip(full.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_trainer_refuses_more_epochs_than_the_plan(uneven, tmp_path):
+    plan = uneven[0]
+    for kw in (dict(num_train_epochs=4), dict(num_train_epochs=1.5), dict(max_steps=10_000)):
+        with pytest.raises(PlanMismatchError, match="epochs"):
+            PlanTrainer(model=tiny_model(), args=args_for(tmp_path, **kw), plan=plan).train()

@@ -1,5 +1,6 @@
-"""Exact resume: stop after k microbatches (at and between update boundaries), restore, finish: the consumed
-sequence and the final weights equal the uninterrupted run's bit for bit."""
+"""Exact resume over several epochs of different lengths, with and without --drop-last: stop after k microbatches
+(at and between update boundaries, at and across epoch boundaries), restore, finish: the consumed sequence and the
+final weights equal the uninterrupted run's bit for bit."""
 
 from __future__ import annotations
 
@@ -12,21 +13,21 @@ import torch
 from plancc.runtime import (
     PlanCollator,
     PlanSampler,
+    RuntimePlan,
     checkpoint_state,
     load_tokens,
     model_inputs,
     restore_checkpoint_state,
     token_loss,
 )
-from tests.runtime_helpers import build_plan, tiny_model
+from tests.runtime_helpers import build_uneven_plan, tiny_model
 
-EPOCHS = 2
+EPOCHS = 3
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    plan = build_plan(tmp_path_factory.mktemp("resume"), n=20, data_seed=2, max_len=16, mode="packed",
-                      micro_batch_size=2, sequence_len=16, grad_accum=4, epochs=EPOCHS)
+@pytest.fixture(scope="module", params=[False, True], ids=["keep_last", "drop_last"])
+def setup(request, tmp_path_factory):
+    plan = build_uneven_plan(tmp_path_factory.mktemp("resume"), grad_accum=3, drop_last=request.param)
     return plan, load_tokens(plan), PlanCollator.from_plan(plan)
 
 
@@ -71,15 +72,18 @@ def reference(setup):
 def test_plan_shape(setup, reference):
     consumed, _ = reference
     plan = setup[0]
-    per_epoch = len(consumed) // EPOCHS
-    assert per_epoch == PlanSampler(plan).epoch_length and per_epoch % 4 != 0  # a tail update exists
+    lengths = PlanSampler(plan).epoch_lengths()
+    assert len(consumed) == sum(lengths) and len(set(lengths)) == EPOCHS  # epochs of different lengths
+    tails = [n % 3 for n in lengths]
+    assert any(tails) != RuntimePlan(plan).settings.drop_last  # tail updates exactly without --drop-last
 
 
-@pytest.mark.parametrize("k", [1, 3, 4, 5, "end_of_epoch", "last"])
+@pytest.mark.parametrize("k", [3, 4, "epoch_boundary", "across_epoch", "mid_update_epoch_1", "last"])
 def test_resume_is_exact(setup, reference, k):
     consumed, model = reference
-    per_epoch = len(consumed) // EPOCHS
-    k = {"end_of_epoch": per_epoch, "last": len(consumed) - 1}.get(k, k)
+    lengths = PlanSampler(setup[0]).epoch_lengths()
+    k = {"epoch_boundary": lengths[0], "across_epoch": lengths[0] + 1, "mid_update_epoch_1": lengths[0] + 4,
+         "last": len(consumed) - 1}.get(k, k)
     ckpt = train(setup, stop_after=k)
     resumed, resumed_model = train(setup, checkpoint=ckpt)
     assert resumed == consumed

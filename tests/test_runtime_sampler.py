@@ -46,6 +46,7 @@ def test_import_loads_no_cli_or_datasets():
     compile_side = ("typer", "plancc.cli", "plancc.scan", "plancc.compile", "plancc.sources", "plancc.pack")
     assert _loaded_after("plancc.runtime", (*compile_side, "datasets", "transformers", "numba")) == []
     assert _loaded_after("plancc.runtime.hf", compile_side) == []
+    assert _loaded_after("plancc.runtime.trl", compile_side) == []
 
 
 def test_plan_order_coverage_and_lockstep(plan):
@@ -71,6 +72,23 @@ def test_plan_order_coverage_and_lockstep(plan):
     ph = seqs[1][-1]
     assert ph.label_count == 0 and ph.num_items == seqs[0][-1].num_items and ph.last_in_update
     assert pickle.loads(pickle.dumps(ph)).num_items == ph.num_items
+
+
+def test_full_updates_pad_the_tail_with_placeholders(plan):
+    """`full_updates=True` (what PlanTrainer uses): the tail update has G micro-steps too, the extra ones empty."""
+    plain = list(PlanSampler(plan, rank=0, world_size=1, grad_accum=4))
+    full = PlanSampler(plan, rank=0, world_size=1, grad_accum=4, full_updates=True)
+    seq = list(full)
+    assert len(plain) == 19 and len(seq) == full.epoch_length == 20  # 4 updates of 4 + a tail of 3 (+1 placeholder)
+    assert [(list(a), a.index, a.update) for a in seq[:19]] == [(list(b), b.index, b.update) for b in plain]
+    assert [mb.last_in_update for mb in seq[16:]] == [False, False, False, True]
+    assert seq[-1].placeholder and seq[-1].update == 4 and seq[-1].num_items == plain[-1].num_items
+    # a state of the other shape resumes at an update boundary only
+    other = PlanSampler(plan, rank=0, world_size=1, grad_accum=4)
+    other.load_state_dict(full.state_at(0, 16))
+    assert [mb.index for mb in other] == [mb.index for mb in plain[16:]]
+    with pytest.raises(PlanMismatchError, match="mid-update"):
+        other.load_state_dict(full.state_at(0, 17))
 
 
 def test_drop_last_has_no_tail(tmp_path):

@@ -1,12 +1,13 @@
 """Replay a compiled plan in training: sampler, collator, token-mean loss, checkpoints, Hugging Face glue.
 
-Imports only torch, pyarrow and numpy (and plancc.store); transformers is imported lazily by `plancc.runtime.hf`.
+Imports only torch, pyarrow and numpy (and plancc.store); transformers is imported only by `plancc.runtime.hf`,
+TRL only by `plancc.runtime.trl`.
 
     plan = RuntimePlan(plan_dir)
     sampler = PlanSampler(plan, rank=rank, world_size=world)       # + grad_accum=... for an elastic replay
     loader = PlanDataLoader(PlanDataset(load_tokens(plan), PlanCollator.from_plan(plan)), sampler)
-    for batch in loader:
-        logits = model(**model_inputs(batch)).logits
+    for batch in loader:                      # DDP: under ddp.no_sync() unless batch["plan"]["last_in_update"]
+        logits = model(**model_inputs(batch, model.config._attn_implementation)).logits
         token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world).backward()
         if batch["plan"]["last_in_update"]:
             optimizer.step(); optimizer.zero_grad()
@@ -20,7 +21,7 @@ from plancc.runtime.checkpoint import (
     restore_checkpoint_state,
     save_checkpoint,
 )
-from plancc.runtime.collator import PlanCollator, model_inputs
+from plancc.runtime.collator import PlanCollator, block_causal_mask, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataLoader, PlanDataset
 from plancc.runtime.loss import token_loss, token_loss_sum
@@ -38,6 +39,7 @@ __all__ = [
     "Resumed",
     "RuntimePlan",
     "TokenStore",
+    "block_causal_mask",
     "checkpoint_state",
     "load_checkpoint",
     "load_tokens",

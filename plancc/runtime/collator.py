@@ -13,9 +13,11 @@ copies each sample's stored `shift_labels`. `shift_labels` is the tensor the los
 `shift_labels` moved right by one so that a Hugging Face model that shifts internally sees the same targets
 (it is exact for shifts sample/row; with shift "none" pass `shift_labels` to the model's loss as well).
 
-Padded mode has one row per sample and an `attention_mask` (position ids count 0..T-1 along each row, pads
-included); packed and flattened rows have none, so that
-Hugging Face models detect the packed samples from `position_ids` and keep them from attending to each other.
+One rule for padding in every layout: a row's pad tail is a segment of its own whose position ids restart at 0,
+so `position_ids` restart exactly at the bounds of `cu_seqlens`. Padded mode (one sample per row) also has an
+`attention_mask`; packed and flattened rows have none, so that Hugging Face models detect the packed samples from
+`position_ids` and keep them from attending to each other. `model_inputs` turns a batch into the forward's
+keyword arguments for the model's attention implementation (see there).
 Every row is right-padded to the batch's longest row rounded up to `pad_multiple` (pad id `pad_token_id`, label
 -100). The collated target count is checked against the plan's `label_count`: a mismatch means the data changed.
 A placeholder microbatch (see `sampler`) becomes one pad token with no target.
@@ -33,7 +35,6 @@ from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import Microbatch
 
 IGNORE = -100
-MODEL_KEYS = ("input_ids", "position_ids", "attention_mask")
 
 
 class PlanCollator:
@@ -97,20 +98,19 @@ class PlanCollator:
         if self.mode == "padded":
             col = self._arange(width)
             out["attention_mask"] = (col[None, :] < np.maximum(row_len, 1)[:, None]).astype(np.int64)
+        if segments is not None:
+            seg = np.array(segments, dtype=np.int64)
+        elif n_rows == 1:
+            seg = np.append(ids_len, width - row_len[0])
         else:
-            if segments is not None:
-                seg = np.array(segments, dtype=np.int64)
-            elif n_rows == 1:
-                seg = np.append(ids_len, width - row_len[0])
-            else:
-                row_of_sample = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
-                key = np.concatenate([row_of_sample * 2, np.arange(n_rows, dtype=np.int64) * 2 + 1])
-                seg = np.concatenate([ids_len, width - row_len])[np.argsort(key, kind="stable")]
-            seg = seg[seg > 0]
-            cu = np.zeros(seg.shape[0] + 1, dtype=np.int32)
-            np.cumsum(seg, out=cu[1:])
-            out["cu_seqlens"] = cu
-            out["max_seqlen"] = int(seg.max()) if seg.size else 0
+            row_of_sample = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(rows))
+            key = np.concatenate([row_of_sample * 2, np.arange(n_rows, dtype=np.int64) * 2 + 1])
+            seg = np.concatenate([ids_len, width - row_len])[np.argsort(key, kind="stable")]
+        seg = seg[seg > 0]
+        cu = np.zeros(seg.shape[0] + 1, dtype=np.int32)
+        np.cumsum(seg, out=cu[1:])
+        out["cu_seqlens"] = cu
+        out["max_seqlen"] = int(seg.max())
         return out
 
     def _arange(self, n: int) -> np.ndarray:
@@ -127,17 +127,13 @@ class PlanCollator:
         bounds = rows.tolist()
         width = position_ids.shape[1]
         segments: list[int] = []
-        padded = self.mode == "padded"
-        if padded:  # one sample per row, attention_mask hides the pads: positions simply count 0..T-1
-            position_ids[:] = ar[:width]
         for r in range(len(bounds) - 1):
             w = 0
             last = bounds[r + 1] - 1
             for k in range(bounds[r], bounds[r + 1]):
                 a, n = starts[k], lens[k]
                 input_ids[r, w:w + n] = x[a:a + n]
-                if not padded:
-                    position_ids[r, w:w + n] = ar[:n]
+                position_ids[r, w:w + n] = ar[:n]
                 if shift == "none":
                     shift_labels[r, w:w + n] = y[a:a + n]
                 else:
@@ -145,10 +141,9 @@ class PlanCollator:
                     if shift == "row" and k < last:
                         shift_labels[r, w + n - 1] = y[starts[k + 1]]
                 w += n
-            if not padded:
-                segments += lens[bounds[r]:bounds[r + 1]]
-                segments.append(width - w)
-                position_ids[r, w:] = ar[:width - w]  # the pad tail is its own segment
+            segments += lens[bounds[r]:bounds[r + 1]]
+            segments.append(width - w)
+            position_ids[r, w:] = ar[:width - w]  # the pad tail is its own segment
         return segments
 
     def _fill_vectorized(self, ids, rows, starts, ids_len, row_len, csum, tokens, input_ids, shift_labels,
@@ -188,13 +183,47 @@ class PlanCollator:
         return batch
 
 
-def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments for a Hugging Face causal LM's forward: input_ids, position_ids, attention_mask (padded
-    mode) and `use_cache=False`: transformers detects packed samples from `position_ids` only without a KV cache,
-    so a training forward that builds one would let packed samples attend to each other."""
-    out = {k: batch[k] for k in MODEL_KEYS if k in batch}
-    out["use_cache"] = False
+def model_inputs(batch: dict[str, Any], attn_implementation: str | None = None, *, explicit_mask: bool = False,
+                 dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Keyword arguments for a Hugging Face causal LM's forward, for its attention implementation
+    (`model.config._attn_implementation`), always with `use_cache=False` (transformers detects packed samples from
+    `position_ids` only without a KV cache):
+
+    - flash attention (`flash_attention_2`, `flash_attention_3`, any name containing "flash"): `input_ids`,
+      `position_ids` and the varlen kwargs `cu_seq_lens_q/k` (int32) and `max_length_q/k` (int), taken from the
+      collator's `cu_seqlens`/`max_seqlen`: computed on the CPU from the plan, so the forward needs no host sync
+      and nothing graph-breaks under `torch.compile`. No `attention_mask`: in padded mode the pad tails are
+      segments of their own, which is what the mask would have said;
+    - otherwise (`sdpa`, `eager`, `flex_attention`, or None): `input_ids`, `position_ids` and, in padded mode,
+      the 2D `attention_mask`; with `explicit_mask=True` a 4D block-diagonal causal mask instead
+      (`block_causal_mask`, additive, of `dtype`: the model's dtype), for models or versions that do not infer
+      packed samples from `position_ids`.
+    """
+    out: dict[str, Any] = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"],
+                           "use_cache": False}
+    if attn_implementation is not None and "flash" in attn_implementation:
+        if explicit_mask:
+            raise ValueError(f"{attn_implementation} takes the varlen kwargs, not a mask: drop explicit_mask=True")
+        cu = batch["cu_seqlens"].to(batch["input_ids"].device, non_blocking=True)
+        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=batch["max_seqlen"],
+                   max_length_k=batch["max_seqlen"])
+    elif explicit_mask:
+        out["attention_mask"] = block_causal_mask(batch["position_ids"], dtype=dtype)
+    elif "attention_mask" in batch:
+        out["attention_mask"] = batch["attention_mask"]
     return out
 
 
-__all__ = ["IGNORE", "PlanCollator", "model_inputs"]
+def block_causal_mask(position_ids: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The (rows, 1, T, T) mask letting each token attend to the earlier tokens of its own segment: 0 where allowed,
+    the dtype's minimum elsewhere. Additive because eager and flex attention add the mask to the scores (a bool
+    mask is right for sdpa only). Segments start where a position id is 0 (the collator's rule, pads included)."""
+    seg = (position_ids == 0).cumsum(-1)
+    width = position_ids.shape[-1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=position_ids.device).tril()
+    allowed = (seg[:, :, None] == seg[:, None, :]) & causal
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=position_ids.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+__all__ = ["IGNORE", "PlanCollator", "block_causal_mask", "model_inputs"]

@@ -8,8 +8,13 @@ What it changes in `Trainer` (transformers is imported only here, and only when 
 - the train dataloader is a `PlanDataLoader` over the plan for this process's rank (`args.process_index`,
   `args.world_size`); `args.world_size * gradient_accumulation_steps` must equal the plan's microbatches per
   update (elastic replay allowed); `per_device_train_batch_size` is ignored: the plan decides the batches;
+- the run's epochs (`num_train_epochs`, or all of the plan's with `max_steps`) are one stream to the Trainer, in
+  which every update is exactly `gradient_accumulation_steps` batches (tail updates are padded with
+  zero-gradient placeholders): epochs may differ in length, and ranks stay in lockstep, as in the plain loop;
 - each accumulation window is checked to be exactly one plan update, and `num_items_in_batch` is the plan's
   global count for it (no gather, no recount);
+- the forward gets `model_inputs(batch, model.config._attn_implementation, explicit_mask=...)`: varlen kwargs
+  for flash attention, or with `explicit_mask=True` a 4D block-diagonal causal mask;
 - the loss is `plancc.runtime.token_loss` (fp32 CE, sum, / num_items, x world size), whatever the model's own
   loss function does with `num_items_in_batch`, so a model that ignores the kwarg cannot reintroduce the bug;
 - every checkpoint gets each rank's sampler state at that optimizer step (`plancc_sampler.json` for rank 0,
@@ -25,6 +30,7 @@ Label smoothing and `compute_loss_func` are not supported (they would change the
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import warnings
@@ -32,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from plancc.runtime.checkpoint import (
@@ -44,7 +50,7 @@ from plancc.runtime.checkpoint import (
     together,
     write_json_atomic,
 )
-from plancc.runtime.collator import MODEL_KEYS, PlanCollator
+from plancc.runtime.collator import PlanCollator, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataLoader, PlanDataset
 from plancc.runtime.loss import token_loss
@@ -52,7 +58,32 @@ from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import PlanSampler
 
 STATE_FILE = "plancc_sampler.json"
-CONTROL_KEYS = ("plan", "num_items_in_batch", "label_count", "cu_seqlens", "max_seqlen")
+
+
+class _EpochStream:
+    """The epochs of one Trainer run as one stream of microbatches (a DataLoader `batch_sampler`).
+
+    The Trainer sees a single epoch holding all of them, every update `G` batches long (the sampler pads tail
+    updates with placeholders, `full_updates=True`), so epochs of different lengths, tails, resume across an epoch
+    boundary and the optimizer-step count (for LR schedules) need no special case in the Trainer's loop.
+    """
+
+    def __init__(self, sampler: PlanSampler, epochs: int):
+        self.sampler, self.epochs = sampler, epochs
+
+    def __len__(self) -> int:
+        return sum(self.sampler.epoch_lengths()[:self.epochs])
+
+    def __iter__(self):
+        for epoch in range(self.epochs):
+            self.sampler.set_epoch(epoch)
+            yield from self.sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        """The Trainer's epoch 0 is the whole stream: nothing to do."""
+
+    def mark_consumed(self, batch: Any) -> None:
+        self.sampler.mark_consumed(batch)
 
 
 def state_file(rank: int) -> str:
@@ -66,15 +97,27 @@ def _checkpoint_step(ckpt: Path) -> int | None:
     return int(name[len(prefix):]) if name.startswith(prefix) and name[len(prefix):].isdigit() else None
 
 
+class _PlanEpoch(TrainerCallback):
+    """The Trainer runs the plan's epochs as its one epoch (see `_EpochStream`): report the plan's epochs instead."""
+
+    def __init__(self, trainer: PlanTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        state.epoch = self.trainer.plan_epoch_progress(state.global_step)
+        return control
+
+
 class PlanTrainer(Trainer):
     """A `Trainer` that replays a plancc plan (see module docstring). Extra keyword arguments: `plan` (a plan
     directory or `RuntimePlan`), `tokens` (a `TokenStore`; default: the plan's data, verified), `verify`,
-    `allow_dataset_change`, `pad_token_id`."""
+    `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`)."""
 
     def __init__(self, *args: Any, plan: str | Path | RuntimePlan, tokens: TokenStore | None = None,
-                 verify: str = "hash", allow_dataset_change: bool = False, pad_token_id: int = 0, **kwargs: Any):
+                 verify: str = "hash", allow_dataset_change: bool = False, pad_token_id: int = 0,
+                 explicit_mask: bool = False, **kwargs: Any):
         self.plan = open_plan(plan)
-        self.allow_dataset_change = allow_dataset_change
+        self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask
         self.plan_tokens = tokens if tokens is not None else load_tokens(
             self.plan, verify=verify, allow_dataset_change=allow_dataset_change)
         self.plan_collator = PlanCollator.from_plan(self.plan, pad_token_id=pad_token_id)
@@ -98,17 +141,61 @@ class PlanTrainer(Trainer):
         if hasattr(self, "loss_is_scaled_for_ga"):
             self.loss_is_scaled_for_ga = True
         self.plan_sampler = self._make_sampler()
+        self.add_callback(_PlanEpoch(self))
 
     # ------------------------------------------------------------ data
     def _make_sampler(self) -> PlanSampler:
         return PlanSampler(self.plan, rank=self.args.process_index, world_size=self.args.world_size,
-                           grad_accum=self.plan_grad_accum)
+                           grad_accum=self.plan_grad_accum, full_updates=True)
+
+    def _train_epochs(self) -> int:
+        """Plan epochs this run covers: all of them with `max_steps`, else `num_train_epochs` (a whole number)."""
+        if self.args.max_steps > 0:
+            return self.plan.epochs
+        epochs = self.args.num_train_epochs
+        if epochs != int(epochs) or not 1 <= epochs <= self.plan.epochs:
+            raise PlanMismatchError(
+                f"num_train_epochs {epochs} must be a whole number of the plan's {self.plan.epochs} epochs; use "
+                "max_steps for a partial epoch, or compile the plan with more --epochs")
+        return int(epochs)
+
+    def _update_bounds(self) -> list[int]:
+        """Optimizer steps before each epoch of the plan (and after the last): `[0, U0, U0 + U1, ...]`."""
+        bounds = [0]
+        for e in range(self.plan.epochs):
+            bounds.append(bounds[-1] + self.plan_sampler.updates_per_epoch(e))
+        return bounds
+
+    def _epoch_at(self, global_step: int) -> tuple[int, int, int]:
+        """(epoch, optimizer steps done in it, its optimizer steps) after `global_step` steps of the stream; past
+        the end, the last epoch with more steps done than it has."""
+        bounds = self._update_bounds()
+        epoch = min(bisect.bisect_right(bounds, global_step), self.plan.epochs) - 1
+        return epoch, global_step - bounds[epoch], bounds[epoch + 1] - bounds[epoch]
 
     def get_train_dataloader(self) -> PlanDataLoader:
         self.plan_sampler = self._make_sampler()
-        return PlanDataLoader(self.train_dataset, self.plan_sampler,
+        stream = _EpochStream(self.plan_sampler, self._train_epochs())
+        total = self._update_bounds()[-1]
+        if self.args.max_steps > total:
+            raise PlanMismatchError(f"max_steps {self.args.max_steps} exceeds the plan's {total} optimizer steps; "
+                                    "compile the plan with more --epochs")
+        return PlanDataLoader(PlanDataset(self.plan_tokens, self.plan_collator), stream,
                               num_workers=self.args.dataloader_num_workers,
                               pin_memory=self.args.dataloader_pin_memory)
+
+    def set_initial_training_values(self, args, dataloader, *rest):
+        """One Trainer epoch is the whole stream (see `_EpochStream`); its optimizer steps are the plan's."""
+        values = list(super().set_initial_training_values(args, dataloader, *rest))
+        updates = len(dataloader) // args.gradient_accumulation_steps
+        values[0], values[1], values[5] = 1, updates, len(dataloader)
+        values[6] = args.max_steps if args.max_steps > 0 else updates
+        return tuple(values)
+
+    def plan_epoch_progress(self, global_step: int) -> float:
+        """Epochs of the plan done after `global_step` optimizer steps (what the Trainer logs as `epoch`)."""
+        epoch, done, steps = self._epoch_at(global_step)
+        return epoch + done / max(steps, 1)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """One plan update's batches and its global target count from the plan."""
@@ -133,33 +220,19 @@ class PlanTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if num_items_in_batch is None:
             num_items_in_batch = inputs["num_items_in_batch"]
-        kwargs = {k: inputs[k] for k in MODEL_KEYS if k in inputs}
-        outputs = model(**kwargs, use_cache=False)
+        inner = getattr(model, "module", model)
+        attn = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+        outputs = model(**model_inputs(inputs, attn, explicit_mask=self.explicit_mask,
+                                       dtype=getattr(inner, "dtype", torch.float32)))
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         loss = token_loss(logits, inputs["shift_labels"], num_items_in_batch, world_size=self.args.world_size)
         return (loss, outputs) if return_outputs else loss
 
     # ------------------------------------------------------------ checkpoints
-    def _epoch_lengths_check(self) -> None:
-        lengths = self.plan_sampler.epoch_lengths()
-        epochs = self.args.num_train_epochs if self.args.max_steps <= 0 else None
-        if epochs is not None and int(-(-epochs // 1)) > self.plan.epochs:
-            raise PlanMismatchError(f"num_train_epochs {epochs} exceeds the plan's {self.plan.epochs} epochs; "
-                                    "compile the plan with more --epochs")
-        if len(set(lengths)) > 1:
-            raise PlanMismatchError(
-                f"the plan's epochs have different numbers of microbatches per rank ({lengths}); the Trainer assumes "
-                "equal epochs. Train one epoch per train() call, or use --mode padded/flattened")
-
     def plan_state(self, global_step: int) -> dict[str, Any]:
         """The sampler state right after optimizer step `global_step` (from the Trainer's own count)."""
-        per_epoch = self.plan_sampler.updates_per_epoch(0)
-        epoch, update = divmod(global_step, per_epoch)
-        length = self.plan_sampler.epoch_lengths()[min(epoch, self.plan.epochs - 1)]
-        if epoch >= self.plan.epochs:
-            epoch, position = self.plan.epochs - 1, length
-        else:
-            position = min(update * self.plan_grad_accum, length)
+        epoch, done, _ = self._epoch_at(global_step)
+        position = min(done * self.plan_grad_accum, self.plan_sampler.epoch_lengths()[epoch])
         invalid = None
         own = self.plan_sampler
         if own.epoch == epoch and own._consumed is not None and own._consumed != position:
@@ -195,7 +268,6 @@ class PlanTrainer(Trainer):
                                best_model_checkpoint=self.state.best_model_checkpoint)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        self._epoch_lengths_check()
         if resume_from_checkpoint:
             resume_from_checkpoint = str(self.resume_checkpoint(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)

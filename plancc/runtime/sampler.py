@@ -14,6 +14,10 @@ and the DDP all-reduce stays in lockstep::
     W=2, G=2, 5 microbatches        rank 0: [0, 2] [4]       rank 1: [1, 3] [placeholder]
                                             update 0 | tail          update 0 | tail
 
+With `full_updates=True` the tail update is padded with placeholders to `G` micro-steps as well, so every update
+has exactly `G` micro-steps: what a loop that steps the optimizer every `G` batches (the Hugging Face `Trainer`)
+needs when it runs several epochs as one stream.
+
 The sampler yields `Microbatch` objects: lists of sample ids (so it works as a `torch.utils.data` batch sampler)
 carrying where they sit in the plan. `state_dict()` saves the plan's fingerprints, the replay shape and the
 position; `load_state_dict()` resumes exactly, refuses another plan, and refuses a state whose position was
@@ -82,15 +86,16 @@ class PlanSampler:
 
     Keyword arguments: `rank`/`world_size` default to torch.distributed's (else 0 and 1); `grad_accum` defaults to
     the plan's and must be given for an elastic replay (`world_size * grad_accum` equal to the plan's);
-    `epoch` is the first epoch. Usable as `DataLoader(dataset, batch_sampler=sampler)` (see `PlanDataset`).
+    `epoch` is the first epoch; `full_updates` pads the tail update to `grad_accum` micro-steps. Usable as `DataLoader(dataset, batch_sampler=sampler)` (see `PlanDataset`).
     Iterating again replays from the same start (the epoch's beginning, or a restored position), like any torch
     sampler; `set_epoch` moves to another epoch. `state_dict()` is the position of the last microbatch yielded,
     or of the last one reported by `mark_consumed` (what `PlanDataLoader` does for prefetching loaders).
     """
 
     def __init__(self, plan: str | Path | RuntimePlan, *, rank: int | None = None, world_size: int | None = None,
-                 grad_accum: int | None = None, epoch: int = 0):
+                 grad_accum: int | None = None, epoch: int = 0, full_updates: bool = False):
         self.plan = open_plan(plan)
+        self.full_updates = bool(full_updates)
         d_rank, d_world = _dist_defaults()
         self.world_size = int(d_world if world_size is None else world_size)
         self.rank = int(d_rank if rank is None else rank)
@@ -121,7 +126,8 @@ class PlanSampler:
             total = self.plan.total_batches(epoch)
             per_update = self.plan.batches_per_update
             complete = total // per_update
-            tail_steps = -(-(total - complete * per_update) // self.world_size)
+            tail = total - complete * per_update
+            tail_steps = (self.grad_accum if tail else 0) if self.full_updates else -(-tail // self.world_size)
             shape = self._shapes[epoch] = (complete, tail_steps, complete * self.grad_accum + tail_steps)
         return shape
 
@@ -230,6 +236,7 @@ class PlanSampler:
             "plan_grad_accum": self.plan.grad_accum,
             "world_size": self.world_size,
             "grad_accum": self.grad_accum,
+            "full_updates": self.full_updates,
             "rank": self.rank,
             "epoch": int(epoch),
             "position": int(position),
@@ -264,7 +271,8 @@ class PlanSampler:
             )
         epoch = int(state["epoch"])
         self.plan._check_epoch(epoch)
-        if (int(state["world_size"]), int(state["grad_accum"])) == (self.world_size, self.grad_accum):
+        shape = (int(state["world_size"]), int(state["grad_accum"]), bool(state.get("full_updates", False)))
+        if shape == (self.world_size, self.grad_accum, self.full_updates):
             position = int(state["position"])
         elif state.get("at_update_boundary"):
             self.epoch = epoch  # needed for the shape below
