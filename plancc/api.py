@@ -6,7 +6,6 @@ Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc import __version__, store
+from plancc import __version__, store, token_store
 from plancc.carry import carry
 from plancc.compile import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.config import PlanSettings, ScanOptions
@@ -36,7 +35,7 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
 
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
                  progress: Progress | None = None) -> tuple[pa.Table, dict[str, Any], Path | None]:
-    """(samples table, scan info, tokenized file or None) from a samples table, scan dir, plan dir or raw source."""
+    """(samples table, scan info, token store folder or None) from a samples table, scan dir, plan dir or raw source."""
     given = store.read_samples_source(source)
     if given is not None:  # a samples table, scan dir or plan dir: carry its scan report and tokenized rows along
         table, info = given
@@ -71,6 +70,18 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress)
 
 
+def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool) -> dict[str, Any]:
+    """The manifest's `data`: the token store inside the plan (a relative path, so the plan moves as one folder),
+    and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan moved
+    together with its data still finds it)."""
+    plan = Path(out_dir).absolute()
+    absolute = [str(Path(p).absolute()) for p in source_paths]
+    data: dict[str, Any] = {"tokens": store.TOKENS_DIR} if has_tokens else {"format": "tokenized"}
+    data["source"] = absolute
+    data["source_relative"] = [os.path.relpath(p, plan) for p in absolute]
+    return data
+
+
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
                    progress: Progress | None = None) -> dict[str, Any]:
@@ -95,8 +106,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     fingerprints["plan"] = plan_fps
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    data = ({"tokenized": store.TOKENIZED_FILE} if tokenized is not None
-            else {"source": scan_info.get("source_paths", []), "format": "tokenized"})
+    data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
     metrics = store.metrics_table(metric_rows)
     manifest = {
         "plancc": __version__,
@@ -120,11 +130,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     with store.atomic_directory(out_dir) as tmp:
         store.write_plan_files(tmp, plan, samples_table, metrics, fingerprints,
                                settings_dict, manifest)
-        if tokenized is not None:  # a hard link when the cache shares the filesystem: no second copy of the tokens
-            try:
-                os.link(tokenized, tmp / store.TOKENIZED_FILE)
-            except OSError:
-                shutil.copyfile(tokenized, tmp / store.TOKENIZED_FILE)
+        if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
+            token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
     if progress:
         progress("writing plan", 1, 1)
     return manifest

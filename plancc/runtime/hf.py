@@ -72,7 +72,7 @@ class PlanTrainer(Trainer):
     `allow_dataset_change`, `pad_token_id`."""
 
     def __init__(self, *args: Any, plan: str | Path | RuntimePlan, tokens: TokenStore | None = None,
-                 verify: str = "hash", allow_dataset_change: bool = False, pad_token_id: int = 0, **kwargs: Any):
+                 verify: str = "chunks", allow_dataset_change: bool = False, pad_token_id: int = 0, **kwargs: Any):
         self.plan = open_plan(plan)
         self.allow_dataset_change = allow_dataset_change
         self.plan_tokens = tokens if tokens is not None else load_tokens(
