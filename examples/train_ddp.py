@@ -83,8 +83,8 @@ def main() -> None:
     ap.add_argument("--num-workers", type=int, default=0)
     ap.add_argument("--model", choices=("llama", "bigram"), default="llama",
                     help="a tiny Llama from transformers (default) or a dependency-free toy model")
-    ap.add_argument("--verify", choices=("hash", "counts", "none"), default="hash",
-                    help="check the tokenized data against the plan (hash: full content)")
+    ap.add_argument("--verify", choices=("chunks", "hash", "counts", "none"), default="chunks",
+                    help="check the tokenized data against the plan (chunks: each chunk on first read; hash: all at start)")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -100,7 +100,7 @@ def main() -> None:
     loader = PlanDataLoader(PlanDataset(tokens, PlanCollator.from_plan(plan)), sampler,
                             num_workers=args.num_workers)
 
-    vocab = -(-(int(tokens.input_ids.max()) + 1) // 64) * 64
+    vocab = -(-(tokens.max_id + 1) // 64) * 64
     if args.model == "llama":
         model = tiny_llama(vocab, args.seed)
     else:

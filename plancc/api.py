@@ -6,7 +6,6 @@ Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc import __version__, store
+from plancc import __version__, store, token_store
 from plancc.carry import carry
 from plancc.compile import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.config import PlanSettings, ScanOptions
@@ -36,7 +35,7 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
 
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
                  progress: Progress | None = None) -> tuple[pa.Table, dict[str, Any], Path | None]:
-    """(samples table, scan info, tokenized file or None) from a samples table, scan dir, plan dir or raw source."""
+    """(samples table, scan info, token store folder or None) from a samples table, scan dir, plan dir or raw source."""
     given = store.read_samples_source(source)
     if given is not None:  # a samples table, scan dir or plan dir: carry its scan report and tokenized rows along
         table, info = given
@@ -74,12 +73,16 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
                           overwrite=overwrite)
 
 
-def source_locations(scan_info: dict[str, Any], plan_dir: str | Path) -> dict[str, Any]:
-    """Where a tokenized source lives, absolute and relative to the plan, so a trainer finds it from any folder
-    (and after moving plan and data together)."""
-    sources = [os.path.abspath(p) for p in scan_info.get("source_paths", [])]
-    at = os.path.realpath(plan_dir)
-    return {"source": sources, "source_relative": [os.path.relpath(p, at) for p in sources], "format": "tokenized"}
+def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool) -> dict[str, Any]:
+    """The manifest's `data`: the token store inside the plan (a relative path, so the plan moves as one folder),
+    and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan moved
+    together with its data still finds it)."""
+    plan = os.path.realpath(out_dir)
+    absolute = [os.path.abspath(p) for p in source_paths]
+    data: dict[str, Any] = {"tokens": store.TOKENS_DIR} if has_tokens else {"format": "tokenized"}
+    data["source"] = absolute
+    data["source_relative"] = [os.path.relpath(p, plan) for p in absolute]
+    return data
 
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
@@ -106,7 +109,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     fingerprints["plan"] = plan_fps
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    data = {"tokenized": store.TOKENIZED_FILE} if tokenized is not None else source_locations(scan_info, out_dir)
+    data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
     metrics = store.metrics_table(metric_rows)
     manifest = {
         "plancc": __version__,
@@ -130,11 +133,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
         store.write_plan_files(tmp, plan, samples_table, metrics, fingerprints,
                                settings_dict, manifest)
-        if tokenized is not None:  # a hard link when the cache shares the filesystem: no second copy of the tokens
-            try:
-                os.link(tokenized, tmp / store.TOKENIZED_FILE)
-            except OSError:
-                shutil.copyfile(tokenized, tmp / store.TOKENIZED_FILE)
+        if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
+            token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
     if progress:
         progress("writing plan", 1, 1)
     return manifest

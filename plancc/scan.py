@@ -3,7 +3,7 @@ options).
 
     read (sources.read) → map columns, detect format, check columns (sources.detect) → encode rows
     (sources.parallel / sources.encode, or sources.samples.from_tokenized) → long policy, counts, drops, hashes
-    (sources.samples) → drop check (--max-dropped) → cache directory {samples.parquet, tokenized.parquet,
+    (sources.samples) → drop check (--max-dropped) → cache directory {samples.parquet, tokens/,
     scan.json}, written atomically
 
 A scan whose drops exceed `--max-dropped` writes nothing, not even its cache entry; the check also runs on every
@@ -11,9 +11,11 @@ cache hit, so a threshold lowered later is never bypassed. The report (`scan.jso
 truncated sample and names the tokenizer and chat template with their fingerprints; `warnings` holds the lines a
 user must see (drops, template markers that are not single tokens, the split a dataset dict was read with).
 
-The tokenized Parquet has one row per SOURCE row in source order, so `sample_id` is the row the trainer loads;
-dropped rows stay in it (they are simply absent from the samples table). Under `--shift none` its `labels`
-column holds already-shifted labels (report `labels_shifted`).
+The token store (`plancc.token_store`: memory-mappable flat arrays + chunk hashes) has one row per SOURCE row in
+source order, so `sample_id` is the row the trainer loads; dropped rows stay in it (they are simply absent from the
+samples table). Under `--shift none` its `labels` hold already-shifted labels (report `labels_shifted`). It is
+written for every format, an already-tokenized source included (converted once: the runtime then maps it instead
+of parsing the user's files, and a plan no longer depends on where they live); a sharded source is one store.
 
 `num_proc > 1` spawns worker processes: a script calling `scan` that way needs an `if __name__ == "__main__":`
 guard (the `plancc` command has one).
@@ -22,7 +24,6 @@ guard (the `plancc` command has one).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -32,9 +33,8 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from plancc import atomic, store
+from plancc import atomic, store, token_store
 from plancc.config import ScanOptions, canonical_hash, default_cache_dir
 from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import scan_identity
@@ -45,14 +45,14 @@ from plancc.sources.read import locate, read_source
 from plancc.sources.samples import check_drops, drop_warning, finish, from_tokenized
 from plancc.sources.tokenizer import BUILTIN, BUILTIN_NAME, Tok, load_tokenizer
 
-SCAN_VERSION = 2
+SCAN_VERSION = 3  # 3: token store (tokens/) instead of tokenized.parquet, written for tokenized sources too
 Progress = Callable[[str, int, int], None] | None
 
 
 @dataclass(frozen=True)
 class Scan:
     samples: pa.Table
-    tokenized_path: Path | None
+    tokenized_path: Path | None  # the token store directory (None: a samples table without tokens)
     source_paths: list[str]
     report: dict
     key: str
@@ -85,32 +85,17 @@ def _load_cached(path: Path, key: str) -> Scan | None:
         return None  # a damaged cache entry is recomputed, not trusted
     if report.get("key") != key:
         return None
-    tokenized = path / store.TOKENIZED_FILE
-    if report.get("tokenized_written") and not tokenized.is_file():
+    tokens = path / store.TOKENS_DIR
+    if not token_store.is_store(tokens):
         return None
-    return Scan(samples, tokenized if tokenized.is_file() else None, list(report.get("source_paths", [])),
-                report, key)
+    return Scan(samples, tokens, list(report.get("source_paths", [])), report, key)
 
 
-TOKENIZED_ROW_GROUP = 8192
-
-
-def _write_tokenized(enc: Encoded, path: Path, metadata: dict[bytes, bytes]) -> None:
-    """Row-group by row-group, so memory stays bounded and no list offset exceeds int32."""
-    schema = store.TOKENIZED_SCHEMA.with_metadata(metadata)
-    n = len(enc.offsets) - 1
-    with pq.ParquetWriter(path, schema, compression="zstd", write_statistics=True, store_schema=True) as writer:
-        for start in range(0, n, TOKENIZED_ROW_GROUP):
-            table = enc.to_table(start, min(n, start + TOKENIZED_ROW_GROUP))
-            writer.write_table(pa.Table.from_arrays(table.columns, schema=schema))
-
-
-def _write_entry(directory: Path, samples: pa.Table, tokenized: Encoded | None, report: dict) -> None:
+def _write_entry(directory: Path, samples, tokenized: Encoded, report: dict) -> None:
     meta = store.file_metadata("samples", report["fingerprints"], report["options"])
     store.write_parquet(samples, directory / store.SAMPLES_FILE, meta)
-    if tokenized is not None:
-        tmeta = store.file_metadata("tokenized", report["fingerprints"], report["options"])
-        _write_tokenized(tokenized, directory / store.TOKENIZED_FILE, tmeta)
+    token_store.write_store(directory / store.TOKENS_DIR, tokenized.ids, tokenized.labels, tokenized.offsets,
+                            fingerprints=report["fingerprints"], labels_shifted=report["labels_shifted"])
     store.write_json(report, directory / store.SCAN_MANIFEST_FILE)
 
 
@@ -179,7 +164,6 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
             raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
         labels_shifted = False
     done = finish(enc, options, src.where, labels_shifted=labels_shifted)
-    write_tokens = fmt != "tokenized" or done.report["truncated"]["count"] > 0
     report = {
         **done.report,
         "format": fmt,
@@ -194,7 +178,6 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         "options": opts,
         "max_dropped": options.max_dropped,
         "labels_shifted": options.shift == "none",
-        "tokenized_written": bool(write_tokens),
         "key": key,
         "plancc_scan_version": SCAN_VERSION,
         "seconds": round(time.perf_counter() - started, 3),
@@ -204,7 +187,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     check_drops(report, options.max_dropped)  # before anything is written: an over-threshold scan leaves no trace
     if progress:
         progress("writing", 0, 1)
-    tokenized = done.tokenized if write_tokens else None
+    tokenized = done.tokenized
     try:
         try:
             with store.atomic_directory(entry, owned=True, what="scan") as tmp:
@@ -218,19 +201,19 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
                           "set PLANCC_CACHE to a writable directory") from None
     if progress:
         progress("writing", 1, 1)
-    return Scan(done.samples, entry / store.TOKENIZED_FILE if write_tokens else None, list(src.paths), report, key)
+    return Scan(done.samples, entry / store.TOKENS_DIR, list(src.paths), report, key)
 
 
 def write_scan(result: Scan, out_dir: Path, *, overwrite: bool = False) -> None:
-    """SCAN_DIR: samples.parquet, tokenized.parquet (when written) and scan.json, replaced atomically; an existing
-    scan only with `overwrite`, a folder holding anything else never (`store.check_output`)."""
+    """SCAN_DIR: samples.parquet, tokens/ and scan.json, replaced atomically; an existing scan only with
+    `overwrite`, a folder holding anything else never (`store.check_output`)."""
     report = result.report
     with store.atomic_directory(out_dir, overwrite=overwrite, what="scan") as tmp:
         meta = store.file_metadata("samples", report["fingerprints"],
                                    report.get("options", {}))
         store.write_parquet(result.samples, tmp / store.SAMPLES_FILE, meta)
         if result.tokenized_path is not None:
-            shutil.copyfile(result.tokenized_path, tmp / store.TOKENIZED_FILE)
+            token_store.link_store(result.tokenized_path, tmp / store.TOKENS_DIR)
         store.write_json(report, tmp / store.SCAN_MANIFEST_FILE)
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from plancc import atomic
+from plancc import atomic, token_store
 from plancc.config import PlanSettings, SettingsError
 from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import (
@@ -42,7 +42,8 @@ PLAN_FILE = "plan.parquet"
 SAMPLES_FILE = "samples.parquet"
 METRICS_FILE = "metrics.parquet"
 MANIFEST_FILE = "manifest.json"
-TOKENIZED_FILE = "tokenized.parquet"
+TOKENS_DIR = "tokens"  # the token store (plancc.token_store), in scan and plan directories
+TOKENIZED_FILE = "tokenized.parquet"  # what older plans shipped instead; the runtime still reads it
 SCAN_MANIFEST_FILE = "scan.json"
 
 ARROW_SCHEMA_KEY = b"ARROW:schema"  # pyarrow's serialized Arrow schema (store_schema=True)
@@ -71,13 +72,6 @@ PLAN_SCHEMA = pa.schema(
         pa.field("cost", pa.int64(), nullable=False),
         pa.field("num_items", pa.int64(), nullable=False),
         pa.field("complete_update", pa.bool_(), nullable=False),
-    ]
-)
-
-TOKENIZED_SCHEMA = pa.schema(
-    [
-        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("labels", pa.list_(pa.int32()), nullable=False),
     ]
 )
 
@@ -387,8 +381,8 @@ def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
     except StoreError:
         meta = None  # written by another engine: fine, the plan recomputes its fingerprints
     info: dict[str, Any] = {"path": str(f), "meta": meta}
-    tokenized = f.parent / TOKENIZED_FILE
-    info["tokenized_path"] = str(tokenized) if tokenized.is_file() else None
+    tokens = f.parent / TOKENS_DIR
+    info["tokenized_path"] = str(tokens) if token_store.is_store(tokens) else None
     manifest = f.parent / SCAN_MANIFEST_FILE
     if manifest.is_file():
         try:
@@ -547,7 +541,8 @@ class PlanDir:
 
     @property
     def data(self) -> dict[str, Any]:
-        """Where the trainer's tokenized rows live: {"tokenized": file in this directory} or {"source": [paths]}."""
+        """Where the trainer's tokenized rows live: {"tokens": the token store folder in this directory, "source":
+        [paths], "source_relative": [paths]}, or without "tokens" for a tokenized source read in place."""
         return self.meta["data"]
 
     def header_problems(self) -> list[str]:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc import store
+from plancc import store, token_store
 from plancc.api import sample_arrays
 from plancc.config import PlanSettings
 from plancc.metrics import SourceDrops, summarize
@@ -107,75 +107,65 @@ def _metrics_problems(plan: store.PlanDir, metrics: pa.Table, after: dict[int, d
     return problems
 
 
-def tokenized_problems(plan: store.PlanDir, samples: pa.Table, *, fast: bool) -> list[str]:
-    """The tokenized data the trainer loads: present, of the tokenized schema, holding every planned sample and,
-    unless `fast` (metadata only), equal in content to each sample's `token_hash` (so to the dataset fingerprint)."""
+def tokenized_problems(plan: store.PlanDir, samples: pa.Table, *, fast: bool,
+                       tokens_dir: Path | None = None) -> list[str]:
+    """The token data the trainer loads (the plan's `tokens/`, or `tokens_dir` when repointed): see
+    `check_token_data`. A plan compiled from a bare samples table ships none; one whose data is its source files
+    needs them present."""
     data = plan.data
-    if "tokenized" not in data:
+    if tokens_dir is None and "tokens" not in data:
+        if "tokenized" in data:
+            return [f"{plan.path}: ships {data['tokenized']} (an older plancc's tokenized data), which this plancc no "
+                    "longer checks; recompile the plan to get a token store"]
         missing = [p for p in data.get("source", []) if not Path(p).exists()]
         return [f"the plan's source data {p} does not exist" for p in missing[:1]]
-    if data["tokenized"] != store.TOKENIZED_FILE:
-        return [f"{plan.plan_file} metadata: data.tokenized is {data['tokenized']!r}, expected "
-                f"{store.TOKENIZED_FILE!r}"]
-    path = plan.path / store.TOKENIZED_FILE
-    if not path.is_file():
-        return [f"{path} is missing: the plan's tokenized data (copy it back, or recompile the plan)"]
+    if tokens_dir is None:
+        if data["tokens"] != store.TOKENS_DIR:
+            return [f"{plan.plan_file} metadata: data.tokens is {data['tokens']!r}, expected {store.TOKENS_DIR!r}"]
+        tokens_dir = plan.path / store.TOKENS_DIR
+    return check_token_data(tokens_dir, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
+
+
+def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str, Any], *, shift: str,
+                     fast: bool = False) -> list[str]:
+    """A token store against the plan. Always the open-time checks (header, every file's size and dtype, chunk
+    index hash), its dataset/metadata fingerprints, label layout and row count; unless `fast`, also every chunk
+    hash, the chunk layout, and every planned sample's length, label count and content hash (reads the store)."""
     try:
-        got = pq.read_schema(path)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        return [f"{path} is not a readable Parquet file ({exc})"]
-    target = "shift_labels" if plan.settings.shift == "none" and "shift_labels" in got.names else "labels"
-    for name in ("input_ids", target):
-        if name not in got.names or not pa.types.is_list(got.field(name).type):
-            return [f"{path}: no list column '{name}' (columns: {got.names})"]
-    meta = (got.metadata or {}).get(store.META_KEY)
-    if meta is not None:  # written by plancc's scan: its fingerprints must be the plan's
-        try:
-            tmeta = store.read_file_meta(path)
-        except store.StoreError as exc:
-            return [str(exc)]
-        for key in ("dataset", "metadata"):
-            if tmeta.get("kind") != "tokenized" or tmeta.get("fingerprints", {}).get(key) != plan.fingerprints[key]:
-                return [f"{path}: its metadata ({tmeta.get('kind')!r}, {key} fingerprint) is not this plan's: the "
-                        "file was swapped in from another plan or scan"]
-        scan_options = plan.meta["scan"].get("options")
-        if scan_options is not None and tmeta.get("settings") != scan_options:
-            found = store.first_difference(tmeta.get("settings"), scan_options)
-            return [f"{path}: metadata settings {found} differ from the plan's scan options"]
+        m = token_store.open_store(tokens_dir)
+    except token_store.TokenStoreError as exc:
+        return [str(exc)]
+    for key in ("dataset", "metadata"):
+        got = m.header["fingerprints"].get(key)
+        if got != fingerprints[key]:
+            return [f"{tokens_dir}: its {key} fingerprint {got} is not the plan's {fingerprints[key]}: the store "
+                    "was swapped in from another plan or scan (or rebuilt from changed data)"]
+    if m.header["labels_shifted"] != (shift == "none"):
+        return [f"{tokens_dir}: labels_shifted is {m.header['labels_shifted']}, but the plan's shift is {shift!r}"]
     sid = store.column(samples, "sample_id")
-    rows = pq.ParquetFile(path).metadata.num_rows
+    rows = int(m.offsets.shape[0] - 1)
     if sid.size and int(sid[-1]) >= rows:
-        return [f"{path} has {rows} rows but the plan uses sample_id {int(sid[-1])}: the file is incomplete"]
+        return [f"{tokens_dir} has {rows} rows but the plan uses sample_id {int(sid[-1])}: the store is incomplete"]
     if fast:
         return []
-    stats = store.statistics_problems(path)
-    if stats:
-        return stats
-    from plancc.fingerprint import token_hashes  # compiled hashing: only for the full check
-
-    try:
-        table = pq.read_table(path, columns=["input_ids", target])
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        return [f"{path} is corrupt: {exc}"]
-    ids, ids_off = _flat(table.column("input_ids"))
-    lab, lab_off = _flat(table.column(target))
-    hashes = token_hashes(ids, ids_off, lab, lab_off)[sid]
-    bad = np.flatnonzero(hashes != store.column(samples, "token_hash"))
-    if bad.size:
-        return [f"{path} row {int(sid[bad[0]])}: its tokens or labels do not hash to the plan's token_hash for that "
-                f"sample ({bad.size} samples differ; dataset fingerprint mismatch)"]
-    return []
+    if not np.array_equal(token_store.chunk_bounds(m.offsets, m.header["chunk_tokens"]), m.chunks):
+        return [f"{tokens_dir}: chunks.npy does not split the rows at chunk_tokens={m.header['chunk_tokens']} "
+                f"({token_store.HEADER_FILE} or the offsets changed)"]
+    problems = []
+    bad = token_store.verify_all(m)
+    if bad is not None:
+        problems.append(f"{tokens_dir} chunk {bad} (rows {int(m.chunks[bad])}..{int(m.chunks[bad + 1]) - 1}) changed "
+                        "since it was written")
+    elif m.header["max_id"] != (int(m.input_ids.max()) if m.input_ids.size else -1):
+        problems.append(f"{tokens_dir}: {token_store.HEADER_FILE} max_id {m.header['max_id']} is not the largest id")
+    problem = token_store.compare_samples(m.input_ids, m.labels, m.offsets, samples)  # names the changed sample
+    return [*problems, f"{tokens_dir} does not match the plan: {problem}"] if problem else problems
 
 
-def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    arr = col.combine_chunks()
-    offsets = np.asarray(arr.offsets, dtype=np.int64)
-    return arr.flatten().to_numpy(zero_copy_only=False), offsets - offsets[0]
-
-
-def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast: bool = False
-                  ) -> tuple[list[str], dict[str, Any]]:
-    """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given.
+def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast: bool = False,
+                  tokens_dir: str | Path | None = None) -> tuple[list[str], dict[str, Any]]:
+    """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
+    `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
 
     Raises `StoreError` only when PLAN_DIR is not a plan directory at all; a plan file that cannot be read or
     trusted is a violation like any other.
@@ -226,5 +216,6 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     if total != rows:
         problems.append(f"{store.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
     problems += _metrics_problems(plan, metrics, after)
-    problems += tokenized_problems(plan, samples, fast=fast)
+    problems += tokenized_problems(plan, samples, fast=fast,
+                                   tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
     return problems, plan.meta

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
-from plancc import api
+from plancc import api, token_store
 from plancc.compile import compile_plan
 from plancc.config import PlanSettings
 from plancc.fingerprint import token_hashes
+from plancc.store import samples_fingerprints
 
 VOCAB = 48
 
@@ -68,15 +68,24 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     if tok is None:
         tok = make_tokenized(n, seed=data_seed, min_len=min_len, max_len=max_len, shift=shift)
     tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / "tokenized.parquet"
-    pq.write_table(tok, path)
     table = samples_table(tok, shift)
+    path = write_tokens(tmp / "tokens", tok, table, shift)
     s = api.sample_arrays(table)
     ps = PlanSettings(seed=seed, **settings)
     epochs = compile_plan(s, ps)
     out = tmp / "plan"
     api.write_plan_dir(out, table, s, ps, epochs, {}, path)
     return out
+
+
+def write_tokens(path: Path, tok: pa.Table, samples: pa.Table, shift: str = "sample") -> Path:
+    """A token store of `tok` (the targets column the shift reads), as a scan writes it."""
+    ids = tok.column("input_ids").combine_chunks()
+    lab = tok.column("shift_labels" if shift == "none" else "labels").combine_chunks()
+    token_store.write_store(path, ids.flatten().to_numpy(), lab.flatten().to_numpy(),
+                            np.asarray(ids.offsets, dtype=np.int64), fingerprints=samples_fingerprints(samples),
+                            labels_shifted=shift == "none", chunk_tokens=64)
+    return path
 
 
 def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), n: int = 24, data_seed: int = 3,
@@ -90,9 +99,8 @@ def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), 
 
     tok = make_tokenized(n, seed=data_seed, min_len=3, max_len=min(capacities))
     tmp.mkdir(parents=True, exist_ok=True)
-    path = tmp / "tokenized.parquet"
-    pq.write_table(tok, path)
     table = samples_table(tok)
+    path = write_tokens(tmp / "tokens", tok, table)
     s = api.sample_arrays(table)
     ps = PlanSettings(mode="packed", sequence_len=max(capacities), epochs=len(capacities), **settings)
     epochs = [plan_epoch(s, replace(ps, sequence_len=c), e) for e, c in enumerate(capacities)]

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from plancc import store
+from plancc import store, token_store
 from plancc.cli import app
 from tests.plan_helpers import random_dataset, samples_table
 
@@ -126,7 +126,8 @@ def test_scan_then_compile_carries_the_tokenized_rows_and_validate_rescans(tmp_p
     res = _run("compile", tmp_path / "scan", "-o", plan, "--sequence-len", "256", "--json")
     assert res.exit_code == 0, res.output
     manifest = json.loads(res.output)
-    assert manifest["data"] == {"tokenized": store.TOKENIZED_FILE} and (plan / store.TOKENIZED_FILE).is_file()
+    assert manifest["data"]["tokens"] == store.TOKENS_DIR and token_store.is_store(plan / store.TOKENS_DIR)
+    assert manifest["data"]["source"] == [str(source)]
     assert manifest["scan"]["format"] == "prompt_completion"
     res = _run("validate", plan, "--dataset", source, "--cache-dir", cache)
     assert res.exit_code == 0 and "dataset content" in res.output

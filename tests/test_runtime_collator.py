@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def test_changed_labels_are_a_clear_error(tmp_path):
 
 def test_missing_data_is_a_clear_error(tmp_path):
     plan = build_plan(tmp_path, n=10, mode="padded", micro_batch_size=2, sequence_len=24)
-    (plan / store.TOKENIZED_FILE).unlink()
+    shutil.rmtree(plan / store.TOKENS_DIR)
     with pytest.raises(PlanMismatchError, match="does not exist"):
         load_tokens(plan)
 

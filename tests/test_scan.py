@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from plancc import store
+from plancc import store, token_store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.fingerprint import scan_identity
@@ -50,8 +50,8 @@ def test_num_proc_identical(tmp_path):
     one = scan(str(p), options, num_proc=1, cache_dir=tmp_path / "c1")
     two = scan(str(p), options, num_proc=2, cache_dir=tmp_path / "c2")
     assert one.samples.equals(two.samples)
-    assert pq.read_table(one.tokenized_path).equals(pq.read_table(two.tokenized_path))
-    assert one.tokenized_path.read_bytes() == two.tokenized_path.read_bytes()
+    for f in sorted(one.tokenized_path.iterdir()):  # the token store, byte for byte
+        assert f.read_bytes() == (two.tokenized_path / f.name).read_bytes()
     assert (one.tokenized_path.parent / "samples.parquet").read_bytes() == \
         (two.tokenized_path.parent / "samples.parquet").read_bytes()
 
@@ -69,11 +69,12 @@ def test_write_scan_and_read_back(tmp_path):
     result = scan(str(write_rows(tmp_path / "d.jsonl", alpaca_rows(9))), ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "c")
     out = tmp_path / "scan-out"
     write_scan(result, out)
-    assert sorted(f.name for f in out.iterdir()) == ["samples.parquet", "scan.json", "tokenized.parquet"]
+    assert sorted(f.name for f in out.iterdir()) == ["samples.parquet", "scan.json", "tokens"]
     meta = store.read_file_meta(out / "samples.parquet")
     assert meta["kind"] == "samples" and meta["fingerprints"] == result.report["fingerprints"]
-    assert store.read_file_meta(out / "tokenized.parquet")["kind"] == "tokenized"
-    assert store.read_table(out / "tokenized.parquet", store.TOKENIZED_SCHEMA).num_rows == 9
+    tokens = token_store.open_store(out / store.TOKENS_DIR)
+    assert tokens.header["rows"] == 9 and tokens.header["fingerprints"] == result.report["fingerprints"]
+    assert token_store.verify_all(tokens) is None
     for source in (out, out / "samples.parquet"):
         loaded = read_samples_source(source)
         assert loaded is not None
@@ -106,7 +107,7 @@ def test_cache_hit_points_at_current_files(tmp_path):
     (tmp_path / "b").mkdir()
     first = scan(str(write_rows(tmp_path / "a" / "t.parquet", rows)), ScanOptions(), cache_dir=tmp_path / "c")
     second = scan(str(write_rows(tmp_path / "b" / "t.parquet", rows)), ScanOptions(), cache_dir=tmp_path / "c")
-    assert second.key == first.key and second.tokenized_path is None
+    assert second.key == first.key and second.tokenized_path == first.tokenized_path
     assert second.source_paths == [str(tmp_path / "b" / "t.parquet")]
 
 

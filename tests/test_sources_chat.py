@@ -4,9 +4,9 @@ supervised tokens decode to exactly each assistant turn's content plus its end-o
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
+from plancc import token_store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.scan import scan
@@ -40,7 +40,7 @@ def test_masks_exact_real_tokenizer(tmp_path, template):
     result = scan(str(src), ScanOptions(tokenizer=str(tok_dir)), cache_dir=tmp_path / "cache")
     assert result.report["format"] == "messages"
     tok = load_tokenizer(str(tok_dir)).tokenizer
-    table = pq.read_table(result.tokenized_path).to_pylist()
+    table = token_store.to_table(result.tokenized_path).to_pylist()
     eot = TEMPLATES[template][1]
     trim = template == "llama3"
     for conv, row in zip(convs, table, strict=True):
@@ -81,7 +81,7 @@ def test_label_count_matches_tokenized(tmp_path):
     convs = chatterbot_conversations(30)
     src = write_rows(tmp_path / "chat.parquet", [{"messages": c} for c in convs])
     result = scan(str(src), BUILTIN_CHAT, cache_dir=tmp_path / "c")
-    labels = pq.read_table(result.tokenized_path).column("labels").to_pylist()
+    labels = token_store.to_table(result.tokenized_path).column("labels").to_pylist()
     counts = [int((np.array(lab) != -100).sum()) for lab in labels]
     assert result.samples.column("label_count").to_pylist() == [counts[i] for i in
                                                                  result.samples.column("sample_id").to_pylist()]
@@ -100,6 +100,6 @@ def test_template_not_prefix_stable_falls_back_to_content(tmp_path):
     result = scan(str(write_rows(tmp_path / "c.jsonl", [{"messages": c} for c in convs])),
                   ScanOptions(tokenizer=str(tok_dir)), cache_dir=tmp_path / "c")
     tok = load_tokenizer(str(tok_dir)).tokenizer
-    for conv, row in zip(convs, pq.read_table(result.tokenized_path).to_pylist(), strict=True):
+    for conv, row in zip(convs, token_store.to_table(result.tokenized_path).to_pylist(), strict=True):
         expected = [m["content"] + "<|im_end|>\n" for m in conv if m["role"] == "assistant"]
         assert [tok.decode(r, skip_special_tokens=False) for r in _runs(row["input_ids"], row["labels"])] == expected

@@ -6,11 +6,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from plancc import token_store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.scan import scan
@@ -27,7 +27,7 @@ def _scan(tmp_path, source, **kw):
 
 
 def _tokenized(result):
-    return pq.read_table(result.tokenized_path).to_pylist()
+    return token_store.to_table(result.tokenized_path).to_pylist()
 
 
 def _enc(text, special=True):
@@ -95,10 +95,11 @@ def test_text_all_supervised(tmp_path):
     assert s["label_count"] == s["length"] and s["first_label_supervised"]
 
 
-def test_tokenized_source_is_not_rewritten(tmp_path):
+def test_tokenized_source_is_converted_once_into_a_token_store(tmp_path):
     p = write_rows(tmp_path / "t.parquet", [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
     result = _scan(tmp_path, p)
-    assert result.tokenized_path is None and result.source_paths == [str(p)]
+    assert result.source_paths == [str(p)]
+    assert _tokenized(result) == [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8, 9], "labels": [8, 9]}]
     assert result.samples.column("label_count").to_pylist() == [3, 2]
 
 

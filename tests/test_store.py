@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from plancc import atomic, store
+from plancc import atomic, store, token_store
 from plancc.api import sample_arrays, write_plan_dir
 from plancc.compile import compile_plan
 from plancc.config import PlanSettings
@@ -44,11 +44,23 @@ def _actual(schema: pa.Schema) -> list[tuple[str, str, bool]]:
 
 @pytest.mark.parametrize(
     ("name", "schema"),
-    [("plan", store.PLAN_SCHEMA), ("samples", store.SAMPLES_SCHEMA), ("tokenized", store.TOKENIZED_SCHEMA),
-     ("metrics", store.metrics_schema())],
+    [("plan", store.PLAN_SCHEMA), ("samples", store.SAMPLES_SCHEMA), ("metrics", store.metrics_schema())],
 )
 def test_documented_schemas_match_the_code(name, schema):
     assert _described(name) == _actual(schema)
+
+
+def test_token_store_matches_its_documented_schema(tmp_path):
+    doc = json.loads((SCHEMAS / "tokens.schema.json").read_text())
+    assert {a["file"]: a["dtype"] for a in doc["x-arrays"]} == {f"{k}.npy": v.str for k, v in token_store.ARRAYS.items()}
+    ids, labels = random_dataset(np.random.default_rng(3), 30, 40)
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])])
+    token_store.write_store(tmp_path / "tokens", np.concatenate(ids), np.concatenate(labels), offsets,
+                            fingerprints=store.samples_fingerprints(samples_table(ids, labels)), chunk_tokens=100)
+    jsonschema.validate(json.loads((tmp_path / "tokens" / token_store.HEADER_FILE).read_text()), doc)
+    m = token_store.open_store(tmp_path / "tokens")
+    assert m.num_chunks > 1 and token_store.verify_all(m) is None
+    assert token_store.to_table(tmp_path / "tokens").column("labels").to_pylist() == [list(x) for x in labels]
 
 
 def test_written_plan_matches_documented_schemas_and_carries_fingerprints(tmp_path):

@@ -1,8 +1,8 @@
 """Integrity (SPEC 6, 9; issue 15): `plancc validate` checks every file a plan ships, and the runtime refuses a
 changed plan before its first microbatch.
 
-Each tampering is applied to a copy of one small plan compiled from a raw source (so it ships a tokenized file
-written by the scan). A seeded byte-flip sweep over every file then shows that each flip is either reported by
+Each tampering is applied to a copy of one small plan compiled from a raw source (so it ships the token store
+written by the scan, `tokens/`). A seeded byte-flip sweep over every file then shows that each flip is either reported by
 validate or provably harmless: the file decodes to exactly the same tables, metadata, epoch reads and statistics.
 """
 
@@ -21,12 +21,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from plancc import store
+from plancc import store, token_store
 from plancc.api import sample_arrays, write_plan_dir
 from plancc.cli import app
 from plancc.compile import compile_plan
 from plancc.config import PlanSettings
-from plancc.runtime import PlanMismatchError, PlanSampler, load_tokens
+from plancc.runtime import PlanCollator, PlanDataset, PlanMismatchError, PlanSampler, load_tokens
 from plancc.validate import validate_plan
 from tests.plan_helpers import random_dataset, samples_table
 
@@ -63,7 +63,7 @@ def foreign(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def plan(pristine, tmp_path) -> Path:
-    """A private copy (real files: the pristine tokenized file may be a hard link into the scan cache)."""
+    """A private copy (real files: the pristine token store may be hard links into the scan cache)."""
     return Path(shutil.copytree(pristine, tmp_path / "plan"))
 
 
@@ -74,11 +74,12 @@ def validate(plan_dir: Path, *args: str):
 
 
 def replay_first_microbatch(plan_dir: Path) -> None:
-    """What a trainer does before step 1: open the sampler, load the tokens, take the first microbatch."""
+    """What a trainer does for step 1: open the sampler, load the tokens, collate the first microbatch (which
+    verifies the token store's chunks it reads)."""
     for rank in range(WORLD):
         sampler = PlanSampler(plan_dir, rank=rank, world_size=WORLD)
-        load_tokens(plan_dir)
-        next(iter(sampler))
+        dataset = PlanDataset(load_tokens(plan_dir), PlanCollator.from_plan(sampler.plan))
+        dataset[next(iter(sampler))]
 
 
 # ---------------------------------------------------------------- tampering one thing at a time
@@ -159,26 +160,27 @@ def _plan_metadata(**new):
     return tamper
 
 
-def _tokenized(how: str):
+def _tokens(how: str):
     def tamper(plan_dir: Path, foreign: Path) -> None:
-        path = plan_dir / store.TOKENIZED_FILE
+        tokens = plan_dir / store.TOKENS_DIR
+        ids = tokens / "input_ids.npy"
         if how == "deleted":
-            path.unlink()
-        elif how == "emptied":
-            path.write_bytes(b"")
-        elif how == "truncated":
-            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-        elif how == "fewer rows":
-            table = pq.read_table(path)
-            pq.write_table(table.slice(0, 50).replace_schema_metadata(table.schema.metadata), path)
+            shutil.rmtree(tokens)
+        elif how == "ids emptied":
+            ids.write_bytes(b"")
+        elif how == "ids truncated":
+            ids.write_bytes(ids.read_bytes()[: ids.stat().st_size // 2])
+        elif how == "header deleted":
+            (tokens / token_store.HEADER_FILE).unlink()
         elif how == "swapped":
-            shutil.copyfile(foreign / store.TOKENIZED_FILE, path)
-        elif how == "one label":
-            def change(t: pa.Table) -> pa.Table:
-                labels = t.column("labels").to_pylist()
-                labels[7][-1] = -100 if labels[7][-1] != -100 else 5
-                return _set(t, "labels", pa.array(labels, t.schema.field("labels").type))
-            _rewrite(path, change)
+            shutil.rmtree(tokens)
+            shutil.copytree(foreign / store.TOKENS_DIR, tokens)
+        elif how == "one label":  # sample 7's last label, rewritten in place (sizes and header unchanged)
+            m = token_store.open_store(tokens)
+            at = int(m.offsets[8]) - 1
+            labels = np.load(tokens / "labels.npy")
+            labels[at] = -100 if labels[at] != -100 else 5
+            np.save(tokens / "labels.npy", labels)
     return tamper
 
 
@@ -203,14 +205,15 @@ TAMPERS = [
      "config fingerprint", True),
     ("manifest epoch batch count lowered", _manifest(lambda m: m["epochs"][0].update(batches=m["epochs"][0]["batches"] - 1)),
      "epochs[0].batches", True),
-    ("manifest data path changed", _manifest(lambda m: m["data"].update(tokenized="other.parquet")),
-     "data.tokenized", True),
+    ("manifest data path changed", _manifest(lambda m: m["data"].update(tokens="other")),
+     "data.tokens", True),
     ("manifest deleted", lambda p: (p / store.MANIFEST_FILE).unlink(), "manifest.json is missing", False),
     ("metrics label_cv edited", _metrics, "label_cv", False),
+    # the runtime's default (verify="chunks") reads the token store, bound by its own hashes, not samples.parquet
     ("samples token_hash edited", lambda p: _rewrite(p / store.SAMPLES_FILE, _edit_column("token_hash", 4, 1)),
-     "dataset fingerprint", True),
+     "dataset fingerprint", False),
     ("samples length edited", lambda p: _rewrite(p / store.SAMPLES_FILE, _edit_column("length", 4, 1)),
-     "metadata fingerprint", True),
+     "metadata fingerprint", False),
 ]
 
 
@@ -227,7 +230,7 @@ def _edit_all_num_items(t: pa.Table) -> pa.Table:
     return _set(plan, "num_items", pa.array(totals, pa.int64()))
 
 
-TOKENIZED = ["deleted", "emptied", "truncated", "fewer rows", "swapped", "one label"]
+TOKENS = ["deleted", "ids emptied", "ids truncated", "header deleted", "swapped", "one label"]
 
 
 @pytest.mark.parametrize(("name", "tamper", "message", "runtime_reads"), TAMPERS, ids=[t[0] for t in TAMPERS])
@@ -242,13 +245,20 @@ def test_validate_and_runtime_refuse_a_tampered_plan(plan, name, tamper, message
             replay_first_microbatch(plan)
 
 
-@pytest.mark.parametrize("how", TOKENIZED)
-def test_tokenized_data_is_checked_by_validate_and_the_runtime(plan, foreign, how):
-    _tokenized(how)(plan, foreign)
+@pytest.mark.parametrize("how", TOKENS)
+def test_token_data_is_checked_by_validate_and_the_runtime(plan, foreign, how):
+    _tokens(how)(plan, foreign)
     r = validate(plan)
-    assert r.exit_code == 1 and store.TOKENIZED_FILE in r.output, (how, r.output)
+    assert r.exit_code == 1 and store.TOKENS_DIR in r.output, (how, r.output)
     with pytest.raises(PlanMismatchError):
         replay_first_microbatch(plan)
+
+
+@pytest.mark.parametrize("column", ["token_hash", "length"])
+def test_runtime_checking_the_samples_refuses_an_edited_samples_table(plan, column):
+    _rewrite(plan / store.SAMPLES_FILE, _edit_column(column, 4, 1))
+    with pytest.raises(PlanMismatchError, match=r"samples\.parquet"):
+        load_tokens(plan, verify="hash")
 
 
 def test_a_tampered_later_epoch_is_refused_before_its_first_microbatch(plan):
@@ -261,26 +271,39 @@ def test_a_tampered_later_epoch_is_refused_before_its_first_microbatch(plan):
         next(iter(sampler))
 
 
-def test_fast_checks_tokenized_metadata_only(plan, foreign):
+def test_fast_does_only_the_open_time_checks(plan, foreign):
     assert validate(plan, "--fast").exit_code == 0
-    _tokenized("one label")(plan, foreign)
+    _tokens("one label")(plan, foreign)
     assert validate(plan, "--fast").exit_code == 0  # content is the full check's job
     r = validate(plan)
-    assert r.exit_code == 1 and "tokenized.parquet row 7" in r.output
-    for how in ("deleted",):
-        _tokenized(how)(plan, foreign)
+    assert r.exit_code == 1 and "tokens chunk 0 (rows 0.." in r.output, r.output
+    for how in ("ids truncated", "deleted"):
+        _tokens(how)(plan, foreign)
         assert validate(plan, "--fast").exit_code == 1
 
 
-def test_fast_refuses_tokenized_data_of_another_plan(plan, foreign):
-    _tokenized("swapped")(plan, foreign)
+def test_fast_refuses_token_data_of_another_plan(plan, foreign):
+    _tokens("swapped")(plan, foreign)
     r = validate(plan, "--fast")
     assert r.exit_code == 1 and "swapped in from another plan" in r.output
 
 
+def test_a_plan_shipping_tokenized_parquet_is_refused_clearly(plan):
+    """Plans of an older plancc ship tokenized.parquet instead of tokens/: validate says to recompile."""
+    shutil.rmtree(plan / store.TOKENS_DIR)
+    table = pq.read_table(plan / store.PLAN_FILE)
+    meta = json.loads(table.schema.metadata[store.META_KEY])
+    del meta["data"]["tokens"]
+    meta["data"]["tokenized"] = store.TOKENIZED_FILE
+    pq.write_table(table.replace_schema_metadata({store.META_KEY: json.dumps(meta).encode()}), plan / store.PLAN_FILE)
+    _manifest(lambda m: m.update(data=meta["data"]))(plan)
+    r = validate(plan)
+    assert r.exit_code == 1 and "tokenized.parquet" in r.output and "recompile" in r.output, r.output
+
+
 def test_a_sound_plan_validates_and_replays(plan):
     r = validate(plan)
-    assert r.exit_code == 0 and "tokenized data content" in r.output, r.output
+    assert r.exit_code == 0 and "token data content" in r.output, r.output
     replay_first_microbatch(plan)
 
 
@@ -333,7 +356,8 @@ def test_any_single_value_edit_of_an_epoch_is_refused(epoch0, name, row, delta):
 # ---------------------------------------------------------------- the byte-flip sweep
 
 FLIPS_PER_FILE = 60
-FILES = [store.PLAN_FILE, store.SAMPLES_FILE, store.METRICS_FILE, store.MANIFEST_FILE, store.TOKENIZED_FILE]
+FILES = [store.PLAN_FILE, store.SAMPLES_FILE, store.METRICS_FILE, store.MANIFEST_FILE,
+         *(f"{store.TOKENS_DIR}/{name}" for name in [token_store.HEADER_FILE, *(f"{a}.npy" for a in token_store.ARRAYS)])]
 
 
 def _decoded(path: Path, epochs: int) -> object:
@@ -343,6 +367,9 @@ def _decoded(path: Path, epochs: int) -> object:
     try:
         if path.suffix == ".json":
             return json.loads(path.read_bytes())
+        if path.suffix == ".npy":  # what np.load (and so the map) gives: dtype, shape, values
+            arr = np.load(path, allow_pickle=False)
+            return arr.dtype.str, arr.shape, arr.tobytes()
         pf = pq.ParquetFile(path)
         table = pf.read()
         stats = [[c.statistics.to_dict() if c.statistics is not None else None
@@ -356,7 +383,7 @@ def _decoded(path: Path, epochs: int) -> object:
 
 
 def _same(a: object, b: object) -> bool:
-    if isinstance(a, tuple) and isinstance(b, tuple):
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 6:
         ta, sa, ma, pa_, st_a, ea = a
         tb, sb, mb, pb, st_b, eb = b
         return (ta.equals(tb) and sa.equals(sb) and ma == mb and pa_.equals(pb) and st_a == st_b
@@ -365,7 +392,8 @@ def _same(a: object, b: object) -> bool:
 
 
 def test_every_byte_flip_is_detected_or_harmless(plan):
-    """Seeded: 60 flips (a random byte XOR a random non-zero value) at random offsets of each of the 5 files."""
+    """Seeded: 60 flips (a random byte XOR a random non-zero value) at random offsets of each file of the plan."""
+    assert sorted(FILES) == sorted(str(p.relative_to(plan)) for p in plan.rglob("*") if p.is_file())
     rng = np.random.default_rng(15)
     epochs = 2
     tally: dict[str, dict[str, int]] = {}

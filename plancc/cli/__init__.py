@@ -196,35 +196,43 @@ def scan_cmd(
                               "violation.\n\nExample:\n\n    plancc validate plans/chat --dataset data/train.jsonl")
 def validate_cmd(
     plan_dir: Annotated[Path, typer.Argument(help="Plan directory.")],
-    dataset: Annotated[str | None, Opt("--dataset", help="Rescan this source with the plan's scan options and "
-                                                          "compare its content fingerprint.")] = None,
+    dataset: Annotated[str | None, Opt("--dataset", help="The plan's data moved or was rebuilt: a plan, scan or "
+                                                          "token store folder is checked chunk by chunk and sample "
+                                                          "by sample against the plan; any other source is rescanned "
+                                                          "with the plan's scan options and its content fingerprint "
+                                                          "compared.")] = None,
     tokenizer: Annotated[str | None, Opt("--tokenizer", help="With --dataset: where the plan's tokenizer is now "
                                                               "(default: where it was at compile).")] = None,
-    fast: Annotated[bool, Opt("--fast", help="Check the tokenized data's metadata and size only, not its "
-                                             "content (the full check hashes every planned sample).")] = False,
+    fast: Annotated[bool, Opt("--fast", help="Check the token store's header, file sizes and fingerprints "
+                                             "only, not its content (the full check hashes every chunk and every "
+                                             "planned sample).")] = False,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    from plancc import store
+    from plancc import store, token_store
     from plancc.validate import validate_plan
 
     with fail_on_errors():
-        dataset_fp = None
-        if dataset is not None:
+        dataset_fp, tokens_dir = None, None
+        for candidate in ([Path(dataset) / store.TOKENS_DIR, Path(dataset)] if dataset is not None else []):
+            if tokens_dir is None and token_store.is_store(candidate):
+                tokens_dir = candidate  # a plan, scan or token store folder: check its store, no rescan
+        if dataset is not None and tokens_dir is None:
             from plancc import scan as scan_mod
             options = scan_mod.options_from_report(store.PlanDir(plan_dir).meta["scan"], tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
             dataset_fp = store.samples_fingerprints(result.samples)["dataset"]
-        problems, _ = validate_plan(str(plan_dir), dataset_fp, fast=fast)
+        problems, _ = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
     if json:
         print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
     elif problems:
         for p in problems:
             typer.echo(f"violation: {p}", err=True)
     else:
-        checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, tokenized data "
-                   + ("metadata" if fast else "content") + (", dataset content" if dataset else ""))
+        checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, token data "
+                   + ("metadata" if fast else "content")
+                   + (f", dataset content of {dataset}" if dataset else ""))
         typer.echo(f"{plan_dir}: ok ({checked})")
     raise typer.Exit(1 if problems else 0)
 from plancc.cli import diff_cmd, inspect_cmd  # noqa: E402,F401  (registers commands)

@@ -1,7 +1,7 @@
 """Replay a compiled plan in training: sampler, collator, token-mean loss, checkpoints, Hugging Face glue.
 
-Imports only torch, pyarrow and numpy (and plancc.store); transformers is imported only by `plancc.runtime.hf`,
-TRL only by `plancc.runtime.trl`.
+Imports only torch, pyarrow, numpy and xxhash (and plancc.store, plancc.token_store); transformers is imported
+only by `plancc.runtime.hf`, TRL only by `plancc.runtime.trl`.
 
     plan = RuntimePlan(plan_dir)
     sampler = PlanSampler(plan, rank=rank, world_size=world)       # + grad_accum=... for an elastic replay

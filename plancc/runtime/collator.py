@@ -63,6 +63,7 @@ class PlanCollator:
             rows, row_len, ids_len = np.array([0, 0], dtype=np.int64), np.array([0], dtype=np.int64), ids
         else:
             ids = np.asarray(mb, dtype=np.int64)
+            tokens.check(ids)  # a mapped store verifies the chunks holding them before any token is read
             rows = np.asarray(mb.rows, dtype=np.int64)
             starts = tokens.offsets[ids]
             ids_len = tokens.offsets[ids + 1] - starts

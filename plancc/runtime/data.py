@@ -1,40 +1,54 @@
-"""The tokenized dataset a plan points at, loaded as flat arrays the collator slices by sample id.
+"""The tokenized dataset a plan points at, as flat arrays the collator slices by sample id.
 
-`sample_id` is the row of the tokenized dataset. The store keeps every column as one flat array plus CSR offsets,
-so fetching a microbatch's tokens is one vectorized gather, whatever the number of samples::
+`sample_id` is the row of the tokenized dataset. Every column is one flat array plus CSR offsets, so fetching a
+microbatch's tokens is one vectorized gather, whatever the number of samples::
 
     input_ids = [5, 6, 7, 8, 9, 1, 2]      all samples' tokens, concatenated
     offsets   = [0, 3, 5, 7]               sample 1 = input_ids[3:5]
 
-`targets` is the label column the plan's shift semantics read: `labels` for shift `sample`/`row`, the already
-shifted `shift_labels` for shift `none` (falling back to `labels` when the dataset stored the shifted labels under
-that name). Loading checks the data against the plan (`verify`): "counts" compares every planned sample's length
-and supervised-label count with the plan's samples table; "hash" (default) also recomputes each sample's content
-hash and so proves the dataset fingerprint; a mismatch is a `PlanMismatchError` unless `allow_dataset_change`.
+A plan's data is its token store (`plancc.token_store`, the `tokens/` folder a compile writes): the arrays are
+memory maps, so opening costs the same for 1M or 10B tokens, the ranks of a node share the pages through the OS
+page cache, and a process's memory grows only with what it reads. `targets` is the label column the plan's shift
+reads (the store's `labels`, already shifted under shift `none`). Other data (`data=` a Parquet, Arrow or JSON
+lines file, a `datasets.save_to_disk` folder, an Arrow table, or an older plan's `tokenized.parquet`) is read into
+memory, as before the store existed.
+
+Checks (`verify`): "chunks" (default) checks at open what costs nothing (the store's files, sizes and chunk index,
+and that it holds the plan's dataset fingerprint), then each chunk's hash the first time the collator reads a
+sample of it, before any of its tokens reach a batch; a changed chunk is refused naming the first planned sample
+that differs. "hash" rehashes everything at open (every chunk, and every planned sample against the plan's
+`token_hash`: the dataset fingerprint, proven); "counts" compares every planned sample's length and label count;
+"none" checks nothing. Data without chunk hashes (not a store) gets the full "hash" check under "chunks". A
+mismatch is a `PlanMismatchError` unless `allow_dataset_change` (then a warning).
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc import store
+from plancc import store, token_store
 from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
 
-VERIFY_MODES = ("hash", "counts", "none")
+VERIFY_MODES = ("chunks", "hash", "counts", "none")
 
 
-@dataclass(frozen=True)
 class TokenStore:
-    input_ids: np.ndarray  # int32, flat
-    targets: np.ndarray  # int32, flat: labels (shift sample/row) or shift_labels (shift none)
-    offsets: np.ndarray  # int64, samples + 1
+    """Flat `input_ids` and `targets` (int32) with int64 `offsets` (rows + 1); in memory or memory-mapped.
+
+    `check(rows)` is called by the collator before it reads rows: for a mapped store it verifies every chunk
+    holding them that this process has not verified yet (a no-op once all are).
+    """
+
+    def __init__(self, input_ids: np.ndarray, targets: np.ndarray, offsets: np.ndarray, *,
+                 guard: ChunkGuard | None = None, max_id: int | None = None):
+        self.input_ids, self.targets, self.offsets, self.guard = input_ids, targets, offsets, guard
+        self._max_id = max_id
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0] - 1)
@@ -42,6 +56,24 @@ class TokenStore:
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    @property
+    def max_id(self) -> int:
+        """The largest token id (-1 when empty): a mapped store's header says it, so no id is read."""
+        if self._max_id is None:
+            self._max_id = int(self.input_ids.max()) if self.input_ids.size else -1
+        return self._max_id
+
+    def check(self, rows: np.ndarray) -> None:
+        if self.guard is not None and self.guard.pending:
+            self.guard.check(rows)
+
+    def __reduce__(self):
+        """DataLoader workers started by spawn reopen the maps (and verify their own reads), never copy them."""
+        if self.guard is None:
+            return (TokenStore, (self.input_ids, self.targets, self.offsets))
+        g = self.guard
+        return (_reopen, (str(g.mapped.path), str(g.plan.path), g.allow_dataset_change))
 
     @classmethod
     def from_table(cls, table: pa.Table, *, shift: str = "sample", where: str = "dataset") -> TokenStore:
@@ -64,6 +96,47 @@ class TokenStore:
         return cls.from_table(pa.table({"input_ids": input_ids, "labels": targets}))
 
 
+class ChunkGuard:
+    """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk."""
+
+    def __init__(self, mapped: token_store.MappedTokens, plan: RuntimePlan, allow_dataset_change: bool):
+        self.mapped, self.plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
+        self.bounds = np.asarray(mapped.chunks)  # a plain view: cheaper to search than the memmap object
+        self.verified = np.zeros(mapped.num_chunks, dtype=bool)
+        self.pending = mapped.num_chunks
+
+    def check(self, rows: np.ndarray) -> None:
+        ks = np.searchsorted(self.bounds, rows, side="right") - 1
+        seen = self.verified[ks]
+        if seen.all():
+            return
+        for k in np.unique(ks[~seen]).tolist():
+            if not token_store.verify_chunk(self.mapped, k):
+                self._changed(k)
+            self.verified[k] = True
+            self.pending -= 1
+
+    def _changed(self, k: int) -> None:
+        m = self.mapped
+        lo, hi = int(m.chunks[k]), int(m.chunks[k + 1])
+        where = f"{m.path} chunk {k} (rows {lo}..{hi - 1})"
+        problem = _first_differing(self.plan, m, lo, hi)
+        if problem is None:
+            warnings.warn(f"{where} changed since it was written, but not in any sample of the plan {self.plan.path}"
+                          "; training on it", stacklevel=4)
+        else:
+            _refuse(self.plan, where, problem, self.allow_dataset_change)
+
+
+def _first_differing(plan: RuntimePlan, m: token_store.MappedTokens, lo: int, hi: int) -> str | None:
+    """What differs in the first planned sample among rows [lo, hi) (None: no planned sample there differs)."""
+    samples = plan.samples_table()
+    a, b = np.searchsorted(samples.column("sample_id").to_numpy(), [lo, hi])
+    if a == b:
+        return None
+    return token_store.compare_samples(m.input_ids, m.labels, m.offsets, samples.slice(a, b - a))
+
+
 def _flat(col: pa.ChunkedArray, where: str, name: str) -> tuple[np.ndarray, np.ndarray]:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not pa.types.is_integer(
@@ -82,20 +155,18 @@ def _flat(col: pa.ChunkedArray, where: str, name: str) -> tuple[np.ndarray, np.n
     return values, offsets
 
 
-# ---------------------------------------------------------------- reading the plan's data
+# ---------------------------------------------------------------- finding and reading the plan's data
 
 
 def _read_any(path: Path) -> pa.Table:
-    """One tokenized file: Parquet, Arrow IPC (file or stream, as `datasets` writes), JSON lines, or a
-    `datasets.Dataset.save_to_disk` directory (its Arrow shards in order)."""
+    """One tokenized file read into memory: Parquet, Arrow IPC (file or stream, as `datasets` writes), JSON lines,
+    or a `datasets.Dataset.save_to_disk` directory (its Arrow shards in order)."""
     if path.is_dir():
         state = path / "state.json"
         if not state.exists():
-            raise PlanMismatchError(f"{path} is a directory but not a saved dataset (no state.json)")
+            raise PlanMismatchError(f"{path} is a directory but neither a token store nor a saved dataset")
         files = [path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
         return pa.concat_tables([_read_any(f) for f in files])
-    if not path.exists():
-        raise PlanMismatchError(f"the plan's tokenized data {path} does not exist; pass data= to load_tokens")
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":
@@ -116,66 +187,111 @@ def _read_any(path: Path) -> pa.Table:
     raise PlanMismatchError(f"cannot read tokenized data {path}: unsupported file type '{suffix}'")
 
 
-def data_paths(plan: RuntimePlan) -> list[Path]:
-    data = plan.dir.data
-    if "tokenized" in data:
-        return [plan.path / data["tokenized"]]
-    if data.get("source"):  # absolute; else relative to the plan (plan and data moved together)
-        relative = data.get("source_relative") or [None] * len(data["source"])
-        return [Path(p) if Path(p).exists() or rel is None else plan.path / rel
-                for p, rel in zip(data["source"], relative, strict=True)]
-    raise PlanMismatchError(f"{plan.path}: the plan names no tokenized data; pass data= to load_tokens")
+def data_location(plan: RuntimePlan, data: str | Path | None = None) -> Path | list[Path]:
+    """The plan's data: a token store folder, or tokenized files. `data` (or `RuntimePlan(..., data=)`) repoints."""
+    data = data if data is not None else plan.data
+    if data is not None:
+        p = Path(data)
+        if not p.exists():
+            raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) does not exist")
+        if not token_store.is_store(p) and token_store.is_store(p / store.TOKENS_DIR):
+            return p / store.TOKENS_DIR  # a plan or scan directory: its store
+        return p
+    d = plan.dir.data
+    for key in ("tokens", "tokenized"):  # the store; or an older plan's tokenized.parquet
+        if key in d:
+            p = plan.path / d[key]
+            if not p.exists():
+                raise PlanMismatchError(f"the plan's tokenized data {p} does not exist; pass data= (a plan, scan or "
+                                        "token store folder, or a tokenized file) to RuntimePlan or load_tokens")
+            return p
+    sources = [Path(a) if Path(a).exists() else plan.path / r
+               for a, r in zip(d.get("source", []), d.get("source_relative", d.get("source", [])), strict=False)]
+    if not sources:
+        raise PlanMismatchError(f"{plan.path}: the plan holds no tokenized data (compiled from a bare samples "
+                                "table); pass data= to RuntimePlan or load_tokens")
+    missing = [p for p in sources if not p.exists()]
+    if missing:
+        raise PlanMismatchError(f"the plan's tokenized source {d['source'][sources.index(missing[0])]} does not "
+                                "exist (nor relative to the plan); pass data= to RuntimePlan or load_tokens")
+    return sources
 
 
 def load_tokens(plan: str | Path | RuntimePlan, *, data: str | Path | pa.Table | None = None,
-                verify: str = "hash", allow_dataset_change: bool = False) -> TokenStore:
-    """The tokenized dataset of `plan` (or `data`: a path or an Arrow table), checked against the plan."""
+                verify: str = "chunks", allow_dataset_change: bool = False) -> TokenStore:
+    """The tokenized dataset of `plan` (or `data`), checked against the plan (module docstring: `verify`)."""
     plan = open_plan(plan)
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if isinstance(data, pa.Table):
-        table, where = data, "the given dataset"
-    else:
-        paths = [Path(data)] if data is not None else data_paths(plan)
-        table = pa.concat_tables([_read_any(p) for p in paths]) if len(paths) > 1 else _read_any(paths[0])
-        where = ", ".join(str(p) for p in paths)
-    tokens = TokenStore.from_table(table, shift=plan.shift, where=where)
+        return _checked(plan, TokenStore.from_table(data, shift=plan.shift, where="the given dataset"),
+                        "the given dataset", verify, allow_dataset_change)
+    where = data_location(plan, data)
+    if isinstance(where, Path) and token_store.is_store(where):
+        return _mapped(plan, where, verify, allow_dataset_change)
+    paths = where if isinstance(where, list) else [where]
+    table = pa.concat_tables([_read_any(p) for p in paths]) if len(paths) > 1 else _read_any(paths[0])
+    name = ", ".join(str(p) for p in paths)
+    return _checked(plan, TokenStore.from_table(table, shift=plan.shift, where=name), name, verify,
+                    allow_dataset_change)
+
+
+def _mapped(plan: RuntimePlan, path: Path, verify: str, allow: bool) -> TokenStore:
+    try:
+        m = token_store.open_store(path)
+    except token_store.TokenStoreError as exc:
+        raise PlanMismatchError(f"{exc}; recompile the plan (or rescan the data)") from None
+    guard = ChunkGuard(m, plan, allow) if verify != "none" else None
+    tokens = _over_maps(m, guard)
+    if verify == "none":
+        return tokens
+    if m.header.get("labels_shifted", False) != (plan.shift == "none"):
+        _refuse(plan, str(path), f"it holds {'shifted' if plan.shift != 'none' else 'unshifted'} labels but the "
+                                 f"plan has shift {plan.shift!r}", allow)
+    fp, want = m.header.get("fingerprints", {}).get("dataset"), plan.fingerprints.get("dataset")
+    if verify == "hash":  # every chunk now (a changed one is named by its first differing sample), then the proof
+        guard.check(np.asarray(m.chunks[:-1]))
+        return _checked(plan, tokens, str(path), "hash", allow)
+    if fp != want:
+        _refuse(plan, str(path), f"it holds dataset fingerprint {fp}, the plan was compiled from {want} (another "
+                                 "dataset, or a changed one; verify='hash' checks it sample by sample)", allow)
+    if verify == "counts":
+        _checked(plan, tokens, str(path), "counts", allow)
+    return tokens
+
+
+def _reopen(path: str, plan_path: str, allow: bool) -> TokenStore:
+    plan = RuntimePlan(plan_path)
+    m = token_store.open_store(path)
+    return _over_maps(m, ChunkGuard(m, plan, allow))
+
+
+def _over_maps(m: token_store.MappedTokens, guard: ChunkGuard | None) -> TokenStore:
+    """Plain ndarray views of the maps: slicing a `np.memmap` runs Python code per slice, a view does not."""
+    return TokenStore(np.asarray(m.input_ids), np.asarray(m.labels), np.asarray(m.offsets), guard=guard,
+                      max_id=int(m.header["max_id"]))
+
+
+def _refuse(plan: RuntimePlan, where: str, problem: str, allow: bool) -> None:
+    msg = f"{where} does not match the plan {plan.path}: {problem}. The data changed since the plan was compiled; " \
+          "recompile the plan"
+    if not allow:
+        raise PlanMismatchError(msg + ", or pass allow_dataset_change=True to train on it anyway")
+    warnings.warn(msg + " (allowed by allow_dataset_change=True)", stacklevel=4)
+
+
+def _checked(plan: RuntimePlan, tokens: TokenStore, where: str, verify: str, allow: bool) -> TokenStore:
     if verify != "none":
-        problem = check_tokens(plan, tokens, hashes=verify == "hash")
+        problem = check_tokens(plan, tokens, hashes=verify in ("hash", "chunks"))
         if problem:
-            msg = (f"{where} does not match the plan {plan.path}: {problem}. The data changed since the plan was "
-                   "compiled; recompile the plan")
-            if not allow_dataset_change:
-                raise PlanMismatchError(msg + ", or pass allow_dataset_change=True to train on it anyway")
-            warnings.warn(msg + " (allowed by allow_dataset_change=True)", stacklevel=2)
+            _refuse(plan, where, problem, allow)
     return tokens
 
 
 def check_tokens(plan: RuntimePlan, tokens: TokenStore, *, hashes: bool = True) -> str | None:
     """None when every planned sample has the plan's length, label count (and content hash); else what differs."""
-    samples = plan.samples_table()
-    sid = samples.column("sample_id").to_numpy()
-    if sid.size and (sid.min() < 0 or sid.max() >= len(tokens)):
-        return f"the plan uses sample_id {int(sid.max())} but the dataset has {len(tokens)} rows"
-    starts, ends = tokens.offsets[sid], tokens.offsets[sid + 1]
-    length = ends - starts
-    bad = np.flatnonzero(length != samples.column("length").to_numpy())
-    if bad.size:
-        return f"{bad.size} samples changed length (first: sample_id {int(sid[bad[0]])})"
-    supervised = np.concatenate([[0], np.cumsum(tokens.targets != -100, dtype=np.int64)])
-    counts = supervised[ends] - supervised[starts]
-    bad = np.flatnonzero(counts != samples.column("label_count").to_numpy())
-    if bad.size:
-        return f"{bad.size} samples changed their supervised label count (first: sample_id {int(sid[bad[0]])})"
-    if hashes:
-        from plancc.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
-
-        h = token_hashes(tokens.input_ids, tokens.offsets, tokens.targets, tokens.offsets)[sid]
-        bad = np.flatnonzero(h != samples.column("token_hash").to_numpy())
-        if bad.size:
-            return (f"{bad.size} samples changed content (dataset fingerprint mismatch; first: sample_id "
-                    f"{int(sid[bad[0]])})")
-    return None
+    return token_store.compare_samples(tokens.input_ids, tokens.targets, tokens.offsets, plan.samples_table(),
+                                       hashes=hashes)
 
 
-__all__ = ["TokenStore", "check_tokens", "data_paths", "load_tokens", "store"]
+__all__ = ["ChunkGuard", "TokenStore", "check_tokens", "data_location", "load_tokens"]

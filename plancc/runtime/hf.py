@@ -114,7 +114,7 @@ class PlanTrainer(Trainer):
     `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`)."""
 
     def __init__(self, *args: Any, plan: str | Path | RuntimePlan, tokens: TokenStore | None = None,
-                 verify: str = "hash", allow_dataset_change: bool = False, pad_token_id: int = 0,
+                 verify: str = "chunks", allow_dataset_change: bool = False, pad_token_id: int = 0,
                  explicit_mask: bool = False, **kwargs: Any):
         self.plan = open_plan(plan)
         self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask

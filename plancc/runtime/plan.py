@@ -61,14 +61,20 @@ class RuntimePlan:
     fingerprints are read from the Parquet metadata the fingerprints cover, never from the manifest). Reading an
     epoch verifies all of that epoch's rows (layout, `num_items`, plan fingerprint) before any is replayed; the
     samples table is checked against the dataset and metadata fingerprints when it is read.
+
+    `data` repoints the plan at its tokenized data elsewhere (a plan, scan or token store folder, or tokenized
+    files); `load_tokens` checks it against the plan's samples.
     """
 
-    def __init__(self, plan_dir: str | Path):
+    def __init__(self, plan_dir: str | Path, *, data: str | Path | None = None):
         try:
             self.dir = store.PlanDir(plan_dir)
         except store.PlanIntegrityError as exc:
             raise PlanMismatchError(str(exc)) from None
         self.path = self.dir.path
+        self.data = Path(data) if data is not None else None
+        if self.data is not None and not self.data.exists():
+            raise PlanMismatchError(f"the data given for plan {self.path} ({self.data}) does not exist")
         _refuse([*self.dir.header_problems(), *self.dir.manifest_problems(required=False),
                  *self.dir.companion_problems(store.SAMPLES_FILE, "samples")])
         self.fingerprints: dict[str, Any] = self.dir.fingerprints

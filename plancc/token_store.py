@@ -1,0 +1,285 @@
+"""The token store: the tokenized dataset as flat `.npy` arrays that every reader memory-maps, with chunk hashes.
+
+A store is a directory (`tokens/` in a scan or plan directory)::
+
+    input_ids.npy     int32 [T]     every row's tokens, concatenated (row = sample_id)
+    labels.npy        int32 [T]     labels, same layout (already shifted when the scan ran with --shift none)
+    offsets.npy       int64 [N+1]   row i = input_ids[offsets[i]:offsets[i+1]]
+    chunks.npy        int64 [C+1]   chunk k = rows chunks[k]:chunks[k+1] (whole rows, ~CHUNK_TOKENS tokens)
+    chunk_hashes.npy  uint64 [C]    xxh3-64 of chunk k: its row lengths, then its ids, then its labels
+    tokens.json       counts, chunk size, the largest id, the samples' dataset/metadata fingerprints, a hash of
+                      the chunk index
+
+Why flat `.npy` and not Arrow IPC: one contiguous array per column is what the collator gathers from (one
+vectorized index over all samples, no record-batch boundaries, no int32 list-offset limit at 2**31 tokens), and
+`numpy.load(mmap_mode="r")` maps it with no copy and no dependency: pages come from the OS page cache, shared by
+every rank of a node, and a process's memory grows only with the pages it touches. The format is readable by any
+tool (numpy, or plain offsets arithmetic); `to_table` wraps the maps as a zero-copy Arrow table with
+`input_ids`/`labels` columns that `datasets.Dataset(table)` accepts.
+
+Verification scales with what a reader touches: `open_store` checks the header, every file's size and dtype, the
+offsets' ends and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of
+ids and labels at the default size; xxh3 runs at ~10 GB/s; read through the file, so that the chunk's pages stay
+out of the reader's resident set) and is what readers call the first time they touch a chunk; `verify_all`
+rehashes every chunk. The dataset fingerprint keeps its meaning: it is computed from the
+samples table's per-sample `token_hash`, which the store records at write and a plan compares at open.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import xxhash
+
+FORMAT = "plancc.tokens/1"
+HEADER_FILE = "tokens.json"
+ARRAYS = {  # file stem -> dtype
+    "input_ids": np.dtype("<i4"),
+    "labels": np.dtype("<i4"),
+    "offsets": np.dtype("<i8"),
+    "chunks": np.dtype("<i8"),
+    "chunk_hashes": np.dtype("<u8"),
+}
+CHUNK_TOKENS = 8192
+HEADER_KEYS = sorted(["chunk_tokens", "chunks", "fingerprints", "format", "index_hash", "labels_shifted", "max_id",
+                      "rows", "tokens"])
+
+
+class TokenStoreError(Exception):
+    """A token store is missing, truncated, foreign or changed; the message names the file (and the row)."""
+
+
+@dataclass(frozen=True)
+class MappedTokens:
+    """A store opened read-only: memory maps (no data read yet) and its header."""
+
+    path: Path
+    input_ids: np.ndarray
+    labels: np.ndarray
+    offsets: np.ndarray
+    chunks: np.ndarray
+    chunk_hashes: np.ndarray
+    header: dict[str, Any]
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self.chunk_hashes.shape[0])
+
+
+# ---------------------------------------------------------------- writing
+
+
+def chunk_bounds(offsets: np.ndarray, chunk_tokens: int = CHUNK_TOKENS) -> np.ndarray:
+    """Row bounds of chunks of whole rows: a chunk starts at the first row starting at or after k*chunk_tokens."""
+    total = int(offsets[-1])
+    starts = np.searchsorted(offsets[:-1], np.arange(0, max(total, 1), chunk_tokens, dtype=np.int64), side="left")
+    return np.unique(np.concatenate([[0], starts, [offsets.shape[0] - 1]])).astype(np.int64)
+
+
+def chunk_hash(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, lo: int, hi: int) -> int:
+    """xxh3-64 of rows [lo, hi): their lengths (int64), then their ids and labels (int32, little-endian)."""
+    a, b = int(offsets[lo]), int(offsets[hi])
+    h = xxhash.xxh3_64()
+    h.update(np.ascontiguousarray(np.diff(offsets[lo:hi + 1]), dtype="<i8").data)
+    h.update(np.ascontiguousarray(ids[a:b], dtype="<i4").data)
+    h.update(np.ascontiguousarray(labels[a:b], dtype="<i4").data)
+    return h.intdigest()
+
+
+def _index_hash(chunks: np.ndarray, hashes: np.ndarray) -> str:
+    return xxhash.xxh3_128_hexdigest(chunks.astype("<i8").tobytes() + hashes.astype("<u8").tobytes())
+
+
+def write_store(directory: str | Path, ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, *,
+                fingerprints: dict[str, str], labels_shifted: bool = False,
+                chunk_tokens: int = CHUNK_TOKENS) -> None:
+    """Write a store into `directory` (created; the caller makes the write atomic, e.g. `store.atomic_directory`).
+
+    `fingerprints` are the samples table's `dataset`/`metadata` fingerprints: a plan checks them at open.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != len(ids) or len(ids) != len(labels):
+        raise ValueError("token store: offsets must start at 0 and end at len(ids) == len(labels)")
+    chunks = chunk_bounds(offsets, chunk_tokens)
+    hashes = np.array([chunk_hash(ids, labels, offsets, int(chunks[k]), int(chunks[k + 1]))
+                       for k in range(chunks.shape[0] - 1)], dtype=np.uint64)
+    arrays = {"input_ids": ids, "labels": labels, "offsets": offsets, "chunks": chunks, "chunk_hashes": hashes}
+    for name, dtype in ARRAYS.items():
+        with open(directory / f"{name}.npy", "wb") as f:
+            np.save(f, np.ascontiguousarray(arrays[name], dtype=dtype), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+    header = {
+        "format": FORMAT,
+        "rows": int(offsets.shape[0] - 1),
+        "tokens": int(offsets[-1]),
+        "chunk_tokens": int(chunk_tokens),
+        "chunks": int(hashes.shape[0]),
+        "labels_shifted": bool(labels_shifted),
+        "max_id": int(ids.max()) if len(ids) else -1,  # a trainer sizes its vocabulary without reading the ids
+        "fingerprints": {k: fingerprints[k] for k in ("dataset", "metadata") if k in fingerprints},
+        "index_hash": _index_hash(chunks, hashes),
+    }
+    (directory / HEADER_FILE).write_bytes(orjson.dumps(header, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+
+
+def link_store(src: str | Path, dst: str | Path) -> None:
+    """Place store `src` at `dst` (absent): hard links when on one filesystem (no second copy of the tokens)."""
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True)
+    for name in [*(f"{n}.npy" for n in ARRAYS), HEADER_FILE]:
+        try:
+            os.link(src / name, dst / name)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(src / name, dst / name)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def is_store(path: str | Path) -> bool:
+    return (Path(path) / HEADER_FILE).is_file()
+
+
+def _map(path: Path, name: str, length: int) -> np.ndarray:
+    f = path / f"{name}.npy"
+    if not f.is_file():
+        raise TokenStoreError(f"token store {path}: {f.name} is missing")
+    try:
+        arr = np.load(f, mmap_mode="r", allow_pickle=False)
+    except Exception as exc:  # a damaged header reaches numpy's literal parser: SyntaxError, TokenError, ...
+        raise TokenStoreError(f"token store {path}: {f.name} is not a readable .npy file "
+                              f"({type(exc).__name__}: {exc or 'empty'})") from None
+    if arr.dtype != ARRAYS[name] or arr.ndim != 1 or arr.shape[0] != length:
+        raise TokenStoreError(f"token store {path}: {f.name} holds {arr.dtype}[{arr.shape}], its header says "
+                              f"{ARRAYS[name]}[{length}] (a file was replaced or truncated)")
+    if arr.offset + arr.nbytes != f.stat().st_size:
+        raise TokenStoreError(f"token store {path}: {f.name} has {f.stat().st_size - arr.offset - arr.nbytes} "
+                              "bytes beyond its array (a file was appended to or replaced)")
+    return arr
+
+
+def open_store(path: str | Path) -> MappedTokens:
+    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash)."""
+    path = Path(path)
+    try:
+        header = orjson.loads((path / HEADER_FILE).read_bytes())
+    except FileNotFoundError:
+        raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
+    except orjson.JSONDecodeError as exc:
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} is not valid JSON ({exc})") from None
+    if header.get("format") != FORMAT:
+        raise TokenStoreError(f"token store {path} has format {header.get('format')!r}; this plancc reads {FORMAT}")
+    try:
+        rows, tokens, chunks = int(header["rows"]), int(header["tokens"]), int(header["chunks"])
+    except (KeyError, TypeError, ValueError):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} lacks its counts (rows, tokens, chunks)") from None
+    if sorted(header) != HEADER_KEYS or not isinstance(header["labels_shifted"], bool) or not isinstance(
+            header["chunk_tokens"], int) or not isinstance(header["max_id"], int) or header["chunk_tokens"] < 1 or not isinstance(header["fingerprints"], dict):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)} or values of the wrong "
+                              f"type; a store's header holds exactly {HEADER_KEYS} (it was edited)")
+    m = MappedTokens(path, _map(path, "input_ids", tokens), _map(path, "labels", tokens),
+                     _map(path, "offsets", rows + 1), _map(path, "chunks", chunks + 1),
+                     _map(path, "chunk_hashes", chunks), header)
+    if int(m.offsets[0]) != 0 or int(m.offsets[-1]) != tokens or int(m.chunks[0]) != 0 or int(m.chunks[-1]) != rows:
+        raise TokenStoreError(f"token store {path}: offsets.npy or chunks.npy does not span the store's "
+                              f"{rows} rows and {tokens} tokens (a file was changed)")
+    if _index_hash(np.asarray(m.chunks), np.asarray(m.chunk_hashes)) != header.get("index_hash"):
+        raise TokenStoreError(f"token store {path}: chunks.npy or chunk_hashes.npy changed since it was written")
+    return m
+
+
+def _pread(arr: np.memmap, a: int, b: int) -> bytes:
+    """Elements [a, b) of a mapped array read through the file, not the map: the pages land in the shared page
+    cache without joining this process's resident set (a reader maps only the pages of the rows it uses)."""
+    with open(arr.filename, "rb", buffering=0) as f:
+        return os.pread(f.fileno(), (b - a) * arr.itemsize, arr.offset + a * arr.itemsize)
+
+
+def verify_chunk(m: MappedTokens, k: int) -> bool:
+    """True when chunk `k` still hashes to its recorded hash (the same bytes `chunk_hash` reads)."""
+    lo, hi = int(m.chunks[k]), int(m.chunks[k + 1])
+    if not (0 <= lo <= hi <= m.offsets.shape[0] - 1):
+        return False
+    a, b = int(m.offsets[lo]), int(m.offsets[hi])
+    if not 0 <= a <= b <= m.input_ids.shape[0]:
+        return False
+    h = xxhash.xxh3_64()
+    h.update(np.ascontiguousarray(np.diff(m.offsets[lo:hi + 1]), dtype="<i8").data)
+    h.update(_pread(m.input_ids, a, b))
+    h.update(_pread(m.labels, a, b))
+    return h.intdigest() == int(m.chunk_hashes[k])
+
+
+def verify_all(m: MappedTokens) -> int | None:
+    """The first chunk that does not match its hash, or None (reads the whole store)."""
+    return next((k for k in range(m.num_chunks) if not verify_chunk(m, k)), None)
+
+
+def chunks_of(m: MappedTokens, rows: np.ndarray) -> np.ndarray:
+    """The chunk holding each row."""
+    return np.searchsorted(m.chunks, rows, side="right") - 1
+
+
+def to_table(path: str | Path):
+    """The store as an Arrow table (`input_ids`, `labels`: large_list<int32>) over the maps, no copy; e.g.
+    `datasets.Dataset(to_table("plan/tokens"))`."""
+    import pyarrow as pa
+
+    m = open_store(path)
+    off = pa.array(np.asarray(m.offsets))
+    return pa.table({"input_ids": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.input_ids))),
+                     "labels": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.labels)))})
+
+
+def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
+    """Supervised labels (!= -100) of each row [starts[i], ends[i]) (ascending), a block of tokens at a time, so
+    that memory stays bounded on a mapped store."""
+    out = np.empty(starts.shape[0], dtype=np.int64)
+    i = 0
+    while i < starts.shape[0]:
+        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
+        a, b = int(starts[i]), int(ends[i:j].max())
+        sup = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(np.asarray(labels[a:b]) != -100, out=sup[1:])
+        out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
+        i = j
+    return out
+
+
+def compare_samples(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, samples: Any, *,
+                    hashes: bool = True) -> str | None:
+    """None when every sample of `samples` (a samples table, sorted by sample_id) has its recorded length, label
+    count (and, with `hashes`, content hash) in these rows; else what differs, naming the first such sample."""
+    sid = samples.column("sample_id").to_numpy()
+    if sid.size and (sid.min() < 0 or sid.max() >= offsets.shape[0] - 1):
+        return f"the plan uses sample_id {int(sid.max())} but the dataset has {offsets.shape[0] - 1} rows"
+    starts, ends = np.asarray(offsets[sid]), np.asarray(offsets[sid + 1])
+    outside = np.flatnonzero((starts < 0) | (ends < starts) | (ends > ids.shape[0]))
+    if outside.size:
+        return f"the row offsets of {outside.size} samples are out of range (first: sample_id {int(sid[outside[0]])})"
+    bad = np.flatnonzero(ends - starts != samples.column("length").to_numpy())
+    if bad.size:
+        return f"{bad.size} samples changed length (first: sample_id {int(sid[bad[0]])})"
+    bad = np.flatnonzero(label_counts(labels, starts, ends) != samples.column("label_count").to_numpy())
+    if bad.size:
+        return f"{bad.size} samples changed their supervised label count (first: sample_id {int(sid[bad[0]])})"
+    if hashes:
+        from plancc.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
+
+        off = np.stack([starts, ends], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps the planned ones
+        h = token_hashes(ids, off, labels, off)[::2]
+        bad = np.flatnonzero(h != samples.column("token_hash").to_numpy())
+        if bad.size:
+            return (f"{bad.size} samples changed content (dataset fingerprint mismatch; first: sample_id "
+                    f"{int(sid[bad[0]])})")
+    return None

@@ -1,0 +1,255 @@
+"""The memory-mapped token store at run time: same tensors as in-memory loading, chunks verified before they are
+fed, constant-cost open checks, sharded sources as one store, relocatable plans and explicit repointing."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from plancc import api, store, token_store
+from plancc.cli import app
+from plancc.config import PlanSettings, ScanOptions
+from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, RuntimePlan, TokenStore, load_tokens
+from tests.runtime_helpers import build_plan, make_tokenized, samples_table, write_tokens
+
+LAYOUTS = {
+    "packed": dict(mode="packed", micro_batch_size=2),
+    "packed_real": dict(mode="packed", micro_batch_size=2, real_batches=True),
+    "padded": dict(mode="padded", micro_batch_size=3, pad_multiple=4),
+    "flattened": dict(mode="flattened", micro_batch_size=3),
+}
+
+
+def _batches(plan, tokens, world=2):
+    collator = PlanCollator.from_plan(plan)
+    for r in range(world):
+        for mb in PlanSampler(plan, rank=r, world_size=world):
+            yield mb, collator(mb, tokens)
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(4, 40), data_seed=st.integers(0, 10_000), layout=st.sampled_from(sorted(LAYOUTS)),
+       shift=st.sampled_from(["sample", "row", "none"]))
+def test_mapped_store_gives_the_same_tensors_as_in_memory_loading(n, data_seed, layout, shift):
+    tok = make_tokenized(n, seed=data_seed, max_len=20, shift=shift)
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build_plan(Path(tmp), tok=tok, shift=shift, sequence_len=24, world_size=2, **LAYOUTS[layout])
+        mapped = load_tokens(plan)
+        assert all(isinstance(a.base, np.memmap) for a in (mapped.input_ids, mapped.targets, mapped.offsets))
+        in_memory = TokenStore.from_table(tok, shift=shift)
+        assert mapped.max_id == in_memory.max_id == int(in_memory.input_ids.max())  # the header's, no ids read
+        got = list(_batches(plan, mapped))
+        want = list(_batches(plan, in_memory))
+        assert len(got) == len(want) > 0
+        for (_, a), (_, b) in zip(got, want, strict=True):
+            assert a.keys() == b.keys()
+            for k in a:
+                if isinstance(a[k], torch.Tensor):
+                    assert torch.equal(a[k], b[k]), k
+                else:
+                    assert np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k], k
+        assert mapped.guard.pending == 0  # every chunk was read, so every chunk was verified
+
+
+def _flip_token(plan: Path, sample_id: int) -> None:
+    """Edit one byte of one token of `sample_id` in the plan's input_ids.npy, in place (same size)."""
+    m = token_store.open_store(plan / store.TOKENS_DIR)
+    pos = m.input_ids.offset + 4 * int(m.offsets[sample_id])
+    path = plan / store.TOKENS_DIR / "input_ids.npy"
+    data = bytearray(path.read_bytes())
+    data[pos] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_tampered_chunk_is_refused_before_any_of_it_is_fed(tmp_path):
+    tok = make_tokenized(60, seed=3, max_len=20)
+    plan = build_plan(tmp_path, tok=tok, mode="packed", micro_batch_size=2, sequence_len=24)
+    victim = 37
+    _flip_token(plan, victim)
+    tokens = load_tokens(plan)  # opening reads no token: the edit is found when its chunk is first read
+    m = tokens.guard.mapped
+    chunk = int(token_store.chunks_of(m, np.array([victim]))[0])
+    collator = PlanCollator.from_plan(plan)
+    fed = 0
+    with pytest.raises(PlanMismatchError, match=rf"chunk {chunk} .*first: sample_id {victim}\)"):
+        for mb in PlanSampler(plan):
+            touched = set(token_store.chunks_of(m, np.asarray(mb)).tolist())
+            batch = collator(mb, tokens)
+            assert chunk not in touched, "a batch holding a sample of the changed chunk was returned"
+            fed += batch["label_count"] >= 0
+    assert fed < len(PlanSampler(plan))
+    with pytest.raises(PlanMismatchError, match=rf"first: sample_id {victim}\)"):
+        load_tokens(plan, verify="hash")  # the full check at open finds it too
+    allowed = load_tokens(plan, allow_dataset_change=True)
+    with pytest.warns(UserWarning, match="allowed by allow_dataset_change"):
+        for mb in PlanSampler(plan):
+            collator(mb, allowed)
+    res = CliRunner().invoke(app, ["validate", str(plan)])
+    assert res.exit_code == 1 and f"first: sample_id {victim})" in res.output
+
+
+@pytest.mark.parametrize("damage", ["truncate", "append", "index", "foreign"])
+def test_open_refuses_a_damaged_or_foreign_store_at_constant_cost(tmp_path, damage):
+    plan = build_plan(tmp_path, n=30, mode="padded", micro_batch_size=2, sequence_len=24)
+    tokens = plan / store.TOKENS_DIR
+    if damage == "truncate":
+        path = tokens / "labels.npy"
+        path.write_bytes(path.read_bytes()[:-4])
+        match = "labels.npy"
+    elif damage == "append":
+        with open(tokens / "offsets.npy", "ab") as f:
+            f.write(b"\0" * 8)
+        match = "offsets.npy has 8 bytes beyond its array"
+    elif damage == "index":
+        h = np.load(tokens / "chunk_hashes.npy")
+        h[1] ^= 1
+        np.save(tokens / "chunk_hashes.npy", h)
+        match = "chunk_hashes.npy changed"
+    else:  # another dataset's store in its place
+        other = make_tokenized(30, seed=99, max_len=20)
+        shutil.rmtree(tokens)
+        write_tokens(tokens, other, samples_table(other))
+        match = "dataset fingerprint .* the plan was compiled from"
+    with pytest.raises(PlanMismatchError, match=match):
+        load_tokens(plan)
+
+
+def test_sharded_tokenized_source_is_one_store_and_the_plan_moves_as_one_folder(tmp_path):
+    tok = make_tokenized(50, seed=5, max_len=30)
+    (tmp_path / "src").mkdir()
+    pq.write_table(tok.slice(0, 20), tmp_path / "src" / "part-0.parquet")
+    pq.write_table(tok.slice(20), tmp_path / "src" / "part-1.parquet")
+    plan = tmp_path / "plan"
+    api.compile_to_dir(str(tmp_path / "src" / "part-*.parquet"), ScanOptions(sequence_len=32),
+                       PlanSettings(mode="packed", micro_batch_size=2, sequence_len=32), plan,
+                       cache_dir=tmp_path / "cache")
+    manifest = store.read_manifest(plan)
+    assert manifest["data"]["tokens"] == store.TOKENS_DIR
+    assert manifest["data"]["source_relative"] == ["../src/part-0.parquet", "../src/part-1.parquet"]
+    shutil.rmtree(tmp_path / "src")  # the plan no longer needs the user's files
+    moved = tmp_path / "elsewhere" / "plan"
+    shutil.move(plan, moved)
+    shutil.rmtree(tmp_path / "cache")
+    tokens = load_tokens(RuntimePlan(moved), verify="hash")
+    whole = TokenStore.from_table(tok)
+    assert np.array_equal(tokens.input_ids, whole.input_ids) and np.array_equal(tokens.offsets, whole.offsets)
+    assert np.array_equal(tokens.targets, whole.targets)
+
+
+def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
+    tok = make_tokenized(40, seed=7, max_len=20)
+    table = samples_table(tok)
+    write_tokens(tmp_path / "data" / store.TOKENS_DIR, tok, table)  # a scan-like folder holding the store
+    s = api.sample_arrays(table)
+    ps = PlanSettings(mode="packed", micro_batch_size=2, sequence_len=24)
+    from plancc.compile import compile_plan
+
+    plan = tmp_path / "plan"
+    api.write_plan_dir(plan, table, s, ps, compile_plan(s, ps), {}, None)  # compiled from a bare samples table
+    with pytest.raises(PlanMismatchError, match=r"holds no tokenized data .* pass data="):
+        load_tokens(plan)
+    shutil.move(tmp_path / "data", tmp_path / "moved")
+    for data in (tmp_path / "moved", tmp_path / "moved" / store.TOKENS_DIR):
+        tokens = load_tokens(RuntimePlan(plan, data=data))
+        assert sum(1 for _ in _batches(plan, tokens, world=1)) == len(PlanSampler(plan))
+    with pytest.raises(PlanMismatchError, match="does not exist"):
+        RuntimePlan(plan, data=tmp_path / "data")
+    other = make_tokenized(40, seed=8, max_len=20)
+    write_tokens(tmp_path / "other", other, samples_table(other))
+    with pytest.raises(PlanMismatchError, match=r"other does not match the plan .*dataset fingerprint"):
+        load_tokens(RuntimePlan(plan, data=tmp_path / "other"))
+    runner = CliRunner()
+    res = runner.invoke(app, ["validate", str(plan), "--dataset", str(tmp_path / "moved")])
+    assert res.exit_code == 0 and "token data" in res.output, res.output
+    res = runner.invoke(app, ["validate", str(plan), "--dataset", str(tmp_path / "other")])
+    assert res.exit_code == 1 and "dataset fingerprint" in res.output
+
+
+def test_plan_and_tokenized_source_moved_together_are_found_relative_to_the_plan(tmp_path):
+    """A plan without a store (bare samples table) keeps its source's path relative to itself too."""
+    tok = make_tokenized(25, seed=4, max_len=20)
+    table = samples_table(tok)
+    (tmp_path / "job").mkdir()
+    pq.write_table(tok, tmp_path / "job" / "train.parquet")
+    s = api.sample_arrays(table)
+    ps = PlanSettings(mode="flattened", micro_batch_size=2, sequence_len=24)
+    from plancc.compile import compile_plan
+
+    api.write_plan_dir(tmp_path / "job" / "plan", table, s, ps, compile_plan(s, ps),
+                       {"source_paths": [str(tmp_path / "job" / "train.parquet")]}, None)
+    shutil.move(tmp_path / "job", tmp_path / "moved-job")
+    tokens = load_tokens(tmp_path / "moved-job" / "plan")  # absolute path gone; relative one still holds
+    assert np.array_equal(tokens.input_ids, TokenStore.from_table(tok).input_ids)
+
+
+def test_worker_copies_reopen_the_maps_and_verify_their_own_reads(tmp_path):
+    plan = build_plan(tmp_path, n=30, mode="packed", micro_batch_size=2, sequence_len=24)
+    tokens = load_tokens(plan)
+    copy = pickle.loads(pickle.dumps(tokens))  # what a spawned DataLoader worker receives
+    assert isinstance(copy.input_ids.base, np.memmap) and copy.guard.pending == copy.guard.mapped.num_chunks
+    assert len(pickle.dumps(tokens)) < 1000  # paths, not tokens
+    _flip_token(plan, 5)
+    with pytest.raises(PlanMismatchError, match=r"first: sample_id 5\)"):
+        copy.check(np.array([5]))
+
+
+def test_to_table_is_an_arrow_view_of_the_store(tmp_path):
+    tok = make_tokenized(12, seed=2)
+    write_tokens(tmp_path / "t", tok, samples_table(tok))
+    table = token_store.to_table(tmp_path / "t")
+    assert table.column("input_ids").to_pylist() == tok.column("input_ids").to_pylist()
+    assert table.column("labels").type == pa.large_list(pa.int32())
+    import datasets
+
+    assert datasets.Dataset(table)[3]["labels"] == tok.column("labels")[3].as_py()  # the documented access
+
+
+@pytest.mark.parametrize("damage", ["deleted", "file deleted", "emptied", "truncated", "swapped"])
+def test_validate_checks_the_plans_token_data(tmp_path, damage):
+    plan = build_plan(tmp_path / "a", n=30, mode="padded", micro_batch_size=2, sequence_len=24)
+    tokens = plan / store.TOKENS_DIR
+    assert CliRunner().invoke(app, ["validate", str(plan)]).exit_code == 0
+    if damage == "deleted":
+        shutil.rmtree(tokens)
+    elif damage == "file deleted":
+        (tokens / "offsets.npy").unlink()
+    elif damage == "emptied":
+        (tokens / "input_ids.npy").write_bytes(b"")
+    elif damage == "truncated":
+        data = (tokens / "labels.npy").read_bytes()
+        (tokens / "labels.npy").write_bytes(data[: len(data) // 2])
+    else:
+        other = build_plan(tmp_path / "b", n=30, data_seed=5, mode="padded", micro_batch_size=2, sequence_len=24)
+        shutil.rmtree(tokens)
+        shutil.copytree(other / store.TOKENS_DIR, tokens)
+    res = CliRunner().invoke(app, ["validate", str(plan)])
+    assert res.exit_code == 1 and "tokens" in res.output, res.output
+
+
+def test_a_change_in_a_row_the_plan_does_not_use_is_a_warning(tmp_path):
+    tok = make_tokenized(30, seed=6, max_len=20)
+    full = samples_table(tok)
+    kept = full.filter(pa.array(np.arange(30) != 12))  # row 12 dropped by the scan: in the store, not in the plan
+    write_tokens(tmp_path / "data" / store.TOKENS_DIR, tok, kept)
+    s = api.sample_arrays(kept)
+    ps = PlanSettings(mode="padded", micro_batch_size=2, sequence_len=24)
+    from plancc.compile import compile_plan
+
+    api.write_plan_dir(tmp_path / "plan", kept, s, ps, compile_plan(s, ps), {}, tmp_path / "data" / store.TOKENS_DIR)
+    plan = tmp_path / "plan"
+    _flip_token(plan, 12)
+    tokens, collator = load_tokens(plan), PlanCollator.from_plan(plan)
+    with pytest.warns(UserWarning, match="not in any sample of the plan"):
+        batches = [collator(mb, tokens) for mb in PlanSampler(plan)]
+    assert len(batches) == len(PlanSampler(plan)) and tokens.guard.pending == 0
