@@ -7,7 +7,7 @@
   the first `limit` matching microbatches have their sample ids decoded, so a 10M-sample plan answers fast.
 * `before_counts(plan_dir, epoch)`: per-microbatch label counts and per-update totals of the `before` stage.
   The plan stores only the final (`after`) layout; the `before` layout is recomputed from the plan's own samples
-  table and settings by the compile pipeline's own first step (`compile.before_batches`), which is
+  table and settings by the compile pipeline's own first step (`pipeline.before_batches`), which is
   deterministic. The recomputation is checked against the stored `before` metrics;
   when they disagree (a plan written by another plancc version) it is reported as not reproduced.
 * `metrics_tables(rows)`: rich tables, one per epoch, metrics down, stages across.
@@ -234,10 +234,10 @@ def _update_totals(labels: np.ndarray, per_update: int) -> np.ndarray:
 
 def before_counts(plan_dir: str | Path, epoch: int) -> BeforeAfter:
     """Recompute the `before` stage of `epoch` from the plan's samples table and settings (see module doc)."""
-    from plancc.api import sample_arrays
-    from plancc.compile import before_batches
+    from plancc.build import sample_arrays
     from plancc.config import PlanSettings
     from plancc.metrics import summarize
+    from plancc.pipeline import before_batches
     from plancc.plan import batch_targets
 
     p = _plan_dir(plan_dir)

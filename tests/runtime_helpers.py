@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from plancc import api
-from plancc.compile import compile_plan
+from plancc import build
 from plancc.config import PlanSettings
 from plancc.fingerprint import token_hashes
+from plancc.pipeline import compile_plan
 
 VOCAB = 48
 
@@ -71,11 +71,11 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     path = tmp / "tokenized.parquet"
     pq.write_table(tok, path)
     table = samples_table(tok, shift)
-    s = api.sample_arrays(table)
+    s = build.sample_arrays(table)
     ps = PlanSettings(seed=seed, **settings)
     epochs = compile_plan(s, ps)
     out = tmp / "plan"
-    api.write_plan_dir(out, table, s, ps, epochs, {}, path)
+    build.write_plan_dir(out, table, s, ps, epochs, {}, path)
     return out
 
 

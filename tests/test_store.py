@@ -15,8 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from plancc import store
-from plancc.api import sample_arrays, write_plan_dir
-from plancc.compile import compile_plan
+from plancc.build import sample_arrays, write_plan_dir
 from plancc.config import PlanSettings
 from tests.plan_helpers import random_dataset, samples_table
 

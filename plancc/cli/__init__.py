@@ -101,7 +101,7 @@ def compile_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
-    from plancc.api import compile_to_dir
+    from plancc.build import compile_to_dir
 
     with fail_on_errors():
         flags = {k: v for k, v in locals().items() if k not in ("source", "output", "config", "cache_dir", "quiet",

@@ -1,5 +1,6 @@
-"""The library entry points the CLI calls: compile a source into a plan directory, load a plan's samples.
+"""Build a plan directory: load the samples (scan a source or reuse a scan), plan every epoch, write it atomically.
 
+The public API (`plancc.api`) and the CLI call `compile_to_dir`; tests and benchmarks reuse `write_plan_dir`.
 Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) -> Parquet (store).
 """
 
@@ -17,10 +18,10 @@ import pyarrow.compute as pc
 
 from plancc import __version__, store
 from plancc.carry import carry
-from plancc.compile import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.config import PlanSettings, ScanOptions
 from plancc.fingerprint import config_fingerprint, metrics_checksum, plan_fingerprint, scan_identity
 from plancc.metrics import SourceDrops
+from plancc.pipeline import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.plan import SampleArrays
 
 
