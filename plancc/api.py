@@ -1,0 +1,196 @@
+"""The public Python API: `plancc.compile(source, output, **settings) -> Plan` and `plancc.open_plan(path) -> Plan`.
+
+The `plancc compile` and `plancc scan` commands are a thin layer over this module: they turn flags into the same
+keyword settings. `import plancc` stays light: these names are imported on first use (see `plancc/__init__.py`).
+
+    import plancc
+    plan = plancc.compile("data/train.jsonl", "plans/train", sequence_len=2048, micro_batch_size=4, world_size=8)
+    plan.epochs                # [0]
+    plan.epoch(0)[0]           # microbatch 0 of epoch 0: its rows of sample ids
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from plancc import store
+from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file, split_settings
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class EpochMicrobatches:
+    """One epoch's microbatches (optionally one rank's share) in global order, as flat CSR arrays.
+
+    Microbatch `i` holds rows `row_bounds[batch_bounds[i]:batch_bounds[i+1]]`; row `r` holds the sample ids
+    `sample_ids[row_bounds[r]:row_bounds[r+1]]`. `update`, `rank`, `micro_step` say where microbatch `i` runs.
+    """
+
+    update: np.ndarray
+    rank: np.ndarray
+    micro_step: np.ndarray
+    sample_ids: np.ndarray
+    row_bounds: np.ndarray
+    batch_bounds: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.update)
+
+    def __getitem__(self, i: int) -> list[list[int]]:
+        """Microbatch `i` as its rows of sample ids."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"microbatch {i} out of range (0..{len(self) - 1})")
+        i %= len(self)
+        r0, r1 = int(self.batch_bounds[i]), int(self.batch_bounds[i + 1])
+        return [self.sample_ids[self.row_bounds[r]:self.row_bounds[r + 1]].tolist() for r in range(r0, r1)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan directory on disk: where it is, what made it, what it measured, and its microbatches per epoch.
+
+    `settings` are the plan settings; `scan` is the scan report (tokenizer, format, drops, ...); `fingerprints`
+    the dataset, metadata, config and per-epoch plan digests; `manifest` the whole `manifest.json`;
+    `warnings` what a compile found suspicious (drops, chat template markers that are not single tokens, fewer
+    microbatches than one update needs, ...).
+    """
+
+    path: Path
+    settings: PlanSettings
+    fingerprints: dict[str, Any]
+    scan: dict[str, Any]
+    manifest: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def epochs(self) -> list[int]:
+        """The epoch numbers of the plan, ascending."""
+        return sorted(int(e) for e in self.fingerprints.get("plan", {}))
+
+    def metrics(self, epoch: int | None = None) -> list[dict[str, Any]]:
+        """Metric rows `{epoch, stage, metric...}` (stages `before` ... `after`), as `plancc inspect metrics`."""
+        from plancc.inspect import read_metrics
+
+        return read_metrics(self.path, epoch)
+
+    def epoch(self, epoch: int, rank: int | None = None) -> EpochMicrobatches:
+        """The microbatches of `epoch` (only those of `rank` when given), read with Parquet filters."""
+        from plancc.validate import nested_arrays
+
+        if epoch not in self.epochs:
+            raise SettingsError(f"epoch {epoch}: the plan has epochs {self.epochs}")
+        if rank is not None and not 0 <= rank < self.settings.world_size:
+            raise SettingsError(f"rank {rank}: the plan has ranks 0..{self.settings.world_size - 1}")
+        table = store.read_plan(self.path, epoch=epoch, rank=rank,
+                                columns=["epoch", "index", "update", "rank", "micro_step", "sample_ids"])
+        flat, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
+        return EpochMicrobatches(*(table.column(c).to_numpy() for c in ("update", "rank", "micro_step")),
+                                 flat, row_bounds, batch_bounds)
+
+
+def open_plan(path: str | Path) -> Plan:
+    """Open a plan directory written by `compile` (or `plancc compile`); nothing is read but its metadata."""
+    from plancc.inspect import plan_meta
+
+    p = Path(path)
+    meta = plan_meta(p)
+    manifest = store.read_manifest(p)
+    try:
+        settings = PlanSettings(**meta["settings"])
+    except TypeError as exc:
+        raise store.StoreError(f"{p}: settings of another plancc version ({exc})") from None
+    warnings = [*manifest.get("warnings", []), *degenerate_warnings(manifest, settings)]
+    return Plan(p, settings, meta["fingerprints"], manifest.get("scan", {}), manifest, tuple(warnings))
+
+
+def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> list[str]:
+    """Settings that make a plan useless for training: no update at all, or fewer microbatches than one update."""
+    per_update = settings.batches_per_update
+    out = []
+    for e in manifest.get("epochs", []):
+        if e["updates"] == 0 or e["batches"] < per_update:
+            out.append(f"epoch {e['epoch']}: {e['batches']} microbatches, {e['updates']} updates, but one update "
+                       f"takes world_size x grad_accum = {settings.world_size} x {settings.grad_accum} = "
+                       f"{per_update} microbatches; lower --world-size or --grad-accum (or --micro-batch-size)")
+    return out
+
+
+def resolve_settings(config: str | Path | None = None, num_proc: int | None = None, **settings: Any
+                     ) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
+    """Defaults < `config` file (TOML/YAML) < keyword settings (None means "not given"); also `num_proc` and the
+    names set on purpose (which a scan directory's carried options must not contradict: `plancc.carry`)."""
+    merged: dict[str, Any] = dict(load_config_file(config)) if config else {}
+    procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
+    if isinstance(procs, bool) or not isinstance(procs, int) or procs <= 0:
+        raise SettingsError(f"--num-proc must be a positive integer, got {procs!r}")
+    merged.update({k: v for k, v in settings.items() if v is not None})
+    return (*split_settings(merged), procs, set(merged))
+
+
+def _materialize(dataset: Any, cache_dir: Path | None) -> str:
+    """An in-memory `datasets.Dataset` as a Parquet file in the cache, named by its content digest."""
+    try:
+        from datasets import Dataset
+    except ImportError:  # pragma: no cover - datasets is a core dependency
+        Dataset = ()
+    if not isinstance(dataset, Dataset):
+        raise SettingsError(f"source must be a path, glob, Hub id or datasets.Dataset, got {type(dataset).__name__}")
+    from plancc.scan import default_cache_dir
+
+    folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "datasets"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{uuid.uuid4().hex}.parquet"
+    try:
+        dataset.to_parquet(str(tmp))
+        digest = hashlib.blake2b(tmp.read_bytes(), digest_size=16).hexdigest()
+        final = folder / f"{digest}.parquet"
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return str(final)
+
+
+def scan(source: Any, output: str | Path, *, config: str | Path | None = None, num_proc: int | None = None,
+         cache_dir: str | Path | None = None, progress: Progress | None = None, **settings: Any) -> dict[str, Any]:
+    """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
+
+    Takes the scan's settings of `compile` (`format`, `tokenizer`, `sequence_len`, `long`, `shift`, ...).
+    """
+    from plancc import scan as scan_mod
+
+    cache = Path(cache_dir) if cache_dir is not None else None
+    options, _, procs, _ = resolve_settings(config, num_proc, **settings)
+    if not isinstance(source, str | os.PathLike):
+        source = _materialize(source, cache)
+    result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress)
+    scan_mod.write_scan(result, Path(output))
+    return result.report
+
+
+def compile(source: Any, output: str | Path, *, config: str | Path | None = None, num_proc: int | None = None,
+            cache_dir: str | Path | None = None, progress: Progress | None = None, **settings: Any) -> Plan:
+    """Scan `source` (or reuse its scan), plan every epoch and write the plan directory `output`.
+
+    `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
+    directory) or an in-memory `datasets.Dataset` (written once into the cache as Parquet). `settings` are the
+    flags' names with underscores (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML
+    file under them. Errors are `plancc.errors.PlanccError` with a message naming the setting to change.
+    """
+    from plancc.build import compile_to_dir
+
+    cache = Path(cache_dir) if cache_dir is not None else None
+    scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, **settings)
+    if not isinstance(source, str | os.PathLike):
+        source = _materialize(source, cache)
+    compile_to_dir(str(source), scan_options, plan_settings, output, num_proc=procs, cache_dir=cache,
+                   progress=progress, given=given)
+    return open_plan(output)
