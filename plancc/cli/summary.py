@@ -31,7 +31,7 @@ def _name(value: Any) -> str | None:
 
 
 def _share(n: int, of: int) -> str:
-    return f" ({100 * n / of:.1f}%)" if of else ""
+    return f" ({100 * n / of:.1f}%)" if n and of else ""
 
 
 def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
@@ -40,7 +40,7 @@ def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
     truncated = _count(report, "truncated_samples", "truncated")
     total = kept + dropped
     lines = [f"samples    {kept:,} kept, {dropped:,} dropped{_share(dropped, total)}, {truncated:,} truncated"]
-    tokenizer = _name(report.get("tokenizer")) or "unknown"
+    tokenizer = _name(report.get("tokenizer")) or "none recorded (compiled from a samples table)"
     template = _name(report.get("chat_template"))
     fmt = report.get("format")
     lines.append(f"tokenizer  {tokenizer}" + (f", format {fmt}" if fmt else ""))
@@ -67,7 +67,9 @@ def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[st
                      f"{before['update_label_cv']:.3f} → {after['update_label_cv']:.3f}  "
                      f"{after['packing_efficiency']:>10.4f}")
     more = len(manifest["epochs"]) - MAX_EPOCH_ROWS
-    lines.append((f"… {more} more epoch(s); " if more > 0 else "") + f"all metrics: plancc inspect metrics {output}")
+    if more > 0:
+        lines.append(f"… {more} more epoch(s)")
+    lines.append(f"metrics    plancc inspect metrics {output}")
     return lines
 
 
