@@ -8,15 +8,16 @@ DEMO_OUT ?= out/chat-plan
 
 install: $(BIN)/plancc demo
 
-$(BIN)/plancc: pyproject.toml
+$(BIN)/plancc: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $@
 
 demo: $(BIN)/plancc
 	$(BIN)/plancc compile examples/data/chat.jsonl -o $(DEMO_OUT) --config examples/chat.toml
-	$(BIN)/plancc inspect metrics $(DEMO_OUT)
+	$(BIN)/plancc inspect metrics $(DEMO_OUT) --epoch 0 --compact
+	$(BIN)/plancc show $(DEMO_OUT) --sample 1 --no-color
 	$(BIN)/plancc validate $(DEMO_OUT)
 
 test: $(BIN)/plancc

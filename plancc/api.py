@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from plancc import store
 from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file, split_settings
@@ -150,7 +151,7 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{uuid.uuid4().hex}.parquet"
     try:
-        dataset.to_parquet(str(tmp))
+        pq.write_table(dataset.with_format("arrow")[:], tmp)  # rows in dataset order, selections applied
         digest = hashlib.blake2b(tmp.read_bytes(), digest_size=16).hexdigest()
         final = folder / f"{digest}.parquet"
         os.replace(tmp, final)

@@ -41,6 +41,12 @@ def test_compile_an_in_memory_dataset_and_open_it(tmp_path):
     src = write_rows(tmp_path / "pc.jsonl", _rows())
     again = plancc.compile(src, tmp_path / "q", cache_dir=tmp_path / "cache", **settings)
     assert again.fingerprints == plan.fingerprints
+    # a selection (here: reversed rows) is what is compiled, in its order
+    reversed_rows = Dataset.from_list(_rows()).select(range(39, -1, -1))
+    flipped = plancc.compile(reversed_rows, tmp_path / "r", cache_dir=tmp_path / "cache", **settings)
+    from_file = plancc.compile(write_rows(tmp_path / "rev.jsonl", _rows()[::-1]), tmp_path / "s",
+                               cache_dir=tmp_path / "cache", **settings)
+    assert flipped.fingerprints == from_file.fingerprints != plan.fingerprints
 
 
 def test_compile_matches_the_cli(tmp_path):
