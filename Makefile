@@ -10,8 +10,9 @@ install: $(BIN)/plancc demo
 
 $(BIN)/plancc: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install -qq --upgrade pip
+	# -qq: errors only (setuptools' notice about editable installs is not one); constraints.txt: the tested versions
+	$(BIN)/python -m pip install -qq -c constraints.txt -e ".[dev]"
 	touch $@
 
 demo: $(BIN)/plancc
