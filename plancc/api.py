@@ -139,10 +139,8 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
 
 def _materialize(dataset: Any, cache_dir: Path | None) -> str:
     """An in-memory `datasets.Dataset` as a Parquet file in the cache, named by its content digest."""
-    try:
-        from datasets import Dataset
-    except ImportError:  # pragma: no cover - datasets is a core dependency
-        Dataset = ()
+    from datasets import Dataset
+
     if not isinstance(dataset, Dataset):
         raise SettingsError(f"source must be a path, glob, Hub id or datasets.Dataset, got {type(dataset).__name__}")
     from plancc.scan import default_cache_dir
