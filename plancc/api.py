@@ -72,6 +72,11 @@ class Plan:
     manifest: dict[str, Any]
     warnings: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:  # the manifest is long: name the plan, not its contents
+        return (f"Plan({str(self.path)!r}, samples={self.manifest.get('samples')}, epochs={self.epochs}, "
+                f"mode={self.settings.mode!r}, world_size={self.settings.world_size}, "
+                f"grad_accum={self.settings.grad_accum})")
+
     @property
     def epochs(self) -> list[int]:
         """The epoch numbers of the plan, ascending."""

@@ -30,6 +30,8 @@ def test_compile_an_in_memory_dataset_and_open_it(tmp_path):
     assert plan.epochs == [0, 1] and plan.scan["format"] == "prompt_completion" and plan.scan["retained"] == 40
     opened = plancc.open_plan(tmp_path / "p")
     assert opened == plan
+    assert repr(plan) == (f"Plan({str(tmp_path / 'p')!r}, samples=40, epochs=[0, 1], mode='packed', world_size=2, "
+                          "grad_accum=2)")
     assert {m["stage"] for m in opened.metrics(0)} >= {"before", "after"}
     epoch = opened.epoch(1)
     assert len(epoch) == opened.manifest["epochs"][1]["batches"]
