@@ -23,10 +23,10 @@ def _rows(n: int = 40) -> list[dict]:
 
 
 def test_compile_an_in_memory_dataset_and_open_it(tmp_path):
-    settings = {"sequence_len": 256, "micro_batch_size": 2, "world_size": 2, "grad_accum": 2, "epochs": 2, "seed": 3}
+    settings = {"tokenizer": "builtin", "sequence_len": 256, "micro_batch_size": 2, "world_size": 2, "grad_accum": 2, "epochs": 2, "seed": 3}
     plan = plancc.compile(Dataset.from_list(_rows()), tmp_path / "p", cache_dir=tmp_path / "cache", **settings)
     assert isinstance(plan, plancc.Plan)
-    assert plan.settings == PlanSettings(**settings)
+    assert plan.settings == PlanSettings(**{k: v for k, v in settings.items() if k != "tokenizer"})
     assert plan.epochs == [0, 1] and plan.scan["format"] == "prompt_completion" and plan.scan["retained"] == 40
     opened = plancc.open_plan(tmp_path / "p")
     assert opened == plan
@@ -58,15 +58,17 @@ def test_compile_matches_the_cli(tmp_path):
 
     src = write_rows(tmp_path / "pc.jsonl", pc_rows(30))
     res = CliRunner().invoke(app, ["compile", str(src), "-o", str(tmp_path / "cli"), "--sequence-len", "128",
-                                   "--world-size", "2", "--cache-dir", str(tmp_path / "c"), "--json"])
+                                   "--world-size", "2", "--tokenizer", "builtin", "--cache-dir", str(tmp_path / "c"),
+                                   "--json"])
     assert res.exit_code == 0, res.output
-    plan = plancc.compile(str(src), tmp_path / "api", sequence_len=128, world_size=2, cache_dir=tmp_path / "c")
+    plan = plancc.compile(str(src), tmp_path / "api", sequence_len=128, world_size=2, tokenizer="builtin",
+                          cache_dir=tmp_path / "c")
     assert json.loads(res.stdout)["fingerprints"] == plan.fingerprints
 
 
 def test_config_file_under_keywords(tmp_path):
     config = tmp_path / "c.toml"
-    config.write_text("sequence_len = 256\nmicro_batch_size = 3\nseed = 5\n")
+    config.write_text('tokenizer = "builtin"\nsequence_len = 256\nmicro_batch_size = 3\nseed = 5\n')
     plan = plancc.compile(Dataset.from_list(_rows()), tmp_path / "p", config=config, seed=9,
                           cache_dir=tmp_path / "cache")
     assert (plan.settings.micro_batch_size, plan.settings.seed) == (3, 9)
@@ -83,7 +85,8 @@ def test_bad_settings_and_sources_are_plancc_errors(tmp_path):
 
 
 def test_epoch_out_of_range(tmp_path):
-    plan = plancc.compile(Dataset.from_list(_rows()), tmp_path / "p", sequence_len=256, cache_dir=tmp_path / "c")
+    plan = plancc.compile(Dataset.from_list(_rows()), tmp_path / "p", sequence_len=256, tokenizer="builtin",
+                          cache_dir=tmp_path / "c")
     with pytest.raises(SettingsError, match=r"the plan has epochs \[0\]"):
         plan.epoch(3)
     with pytest.raises(SettingsError, match=r"ranks 0..0"):
@@ -105,9 +108,10 @@ def test_compiling_imports_no_torch(tmp_path):
     src = write_rows(tmp_path / "pc.jsonl", pc_rows(20))
     code = (f"import plancc.cli\nfrom typer.testing import CliRunner\n"
             f"r = CliRunner().invoke(plancc.cli.app, ['compile', {str(src)!r}, '-o', {str(tmp_path / 'p')!r}, "
-            f"'--sequence-len', '128', '--cache-dir', {str(tmp_path / 'c')!r}, '--quiet'])\n"
+            f"'--sequence-len', '128', '--tokenizer', 'builtin', '--cache-dir', {str(tmp_path / 'c')!r}, '--quiet'])\n"
             "assert r.exit_code == 0, r.output\n"
-            f"plancc.compile({str(src)!r}, {str(tmp_path / 'q')!r}, sequence_len=128, cache_dir={str(tmp_path / 'c')!r})")
+            f"plancc.compile({str(src)!r}, {str(tmp_path / 'q')!r}, sequence_len=128, tokenizer='builtin', "
+            f"cache_dir={str(tmp_path / 'c')!r})")
     loaded = _modules_after(code)
     assert {"plancc.pipeline", "plancc.api"} <= loaded and "torch" not in loaded
     assert (tmp_path / "p" / "plan.parquet").is_file() and (tmp_path / "q" / "plan.parquet").is_file()

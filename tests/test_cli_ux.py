@@ -129,16 +129,17 @@ def test_scan_summary(tmp_path, monkeypatch):
     rows = [{"prompt": f"Q{i}: " + "x" * (5 * i), "completion": "y" * 10} for i in range(40)]
     src = tmp_path / "pc.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = _run("scan", src, "-o", "s", "--sequence-len", "128", "--cache-dir", tmp_path / "cache")
+    scan_args = ("--sequence-len", "128", "--tokenizer", "builtin", "--max-dropped", "1", "--cache-dir",
+                 tmp_path / "cache")
+    res = _run("scan", src, "-o", "s", *scan_args)
     assert res.exit_code == 0, res.output
     lines = res.stdout.rstrip("\n").split("\n")
     assert len(lines) <= 8 and max(map(len, lines)) <= 80
     dropped = sum(len(r["prompt"]) + len(r["completion"]) + 1 > 128 for r in rows)  # byte-level: 1 token a byte
     assert f"{40 - dropped} kept, {dropped} dropped" in res.stdout and "40 rows read" in res.stdout
-    quiet = _run("scan", src, "-o", tmp_path / "s2", "--sequence-len", "128", "--cache-dir", tmp_path / "cache", "-q")
+    quiet = _run("scan", src, "-o", tmp_path / "s2", *scan_args, "-q")
     assert quiet.exit_code == 0 and quiet.stdout == ""
-    as_json = json.loads(_run("scan", src, "-o", tmp_path / "s3", "--sequence-len", "128", "--cache-dir",
-                              tmp_path / "cache", "--json").stdout)
+    as_json = json.loads(_run("scan", src, "-o", tmp_path / "s3", *scan_args, "--json").stdout)
     assert as_json["retained"] == 40 - dropped
 
 

@@ -37,7 +37,8 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
     cache = tmp / "cache"
     for args in (["compile", src, "-o", out["plan"]], ["scan", src, "-o", out["scan"]],
                  ["compile", src, "-o", out["plan_none"], "--shift", "none"]):
-        res = _run(*args, "--sequence-len", "512", "--cache-dir", cache, "--quiet")
+        res = _run(*args, "--sequence-len", "512", "--tokenizer", "builtin", "--chat-template", "chatml",
+                   "--cache-dir", cache, "--quiet")
         assert res.exit_code == 0, res.output
     return out
 

@@ -40,7 +40,10 @@ def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
     truncated = _count(report, "truncated_samples", "truncated")
     total = kept + dropped
     lines = [f"samples    {kept:,} kept, {dropped:,} dropped{_share(dropped, total)}, {truncated:,} truncated"]
-    tokenizer = _name(report.get("tokenizer")) or "none recorded (compiled from a samples table)"
+    tok = report.get("tokenizer")
+    if isinstance(tok, str):  # a scan report names it and keeps its fingerprint beside
+        tok = {"name": tok, "fingerprint": report.get("tokenizer_fingerprint")}
+    tokenizer = _name(tok) or "none recorded (compiled from a samples table)"
     template = _name(report.get("chat_template"))
     fmt = report.get("format")
     lines.append(f"tokenizer  {tokenizer}" + (f", format {fmt}" if fmt else ""))
