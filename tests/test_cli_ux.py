@@ -183,3 +183,18 @@ def test_inspect_metrics_compact_fits_80_columns(plan):
     assert "label_cv" in proc.stdout and "after" in proc.stdout
     full = _run("inspect", "metrics", plan).stdout
     assert len(full.splitlines()) > len(lines)
+
+
+def test_compile_summary_names_tokenizer_template_and_drops(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = [{"messages": [{"role": "user", "content": "hi " * (1 + 40 * (i % 10 == 0))},
+                          {"role": "assistant", "content": f"answer {i}"}]} for i in range(50)]
+    Path("chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = _run("compile", "chat.jsonl", "-o", "p", "--tokenizer", "builtin", "--chat-template", "chatml",
+               "--sequence-len", "100", "--max-dropped", "0.2")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert "samples    45 kept, 5 dropped (10.0%), 0 truncated" in lines
+    assert any(line.startswith("tokenizer  plancc-byte-level (") for line in lines)
+    assert any(line.startswith("template   chatml (") for line in lines)
+    assert len(lines) <= 12 and max(map(len, lines)) <= 80
