@@ -92,10 +92,10 @@ def test_compile_help_shows_the_real_defaults(flag):
     assert option.show_default == str(getattr(PlanSettings(), flag.lstrip("-").replace("-", "_")))
 
 
-def _invocation(name: str, plan: Path, samples_file: Path, tmp: Path) -> list:
+def _invocation(name: str, plan: Path, samples_file: Path, out: Path) -> list:
     """A successful invocation of each command (scan: test_scan_summary; show: tests/test_show.py)."""
     return {
-        "compile": ["compile", samples_file, "-o", tmp / "c", "--sequence-len", "256"],
+        "compile": ["compile", samples_file, "-o", out, "--sequence-len", "256"],
         "validate": ["validate", plan],
         "diff": ["diff", plan, plan],
         "inspect metrics": ["inspect", "metrics", plan],
@@ -105,10 +105,9 @@ def _invocation(name: str, plan: Path, samples_file: Path, tmp: Path) -> list:
 
 @pytest.mark.parametrize("name", [i for i in IDS if i not in ("scan", "show")])
 def test_quiet_prints_nothing_and_json_parses(name, plan, samples_file, tmp_path):
-    args = _invocation(name, plan, samples_file, tmp_path)
-    quiet = _run(*args, "--quiet")
+    quiet = _run(*_invocation(name, plan, samples_file, tmp_path / "quiet"), "--quiet")
     assert quiet.exit_code == 0 and quiet.stdout == "", (name, quiet.output)
-    loud = _run(*args, "--json")
+    loud = _run(*_invocation(name, plan, samples_file, tmp_path / "json"), "--json")
     assert loud.exit_code == 0, loud.output
     assert isinstance(json.loads(loud.stdout), dict)
 
