@@ -17,6 +17,7 @@ import pytest
 from plancc import store
 from plancc.build import sample_arrays, write_plan_dir
 from plancc.config import PlanSettings
+from plancc.pipeline import compile_plan
 from tests.plan_helpers import random_dataset, samples_table
 
 SCHEMAS = Path(__file__).parent.parent / "schemas"
