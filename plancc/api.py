@@ -90,15 +90,13 @@ class Plan:
 
     def epoch(self, epoch: int, rank: int | None = None) -> EpochMicrobatches:
         """The microbatches of `epoch` (only those of `rank` when given), read with Parquet filters."""
-        from plancc.validate import nested_arrays
-
         if epoch not in self.epochs:
             raise SettingsError(f"epoch {epoch}: the plan has epochs {self.epochs}")
         if rank is not None and not 0 <= rank < self.settings.world_size:
             raise SettingsError(f"rank {rank}: the plan has ranks 0..{self.settings.world_size - 1}")
         table = store.read_plan(self.path, epoch=epoch, rank=rank,
                                 columns=["epoch", "index", "update", "rank", "micro_step", "sample_ids"])
-        flat, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
+        flat, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
         return EpochMicrobatches(*(table.column(c).to_numpy() for c in ("update", "rank", "micro_step")),
                                  flat, row_bounds, batch_bounds)
 
