@@ -13,11 +13,8 @@ from plancc.balance.accumulation import order_for_accumulation
 from plancc.balance.microbatch import balance_microbatches
 from plancc.balance.rank_order import order_ranks
 from plancc.config import PlanSettings, SettingsError
-<<<<<<< HEAD
 from plancc.metrics import summarize
-=======
 from plancc.pipeline import drop_tail, epoch_rng, plan_epoch
->>>>>>> e5f0c74 (Rename compile.py -> pipeline.py and api.py -> build.py: frees the name plancc.compile for the public API function (a submodule of that name would shadow it) and names what each module does)
 from plancc.plan import (
     Batches,
     SampleArrays,
