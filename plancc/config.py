@@ -167,6 +167,25 @@ class PlanSettings:
         return dataclasses.asdict(self)
 
 
+SETTING_NAMES = frozenset({f.name for f in fields(ScanOptions)} | {f.name for f in fields(PlanSettings)})
+
+
+def split_settings(values: dict[str, Any]) -> tuple[ScanOptions, PlanSettings]:
+    """One flat mapping of setting names onto the two dataclasses (`sequence_len`, `shift` go to both).
+
+    Unknown names are an error with a did-you-mean, so a typo in `plancc.compile(..., world_sise=8)` is not
+    silently a default.
+    """
+    unknown = sorted(set(values) - SETTING_NAMES)
+    if unknown:
+        raise SettingsError(f"unknown setting {unknown[0]!r}{did_you_mean(unknown[0], sorted(SETTING_NAMES))}; "
+                            f"settings: {', '.join(sorted(SETTING_NAMES))}")
+    scan_names = {f.name for f in fields(ScanOptions)}
+    plan_names = {f.name for f in fields(PlanSettings)}
+    return (ScanOptions(**{k: v for k, v in values.items() if k in scan_names}),
+            PlanSettings(**{k: v for k, v in values.items() if k in plan_names}))
+
+
 def canonical_hash(obj: dict[str, Any]) -> str:
     """Stable hex digest of a JSON-able mapping: sorted keys, no whitespace."""
     return hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()

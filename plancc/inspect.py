@@ -1,13 +1,13 @@
 """The read side for humans: a plan's metrics per epoch and stage, and its layout as a trainer rank will see it.
 
 * `read_metrics(plan_dir)`: the metrics table as rows `{epoch, stage, metric...}` (plus `padding_ratio`).
-* `plan_view(plan_dir, epoch=, update=, rank=, limit=)`: microbatches in global order (epoch, index) - which is
+* `plan_view(plan_dir, epoch=, update=, rank=, micro_step=, limit=)`: microbatches in global order (epoch, index) - which is
   (update, micro_step, rank) order - with their rows' sample ids, tokens, labels, cost and the update's global
   label total. Filters are pushed into the Parquet read (row groups are skipped on their statistics) and only
   the first `limit` matching microbatches have their sample ids decoded, so a 10M-sample plan answers fast.
 * `before_counts(plan_dir, epoch)`: per-microbatch label counts and per-update totals of the `before` stage.
   The plan stores only the final (`after`) layout; the `before` layout is recomputed from the plan's own samples
-  table and settings by the compile pipeline's own first step (`compile.before_batches`), which is
+  table and settings by the compile pipeline's own first step (`pipeline.before_batches`), which is
   deterministic. The recomputation is checked against the stored `before` metrics;
   when they disagree (a plan written by another plancc version) it is reported as not reproduced.
 * `metrics_tables(rows)`: rich tables, one per epoch, metrics down, stages across.
@@ -77,16 +77,17 @@ def _fmt(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def metrics_tables(rows: list[dict[str, Any]]):
-    """One rich Table per epoch: metrics down, stages across (before, balancing stages, after)."""
+def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
+    """One rich Table per epoch: metrics down, stages across (before, balancing stages, after); `compact`: only
+    the headline metrics and the before and after stages (fits 80 columns)."""
     from rich.table import Table
 
     from plancc.metrics import METRIC_COLUMNS
 
-    names = list(HEADLINE) + [n for n, _ in METRIC_COLUMNS if n not in HEADLINE]
+    names = list(HEADLINE) + ([] if compact else [n for n, _ in METRIC_COLUMNS if n not in HEADLINE])
     tables = []
     for e in sorted({r["epoch"] for r in rows}):
-        stages = [r for r in rows if r["epoch"] == e]
+        stages = [r for r in rows if r["epoch"] == e and (not compact or r["stage"] in ("before", "after"))]
         t = Table(title=f"epoch {e}", title_justify="left")
         t.add_column("metric")
         for r in stages:
@@ -117,31 +118,43 @@ class PlanView:
                 "shown": len(self.rows), "tokens": self.tokens, "labels": self.labels, "microbatches": self.rows}
 
 
-def _filters(epoch: int | None, update: int | None, rank: int | None) -> list[tuple]:
+def _filters(plan_dir: Path, meta: dict[str, Any], epoch: int | None, update: int | None, rank: int | None,
+             micro_step: int | None) -> list[tuple]:
+    """Parquet filters for the given values; a value outside the plan's range is an error naming the range."""
+    settings = meta["settings"]
+    epochs = sorted(int(e) for e in meta["fingerprints"].get("plan", {}))
+    updates = [e["updates"] for e in store.read_manifest(plan_dir).get("epochs", [])
+               if epoch is None or e["epoch"] == epoch] if update is not None else []
+    ranges = {  # name: (value, how many there are, what has that many)
+        "epoch": (epoch, None, f"epochs {epochs}"),
+        "update": (update, max(updates, default=0), "updates" + ("" if epoch is None else f" in epoch {epoch}")),
+        "rank": (rank, settings.get("world_size", 1), "ranks (world size)"),
+        "micro_step": (micro_step, settings.get("grad_accum", 1), "micro-steps (grad accum)"),
+    }
     f = []
-    for name, v in (("epoch", epoch), ("update", update), ("rank", rank)):
-        if v is not None:
-            if v < 0:
-                raise PlanccError(f"--{name} must be >= 0, got {v}")
-            f.append((name, "=", int(v)))
+    for name, (v, count, what) in ranges.items():
+        if v is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "epoch" and v not in epochs:
+            raise PlanccError(f"{flag} {v}: the plan has {what}")
+        if count is not None and not 0 <= v < count:
+            valid = f"0..{count - 1}" if count else "none"
+            raise PlanccError(f"{flag} {v} is out of range: the plan has {count:,} {what} ({valid})")
+        f.append((name, "=", int(v)))
     return f
 
 
 def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | None = None,
-              rank: int | None = None, limit: int = 20) -> PlanView:
+              rank: int | None = None, micro_step: int | None = None, limit: int = 20) -> PlanView:
     """The matching microbatches in global order; only the first `limit` (0: all) carry their sample ids."""
     p = _plan_dir(plan_dir)
     meta = store.read_file_meta(p / store.PLAN_FILE)
     settings = meta["settings"]
-    if rank is not None and rank >= settings.get("world_size", 1):
-        raise PlanccError(f"--rank {rank}: the plan has world size {settings.get('world_size')} (ranks 0.."
-                          f"{settings.get('world_size', 1) - 1})")
-    if epoch is not None and str(epoch) not in meta["fingerprints"].get("plan", {}):
-        raise PlanccError(f"--epoch {epoch}: the plan has epochs {sorted(int(e) for e in meta['fingerprints']['plan'])}")
     if limit < 0:
         raise PlanccError(f"--limit must be >= 0, got {limit}")
     path = p / store.PLAN_FILE
-    filters = _filters(epoch, update, rank) or None
+    filters = _filters(p, meta, epoch, update, rank, micro_step) or None
     head = store.read_table(path, store.PLAN_SCHEMA, columns=SCALAR_COLUMNS, filters=filters)
     head = head.take(pc.sort_indices(head, [("epoch", "ascending"), ("index", "ascending")]))
     matching = head.num_rows
@@ -234,10 +247,10 @@ def _update_totals(labels: np.ndarray, per_update: int) -> np.ndarray:
 
 def before_counts(plan_dir: str | Path, epoch: int) -> BeforeAfter:
     """Recompute the `before` stage of `epoch` from the plan's samples table and settings (see module doc)."""
-    from plancc.api import sample_arrays
-    from plancc.compile import before_batches
+    from plancc.build import sample_arrays
     from plancc.config import PlanSettings
     from plancc.metrics import summarize
+    from plancc.pipeline import before_batches
     from plancc.plan import batch_targets
 
     p = _plan_dir(plan_dir)

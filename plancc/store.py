@@ -316,7 +316,7 @@ def metrics_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def plan_table(cols: dict[str, Any]) -> pa.Table:
-    """Arrow plan table from `compile.plan_columns` arrays: the CSR bounds become the nested `sample_ids` lists."""
+    """Arrow plan table from `pipeline.plan_columns` arrays: the CSR bounds become the nested `sample_ids` lists."""
     rows = pa.ListArray.from_arrays(arrow_array(cols["row_bounds"], pa.int32()), arrow_array(cols["sample_ids"], pa.int64()))
     nested = pa.ListArray.from_arrays(arrow_array(cols["batch_bounds"], pa.int32()), rows)
     arrays = [nested if f.name == "sample_ids" else arrow_array(cols[f.name], f.type) for f in PLAN_SCHEMA]

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.api import sample_arrays
+from plancc.build import sample_arrays
 from plancc.config import PlanSettings
 from plancc.metrics import SourceDrops, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum

@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from plancc import api, token_store
-from plancc.compile import compile_plan
+from plancc import build, token_store
 from plancc.config import PlanSettings
 from plancc.fingerprint import token_hashes
+from plancc.pipeline import compile_plan
 from plancc.store import samples_fingerprints
 
 VOCAB = 48
@@ -70,11 +70,11 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     tmp.mkdir(parents=True, exist_ok=True)
     table = samples_table(tok, shift)
     path = write_tokens(tmp / "tokens", tok, table, shift)
-    s = api.sample_arrays(table)
+    s = build.sample_arrays(table)
     ps = PlanSettings(seed=seed, **settings)
     epochs = compile_plan(s, ps)
     out = tmp / "plan"
-    api.write_plan_dir(out, table, s, ps, epochs, {}, path)
+    build.write_plan_dir(out, table, s, ps, epochs, {}, path)
     return out
 
 
@@ -95,17 +95,17 @@ def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), 
     today keep one count for every epoch, but the runtime must not assume it."""
     from dataclasses import replace
 
-    from plancc.compile import plan_epoch
+    from plancc.pipeline import plan_epoch
 
     tok = make_tokenized(n, seed=data_seed, min_len=3, max_len=min(capacities))
     tmp.mkdir(parents=True, exist_ok=True)
     table = samples_table(tok)
     path = write_tokens(tmp / "tokens", tok, table)
-    s = api.sample_arrays(table)
+    s = build.sample_arrays(table)
     ps = PlanSettings(mode="packed", sequence_len=max(capacities), epochs=len(capacities), **settings)
     epochs = [plan_epoch(s, replace(ps, sequence_len=c), e) for e, c in enumerate(capacities)]
     out = tmp / "plan"
-    api.write_plan_dir(out, table, s, ps, epochs, {}, path)
+    build.write_plan_dir(out, table, s, ps, epochs, {}, path)
     return out
 
 

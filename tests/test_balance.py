@@ -12,9 +12,9 @@ from plancc.balance import _common as c
 from plancc.balance.accumulation import order_for_accumulation
 from plancc.balance.microbatch import balance_microbatches
 from plancc.balance.rank_order import order_ranks
-from plancc.compile import drop_tail, epoch_rng, plan_epoch
 from plancc.config import PlanSettings, SettingsError
 from plancc.metrics import summarize
+from plancc.pipeline import drop_tail, epoch_rng, plan_epoch
 from plancc.plan import (
     Batches,
     SampleArrays,

@@ -108,7 +108,7 @@ def test_a_real_process_prints_no_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and "error:" in proc.stderr
 
 
-@pytest.mark.parametrize("command", [["compile"], ["scan"], ["validate"], ["inspect", "metrics"],
+@pytest.mark.parametrize("command", [["compile"], ["scan"], ["validate"], ["show"], ["inspect", "metrics"],
                                      ["inspect", "plan"], ["diff"]])
 def test_every_command_has_help_with_an_example(command):
     res = _run(*command, "--help")

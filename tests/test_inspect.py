@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from plancc import store
-from plancc.api import sample_arrays, write_plan_dir
+from plancc.build import sample_arrays, write_plan_dir
 from plancc.cli import app
-from plancc.compile import compile_plan
 from plancc.config import PlanSettings
 from plancc.inspect import before_counts, format_ids, plan_view
+from plancc.pipeline import compile_plan
 
 runner = CliRunner()
 
@@ -170,7 +170,7 @@ def test_bad_inputs_exit_2(plan, tmp_path):
         (("inspect", "metrics", tmp_path / "missing"), "does not exist"),
         (("inspect", "plan", tmp_path), "not a plan directory"),
         (("inspect", "metrics", plan, "--epoch", "9"), "no such epoch"),
-        (("inspect", "plan", plan, "--rank", "2"), "world size 2"),
+        (("inspect", "plan", plan, "--rank", "2"), "2 ranks (world size) (0..1)"),
         (("inspect", "plan", plan, "--epoch", "5"), "--epoch 5"),
         (("inspect", "plan", plan, "--limit", "-1"), "--limit"),
     ]

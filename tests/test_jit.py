@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from plancc import jit
-from plancc.compile import compile_plan
 from plancc.config import PlanSettings
+from plancc.pipeline import compile_plan
 from plancc.plan import SampleArrays
 
 ROOT = Path(__file__).parent.parent

@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 
 from plancc.balance import _common as c
 from plancc.balance.microbatch import repack_label_aware
-from plancc.compile import before_batches, plan_epoch
 from plancc.config import PlanSettings
 from plancc.pack.best_fit import best_fit, pack_best_fit
 from plancc.pack.label_aware import _close, pack_label_aware
+from plancc.pipeline import before_batches, plan_epoch
 from plancc.plan import SampleArrays, batch_targets, row_tokens
 from tests.test_balance import check_stage
 

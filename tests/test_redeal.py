@@ -10,8 +10,8 @@ from hypothesis import given
 from plancc import pack
 from plancc.balance import _common as c
 from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths
-from plancc.compile import before_batches, drop_tail, epoch_rng
 from plancc.config import PlanSettings
+from plancc.pipeline import before_batches, drop_tail, epoch_rng
 from plancc.plan import Batches, SampleArrays, batch_targets, batch_tokens, row_targets, row_tokens
 from tests.test_balance import cases, check_stage
 from tests.test_pack import sft_like

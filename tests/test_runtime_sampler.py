@@ -43,7 +43,7 @@ def _loaded_after(module: str, names: tuple[str, ...]) -> list[str]:
 
 def test_import_loads_no_cli_or_datasets():
     """plancc.runtime imports only torch, pyarrow, numpy (+ plancc.store); the HF glue adds transformers only."""
-    compile_side = ("typer", "plancc.cli", "plancc.scan", "plancc.compile", "plancc.sources", "plancc.pack")
+    compile_side = ("typer", "plancc.cli", "plancc.scan", "plancc.pipeline", "plancc.sources", "plancc.pack")
     assert _loaded_after("plancc.runtime", (*compile_side, "datasets", "transformers", "numba")) == []
     assert _loaded_after("plancc.runtime.hf", compile_side) == []
     assert _loaded_after("plancc.runtime.trl", compile_side) == []

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from plancc import api, store, token_store
+from plancc import build, store, token_store
 from plancc.cli import app
 from plancc.config import PlanSettings, ScanOptions
 from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, RuntimePlan, TokenStore, load_tokens
@@ -131,7 +131,7 @@ def test_sharded_tokenized_source_is_one_store_and_the_plan_moves_as_one_folder(
     pq.write_table(tok.slice(0, 20), tmp_path / "src" / "part-0.parquet")
     pq.write_table(tok.slice(20), tmp_path / "src" / "part-1.parquet")
     plan = tmp_path / "plan"
-    api.compile_to_dir(str(tmp_path / "src" / "part-*.parquet"), ScanOptions(sequence_len=32),
+    build.compile_to_dir(str(tmp_path / "src" / "part-*.parquet"), ScanOptions(sequence_len=32),
                        PlanSettings(mode="packed", micro_batch_size=2, sequence_len=32), plan,
                        cache_dir=tmp_path / "cache")
     manifest = store.read_manifest(plan)
@@ -151,12 +151,12 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
     tok = make_tokenized(40, seed=7, max_len=20)
     table = samples_table(tok)
     write_tokens(tmp_path / "data" / store.TOKENS_DIR, tok, table)  # a scan-like folder holding the store
-    s = api.sample_arrays(table)
+    s = build.sample_arrays(table)
     ps = PlanSettings(mode="packed", micro_batch_size=2, sequence_len=24)
-    from plancc.compile import compile_plan
+    from plancc.pipeline import compile_plan
 
     plan = tmp_path / "plan"
-    api.write_plan_dir(plan, table, s, ps, compile_plan(s, ps), {}, None)  # compiled from a bare samples table
+    build.write_plan_dir(plan, table, s, ps, compile_plan(s, ps), {}, None)  # compiled from a bare samples table
     with pytest.raises(PlanMismatchError, match=r"holds no tokenized data .* pass data="):
         load_tokens(plan)
     shutil.move(tmp_path / "data", tmp_path / "moved")
@@ -182,11 +182,11 @@ def test_plan_and_tokenized_source_moved_together_are_found_relative_to_the_plan
     table = samples_table(tok)
     (tmp_path / "job").mkdir()
     pq.write_table(tok, tmp_path / "job" / "train.parquet")
-    s = api.sample_arrays(table)
+    s = build.sample_arrays(table)
     ps = PlanSettings(mode="flattened", micro_batch_size=2, sequence_len=24)
-    from plancc.compile import compile_plan
+    from plancc.pipeline import compile_plan
 
-    api.write_plan_dir(tmp_path / "job" / "plan", table, s, ps, compile_plan(s, ps),
+    build.write_plan_dir(tmp_path / "job" / "plan", table, s, ps, compile_plan(s, ps),
                        {"source_paths": [str(tmp_path / "job" / "train.parquet")]}, None)
     shutil.move(tmp_path / "job", tmp_path / "moved-job")
     tokens = load_tokens(tmp_path / "moved-job" / "plan")  # absolute path gone; relative one still holds
@@ -242,11 +242,11 @@ def test_a_change_in_a_row_the_plan_does_not_use_is_a_warning(tmp_path):
     full = samples_table(tok)
     kept = full.filter(pa.array(np.arange(30) != 12))  # row 12 dropped by the scan: in the store, not in the plan
     write_tokens(tmp_path / "data" / store.TOKENS_DIR, tok, kept)
-    s = api.sample_arrays(kept)
+    s = build.sample_arrays(kept)
     ps = PlanSettings(mode="padded", micro_batch_size=2, sequence_len=24)
-    from plancc.compile import compile_plan
+    from plancc.pipeline import compile_plan
 
-    api.write_plan_dir(tmp_path / "plan", kept, s, ps, compile_plan(s, ps), {}, tmp_path / "data" / store.TOKENS_DIR)
+    build.write_plan_dir(tmp_path / "plan", kept, s, ps, compile_plan(s, ps), {}, tmp_path / "data" / store.TOKENS_DIR)
     plan = tmp_path / "plan"
     _flip_token(plan, 12)
     tokens, collator = load_tokens(plan), PlanCollator.from_plan(plan)

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from plancc import atomic, store, token_store
-from plancc.api import sample_arrays, write_plan_dir
-from plancc.compile import compile_plan
+from plancc.build import sample_arrays, write_plan_dir
 from plancc.config import PlanSettings
+from plancc.pipeline import compile_plan
 from tests.plan_helpers import random_dataset, samples_table
 
 SCHEMAS = Path(__file__).parent.parent / "schemas"

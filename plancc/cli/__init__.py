@@ -1,4 +1,7 @@
-"""`plancc` commands: parse options, call one library function, print. No planning logic lives here."""
+"""`plancc` commands: parse options, call one library function, print. No planning logic lives here.
+
+`compile` and `scan` hand their options to `plancc.api` by name (the same keywords a Python caller uses).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,17 @@ from typing import Annotated, Any
 
 import typer
 
-from plancc.cli.common import SourceCommand, app, fail_on_errors, print_json, reporter
-from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file
+from plancc.cli.common import (
+    JsonOpt,
+    QuietOpt,
+    SourceCommand,
+    app,
+    fail_on_errors,
+    print_json,
+    reporter,
+    warn,
+)
+from plancc.config import PlanSettings, ScanOptions
 
 _EXAMPLE = ("\n\nExample:\n\n    plancc compile examples/data/chat.jsonl -o plans/chat --tokenizer builtin "
             "--chat-template chatml --grad-accum 4")
@@ -17,52 +29,46 @@ _EXAMPLE = ("\n\nExample:\n\n    plancc compile examples/data/chat.jsonl -o plan
 Opt = typer.Option
 
 
-def _settings(config: Path | None, flags: dict[str, Any]) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
-    """Defaults < config file < explicit flags; returns (scan options, plan settings, num_proc, names set)."""
-    merged: dict[str, Any] = load_config_file(config) if config else {}
-    merged.update({k: v for k, v in flags.items() if v is not None})
-    given = set(merged)
-    num_proc = int(merged.pop("num_proc", 1))
-    if num_proc <= 0:
-        raise SettingsError(f"--num-proc must be a positive integer, got {num_proc}")
-    scan_names = {f.name for f in dataclasses.fields(ScanOptions)}
-    plan_names = {f.name for f in dataclasses.fields(PlanSettings)}
-    try:
-        scan = ScanOptions(**{k: v for k, v in merged.items() if k in scan_names})
-        plan = PlanSettings(**{k: v for k, v in merged.items() if k in plan_names})
-    except TypeError as exc:
-        raise SettingsError(f"invalid setting: {exc}") from None
-    return scan, plan, num_proc, given
+def _default(name: str) -> str:
+    """The dataclass default of a setting, for --help: the flags default to None so that a config file can set
+    them, and the real default lives in one place, `plancc.config`."""
+    for cls in (PlanSettings, ScanOptions):
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return str(f.default)
+    raise KeyError(name)
 
 
-def _warn(report: dict[str, Any]) -> None:
-    """The scan's warnings (drops, template markers, the split used), one line each on stderr."""
-    for line in report.get("warnings") or []:
-        typer.echo(f"warning: {line}", err=True)
+def _setting(flag: str, help: str, shown: str | None = None) -> Any:
+    """An option for the setting named like `flag` whose help shows the setting's default."""
+    return Opt(flag, help=help, show_default=shown or _default(flag.split("/")[0].lstrip("-").replace("-", "_")))
 
 
-ConfigOpt = Annotated[Path | None, Opt("--config", help="TOML or YAML file of settings; flags override it.")]
-FormatOpt = Annotated[str | None, Opt("--format", help="auto, tokenized, prompt_completion, alpaca, "
-                                                       "messages or text (default auto).")]
+ConfigOpt = Annotated[Path | None, Opt("--config", help="TOML or YAML file of settings; flags override it.",
+                                       show_default="none")]
+FormatOpt = Annotated[str | None, _setting("--format", "auto|tokenized|prompt_completion|alpaca|messages|text")]
 TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, or "
-                                                             "'builtin' (byte level). Required unless the source is "
-                                                             "already tokenized.")]
+                                                             "'builtin' (byte level).",
+                                         show_default="none: required unless the source is already tokenized")]
 TemplateOpt = Annotated[str | None, Opt("--chat-template", help="Chat data: a .jinja file or a built-in name "
-                                                                "(chatml, llama3). Default: the tokenizer dir's own; "
-                                                                "none is an error.")]
+                                                                "(chatml, llama3).",
+                                        show_default="the tokenizer dir's own; none is an error")]
 ColumnsOpt = Annotated[str | None, Opt("--columns", help="Map source fields onto format roles, e.g. "
-                                                         "prompt=question,completion=answer or messages=dialog.")]
-SplitOpt = Annotated[str | None, Opt("--split", help="Split of a dataset dict directory or Hub id (default "
-                                                     "train, said on stderr).")]
-MaxDroppedOpt = Annotated[float | None, Opt("--max-dropped", help="Largest share of samples the scan may drop; "
-                                                                  "more is an error (default 0.05).")]
-SeqOpt = Annotated[int | None, Opt("--sequence-len", help="Max tokens per sample / per row (default 4096).")]
-LongOpt = Annotated[str | None, Opt("--long", help="Over-long samples: truncate|drop|error (default drop).")]
-ShiftOpt = Annotated[str | None, Opt("--shift", help="Label shift: sample|row|none (default sample).")]
-ProcOpt = Annotated[int | None, Opt("--num-proc", help="Tokenizer processes (results identical for any count).")]
-CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache (default $PLANCC_CACHE or ~/.cache/plancc).")]
-QuietOpt = Annotated[bool, Opt("--quiet", "-q", help="No progress output.")]
-JsonOpt = Annotated[bool, Opt("--json", help="Print a machine-readable result.")]
+                                                         "prompt=question,completion=answer or messages=dialog.",
+                                       show_default="none")]
+SplitOpt = Annotated[str | None, Opt("--split", help="Split of a dataset dict directory or Hub id.",
+                                     show_default="train, said on stderr")]
+MaxDroppedOpt = Annotated[float | None, _setting("--max-dropped", "Largest share of samples the scan may drop; "
+                                                                  "more is an error.")]
+SeqOpt = Annotated[int | None, _setting("--sequence-len", "Max tokens per sample / per row.")]
+LongOpt = Annotated[str | None, _setting("--long", "Over-long samples: truncate|drop|error.")]
+ShiftOpt = Annotated[str | None, _setting("--shift", "Label shift: sample|row|none.")]
+ProcOpt = Annotated[int | None, Opt("--num-proc", help="Tokenizer processes (results identical for any count).",
+                                    show_default="1")]
+CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache.",
+                                      show_default="$PLANCC_CACHE or ~/.cache/plancc")]
+
+
 OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plancc plan/scan at -o (a folder holding "
                                                        "anything else is never touched).")]
 
@@ -83,64 +89,49 @@ def compile_cmd(
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
-    mode: Annotated[str | None, Opt("--mode", help="packed|padded|flattened (default packed).")] = None,
-    micro_batch_size: Annotated[int | None, Opt("--micro-batch-size", help="Samples (or packed sequences) per "
+    mode: Annotated[str | None, _setting("--mode", "packed|padded|flattened.")] = None,
+    micro_batch_size: Annotated[int | None, _setting("--micro-batch-size", "Samples (or packed sequences) per "
                                                                           "microbatch.")] = None,
-    real_batches: Annotated[bool | None, Opt("--real-batches/--one-row", help="Packed: micro_batch_size rows of "
-                                                                             "sequence_len per microbatch.")] = None,
-    pad_multiple: Annotated[int | None, Opt("--pad-multiple", help="Collator pads lengths to this multiple.")] = None,
-    world_size: Annotated[int | None, Opt("--world-size", help="Data-parallel ranks.")] = None,
-    grad_accum: Annotated[int | None, Opt("--grad-accum", help="Microbatches per rank per optimizer step.")] = None,
-    drop_last: Annotated[bool | None, Opt("--drop-last/--keep-last", help="Drop the incomplete final "
-                                                                         "update.")] = None,
-    seed: Annotated[int | None, Opt("--seed")] = None,
-    epochs: Annotated[int | None, Opt("--epochs")] = None,
-    balance: Annotated[bool | None, Opt("--balance/--no-balance", help="Label balancing (default on).")] = None,
-    balance_window: Annotated[int | None, Opt("--balance-window", help="Microbatches per window (<= 64).")] = None,
-    balance_passes: Annotated[int | None, Opt("--balance-passes", help="Bounded passes per window.")] = None,
-    cost: Annotated[str | None, Opt("--cost", help="What rank ordering evens out: tokens (padded slots; the "
-                                                   "default) or attention (sum of squared sample lengths).")] = None,
+    real_batches: Annotated[bool | None, _setting("--real-batches/--one-row", "Packed: micro_batch_size rows of "
+                                                  "sequence_len per microbatch.", shown="one-row")] = None,
+    pad_multiple: Annotated[int | None, _setting("--pad-multiple", "Collator pads lengths to this multiple.")] = None,
+    world_size: Annotated[int | None, _setting("--world-size", "Data-parallel ranks.")] = None,
+    grad_accum: Annotated[int | None, _setting("--grad-accum", "Microbatches per rank per optimizer step.")] = None,
+    drop_last: Annotated[bool | None, _setting("--drop-last/--keep-last", "Drop the incomplete final update.",
+                                               shown="keep-last")] = None,
+    seed: Annotated[int | None, _setting("--seed", "Seed of every random choice (same seed, same plan).")] = None,
+    epochs: Annotated[int | None, _setting("--epochs", "Epochs to plan (each reshuffled from seed and epoch).")
+                      ] = None,
+    balance: Annotated[bool | None, _setting("--balance/--no-balance", "Label balancing.", shown="balance")] = None,
+    balance_window: Annotated[int | None, _setting("--balance-window", "Microbatches per window (<= 64).")] = None,
+    balance_passes: Annotated[int | None, _setting("--balance-passes", "Bounded passes per window.")] = None,
+    cost: Annotated[str | None, _setting("--cost", "What rank ordering evens out: tokens (padded slots) or "
+                                                   "attention (sum of squared sample lengths).")] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
-    from plancc.api import compile_to_dir
+    from plancc import api
 
     with fail_on_errors():
-        flags = {k: v for k, v in locals().items() if k not in ("source", "output", "overwrite", "config", "cache_dir",
-                                                                "quiet", "json")}
-        scan, plan, procs, given = _settings(config, flags)
         with reporter(quiet or json) as progress:
-            manifest = compile_to_dir(source, scan, plan, output, num_proc=procs, cache_dir=cache_dir,
-                                      progress=progress, given=given, overwrite=overwrite)
-        _warn(manifest)
+            plan = api.compile(
+                source, output, overwrite=overwrite, config=config, num_proc=num_proc, cache_dir=cache_dir,
+                progress=progress,
+                format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns, split=split,
+                sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift, mode=mode,
+                micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
+                world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
+                balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
+            )
+        warn(plan.warnings)
         if json:
-            print_json({"plan_dir": str(output), **manifest})
+            print_json({"plan_dir": str(output), **plan.manifest, "warnings": list(plan.warnings)})
         elif not quiet:
-            _print_compile_summary(output, manifest)
+            from plancc.cli.summary import compile_summary
 
-
-def _print_compile_summary(output: Path, manifest: dict[str, Any]) -> None:
-    from plancc import store
-
-    metrics = store.read_table(output / store.METRICS_FILE, store.metrics_schema()).to_pylist()
-    by = {(m["epoch"], m["stage"]): m for m in metrics}
-    template = (manifest.get("chat_template") or {}).get("name")
-    typer.echo(f"wrote {output}: {manifest['samples']} samples of {manifest['rows_read']} ("
-               f"{manifest['dropped_samples']} dropped, {manifest['truncated_samples']} truncated), "
-               f"{len(manifest['epochs'])} epoch(s)")
-    if manifest.get("tokenizer"):
-        typer.echo(f"  tokenizer {manifest['tokenizer']['name']}" + (f", chat template {template}" if template else ""))
-    for e in manifest["epochs"]:
-        before, after = by[(e["epoch"], "before")], by[(e["epoch"], "after")]
-        typer.echo(
-            f"  epoch {e['epoch']}: {after['batches']} microbatches, {after['updates']} updates, "
-            f"label CV {before['label_cv']:.3f} -> {after['label_cv']:.3f}, update CV "
-            f"{before['update_label_cv']:.3f} -> {after['update_label_cv']:.3f}, "
-            f"packing efficiency {after['packing_efficiency']:.4f}"
-        )
-    typer.echo(f"  plan fingerprints: {', '.join(f'{k}={v}' for k, v in manifest['fingerprints']['plan'].items())}")
+            typer.echo("\n".join(compile_summary(str(output), plan.manifest, plan.metrics())))
 
 
 @app.command("scan", cls=SourceCommand, help="Tokenize + scan SOURCE only: write the samples table and the tokenized dataset."
@@ -165,31 +156,20 @@ def scan_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
-    from plancc import scan as scan_mod
-    from plancc import store
+    from plancc import api
 
-    with fail_on_errors():
-        store.check_output(output, overwrite=overwrite)  # before any work
-        flags = {"format": format, "tokenizer": tokenizer, "chat_template": chat_template, "columns": columns,
-                 "split": split, "sequence_len": sequence_len, "long": long, "max_dropped": max_dropped,
-                 "shift": shift, "num_proc": num_proc}
-        options, _, procs, _ = _settings(config, flags)
-        with reporter(quiet or json) as progress:
-            result = scan_mod.scan(source, options, num_proc=procs, cache_dir=cache_dir, progress=progress)
-            scan_mod.write_scan(result, output, overwrite=overwrite)
-        _warn(result.report)
-        if json:
-            print_json({"scan_dir": str(output), **result.report})
-        elif not quiet:
-            r = result.report
-            template = (r.get("chat_template") or {}).get("name")
-            typer.echo(f"wrote {output}: {r['retained']} samples retained of {r['rows_read']} rows, "
-                       f"{r['dropped_samples']} dropped, {r['truncated_samples']} truncated ({r['format']}, "
-                       f"tokenizer {r['tokenizer']}{f', chat template {template}' if template else ''})")
-            for what in ("dropped_long", "truncated", "dropped_all_masked"):
-                if r[what]["count"]:
-                    rows = ", ".join(map(str, r[what]["first_rows"]))
-                    typer.echo(f"  {what.replace('_', ' ')}: {r[what]['count']} (first rows: {rows})")
+    with fail_on_errors(), reporter(quiet or json) as progress:
+        report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
+                          cache_dir=cache_dir, progress=progress,
+                          format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
+                          split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift)
+    warn(report.get("warnings") or [])
+    if json:
+        print_json({"scan_dir": str(output), **report})
+    elif not quiet:
+        from plancc.cli.summary import scan_summary
+
+        typer.echo("\n".join(scan_summary(str(output), report)))
 
 
 @app.command("validate", help="Re-check every invariant and fingerprint of a plan on disk; exit 1 on any "
@@ -200,14 +180,15 @@ def validate_cmd(
                                                           "token store folder is checked chunk by chunk and sample "
                                                           "by sample against the plan; any other source is rescanned "
                                                           "with the plan's scan options and its content fingerprint "
-                                                          "compared.")] = None,
-    tokenizer: Annotated[str | None, Opt("--tokenizer", help="With --dataset: where the plan's tokenizer is now "
-                                                              "(default: where it was at compile).")] = None,
+                                                          "compared.", show_default="none")] = None,
+    tokenizer: Annotated[str | None, Opt("--tokenizer", help="With --dataset: where the plan's tokenizer is now.",
+                                         show_default="where it was at compile")] = None,
     fast: Annotated[bool, Opt("--fast", help="Check the token store's header, file sizes and fingerprints "
                                              "only, not its content (the full check hashes every chunk and every "
                                              "planned sample).")] = False,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
+    quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
     from plancc import store, token_store
@@ -229,10 +210,12 @@ def validate_cmd(
     elif problems:
         for p in problems:
             typer.echo(f"violation: {p}", err=True)
-    else:
+    elif not quiet:
         checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, token data "
                    + ("metadata" if fast else "content")
                    + (f", dataset content of {dataset}" if dataset else ""))
         typer.echo(f"{plan_dir}: ok ({checked})")
     raise typer.Exit(1 if problems else 0)
-from plancc.cli import diff_cmd, inspect_cmd  # noqa: E402,F401  (registers commands)
+
+
+from plancc.cli import diff_cmd, inspect_cmd, show_cmd  # noqa: E402,F401  (registers commands)

@@ -8,7 +8,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 import typer
@@ -25,6 +25,32 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but warnings and errors (the exit "
+                                                              "code tells).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from plancc import __version__
+
+        typer.echo(f"plancc {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version,
+                                          is_eager=True)] = False,
+) -> None:
+    """Compile fine-tuning datasets into packed, label-balanced, token-exact training plans."""
+
+
+def warn(lines: tuple[str, ...] | list[str]) -> None:
+    """Warnings go to stderr, also under --quiet and --json: they say what to change."""
+    for line in lines:
+        typer.echo(f"warning: {line}", err=True)
 
 
 def _terminated(signum: int, _frame: Any) -> None:

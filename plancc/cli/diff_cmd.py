@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from plancc.cli.common import app, fail_on_errors, print_json
+from plancc.cli.common import QuietOpt, app, fail_on_errors, print_json
 from plancc.diff import DEFAULT_TOLERANCE, REGRESSION_RULE
 
 _HELP = (
@@ -30,15 +30,19 @@ def diff_cmd(
     format: Annotated[str, typer.Option("--format", "-f", help="text|json|markdown (markdown: a compact CI "
                                                                "comment).")] = "text",
     fail_on: Annotated[list[str] | None, typer.Option("--fail-on", help="any|config|dataset|metrics-regression; "
-                                                                         "repeat or comma-separate (default: none, report only).")] = None,
+                                                                         "repeat or comma-separate.",
+                                                  show_default="none, report only")] = None,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Relative slack of metrics-regression.")
                          ] = DEFAULT_TOLERANCE,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the rendered diff to this "
-                                                                       "file.")] = None,
+                                                                       "file.", show_default="none")] = None,
+    quiet: QuietOpt = False,
+    json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> None:
     from plancc import diff as d
     from plancc.errors import PlanccError
 
+    format = "json" if json else format
     with fail_on_errors():
         if format not in ("text", "json", "markdown"):
             raise PlanccError(f"--format must be one of text, json, markdown; got {format!r}")
@@ -48,11 +52,13 @@ def diff_cmd(
         report["fail_on"] = checks
         report["failed"] = failed
         if format == "json":
-            print_json(report)
             text = None
+            if not quiet:
+                print_json(report)
         else:
             text = d.render_markdown(report, failed) if format == "markdown" else d.render_text(report, failed)
-            typer.echo(text, nl=False)
+            if not quiet:
+                typer.echo(text, nl=False)
         if output is not None:
             if text is None:
                 import orjson
@@ -61,6 +67,6 @@ def diff_cmd(
             else:
                 output.write_text(text, encoding="utf-8")
     if failed:
-        if format != "text":
+        if format != "text" or quiet:
             typer.echo("diff failed: " + "; ".join(failed), err=True)
         raise typer.Exit(1)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from plancc.cli.common import app, fail_on_errors, print_json
+from plancc.cli.common import JsonOpt, QuietOpt, app, fail_on_errors, print_json
 
 inspect_app = typer.Typer(
     name="inspect",
@@ -18,7 +18,6 @@ inspect_app = typer.Typer(
 app.add_typer(inspect_app, name="inspect")
 
 PlanArg = Annotated[Path, typer.Argument(help="Plan directory (written by `plancc compile`).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")]
 
 
 @inspect_app.command(
@@ -31,9 +30,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable 
 )
 def metrics_cmd(
     plan_dir: PlanArg,
-    epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.")] = None,
+    epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.", show_default="all")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write before/after histograms to this PNG "
-                                                             "(needs the `plot` extra: matplotlib).")] = None,
+                                                             "(needs the `plot` extra: matplotlib).",
+                                              show_default="none")] = None,
+    compact: Annotated[bool, typer.Option("--compact", help="Only the headline metrics, before and after.")
+                       ] = False,
+    quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
     from plancc import inspect
@@ -51,8 +54,10 @@ def metrics_cmd(
             out["plot"] = {"file": str(plot), "notes": notes}
         print_json(out)
         return
+    if quiet:
+        return
     console = inspect.console()
-    for table in inspect.metrics_tables(rows):
+    for table in inspect.metrics_tables(rows, compact=compact):
         console.print(table)
     if plot is not None:
         console.print(f"wrote {plot}")
@@ -63,26 +68,34 @@ def metrics_cmd(
 @inspect_app.command(
     "plan",
     help="The plan's layout in global order (update, micro-step, rank): rows, sample ids, tokens, labels, cost "
-         "and the update's global label total, filtered by --epoch/--update/--rank. Only the first --limit "
+         "and the update's global label total, filtered by --epoch/--update/--rank/--micro-step (a value out of "
+         "the plan's range is an error naming the range). Only the first --limit "
          "microbatches are decoded and shown (0: all); totals cover every matching one."
          "\n\nExample:\n\n    plancc inspect plan plans/chat --epoch 0 --rank 1 --update 3",
 )
 def plan_cmd(
     plan_dir: PlanArg,
-    epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.")] = None,
-    update: Annotated[int | None, typer.Option("--update", help="Only this optimizer update.")] = None,
-    rank: Annotated[int | None, typer.Option("--rank", help="Only what this data-parallel rank sees.")] = None,
+    epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.", show_default="all")] = None,
+    update: Annotated[int | None, typer.Option("--update", help="Only this optimizer update.", show_default="all")
+                      ] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="Only what this data-parallel rank sees.",
+                                             show_default="all")] = None,
+    micro_step: Annotated[int | None, typer.Option("--micro-step", help="Only this accumulation step of each "
+                                                                        "update.", show_default="all")] = None,
     limit: Annotated[int, typer.Option("--limit", help="Show at most this many microbatches (0: all).")] = 20,
     ids: Annotated[int, typer.Option("--ids", help="Sample ids shown per microbatch in the table (0: all; "
                                                    "--json always has all).")] = 8,
+    quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
     from plancc import inspect
 
     with fail_on_errors():
-        view = inspect.plan_view(plan_dir, epoch=epoch, update=update, rank=rank, limit=limit)
+        view = inspect.plan_view(plan_dir, epoch=epoch, update=update, rank=rank, micro_step=micro_step, limit=limit)
     if json:
         print_json({"plan_dir": str(plan_dir), **view.to_json()})
+        return
+    if quiet:
         return
     s = view.settings
     console = inspect.console()
@@ -94,5 +107,6 @@ def plan_cmd(
     if view.rows:
         console.print(inspect.plan_table(view, ids))
     if len(view.rows) < view.matching:
-        console.print(f"… {view.matching - len(view.rows):,} more (narrow with --epoch/--update/--rank or raise "
+        console.print(f"… {view.matching - len(view.rows):,} more (narrow with --epoch/--update/--rank/--micro-step "
+                      "or raise "
                       "--limit)")

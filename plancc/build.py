@@ -1,0 +1,142 @@
+"""Build a plan directory: load the samples (scan a source or reuse a scan), plan every epoch, write it atomically.
+
+The public API (`plancc.api`) and the CLI call `compile_to_dir`; tests and benchmarks reuse `write_plan_dir`.
+
+Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) -> Parquet (store).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from plancc import __version__, store, token_store
+from plancc.carry import carry
+from plancc.config import PlanSettings, ScanOptions
+from plancc.fingerprint import config_fingerprint, metrics_checksum, plan_fingerprint, scan_identity
+from plancc.metrics import SourceDrops
+from plancc.pipeline import EpochPlan, Progress, compile_plan, plan_columns
+from plancc.plan import SampleArrays
+
+
+def sample_arrays(table: pa.Table) -> SampleArrays:
+    """Planner view of a samples table (sorted by sample_id)."""
+    return SampleArrays(
+        sample_id=store.column(table, "sample_id").astype(np.int64),
+        length=store.column(table, "length").astype(np.int64),
+        label_count=store.column(table, "label_count").astype(np.int64),
+        first_label_supervised=store.column(table, "first_label_supervised"),
+    )
+
+
+def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
+                 progress: Progress | None = None) -> tuple[pa.Table, dict[str, Any], Path | None]:
+    """(samples table, scan info, token store folder or None) from a samples table, scan dir, plan dir or raw source."""
+    given = store.read_samples_source(source)
+    if given is not None:  # a samples table, scan dir or plan dir: carry its scan report and tokenized rows along
+        table, info = given
+        tokenized = Path(info["tokenized_path"]) if info.get("tokenized_path") else None
+        manifest = Path(info["path"]).parent / store.MANIFEST_FILE
+        if info.get("report"):
+            return table, info["report"], tokenized
+        if manifest.is_file():
+            previous = store.read_manifest(manifest.parent)
+            return table, {**previous["scan"], "source_paths": previous["data"].get("source", [])}, tokenized
+        return table, {}, None
+    from plancc import scan  # tokenizers and source readers: only for a raw source
+
+    result = scan.scan(source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)
+    return result.samples, {**result.report, "source_paths": result.source_paths}, result.tokenized_path
+
+
+def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,
+                   num_proc: int = 1, cache_dir: Path | None = None, progress: Progress | None = None,
+                   given: Collection[str] = (), overwrite: bool = False) -> dict[str, Any]:
+    """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
+
+    The output is checked first (`store.check_output`): a refused `-o` costs no work and gets nothing written.
+    The scan's sequence_len and shift become the plan's (`plancc.carry`); for a scan or plan directory as `source`
+    that is what it was made with, and `given` (the settings the caller set on purpose) must not contradict it."""
+    store.check_output(out_dir, overwrite=overwrite)
+    samples_table, scan_info, tokenized = load_samples(
+        source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
+    )
+    settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
+    s = sample_arrays(samples_table)
+    drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
+    epochs = compile_plan(s, settings, progress=progress, drops=drops)
+    return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress,
+                          overwrite=overwrite)
+
+
+def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool) -> dict[str, Any]:
+    """The manifest's `data`: the token store inside the plan (a relative path, so the plan moves as one folder),
+    and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan moved
+    together with its data still finds it)."""
+    plan = os.path.realpath(out_dir)
+    absolute = [os.path.abspath(p) for p in source_paths]
+    data: dict[str, Any] = {"tokens": store.TOKENS_DIR} if has_tokens else {"format": "tokenized"}
+    data["source"] = absolute
+    data["source_relative"] = [os.path.relpath(p, plan) for p in absolute]
+    return data
+
+
+def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
+                   epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
+                   progress: Progress | None = None, *, overwrite: bool = False) -> dict[str, Any]:
+    if progress:
+        progress("writing plan", 0, 1)
+    settings_dict = settings.to_dict()
+    fingerprints: dict[str, Any] = {
+        **store.samples_fingerprints(samples_table, scan_identity(scan_info)),
+        "config": config_fingerprint(settings_dict),
+        "plancc": __version__,
+        "schema": store.SCHEMA_VERSION,
+    }
+    tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
+    for p in epochs:
+        cols = plan_columns(p, s, settings)
+        plan_fps[str(p.epoch)] = plan_fingerprint(cols)
+        tables.append(store.plan_table(cols))
+        metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
+        after = p.metrics[-1][1]
+        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
+                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
+    fingerprints["plan"] = plan_fps
+    plan = pa.concat_tables(tables)
+    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
+    data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
+    metrics = store.metrics_table(metric_rows)
+    manifest = {
+        "plancc": __version__,
+        "schema": store.SCHEMA_VERSION,
+        "fingerprints": fingerprints,
+        "settings": settings_dict,
+        "scan": {k: v for k, v in scan_info.items() if k != "source_paths"},
+        "data": data,
+        "epochs": epoch_info,
+        "samples": len(s),
+        # what the summary must say: every source sample dropped or cut, and what tokenized them
+        "rows_read": scan_info.get("rows_read", len(s)),
+        "dropped_samples": scan_info.get("dropped_samples", 0),
+        "truncated_samples": scan_info.get("truncated_samples", 0),
+        "tokenizer": ({"name": scan_info["tokenizer"], "fingerprint": scan_info.get("tokenizer_fingerprint")}
+                      if scan_info.get("tokenizer") else None),
+        "chat_template": scan_info.get("chat_template"),
+        "warnings": scan_info.get("warnings", []),
+        "checksums": {"metrics": metrics_checksum(metrics.to_pylist())},
+    }
+    with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
+        store.write_plan_files(tmp, plan, samples_table, metrics, fingerprints,
+                               settings_dict, manifest)
+        if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
+            token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
+    if progress:
+        progress("writing plan", 1, 1)
+    return manifest

@@ -1,0 +1,66 @@
+"""`plancc show PLAN_OR_SCAN --sample ID`: parse, call `plancc.show.sample_view`, print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from plancc.cli.common import JsonOpt, QuietOpt, app, fail_on_errors, print_json
+
+OPEN, CLOSE = "[[", "]]"  # supervised text without colour
+STYLE = "bold green"
+
+
+@app.command(
+    "show",
+    help="One sample as the model will see it: the decoded text with the supervised tokens (the targets of the "
+         f"loss) highlighted, or between {OPEN} {CLOSE} when not a terminal or with --no-color; its length, label "
+         "count and first-label flag; --ids lists token ids, pieces and labels side by side. Decodes with the "
+         "tokenizer the scan recorded.\n\nExample:\n\n    plancc show plans/chat --sample 3 --ids",
+)
+def show_cmd(
+    directory: Annotated[Path, typer.Argument(help="Plan or scan directory.")],
+    sample: Annotated[int, typer.Option("--sample", help="Sample id (the source row).")],
+    ids: Annotated[bool, typer.Option("--ids", help="Also a table: position, id, piece, label.")] = False,
+    no_color: Annotated[bool, typer.Option("--no-color", help=f"Mark supervised text with {OPEN} {CLOSE}, no "
+                                                              "colours.")] = False,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Where the recorded tokenizer is now.",
+                                                  show_default="where it was at scan")] = None,
+    quiet: QuietOpt = False,
+    json: JsonOpt = False,
+) -> None:
+    from plancc.show import sample_view
+
+    with fail_on_errors():
+        view = sample_view(directory, sample, tokenizer)
+    if json:
+        print_json({"dir": str(directory), **view.to_json()})
+        return
+    if quiet:
+        return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(highlight=False, no_color=no_color)
+    styled = console.is_terminal and not no_color
+    text = Text()
+    for part, supervised in view.segments:
+        if supervised and styled:
+            text.append(part, style=STYLE)
+        else:
+            text.append(f"{OPEN}{part}{CLOSE}" if supervised else part)
+    console.print(f"sample {view.sample_id}: {view.length:,} tokens, {view.label_count:,} labels, "
+                  f"{int(view.supervised.sum()):,} supervised tokens, first label supervised: "
+                  f"{'yes' if view.first_label_supervised else 'no'}\ntokenizer {view.tokenizer}", markup=False,
+                  soft_wrap=True)
+    console.print(text, soft_wrap=True)
+    if ids:
+        t = Table("pos", "id", "piece", "label", "supervised")
+        for i, (tid, piece, label, sup) in enumerate(zip(view.input_ids, view.pieces, view.labels, view.supervised,
+                                                         strict=True)):
+            t.add_row(str(i), str(tid), Text(repr(piece)[1:-1]), str(label),
+                      "yes" if sup else "", style=STYLE if sup and styled else None)
+        console.print(t)

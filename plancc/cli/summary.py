@@ -1,0 +1,83 @@
+"""The short summaries `compile` and `scan` print: a few lines under 80 columns; full tables are `inspect metrics`.
+
+Each summary is a list of `label: value` lines built from the manifest / scan report. Fields other parts of plancc
+may or may not record (drop counts, tokenizer and chat template names) are read with a fallback, so a summary of
+an older plan still renders; a new line is one more entry in `_sample_lines` or `compile_summary`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_EPOCH_ROWS = 4  # more epochs: the first ones, then a pointer to `inspect metrics`
+
+
+def _count(info: dict[str, Any], key: str, *fallbacks: str) -> int:
+    """`info[key]` (a number or `{"count": n}`), else the sum of the fallback keys' counts, else 0."""
+    keys = (key,) if key in info else fallbacks
+    total = 0
+    for k in keys:
+        v = info.get(k)
+        total += int(v["count"] if isinstance(v, dict) else v or 0)
+    return total
+
+
+def _name(value: Any) -> str | None:
+    """A tokenizer/template entry recorded as a name, or as `{"name": ..., "fingerprint": ...}`."""
+    if isinstance(value, dict):
+        name, fp = value.get("name"), value.get("fingerprint")
+        return f"{name} ({str(fp)[:12]})" if name and fp else name
+    return str(value) if value else None
+
+
+def _share(n: int, of: int) -> str:
+    return f" ({100 * n / of:.1f}%)" if n and of else ""
+
+
+def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
+    """samples kept/dropped/truncated, then tokenizer and template: the lines a scan and a compile share."""
+    dropped = _count(report, "dropped_samples", "dropped_long", "dropped_all_masked")
+    truncated = _count(report, "truncated_samples", "truncated")
+    total = kept + dropped
+    lines = [f"samples    {kept:,} kept, {dropped:,} dropped{_share(dropped, total)}, {truncated:,} truncated"]
+    tok = report.get("tokenizer")
+    if isinstance(tok, str):  # a scan report names it and keeps its fingerprint beside
+        tok = {"name": tok, "fingerprint": report.get("tokenizer_fingerprint")}
+    tokenizer = _name(tok) or "none recorded (compiled from a samples table)"
+    template = _name(report.get("chat_template"))
+    fmt = report.get("format")
+    lines.append(f"tokenizer  {tokenizer}" + (f", format {fmt}" if fmt else ""))
+    if template:
+        lines.append(f"template   {template}")
+    return lines
+
+
+def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[str, Any]]) -> list[str]:
+    """Lines for `plancc compile`: where, samples, tokenizer, template, layout, then one row per epoch."""
+    s = manifest["settings"]
+    scan = {**manifest.get("scan", {}), **{k: manifest[k] for k in ("dropped_samples", "truncated_samples",
+                                                                      "tokenizer", "chat_template")
+                                            if k in manifest}}
+    by = {(m["epoch"], m["stage"]): m for m in metrics}
+    lines = [f"plan       {output}", *_sample_lines(scan, int(manifest["samples"])),
+             f"layout     {s['mode']}, {s['micro_batch_size']} x {s['sequence_len']} tokens, world {s['world_size']} "
+             f"x accum {s['grad_accum']}, {len(manifest['epochs'])} epoch(s)",
+             "epoch  microbatches  updates  label CV       update CV      efficiency"]
+    for e in manifest["epochs"][:MAX_EPOCH_ROWS]:
+        before, after = by[(e["epoch"], "before")], by[(e["epoch"], "after")]
+        lines.append(f"{e['epoch']:<5}  {after['batches']:>12,}  {after['updates']:>7,}  "
+                     f"{before['label_cv']:.3f} → {after['label_cv']:.3f}  "
+                     f"{before['update_label_cv']:.3f} → {after['update_label_cv']:.3f}  "
+                     f"{after['packing_efficiency']:>10.4f}")
+    more = len(manifest["epochs"]) - MAX_EPOCH_ROWS
+    if more > 0:
+        lines.append(f"… {more} more epoch(s)")
+    lines.append(f"metrics    plancc inspect metrics {output}")
+    return lines
+
+
+def scan_summary(output: str, report: dict[str, Any]) -> list[str]:
+    """Lines for `plancc scan`: where, rows read, samples, tokenizer, template."""
+    return [f"scan       {output}, {report['rows_read']:,} rows read",
+            *_sample_lines(report, int(report["retained"])),
+            f"next       plancc compile {output} -o PLAN_DIR"]

@@ -1,0 +1,102 @@
+"""One sample as the model will see it: its token ids, which of them are supervised, and the decoded text.
+
+`sample_view(DIR, sample_id)` reads a plan or scan directory's samples table (the counts the plan used) and its
+`tokenized.parquet` row (`sample_id` is the row), and decodes with the tokenizer the scan recorded. A token is
+supervised when it is some position's target: `labels != -100`, or, when the stored labels are already shifted
+(`--shift none`), the token after such a label. `segments` are runs of equal supervision, decoded run by run so
+that multi-byte characters stay whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from plancc import store
+from plancc.errors import InputError
+
+
+@dataclass(frozen=True)
+class SampleView:
+    sample_id: int
+    length: int  # tokens, as recorded in the samples table
+    label_count: int  # labels the loss counts, as recorded
+    first_label_supervised: bool
+    input_ids: np.ndarray
+    labels: np.ndarray
+    supervised: np.ndarray  # bool per token
+    segments: list[tuple[str, bool]]  # (decoded text, supervised) runs
+    pieces: list[str]  # each token decoded alone
+    tokenizer: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sample_id": self.sample_id, "length": self.length, "label_count": self.label_count,
+                "first_label_supervised": self.first_label_supervised, "tokenizer": self.tokenizer,
+                "supervised_tokens": int(self.supervised.sum()),
+                "segments": [{"text": t, "supervised": s} for t, s in self.segments],
+                "input_ids": self.input_ids.tolist(), "labels": self.labels.tolist(),
+                "supervised": self.supervised.tolist()}
+
+
+def _report(directory: Path, info: dict[str, Any]) -> dict[str, Any]:
+    if info.get("report"):
+        return info["report"]
+    if (directory / store.MANIFEST_FILE).is_file():
+        return store.read_manifest(directory).get("scan", {})
+    return {}
+
+
+def _tokenized_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row `row` of a tokenized Parquet file, reading only its row group."""
+    f = pq.ParquetFile(path)
+    start = 0
+    for g in range(f.num_row_groups):
+        n = f.metadata.row_group(g).num_rows
+        if row < start + n:
+            t = f.read_row_group(g, columns=["input_ids", "labels"]).slice(row - start, 1)
+            return (np.asarray(t.column("input_ids")[0].as_py(), dtype=np.int64),
+                    np.asarray(t.column("labels")[0].as_py(), dtype=np.int64))
+        start += n
+    raise InputError(f"{path}: no row {row} ({start} rows)")
+
+
+def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
+    """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now."""
+    from plancc.scan import options_from_report
+    from plancc.sources.encode import IGNORE
+    from plancc.sources.tokenizer import load_tokenizer
+
+    d = Path(directory)
+    given = store.read_samples_source(d) if d.is_dir() else None
+    if given is None:
+        raise InputError(f"{directory} is not a plan or scan directory (no {store.SAMPLES_FILE})")
+    table, info = given
+    ids = store.column(table, "sample_id")
+    at = int(np.searchsorted(ids, sample_id))
+    report = _report(d, info)
+    if at == len(ids) or ids[at] != sample_id:
+        dropped = " (the scan dropped it: see `plancc scan` or the manifest's scan report)" if (
+            0 <= sample_id <= ids[-1]) else ""
+        raise InputError(f"--sample {sample_id}: no such sample in {directory}{dropped}; sample ids run "
+                         f"{int(ids[0])}..{int(ids[-1])} ({len(ids):,} samples)")
+    if not info.get("tokenized_path"):
+        raise InputError(f"{directory} has no {store.TOKENIZED_FILE} (its source was already tokenized and kept "
+                         "in place): nothing to decode")
+    input_ids, labels = _tokenized_row(Path(info["tokenized_path"]), sample_id)
+    supervised = labels != IGNORE
+    if report.get("labels_shifted"):
+        supervised = np.concatenate([[False], supervised[:-1]])
+    tok = load_tokenizer(options_from_report(report, tokenizer).tokenizer)
+    decode = tok.tokenizer.decode
+    bounds = np.flatnonzero(np.diff(supervised.astype(np.int8))) + 1
+    runs = zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(input_ids)]]), strict=True)
+    segments = [(decode(input_ids[a:b].tolist(), skip_special_tokens=False), bool(supervised[a])) for a, b in runs]
+    pieces = [decode([int(i)], skip_special_tokens=False) for i in input_ids]
+    return SampleView(int(sample_id), int(store.column(table, "length")[at]),
+                      int(store.column(table, "label_count")[at]),
+                      bool(store.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
+                      segments, pieces, tok.name)
