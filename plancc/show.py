@@ -1,7 +1,7 @@
 """One sample as the model will see it: its token ids, which of them are supervised, and the decoded text.
 
 `sample_view(DIR, sample_id)` reads a plan or scan directory's samples table (the counts the plan used) and its
-`tokenized.parquet` row (`sample_id` is the row), and decodes with the tokenizer the scan recorded. A token is
+token store row (`tokens/`, `sample_id` is the row), and decodes with the tokenizer the scan recorded. A token is
 supervised when it is some position's target: `labels != -100`, or, when the stored labels are already shifted
 (`--shift none`), the token after such a label. `segments` are runs of equal supervision, decoded run by run so
 that multi-byte characters stay whole.
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from plancc import store
 from plancc.errors import InputError
@@ -50,18 +49,20 @@ def _report(directory: Path, info: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _tokenized_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row `row` of a tokenized Parquet file, reading only its row group."""
-    f = pq.ParquetFile(path)
-    start = 0
-    for g in range(f.num_row_groups):
-        n = f.metadata.row_group(g).num_rows
-        if row < start + n:
-            t = f.read_row_group(g, columns=["input_ids", "labels"]).slice(row - start, 1)
-            return (np.asarray(t.column("input_ids")[0].as_py(), dtype=np.int64),
-                    np.asarray(t.column("labels")[0].as_py(), dtype=np.int64))
-        start += n
-    raise InputError(f"{path}: no row {row} ({start} rows)")
+def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Row `row` of a token store (ids, stored labels, whether those labels are already shifted): two small slices
+    of its memory maps, nothing else read."""
+    from plancc import token_store
+
+    try:
+        m = token_store.open_store(path)
+    except token_store.TokenStoreError as exc:
+        raise InputError(str(exc)) from None
+    if not 0 <= row < len(m.offsets) - 1:
+        raise InputError(f"{path}: no row {row} ({len(m.offsets) - 1} rows)")
+    a, b = int(m.offsets[row]), int(m.offsets[row + 1])
+    return (np.asarray(m.input_ids[a:b], dtype=np.int64), np.asarray(m.labels[a:b], dtype=np.int64),
+            bool(m.header["labels_shifted"]))
 
 
 def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
@@ -84,11 +85,11 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
         raise InputError(f"--sample {sample_id}: no such sample in {directory}{dropped}; sample ids run "
                          f"{int(ids[0])}..{int(ids[-1])} ({len(ids):,} samples)")
     if not info.get("tokenized_path"):
-        raise InputError(f"{directory} has no {store.TOKENIZED_FILE} (its source was already tokenized and kept "
-                         "in place): nothing to decode")
-    input_ids, labels = _tokenized_row(Path(info["tokenized_path"]), sample_id)
+        raise InputError(f"{directory} has no {store.TOKENS_DIR}/ (it was compiled from a bare samples table): "
+                         "nothing to decode")
+    input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id)
     supervised = labels != IGNORE
-    if report.get("labels_shifted"):
+    if shifted:
         supervised = np.concatenate([[False], supervised[:-1]])
     tok = load_tokenizer(options_from_report(report, tokenizer).tokenizer)
     decode = tok.tokenizer.decode
