@@ -55,7 +55,7 @@ def main() -> None:
         raise SystemExit(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
     tokens = load_tokens(plan)
     tokenizer = tokenizer_for(args.tokenizer)
-    vocab = -(-max(len(tokenizer), int(tokens.input_ids.max()) + 1) // 64) * 64
+    vocab = -(-max(len(tokenizer), tokens.max_id + 1) // 64) * 64
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192, use_cache=False)
