@@ -14,7 +14,6 @@ import glob as globlib
 import hashlib
 import os
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -438,8 +437,3 @@ def read_source(source: str | Located, split: str | None = None) -> Source:
     if src.num_rows == 0:
         raise InputError(f"{loc.source}: the dataset is empty (no rows)")
     return src
-
-
-def iter_chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
-    for start in range(0, n, size):
-        yield start, min(n, start + size)
