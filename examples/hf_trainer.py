@@ -27,31 +27,40 @@ from plancc.runtime import RuntimePlan, load_tokens
 from plancc.runtime.hf import PlanTrainer
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(output_dir: str, description: str | None = __doc__) -> argparse.ArgumentParser:
+    """The options of the Trainer examples (`trl_sft.py` adds its own)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", required=True)
-    ap.add_argument("--output-dir", default="out/hf")
+    ap.add_argument("--output-dir", default=output_dir)
     ap.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (default: the plan's epochs)")
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--save-steps", type=int, default=2)
-    ap.add_argument("--save-total-limit", type=int, default=2, help="checkpoints to keep")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output-dir")
-    args = ap.parse_args()
+    return ap
 
-    plan = RuntimePlan(args.plan)
+
+def open_run(plan_dir: str):
+    """The plan, this run's process count (checked against the plan's microbatches per update) and its tokens."""
+    plan = RuntimePlan(plan_dir)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if plan.batches_per_update % world:
         raise SystemExit(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
-    tokens = load_tokens(plan)
-    vocab = -(-(tokens.max_id + 1) // 64) * 64
+    return plan, world, load_tokens(plan)
+
+
+def tiny_llama(vocab: int) -> LlamaForCausalLM:
+    """A small Llama from a config (nothing downloaded), its vocabulary rounded up to a multiple of 64."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=-(-vocab // 64) * 64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192, use_cache=False)
     cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(cfg)
 
-    training_args = TrainingArguments(
+
+def training_settings(args: argparse.Namespace, plan: RuntimePlan, world: int) -> dict:
+    """The `TrainingArguments` a plan decides: accumulation = the plan's microbatches per update / processes."""
+    return dict(
         output_dir=args.output_dir,
         use_cpu=not torch.cuda.is_available(),
         gradient_accumulation_steps=plan.batches_per_update // world,
@@ -63,15 +72,28 @@ def main() -> None:
         logging_steps=1,
         save_strategy="steps",
         save_steps=args.save_steps,
-        save_total_limit=args.save_total_limit,
         report_to=[],
         ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None,
     )
-    trainer = PlanTrainer(model=model, args=training_args, plan=plan, tokens=tokens)
-    trainer.train(resume_from_checkpoint=True if args.resume else None)
-    if torch.distributed.is_initialized():  # leave together: a rank tearing gloo down mid-collective aborts
+
+
+def finish() -> None:
+    """Leave together: a rank tearing gloo down mid-collective aborts."""
+    if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def main() -> None:
+    ap = arguments("out/hf")
+    ap.add_argument("--save-total-limit", type=int, default=2, help="checkpoints to keep")
+    args = ap.parse_args()
+    plan, world, tokens = open_run(args.plan)
+    model = tiny_llama(tokens.max_id + 1)
+    training_args = TrainingArguments(**training_settings(args, plan, world), save_total_limit=args.save_total_limit)
+    trainer = PlanTrainer(model=model, args=training_args, plan=plan, tokens=tokens)
+    trainer.train(resume_from_checkpoint=True if args.resume else None)
+    finish()
 
 
 if __name__ == "__main__":

@@ -16,14 +16,17 @@ nothing is downloaded.
 
 from __future__ import annotations
 
-import argparse
-import os
-
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from hf_trainer import (  # the shared set-up, beside this
+    arguments,
+    finish,
+    open_run,
+    tiny_llama,
+    training_settings,
+)
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from trl import SFTConfig
 
-from plancc.runtime import RuntimePlan, load_tokens
 from plancc.runtime.trl import PlanSFTTrainer
 
 
@@ -38,52 +41,17 @@ def tokenizer_for(path: str | None):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--plan", required=True)
-    ap.add_argument("--output-dir", default="out/sft")
+    ap = arguments("out/sft", __doc__)
     ap.add_argument("--tokenizer", default=None, help="the Hugging Face tokenizer directory the plan was compiled with")
-    ap.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (default: the plan's epochs)")
-    ap.add_argument("--epochs", type=int, default=None)
-    ap.add_argument("--save-steps", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output-dir")
     args = ap.parse_args()
-
-    plan = RuntimePlan(args.plan)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if plan.batches_per_update % world:
-        raise SystemExit(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
-    tokens = load_tokens(plan)
+    plan, world, tokens = open_run(args.plan)
     tokenizer = tokenizer_for(args.tokenizer)
-    vocab = -(-max(len(tokenizer), tokens.max_id + 1) // 64) * 64
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192, use_cache=False)
-    cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg)
-
-    config = SFTConfig(
-        output_dir=args.output_dir,
-        use_cpu=not torch.cuda.is_available(),
-        bf16=torch.cuda.is_available(),
-        gradient_checkpointing=False,
-        gradient_accumulation_steps=plan.batches_per_update // world,
-        per_device_train_batch_size=1,  # ignored: the plan decides every batch
-        num_train_epochs=args.epochs if args.epochs is not None else plan.epochs,
-        max_steps=args.max_steps,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        report_to=[],
-        ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None,
-    )
+    model = tiny_llama(max(len(tokenizer), tokens.max_id + 1))
+    config = SFTConfig(**training_settings(args, plan, world), bf16=torch.cuda.is_available(),
+                       gradient_checkpointing=False)
     trainer = PlanSFTTrainer(model=model, args=config, plan=plan, tokens=tokens, processing_class=tokenizer)
     trainer.train(resume_from_checkpoint=True if args.resume else None)
-    if torch.distributed.is_initialized():  # leave together: a rank tearing gloo down mid-collective aborts
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
