@@ -60,6 +60,10 @@ class Encoded:
         })
 
     @staticmethod
+    def empty() -> Encoded:
+        return Encoded(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64))
+
+    @staticmethod
     def concat(parts: list[Encoded]) -> Encoded:
         if len(parts) == 1:
             return parts[0]

@@ -41,6 +41,7 @@ class Source:
     kind: str
     num_rows: int = 0
     notes: list[str] = field(default_factory=list)  # what the user should hear (e.g. which split was used)
+    row0: dict[str, int] = field(default_factory=dict)  # a range of a file (sources.rows): its first row's index
     _lines: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
@@ -51,7 +52,7 @@ class Source:
         """Human location of a global row: file, row inside the file and, for JSON lines, the line number."""
         for path, start, count in self.files:
             if start <= row < start + count:
-                local = row - start
+                local = row - start + self.row0.get(path, 0)
                 text = f"{path} row {local}"
                 if path.endswith(".jsonl") or path in self._lines:
                     line = self._line_of(path, local)
