@@ -11,6 +11,7 @@ keyword settings. `import plancc` stays light: these names are imported on first
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import uuid
@@ -161,22 +162,38 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
     return str(final)
 
 
+def _engine(engine: str, ray_address: str | None, num_proc: int | None) -> Callable[..., Any] | None:
+    """The scan's shard runner: None for the local engine (`num_proc` processes), Ray's for `ray`."""
+    if engine == "local":
+        if ray_address is not None:
+            raise SettingsError("--ray-address needs --engine ray")
+        return None
+    if engine != "ray":
+        raise SettingsError(f"--engine {engine}: expected local or ray")
+    from plancc import ray_scan
+
+    return functools.partial(ray_scan.scan_parts, address=ray_address, num_cpus=num_proc)
+
+
 def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
          num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
-         **settings: Any) -> dict[str, Any]:
+         engine: str = "local", ray_address: str | None = None, **settings: Any) -> dict[str, Any]:
     """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
 
     Takes the scan's settings of `compile` (`format`, `tokenizer`, `sequence_len`, `long`, `shift`, ...) and its
-    `overwrite` rule for `output`.
+    `overwrite` rule for `output`. `engine="ray"` scans on Ray (`plancc.ray_scan`): a local Ray of `num_proc`
+    CPUs (default all) started for the call, or the cluster at `ray_address` (`"auto"`: the one this machine
+    belongs to); the result is the local engine's, byte for byte.
     """
     from plancc import scan as scan_mod
 
     cache = Path(cache_dir) if cache_dir is not None else None
     options, _, procs, _ = resolve_settings(config, num_proc, **settings)
+    runner = _engine(engine, ray_address, num_proc)
     store.check_output(output, overwrite=overwrite)  # before any work
     if not isinstance(source, str | os.PathLike):
         source = _materialize(source, cache)
-    result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress)
+    result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress, engine=runner)
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report
 

@@ -14,16 +14,23 @@ Ray already initialized in this process (a `ray job submit` entry point that cal
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from plancc.errors import PlanccError
+import orjson
+
+from plancc import store
+from plancc.errors import InputError, PlanccError
 
 Progress = Callable[[str, int, int], None] | None
 
 # a local Ray for one run: no usage reporting, every address on loopback (read when ray is first imported)
+UNIT_MIN_ROWS = 1_024
 _LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -76,26 +83,78 @@ def session(address: str | None, num_cpus: int | None) -> Iterator[Any]:
             ray.shutdown()
 
 
-def map_units(ray: Any, units: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[str, Any]], *,
-              progress: Progress = None, rows: Callable[[dict[str, Any]], int] = lambda r: 0,
-              total: int = 0) -> list[dict[str, Any]]:
-    """Run `fn` on every unit with Ray Data, one CPU each; results in unit order.
+def unit_rows(rows: int, cpus: int, shard_rows: int) -> int:
+    """Rows per unit: at most `shard_rows` (memory per worker), and small enough that every CPU gets about four
+    units (a slow unit then delays the end by a quarter of one CPU's share), but not so small that per-unit work
+    (opening the files, loading the tokenizer) dominates."""
+    return max(1, min(shard_rows, max(UNIT_MIN_ROWS, -(-rows // (4 * max(1, cpus))))))
 
-    `fn` returns a row with `error` set ("" when it worked): an expected failure (bad input) comes back as data
-    and the first failed unit's message is raised here as a PlanccError, so a bad row reads like the local
-    scan's message and the same unit fails first however Ray scheduled them. `rows(result)`: source rows a
-    result covers, for progress out of `total`.
+
+def _run_unit(unit: dict[str, Any]) -> dict[str, Any]:
+    """One unit, on a Ray worker: `shard.scan_part` of its rows into its part directory (reused when a killed
+    run already finished it). Bad input comes back as the row's `error`: plancc's message, not a Ray traceback."""
+    from plancc import shard, store, token_store
+
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one CPU per unit: the tokenizer gets one thread
+    lo, hi, path = int(unit["lo"]), int(unit["hi"]), Path(unit["part"])
+    out = {"unit": unit["unit"], "lo": lo, "hi": hi, "part": str(path), "tokens": 0, "error": "", "input": False}
+    try:
+        job = _job(unit["job"])
+        if shard.finished_part(path, job.key, lo, hi) is None:
+            shard.scan_part(job, lo, hi, path, owned=True)
+            out["tokens"] = int(token_store.open_store(path / store.TOKENS_DIR).header["tokens"])
+    except PlanccError as exc:
+        out["error"], out["input"] = str(exc), isinstance(exc, InputError)
+    return out
+
+
+@functools.lru_cache(maxsize=2)
+def _job(path: str):
+    """The scan job a worker runs units of, read once per worker process (units carry only its path)."""
+    from plancc import shard
+
+    return shard.ScanJob.from_dict(orjson.loads(Path(path).read_bytes()))
+
+
+def scan_parts(job, work: Path, *, shard_rows: int, progress: Progress = None, address: str | None = None,
+               num_cpus: int | None = None) -> list[Path]:
+    """Every unit's part directory under `work` (the cache's `KEY.parts/`), scanned on Ray; in row order, for
+    `plancc.merge.join`. The job goes to the workers as a JSON file beside the parts (every node must see
+    `work`: on a cluster, the cache lives on a shared filesystem)."""
+    work.mkdir(parents=True, exist_ok=True)
+    job_file = work / "job.json"
+    store.write_json(job.to_dict(), job_file)
+    with session(address, num_cpus) as ray:
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        size = unit_rows(job.rows, cpus, shard_rows)
+        ranges = [(a, min(job.rows, a + size)) for a in range(0, job.rows, size)]
+        units = [{"unit": i, "lo": lo, "hi": hi, "part": str(work / f"{lo:012d}-{hi:012d}"), "job": str(job_file)}
+                 for i, (lo, hi) in enumerate(ranges)]
+        results = map_units(ray, units, _run_unit, progress=progress, total=job.rows)
+    return [Path(r["part"]) for r in results]
+
+
+def map_units(ray: Any, units: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[str, Any]], *,
+              progress: Progress = None, total: int = 0) -> list[dict[str, Any]]:
+    """Run `fn` on every unit with Ray Data, one CPU and one block each; results in unit order.
+
+    `fn` returns a row with `error` set ("" when it worked; `input`: bad input rather than another plancc
+    error): an expected failure comes back as data and the first failed unit's message is raised here, so a bad row reads like the local
+    scan's message and the same unit fails first however Ray scheduled them. Progress: rows (`lo`, `hi`) of
+    the units done so far, out of `total`, and the tokens per second of the new ones.
     """
     ds = ray.data.from_items(units, override_num_blocks=len(units)).map(fn, num_cpus=1)
     results: list[dict[str, Any]] = []
-    done = 0
+    done = tokens = 0
+    started = time.perf_counter()
     for result in ds.iter_rows():
         results.append(result)
-        done += rows(result)
+        done += result["hi"] - result["lo"]
+        tokens += result["tokens"]
         if progress:
-            progress("tokenizing", done, total)
+            progress(f"tokenizing · {tokens / max(time.perf_counter() - started, 1e-9):,.0f} tokens/s", done, total)
     results.sort(key=lambda r: r["unit"])
     failed = [r for r in results if r["error"]]
     if failed:
-        raise PlanccError(failed[0]["error"])
+        raise (InputError if failed[0]["input"] else PlanccError)(failed[0]["error"])
     return results

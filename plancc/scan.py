@@ -58,6 +58,7 @@ from plancc.sources.tokenizer import BUILTIN, BUILTIN_NAME
 SCAN_VERSION = shard.SCAN_VERSION
 FAULT_ENV = "PLANCC_SCAN_FAULT"  # tests: "parts:K" SIGKILLs the scan after it wrote K new parts
 Progress = Callable[[str, int, int], None] | None
+Engine = Callable[..., list[Path]]
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,10 @@ def _scan_parts(job: shard.ScanJob, reader: RowReader, work: Path, *, shard_rows
 
 
 def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
-         progress: Progress = None, shard_rows: int = shard.SHARD_ROWS) -> Scan:
+         progress: Progress = None, shard_rows: int = shard.SHARD_ROWS, engine: Engine | None = None) -> Scan:
     """Tokenize and scan SOURCE (or reuse the cached scan with the same key, or the finished shards of an
-    interrupted one)."""
+    interrupted one). `engine(job, work, shard_rows=, progress=)` scans the shards into part directories under
+    `work` and returns them in row order (`plancc.ray_scan.scan_parts`); None: this process and `num_proc`."""
     started = time.perf_counter()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc <= 0:
         raise InputError(f"--num-proc must be a positive integer, got {num_proc!r}")
@@ -158,7 +160,10 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         progress("reading", 1, 1)
     work = entry.parent / f"{key}.parts"
     try:
-        parts, _ = _scan_parts(job, reader, work, shard_rows=shard_rows, num_proc=num_proc, progress=progress)
+        if engine is None:
+            parts, _ = _scan_parts(job, reader, work, shard_rows=shard_rows, num_proc=num_proc, progress=progress)
+        else:
+            parts = engine(job, work, shard_rows=shard_rows, progress=progress)
         try:
             joined = merge.join(parts)
         except InputError:  # over --max-dropped or nothing kept: a finished result, not a crash: leave no trace

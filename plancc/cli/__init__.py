@@ -152,6 +152,12 @@ def scan_cmd(
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
     num_proc: ProcOpt = None,
+    engine: Annotated[str, Opt("--engine", help="local (this process and --num-proc tokenizer processes) or ray "
+                                                "(Ray Data: a local Ray of --num-proc CPUs, or a cluster's); "
+                                                "the result is the same.")] = "local",
+    ray_address: Annotated[str | None, Opt("--ray-address", help="--engine ray: the Ray cluster to run on ('auto': "
+                                                                 "the one this machine belongs to).",
+                                           show_default="a local Ray started for the scan")] = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
     json: JsonOpt = False,
@@ -160,7 +166,7 @@ def scan_cmd(
 
     with fail_on_errors(), reporter(quiet or json) as progress:
         report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
-                          cache_dir=cache_dir, progress=progress,
+                          cache_dir=cache_dir, progress=progress, engine=engine, ray_address=ray_address,
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
                           split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift)
     warn(report.get("warnings") or [])
