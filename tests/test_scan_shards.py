@@ -161,6 +161,11 @@ def test_cli_shard_merge_compile(tmp_path):
     assert "merged from 2 parts" in r.output
     r = runner.invoke(app, ["merge", str(tmp_path / "s1"), str(tmp_path / "s0"), "-o", str(tmp_path / "m")])
     assert r.exit_code == 2 and "--overwrite" in r.output
+    parts = [str(tmp_path / "s1"), str(tmp_path / "s0")]
+    r = runner.invoke(app, ["merge", *parts, "-o", str(tmp_path / "m"), "--overwrite", "--quiet"])
+    assert r.exit_code == 0 and r.stdout == ""
+    r = runner.invoke(app, ["merge", *parts, "-o", str(tmp_path / "m"), "--overwrite", "--json"])
+    assert r.exit_code == 0 and orjson.loads(r.stdout)["retained"] == 25
     r = runner.invoke(app, ["scan", str(source), "-o", str(tmp_path / "x"), "--tokenizer", "builtin",
                             "--shard", "2/2"])
     assert r.exit_code == 2 and "0 <= I < N" in r.output
