@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import orjson
 import pytest
@@ -299,6 +300,8 @@ def test_validate_names_a_changed_chunk_of_a_part(tmp_path):
     source = write_rows(tmp_path / "d.jsonl", alpaca_rows(30))
     options = ScanOptions(tokenizer="builtin")
     merge.merge(_parts(source, options, tmp_path / "p", 3), tmp_path / "m")
+    schema = orjson.loads((ROOT / "schemas" / "tokens-parts.schema.json").read_bytes())
+    jsonschema.validate(orjson.loads((tmp_path / "m" / "tokens" / "tokens.json").read_bytes()), schema)
     api.compile(tmp_path / "m", tmp_path / "plan", **{**PLAN, "sequence_len": 4096})
     ids = tmp_path / "plan" / "tokens" / "part-00002" / "input_ids.npy"
     data = bytearray(ids.read_bytes())
