@@ -194,6 +194,26 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     return Scan(joined.samples, entry / store.TOKENS_DIR, list(joined.report["source_paths"]), joined.report, key)
 
 
+def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_dir: Path, *, overwrite: bool = False,
+               num_proc: int = 1, progress: Progress = None) -> dict[str, Any]:
+    """`plancc scan --shard I/N`: shard `index` of `count` of SOURCE's rows into the partial scan `out_dir`
+    (atomically, the `-o` rules); `plancc merge` joins the parts. Returns the part's report."""
+    if progress:
+        progress("reading", 0, 1)
+    ident = shard.identity(source, options)
+    reader = RowReader(ident[2], options.split)
+    try:
+        job = shard.prepare(source, options, reader=reader, ident=ident)
+        lo, hi = shard.shard_range(job.rows, index, count)
+        if progress:
+            progress("reading", 1, 1)
+        with workers(num_proc) as pool:
+            return shard.scan_part(job, lo, hi, out_dir, reader=reader, num_proc=num_proc, pool=pool,
+                                   progress=progress, overwrite=overwrite)
+    finally:
+        reader.close()
+
+
 def write_scan(result: Scan, out_dir: Path, *, overwrite: bool = False) -> None:
     """SCAN_DIR: samples.parquet, tokens/ and scan.json, replaced atomically; an existing scan only with
     `overwrite`, a folder holding anything else never (`store.check_output`)."""
