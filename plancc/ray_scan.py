@@ -6,7 +6,7 @@ strings and integers (an Arrow block), each result likewise; token data never tr
 write it to files (the cluster's nodes must share the filesystem of the source, the tokenizer and the cache).
 The task function is shipped by reference to its module, so every node needs plancc installed.
 
-`address=None` starts a local Ray for the run and stops it after: loopback only (no cluster networking), no
+`address=None` starts a local Ray for the run (even where RAY_ADDRESS names a cluster) and stops it after: loopback only (no cluster networking), no
 dashboard, no usage reporting. `address="auto"` (or `ray://...`, `HOST:PORT`) joins an existing cluster; a
 Ray already initialized in this process (a `ray job submit` entry point that called `ray.init`) is used as is.
 """
@@ -68,7 +68,7 @@ def session(address: str | None, num_cpus: int | None) -> Iterator[Any]:
             raise PlanccError("--num-proc sets the CPUs of the local Ray plancc starts; a cluster given with "
                               "--ray-address has its own: drop --num-proc")
         try:
-            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+            ray.init(address=address or "local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.ERROR)
         except ConnectionError as exc:
             raise PlanccError(f"--ray-address {address}: cannot connect to a Ray cluster ({exc}); start one "

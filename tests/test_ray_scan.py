@@ -10,7 +10,8 @@ import sys
 import orjson
 import pytest
 
-from plancc import api, store, token_store
+from plancc import api, shard, store, token_store
+from plancc.config import ScanOptions
 from tests.sources_fixtures import (
     DEEPSEEK_JSON,
     alpaca_rows,
@@ -34,15 +35,17 @@ def _assert_same_scan(a, b) -> None:
 
 
 def test_cli_bad_row_under_ray_names_file_row_column(tmp_path):
-    """A local Ray started (and stopped) by the command itself; the error is plancc's one line, no Ray traceback."""
-    rows = alpaca_rows(40)
-    rows[27]["output"] = {"not": "text"}
-    src = write_rows(tmp_path / "bad.jsonl", rows)
+    """A local Ray started (and stopped) by the command itself. The bad turn is found while encoding, on a Ray
+    worker (not by the format check before): the error is still plancc's one line, no Ray traceback."""
+    convs = chatterbot_conversations(40, system=False)
+    convs[27] = [{"role": "narrator", "content": "x"}]
+    src = write_rows(tmp_path / "bad.jsonl", [{"messages": c} for c in convs])
     run = subprocess.run([sys.executable, "-m", "plancc", "scan", str(src), "-o", str(tmp_path / "s"), "--tokenizer",
-                          str(DEEPSEEK_JSON), "--engine", "ray", "--num-proc", "2"],
-                         capture_output=True, text=True, env={**os.environ, "PLANCC_CACHE": str(tmp_path / "cache")}, timeout=300)
+                          str(deepseek_dir(tmp_path, "deepseek")), "--engine", "ray", "--num-proc", "2"],
+                         capture_output=True, text=True, env={**os.environ, "PLANCC_CACHE": str(tmp_path / "c")},
+                         timeout=300)
     assert run.returncode == 2, run.stderr
-    assert "bad.jsonl row 27" in run.stderr and "'output'" in run.stderr, run.stderr
+    assert "bad.jsonl row 27 (line 28)" in run.stderr and "unknown role narrator" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr and "RayTaskError" not in run.stderr, run.stderr
     assert len(run.stderr.strip().splitlines()) <= 3, run.stderr
     assert not (tmp_path / "s").exists()
@@ -75,3 +78,20 @@ def test_ray_scan_identical_to_local(tmp_path, local_ray, monkeypatch):
         plans = [api.compile(d, tmp_path / f"plan-{d.name}", world_size=2, micro_batch_size=2)
                  for d in (local, tmp_path / f"ray-{i}-1")]
         assert plans[0].fingerprints == plans[1].fingerprints
+
+
+def test_ray_scan_reuses_finished_parts(tmp_path, local_ray, monkeypatch):
+    """A part an interrupted run finished (here written beforehand by `scan_part` itself) is not scanned again:
+    the scan's token store holds that very file (a hard link to it), and the result is still the local one."""
+    monkeypatch.setattr(ray_scan, "UNIT_MIN_ROWS", 1)
+    src = write_rows(tmp_path / "a.jsonl", alpaca_rows(300))
+    options = ScanOptions(tokenizer=str(DEEPSEEK_JSON))
+    job = shard.prepare(str(src), options)
+    lo, hi = 0, ray_scan.unit_rows(job.rows, 2, shard.SHARD_ROWS)
+    part = tmp_path / "c" / "scans" / f"{job.key}.parts" / f"{lo:012d}-{hi:012d}"
+    shard.scan_part(job, lo, hi, part, owned=True)
+    ids = (part / store.TOKENS_DIR / "input_ids.npy").stat().st_ino
+    api.scan(str(src), tmp_path / "ray", engine="ray", cache_dir=tmp_path / "c", tokenizer=str(DEEPSEEK_JSON))
+    assert (tmp_path / "ray" / store.TOKENS_DIR / "part-00000" / "input_ids.npy").stat().st_ino == ids
+    api.scan(str(src), tmp_path / "local", cache_dir=tmp_path / "c-local", tokenizer=str(DEEPSEEK_JSON))
+    _assert_same_scan(tmp_path / "local", tmp_path / "ray")
