@@ -6,9 +6,10 @@ strings and integers (an Arrow block), each result likewise; token data never tr
 write it to files (the cluster's nodes must share the filesystem of the source, the tokenizer and the cache).
 The task function is shipped by reference to its module, so every node needs plancc installed.
 
-`address=None` starts a local Ray for the run (even where RAY_ADDRESS names a cluster) and stops it after: loopback only (no cluster networking), no
-dashboard, no usage reporting. `address="auto"` (or `ray://...`, `HOST:PORT`) joins an existing cluster; a
-Ray already initialized in this process (a `ray job submit` entry point that called `ray.init`) is used as is.
+`address=None` starts a local Ray for the run (even where RAY_ADDRESS names a cluster) and stops it after:
+loopback only (no cluster networking), no dashboard, no usage reporting. `address="auto"` (or `HOST:PORT`,
+`ray://...`) joins an existing cluster; a Ray this process already initialized (a caller's `ray.init`) is used
+as is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import functools
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,8 @@ from plancc.errors import InputError, PlanccError
 
 Progress = Callable[[str, int, int], None] | None
 
+UNIT_MIN_ROWS = 1_024  # rows below which a unit's fixed work (opening files, loading the tokenizer) dominates
 # a local Ray for one run: no usage reporting, every address on loopback (read when ray is first imported)
-UNIT_MIN_ROWS = 1_024
 _LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -77,16 +79,15 @@ def session(address: str | None, num_cpus: int | None) -> Iterator[Any]:
             context = ray.data.DataContext.get_current()
             context.enable_progress_bars = False  # plancc reports progress itself
             context.print_on_execution_start = False
-            logging.getLogger("ray.data").setLevel(logging.ERROR)
+            logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # a failure is our one line, not its traceback
             yield ray
         finally:
             ray.shutdown()
 
 
 def unit_rows(rows: int, cpus: int, shard_rows: int) -> int:
-    """Rows per unit: at most `shard_rows` (memory per worker), and small enough that every CPU gets about four
-    units (a slow unit then delays the end by a quarter of one CPU's share), but not so small that per-unit work
-    (opening the files, loading the tokenizer) dominates."""
+    """Rows per unit: at most `shard_rows` (memory per worker), few enough that every CPU gets about four units
+    (a slow unit then delays the end by a quarter of one CPU's share), at least UNIT_MIN_ROWS."""
     return max(1, min(shard_rows, max(UNIT_MIN_ROWS, -(-rows // (4 * max(1, cpus))))))
 
 
@@ -130,29 +131,42 @@ def scan_parts(job, work: Path, *, shard_rows: int, progress: Progress = None, a
         ranges = [(a, min(job.rows, a + size)) for a in range(0, job.rows, size)]
         units = [{"unit": i, "lo": lo, "hi": hi, "part": str(work / f"{lo:012d}-{hi:012d}"), "job": str(job_file)}
                  for i, (lo, hi) in enumerate(ranges)]
-        results = map_units(ray, units, _run_unit, progress=progress, total=job.rows)
+        results = map_units(ray, units, progress=progress, total=job.rows)
     return [Path(r["part"]) for r in results]
 
 
-def map_units(ray: Any, units: list[dict[str, Any]], fn: Callable[[dict[str, Any]], dict[str, Any]], *,
-              progress: Progress = None, total: int = 0) -> list[dict[str, Any]]:
-    """Run `fn` on every unit with Ray Data, one CPU and one block each; results in unit order.
+def map_units(ray: Any, units: list[dict[str, Any]], *, progress: Progress = None,
+              total: int = 0) -> list[dict[str, Any]]:
+    """`_run_unit` of every unit with Ray Data, one CPU and one block each; results in unit order.
 
-    `fn` returns a row with `error` set ("" when it worked; `input`: bad input rather than another plancc
-    error): an expected failure comes back as data and the first failed unit's message is raised here, so a bad row reads like the local
-    scan's message and the same unit fails first however Ray scheduled them. Progress: rows (`lo`, `hi`) of
-    the units done so far, out of `total`, and the tokens per second of the new ones.
+    Bad input comes back as data and the first failed unit's message is raised here, so a bad row reads like
+    the local scan's message and the same unit fails first however Ray scheduled them; a failure of Ray itself
+    (a worker killed, out of memory) is one line too. Progress: rows of the units done, out of `total`, and
+    tokens per second.
     """
-    ds = ray.data.from_items(units, override_num_blocks=len(units)).map(fn, num_cpus=1)
+    # Ray Data retries a unit whose worker died forever by default, so one that kills its worker (out of memory)
+    # would never end: two retries, then the error. `max_retries` has no named parameter in Ray 2.60-2.63 and
+    # warns (pyproject caps ray below 2.64, which drops the catch-all).
+    from ray.util.annotations import RayDeprecationWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RayDeprecationWarning)
+        ds = ray.data.from_items(units, override_num_blocks=len(units)).map(_run_unit, num_cpus=1, max_retries=2)
     results: list[dict[str, Any]] = []
     done = tokens = 0
     started = time.perf_counter()
-    for result in ds.iter_rows():
-        results.append(result)
-        done += result["hi"] - result["lo"]
-        tokens += result["tokens"]
-        if progress:
-            progress(f"tokenizing · {tokens / max(time.perf_counter() - started, 1e-9):,.0f} tokens/s", done, total)
+    try:
+        for result in ds.iter_rows():
+            results.append(result)
+            done += result["hi"] - result["lo"]
+            tokens += result["tokens"]
+            if progress:
+                rate = tokens / max(time.perf_counter() - started, 1e-9)
+                progress(f"tokenizing · {rate:,.0f} tokens/s", done, total)
+    except ray.exceptions.RayError as exc:
+        last = [line for line in str(exc).splitlines() if line.strip()][-1:] or [type(exc).__name__]
+        raise PlanccError(f"the scan on Ray failed: {last[0].strip()} (finished parts are kept: run the same "
+                          "command again to resume)") from None
     results.sort(key=lambda r: r["unit"])
     failed = [r for r in results if r["error"]]
     if failed:
