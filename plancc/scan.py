@@ -156,37 +156,47 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     reader = reader or job.reader()
     if progress:
         progress("reading", 1, 1)
-    work = entry.parent / f"{key}.parts"
     try:
-        parts, _ = _scan_parts(job, reader, work, shard_rows=shard_rows, num_proc=num_proc, progress=progress)
-        try:
-            joined = merge.join(parts)
-        except InputError:  # over --max-dropped or nothing kept: a finished result, not a crash: leave no trace
-            shutil.rmtree(work, ignore_errors=True)
-            raise
+        with atomic.exclusive(entry.parent, f"{key}.scan"):  # a second scan of the same key waits, then reuses
+            done = _load_cached(entry, key)
+            if done is None:
+                entry = _fill(entry, job, reader, shard_rows=shard_rows, num_proc=num_proc, progress=progress,
+                              started=started)
+                done = _load_cached(entry, key)
     except OSError as exc:
         raise PlanccError(f"cannot write the scan cache {entry.parent}: {exc.strerror or exc}; "
                           "set PLANCC_CACHE to a writable directory") from None
     finally:
         reader.close()
-    joined.report.update({"source": str(source), "seconds": round(time.perf_counter() - started, 3)})
+    report = {**done.report, "source": str(source), "tokenizer": tok.name if tok else None}
+    check_drops(report, options.max_dropped)  # an entry another process filled meanwhile: this call's threshold
+    return dataclasses.replace(done, report=report)
+
+
+def _fill(entry: Path, job: shard.ScanJob, reader: RowReader, *, shard_rows: int, num_proc: int,
+          progress: Progress, started: float) -> Path:
+    """Scan every shard (reusing finished ones), join them and write the cache entry; returns where it went."""
+    work = entry.parent / f"{job.key}.parts"
+    parts, _ = _scan_parts(job, reader, work, shard_rows=shard_rows, num_proc=num_proc, progress=progress)
+    try:
+        joined = merge.join(parts)
+    except InputError:  # over --max-dropped or nothing kept: a finished result, not a crash: leave no trace
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    joined.report["seconds"] = round(time.perf_counter() - started, 3)
     if progress:
         progress("writing", 0, 1)
     try:
-        try:
-            with store.atomic_directory(entry, owned=True, what="scan") as tmp:
-                merge.write_joined(tmp, joined)
-        except atomic.OutputBusy:  # another process writes the same entry: keep ours beside it
-            entry = entry.parent / f"{key}-{uuid.uuid4().hex[:8]}"
-            with store.atomic_directory(entry, owned=True, what="scan") as tmp:
-                merge.write_joined(tmp, joined)
-    except OSError as exc:
-        raise PlanccError(f"cannot write the scan cache {entry.parent}: {exc.strerror or exc}; "
-                          "set PLANCC_CACHE to a writable directory") from None
+        with store.atomic_directory(entry, owned=True, what="scan") as tmp:
+            merge.write_joined(tmp, joined)
+    except atomic.OutputBusy:  # another process writes the same entry: keep ours beside it
+        entry = entry.parent / f"{job.key}-{uuid.uuid4().hex[:8]}"
+        with store.atomic_directory(entry, owned=True, what="scan") as tmp:
+            merge.write_joined(tmp, joined)
     shutil.rmtree(work, ignore_errors=True)  # the entry holds hard links to the parts' files
     if progress:
         progress("writing", 1, 1)
-    return Scan(joined.samples, entry / store.TOKENS_DIR, list(joined.report["source_paths"]), joined.report, key)
+    return entry
 
 
 def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_dir: Path, *, overwrite: bool = False,

@@ -311,3 +311,26 @@ def test_validate_names_a_changed_chunk_of_a_part(tmp_path):
     problems, _ = validate_plan(str(tmp_path / "plan"))
     assert any("chunk" in p and "changed" in p for p in problems), problems
     assert validate_plan(str(tmp_path / "plan"), fast=True)[0] == []
+
+
+def test_two_scans_of_one_source_at_once_are_serialized(tmp_path):
+    import threading
+
+    source = write_rows(tmp_path / "d.jsonl", alpaca_rows(60))
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(scan(str(source), ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "c",
+                                shard_rows=7))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 2
+    assert results[0].samples.equals(results[1].samples) and results[0].key == results[1].key
+    assert [p.name for p in (tmp_path / "c" / "scans").iterdir()] == [results[0].key]  # no parts, no locks left
