@@ -70,7 +70,7 @@ def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
     source, options = data(tmp_path)
     local = scan(str(source), options, cache_dir=tmp_path / "c1")
     write_scan(local, tmp_path / "local")
-    cut = scan(str(source), options, cache_dir=tmp_path / "c2", shard_rows=9)  # 8-10 shards: a multi-part store
+    cut = scan(str(source), options, cache_dir=tmp_path / "c2", shard_rows=9, num_proc=2)  # 8-10 shards: multi-part
     write_scan(cut, tmp_path / "cut")
     assert token_store.open_store(tmp_path / "cut" / "tokens").parts
     merged = merge.merge(_parts(source, options, tmp_path / "parts", 3), tmp_path / "merged")
