@@ -221,6 +221,11 @@ def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: Ro
     return report
 
 
+def part_name(lo: int, hi: int) -> str:
+    """The folder name of the part of rows [lo, hi) in a scan's work directory (sorts in row order)."""
+    return f"{lo:012d}-{hi:012d}"
+
+
 def finished_part(path: Path, key: str, lo: int, hi: int) -> dict[str, Any] | None:
     """The report of a part already written at `path` for this key and range (resume), else None."""
     import orjson
@@ -237,5 +242,5 @@ def finished_part(path: Path, key: str, lo: int, hi: int) -> dict[str, Any] | No
     return report
 
 
-__all__ = ["SCAN_VERSION", "SHARD_ROWS", "ScanJob", "finished_part", "local_ranges", "prepare", "scan_part",
-           "shard_range"]
+__all__ = ["SCAN_VERSION", "SHARD_ROWS", "ScanJob", "finished_part", "local_ranges", "part_name", "prepare",
+           "scan_part", "shard_range"]

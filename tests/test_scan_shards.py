@@ -334,3 +334,25 @@ def test_two_scans_of_one_source_at_once_are_serialized(tmp_path):
     assert errors == [] and len(results) == 2
     assert results[0].samples.equals(results[1].samples) and results[0].key == results[1].key
     assert [p.name for p in (tmp_path / "c" / "scans").iterdir()] == [results[0].key]  # no parts, no locks left
+
+
+def test_an_engine_running_shards_in_any_order_gives_the_local_scan(tmp_path):
+    """What a cluster engine does: the shards still to do, scanned anywhere in any order by `shard.scan_part`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    source, options = _chat(tmp_path)
+    seen = []
+
+    def engine(job, todo, work):
+        seen.append(list(todo))
+        job = shard.ScanJob.from_dict(orjson.loads(orjson.dumps(job.to_dict())))  # as shipped to a worker
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda r: shard.scan_part(job, *r, work / shard.part_name(*r), owned=True), todo[::-1]))
+
+    other = scan(str(source), options, cache_dir=tmp_path / "c1", shard_rows=16, engine=engine)
+    local = scan(str(source), options, cache_dir=tmp_path / "c2")
+    assert seen == [shard.local_ranges(90, 16)]
+    write_scan(other, tmp_path / "a")
+    write_scan(local, tmp_path / "b")
+    assert _bytes(tmp_path / "a") == _bytes(tmp_path / "b")
+    assert other.report["fingerprints"] == local.report["fingerprints"]
