@@ -31,7 +31,8 @@ from plancc.errors import InputError, PlanccError
 
 Progress = Callable[[str, int, int], None] | None
 
-UNIT_MIN_ROWS = 1_024  # rows below which a unit's fixed work (opening files, loading the tokenizer) dominates
+SHARD_ROWS = 16_384  # default rows per unit: several units per CPU at 100k rows (the local scan's 65,536 would
+# give two CPUs one and a half units), few enough parts (a multi-part token store) at 10M
 # a local Ray for one run: no usage reporting, every address on loopback (read when ray is first imported)
 _LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
@@ -85,25 +86,17 @@ def session(address: str | None, num_cpus: int | None) -> Iterator[Any]:
             ray.shutdown()
 
 
-def unit_rows(rows: int, cpus: int, shard_rows: int) -> int:
-    """Rows per unit: at most `shard_rows` (memory per worker), few enough that every CPU gets about four units
-    (a slow unit then delays the end by a quarter of one CPU's share), at least UNIT_MIN_ROWS."""
-    return max(1, min(shard_rows, max(UNIT_MIN_ROWS, -(-rows // (4 * max(1, cpus))))))
-
-
 def _run_unit(unit: dict[str, Any]) -> dict[str, Any]:
-    """One unit, on a Ray worker: `shard.scan_part` of its rows into its part directory (reused when a killed
-    run already finished it). Bad input comes back as the row's `error`: plancc's message, not a Ray traceback."""
+    """One unit, on a Ray worker: `shard.scan_part` of its rows into its part directory. Bad input comes back as
+    the row's `error`: plancc's message, not a Ray traceback."""
     from plancc import shard, store, token_store
 
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one CPU per unit: the tokenizer gets one thread
     lo, hi, path = int(unit["lo"]), int(unit["hi"]), Path(unit["part"])
-    out = {"unit": unit["unit"], "lo": lo, "hi": hi, "part": str(path), "tokens": 0, "error": "", "input": False}
+    out = {"unit": unit["unit"], "lo": lo, "hi": hi, "tokens": 0, "error": "", "input": False}
     try:
-        job = _job(unit["job"])
-        if shard.finished_part(path, job.key, lo, hi) is None:
-            shard.scan_part(job, lo, hi, path, owned=True)
-            out["tokens"] = int(token_store.open_store(path / store.TOKENS_DIR).header["tokens"])
+        shard.scan_part(_job(unit["job"]), lo, hi, path, owned=True)
+        out["tokens"] = int(token_store.open_store(path / store.TOKENS_DIR).header["tokens"])
     except PlanccError as exc:
         out["error"], out["input"] = str(exc), isinstance(exc, InputError)
     return out
@@ -117,32 +110,35 @@ def _job(path: str):
     return shard.ScanJob.from_dict(orjson.loads(Path(path).read_bytes()))
 
 
-def scan_parts(job, work: Path, *, shard_rows: int, progress: Progress = None, address: str | None = None,
-               num_cpus: int | None = None) -> list[Path]:
-    """Every unit's part directory under `work` (the cache's `KEY.parts/`), scanned on Ray; in row order, for
-    `plancc.merge.join`. The job goes to the workers as a JSON file beside the parts (every node must see
-    `work`: on a cluster, the cache lives on a shared filesystem)."""
-    work.mkdir(parents=True, exist_ok=True)
-    job_file = work / "job.json"
-    store.write_json(job.to_dict(), job_file)
-    with session(address, num_cpus) as ray:
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        size = unit_rows(job.rows, cpus, shard_rows)
-        ranges = [(a, min(job.rows, a + size)) for a in range(0, job.rows, size)]
-        units = [{"unit": i, "lo": lo, "hi": hi, "part": str(work / f"{lo:012d}-{hi:012d}"), "job": str(job_file)}
-                 for i, (lo, hi) in enumerate(ranges)]
-        results = map_units(ray, units, progress=progress, total=job.rows)
-    return [Path(r["part"]) for r in results]
+def ray_engine(*, address: str | None = None, num_cpus: int | None = None, progress: Progress = None):
+    """A `plancc.scan.Engine` that scans the shards still to do on Ray, one unit each. The job goes to the
+    workers as a JSON file beside the parts: every node must see `work` (on a cluster the scan cache lives on a
+    shared filesystem)."""
+    from plancc import shard
+
+    def run(job, todo: list[tuple[int, int]], work: Path) -> None:
+        if not todo:
+            return
+        work.mkdir(parents=True, exist_ok=True)
+        job_file = work / "job.json"
+        store.write_json(job.to_dict(), job_file)
+        units = [{"unit": i, "lo": lo, "hi": hi, "part": str(work / shard.part_name(lo, hi)), "job": str(job_file)}
+                 for i, (lo, hi) in enumerate(todo)]
+        with session(address, num_cpus) as ray:
+            map_units(ray, units, progress=progress, total=job.rows,
+                      done=job.rows - sum(hi - lo for lo, hi in todo))
+
+    return run
 
 
-def map_units(ray: Any, units: list[dict[str, Any]], *, progress: Progress = None,
-              total: int = 0) -> list[dict[str, Any]]:
+def map_units(ray: Any, units: list[dict[str, Any]], *, progress: Progress = None, total: int = 0,
+              done: int = 0) -> list[dict[str, Any]]:
     """`_run_unit` of every unit with Ray Data, one CPU and one block each; results in unit order.
 
     Bad input comes back as data and the first failed unit's message is raised here, so a bad row reads like
     the local scan's message and the same unit fails first however Ray scheduled them; a failure of Ray itself
-    (a worker killed, out of memory) is one line too. Progress: rows of the units done, out of `total`, and
-    tokens per second.
+    (a worker killed, out of memory) is one line too. Progress: rows done (`done` before the first unit), out of
+    `total`, and tokens per second.
     """
     # Ray Data retries a unit whose worker died forever by default, so one that kills its worker (out of memory)
     # would never end: two retries, then the error. `max_retries` has no named parameter in Ray 2.60-2.63 and
@@ -153,7 +149,7 @@ def map_units(ray: Any, units: list[dict[str, Any]], *, progress: Progress = Non
         warnings.simplefilter("ignore", RayDeprecationWarning)
         ds = ray.data.from_items(units, override_num_blocks=len(units)).map(_run_unit, num_cpus=1, max_retries=2)
     results: list[dict[str, Any]] = []
-    done = tokens = 0
+    tokens = 0
     started = time.perf_counter()
     try:
         for result in ds.iter_rows():

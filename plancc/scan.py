@@ -58,7 +58,6 @@ from plancc.sources.tokenizer import BUILTIN, BUILTIN_NAME
 SCAN_VERSION = shard.SCAN_VERSION
 FAULT_ENV = "PLANCC_SCAN_FAULT"  # tests: "parts:K" SIGKILLs the scan after it wrote K new parts
 Progress = Callable[[str, int, int], None] | None
-Engine = Callable[..., list[Path]]
 
 
 @dataclass(frozen=True)
@@ -105,33 +104,36 @@ def _fault(written: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _scan_parts(job: shard.ScanJob, reader: RowReader, work: Path, *, shard_rows: int, num_proc: int,
-                progress: Progress) -> tuple[list[Path], int]:
-    """Every shard's part under `work` (finished ones reused); returns them in row order and how many were new."""
-    parts, written, tokens, started = [], 0, 0, time.perf_counter()
-    ranges = shard.local_ranges(job.rows, shard_rows)
-    with workers(num_proc) as pool:
-        for lo, hi in ranges:
-            path = work / f"{lo:012d}-{hi:012d}"
-            report = shard.finished_part(path, job.key, lo, hi)
-            if report is None:
-                report = shard.scan_part(job, lo, hi, path, reader=reader, num_proc=num_proc, pool=pool,
-                                         progress=progress if len(ranges) == 1 else None, owned=True)
-                written += 1
-                tokens += token_store.open_store(path / store.TOKENS_DIR).header["tokens"]
+Engine = Callable[[shard.ScanJob, list[tuple[int, int]], Path], None]
+"""Runs shards: `engine(job, todo, work)` leaves a finished part (`shard.scan_part(job, lo, hi, work /
+shard.part_name(lo, hi), owned=True)`) for each range of `todo`; the scan reuses the others' and joins them."""
+
+
+def local_engine(reader: RowReader, *, num_proc: int = 1, progress: Progress = None) -> Engine:
+    """Shards one after another in this process (`num_proc` tokenizer processes shared by all of them), reading
+    the source forward with one reader; progress in rows with the tokens/s so far."""
+
+    def run(job: shard.ScanJob, todo: list[tuple[int, int]], work: Path) -> None:
+        tokens, started = 0, time.perf_counter()
+        with workers(num_proc) as pool:
+            for written, (lo, hi) in enumerate(todo, 1):
+                path = work / shard.part_name(lo, hi)
+                single = progress if len(todo) == 1 else None  # one shard: its own row-by-row progress
+                shard.scan_part(job, lo, hi, path, reader=reader, num_proc=num_proc, pool=pool, progress=single,
+                                owned=True)
                 _fault(written)
-            parts.append(path)
-            if progress and len(ranges) > 1:
-                rate = tokens / max(time.perf_counter() - started, 1e-9)
-                progress(f"tokenizing · {rate:,.0f} tokens/s", hi, job.rows)
-    return parts, written
+                if progress and len(todo) > 1:
+                    tokens += token_store.open_store(path / store.TOKENS_DIR).header["tokens"]
+                    rate = tokens / max(time.perf_counter() - started, 1e-9)
+                    progress(f"tokenizing · {rate:,.0f} tokens/s", hi, job.rows)
+
+    return run
 
 
 def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
          progress: Progress = None, shard_rows: int = shard.SHARD_ROWS, engine: Engine | None = None) -> Scan:
     """Tokenize and scan SOURCE (or reuse the cached scan with the same key, or the finished shards of an
-    interrupted one). `engine(job, work, shard_rows=, progress=)` scans the shards into part directories under
-    `work` and returns them in row order (`plancc.ray_scan.scan_parts`); None: this process and `num_proc`."""
+    interrupted one); `engine` runs the shards still to do (default: `local_engine`)."""
     started = time.perf_counter()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc <= 0:
         raise InputError(f"--num-proc must be a positive integer, got {num_proc!r}")
@@ -158,40 +160,51 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     reader = reader or job.reader()
     if progress:
         progress("reading", 1, 1)
-    work = entry.parent / f"{key}.parts"
     try:
-        if engine is None:
-            parts, _ = _scan_parts(job, reader, work, shard_rows=shard_rows, num_proc=num_proc, progress=progress)
-        else:
-            parts = engine(job, work, shard_rows=shard_rows, progress=progress)
-        try:
-            joined = merge.join(parts)
-        except InputError:  # over --max-dropped or nothing kept: a finished result, not a crash: leave no trace
-            shutil.rmtree(work, ignore_errors=True)
-            raise
+        with atomic.exclusive(entry.parent, f"{key}.scan"):  # a second scan of the same key waits, then reuses
+            done = _load_cached(entry, key)
+            if done is None:
+                entry = _fill(entry, job, reader, shard_rows=shard_rows, num_proc=num_proc, progress=progress,
+                              started=started, engine=engine)
+                done = _load_cached(entry, key)
     except OSError as exc:
         raise PlanccError(f"cannot write the scan cache {entry.parent}: {exc.strerror or exc}; "
                           "set PLANCC_CACHE to a writable directory") from None
     finally:
         reader.close()
-    joined.report.update({"source": str(source), "seconds": round(time.perf_counter() - started, 3)})
+    report = {**done.report, "source": str(source), "tokenizer": tok.name if tok else None}
+    check_drops(report, options.max_dropped)  # an entry another process filled meanwhile: this call's threshold
+    return dataclasses.replace(done, report=report)
+
+
+def _fill(entry: Path, job: shard.ScanJob, reader: RowReader, *, shard_rows: int, num_proc: int,
+          progress: Progress, started: float, engine: Engine | None) -> Path:
+    """Scan every shard (reusing finished ones), join them and write the cache entry; returns where it went."""
+    work = entry.parent / f"{job.key}.parts"
+    ranges = shard.local_ranges(job.rows, shard_rows)
+    todo = [(lo, hi) for lo, hi in ranges if shard.finished_part(work / shard.part_name(lo, hi), job.key, lo, hi)
+            is None]
+    (engine or local_engine(reader, num_proc=num_proc, progress=progress))(job, todo, work)
+    parts = [work / shard.part_name(lo, hi) for lo, hi in ranges]
+    try:
+        joined = merge.join(parts)
+    except InputError:  # over --max-dropped or nothing kept: a finished result, not a crash: leave no trace
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    joined.report["seconds"] = round(time.perf_counter() - started, 3)
     if progress:
         progress("writing", 0, 1)
     try:
-        try:
-            with store.atomic_directory(entry, owned=True, what="scan") as tmp:
-                merge.write_joined(tmp, joined)
-        except atomic.OutputBusy:  # another process writes the same entry: keep ours beside it
-            entry = entry.parent / f"{key}-{uuid.uuid4().hex[:8]}"
-            with store.atomic_directory(entry, owned=True, what="scan") as tmp:
-                merge.write_joined(tmp, joined)
-    except OSError as exc:
-        raise PlanccError(f"cannot write the scan cache {entry.parent}: {exc.strerror or exc}; "
-                          "set PLANCC_CACHE to a writable directory") from None
+        with store.atomic_directory(entry, owned=True, what="scan") as tmp:
+            merge.write_joined(tmp, joined)
+    except atomic.OutputBusy:  # another process writes the same entry: keep ours beside it
+        entry = entry.parent / f"{job.key}-{uuid.uuid4().hex[:8]}"
+        with store.atomic_directory(entry, owned=True, what="scan") as tmp:
+            merge.write_joined(tmp, joined)
     shutil.rmtree(work, ignore_errors=True)  # the entry holds hard links to the parts' files
     if progress:
         progress("writing", 1, 1)
-    return Scan(joined.samples, entry / store.TOKENS_DIR, list(joined.report["source_paths"]), joined.report, key)
+    return entry
 
 
 def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_dir: Path, *, overwrite: bool = False,

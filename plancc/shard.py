@@ -35,7 +35,7 @@ from plancc.sources.encode import Encoded, RowError
 from plancc.sources.parallel import encode_rows
 from plancc.sources.read import Located, locate
 from plancc.sources.rows import Manifest, RowReader
-from plancc.sources.samples import finish
+from plancc.sources.samples import finish, from_tokenized
 from plancc.sources.tokenizer import BUILTIN, Tok, load_tokenizer
 
 SCAN_VERSION = 4  # 4: streamed in shards (a multi-part token store when several); 3: the token store
@@ -166,8 +166,6 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
     src = detect.map_columns(reader.read(lo, hi), options.columns)
     work = detect.canonical(src, job.format)
     if job.format == "tokenized":
-        from plancc.sources.samples import from_tokenized
-
         tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
         return from_tokenized(work, options.shift, tok.vocab_size if tok else None, src.where), \
             options.shift == "none", src.where
@@ -221,6 +219,11 @@ def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: Ro
     return report
 
 
+def part_name(lo: int, hi: int) -> str:
+    """The folder name of the part of rows [lo, hi) in a scan's work directory (sorts in row order)."""
+    return f"{lo:012d}-{hi:012d}"
+
+
 def finished_part(path: Path, key: str, lo: int, hi: int) -> dict[str, Any] | None:
     """The report of a part already written at `path` for this key and range (resume), else None."""
     import orjson
@@ -237,5 +240,5 @@ def finished_part(path: Path, key: str, lo: int, hi: int) -> dict[str, Any] | No
     return report
 
 
-__all__ = ["SCAN_VERSION", "SHARD_ROWS", "ScanJob", "finished_part", "local_ranges", "prepare", "scan_part",
-           "shard_range"]
+__all__ = ["SCAN_VERSION", "SHARD_ROWS", "ScanJob", "finished_part", "local_ranges", "part_name", "prepare",
+           "scan_part", "shard_range"]

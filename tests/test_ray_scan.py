@@ -57,7 +57,7 @@ def local_ray():
         yield r
 
 
-def test_ray_scan_identical_to_local(tmp_path, local_ray, monkeypatch):
+def test_ray_scan_identical_to_local(tmp_path, local_ray):
     alpaca = tmp_path / "alpaca"
     alpaca.mkdir()
     rows = alpaca_rows(300)
@@ -66,32 +66,30 @@ def test_ray_scan_identical_to_local(tmp_path, local_ray, monkeypatch):
     chat = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in chatterbot_conversations(120)])
     cases = [(str(alpaca / "*.json"), {"tokenizer": str(DEEPSEEK_JSON)}),
              (str(chat), {"tokenizer": str(deepseek_dir(tmp_path, "llama3"))})]
-    one_unit = ray_scan.UNIT_MIN_ROWS
     for i, (source, settings) in enumerate(cases):
         local = tmp_path / f"local-{i}"
         api.scan(source, local, cache_dir=tmp_path / f"c-local-{i}", **settings)
-        for min_rows in (one_unit, 1):  # one unit; eight (300 rows: some span two files)
-            monkeypatch.setattr(ray_scan, "UNIT_MIN_ROWS", min_rows)
-            out = tmp_path / f"ray-{i}-{min_rows}"
-            api.scan(source, out, engine="ray", cache_dir=tmp_path / f"c-ray-{i}-{min_rows}", **settings)
+        for rows in (None, 38):  # one unit (the default size); eight, some spanning two files
+            out = tmp_path / f"ray-{i}-{rows}"
+            api.scan(source, out, engine="ray", shard_rows=rows, cache_dir=tmp_path / f"c-ray-{i}-{rows}",
+                     **settings)
             _assert_same_scan(local, out)
         plans = [api.compile(d, tmp_path / f"plan-{d.name}", world_size=2, micro_batch_size=2)
-                 for d in (local, tmp_path / f"ray-{i}-1")]
+                 for d in (local, tmp_path / f"ray-{i}-38")]
         assert plans[0].fingerprints == plans[1].fingerprints
 
 
-def test_ray_scan_reuses_finished_parts(tmp_path, local_ray, monkeypatch):
+def test_ray_scan_reuses_finished_parts(tmp_path, local_ray):
     """A part an interrupted run finished (here written beforehand by `scan_part` itself) is not scanned again:
     the scan's token store holds that very file (a hard link to it), and the result is still the local one."""
-    monkeypatch.setattr(ray_scan, "UNIT_MIN_ROWS", 1)
     src = write_rows(tmp_path / "a.jsonl", alpaca_rows(300))
     options = ScanOptions(tokenizer=str(DEEPSEEK_JSON))
     job = shard.prepare(str(src), options)
-    lo, hi = 0, ray_scan.unit_rows(job.rows, 2, shard.SHARD_ROWS)
-    part = tmp_path / "c" / "scans" / f"{job.key}.parts" / f"{lo:012d}-{hi:012d}"
-    shard.scan_part(job, lo, hi, part, owned=True)
+    part = tmp_path / "c" / "scans" / f"{job.key}.parts" / shard.part_name(0, 38)
+    shard.scan_part(job, 0, 38, part, owned=True)
     ids = (part / store.TOKENS_DIR / "input_ids.npy").stat().st_ino
-    api.scan(str(src), tmp_path / "ray", engine="ray", cache_dir=tmp_path / "c", tokenizer=str(DEEPSEEK_JSON))
+    api.scan(str(src), tmp_path / "ray", engine="ray", shard_rows=38, cache_dir=tmp_path / "c",
+             tokenizer=str(DEEPSEEK_JSON))
     assert (tmp_path / "ray" / store.TOKENS_DIR / "part-00000" / "input_ids.npy").stat().st_ino == ids
     api.scan(str(src), tmp_path / "local", cache_dir=tmp_path / "c-local", tokenizer=str(DEEPSEEK_JSON))
     _assert_same_scan(tmp_path / "local", tmp_path / "ray")

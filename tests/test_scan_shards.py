@@ -70,7 +70,7 @@ def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
     source, options = data(tmp_path)
     local = scan(str(source), options, cache_dir=tmp_path / "c1")
     write_scan(local, tmp_path / "local")
-    cut = scan(str(source), options, cache_dir=tmp_path / "c2", shard_rows=9)  # 8-10 shards: a multi-part store
+    cut = scan(str(source), options, cache_dir=tmp_path / "c2", shard_rows=9, num_proc=2)  # 8-10 shards: multi-part
     write_scan(cut, tmp_path / "cut")
     assert token_store.open_store(tmp_path / "cut" / "tokens").parts
     merged = merge.merge(_parts(source, options, tmp_path / "parts", 3), tmp_path / "merged")
@@ -311,3 +311,48 @@ def test_validate_names_a_changed_chunk_of_a_part(tmp_path):
     problems, _ = validate_plan(str(tmp_path / "plan"))
     assert any("chunk" in p and "changed" in p for p in problems), problems
     assert validate_plan(str(tmp_path / "plan"), fast=True)[0] == []
+
+
+def test_two_scans_of_one_source_at_once_are_serialized(tmp_path):
+    import threading
+
+    source = write_rows(tmp_path / "d.jsonl", alpaca_rows(60))
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(scan(str(source), ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "c",
+                                shard_rows=7))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 2
+    assert results[0].samples.equals(results[1].samples) and results[0].key == results[1].key
+    assert [p.name for p in (tmp_path / "c" / "scans").iterdir()] == [results[0].key]  # no parts, no locks left
+
+
+def test_an_engine_running_shards_in_any_order_gives_the_local_scan(tmp_path):
+    """What a cluster engine does: the shards still to do, scanned anywhere in any order by `shard.scan_part`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    source, options = _chat(tmp_path)
+    seen = []
+
+    def engine(job, todo, work):
+        seen.append(list(todo))
+        job = shard.ScanJob.from_dict(orjson.loads(orjson.dumps(job.to_dict())))  # as shipped to a worker
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda r: shard.scan_part(job, *r, work / shard.part_name(*r), owned=True), todo[::-1]))
+
+    other = scan(str(source), options, cache_dir=tmp_path / "c1", shard_rows=16, engine=engine)
+    local = scan(str(source), options, cache_dir=tmp_path / "c2")
+    assert seen == [shard.local_ranges(90, 16)]
+    write_scan(other, tmp_path / "a")
+    write_scan(local, tmp_path / "b")
+    assert _bytes(tmp_path / "a") == _bytes(tmp_path / "b")
+    assert other.report["fingerprints"] == local.report["fingerprints"]

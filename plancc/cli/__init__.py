@@ -162,9 +162,10 @@ def scan_cmd(
     shard: Annotated[str | None, Opt("--shard", help="Scan only shard I of N of the rows (I from 0; e.g. a Slurm "
                                                      "array task) into a partial scan; `plancc merge` joins them.",
                                      show_default="none: the whole source")] = None,
-    shard_rows: Annotated[int | None, Opt("--shard-rows", help="Rows per shard of a local scan: memory and what a "
+    shard_rows: Annotated[int | None, Opt("--shard-rows", help="Rows per shard: memory and what a "
                                                                "resumed scan reuses (the result is the same for "
-                                                               "any value).", show_default="65536")] = None,
+                                                               "any value; on Ray, the unit of work).",
+                                          show_default="65536; 16384 with --engine ray")] = None,
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:

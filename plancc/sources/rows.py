@@ -21,19 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from plancc.errors import InputError
 from plancc.sources.read import (
+    JsonlRows,
     Located,
     Source,
     _combine,
     _count_nonblank,
     _read_file,
-    _rows_to_columns,
     check_utf8,
     read_source,
 )
@@ -64,58 +62,6 @@ class Manifest:
 
 
 # ---------------------------------------------------------------- per-file cursors
-
-
-class _Jsonl:
-    """A JSON lines file read forward; a range behind the cursor reopens the file."""
-
-    def __init__(self, path: str):
-        self.path, self.f, self.row, self.lineno = path, None, 0, 0
-
-    def _skip_to(self, a: int) -> None:
-        if self.f is None or a < self.row:
-            if self.f is not None:
-                self.f.close()
-            self.f, self.row, self.lineno = open(self.path, "rb"), 0, 0  # noqa: SIM115 (held across calls)
-        while self.row < a:
-            line = self.f.readline()
-            if not line:
-                return
-            self.lineno += 1
-            if line.strip():
-                self.row += 1
-
-    def read(self, a: int, b: int) -> Block:
-        self._skip_to(a)
-        lines, numbers = [], []
-        while self.row < b:
-            line = self.f.readline()
-            if not line:
-                break
-            self.lineno += 1
-            if line.strip():
-                lines.append(line if line.endswith(b"\n") else line + b"\n")
-                numbers.append(self.lineno)
-                self.row += 1
-        data = b"".join(lines)
-        try:
-            table = pajson.read_json(pa.BufferReader(data), read_options=pajson.ReadOptions(block_size=1 << 26))
-            if table.num_rows == len(lines):
-                return table, {}
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-            pass
-        rows = []  # exact: orjson names the bad line; mixed-type columns are kept loose
-        for line, lineno in zip(lines, numbers, strict=True):
-            try:
-                rows.append(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
-                raise InputError(f"{self.path} line {lineno}: malformed JSON ({exc.msg})") from None
-        return _rows_to_columns(rows, self.path, lambda i: f"line {numbers[i]}")
-
-    def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
-            self.f = None
 
 
 class _Parquet:
@@ -187,7 +133,7 @@ def _cursor(path: str):
     if suffix in (".jsonl", ".json", ".csv"):
         check_utf8(path)
     if suffix == ".jsonl":
-        return _Jsonl(path)
+        return JsonlRows(path)
     if suffix == ".parquet":
         return _Parquet(path)
     if suffix == ".arrow":
@@ -196,7 +142,7 @@ def _cursor(path: str):
 
 
 def _count(cursor) -> int:
-    if isinstance(cursor, _Jsonl):
+    if isinstance(cursor, JsonlRows):
         return _count_nonblank(cursor.path)
     if isinstance(cursor, _Whole):
         return cursor.rows
