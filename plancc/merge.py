@@ -150,6 +150,7 @@ def join(paths: list[str | Path]) -> Joined:
     parts = check([read_part(p) for p in paths])
     tables = [_part_samples(p) for p in parts]
     samples = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+    del tables  # the parts' tables: only the joined one stays (memory: the samples table once)
     report = joined_report(parts)
     check_retained(report)
     report["fingerprints"] = store.samples_fingerprints(samples, scan_identity(report))

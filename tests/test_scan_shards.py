@@ -14,7 +14,7 @@ import jsonschema
 import numpy as np
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -101,6 +101,7 @@ def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
     assert one.max_id == many.max_id
 
 
+@settings(max_examples=15)  # each example is a scan plus n part scans and a merge: ~1 s
 @given(rows=st.integers(1, 40), n=st.integers(1, 7), cut=st.integers(1, 50))
 def test_any_shard_count_and_size_gives_the_local_table(tmp_path_factory, rows, n, cut):
     tmp = tmp_path_factory.mktemp("any")

@@ -10,8 +10,9 @@ any machine, sees the same rows under the same ids, and a sharded scan needs no 
 Memory follows the range, not the source: JSON lines stream line by line, Parquet by row group, Arrow IPC by record
 batch (memory-mapped). A `.json` array or `.csv` file is parsed whole (one file at a time: memory grows with the
 largest file, not with the number of files), a `save_to_disk` directory or Hub dataset is memory-mapped by
-`datasets`. `RowReader` keeps one cursor per file, so consecutive ranges (a local scan's shards) read each file
-once; a range far into a JSON lines file skips the lines before it without parsing them.
+`datasets`. `RowReader` keeps the file it read last open, so consecutive ranges (a local scan's shards) read
+each file once, and never more than one file is open; a range far into a JSON lines file skips the lines before
+it without parsing them.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class RowReader:
             raise InputError(f"{loc.source}: --split {split} applies to dataset directories and Hub ids, not to "
                              "files")
         self.loc, self.split = loc, split
-        self.cursors: dict[str, Any] = {}
+        self.current: tuple[str, Any] | None = None  # one file open at a time: bounded memory and descriptors
         self.whole: Source | None = None  # a directory or Hub dataset: memory-mapped by datasets
         if loc.kind != "files":
             self.whole = read_source(loc, split)
@@ -178,9 +179,10 @@ class RowReader:
         return list(self.whole.paths) if self.whole is not None else list(self.loc.paths)
 
     def _cursor(self, path: str):
-        if path not in self.cursors:
-            self.cursors[path] = _cursor(path)
-        return self.cursors[path]
+        if self.current is None or self.current[0] != path:
+            self.close()
+            self.current = (path, _cursor(path))
+        return self.current[1]
 
     @property
     def notes(self) -> list[str]:
@@ -212,6 +214,6 @@ class RowReader:
         return src
 
     def close(self) -> None:
-        for c in self.cursors.values():
-            c.close()
-        self.cursors.clear()
+        if self.current is not None:
+            self.current[1].close()
+            self.current = None
