@@ -88,6 +88,8 @@ def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
         problems, _ = validate_plan(str(tmp_path / f"plan-{name}"))
         assert problems == []
     assert plans["local"] == plans["cut"] == plans["merged"]
+    # the merged scan's multi-part store serves the plan compiled from the local scan (validate --dataset)
+    assert validate_plan(str(tmp_path / "plan-local"), tokens_dir=tmp_path / "merged" / "tokens")[0] == []
 
     # the runtime maps the merged (multi-part) store as one dataset: every sample's tokens as the local scan's
     one = load_tokens(RuntimePlan(tmp_path / "plan-local"), verify="hash")
