@@ -12,7 +12,6 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,16 +22,6 @@ from plancc.fingerprint import config_fingerprint, metrics_checksum, plan_finger
 from plancc.metrics import SourceDrops
 from plancc.pipeline import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.plan import SampleArrays
-
-
-def sample_arrays(table: pa.Table) -> SampleArrays:
-    """Planner view of a samples table (sorted by sample_id)."""
-    return SampleArrays(
-        sample_id=store.column(table, "sample_id").astype(np.int64),
-        length=store.column(table, "length").astype(np.int64),
-        label_count=store.column(table, "label_count").astype(np.int64),
-        first_label_supervised=store.column(table, "first_label_supervised"),
-    )
 
 
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
@@ -68,7 +57,7 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
     settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
-    s = sample_arrays(samples_table)
+    s = store.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
     epochs = compile_plan(s, settings, progress=progress, drops=drops)
     return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress,

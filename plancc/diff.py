@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from plancc import store
-from plancc.metrics import METRIC_COLUMNS
+from plancc.metric_columns import METRIC_COLUMNS
 
 FAIL_ON = ("any", "config", "dataset", "metrics-regression")
 

@@ -82,7 +82,7 @@ def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
     the headline metrics and the before and after stages (fits 80 columns)."""
     from rich.table import Table
 
-    from plancc.metrics import METRIC_COLUMNS
+    from plancc.metric_columns import METRIC_COLUMNS
 
     names = list(HEADLINE) + ([] if compact else [n for n, _ in METRIC_COLUMNS if n not in HEADLINE])
     tables = []

@@ -26,44 +26,6 @@ from plancc.plan import (
     row_tokens,
 )
 
-METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("samples", "int"),
-    ("dropped_samples", "int"),
-    ("tail_dropped_samples", "int"),
-    ("truncated_samples", "int"),
-    ("batches", "int"),
-    ("packed_rows", "int"),
-    ("mean_packed_length", "float"),
-    ("mean_label_count", "float"),
-    ("std_label_count", "float"),
-    ("label_cv", "float"),
-    ("total_label_count", "int"),
-    ("total_tokens", "int"),
-    ("mean_unpadded_length", "float"),
-    ("std_unpadded_length", "float"),
-    ("max_unpadded_length", "int"),
-    ("mean_batch_cost", "float"),
-    ("std_batch_cost", "float"),
-    ("max_batch_cost", "int"),
-    ("total_batch_cost", "int"),
-    ("padding_tokens", "int"),
-    ("packing_efficiency", "float"),
-    ("rows_lower_bound", "int"),
-    ("updates", "int"),
-    ("mean_global_update_labels", "float"),
-    ("std_global_update_labels", "float"),
-    ("update_label_cv", "float"),
-    ("excluded_tail_microbatches", "int"),
-    ("mean_rank_cost_spread", "float"),
-    ("max_rank_cost_spread", "int"),
-    ("mean_rank_label_spread", "float"),
-    ("max_rank_label_spread", "int"),
-    ("attention_cv", "float"),
-    ("mean_rank_attention_spread", "float"),
-    ("max_rank_attention_spread", "int"),
-    ("max_naive_weight_skew", "float"),
-)
-
 
 def _mean_std(x: np.ndarray) -> tuple[float, float]:
     if x.size == 0:

@@ -35,6 +35,8 @@ from plancc.fingerprint import (
     scan_identity,
 )
 from plancc.layout import complete_updates, update_mapping
+from plancc.metric_columns import METRIC_COLUMNS
+from plancc.plan import SampleArrays
 
 SCHEMA_VERSION = 1
 
@@ -269,6 +271,16 @@ def read_samples(path: str | Path) -> pa.Table:
     return read_table(path, SAMPLES_SCHEMA, columns=SAMPLES_SCHEMA.names)
 
 
+def sample_arrays(table: pa.Table) -> SampleArrays:
+    """The planner's view of a samples table (sorted by sample_id): its columns as int64/bool arrays."""
+    return SampleArrays(
+        sample_id=column(table, "sample_id").astype(np.int64),
+        length=column(table, "length").astype(np.int64),
+        label_count=column(table, "label_count").astype(np.int64),
+        first_label_supervised=column(table, "first_label_supervised"),
+    )
+
+
 def read_plan(plan_dir: str | Path, *, epoch: int | None = None, rank: int | None = None,
               columns: list[str] | None = None) -> pa.Table:
     """Plan rows, optionally one epoch and/or one rank, in global (epoch, index) order."""
@@ -298,8 +310,7 @@ def read_manifest(plan_dir: str | Path) -> dict[str, Any]:
 
 
 def metrics_schema() -> pa.Schema:
-    from plancc.metrics import METRIC_COLUMNS
-
+    """The metrics table's Arrow schema: epoch, stage, then every metric column (int64 or float64, nullable)."""
     types = {"int": pa.int64(), "float": pa.float64()}
     return pa.schema(
         [pa.field("epoch", pa.int32(), nullable=False), pa.field("stage", pa.string(), nullable=False)]

@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.build import sample_arrays
 from plancc.config import PlanSettings
 from plancc.metrics import SourceDrops, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
@@ -192,7 +191,7 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     except store.StoreError as exc:
         return [*problems, str(exc)], plan.meta
     problems += plan.samples_problems(samples) + plan.metrics_problems(metrics)
-    s = sample_arrays(samples)
+    s = store.sample_arrays(samples)
     if (np.diff(s.sample_id) <= 0).any():
         return [*problems, f"{store.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
     if plan.meta["samples"] != len(s):

@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from plancc import store
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.config import PlanSettings, SettingsError
 from plancc.pipeline import compile_plan, plan_columns
+from plancc.store import sample_arrays
 from plancc.validate import validate_plan
 from tests.plan_helpers import direct_targets, random_dataset, samples_table
 

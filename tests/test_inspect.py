@@ -11,11 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from plancc import store
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.cli import app
 from plancc.config import PlanSettings
 from plancc.inspect import before_counts, format_ids, plan_view
 from plancc.pipeline import compile_plan
+from plancc.store import sample_arrays
 
 runner = CliRunner()
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from benchmarks.synthetic import build_plan, make_tokenized
 from plancc import store
 from plancc.runtime import (
     PlanCollator,
@@ -22,7 +23,6 @@ from plancc.runtime import (
     load_tokens,
     restore_checkpoint_state,
 )
-from tests.runtime_helpers import build_plan, make_tokenized
 
 PACKED = dict(mode="packed", micro_batch_size=2, sequence_len=24)
 

@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from plancc import atomic, store, token_store
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.config import PlanSettings
 from plancc.pipeline import compile_plan
+from plancc.store import sample_arrays
 from tests.plan_helpers import random_dataset, samples_table
 
 SCHEMAS = Path(__file__).parent.parent / "schemas"

@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from plancc import store, token_store
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.cli import app
 from plancc.config import PlanSettings
 from plancc.pipeline import compile_plan
 from plancc.runtime import PlanCollator, PlanDataset, PlanMismatchError, PlanSampler, load_tokens
+from plancc.store import sample_arrays
 from plancc.validate import validate_plan
 from tests.plan_helpers import random_dataset, samples_table
 
