@@ -18,7 +18,13 @@ import pyarrow.compute as pc
 from plancc import __version__, store, token_store
 from plancc.carry import carry
 from plancc.config import PlanSettings, ScanOptions
-from plancc.fingerprint import config_fingerprint, metrics_checksum, plan_fingerprint, scan_identity
+from plancc.fingerprint import (
+    before_checksum,
+    config_fingerprint,
+    metrics_checksum,
+    plan_fingerprint,
+    scan_identity,
+)
 from plancc.metrics import SourceDrops
 from plancc.pipeline import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.plan import SampleArrays
@@ -102,6 +108,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
     data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
     metrics = store.metrics_table(metric_rows)
+    before = store.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
     manifest = {
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,
@@ -119,11 +126,11 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
                       if scan_info.get("tokenizer") else None),
         "chat_template": scan_info.get("chat_template"),
         "warnings": scan_info.get("warnings", []),
-        "checksums": {"metrics": metrics_checksum(metrics.to_pylist())},
+        "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
+                      "before": before_checksum(store.column(before, "epoch"), store.column(before, "label_count"))},
     }
     with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        store.write_plan_files(tmp, plan, samples_table, metrics, fingerprints,
-                               settings_dict, manifest)
+        store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
     if progress:

@@ -106,6 +106,25 @@ def _metrics_problems(plan: store.PlanDir, metrics: pa.Table, after: dict[int, d
     return problems
 
 
+def _before_problems(plan: store.PlanDir, before: pa.Table, metrics: pa.Table) -> list[str]:
+    """Each epoch's stored before counts against its stored `before` metrics row (count, total, spread)."""
+    stored = {int(r["epoch"]): r for r in metrics.to_pylist() if r["stage"] == "before"}
+    problems = []
+    for epoch in range(plan.settings.epochs):
+        labels, row = plan.before_labels(epoch, before), stored.get(epoch)
+        if row is None:
+            problems.append(f"{store.METRICS_FILE}: no 'before' row for epoch {epoch}")
+            continue
+        again = {"batches": labels.size, "total_label_count": int(labels.sum()),
+                 "std_label_count": float(labels.std()) if labels.size else 0.0}
+        for name, value in again.items():
+            if not np.isclose(row[name], value, rtol=1e-12, atol=0):
+                problems.append(f"{store.BEFORE_FILE} epoch {epoch}: {name} of its rows is {value}, the stored "
+                                f"before metrics say {row[name]}")
+                break
+    return problems
+
+
 def tokenized_problems(plan: store.PlanDir, samples: pa.Table, *, fast: bool,
                        tokens_dir: Path | None = None) -> list[str]:
     """The token data the trainer loads (the plan's `tokens/`, or `tokens_dir` when repointed): see
@@ -176,9 +195,11 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     except store.StoreError as exc:
         return [str(exc)], {}
     problems = plan.header_problems() + plan.manifest_problems()
-    for name, kind, schema in ((store.SAMPLES_FILE, "samples", store.SAMPLES_SCHEMA),
-                               (store.METRICS_FILE, "metrics", store.metrics_schema()),
-                               (store.PLAN_FILE, "plan", store.PLAN_SCHEMA)):
+    files = [(store.SAMPLES_FILE, "samples", store.SAMPLES_SCHEMA), (store.METRICS_FILE, "metrics", store.metrics_schema()),
+             (store.PLAN_FILE, "plan", store.PLAN_SCHEMA)]
+    if plan.has_before:
+        files.append((store.BEFORE_FILE, "before", store.BEFORE_SCHEMA))
+    for name, kind, schema in files:
         problems += store.schema_problems(plan.path / name, schema) + store.statistics_problems(plan.path / name)
         if kind != "plan":
             problems += plan.companion_problems(name, kind)
@@ -188,9 +209,12 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     try:
         samples = plan.read_samples()
         metrics = plan.read_metrics()
+        before = plan.read_before() if plan.has_before else None
     except store.StoreError as exc:
         return [*problems, str(exc)], plan.meta
     problems += plan.samples_problems(samples) + plan.metrics_problems(metrics)
+    if before is not None:
+        problems += plan.before_problems(before) + _before_problems(plan, before, metrics)
     s = store.sample_arrays(samples)
     if (np.diff(s.sample_id) <= 0).any():
         return [*problems, f"{store.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta

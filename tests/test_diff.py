@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from plancc.build import write_plan_dir
 from plancc.cli import app
 from plancc.config import PlanSettings
-from plancc.diff import EpochRows, _segments_equal, diff_plans, epoch_churn, render_markdown
+from plancc.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
+from plancc.diff_render import render_markdown
 from plancc.pipeline import compile_plan
 from plancc.store import sample_arrays
 

@@ -50,7 +50,7 @@ def test_import_loads_no_cli_or_datasets():
 
 
 def test_plan_order_coverage_and_lockstep(plan):
-    table = store.read_plan(plan, epoch=1)
+    table = store.PlanDir(plan).read_epoch(1)
     total = len(table)
     assert total == 19
     seqs = {r: list(PlanSampler(plan, rank=r, world_size=2, epoch=1)) for r in range(2)}

@@ -45,7 +45,8 @@ def _actual(schema: pa.Schema) -> list[tuple[str, str, bool]]:
 
 @pytest.mark.parametrize(
     ("name", "schema"),
-    [("plan", store.PLAN_SCHEMA), ("samples", store.SAMPLES_SCHEMA), ("metrics", store.metrics_schema())],
+    [("plan", store.PLAN_SCHEMA), ("samples", store.SAMPLES_SCHEMA), ("metrics", store.metrics_schema()),
+     ("before", store.BEFORE_SCHEMA)],
 )
 def test_documented_schemas_match_the_code(name, schema):
     assert _described(name) == _actual(schema)
@@ -68,7 +69,8 @@ def test_written_plan_matches_documented_schemas_and_carries_fingerprints(tmp_pa
     plan_dir = _write(tmp_path / "plan")
     manifest = json.loads((plan_dir / store.MANIFEST_FILE).read_text())
     jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
-    for file, name in [(store.PLAN_FILE, "plan"), (store.SAMPLES_FILE, "samples"), (store.METRICS_FILE, "metrics")]:
+    for file, name in [(store.PLAN_FILE, "plan"), (store.SAMPLES_FILE, "samples"), (store.METRICS_FILE, "metrics"),
+                       (store.BEFORE_FILE, "before")]:
         schema = pq.read_schema(plan_dir / file)
         assert _actual(schema) == _described(name)
         meta = store.read_file_meta(plan_dir / file)
@@ -109,7 +111,7 @@ def test_corrupt_and_foreign_files_are_clear_errors(tmp_path):
     data = (plan_dir / store.PLAN_FILE).read_bytes()
     (plan_dir / store.PLAN_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(store.StoreError, match=r"plan\.parquet"):
-        store.read_plan(plan_dir)
+        store.PlanDir(plan_dir).read_epoch(0)
     foreign = tmp_path / "foreign.parquet"
     pq.write_table(pa.table({"x": [1, 2]}), foreign)
     with pytest.raises(store.StoreError, match="not written by plancc"):

@@ -358,7 +358,8 @@ def test_any_single_value_edit_of_an_epoch_is_refused(epoch0, name, row, delta):
 
 FLIPS_PER_FILE = 60
 FILES = [store.PLAN_FILE, store.SAMPLES_FILE, store.METRICS_FILE, store.MANIFEST_FILE,
-         *(f"{store.TOKENS_DIR}/{name}" for name in [token_store.HEADER_FILE, *(f"{a}.npy" for a in token_store.ARRAYS)])]
+         *(f"{store.TOKENS_DIR}/{name}" for name in [token_store.HEADER_FILE, *(f"{a}.npy" for a in token_store.ARRAYS)]),
+         store.BEFORE_FILE]  # last: a file added later takes its draws after the others' (theirs stay the same)
 
 
 def _decoded(path: Path, epochs: int) -> object:
