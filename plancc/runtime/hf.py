@@ -41,6 +41,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from plancc import layout
 from plancc.runtime.checkpoint import (
     _all_gather_rows,
     _barrier,
@@ -128,8 +129,9 @@ class PlanTrainer(Trainer):
                                     "label_smoothing_factor are not supported")
         gas, world = self.args.gradient_accumulation_steps, self.args.world_size
         per_update = self.plan.batches_per_update
-        if gas * world != per_update:
-            hint = (f"set gradient_accumulation_steps={per_update // world}" if per_update % world == 0
+        fits = layout.elastic_grad_accum(per_update, world)
+        if gas != fits:
+            hint = (f"set gradient_accumulation_steps={fits}" if fits is not None
                     else f"run on a number of processes that divides {per_update}, or recompile the plan")
             raise PlanMismatchError(
                 f"the plan was compiled for world_size {self.plan.world_size} x grad_accum {self.plan.grad_accum} "

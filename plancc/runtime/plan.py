@@ -10,7 +10,7 @@ flat arrays, the same CSR shape the compiler uses::
     batch_bounds= [0, 1, 3]            microbatch j = rows[batch_bounds[j]:batch_bounds[j+1]]
 
 Elastic replay: a plan compiled for (W, G) is read for (W', G') with W'·G' = W·G. The global order is unchanged;
-rank r' takes every W'-th microbatch (`index % W' == r'`).
+rank r' takes every W'-th microbatch (`plancc.layout`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc import store
+from plancc import layout, store
 from plancc.config import PlanSettings
 from plancc.errors import PlanccError
 
@@ -112,16 +112,17 @@ class RuntimePlan:
         per_update = self.batches_per_update
         if world_size == self.world_size and grad_accum is None:
             return self.grad_accum
+        fits = layout.elastic_grad_accum(per_update, world_size)
         if grad_accum is None:
             raise PlanMismatchError(
                 f"this plan was compiled for world_size {self.world_size} x grad_accum {self.grad_accum} "
                 f"({per_update} microbatches per update) but the run has world_size {world_size}; recompile with "
                 f"--world-size {world_size}, or replay it elastically by passing grad_accum so that world_size x "
                 f"grad_accum = {per_update}"
-                + (f" (grad_accum={per_update // world_size})" if per_update % world_size == 0 else
+                + (f" (grad_accum={fits})" if fits is not None else
                    f" (impossible: {world_size} does not divide {per_update})")
             )
-        if world_size * grad_accum != per_update:
+        if grad_accum != fits:
             raise PlanMismatchError(
                 f"world_size {world_size} x grad_accum {grad_accum} = {world_size * grad_accum} microbatches per "
                 f"update, but this plan's updates hold {per_update} (compiled for world_size {self.world_size} x "
@@ -162,15 +163,14 @@ class RuntimePlan:
         if not 0 <= rank < world_size:
             raise PlanMismatchError(f"rank {rank} is outside world_size {world_size}")
         table = self.epoch_rows(epoch)
-        all_index = store.column(table, "index")
-        keep = np.flatnonzero(all_index % world_size == rank)
+        total = table.num_rows
+        keep = layout.rank_indices(total, world_size, rank)  # rows are the verified epoch in index order
         mine = table.select(PLAN_COLUMNS).take(pa.array(keep))
         ids, row_bounds, batch_bounds = store.nested_arrays(mine.column("sample_ids"))
-        total = table.num_rows
-        tail_start = (total // self.batches_per_update) * self.batches_per_update
+        tail_start = layout.complete_updates(total, self.world_size, self.grad_accum) * self.batches_per_update
         return RankEpoch(
             epoch=int(epoch),
-            index=all_index[keep],
+            index=keep,
             samples=ids,
             row_bounds=row_bounds,
             batch_bounds=batch_bounds,
