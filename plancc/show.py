@@ -68,8 +68,8 @@ def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
 def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
     """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now."""
     from plancc.scan import options_from_report
-    from plancc.sources.encode import IGNORE
     from plancc.sources.tokenizer import load_tokenizer
+    from plancc.token_store import IGNORE_INDEX
 
     d = Path(directory)
     given = store.read_samples_source(d) if d.is_dir() else None
@@ -88,7 +88,7 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
         raise InputError(f"{directory} has no {store.TOKENS_DIR}/ (it was compiled from a bare samples table): "
                          "nothing to decode")
     input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id)
-    supervised = labels != IGNORE
+    supervised = labels != IGNORE_INDEX
     if shifted:
         supervised = np.concatenate([[False], supervised[:-1]])
     tok = load_tokenizer(options_from_report(report, tokenizer).tokenizer)

@@ -277,6 +277,16 @@ def _string_array(values: list[str]) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
 
 
+def read_arrow(path: str | Path) -> pa.Table:
+    """A memory-mapped `.arrow` file: the Arrow IPC file format, or the stream format `datasets` writes."""
+    with pa.memory_map(str(path)) as source:
+        try:
+            return pa.ipc.open_file(source).read_all()
+        except pa.ArrowInvalid:
+            source.seek(0)
+            return pa.ipc.open_stream(source).read_all()
+
+
 def read_samples(path: str | Path) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types are refused."""
     return read_table(path, SAMPLES_SCHEMA, columns=SAMPLES_SCHEMA.names)

@@ -36,6 +36,8 @@ import numpy as np
 import orjson
 import xxhash
 
+IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
+
 FORMAT = "plancc.tokens/1"
 HEADER_FILE = "tokens.json"
 ARRAYS = {  # file stem -> dtype
@@ -250,7 +252,7 @@ def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block
         j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
         a, b = int(starts[i]), int(ends[i:j].max())
         sup = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(np.asarray(labels[a:b]) != -100, out=sup[1:])
+        np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
         out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
         i = j
     return out

@@ -33,8 +33,7 @@ import torch
 from plancc.runtime.data import TokenStore
 from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import Microbatch
-
-IGNORE = -100
+from plancc.token_store import IGNORE_INDEX
 
 
 class PlanCollator:
@@ -75,7 +74,7 @@ class PlanCollator:
         width = -(-width // self.pad_multiple) * self.pad_multiple
 
         input_ids = np.full((n_rows, width), self.pad_token_id, dtype=np.int64)
-        shift_labels = np.full((n_rows, width), IGNORE, dtype=np.int64)
+        shift_labels = np.full((n_rows, width), IGNORE_INDEX, dtype=np.int64)
         position_ids = np.empty((n_rows, width), dtype=np.int64)
         segments = None
         if ids.size and ids.size <= self.loop_threshold:
@@ -84,7 +83,7 @@ class PlanCollator:
         else:
             self._fill_vectorized(ids, rows, starts if ids.size else ids, ids_len, row_len, csum if ids.size else
                                   None, tokens, input_ids, shift_labels, position_ids)
-        count = int(np.count_nonzero(shift_labels != IGNORE))
+        count = int(np.count_nonzero(shift_labels != IGNORE_INDEX))
         if self.check_counts and count != mb.label_count:
             raise PlanMismatchError(
                 f"microbatch {mb.index} (epoch {mb.epoch}, update {mb.update}) collates to {count} supervised "
@@ -92,7 +91,7 @@ class PlanCollator:
                 f"from the ones the plan was compiled with (shift {self.shift!r}); recompile the plan"
             )
         labels = np.empty_like(shift_labels)
-        labels[:, 0] = IGNORE
+        labels[:, 0] = IGNORE_INDEX
         labels[:, 1:] = shift_labels[:, :-1]
         out: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "labels": labels,
                                "shift_labels": shift_labels, "label_count": count}
@@ -169,7 +168,7 @@ class PlanCollator:
             st = np.empty(total, dtype=np.int64)
             st[:-1] = targets[1:]
             ends = csum[1:] - 1 if self.shift == "sample" else csum[rows[1:]] - 1
-            st[ends] = IGNORE
+            st[ends] = IGNORE_INDEX
         input_ids.reshape(-1)[dst] = tokens.input_ids[src]
         shift_labels.reshape(-1)[dst] = st
         position_ids.reshape(-1)[dst] = rel
@@ -227,4 +226,4 @@ def block_causal_mask(position_ids: torch.Tensor, *, dtype: torch.dtype = torch.
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-__all__ = ["IGNORE", "PlanCollator", "block_causal_mask", "model_inputs"]
+__all__ = ["IGNORE_INDEX", "PlanCollator", "block_causal_mask", "model_inputs"]

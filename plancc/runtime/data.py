@@ -172,12 +172,7 @@ def _read_any(path: Path) -> pa.Table:
         if suffix == ".parquet":
             return pq.read_table(path)
         if suffix == ".arrow":
-            with pa.memory_map(str(path)) as src:
-                try:
-                    return pa.ipc.open_file(src).read_all()
-                except pa.ArrowInvalid:
-                    src.seek(0)
-                    return pa.ipc.open_stream(src).read_all()
+            return store.read_arrow(path)
         if suffix in (".jsonl", ".json"):
             import pyarrow.json as pj
 

@@ -20,8 +20,7 @@ import pyarrow as pa
 
 from plancc.sources.chat import Renderer, TemplateProblem, normalize
 from plancc.sources.tokenizer import Tok
-
-IGNORE = -100
+from plancc.token_store import IGNORE_INDEX
 
 ALPACA_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -94,7 +93,7 @@ def _join(p_ids, p_off, c_ids, c_off) -> Encoded:
     ids[p_pos] = p_ids
     ids[c_pos] = c_ids
     labels = ids.copy()
-    labels[p_pos] = IGNORE
+    labels[p_pos] = IGNORE_INDEX
     return Encoded(ids, labels, offsets)
 
 
@@ -146,7 +145,7 @@ def _messages(tok: Tok, template: str, conversations: list, row0: int) -> Encode
         spans.append(sp)
     encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
     ids, offsets = _flat(encodings)
-    labels = np.full(len(ids), IGNORE, np.int32)
+    labels = np.full(len(ids), IGNORE_INDEX, np.int32)
     for i, (enc, sp) in enumerate(zip(encodings, spans, strict=True)):
         if not sp:
             continue

@@ -24,6 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from plancc import store
 from plancc.errors import InputError, PlanccWarning
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
@@ -159,15 +160,6 @@ def _read_json(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
     raise InputError(f"{path} line 1: malformed JSON (expected a list of objects or JSON lines)")
 
 
-def _read_arrow(path: str) -> pa.Table:
-    source = pa.memory_map(path)
-    try:
-        return pa.ipc.open_file(source).read_all()
-    except pa.ArrowInvalid:
-        source.seek(0)
-        return pa.ipc.open_stream(source).read_all()
-
-
 def check_utf8(path: str, chunk_size: int = 1 << 22) -> None:
     """Text sources must be UTF-8: the first bad byte is an error naming its line and byte offset (Arrow's
     readers would otherwise keep the bytes and fail far later, or turn a CSV column into binary)."""
@@ -200,7 +192,7 @@ def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
         if suffix == ".parquet":
             return pq.read_table(path), {}
         if suffix == ".arrow":
-            return _read_arrow(path), {}
+            return store.read_arrow(path), {}
         if suffix == ".csv":
             return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
     except InputError:
