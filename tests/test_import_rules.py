@@ -93,7 +93,7 @@ def test_no_upward_import(path):
 def test_the_checker_sees_imports():
     """The reader itself: relative, aliased and function-level imports are all found (a checker that sees nothing
     would pass everything)."""
-    found = imports(ROOT / "runtime" / "plan.py")
+    found = imports(ROOT / "runtime" / "plan_reader.py")
     assert "plancc.store" in found and "numpy" in found
     assert any(matches(n, "plancc.pipeline") for n in imports(ROOT / "build.py"))
     assert set(sys.stdlib_module_names) & imports(ROOT / "store.py")

@@ -1,6 +1,6 @@
 """Packing algorithms, one per module, and the layout builder of the `before` plan.
 
-`best_fit` packs the plain plan (and fills pre-filled rows); `fixed_count` groups samples for padded and flattened;
+`best_fit` packs the plain plan (and fills pre-filled rows); `random_groups` groups samples for padded and flattened;
 `label_aware` repacks given rows so their label counts start close (microbatch balance starts from it).
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from plancc.config import PlanSettings
 from plancc.pack.best_fit import pack_best_fit
-from plancc.pack.fixed_count import group_fixed
+from plancc.pack.random_groups import group_fixed
 from plancc.plan import Batches, SampleArrays, from_rows
 
 

@@ -49,7 +49,7 @@ from typing import IO, Any
 
 import torch
 
-from plancc.runtime.plan import PlanMismatchError
+from plancc.runtime.plan_reader import PlanMismatchError
 from plancc.runtime.sampler import PlanSampler
 
 FORMAT = "plancc.checkpoint/1"

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from plancc.runtime.data import TokenStore
-from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
+from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import Microbatch
 from plancc.token_store import IGNORE_INDEX
 

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
+from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from plancc import layout
-from plancc.runtime.plan import PlanMismatchError, RankEpoch, RuntimePlan, open_plan
+from plancc.runtime.plan_reader import PlanMismatchError, RankEpoch, RuntimePlan, open_plan
 
 STATE_FORMAT = "plancc.sampler/1"
 STRICT_FINGERPRINTS = ("config", "metadata", "plan", "schema")
