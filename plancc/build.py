@@ -85,6 +85,8 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False) -> dict[str, Any]:
+    """Write PLAN_DIR atomically from planned epochs: plan, samples, metrics and before tables, the manifest
+    (and the token store, hard-linked); returns the manifest."""
     if progress:
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()

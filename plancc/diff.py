@@ -103,6 +103,8 @@ class EpochRows:
         self.sample_rank = np.repeat(self.rank.astype(np.int64), per_batch)
 
     def batch_ids(self, i: int, limit: int = 8) -> list[list[int]]:
+        """Microbatch `i`'s rows of sample ids, at most `limit` ids in all (for the report's first
+        difference)."""
         p = self.pos[i]
         r0, r1 = self.batch_bounds[p], self.batch_bounds[p + 1]
         out, shown = [], 0

@@ -30,6 +30,8 @@ def _short(fp: Any) -> str:
 
 
 def summary_line(report: dict[str, Any]) -> str:
+    """One line: identical, or which of config, dataset, metadata and plan changed (and how many
+    regressions)."""
     if report["identical"]:
         return "plans are identical (dataset, metadata, config and every epoch's plan fingerprint match)"
     ch = report["changes"]
@@ -56,6 +58,7 @@ def _after_rows(report: dict[str, Any]) -> list[tuple[int, str, Any, Any]]:
 
 
 def render_text(report: dict[str, Any], failed: list[str] | None = None) -> str:
+    """The terminal report: changes, fingerprints, metric deltas, regressions, churn and what failed."""
     lines = [f"old: {report['old']}", f"new: {report['new']}", summary_line(report)]
     if report["config"]:
         lines.append("config changes:")

@@ -53,16 +53,20 @@ class Batches:
 
     @property
     def num_batches(self) -> int:
+        """Microbatches in the epoch."""
         return int(self.batch_bounds.shape[0] - 1)
 
     @property
     def num_rows(self) -> int:
+        """Rows in the epoch (packed rows, padded samples or flattened rows)."""
         return int(self.row_bounds.shape[0] - 1)
 
     def rows_per_batch(self) -> np.ndarray:
+        """Rows of each microbatch."""
         return np.diff(self.batch_bounds)
 
     def samples_per_row(self) -> np.ndarray:
+        """Samples of each row."""
         return np.diff(self.row_bounds)
 
     def row_of_sample(self) -> np.ndarray:
@@ -70,6 +74,7 @@ class Batches:
         return np.repeat(np.arange(self.num_rows, dtype=np.int64), self.samples_per_row())
 
     def batch_of_row(self) -> np.ndarray:
+        """Microbatch index of each row."""
         return np.repeat(np.arange(self.num_batches, dtype=np.int64), self.rows_per_batch())
 
 
@@ -88,6 +93,7 @@ def segment_max(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
 
 
 def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
+    """Unpadded tokens per row."""
     return segment_sum(s.length[b.samples], b.row_bounds)
 
 
@@ -101,10 +107,12 @@ def row_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
 
 
 def batch_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
+    """Unpadded tokens per microbatch."""
     return segment_sum(row_tokens(b, s), b.batch_bounds)
 
 
 def batch_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+    """Supervised targets per microbatch (SPEC 3): the plan's `label_count` column."""
     return segment_sum(row_targets(b, s, shift), b.batch_bounds)
 
 

@@ -21,6 +21,8 @@ from plancc.errors import InputError
 
 @dataclass(frozen=True)
 class SampleView:
+    """One sample as `plancc show` prints it: its recorded counts, its tokens and the decoded, marked text."""
+
     sample_id: int
     length: int  # tokens, as recorded in the samples table
     label_count: int  # labels the loss counts, as recorded
@@ -33,6 +35,7 @@ class SampleView:
     tokenizer: str
 
     def to_json(self) -> dict[str, Any]:
+        """The view as `show --json` prints it."""
         return {"sample_id": self.sample_id, "length": self.length, "label_count": self.label_count,
                 "first_label_supervised": self.first_label_supervised, "tokenizer": self.tokenizer,
                 "supervised_tokens": int(self.supervised.sum()),

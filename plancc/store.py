@@ -99,6 +99,8 @@ class StoreError(PlanccError):
 
 
 def file_metadata(kind: str, fingerprints: dict[str, Any], settings: dict[str, Any]) -> dict[bytes, bytes]:
+    """The key-value metadata every sibling Parquet file of a plan carries: kind, schema version,
+    fingerprints, settings."""
     return {
         META_KEY: orjson.dumps(
             {"schema": SCHEMA_VERSION, "kind": kind, "fingerprints": fingerprints, "settings": settings},
@@ -121,6 +123,7 @@ def write_parquet(table: pa.Table, path: Path, metadata: dict[bytes, bytes], row
 
 
 def write_json(obj: Any, path: Path) -> None:
+    """`obj` as indented JSON with sorted keys (manifest.json, scan.json)."""
     path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
@@ -303,6 +306,7 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
 
 
 def read_manifest(plan_dir: str | Path) -> dict[str, Any]:
+    """A plan or scan directory's manifest.json (after recovering an interrupted replace)."""
     atomic.recover(plan_dir)  # as in `PlanDir`
     path = Path(plan_dir) / MANIFEST_FILE
     try:
@@ -640,6 +644,7 @@ class PlanDir:
 
     # ------------------------------------------------------------ samples and metrics
     def read_samples(self) -> pa.Table:
+        """The plan's samples table (check it with `samples_problems`)."""
         return read_samples(self.path / SAMPLES_FILE)
 
     def samples_problems(self, table: pa.Table) -> list[str]:
@@ -650,6 +655,7 @@ class PlanDir:
                 if value != self.fingerprints.get(key)]
 
     def read_metrics(self) -> pa.Table:
+        """The plan's metrics table (check it with `metrics_problems`)."""
         return read_table(self.path / METRICS_FILE, metrics_schema())
 
     def metrics_problems(self, table: pa.Table) -> list[str]:

@@ -70,6 +70,7 @@ class MappedTokens:
 
     @property
     def num_chunks(self) -> int:
+        """Hash chunks in the store."""
         return int(self.chunk_hashes.shape[0])
 
 
@@ -149,6 +150,7 @@ def link_store(src: str | Path, dst: str | Path) -> None:
 
 
 def is_store(path: str | Path) -> bool:
+    """Whether `path` holds a token store (its header file)."""
     return (Path(path) / HEADER_FILE).is_file()
 
 

@@ -39,6 +39,7 @@ def diff_cmd(
     quiet: QuietOpt = False,
     json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> None:
+    """`plancc diff`: compare, render in the chosen format, exit 1 on a `--fail-on` change."""
     from plancc import diff as d
     from plancc import diff_render
     from plancc.errors import PlanccError

@@ -39,6 +39,7 @@ def metrics_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc inspect metrics`: the stored metrics as tables or JSON, and the optional before/after plot."""
     from plancc import inspect
 
     with fail_on_errors():
@@ -88,6 +89,7 @@ def plan_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc inspect plan`: the filtered microbatches as a table or JSON."""
     from plancc import inspect
 
     with fail_on_errors():

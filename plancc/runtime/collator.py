@@ -52,6 +52,7 @@ class PlanCollator:
 
     @classmethod
     def from_plan(cls, plan: str | RuntimePlan, **kwargs: Any) -> PlanCollator:
+        """A collator for the plan's layout, shift and padding multiple (`kwargs`: pad token, ...)."""
         plan = open_plan(plan)
         return cls(mode=plan.mode, shift=plan.shift, pad_multiple=plan.settings.pad_multiple, **kwargs)
 

@@ -55,6 +55,7 @@ class TokenStore:
 
     @property
     def lengths(self) -> np.ndarray:
+        """Tokens of each row."""
         return np.diff(self.offsets)
 
     @property
@@ -65,6 +66,7 @@ class TokenStore:
         return self._max_id
 
     def check(self, rows: np.ndarray) -> None:
+        """Verify the chunks holding `rows` on their first read (a no-op once every chunk is checked)."""
         if self.guard is not None and self.guard.pending:
             self.guard.check(rows)
 
@@ -93,6 +95,7 @@ class TokenStore:
 
     @classmethod
     def from_lists(cls, input_ids: list[list[int]], targets: list[list[int]]) -> TokenStore:
+        """A store held in memory from per-row lists of ids and targets (tests and small data)."""
         return cls.from_table(pa.table({"input_ids": input_ids, "labels": targets}))
 
 
@@ -106,6 +109,8 @@ class ChunkGuard:
         self.pending = mapped.num_chunks
 
     def check(self, rows: np.ndarray) -> None:
+        """Hash each not yet verified chunk that `rows` touch; refuse a changed one naming its first planned
+        sample."""
         ks = np.searchsorted(self.bounds, rows, side="right") - 1
         seen = self.verified[ks]
         if seen.all():

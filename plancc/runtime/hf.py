@@ -176,6 +176,7 @@ class PlanTrainer(Trainer):
         return epoch, global_step - bounds[epoch], bounds[epoch + 1] - bounds[epoch]
 
     def get_train_dataloader(self) -> PlanDataLoader:
+        """The plan's loader over every training epoch as one stream of whole updates (see module docstring)."""
         self.plan_sampler = self._make_sampler()
         stream = _EpochStream(self.plan_sampler, self._train_epochs())
         total = self._update_bounds()[-1]
@@ -220,6 +221,8 @@ class PlanTrainer(Trainer):
 
     # ------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """plancc's token-mean loss for one microbatch, normalized by the update's global count from the
+        plan."""
         if num_items_in_batch is None:
             num_items_in_batch = inputs["num_items_in_batch"]
         inner = getattr(model, "module", model)
@@ -270,6 +273,7 @@ class PlanTrainer(Trainer):
                                best_model_checkpoint=self.state.best_model_checkpoint)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """`Trainer.train`, resuming from the newest checkpoint complete on every rank when asked."""
         if resume_from_checkpoint:
             resume_from_checkpoint = str(self.resume_checkpoint(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)

@@ -85,26 +85,32 @@ class RuntimePlan:
     # ------------------------------------------------------------ settings
     @property
     def world_size(self) -> int:
+        """Ranks the plan was compiled for."""
         return self.settings.world_size
 
     @property
     def grad_accum(self) -> int:
+        """Micro-steps per update the plan was compiled for."""
         return self.settings.grad_accum
 
     @property
     def batches_per_update(self) -> int:
+        """Microbatches of one update (world_size x grad_accum): fixed under elastic replay."""
         return self.world_size * self.grad_accum
 
     @property
     def mode(self) -> str:
+        """The plan's layout."""
         return self.settings.mode
 
     @property
     def shift(self) -> str:
+        """The plan's label semantics."""
         return self.settings.shift
 
     @property
     def epochs(self) -> int:
+        """Epochs in the plan."""
         return self.settings.epochs
 
     def replay_grad_accum(self, world_size: int, grad_accum: int | None = None) -> int:
@@ -146,6 +152,7 @@ class RuntimePlan:
         return self._verified[1]
 
     def total_batches(self, epoch: int) -> int:
+        """Microbatches of `epoch` on all ranks (reads and verifies the epoch once)."""
         if epoch not in self._epoch_batches:
             self.epoch_rows(epoch)
         return self._epoch_batches[epoch]
@@ -196,4 +203,5 @@ def _refuse(problems: list[str]) -> None:
 
 
 def open_plan(plan: str | Path | RuntimePlan) -> RuntimePlan:
+    """`plan` itself when already open, else the plan directory opened and verified."""
     return plan if isinstance(plan, RuntimePlan) else RuntimePlan(plan)

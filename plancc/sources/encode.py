@@ -44,6 +44,8 @@ class RowError(Exception):
 
 @dataclass
 class Encoded:
+    """Tokenized rows as flat int32 ids and labels with int64 row offsets (CSR)."""
+
     ids: np.ndarray  # int32, flat
     labels: np.ndarray  # int32, flat, same layout as ids
     offsets: np.ndarray  # int64, n+1
@@ -60,6 +62,7 @@ class Encoded:
 
     @staticmethod
     def concat(parts: list[Encoded]) -> Encoded:
+        """The rows of `parts`, in order, as one `Encoded`."""
         if len(parts) == 1:
             return parts[0]
         shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])

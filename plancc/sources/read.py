@@ -46,6 +46,7 @@ class Source:
 
     @property
     def column_names(self) -> list[str]:
+        """Every column: the typed ones in `table`, then the mixed-type ones in `loose`."""
         return [*self.table.column_names, *self.loose]
 
     def where(self, row: int) -> str:
@@ -393,6 +394,8 @@ class Located:
 
 
 def locate(source: str) -> Located:
+    """What `source` names (files or a glob, a saved dataset, a Hub id) and a digest of its content for the
+    scan cache key."""
     paths = _expand(source)
     if paths is not None:
         return Located(source, "files", tuple(paths), _file_digest(paths))

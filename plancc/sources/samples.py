@@ -108,6 +108,8 @@ def _shift_left(enc: Encoded) -> Encoded:
 
 @dataclass
 class Finished:
+    """A scan's result before writing: the samples table, the tokenized rows and the report."""
+
     samples: pa.Table
     tokenized: Encoded  # every source row, after truncation (one row per source row)
     report: dict
