@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from plancc import store
-from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file, split_settings
+from plancc.config import PlanSettings, SettingsError, resolve_settings
 from plancc.store import EpochMicrobatches
 
 Progress = Callable[[str, int, int], None]
@@ -89,18 +89,6 @@ def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> lis
                        f"takes world_size x grad_accum = {settings.world_size} x {settings.grad_accum} = "
                        f"{per_update} microbatches; lower --world-size or --grad-accum (or --micro-batch-size)")
     return out
-
-
-def resolve_settings(config: str | Path | None = None, num_proc: int | None = None, **settings: Any
-                     ) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
-    """Defaults < `config` file (TOML/YAML) < keyword settings (None means "not given"); also `num_proc` and the
-    names set on purpose (which a scan directory's carried options must not contradict: `plancc.carry`)."""
-    merged: dict[str, Any] = dict(load_config_file(config)) if config else {}
-    procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
-    if isinstance(procs, bool) or not isinstance(procs, int) or procs <= 0:
-        raise SettingsError(f"--num-proc must be a positive integer, got {procs!r}")
-    merged.update({k: v for k, v in settings.items() if v is not None})
-    return (*split_settings(merged), procs, set(merged))
 
 
 def _materialize(dataset: Any, cache_dir: Path | None) -> str:

@@ -273,6 +273,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return out
 
 
+def resolve_settings(config: str | Path | None = None, num_proc: int | None = None, **settings: Any
+                     ) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
+    """Defaults < `config` file (TOML/YAML) < keyword settings (None means "not given"); also `num_proc` and the
+    names set on purpose (which a scan directory's carried options must not contradict: `plancc.carry`)."""
+    merged: dict[str, Any] = dict(load_config_file(config)) if config else {}
+    procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
+    if isinstance(procs, bool) or not isinstance(procs, int) or procs <= 0:
+        raise SettingsError(f"--num-proc must be a positive integer, got {procs!r}")
+    merged.update({k: v for k, v in settings.items() if v is not None})
+    return (*split_settings(merged), procs, set(merged))
+
+
 def default_cache_dir() -> Path:
     """The plancc cache (scans, compiled kernels): $PLANCC_CACHE, else ~/.cache/plancc."""
     return Path(os.environ.get("PLANCC_CACHE", "~/.cache/plancc")).expanduser()
