@@ -24,8 +24,7 @@ PlanArg = Annotated[Path, typer.Argument(help="Plan directory (written by `planc
     "metrics",
     help="Before/after metrics per epoch and stage (label CV, update CV, packing efficiency, padding, rank "
          "spread, naive weight skew...). --plot FILE.png draws histograms of labels per microbatch and per update, "
-         "before vs after balancing; the before layout is recomputed deterministically from the plan's samples "
-         "table and settings and checked against the stored before metrics."
+         "before vs after balancing, both as compile stored them (before.parquet)."
          "\n\nExample:\n\n    plancc inspect metrics plans/chat --epoch 0 --plot chat.png",
 )
 def metrics_cmd(
