@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc.config import PlanSettings
+from plancc.config import Mode, PlanSettings
 from plancc.layout import complete_updates
 from plancc.plan import (
     Batches,
@@ -63,7 +63,7 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
     mean_c, std_c = _mean_std(cost)
     total_tokens = int(tokens.sum())
     capacity = settings.row_capacity
-    slots = b.num_rows * capacity if settings.mode == "packed" else int(cost.sum())
+    slots = b.num_rows * capacity if settings.mode == Mode.PACKED else int(cost.sum())
 
     W, G = settings.world_size, settings.grad_accum
     n_upd = complete_updates(b.num_batches, W, G)
@@ -107,7 +107,7 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "total_batch_cost": int(cost.sum()),
         "padding_tokens": int(cost.sum()) - total_tokens,
         "packing_efficiency": total_tokens / slots if slots else 0.0,
-        "rows_lower_bound": math.ceil(total_tokens / capacity) if settings.mode == "packed" else None,
+        "rows_lower_bound": math.ceil(total_tokens / capacity) if settings.mode == Mode.PACKED else None,
         "updates": n_upd,
         "mean_global_update_labels": mean_u,
         "std_global_update_labels": std_u,

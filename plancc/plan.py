@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plancc.config import Mode, Shift
+
 
 @dataclass(frozen=True)
 class SampleArrays:
@@ -38,7 +40,7 @@ class SampleArrays:
         are. Under `row` shift this is exact for the first sample of a row; later samples in a row gain back
         their first label (see `row_targets`).
         """
-        if shift == "none":
+        if shift == Shift.NONE:
             return self.label_count
         return self.label_count - self.first_label_supervised.astype(np.int64)
 
@@ -99,7 +101,7 @@ def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
 
 def row_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
     """Supervised targets per row, exactly as the collator feeds the loss (SPEC 3)."""
-    if shift == "row":
+    if shift == Shift.ROW:
         per_row = segment_sum(s.label_count[b.samples], b.row_bounds)
         first = b.samples[b.row_bounds[:-1]]
         return per_row - s.first_label_supervised[first].astype(np.int64)
@@ -130,7 +132,7 @@ def batch_cost(b: Batches, s: SampleArrays, pad_multiple: int) -> np.ndarray:
 def batch_attention(b: Batches, s: SampleArrays, mode: str, pad_multiple: int) -> np.ndarray:
     """Attention work per microbatch: the sum of squared segment lengths, what varlen attention spends (each sample
     attends within itself). Padded rows run dense attention: each row costs its padded length squared."""
-    if mode == "padded":
+    if mode == Mode.PADDED:
         longest = segment_max(row_tokens(b, s), b.batch_bounds)
         padded = -(-longest // pad_multiple) * pad_multiple
         return b.rows_per_batch() * padded * padded

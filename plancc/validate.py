@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.config import PlanSettings
+from plancc.config import Mode, PlanSettings, Shift
 from plancc.metrics import SourceDrops, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 
@@ -62,7 +62,7 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
     if over.size:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: {over.size} rows exceed capacity {settings.row_capacity} "
                         f"(first: row {over[0]})")
-    if settings.mode == "packed":
+    if settings.mode == Mode.PACKED:
         too_many = np.flatnonzero(b.rows_per_batch() > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
             problems.append(f"{store.PLAN_FILE} epoch {epoch} row {too_many[0]}: the microbatch has too many rows")
@@ -158,7 +158,7 @@ def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str
         if got != fingerprints[key]:
             return [f"{tokens_dir}: its {key} fingerprint {got} is not the plan's {fingerprints[key]}: the store "
                     "was swapped in from another plan or scan (or rebuilt from changed data)"]
-    if m.header["labels_shifted"] != (shift == "none"):
+    if m.header["labels_shifted"] != (shift == Shift.NONE):
         return [f"{tokens_dir}: labels_shifted is {m.header['labels_shifted']}, but the plan's shift is {shift!r}"]
     sid = store.column(samples, "sample_id")
     rows = int(m.offsets.shape[0] - 1)

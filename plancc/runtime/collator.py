@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from plancc.config import Mode, Shift
 from plancc.runtime.data import TokenStore
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import Microbatch
@@ -41,11 +42,11 @@ class PlanCollator:
 
     def __init__(self, *, mode: str, shift: str, pad_multiple: int = 1, pad_token_id: int = 0,
                  check_counts: bool = True, loop_threshold: int = 48):
-        if mode not in ("packed", "padded", "flattened"):
+        if mode not in tuple(Mode):
             raise ValueError(f"unknown mode {mode!r}")
-        if shift not in ("sample", "row", "none"):
+        if shift not in tuple(Shift):
             raise ValueError(f"unknown shift {shift!r}")
-        self.mode, self.shift, self.pad_multiple = mode, shift, int(pad_multiple)
+        self.mode, self.shift, self.pad_multiple = Mode(mode), Shift(shift), int(pad_multiple)
         self.pad_token_id, self.check_counts = int(pad_token_id), check_counts
         self.loop_threshold = int(loop_threshold)  # up to this many samples: per-sample slice copies
         self._ar = np.arange(4096, dtype=np.int64)
@@ -96,7 +97,7 @@ class PlanCollator:
         labels[:, 1:] = shift_labels[:, :-1]
         out: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "labels": labels,
                                "shift_labels": shift_labels, "label_count": count}
-        if self.mode == "padded":
+        if self.mode == Mode.PADDED:
             col = self._arange(width)
             out["attention_mask"] = (col[None, :] < np.maximum(row_len, 1)[:, None]).astype(np.int64)
         if segments is not None:
@@ -135,11 +136,11 @@ class PlanCollator:
                 a, n = starts[k], lens[k]
                 input_ids[r, w:w + n] = x[a:a + n]
                 position_ids[r, w:w + n] = ar[:n]
-                if shift == "none":
+                if shift == Shift.NONE:
                     shift_labels[r, w:w + n] = y[a:a + n]
                 else:
                     shift_labels[r, w:w + n - 1] = y[a + 1:a + n]
-                    if shift == "row" and k < last:
+                    if shift == Shift.ROW and k < last:
                         shift_labels[r, w + n - 1] = y[starts[k + 1]]
                 w += n
             segments += lens[bounds[r]:bounds[r + 1]]
@@ -163,12 +164,12 @@ class PlanCollator:
         src = np.repeat(starts, ids_len) + rel
         dst = np.repeat(row_of * width + within, ids_len) + rel
         targets = tokens.targets[src]
-        if self.shift == "none":
+        if self.shift == Shift.NONE:
             st = targets
         else:
             st = np.empty(total, dtype=np.int64)
             st[:-1] = targets[1:]
-            ends = csum[1:] - 1 if self.shift == "sample" else csum[rows[1:]] - 1
+            ends = csum[1:] - 1 if self.shift == Shift.SAMPLE else csum[rows[1:]] - 1
             st[ends] = IGNORE_INDEX
         input_ids.reshape(-1)[dst] = tokens.input_ids[src]
         shift_labels.reshape(-1)[dst] = st

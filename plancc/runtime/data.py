@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
+from plancc.config import Shift
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
@@ -82,7 +83,7 @@ class TokenStore:
         """From a table with `input_ids` and `labels` (or `shift_labels` for shift none) list columns."""
         if "input_ids" not in table.column_names:
             raise PlanMismatchError(f"{where}: no 'input_ids' column (columns: {table.column_names})")
-        name = "shift_labels" if shift == "none" and "shift_labels" in table.column_names else "labels"
+        name = "shift_labels" if shift == Shift.NONE and "shift_labels" in table.column_names else "labels"
         if name not in table.column_names:
             raise PlanMismatchError(f"{where}: no '{name}' column for shift '{shift}' (columns: {table.column_names})")
         ids, ids_off = _flat(table.column("input_ids"), where, "input_ids")
@@ -245,7 +246,7 @@ def _mapped(plan: RuntimePlan, path: Path, verify: str, allow: bool) -> TokenSto
     tokens = _over_maps(m, guard)
     if verify == "none":
         return tokens
-    if m.header.get("labels_shifted", False) != (plan.shift == "none"):
+    if m.header.get("labels_shifted", False) != (plan.shift == Shift.NONE):
         _refuse(plan, str(path), f"it holds {'shifted' if plan.shift != 'none' else 'unshifted'} labels but the "
                                  f"plan has shift {plan.shift!r}", allow)
     fp, want = m.header.get("fingerprints", {}).get("dataset"), plan.fingerprints.get("dataset")
