@@ -188,3 +188,20 @@ def test_bad_inputs_exit_2(plan, tmp_path):
 def test_help_has_example(args):
     r = cli(*args, "--help")
     assert r.exit_code == 0 and "Example" in r.output
+
+
+def test_a_plan_without_a_stored_before_stage_shows_after_only(plan, tmp_path):
+    """Plans of plancc versions before `before.parquet` existed: inspect never recomputes compile, it says so."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    old = Path(shutil.copytree(plan, tmp_path / "old"))
+    (old / store.BEFORE_FILE).unlink()
+    table = pq.read_table(old / store.PLAN_FILE)
+    meta = json.loads(table.schema.metadata[store.META_KEY])
+    del meta["checksums"]["before"]
+    pq.write_table(table.replace_schema_metadata({store.META_KEY: json.dumps(meta).encode()}), old / store.PLAN_FILE)
+    ba = before_counts(old, 0)
+    assert ba.before is None and "not stored" in ba.note
+    assert ba.after.label_counts.size == before_counts(plan, 0).after.label_counts.size
