@@ -3,6 +3,10 @@
 Two objects, because they change different things: `ScanOptions` decide the samples table (and so the
 scan cache key); `PlanSettings` decide the plan given a samples table (and so the `config` fingerprint).
 Settings that cannot change a plan (`num_proc`, `quiet`, output paths) live in neither.
+
+`sequence_len` and `shift` are the two that both hold: the samples table means what it means under them (lengths
+cut or dropped, label counts), and the plan is hashed with them. The scan's values win: `plancc.carry` copies
+them into `PlanSettings` for a scan or plan directory given as source, and refuses a flag that contradicts them.
 """
 
 from __future__ import annotations
