@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1] / "plancc"
 
 COMPILE_SIDE = ("plancc.pipeline", "plancc.build", "plancc.pack", "plancc.balance", "plancc.scan", "plancc.sources",
                 "plancc.carry", "plancc.jit")
-READ_SIDE = ("plancc.inspect", "plancc.diff", "plancc.validate", "plancc.plot")
+READ_SIDE = ("plancc.inspect", "plancc.diff", "plancc.diff_render", "plancc.diff_rules", "plancc.validate",
+             "plancc.plot")
 FRONT = ("plancc.api", "plancc.cli")
 ALGORITHM_FORBIDDEN = ("pyarrow", "torch", "typer", "datasets", "plancc.cli", "plancc.store", "plancc.runtime",
                        *FRONT, *READ_SIDE, "plancc.pipeline", "plancc.build", "plancc.scan", "plancc.sources")
@@ -26,6 +27,9 @@ ALGORITHM_FORBIDDEN = ("pyarrow", "torch", "typer", "datasets", "plancc.cli", "p
 # (module prefix, what it must not import: plancc module prefixes or top-level packages), first match wins
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plancc.layout", ("plancc", "pyarrow", "torch")),  # numpy only
+    ("plancc.metric_columns", ("plancc", "numpy", "pyarrow")),  # data only
+    ("plancc.numbers", ("plancc", "numpy", "pyarrow")),
+    ("plancc.diff_rules", ("plancc", "numpy", "pyarrow")),  # plain values: `plancc --help` quotes them
     ("plancc.config", ("plancc.store", "plancc.layout", *COMPILE_SIDE, *READ_SIDE, *FRONT, "plancc.runtime", "numpy",
                        "pyarrow", "torch")),
     ("plancc.pack", ALGORITHM_FORBIDDEN),
@@ -38,6 +42,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
                       "datasets")),
     ("plancc.inspect", (*COMPILE_SIDE, *FRONT, "plancc.runtime", "torch")),
     ("plancc.diff", (*COMPILE_SIDE, *FRONT, "plancc.runtime", "torch")),
+    ("plancc.diff_render", ("plancc.store", *COMPILE_SIDE, *FRONT, "plancc.runtime", "numpy", "pyarrow", "torch")),
     ("plancc.validate", (*COMPILE_SIDE, *FRONT, "plancc.runtime", "torch")),
     ("plancc.plot", (*COMPILE_SIDE, *FRONT, "plancc.runtime", "torch")),
     ("plancc.runtime", (*COMPILE_SIDE, "plancc.metrics", *READ_SIDE, *FRONT, "typer")),
