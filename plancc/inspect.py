@@ -94,18 +94,17 @@ class PlanView:
                 "shown": len(self.rows), "tokens": self.tokens, "labels": self.labels, "microbatches": self.rows}
 
 
-def _filters(meta: dict[str, Any], epoch: int | None, update: int | None, rank: int | None,
+def _filters(plan: store.PlanDir, epoch: int | None, update: int | None, rank: int | None,
              micro_step: int | None) -> list[tuple]:
     """Parquet filters for the given values; a value outside the plan's range is an error naming the range."""
-    settings = meta["settings"]
-    epochs = sorted(int(e) for e in meta["fingerprints"].get("plan", {}))
-    updates = [e["updates"] for e in meta.get("epochs", [])
+    epochs = sorted(int(e) for e in plan.fingerprints.get("plan", {}))
+    updates = [e["updates"] for e in plan.meta.get("epochs", [])
                if epoch is None or e["epoch"] == epoch] if update is not None else []
     ranges = {  # name: (value, how many there are, what has that many)
         "epoch": (epoch, None, f"epochs {epochs}"),
         "update": (update, max(updates, default=0), "updates" + ("" if epoch is None else f" in epoch {epoch}")),
-        "rank": (rank, settings.get("world_size", 1), "ranks (world size)"),
-        "micro_step": (micro_step, settings.get("grad_accum", 1), "micro-steps (grad accum)"),
+        "rank": (rank, plan.settings.world_size, "ranks (world size)"),
+        "micro_step": (micro_step, plan.settings.grad_accum, "micro-steps (grad accum)"),
     }
     f = []
     for name, (v, count, what) in ranges.items():
@@ -125,11 +124,9 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
               rank: int | None = None, micro_step: int | None = None, limit: int = 20) -> PlanView:
     """The matching microbatches in global order; only the first `limit` (0: all) carry their sample ids."""
     plan = store.PlanDir(plan_dir)
-    meta = plan.meta
-    settings = meta["settings"]
     if limit < 0:
         raise PlanccError(f"--limit must be >= 0, got {limit}")
-    filters = _filters(meta, epoch, update, rank, micro_step) or None
+    filters = _filters(plan, epoch, update, rank, micro_step) or None
     head = plan.read_rows(SCALAR_COLUMNS, filters)
     head = head.take(pc.sort_indices(head, [("epoch", "ascending"), ("index", "ascending")]))
     matching = head.num_rows
@@ -155,7 +152,7 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
             sample_rows = [flat[row_bounds[r]: row_bounds[r + 1]].tolist() for r in range(r0, r1)]
             rows.append({**{k: scalars[k][i] for k in SCALAR_COLUMNS}, "rows": r1 - r0,
                          "samples": int(row_bounds[r1] - row_bounds[r0]), "sample_ids": sample_rows})
-    return PlanView(settings, meta["fingerprints"], matching, tokens, labels, rows)
+    return PlanView(plan.settings.to_dict(), plan.fingerprints, matching, tokens, labels, rows)
 
 
 def format_ids(sample_rows: list[list[int]], max_ids: int) -> str:
