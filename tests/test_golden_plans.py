@@ -1,6 +1,6 @@
 """Plans are pinned: every layout x shift (and the settings that change the layout: real batches, padding multiple,
 drop-last, rank cost, no balance, world sizes) compiled from fixed generated samples tables gives the stored
-fingerprints (dataset, metadata, config, plan per epoch), metrics checksum and plan-table digest.
+fingerprints (dataset, metadata, config, plan per epoch), metrics and before checksums and plan-table digest.
 
 A refactor must leave these byte-identical. A change that alters plans on purpose (a better balancer) regenerates
 them and says so in its commit:
@@ -69,6 +69,7 @@ def plan_record(plan_dir: Path) -> dict:
     return {
         **{k: fps[k] for k in ("dataset", "metadata", "config", "plan")},
         "metrics": manifest["checksums"]["metrics"],
+        "before": manifest["checksums"]["before"],
         "plan_table": table_digest(plan_dir / "plan.parquet"),
     }
 
