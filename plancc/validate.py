@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from plancc import store, token_store
 from plancc.config import Mode, PlanSettings, Shift
+from plancc.layout import complete_updates
 from plancc.metrics import SourceDrops, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 
@@ -55,7 +56,7 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
     if missing and not settings.drop_last:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: {missing} retained samples are missing "
                         f"(first: sample_id {int(s.sample_id[np.flatnonzero(counts == 0)[0]])})")
-    if settings.drop_last and n % settings.batches_per_update:
+    if settings.drop_last and n != complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: --drop-last plan ends with an incomplete update")
 
     over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
