@@ -56,7 +56,8 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
     if missing and not settings.drop_last:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: {missing} retained samples are missing "
                         f"(first: sample_id {int(s.sample_id[np.flatnonzero(counts == 0)[0]])})")
-    if settings.drop_last and n != complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update:
+    full = complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update
+    if settings.drop_last and n != full:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: --drop-last plan ends with an incomplete update")
 
     over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
