@@ -130,3 +130,13 @@ def test_per_rank_read_skips_row_groups(tmp_path):
     write_plan_dir(plan_dir, table, s, settings, compile_plan(s, settings), {}, None)
     stored = pq.read_table(plan_dir / store.PLAN_FILE, columns=["rank"]).column("rank")
     assert pc.all(pc.greater_equal(pc.pairwise_diff(stored.combine_chunks())[1:], 0)).as_py()
+
+
+@pytest.mark.parametrize("writer", [pa.ipc.new_file, pa.ipc.new_stream])
+def test_arrow_files_and_streams_read_alike(tmp_path, writer):
+    """`.arrow` is either IPC format: the file one (pyarrow's default) or the stream one `datasets` writes."""
+    table = pa.table({"input_ids": [[1, 2], [3]], "labels": [[-100, 2], [3]]})
+    path = tmp_path / "data.arrow"
+    with pa.OSFile(str(path), "wb") as sink, writer(sink, table.schema) as w:
+        w.write_table(table)
+    assert store.read_arrow(path).equals(table)
