@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from plancc import store
 from plancc.config import PlanSettings, SettingsError, resolve_settings
+from plancc.errors import InputError
 from plancc.store import EpochMicrobatches
 
 Progress = Callable[[str, int, int], None]
@@ -114,22 +115,54 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
 
 def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
          num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
+         shard: str | tuple[int, int] | None = None, shard_rows: int | None = None,
          **settings: Any) -> dict[str, Any]:
     """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
 
     Takes the scan's settings of `compile` (`format`, `tokenizer`, `sequence_len`, `long`, `shift`, ...) and its
-    `overwrite` rule for `output`.
+    `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`) scans only shard I of N of the source's rows into
+    a partial scan, for `merge` to join with the others; `shard_rows` is the local scan's shard size (memory and
+    resume granularity; the result is the same for any value).
     """
     from plancc import scan as scan_mod
+    from plancc.shard import SHARD_ROWS
 
     cache = Path(cache_dir) if cache_dir is not None else None
     options, _, procs, _ = resolve_settings(config, num_proc, **settings)
+    index_count = parse_shard(shard) if shard is not None else None
     store.check_output(output, overwrite=overwrite)  # before any work
     if not isinstance(source, str | os.PathLike):
         source = _materialize(source, cache)
-    result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress)
+    if index_count is not None:
+        return scan_mod.scan_shard(str(source), options, *index_count, Path(output), overwrite=overwrite,
+                                   num_proc=procs, progress=progress)
+    result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
+                           shard_rows=SHARD_ROWS if shard_rows is None else shard_rows)
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report
+
+
+def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
+    """`--shard I/N` as (I, N): shard I (from 0) of N."""
+    if isinstance(spec, tuple):
+        index, count = spec
+    else:
+        try:
+            index, count = (int(x) for x in str(spec).split("/"))
+        except ValueError:
+            raise InputError(f"--shard {spec}: expected I/N, e.g. --shard 0/8 (shard I from 0 of N)") from None
+    from plancc.shard import shard_range
+
+    shard_range(0, index, count)  # checks 0 <= I < N
+    return index, count
+
+
+def merge(parts: list[str | Path], output: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """Join the partial scans `parts` (`scan(..., shard="I/N")`) into the scan directory `output` after checking
+    they fit (same source, options, tokenizer, template; disjoint and complete rows); returns its report."""
+    from plancc import merge as merge_mod
+
+    return merge_mod.merge([Path(p) for p in parts], output, overwrite=overwrite)
 
 
 def compile(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,

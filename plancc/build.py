@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from plancc import __version__, store, token_store
 from plancc.carry import carry
 from plancc.config import PlanSettings, ScanOptions
+from plancc.errors import InputError
 from plancc.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -39,6 +40,11 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
         tokenized = Path(info["tokenized_path"]) if info.get("tokenized_path") else None
         manifest = Path(info["path"]).parent / store.MANIFEST_FILE
         if info.get("report"):
+            part = info["report"].get("part")
+            if part:
+                raise InputError(f"{source} is a partial scan (rows {part['lo']}..{part['hi'] - 1} of "
+                                 f"{part['rows']}, from `plancc scan --shard`): join every part first with "
+                                 "`plancc merge PART_DIR... -o SCAN_DIR`, then compile SCAN_DIR")
             return table, info["report"], tokenized
         if manifest.is_file():
             previous = store.read_manifest(manifest.parent)

@@ -45,18 +45,18 @@ def array_digest(*arrays: np.ndarray) -> str:
 
 def dataset_fingerprint(sample_id: np.ndarray, token_hash: np.ndarray) -> str:
     """Equal digest means equal token content (ids and labels) of the same retained sample ids."""
-    return array_digest(sample_id.astype(np.int64), token_hash.astype(np.uint64))
+    return array_digest(sample_id.astype(np.int64, copy=False), token_hash.astype(np.uint64, copy=False))
 
 
 def metadata_fingerprint(sample_id: np.ndarray, length: np.ndarray, label_count: np.ndarray,
                          first_label_supervised: np.ndarray, identity: dict[str, str | None] | None = None) -> str:
     """What the planner saw of each sample (lengths and label counts) and what made them: the tokenizer's and the
     chat template's fingerprints (`identity`; none for a bare or already tokenized table)."""
-    digest = array_digest(
-        sample_id.astype(np.int64),
-        length.astype(np.int32),
-        label_count.astype(np.int32),
-        first_label_supervised.astype(np.uint8),
+    digest = array_digest(  # no copies of arrays already of these types (10M samples: 250 MB saved)
+        sample_id.astype(np.int64, copy=False),
+        length.astype(np.int32, copy=False),
+        label_count.astype(np.int32, copy=False),
+        first_label_supervised.astype(np.uint8, copy=False),
     )
     made_by = {k: v for k, v in (identity or {}).items() if v}
     return canonical_hash({"samples": digest, **made_by}) if made_by else digest

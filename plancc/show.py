@@ -90,7 +90,8 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     if not info.get("tokenized_path"):
         raise InputError(f"{directory} has no {store.TOKENS_DIR}/ (it was compiled from a bare samples table): "
                          "nothing to decode")
-    input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id)
+    first_row = int((report.get("part") or {}).get("lo", 0))  # a partial scan's store starts at its first row
+    input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id - first_row)
     supervised = labels != IGNORE_INDEX
     if shifted:
         supervised = np.concatenate([[False], supervised[:-1]])

@@ -168,9 +168,9 @@ def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str
         return [f"{tokens_dir} has {rows} rows but the plan uses sample_id {int(sid[-1])}: the store is incomplete"]
     if fast:
         return []
-    if not np.array_equal(token_store.chunk_bounds(m.offsets, m.header["chunk_tokens"]), m.chunks):
-        return [f"{tokens_dir}: chunks.npy does not split the rows at chunk_tokens={m.header['chunk_tokens']} "
-                f"({token_store.HEADER_FILE} or the offsets changed)"]
+    layout = token_store.layout_problem(m)
+    if layout:
+        return [layout]
     problems = []
     bad = token_store.verify_all(m)
     if bad is not None:

@@ -6,7 +6,8 @@ microbatch's tokens is one vectorized gather, whatever the number of samples::
     input_ids = [5, 6, 7, 8, 9, 1, 2]      all samples' tokens, concatenated
     offsets   = [0, 3, 5, 7]               sample 1 = input_ids[3:5]
 
-A plan's data is its token store (`plancc.token_store`, the `tokens/` folder a compile writes): the arrays are
+A plan's data is its token store (`plancc.token_store`, the `tokens/` folder a compile writes; one store or the
+parts of a sharded scan, mapped as one dataset): the arrays are
 memory maps, so opening costs the same for 1M or 10B tokens, the ranks of a node share the pages through the OS
 page cache, and a process's memory grows only with what it reads. `targets` is the label column the plan's shift
 reads (the store's `labels`, already shifted under shift `none`). Other data (`data=` a Parquet, Arrow or JSON
@@ -268,8 +269,13 @@ def _reopen(path: str, plan_path: str, allow: bool) -> TokenStore:
 
 
 def _over_maps(m: token_store.MappedTokens, guard: ChunkGuard | None) -> TokenStore:
-    """Plain ndarray views of the maps: slicing a `np.memmap` runs Python code per slice, a view does not."""
-    return TokenStore(np.asarray(m.input_ids), np.asarray(m.labels), np.asarray(m.offsets), guard=guard,
+    """Plain ndarray views of the maps: slicing a `np.memmap` runs Python code per slice, a view does not. A
+    multi-part store's tokens stay a `token_store.Concat` of the parts' views (indexed like one array)."""
+    def view(a):
+        return token_store.Concat([np.asarray(p) for p in a.parts]) if isinstance(a, token_store.Concat) else \
+            np.asarray(a)
+
+    return TokenStore(view(m.input_ids), view(m.labels), np.asarray(m.offsets), guard=guard,
                       max_id=int(m.header["max_id"]))
 
 

@@ -61,6 +61,10 @@ class Encoded:
         })
 
     @staticmethod
+    def empty() -> Encoded:
+        return Encoded(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64))
+
+    @staticmethod
     def concat(parts: list[Encoded]) -> Encoded:
         """The rows of `parts`, in order, as one `Encoded`."""
         if len(parts) == 1:

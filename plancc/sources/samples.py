@@ -116,7 +116,8 @@ class Finished:
 
 
 def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, labels_shifted: bool) -> Finished:
-    """Apply the long policy and shift, count labels, drop unsupervised samples, hash, build the samples table."""
+    """Apply the long policy and shift, count labels, drop unsupervised samples, hash, build the samples table
+    (rows of one shard: `check_retained` checks the whole scan kept some)."""
     lengths = np.diff(enc.offsets)
     over = lengths > options.sequence_len
     report: dict = {"rows_read": len(lengths)}
@@ -145,12 +146,6 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     report["retained"] = int(keep.sum())
     report["dropped_samples"] = len(lengths) - report["retained"]
     report["truncated_samples"] = report["truncated"]["count"]
-    if not keep.any():
-        raise InputError(
-            f"{where(0).rsplit(' row ', 1)[0]}: no supervised samples: of {len(lengths)} rows, "
-            f"{report['dropped_all_masked']['count']} have no supervised target and "
-            f"{report['dropped_long']['count']} are longer than --sequence-len {options.sequence_len}"
-        )
     hashes = token_hashes(enc.ids, enc.offsets, enc.labels, enc.offsets)
     ids = np.flatnonzero(keep).astype(np.int64)
     samples = pa.table(
@@ -164,6 +159,17 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
         schema=store.SAMPLES_SCHEMA,
     )
     return Finished(samples, enc, report)
+
+
+def check_retained(report: dict) -> None:
+    """A scan that keeps no sample is an error naming why (a shard may keep none; the whole scan may not)."""
+    if report["retained"] == 0:
+        raise InputError(
+            f"{report.get('source', 'source')}: no supervised samples: of {report['rows_read']} rows, "
+            f"{report['dropped_all_masked']['count']} have no supervised target and "
+            f"{report['dropped_long']['count']} are longer than --sequence-len "
+            f"{report.get('options', {}).get('sequence_len')}"
+        )
 
 
 def _drop_parts(report: dict) -> tuple[int, int, str]:
