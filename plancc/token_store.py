@@ -114,6 +114,7 @@ class Concat:
         return out
 
     def max(self):
+        """Largest value over all parts (the vocabulary bound)."""
         return max(int(p.max()) for p in self.parts if p.size)
 
     def pread(self, a: int, b: int) -> bytes:

@@ -192,6 +192,7 @@ def merge_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc merge`: join partial scans (`plancc scan --shard I/N`) into one scan directory."""
     from plancc import api
 
     with fail_on_errors():

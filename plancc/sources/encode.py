@@ -62,6 +62,7 @@ class Encoded:
 
     @staticmethod
     def empty() -> Encoded:
+        """No rows: the identity of `concat`."""
         return Encoded(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64))
 
     @staticmethod

@@ -128,6 +128,7 @@ class JsonlRows:
                 self.row += 1
 
     def read(self, a: int, b: int) -> tuple[pa.Table, dict[str, list[Any]]]:
+        """Rows [a, b) of the file (a never below the rows already read) and their line numbers."""
         self._skip_to(a)
         lines, numbers = [], []
         while self.row < b:
@@ -155,6 +156,7 @@ class JsonlRows:
         return _rows_to_columns(rows, self.path, lambda i: f"line {numbers[i]}")
 
     def close(self) -> None:
+        """Close the file."""
         if self.f is not None:
             self.f.close()
             self.f = None
