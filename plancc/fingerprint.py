@@ -82,6 +82,12 @@ def config_fingerprint(settings: dict[str, Any]) -> str:
     return canonical_hash(settings)
 
 
+def before_checksum(epoch: np.ndarray, label_count: np.ndarray) -> str:
+    """Digest of the before stage's label count per microbatch (`epoch`, `label_count`, in (epoch, index) order):
+    the plan file records it, so an edit of before.parquet is detected like one of metrics.parquet."""
+    return array_digest(epoch.astype(np.int32), label_count.astype(np.int64))
+
+
 def metrics_checksum(rows: list[dict[str, Any]]) -> str:
     """Digest of the metrics rows as stored (epoch, stage, every metric; floats exactly): they have no fingerprint,
     so the plan file records this to make any edit of metrics.parquet detectable."""
@@ -91,6 +97,7 @@ def metrics_checksum(rows: list[dict[str, Any]]) -> str:
 __all__ = [
     "PLAN_FINGERPRINT_COLUMNS",
     "array_digest",
+    "before_checksum",
     "config_fingerprint",
     "dataset_fingerprint",
     "metadata_fingerprint",

@@ -35,30 +35,36 @@ PER_PART = ("part", "fingerprints", "seconds", "rows_read", "retained", "dropped
 
 @dataclass(frozen=True)
 class Part:
+    """One partial scan directory and its report (`scan.json`, whose `part` gives its row range)."""
     path: Path
     report: dict[str, Any]
 
     @property
     def lo(self) -> int:
+        """First source row of the part."""
         return int(self.report["part"]["lo"])
 
     @property
     def hi(self) -> int:
+        """One past the part's last source row."""
         return int(self.report["part"]["hi"])
 
 
 @dataclass(frozen=True)
 class Joined:
+    """Parts checked to fit, joined: the whole samples table, the parts in row order, the merged report."""
     samples: pa.Table
     parts: list[Part]  # in row order
     report: dict[str, Any]
 
     @property
     def stores(self) -> list[Path]:
+        """Each part's token store, in row order: the parts of the merged multi-part store."""
         return [p.path / store.TOKENS_DIR for p in self.parts]
 
 
 def read_part(path: str | Path) -> Part:
+    """Open the partial scan at `path`, or raise an InputError saying why it is not one."""
     p = Path(path)
     try:
         report = orjson.loads((p / store.SCAN_MANIFEST_FILE).read_bytes())

@@ -62,6 +62,8 @@ Progress = Callable[[str, int, int], None] | None
 
 @dataclass(frozen=True)
 class Scan:
+    """A finished scan: the samples table, where its token store is, the source files and the scan report."""
+
     samples: pa.Table
     tokenized_path: Path | None  # the token store directory (None: a samples table without tokens)
     source_paths: list[str]

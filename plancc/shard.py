@@ -62,6 +62,7 @@ def scan_key(source_fingerprint: str, opts: dict[str, Any]) -> str:
 
 
 def needs_tokenizer(source: str, fmt: str) -> InputError:
+    """The error for a format that needs tokenizing when no --tokenizer was given."""
     return InputError(f"{source}: {fmt} data must be tokenized: pass --tokenizer PATH (the model's tokenizer.json or "
                       f"Hugging Face tokenizer directory), or --tokenizer {BUILTIN} for the built-in byte-level one")
 
@@ -80,9 +81,11 @@ class ScanJob:
 
     @property
     def rows(self) -> int:
+        """Rows in the whole source."""
         return self.manifest.rows
 
     def to_dict(self) -> dict[str, Any]:
+        """The job as JSON-able data (for engines shipping it to workers)."""
         opts = dataclasses.asdict(self.options)
         opts["columns"] = [list(pair) for pair in self.options.columns]
         return {"located": {**dataclasses.asdict(self.located), "paths": list(self.located.paths)},
@@ -91,6 +94,7 @@ class ScanJob:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ScanJob:
+        """The job `to_dict` wrote."""
         loc = d["located"]
         return ScanJob(Located(loc["source"], loc["kind"], tuple(loc["paths"]), loc["fingerprint"]),
                        Manifest.from_dict(d["manifest"]), ScanOptions(**d["options"]), d["format"], d["template"],
@@ -186,6 +190,7 @@ def _global(report: dict[str, Any], lo: int) -> dict[str, Any]:
 
 def part_report(job: ScanJob, lo: int, hi: int, counts: dict[str, Any], samples: pa.Table,
                 seconds: float) -> dict[str, Any]:
+    """A part's scan.json: the job's report, the part's counts and row range, fingerprints of its rows."""
     report = {**job.report, **counts, "part": {"lo": lo, "hi": hi, "rows": job.rows}, "seconds": round(seconds, 3)}
     report["fingerprints"] = store.samples_fingerprints(samples, scan_identity(report))
     return report

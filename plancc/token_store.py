@@ -50,6 +50,8 @@ import numpy as np
 import orjson
 import xxhash
 
+IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
+
 FORMAT = "plancc.tokens/1"
 HEADER_FILE = "tokens.json"
 ARRAYS = {  # file stem -> dtype
@@ -112,6 +114,7 @@ class Concat:
         return out
 
     def max(self):
+        """Largest value over all parts (the vocabulary bound)."""
         return max(int(p.max()) for p in self.parts if p.size)
 
     def pread(self, a: int, b: int) -> bytes:
@@ -137,6 +140,7 @@ class MappedTokens:
 
     @property
     def num_chunks(self) -> int:
+        """Hash chunks in the store."""
         return int(self.chunk_hashes.shape[0])
 
 
@@ -266,6 +270,7 @@ def write_parts(directory: str | Path, stores: list[Path], *, fingerprints: dict
 
 
 def is_store(path: str | Path) -> bool:
+    """Whether `path` holds a token store (its header file)."""
     return (Path(path) / HEADER_FILE).is_file()
 
 
@@ -418,7 +423,7 @@ def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block
         j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
         a, b = int(starts[i]), int(ends[i:j].max())
         sup = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(np.asarray(labels[a:b]) != -100, out=sup[1:])
+        np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
         out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
         i = j
     return out

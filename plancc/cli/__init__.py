@@ -112,6 +112,7 @@ def compile_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc compile`: flags to settings by name, `plancc.api.compile`, the summary."""
     from plancc import api
 
     with fail_on_errors():
@@ -169,6 +170,7 @@ def scan_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc scan`: flags to scan options by name, `plancc.api.scan`, the summary."""
     from plancc import api
 
     with fail_on_errors(), reporter(quiet or json) as progress:
@@ -198,6 +200,7 @@ def merge_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc merge`: join partial scans (`plancc scan --shard I/N`) into one scan directory."""
     from plancc import api
 
     with fail_on_errors():
@@ -230,6 +233,7 @@ def validate_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc validate`: every violation `plancc.validate.validate_plan` finds, exit 1 when there is one."""
     from plancc import store, token_store
     from plancc.validate import validate_plan
 

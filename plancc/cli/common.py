@@ -103,6 +103,7 @@ class SourceCommand(TyperCommand):
     """A command taking one SOURCE: surplus arguments are most likely a glob the shell expanded, so say so."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
+        """Click's parsing, with an unquoted glob's extra arguments explained (the shell expanded it)."""
         try:
             return super().parse_args(ctx, args)
         except Exception as exc:  # click's UsageError, vendored by typer under a private name
@@ -113,6 +114,7 @@ class SourceCommand(TyperCommand):
 
 
 def print_json(obj: Any) -> None:
+    """One JSON document on stdout, keys sorted and indented (what every `--json` prints)."""
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n")
 
 

@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
+from plancc.config import Shift
+from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
 
@@ -56,6 +57,7 @@ class TokenStore:
 
     @property
     def lengths(self) -> np.ndarray:
+        """Tokens of each row."""
         return np.diff(self.offsets)
 
     @property
@@ -66,6 +68,7 @@ class TokenStore:
         return self._max_id
 
     def check(self, rows: np.ndarray) -> None:
+        """Verify the chunks holding `rows` on their first read (a no-op once every chunk is checked)."""
         if self.guard is not None and self.guard.pending:
             self.guard.check(rows)
 
@@ -81,7 +84,7 @@ class TokenStore:
         """From a table with `input_ids` and `labels` (or `shift_labels` for shift none) list columns."""
         if "input_ids" not in table.column_names:
             raise PlanMismatchError(f"{where}: no 'input_ids' column (columns: {table.column_names})")
-        name = "shift_labels" if shift == "none" and "shift_labels" in table.column_names else "labels"
+        name = "shift_labels" if shift == Shift.NONE and "shift_labels" in table.column_names else "labels"
         if name not in table.column_names:
             raise PlanMismatchError(f"{where}: no '{name}' column for shift '{shift}' (columns: {table.column_names})")
         ids, ids_off = _flat(table.column("input_ids"), where, "input_ids")
@@ -94,6 +97,7 @@ class TokenStore:
 
     @classmethod
     def from_lists(cls, input_ids: list[list[int]], targets: list[list[int]]) -> TokenStore:
+        """A store held in memory from per-row lists of ids and targets (tests and small data)."""
         return cls.from_table(pa.table({"input_ids": input_ids, "labels": targets}))
 
 
@@ -107,6 +111,8 @@ class ChunkGuard:
         self.pending = mapped.num_chunks
 
     def check(self, rows: np.ndarray) -> None:
+        """Hash each not yet verified chunk that `rows` touch; refuse a changed one naming its first planned
+        sample."""
         ks = np.searchsorted(self.bounds, rows, side="right") - 1
         seen = self.verified[ks]
         if seen.all():
@@ -173,12 +179,7 @@ def _read_any(path: Path) -> pa.Table:
         if suffix == ".parquet":
             return pq.read_table(path)
         if suffix == ".arrow":
-            with pa.memory_map(str(path)) as src:
-                try:
-                    return pa.ipc.open_file(src).read_all()
-                except pa.ArrowInvalid:
-                    src.seek(0)
-                    return pa.ipc.open_stream(src).read_all()
+            return store.read_arrow(path)
         if suffix in (".jsonl", ".json"):
             import pyarrow.json as pj
 
@@ -246,7 +247,7 @@ def _mapped(plan: RuntimePlan, path: Path, verify: str, allow: bool) -> TokenSto
     tokens = _over_maps(m, guard)
     if verify == "none":
         return tokens
-    if m.header.get("labels_shifted", False) != (plan.shift == "none"):
+    if m.header.get("labels_shifted", False) != (plan.shift == Shift.NONE):
         _refuse(plan, str(path), f"it holds {'shifted' if plan.shift != 'none' else 'unshifted'} labels but the "
                                  f"plan has shift {plan.shift!r}", allow)
     fp, want = m.header.get("fingerprints", {}).get("dataset"), plan.fingerprints.get("dataset")

@@ -26,6 +26,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from plancc import store
 from plancc.errors import InputError, PlanccWarning
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
@@ -48,6 +49,7 @@ class Source:
 
     @property
     def column_names(self) -> list[str]:
+        """Every column: the typed ones in `table`, then the mixed-type ones in `loose`."""
         return [*self.table.column_names, *self.loose]
 
     def where(self, row: int) -> str:
@@ -126,6 +128,7 @@ class JsonlRows:
                 self.row += 1
 
     def read(self, a: int, b: int) -> tuple[pa.Table, dict[str, list[Any]]]:
+        """Rows [a, b) of the file (a never below the rows already read) and their line numbers."""
         self._skip_to(a)
         lines, numbers = [], []
         while self.row < b:
@@ -153,6 +156,7 @@ class JsonlRows:
         return _rows_to_columns(rows, self.path, lambda i: f"line {numbers[i]}")
 
     def close(self) -> None:
+        """Close the file."""
         if self.f is not None:
             self.f.close()
             self.f = None
@@ -197,15 +201,6 @@ def _read_json(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
     raise InputError(f"{path} line 1: malformed JSON (expected a list of objects or JSON lines)")
 
 
-def _read_arrow(path: str) -> pa.Table:
-    source = pa.memory_map(path)
-    try:
-        return pa.ipc.open_file(source).read_all()
-    except pa.ArrowInvalid:
-        source.seek(0)
-        return pa.ipc.open_stream(source).read_all()
-
-
 def check_utf8(path: str, chunk_size: int = 1 << 22) -> None:
     """Text sources must be UTF-8: the first bad byte is an error naming its line and byte offset (Arrow's
     readers would otherwise keep the bytes and fail far later, or turn a CSV column into binary)."""
@@ -238,7 +233,7 @@ def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
         if suffix == ".parquet":
             return pq.read_table(path), {}
         if suffix == ".arrow":
-            return _read_arrow(path), {}
+            return store.read_arrow(path), {}
         if suffix == ".csv":
             return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
     except InputError:
@@ -439,6 +434,8 @@ class Located:
 
 
 def locate(source: str) -> Located:
+    """What `source` names (files or a glob, a saved dataset, a Hub id) and a digest of its content for the
+    scan cache key."""
     paths = _expand(source)
     if paths is not None:
         return Located(source, "files", tuple(paths), _file_digest(paths))

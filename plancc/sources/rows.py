@@ -52,13 +52,16 @@ class Manifest:
 
     @property
     def rows(self) -> int:
+        """Rows in all files."""
         return sum(n for _, n in self.files)
 
     def to_dict(self) -> dict[str, Any]:
+        """The manifest as JSON-able data."""
         return {"source": self.source, "kind": self.kind, "files": [list(f) for f in self.files], "split": self.split}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Manifest:
+        """The manifest `to_dict` wrote."""
         return Manifest(d["source"], d["kind"], tuple((str(p), int(n)) for p, n in d["files"]), d.get("split"))
 
 
@@ -186,13 +189,16 @@ class RowReader:
 
     @property
     def notes(self) -> list[str]:
+        """Notes the whole-file reader gave (e.g. which split was used)."""
         return list(self.whole.notes) if self.whole is not None else []
 
     @property
     def fingerprint(self) -> str:
+        """The source's content fingerprint."""
         return self.loc.fingerprint or (self.whole.fingerprint if self.whole is not None else "")
 
     def read(self, lo: int, hi: int) -> Source:
+        """Source rows [lo, hi) as a Source (file, row and line kept for error messages)."""
         if not 0 <= lo <= hi <= self.manifest.rows:
             raise ValueError(f"rows [{lo}, {hi}) outside the source's {self.manifest.rows} rows")
         if self.whole is not None:
@@ -214,6 +220,7 @@ class RowReader:
         return src
 
     def close(self) -> None:
+        """Close the open file, if any."""
         if self.current is not None:
             self.current[1].close()
             self.current = None
