@@ -18,6 +18,7 @@ from plancc.plan import (
     row_tokens,
     segment_sum,
 )
+from plancc.sort import stable_order
 
 SCAN = 32  # partner subsets examined per subset (the length-sorted candidates nearest in length)
 
@@ -60,7 +61,7 @@ def contiguous_windows(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def csr_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """(bounds, members): positions grouped by key, in position order inside a key."""
-    order = np.argsort(keys, kind="stable").astype(np.int64)
+    order = stable_order(keys, n_keys)
     bounds = np.zeros(n_keys + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=n_keys), out=bounds[1:])
     return bounds, order
@@ -83,8 +84,7 @@ def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_ba
 
 def rebuild_rows(head: Batches, row_of: np.ndarray, pinned: np.ndarray) -> Batches:
     """The span with samples regrouped by `row_of` (pinned samples first in their row, then plan order)."""
-    pos = np.arange(row_of.shape[0], dtype=np.int64)
-    order = np.lexsort((pos, ~pinned, row_of))
+    order = stable_order(2 * row_of + ~pinned, 2 * head.num_rows)
     counts = np.bincount(row_of, minlength=head.num_rows)
     row_bounds = np.zeros(head.num_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=row_bounds[1:])
@@ -192,8 +192,7 @@ def _exchange_span(
         if made == 0:
             break
     if mode == 2:
-        pos = np.arange(n_items, dtype=np.int64)
-        order = np.lexsort((pos, row_of))
+        order = stable_order(row_of, n_rows)
         return Batches(head.samples[order], head.row_bounds.copy(), head.batch_bounds.copy())
     return rebuild_rows(head, row_of, pinned)
 
