@@ -146,7 +146,7 @@ def _exchange_span(
 
     `cost_mode` follows the layout: packed rows, flattened rows with exact counts, padded groups with exact counts.
     """
-    from plancc.balance._exchange import exchange_windows
+    from plancc.balance._exchange import Rules, State, exchange_windows
 
     mode = {"packed": 0, "flattened": 1, "padded": 2}[settings.mode]
     n_items = head.samples.shape[0]
@@ -180,16 +180,15 @@ def _exchange_span(
     else:
         row_cap = np.full(n_rows, peak if mode == 1 else 1 << 60, dtype=np.int64)
     mean = float(mb_val.mean()) if mb_val.size else 0.0
-    tol = int(tol_share * mean)  # label gaps this small are not worth a trade
+    rules = Rules(pm=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
+                  tok_weight=float(tok_weight), rounds=int(rounds), scan_limit=SCAN,
+                  tol=int(tol_share * mean))  # label gaps this small are not worth a trade
     for p in range(passes):
         w_bounds, w_members = windows(p, mb_val)
         ri_bounds, ri = csr_by(row_of, n_rows)
-        made = exchange_windows(
-            w_bounds, w_members, ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok,
-            row_cap, k_batch_bounds, int(settings.pad_multiple), int(peak), mode, max_sub, float(tok_weight),
-            rounds, SCAN, tol,
-        )
-        if made == 0:
+        state = State(ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok, row_cap,
+                      k_batch_bounds)
+        if exchange_windows(w_bounds, w_members, state, rules) == 0:
             break
     if mode == 2:
         order = stable_order(row_of, n_rows)
