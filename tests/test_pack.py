@@ -83,7 +83,8 @@ def test_repacked_start_keeps_the_hard_rules_and_row_shift_targets():
     for shift in ("sample", "row"):
         settings = PlanSettings(micro_batch_size=4, sequence_len=512, world_size=2, grad_accum=2, shift=shift)
         b, _ = before_batches(s, settings, 0)
-        new = repack_label_aware(b, s, settings, np.random.default_rng(0))
+        new = repack_label_aware(b, s, n_span=c.span(b, settings), capacity=settings.row_capacity,
+                                 pad_multiple=settings.pad_multiple, shift=shift, rng=np.random.default_rng(0))
         assert new is not b  # this mix repacks
         assert row_tokens(new, s).max() <= settings.row_capacity
         assert batch_targets(new, s, shift).sum() == batch_targets(b, s, shift).sum()
