@@ -234,15 +234,6 @@ def _rebuild(sl, t, item_len, item_val, max_sub, exact):
 
 
 @numba.njit(cache=True, inline="always")
-def _ready(row, s, r, t, exact):
-    """(slot, items, subsets) of kernel row `row`, its subset table rebuilt first if its row traded."""
-    sl = t.slot_of[row]
-    if not t.valid[sl]:
-        _rebuild(sl, t, s.item_len, s.item_val, r.max_sub, exact)
-    return sl, t.n[sl], t.k[sl]
-
-
-@numba.njit(cache=True, inline="always")
 def _best_trade(mb_a, mb_b, s, r, t):
     """The trade between microbatch `mb_a` (more labels) and `mb_b` that leaves the smallest label gap (plus
     weighted token gap) within the rules: (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b), row_a -1
@@ -263,9 +254,17 @@ def _best_trade(mb_a, mb_b, s, r, t):
             np.int64(0))
     simple_cost = r.cost_mode == 0 and r.pm == 1 and bb[mb_a + 1] - bb[mb_a] == 1 and bb[mb_b + 1] - bb[mb_b] == 1
     for ra in range(bb[mb_a], bb[mb_a + 1]):
-        sl_a, na, ka = _ready(ra, s, r, t, exact)
+        sl_a = t.slot_of[ra]
+        if not t.valid[sl_a]:
+            _rebuild(sl_a, t, s.item_len, s.item_val, r.max_sub, exact)
+        na = t.n[sl_a]
+        ka = t.k[sl_a]
         for rb in range(bb[mb_b], bb[mb_b + 1]):
-            sl_b, nb, kb = _ready(rb, s, r, t, exact)
+            sl_b = t.slot_of[rb]
+            if not t.valid[sl_b]:
+                _rebuild(sl_b, t, s.item_len, s.item_val, r.max_sub, exact)
+            nb = t.n[sl_b]
+            kb = t.k[sl_b]
             if ka == 0 or kb == 0:
                 continue
             free_a = s.row_cap[ra] - s.row_tok[ra]
