@@ -16,9 +16,8 @@ than half a row impose one), rows above the lower bound, update label CV, mean r
 the in-process plan time; never one draw.
 
 `--reference PATH` runs the reference sampler beside plancc on the same arrays, imported from the user's Axolotl
-checkout at PATH (its root or its `src/`; nothing of it lives in this project): `MultipackBatchSampler` with
-`balance_labels` where that checkout has it, else its plain packing (as public Axolotl has it today), said in the
-output. Both are judged by plancc's metrics on their microbatches; times are in-process (plancc: `plan_epoch`;
+checkout at PATH (its root or its `src/`; nothing of it lives in this project): `MultipackBatchSampler`'s packing,
+then `label_balance.balance_labels` where that checkout has it (else the plain packing, said in the output). Both are judged by plancc's metrics on their microbatches; times are in-process (plancc: `plan_epoch`;
 reference: building the sampler and its batches), reported as ratios reference / plancc per draw.
 """
 
@@ -148,33 +147,42 @@ def seed_table(sizes: list[int], seeds: list[int], mbs: int) -> None:
 
 
 def load_reference(path: str):
-    """The reference's `MultipackBatchSampler` class from the checkout at `path` (its root or its src/)."""
-    import inspect
+    """From the checkout at `path` (its root or its src/): the reference's `MultipackBatchSampler` class and its
+    `balance_labels` function (`axolotl.utils.samplers.label_balance`), or None where the checkout has none."""
+    import importlib.util
 
     root = Path(path).expanduser()
-    sys.path.insert(0, str(root / "src" if (root / "src" / "axolotl").is_dir() else root))
+    src = root / "src" if (root / "src" / "axolotl").is_dir() else root
+    sys.path.insert(0, str(src))
     try:
         from axolotl.utils.samplers.multipack import MultipackBatchSampler
     except ImportError as e:
         sys.exit(f"--reference {path}: cannot import axolotl.utils.samplers.multipack ({e})")
-    params = inspect.signature(MultipackBatchSampler.__init__).parameters
-    return MultipackBatchSampler, "balance_labels" in params
+    file = src / "axolotl" / "utils" / "samplers" / "label_balance.py"
+    if not file.exists():
+        return MultipackBatchSampler, None
+    spec = importlib.util.spec_from_file_location("reference_label_balance", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # numpy only: no package __init__ (they import the whole trainer)
+    return MultipackBatchSampler, module.balance_labels
 
 
-def reference_batches(sampler_cls, balanced: bool, s, settings: PlanSettings, seed: int):
+def reference_batches(sampler_cls, balance_labels, s, settings: PlanSettings, seed: int):
     """The reference's microbatches for samples `s` (rows of 4096 * mbs tokens, one a microbatch, as the
-    reference lays out packed microbatches by default) as plancc `Batches`, and the seconds it took."""
+    reference lays out packed microbatches by default): its packing, then its `balance_labels` where there is
+    one, as plancc `Batches`, and the seconds both took."""
     from plancc.plan import Batches
 
     order = np.random.default_rng(seed).permutation(len(s)).tolist()
-    kwargs = {}
-    if balanced:  # names as the reference's sampler takes them where it has label balancing
-        kwargs = {"balance_labels": True, "label_counts": s.targets(settings.shift),
-                  "batches_per_optimizer_step": settings.batches_per_update}
     start = time.perf_counter()
     sampler = sampler_cls(order, batch_size=1, batch_max_len=settings.row_capacity, lengths=s.length,
-                          bin_size=settings.row_capacity, drop_last=False, num_processes=1, **kwargs)
+                          bin_size=settings.row_capacity, drop_last=False, num_processes=1)
     batches = sampler.generate_batches()
+    if balance_labels is not None:
+        batches = balance_labels(batches, s.length, s.label_count, s.first_label_supervised.astype(np.int64),
+                                 settings.row_capacity, settings.row_capacity, seed,
+                                 window_size=settings.balance_window,
+                                 batches_per_optimizer_step=settings.batches_per_update)
     seconds = time.perf_counter() - start
     rows = [row for batch in batches for row in batch]
     samples = np.fromiter((i for row in rows for i in row), dtype=np.int64)
@@ -189,7 +197,8 @@ def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> 
     from plancc.metrics import summarize
 
     sampler_cls, balanced = load_reference(path)
-    what = "balance_labels" if balanced else "plain packing (this checkout's sampler has no balance_labels)"
+    what = ("its packing + balance_labels (microbatch stage; no accumulation or rank ordering)" if balanced else
+            "its plain packing (this checkout has no label_balance.balance_labels)")
     settings = settings_for("packed", mbs)
     print(f"capacity {4096 * mbs}, W=8, G=4, data seeds {','.join(map(str, seeds))}: plancc vs reference "
           f"({what}), min / median / max")
