@@ -25,7 +25,7 @@ def _spreads(x: np.ndarray, W: int) -> tuple[np.ndarray, np.ndarray]:
     return spread.sum(axis=1), spread.max(axis=1)
 
 
-def order_ranks(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+def order_ranks(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
     W, P = settings.world_size, settings.batches_per_update
     n_span = c.span(b, settings)
     if W < 2 or n_span == 0:
