@@ -11,7 +11,7 @@ from plancc import balance, pack
 from plancc.balance import _common as c
 from plancc.balance.accumulation import order_for_accumulation
 from plancc.balance.microbatch import balance_microbatches
-from plancc.balance.rank_order import order_ranks
+from plancc.balance.rank_order import deal_to_ranks, order_ranks
 from plancc.config import PlanSettings, SettingsError
 from plancc.metrics import summarize
 from plancc.pipeline import drop_tail, epoch_rng, plan_epoch
@@ -269,7 +269,22 @@ def test_rank_order_puts_similar_costs_on_the_same_micro_step():
     b = Batches(np.arange(4, dtype=np.int64), np.arange(5), np.arange(5))
     settings = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none")
     new = order_ranks(b, s, settings, np.random.default_rng(0))
-    assert batch_tokens(new, s).tolist() == [100, 90, 20, 10]
+    # steps (100, 90) and (20, 10); the second step's heavier microbatch goes to the rank with less work so far
+    assert batch_tokens(new, s).tolist() == [100, 90, 10, 20]
+
+
+def test_rank_order_evens_rank_totals():
+    # every micro-step holds a heavy and a light microbatch, the heavy one always on rank 0 (totals 400 and 40)
+    lengths = [100, 10, 100, 10, 100, 10, 100, 10]
+    s = SampleArrays(np.arange(8, dtype=np.int64), np.array(lengths, dtype=np.int64), np.ones(8, dtype=np.int64),
+                     np.zeros(8, dtype=bool))
+    b = Batches(np.arange(8, dtype=np.int64), np.arange(9), np.arange(9))
+    settings = PlanSettings(world_size=2, grad_accum=4, sequence_len=128, shift="none")
+    work = batch_tokens(order_ranks(b, s, settings, np.random.default_rng(0)), s).reshape(4, 2)
+    assert work.sum(axis=0).tolist() == [220, 220] and (work.max(axis=1) == work.min(axis=1)).all()
+    # the rank deal alone (steps kept): the heavy microbatch alternates between the ranks
+    dealt = deal_to_ranks(np.arange(8)[None, :], np.array([lengths]), 2)
+    assert np.array(lengths)[dealt].reshape(4, 2).sum(axis=0).tolist() == [220, 220]
 
 
 def test_attention_cost_puts_similar_attention_on_the_same_micro_step():
