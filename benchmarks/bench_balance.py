@@ -8,11 +8,18 @@ Reference columns are the figures measured for "reference (Axolotl balance_label
 
     python benchmarks/bench_balance.py [--sizes 20000,200000,1000000] [--runs 3] [--no-time] [--fixed]
     python benchmarks/bench_balance.py --seeds 0,1,2,3 [--sizes ...] [--mbs 4]
+    python benchmarks/bench_balance.py --seeds 0,1,2,3 --reference ~/src/axolotl [--sizes ...] [--mbs 4]
 
 `--seeds` prints, per size, min / median / max over the data seeds (draws of the mix) of the issue-13 goals at
 capacity 4096 * mbs: microbatch label CV (and how far above its draw's floor, where rows holding a sample longer
 than half a row impose one), rows above the lower bound, update label CV, mean rank cost CV within an update, and
 the in-process plan time; never one draw.
+
+`--reference PATH` runs the reference sampler beside plancc on the same arrays, imported from the user's Axolotl
+checkout at PATH (its root or its `src/`; nothing of it lives in this project): `MultipackBatchSampler` with
+`balance_labels` where that checkout has it, else its plain packing (as public Axolotl has it today), said in the
+output. Both are judged by plancc's metrics on their microbatches; times are in-process (plancc: `plan_epoch`;
+reference: building the sampler and its batches), reported as ratios reference / plancc per draw.
 """
 
 from __future__ import annotations
@@ -140,6 +147,82 @@ def seed_table(sizes: list[int], seeds: list[int], mbs: int) -> None:
               f"{mmm(r['rank_cv'], '.4f')} | {mmm(r['seconds'], '.1f')} |", flush=True)
 
 
+def load_reference(path: str):
+    """The reference's `MultipackBatchSampler` class from the checkout at `path` (its root or its src/)."""
+    import inspect
+
+    root = Path(path).expanduser()
+    sys.path.insert(0, str(root / "src" if (root / "src" / "axolotl").is_dir() else root))
+    try:
+        from axolotl.utils.samplers.multipack import MultipackBatchSampler
+    except ImportError as e:
+        sys.exit(f"--reference {path}: cannot import axolotl.utils.samplers.multipack ({e})")
+    params = inspect.signature(MultipackBatchSampler.__init__).parameters
+    return MultipackBatchSampler, "balance_labels" in params
+
+
+def reference_batches(sampler_cls, balanced: bool, s, settings: PlanSettings, seed: int):
+    """The reference's microbatches for samples `s` (rows of 4096 * mbs tokens, one a microbatch, as the
+    reference lays out packed microbatches by default) as plancc `Batches`, and the seconds it took."""
+    from plancc.plan import Batches
+
+    order = np.random.default_rng(seed).permutation(len(s)).tolist()
+    kwargs = {}
+    if balanced:  # names as the reference's sampler takes them where it has label balancing
+        kwargs = {"balance_labels": True, "label_counts": s.targets(settings.shift),
+                  "batches_per_optimizer_step": settings.batches_per_update}
+    start = time.perf_counter()
+    sampler = sampler_cls(order, batch_size=1, batch_max_len=settings.row_capacity, lengths=s.length,
+                          bin_size=settings.row_capacity, drop_last=False, num_processes=1, **kwargs)
+    batches = sampler.generate_batches()
+    seconds = time.perf_counter() - start
+    rows = [row for batch in batches for row in batch]
+    samples = np.fromiter((i for row in rows for i in row), dtype=np.int64)
+    row_bounds = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(row) for row in rows], out=row_bounds[1:])
+    batch_bounds = np.zeros(len(batches) + 1, dtype=np.int64)
+    np.cumsum([len(batch) for batch in batches], out=batch_bounds[1:])
+    return Batches(samples, row_bounds, batch_bounds), seconds
+
+
+def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> None:
+    from plancc.metrics import summarize
+
+    sampler_cls, balanced = load_reference(path)
+    what = "balance_labels" if balanced else "plain packing (this checkout's sampler has no balance_labels)"
+    settings = settings_for("packed", mbs)
+    print(f"capacity {4096 * mbs}, W=8, G=4, data seeds {','.join(map(str, seeds))}: plancc vs reference "
+          f"({what}), min / median / max")
+    print()
+    print("| samples | label CV plancc | reference | update CV plancc | reference | rows plancc | reference | "
+          "plan s plancc | reference | time ratio reference / plancc |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def mmm(v: list[float], fmt: str) -> str:
+        return " / ".join(format(x, fmt) for x in (min(v), statistics.median(v), max(v)))
+
+    warm = sft_mix(2000, seed=0)  # compiles the reference's kernels (numba, no disk cache) and loads plancc's
+    reference_batches(sampler_cls, balanced, warm, settings, 0)
+    plan_epoch(warm, settings, 0)
+    for n in sizes:
+        r: dict[str, list[float]] = {}
+        for seed in seeds:
+            s = sft_mix(n, seed=seed)
+            start = time.perf_counter()
+            ours = summarize(plan_epoch(s, settings, 0).batches, s, settings)
+            t_ours = time.perf_counter() - start
+            b, t_ref = reference_batches(sampler_cls, balanced, s, settings, seed)
+            ref = summarize(b, s, settings)
+            for key, value in (("cv", ours["label_cv"]), ("cv_ref", ref["label_cv"]),
+                               ("ucv", ours["update_label_cv"]), ("ucv_ref", ref["update_label_cv"]),
+                               ("rows", ours["packed_rows"]), ("rows_ref", ref["packed_rows"]),
+                               ("s", t_ours), ("s_ref", t_ref), ("ratio", t_ref / t_ours)):
+                r.setdefault(key, []).append(value)
+        print(f"| {n:,} | {mmm(r['cv'], '.4f')} | {mmm(r['cv_ref'], '.4f')} | {mmm(r['ucv'], '.5f')} | "
+              f"{mmm(r['ucv_ref'], '.5f')} | {mmm(r['rows'], '.0f')} | {mmm(r['rows_ref'], '.0f')} | "
+              f"{mmm(r['s'], '.2f')} | {mmm(r['s_ref'], '.2f')} | {mmm(r['ratio'], '.1f')}x |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="20000,200000,1000000")
@@ -148,8 +231,12 @@ def main() -> None:
     ap.add_argument("--fixed", action="store_true", help="also the fixed-count layouts (1M: slow reference only)")
     ap.add_argument("--seeds", help="data seeds: min / median / max of the goals over these draws instead")
     ap.add_argument("--mbs", type=int, default=4, help="with --seeds: rows of 4096 * MBS tokens")
+    ap.add_argument("--reference", metavar="PATH", help="with --seeds: an Axolotl checkout whose sampler to run beside")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    if args.seeds and args.reference:
+        reference_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs, args.reference)
+        return
     if args.seeds:
         seed_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs)
         return

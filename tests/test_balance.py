@@ -167,8 +167,8 @@ def test_every_stage_keeps_the_hard_rules(case):
     b = pack.initial_batches(s, settings, rng)
     if settings.drop_last:
         b = drop_tail(b, settings)
-    for name, stage in balance.stages(settings):
-        new = stage(b, s, settings, rng)
+    for name, stage in balance.stages(settings, rng):
+        new = stage(b, s, settings)
         check_stage(name, b, new, s, settings)
         b = new
 
@@ -237,7 +237,7 @@ def _single_sample_batches(labels: list[int]) -> tuple[Batches, SampleArrays]:
 def test_accumulation_reaches_zero_spread_on_a_solvable_case(W, G):
     b, s = _single_sample_batches([9] * 16 + [1] * 16)  # worst start: the 9s together
     settings = PlanSettings(world_size=W, grad_accum=G, shift="none", sequence_len=16)
-    new = order_for_accumulation(b, s, settings, np.random.default_rng(0))
+    new = order_for_accumulation(b, s, settings)
     totals = batch_targets(new, s, "none").reshape(-1, 2).sum(axis=1)
     assert (totals == 10).all()
 
@@ -245,7 +245,7 @@ def test_accumulation_reaches_zero_spread_on_a_solvable_case(W, G):
 def test_accumulation_keeps_the_tail_in_place():
     b, s = _single_sample_batches([9] * 16 + [1] * 16 + [5, 7, 3])
     settings = PlanSettings(world_size=2, grad_accum=2, shift="none", sequence_len=16)
-    new = order_for_accumulation(b, s, settings, np.random.default_rng(0))
+    new = order_for_accumulation(b, s, settings)
     assert new.samples[-3:].tolist() == [32, 33, 34]
     totals = batch_targets(new, s, "none")[:32].reshape(-1, 4).sum(axis=1)
     assert (totals == 20).all()
@@ -257,7 +257,7 @@ def test_microbatch_balance_finds_the_equal_length_trade():
                      np.zeros(4, dtype=bool))
     b = Batches(np.arange(4, dtype=np.int64), np.array([0, 2, 4]), np.array([0, 1, 2]))
     settings = PlanSettings(micro_batch_size=1, sequence_len=20, shift="none")
-    new = balance_microbatches(b, s, settings, np.random.default_rng(0))
+    new = balance_microbatches(b, s, settings, rng=np.random.default_rng(0))
     assert batch_targets(new, s, "none").tolist() == [10, 10]
     assert row_tokens(new, s).tolist() == [20, 20]
 
@@ -268,7 +268,7 @@ def test_rank_order_puts_similar_costs_on_the_same_micro_step():
                      np.zeros(4, dtype=bool))
     b = Batches(np.arange(4, dtype=np.int64), np.arange(5), np.arange(5))
     settings = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none")
-    new = order_ranks(b, s, settings, np.random.default_rng(0))
+    new = order_ranks(b, s, settings)
     # steps (100, 90) and (20, 10); the second step's heavier microbatch goes to the rank with less work so far
     assert batch_tokens(new, s).tolist() == [100, 90, 10, 20]
 
@@ -280,7 +280,7 @@ def test_rank_order_evens_rank_totals():
                      np.zeros(8, dtype=bool))
     b = Batches(np.arange(8, dtype=np.int64), np.arange(9), np.arange(9))
     settings = PlanSettings(world_size=2, grad_accum=4, sequence_len=128, shift="none")
-    work = batch_tokens(order_ranks(b, s, settings, np.random.default_rng(0)), s).reshape(4, 2)
+    work = batch_tokens(order_ranks(b, s, settings), s).reshape(4, 2)
     assert work.sum(axis=0).tolist() == [220, 220] and (work.max(axis=1) == work.min(axis=1)).all()
     # the rank deal alone (steps kept): the heavy microbatch alternates between the ranks
     dealt = deal_to_ranks(np.arange(8)[None, :], np.array([lengths]), 2)
@@ -297,9 +297,9 @@ def test_attention_cost_puts_similar_attention_on_the_same_micro_step():
     b = Batches(np.arange(22, dtype=np.int64), bounds, np.arange(5))
     assert batch_attention(b, s, "packed", 1).tolist() == [10000, 1000, 10000, 1000]
     tokens = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none")
-    assert order_ranks(b, s, tokens, np.random.default_rng(0)) is b  # equal token costs: nothing to gain
+    assert order_ranks(b, s, tokens) is b  # equal token costs: nothing to gain
     attention = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none", cost="attention")
-    new = order_ranks(b, s, attention, np.random.default_rng(0))
+    new = order_ranks(b, s, attention)
     assert batch_attention(new, s, "packed", 1).tolist() == [10000, 10000, 1000, 1000]
     m = summarize(new, s, attention)
     assert m["max_rank_attention_spread"] == 0 and summarize(b, s, attention)["max_rank_attention_spread"] == 9000
@@ -315,7 +315,7 @@ def test_padded_attention_counts_the_padded_rows():
 
 def test_no_balance_keeps_the_plain_plan():
     settings = PlanSettings(balance=False, world_size=2, grad_accum=4)
-    assert balance.stages(settings) == []
+    assert balance.stages(settings, np.random.default_rng(0)) == []
 
 
 def test_balanced_plan_is_identical_on_any_thread_count():

@@ -129,7 +129,7 @@ def test_a_draw_whose_global_deal_leaves_items_out_still_balances():
     settings = PlanSettings(micro_batch_size=4, sequence_len=4096, world_size=8, grad_accum=4)
     b, rng = before_batches(s, settings, 0)
     n_span = c.span(b, settings)
-    new = balance_microbatches(b, s, settings, rng)
+    new = balance_microbatches(b, s, settings, rng=rng)
     labels = batch_targets(new, s, settings.shift)[:n_span]
     assert labels.std() / labels.mean() < 0.03
     check_stage("microbatch", b, new, s, settings)

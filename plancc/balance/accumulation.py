@@ -73,7 +73,7 @@ def _assign_block(values, n_upd, per_update):
     return np.argsort(upd, kind="mergesort")
 
 
-def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
     per_update = settings.batches_per_update
     n_span = c.span(b, settings)
     n_upd = n_span // per_update

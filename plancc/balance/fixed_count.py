@@ -17,8 +17,6 @@ Microbatches of more than 62 samples (bit-mask width) are left as they are.
 
 from __future__ import annotations
 
-import numpy as np
-
 from plancc.balance import _common as c
 from plancc.balance._exchange import LOCAL
 from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths
@@ -28,7 +26,7 @@ from plancc.plan import Batches, SampleArrays
 ROUNDS = 32  # pairing rounds per window and pass (stops early after IDLE idle rounds)
 
 
-def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
     if not 2 <= settings.micro_batch_size <= LOCAL:
         return b
     window = settings.balance_window

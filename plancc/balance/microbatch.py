@@ -43,7 +43,7 @@ TOL = 0.02  # label gaps under 2% of the mean microbatch are not worth a trade
 FEW = 16  # rows holding fewer samples than this on average are re-dealt after the repacking too
 
 
-def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, *, rng: np.random.Generator) -> Batches:
     window = settings.balance_window
     start = repack_label_aware(b, s, settings, rng)
     if start is b or b.samples.shape[0] < FEW * b.num_rows:  # see step 2

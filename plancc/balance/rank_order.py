@@ -29,7 +29,7 @@ from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_attention, batch_cost, batch_targets, permute_batches
 
 
-def order_ranks(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+def order_ranks(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
     """`b` with each complete update's microbatches reordered over (micro-step, rank); see the module docstring."""
     W, P = settings.world_size, settings.batches_per_update
     n_span = c.span(b, settings)

@@ -24,7 +24,7 @@ def update_windows(n_span: int, per_update: int, window: int) -> tuple[np.ndarra
     return bounds.astype(np.int64), np.arange(n_span, dtype=np.int64)
 
 
-def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
     per_update = settings.batches_per_update
     if per_update < 2:
         return b
