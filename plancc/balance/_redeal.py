@@ -33,28 +33,36 @@ from plancc.jit import numba
 from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
 
 
-def deal_equal_lengths(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+def deal_equal_lengths(b: Batches, s: SampleArrays, settings: PlanSettings, quantum: int = 1) -> Batches:
     """`b` with the samples of each length re-dealt over that length's positions: lower label variance, every
-    row's tokens unchanged."""
+    row's tokens unchanged. With `quantum` > 1 (flattened only) samples whose lengths agree to `quantum` tokens
+    share a class: more freedom for the labels, tokens moved by less than `quantum` a sample, kept only if
+    neither the peak nor the total cost grows."""
     targets, later = _position_targets(b, s, settings.shift)
-    new = _redeal(b, settings, s.length[b.samples].astype(np.int64), targets, later)
+    new = _redeal(b, settings, s.length[b.samples].astype(np.int64) // quantum, targets, later)
+    if new is b or (quantum > 1 and not _cost_kept(b, new, s, settings)):
+        return b
     sse = [c.label_sse(batch_targets(x, s, settings.shift)) for x in (b, new)]
     return new if sse[1] < sse[0] else b
 
 
-def deal_equal_labels(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+def deal_equal_labels(b: Batches, s: SampleArrays, settings: PlanSettings, quantum: int = 1) -> Batches:
     """`b` with the samples of each target count re-dealt over their positions: lower token variance, every
-    microbatch's labels unchanged. For `flattened`, where a microbatch's tokens are its cost; kept only if neither
-    the peak nor the total cost grows."""
+    microbatch's labels unchanged (with `quantum` > 1: target counts that agree to `quantum`, labels moved by less
+    than that a sample). For `flattened`, where a microbatch's tokens are its cost; kept only if neither the peak
+    nor the total cost grows."""
     targets, later = _position_targets(b, s, settings.shift)
-    new = _redeal(b, settings, targets, s.length[b.samples].astype(np.int64), later)
-    if new is b:
-        return b
-    cost = [batch_cost(x, s, settings.pad_multiple) for x in (b, new)]
-    if cost[1].max() > cost[0].max() or cost[1].sum() > cost[0].sum():
+    new = _redeal(b, settings, targets // quantum, s.length[b.samples].astype(np.int64), later)
+    if new is b or not _cost_kept(b, new, s, settings):
         return b
     sse = [c.label_sse(batch_tokens(x, s)) for x in (b, new)]
     return new if sse[1] < sse[0] else b
+
+
+def _cost_kept(b: Batches, new: Batches, s: SampleArrays, settings: PlanSettings) -> bool:
+    """Neither the peak nor the total microbatch cost of `new` above `b`'s."""
+    cost = [batch_cost(x, s, settings.pad_multiple) for x in (b, new)]
+    return bool(cost[1].max() <= cost[0].max() and cost[1].sum() <= cost[0].sum())
 
 
 def _position_targets(b: Batches, s: SampleArrays, shift: str) -> tuple[np.ndarray, np.ndarray | None]:
