@@ -3,7 +3,10 @@
 Uses the same pair trade as microbatch balance (`_exchange`), with windows that never cross an update (an update
 of more than `balance_window` microbatches is cut into windows of that size). Every trade narrows the label gap of
 two microbatches of one update, so each update keeps its samples and its label total while its within-update
-label variance drops; rows, capacity, padded cost and peak obey the same rules as the microbatch stage.
+label variance drops; rows, capacity, padded cost and peak obey the same rules as the microbatch stage. Under
+`padded` a window's trades are kept only while the plan's cost CV stays at or below the input's, as in stage 2
+(`fixed_count.exchange_within_cost_cv`). One pass of ROUNDS pairing rounds: the updates' windows are small and
+the microbatch stage has done the heavy lifting.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.balance import _common as c
+from plancc.balance.fixed_count import exchange_within_cost_cv
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays
 
@@ -25,9 +29,13 @@ def update_windows(n_span: int, per_update: int, window: int) -> tuple[np.ndarra
 
 
 def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+    """Stage 4: pair trades inside each complete update's windows (module docstring)."""
     per_update = settings.batches_per_update
     if per_update < 2:
         return b
     window = settings.balance_window
+    if settings.mode == "padded":
+        return exchange_within_cost_cv(b, s, settings, lambda v, cost: update_windows(v.shape[0], per_update, window),
+                                       passes=1, rounds=ROUNDS)
     return c.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
                       passes=1, rounds=ROUNDS)
