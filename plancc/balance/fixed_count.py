@@ -18,9 +18,12 @@ Every microbatch keeps exactly `micro_batch_size` samples; what moves is which s
      gap without raising the pair's total cost or any microbatch above the plan's peak, so padding never grows.
      A trade that saves padding lowers a cost, and lowering costs below the mean spreads them (unguarded: padding
      -8%, cost CV 0.589 -> 0.613 at 200k). So windows are formed inside the upper and the lower half of the
-     costs (there trades mostly pull high costs down) and a window's trades are kept only while the plan's cost
-     CV stays at or below the stage input's (`exchange_within_cost_cv`), over twice `--balance-passes` passes,
-     since each keeps only part of its windows.
+     costs (there trades mostly pull high costs down), and a window's trades are kept only while the plan's cost
+     CV (with `--cost attention` its attention CV too) stays at or below the stage input's
+     (`exchange_within_cost_cv`), over twice `--balance-passes` passes, since each keeps only part of its
+     windows. Windows hold at most 16 microbatches here: the finer the unit the guard keeps or drops, the more
+     trades it keeps (padding at 200k: 106.1M with 64, 105.7M with 16, 106.4M with 8; at 20k: 11.2M, 10.3M,
+     10.4M; label CV lower too).
 
 Why it stops: deals are one pass each; trades stop per window after IDLE idle rounds and per pass when no window
 traded (or, padded, none was kept). Cost: each deal a counting sort and a heap pass (0.05 s at 200k); trades as
@@ -35,10 +38,11 @@ from plancc.balance import _common as c
 from plancc.balance._exchange import LOCAL
 from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths
 from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
+from plancc.plan import Batches, SampleArrays, batch_attention, batch_cost, batch_targets, batch_tokens
 
 ROUNDS = 32  # pairing rounds per window and pass (stops early after IDLE idle rounds)
 QUANTA = (256, 64, 16, 4, 1)  # flattened: class widths of the alternating deals, coarse to fine
+PADDED_WINDOW = 16  # padded: windows are the unit the cost-CV guard keeps or drops; small ones keep more trades
 
 
 def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
@@ -51,6 +55,7 @@ def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings) -> 
         start = _alternate_deals(b, start, s, settings)
         return c.exchange(start, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
                           passes=settings.balance_passes, rounds=ROUNDS)
+    window = min(window, PADDED_WINDOW)
     return exchange_within_cost_cv(start, s, settings, lambda labels, cost: cost_halves_windows(labels, cost, window),
                                    passes=2 * settings.balance_passes, rounds=ROUNDS)
 
@@ -58,17 +63,18 @@ def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings) -> 
 def exchange_within_cost_cv(b: Batches, s: SampleArrays, settings: PlanSettings, windows, *, passes: int,
                             rounds: int) -> Batches:
     """Padded: pair trades (`_common.exchange`) one pass at a time over `windows(mb_labels, mb_costs)` of the span,
-    a window's trades kept only while the plan's cost CV stays at or below `b`'s.
+    a window's trades kept only while the plan's cost CV (and with `--cost attention` its attention CV) stays at
+    or below `b`'s.
 
     Windows share no microbatch, and a window's trades keep its label total and only lower its squared labels, so
     any subset of windows may be kept: they are taken in order of cost-CV change per padding token saved, each
-    while the bound holds. Never raises the label variance, the total or the peak cost, or the cost CV.
+    while the bounds hold. Never raises the label variance, the total or the peak cost, or the guarded CVs.
     """
     n_span = c.span(b, settings)
     if n_span < 2:
         return b
-    cost = batch_cost(b, s, settings.pad_multiple).astype(np.float64)
-    bound = b.num_batches * float((cost * cost).sum()) / float(cost.sum()) ** 2  # n Q / S^2 = CV^2 + 1
+    work = _work(b, s, settings)
+    bound = b.num_batches * (work * work).sum(axis=1) / work.sum(axis=1) ** 2  # n Q / S^2 = CV^2 + 1
     for _ in range(passes):
         w = windows(batch_targets(b, s, settings.shift)[:n_span], batch_cost(b, s, settings.pad_multiple)[:n_span])
         new = c.exchange(b, s, settings, windows=lambda p, v, w=w: w, passes=1, rounds=rounds)
@@ -77,6 +83,15 @@ def exchange_within_cost_cv(b: Batches, s: SampleArrays, settings: PlanSettings,
             break
         b = kept
     return b
+
+
+def _work(b: Batches, s: SampleArrays, settings: PlanSettings) -> np.ndarray:
+    """Per microbatch, as rows of floats, what the guard keeps from spreading: the cost (token slots), and with
+    `--cost attention` the attention work too."""
+    rows = [batch_cost(b, s, settings.pad_multiple)]
+    if settings.cost == "attention":
+        rows.append(batch_attention(b, s, settings.mode, settings.pad_multiple))
+    return np.stack(rows).astype(np.float64)
 
 
 def cost_halves_windows(labels: np.ndarray, cost: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,30 +106,30 @@ def cost_halves_windows(labels: np.ndarray, cost: np.ndarray, window: int) -> tu
 
 
 def _windows_within(b: Batches, new: Batches, w_bounds: np.ndarray, w_members: np.ndarray, s: SampleArrays,
-                    settings: PlanSettings, bound: float) -> Batches:
-    """`b` with the microbatches of the windows of `new` that keep n * sum(cost^2) / sum(cost)^2 <= `bound`."""
+                    settings: PlanSettings, bound: np.ndarray) -> Batches:
+    """`b` with the microbatches of the windows of `new` that keep n * sum(x^2) / sum(x)^2 <= `bound` for every
+    row x of `_work`."""
     n_win = w_bounds.shape[0] - 1
     win_of = np.full(b.num_batches, -1, dtype=np.int64)
     win_of[w_members] = np.repeat(np.arange(n_win, dtype=np.int64), np.diff(w_bounds))
-    c0 = batch_cost(b, s, settings.pad_multiple).astype(np.float64)
-    c1 = batch_cost(new, s, settings.pad_multiple).astype(np.float64)
+    x0, x1 = _work(b, s, settings), _work(new, s, settings)
     inside = win_of >= 0
-    d_sum = np.bincount(win_of[inside], weights=(c1 - c0)[inside], minlength=n_win)
-    d_sq = np.bincount(win_of[inside], weights=(c1 * c1 - c0 * c0)[inside], minlength=n_win)
-    moved = np.zeros(n_win, dtype=bool)
+    d_sum = np.stack([np.bincount(win_of[inside], weights=d[inside], minlength=n_win) for d in x1 - x0])
+    d_sq = np.stack([np.bincount(win_of[inside], weights=d[inside], minlength=n_win) for d in x1 * x1 - x0 * x0])
     batch_of_pos = b.batch_of_row()[b.row_of_sample()]
-    diff = new.samples != b.samples
     span_pos = win_of[batch_of_pos] >= 0
-    moved[np.unique(win_of[batch_of_pos][diff & span_pos])] = True
+    moved = np.zeros(n_win, dtype=bool)
+    moved[np.unique(win_of[batch_of_pos][(new.samples != b.samples) & span_pos])] = True
     n = b.num_batches
-    total, squares = float(c0.sum()), float((c0 * c0).sum())
-    slope = (n * d_sq - bound * 2 * total * d_sum) / np.maximum(-d_sum, 1.0)  # first-order CV^2 change per token
+    total, squares = x0.sum(axis=1), (x0 * x0).sum(axis=1)
+    # first-order change of the cost's CV^2 bound expression per token saved: most CV-friendly first
+    slope = (n * d_sq[0] - bound[0] * 2 * total[0] * d_sum[0]) / np.maximum(-d_sum[0], 1.0)
     take = np.zeros(n_win, dtype=bool)
     for w in np.argsort(slope, kind="stable"):
         if not moved[w]:
             continue
-        t, q = total + d_sum[w], squares + d_sq[w]
-        if n * q <= bound * t * t:
+        t, q = total + d_sum[:, w], squares + d_sq[:, w]
+        if (n * q <= bound * t * t).all():
             take[w], total, squares = True, t, q
     if not take.any():
         return b

@@ -4,9 +4,9 @@ Uses the same pair trade as microbatch balance (`_exchange`), with windows that 
 of more than `balance_window` microbatches is cut into windows of that size). Every trade narrows the label gap of
 two microbatches of one update, so each update keeps its samples and its label total while its within-update
 label variance drops; rows, capacity, padded cost and peak obey the same rules as the microbatch stage. Under
-`padded` a window's trades are kept only while the plan's cost CV stays at or below the input's, as in stage 2
-(`fixed_count.exchange_within_cost_cv`). One pass of ROUNDS pairing rounds: the updates' windows are small and
-the microbatch stage has done the heavy lifting.
+`padded` a window's trades are kept only while the plan's cost CV (with `--cost attention` its attention CV too)
+stays at or below the input's, as in stage 2 (`fixed_count.exchange_within_cost_cv`). One pass of ROUNDS pairing
+rounds: the updates' windows are small and the microbatch stage has done the heavy lifting.
 """
 
 from __future__ import annotations
