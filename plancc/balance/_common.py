@@ -18,6 +18,7 @@ from plancc.plan import (
     row_tokens,
     segment_sum,
 )
+from plancc.sort import stable_order
 
 SCAN = 32  # partner subsets examined per subset (the length-sorted candidates nearest in length)
 
@@ -60,7 +61,7 @@ def contiguous_windows(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def csr_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """(bounds, members): positions grouped by key, in position order inside a key."""
-    order = np.argsort(keys, kind="stable").astype(np.int64)
+    order = stable_order(keys, n_keys)
     bounds = np.zeros(n_keys + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=n_keys), out=bounds[1:])
     return bounds, order
@@ -83,8 +84,7 @@ def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_ba
 
 def rebuild_rows(head: Batches, row_of: np.ndarray, pinned: np.ndarray) -> Batches:
     """The span with samples regrouped by `row_of` (pinned samples first in their row, then plan order)."""
-    pos = np.arange(row_of.shape[0], dtype=np.int64)
-    order = np.lexsort((pos, ~pinned, row_of))
+    order = stable_order(2 * row_of + ~pinned, 2 * head.num_rows)
     counts = np.bincount(row_of, minlength=head.num_rows)
     row_bounds = np.zeros(head.num_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=row_bounds[1:])
@@ -146,7 +146,7 @@ def _exchange_span(
 
     `cost_mode` follows the layout: packed rows, flattened rows with exact counts, padded groups with exact counts.
     """
-    from plancc.balance._exchange import exchange_windows
+    from plancc.balance._exchange import Rules, State, exchange_windows
 
     mode = {"packed": 0, "flattened": 1, "padded": 2}[settings.mode]
     n_items = head.samples.shape[0]
@@ -180,20 +180,18 @@ def _exchange_span(
     else:
         row_cap = np.full(n_rows, peak if mode == 1 else 1 << 60, dtype=np.int64)
     mean = float(mb_val.mean()) if mb_val.size else 0.0
-    tol = int(tol_share * mean)  # label gaps this small are not worth a trade
+    rules = Rules(pm=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
+                  tok_weight=float(tok_weight), rounds=int(rounds), scan_limit=SCAN,
+                  tol=int(tol_share * mean))  # label gaps this small are not worth a trade
     for p in range(passes):
         w_bounds, w_members = windows(p, mb_val)
         ri_bounds, ri = csr_by(row_of, n_rows)
-        made = exchange_windows(
-            w_bounds, w_members, ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok,
-            row_cap, k_batch_bounds, int(settings.pad_multiple), int(peak), mode, max_sub, float(tok_weight),
-            rounds, SCAN, tol,
-        )
-        if made == 0:
+        state = State(ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok, row_cap,
+                      k_batch_bounds)
+        if exchange_windows(w_bounds, w_members, state, rules) == 0:
             break
     if mode == 2:
-        pos = np.arange(n_items, dtype=np.int64)
-        order = np.lexsort((pos, row_of))
+        order = stable_order(row_of, n_rows)
         return Batches(head.samples[order], head.row_bounds.copy(), head.batch_bounds.copy())
     return rebuild_rows(head, row_of, pinned)
 

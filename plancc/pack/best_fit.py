@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.jit import numba
+from plancc.sort import longest_first, stable_order
 
 
 @numba.njit(cache=True, inline="always")
@@ -93,10 +94,10 @@ def pack_best_fit(lengths: np.ndarray, capacity: int, rng: np.random.Generator) 
     if n and int(lengths.max()) > capacity:
         raise ValueError(f"an item of length {int(lengths.max())} exceeds the row capacity {capacity}")
     shuffled = rng.permutation(n)
-    order = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
+    order = shuffled[longest_first(lengths[shuffled])]
     assign, rows = best_fit(lengths[order].astype(np.int64), int(capacity), np.zeros(0, dtype=np.int64), True)
     row_perm = rng.permutation(rows)  # new position of each row
-    by_row = np.argsort(row_perm[assign], kind="stable")
+    by_row = stable_order(row_perm[assign], rows)
     counts = np.bincount(row_perm[assign], minlength=rows)
     bounds = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(counts, out=bounds[1:])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.pack.best_fit import best_fit
+from plancc.sort import longest_first
 
 LADDER = (0.3, 0.5, 0.7)  # shares of tokens left to best fit, tried in turn
 STRIDES = (64, 16, 4, 2)  # every STRIDE-th row joins the rows with gaps to close the left-out items
@@ -40,7 +41,7 @@ def pack_label_aware(lengths: np.ndarray, values: np.ndarray, capacity: int, sta
     rows = start_tok.shape[0]
     if rows == 0 or lengths.shape[0] + np.count_nonzero(start_tok) < rows:
         return None
-    order = np.argsort(-lengths, kind="stable")
+    order = longest_first(lengths)
     rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
     for small in LADDER:
         assign = _deal_then_fill(lengths, values - rho * lengths, order, capacity, start_tok,
@@ -77,7 +78,7 @@ def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, order: np.ndarray, 
         dealt += float(lengths[items].sum())
         deferred.append(late)
     rest = np.concatenate([*deferred, order[k:]])
-    rest = rest[np.argsort(-lengths[rest], kind="stable")]
+    rest = rest[longest_first(lengths[rest])]
     placed, _ = best_fit(lengths[rest].astype(np.int64), int(capacity), row_tok, False)
     assign[rest] = placed
     if (placed < 0).any() and not _close(lengths, assign, start_tok, capacity, rng):
@@ -101,7 +102,7 @@ def _close(lengths: np.ndarray, assign: np.ndarray, start_tok: np.ndarray, capac
     for stride in STRIDES:
         pool = (row_tok < capacity) | (np.arange(rows) % stride == 0)
         items = np.flatnonzero(~placed | pool[np.where(placed, assign, 0)])
-        items = items[np.argsort(-lengths[items], kind="stable")]
+        items = items[longest_first(lengths[items])]
         pool_rows = rng.permutation(np.flatnonzero(pool))
         k = min(pool_rows.shape[0], items.shape[0])  # one item a row first: no row left empty
         fill = start_tok[pool_rows].astype(np.int64)
