@@ -19,7 +19,7 @@ Every microbatch keeps exactly `micro_batch_size` samples; what moves is which s
      A trade that saves padding lowers a cost, and lowering costs below the mean spreads them (unguarded: padding
      -8%, cost CV 0.589 -> 0.613 at 200k). So windows are formed inside the upper and the lower half of the
      costs (there trades mostly pull high costs down), and a window's trades are kept only while the plan's cost
-     CV (with `--cost attention` its attention CV too) stays at or below the stage input's
+     CV stays at or below the stage input's
      (`exchange_within_cost_cv`), over twice `--balance-passes` passes, since each keeps only part of its
      windows. Windows hold at most 16 microbatches here: the finer the unit the guard keeps or drops, the more
      trades it keeps (padding at 200k: 106.1M with 64, 105.7M with 16, 106.4M with 8; at 20k: 11.2M, 10.3M,
@@ -38,7 +38,7 @@ from plancc.balance import _common as c
 from plancc.balance._exchange import LOCAL
 from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths
 from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_attention, batch_cost, batch_targets, batch_tokens
+from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
 
 ROUNDS = 32  # pairing rounds per window and pass (stops early after IDLE idle rounds)
 QUANTA = (256, 64, 16, 4, 1)  # flattened: class widths of the alternating deals, coarse to fine
@@ -63,12 +63,11 @@ def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings) -> 
 def exchange_within_cost_cv(b: Batches, s: SampleArrays, settings: PlanSettings, windows, *, passes: int,
                             rounds: int) -> Batches:
     """Padded: pair trades (`_common.exchange`) one pass at a time over `windows(mb_labels, mb_costs)` of the span,
-    a window's trades kept only while the plan's cost CV (and with `--cost attention` its attention CV) stays at
-    or below `b`'s.
+    a window's trades kept only while the plan's cost CV stays at or below `b`'s.
 
     Windows share no microbatch, and a window's trades keep its label total and only lower its squared labels, so
     any subset of windows may be kept: they are taken in order of cost-CV change per padding token saved, each
-    while the bounds hold. Never raises the label variance, the total or the peak cost, or the guarded CVs.
+    while the bound holds. Never raises the label variance, the total or the peak cost, or the cost CV.
     """
     n_span = c.span(b, settings)
     if n_span < 2:
@@ -86,12 +85,12 @@ def exchange_within_cost_cv(b: Batches, s: SampleArrays, settings: PlanSettings,
 
 
 def _work(b: Batches, s: SampleArrays, settings: PlanSettings) -> np.ndarray:
-    """Per microbatch, as rows of floats, what the guard keeps from spreading: the cost (token slots), and with
-    `--cost attention` the attention work too."""
-    rows = [batch_cost(b, s, settings.pad_multiple)]
-    if settings.cost == "attention":
-        rows.append(batch_attention(b, s, settings.mode, settings.pad_multiple))
-    return np.stack(rows).astype(np.float64)
+    """Per microbatch, as rows of floats, what the guard keeps from spreading: the cost (token slots).
+
+    Not the attention work (padded rows x padded length squared): holding its CV too, measured with `--cost
+    attention`, kept fewer trades (20k: padding 10.3M -> 10.4M, label CV up) for no gain a rank sees; rank
+    ordering evens attention out where ranks wait on it."""
+    return batch_cost(b, s, settings.pad_multiple).astype(np.float64)[None, :]
 
 
 def cost_halves_windows(labels: np.ndarray, cost: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +107,7 @@ def cost_halves_windows(labels: np.ndarray, cost: np.ndarray, window: int) -> tu
 def _windows_within(b: Batches, new: Batches, w_bounds: np.ndarray, w_members: np.ndarray, s: SampleArrays,
                     settings: PlanSettings, bound: np.ndarray) -> Batches:
     """`b` with the microbatches of the windows of `new` that keep n * sum(x^2) / sum(x)^2 <= `bound` for every
-    row x of `_work`."""
+    row x of `_work` (the cost)."""
     n_win = w_bounds.shape[0] - 1
     win_of = np.full(b.num_batches, -1, dtype=np.int64)
     win_of[w_members] = np.repeat(np.arange(n_win, dtype=np.int64), np.diff(w_bounds))

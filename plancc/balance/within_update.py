@@ -3,10 +3,19 @@
 Uses the same pair trade as microbatch balance (`_exchange`), with windows that never cross an update (an update
 of more than `balance_window` microbatches is cut into windows of that size). Every trade narrows the label gap of
 two microbatches of one update, so each update keeps its samples and its label total while its within-update
-label variance drops; rows, capacity, padded cost and peak obey the same rules as the microbatch stage. Under
-`padded` a window's trades are kept only while the plan's cost CV (with `--cost attention` its attention CV too)
-stays at or below the input's, as in stage 2 (`fixed_count.exchange_within_cost_cv`). One pass of ROUNDS pairing
-rounds: the updates' windows are small and the microbatch stage has done the heavy lifting.
+label variance drops; rows, capacity, padded cost and peak obey the same rules as the microbatch stage.
+
+`--cost attention` (packed, flattened): after that pass, a second one whose trades must also not widen the pair's
+attention gap (sum of squared sample lengths, what varlen attention spends) and whose score weighs that gap by
+(labels / attention)^2, so the microbatches of an update even out in attention work too: at capacity a long
+sample trades for two or three shorter ones of the same total length. Its trades still narrow label gaps, so the
+label figures stay at least as good as with `--cost tokens`. (Flattened's token gap rule gives way to it there.)
+Under `padded` a window's trades are kept only while the plan's cost CV stays at or below the input's, as in
+stage 2 (`fixed_count.exchange_within_cost_cv`); there attention is the padded cost squared, and `--cost
+attention` acts through rank ordering alone.
+
+Why it stops: one pass of ROUNDS pairing rounds (two with `--cost attention`); the updates' windows are small and the microbatch stage has done
+the heavy lifting. Cost: a kernel pass over the span.
 """
 
 from __future__ import annotations
@@ -37,5 +46,8 @@ def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batch
     if settings.mode == "padded":
         return exchange_within_cost_cv(b, s, settings, lambda v, cost: update_windows(v.shape[0], per_update, window),
                                        passes=1, rounds=ROUNDS)
-    return c.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
-                      passes=1, rounds=ROUNDS)
+    windows = lambda p, v: update_windows(v.shape[0], per_update, window)  # noqa: E731
+    b = c.exchange(b, s, settings, windows=windows, passes=1, rounds=ROUNDS)
+    if settings.cost == "attention":  # then trades that also even out attention (and still narrow label gaps)
+        b = c.exchange(b, s, settings, windows=windows, passes=1, rounds=ROUNDS, square=True)
+    return b
