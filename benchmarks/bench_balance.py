@@ -226,6 +226,7 @@ FIXED_METRICS = (  # (metrics key or derived name, header, format); lower is bet
     ("cost_cv", "cost CV", ".4f"),
     ("padding_tokens", "padding tokens (M)", ".2f"),
     ("max_batch_cost", "peak cost", ".0f"),
+    ("span_peak", "peak in complete updates", ".0f"),
     ("rank_cost_cv", "rank cost CV", ".4f"),
     ("attention_cv", "attention CV", ".4f"),
     ("update_label_cv", "update CV", ".5f"),
@@ -235,10 +236,13 @@ FIXED_METRICS = (  # (metrics key or derived name, header, format); lower is bet
 def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
     """The FIXED_METRICS of one plan (plancc's or the reference's), by plancc's metric definitions."""
     from plancc.metrics import summarize
+    from plancc.plan import batch_cost
 
     m = summarize(b, s, settings)
     m["cost_cv"] = m["std_batch_cost"] / m["mean_batch_cost"]
     m["padding_tokens"] = m["padding_tokens"] / 1e6
+    span = m["updates"] * settings.batches_per_update  # the tail after it is left as drawn, by both tools
+    m["span_peak"] = int(batch_cost(b, s, settings.pad_multiple)[:span].max()) if span else 0
     return {key: float(m[key]) for key, _, _ in FIXED_METRICS}
 
 
