@@ -130,7 +130,7 @@ class PlanSettings:
     balance: bool = True
     balance_window: int = 64
     balance_passes: int = 4
-    cost: str = "tokens"  # what rank ordering evens out: padded token slots, or attention (squared segments)
+    cost: str = "tokens"  # what rank ordering and within-update trades even out: token slots, or attention work
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)

@@ -19,6 +19,11 @@ The same move with the roles swapped serves `flattened`, where a microbatch's to
 the same number of targets are re-dealt to even out token totals, every label total unchanged
 (`deal_equal_labels`; 1M samples: cost CV 0.43 -> 0.19).
 
+Classes may be widened to values that agree to `quantum` (`length // quantum`, `targets // quantum`): the dealt
+total then gains freedom while the other moves by less than `quantum` a sample. Only `flattened` uses this
+(`fixed_count` alternates widened deals, coarse to fine, under its own guard): elsewhere a length change moves
+padding or overflows a row. Cost: a counting sort by class and one heap pass, O(n log W) (0.05 s at 200k).
+
 Under `--shift row` a row's first sample loses its first label, so row starts and the other positions are dealt
 apart. The tail is not touched (SPEC 5), and a result is kept only if it lowers its objective.
 """
