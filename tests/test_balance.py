@@ -146,6 +146,9 @@ def check_stage(name: str, before: Batches, after: Batches, s: SampleArrays, set
         assert _update_sets(after, settings, n_span) == _update_sets(before, settings, n_span)
     if name == "within_update":
         assert _within_update_sse(l1, P, n_span) <= _within_update_sse(l0, P, n_span)
+        if settings.cost == "attention" and settings.mode != "padded":  # attention gaps never widen either
+            a0, a1 = (batch_attention(x, s, settings.mode, 1) for x in (before, after))
+            assert _sse(a1) <= _sse(a0) * (1 + 1e-12)
     if settings.mode == "padded" and name in ("fixed_count", "within_update"):  # the guard on the trades
         assert _cv(cost1) <= _cv(cost0) * (1 + 1e-12)
     if name == "rank_order":
