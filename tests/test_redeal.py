@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from plancc import pack
 from plancc.balance import _common as c
-from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths
+from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths, trim_peak
 from plancc.config import PlanSettings
 from plancc.pipeline import before_batches, drop_tail, epoch_rng
 from plancc.plan import (
@@ -85,6 +85,34 @@ def test_near_equal_deals_move_samples_within_their_class_and_keep_the_cost(case
     assert by_labels is b or c.label_sse(batch_tokens(by_labels, s)) < c.label_sse(batch_tokens(b, s))
     l0, l1 = (batch_targets(x, s, settings.shift) for x in (b, by_lengths))
     assert by_lengths is b or c.label_sse(l1) < c.label_sse(l0)
+
+
+@given(cases())
+def test_peak_trim_keeps_labels_and_only_lowers_the_heaviest(case):
+    s, settings = case
+    settings = dataclasses.replace(settings, mode="flattened", real_batches=False)
+    b = _before(s, settings)
+    new = trim_peak(b, s, settings)
+    n_span = c.span(b, settings)
+    assert np.array_equal(new.row_bounds, b.row_bounds) and np.array_equal(new.batch_bounds, b.batch_bounds)
+    assert np.array_equal(row_targets(new, s, settings.shift), row_targets(b, s, settings.shift))
+    t0, t1 = batch_tokens(b, s), batch_tokens(new, s)
+    assert t1[:n_span].max(initial=0) <= t0[:n_span].max(initial=0)
+    assert c.label_sse(t1) <= c.label_sse(t0)
+    check_stage("fixed_count", b, new, s, settings)
+
+
+def test_peak_trim_swaps_a_long_sample_out_of_the_heaviest_microbatch():
+    # microbatches (100, 50), (20, 10), (60, 10); the 100, 20 and 60 carry 5 labels each, the others 1
+    s = SampleArrays(np.arange(6, dtype=np.int64), np.array([100, 50, 20, 10, 60, 10]),
+                     np.array([5, 1, 5, 1, 5, 1]), np.zeros(6, dtype=bool))
+    b = Batches(np.arange(6, dtype=np.int64), np.array([0, 2, 4, 6]), np.arange(4))
+    settings = PlanSettings(mode="flattened", micro_batch_size=2, sequence_len=128, world_size=1, grad_accum=1,
+                            shift="none")
+    new = trim_peak(b, s, settings)
+    assert batch_tokens(b, s).tolist() == [150, 30, 70]
+    assert batch_tokens(new, s).tolist() == [70, 110, 70]  # 100 <-> 20; then no swap lowers 110
+    assert batch_targets(new, s, "none").tolist() == [6, 6, 6]
 
 
 def _position_keys(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:

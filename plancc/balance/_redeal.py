@@ -64,6 +64,23 @@ def deal_equal_labels(b: Batches, s: SampleArrays, settings: PlanSettings, quant
     return new if sse[1] < sse[0] else b
 
 
+def trim_peak(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+    """Flattened: lower the heaviest microbatch of the complete updates, again and again, by swapping one of its
+    samples for a shorter one with the same targets (and row role) from a microbatch that stays below it. Every
+    microbatch keeps its labels; each swap lowers the larger of the pair at a constant pair total, so token
+    variance and the peak only drop. Stops when the heaviest microbatch has no such swap."""
+    n_span = c.span(b, settings)
+    if n_span < 2:
+        return b
+    head, *tail = c.split(b, n_span)
+    targets, later = _position_targets(head, s, settings.shift)
+    key = targets if later is None else 2 * targets + later
+    mb_of = head.batch_of_row()[head.row_of_sample()]
+    bounds = head.row_bounds[head.batch_bounds]
+    take = _trim(key, s.length[head.samples].astype(np.int64), mb_of, bounds, int(settings.pad_multiple))
+    return c.join(Batches(head.samples[take], head.row_bounds, head.batch_bounds), *tail)
+
+
 def _cost_kept(b: Batches, new: Batches, s: SampleArrays, settings: PlanSettings) -> bool:
     """Neither the peak nor the total microbatch cost of `new` above `b`'s."""
     cost = [batch_cost(x, s, settings.pad_multiple) for x in (b, new)]
@@ -187,3 +204,60 @@ def _sift_down(heap_key, heap_at, h, i):
         heap_key[child], heap_key[i] = heap_key[i], heap_key[child]
         heap_at[child], heap_at[i] = heap_at[i], heap_at[child]
         i = child
+
+
+@numba.njit(cache=True)
+def _trim(key, length, mb_of, bounds, pm):
+    """For each position, the position whose sample moves there (`trim_peak`): swaps within classes of `key`,
+    never raising the pair's cost rounded up to `pm`."""
+    n = key.shape[0]
+    n_mb = bounds.shape[0] - 1
+    take = np.arange(n)
+    length = length.copy()
+    tokens = np.zeros(n_mb, dtype=np.int64)
+    for i in range(n):
+        tokens[mb_of[i]] += length[i]
+    top = 0
+    for i in range(n):
+        top = max(top, key[i])
+    starts = np.zeros(top + 2, dtype=np.int64)
+    for i in range(n):
+        starts[key[i] + 1] += 1
+    for k in range(top + 1):
+        starts[k + 1] += starts[k]
+    members = np.empty(n, dtype=np.int64)
+    fill = starts[:-1].copy()
+    for i in range(n):
+        members[fill[key[i]]] = i
+        fill[key[i]] += 1
+    for _ in range(n):
+        h = np.argmax(tokens)
+        best, bx, by = tokens[h], -1, -1
+        for x in range(bounds[h], bounds[h + 1]):
+            for j in range(starts[key[x]], starts[key[x] + 1]):
+                y = members[j]
+                d = length[x] - length[y]
+                if d <= 0 or mb_of[y] == h:
+                    continue
+                m = mb_of[y]
+                new_max = max(tokens[h] - d, tokens[m] + d)
+                if new_max >= best:
+                    continue
+                if pm > 1 and (_slots(tokens[h] - d, pm) + _slots(tokens[m] + d, pm)
+                               > _slots(tokens[h], pm) + _slots(tokens[m], pm)):
+                    continue  # rounding up to --pad-multiple would raise the pair's cost
+                best, bx, by = new_max, x, y
+        if bx < 0:
+            break
+        d = length[bx] - length[by]
+        tokens[h] -= d
+        tokens[mb_of[by]] += d
+        take[bx], take[by] = take[by], take[bx]
+        length[bx], length[by] = length[by], length[bx]
+    return take
+
+
+@numba.njit(cache=True, inline="always")
+def _slots(tokens, pm):
+    """`tokens` rounded up to a multiple of `pm`, in units of `pm`."""
+    return -(-tokens // pm)

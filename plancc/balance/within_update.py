@@ -12,6 +12,9 @@ shorter ones of the same total length), and the stage raises neither label nor a
 packed 4 x 4096, W=8, G=4, seeds 0/1: attention CV 0.2128/0.2546 with `tokens` -> 0.2042/0.2498, label CV
 0.0258/0.0400 -> 0.0259/0.0400. (Flattened's token gap rule gives way to it there.)
 
+Flattened then trims the peak again (`_redeal.trim_peak`, see `fixed_count`): trades may lift a microbatch up to
+the plan's peak, which the untouched tail can set.
+
 Under `padded` a window's trades are kept only while the plan's cost CV stays at or below the input's, as in
 stage 2 (`fixed_count.exchange_within_cost_cv`); there attention is the padded cost squared, and `--cost
 attention` acts through rank ordering alone.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.balance import _common as c
+from plancc.balance._redeal import trim_peak
 from plancc.balance.fixed_count import exchange_within_cost_cv
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays
@@ -50,5 +54,6 @@ def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batch
         return exchange_within_cost_cv(b, s, settings, lambda v, cost: update_windows(v.shape[0], per_update, window),
                                        passes=1, rounds=ROUNDS)
     attention = settings.cost == "attention"
-    return c.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
-                      passes=1, rounds=ROUNDS_ATTENTION if attention else ROUNDS, square=attention)
+    new = c.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
+                     passes=1, rounds=ROUNDS_ATTENTION if attention else ROUNDS, square=attention)
+    return trim_peak(new, s, settings) if settings.mode == "flattened" else new
