@@ -246,7 +246,8 @@ def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
     return {key: float(m[key]) for key, _, _ in FIXED_METRICS}
 
 
-def fixed_table(sizes: list[int], seeds: list[int], reference_path: str | None) -> None:
+def fixed_table(sizes: list[int], seeds: list[int], reference_path: str | None,
+                layouts: tuple[str, ...] = ("flattened", "padded")) -> None:
     """Padded and flattened (mbs 4, W=8, G=4): min / median / max over data seeds of FIXED_METRICS, with the
     reference's beside them and, per metric, on how many draws plancc is at least as good."""
     import reference
@@ -259,7 +260,7 @@ def fixed_table(sizes: list[int], seeds: list[int], reference_path: str | None) 
     print("| layout, samples | plan | " + " | ".join(heads) + " |")
     print("|---" * (len(heads) + 2) + "|")
     keys = [(k, f) for k, _, f in FIXED_METRICS] + [("s", ".1f")]
-    for mode in ("flattened", "padded"):
+    for mode in layouts:
         settings = settings_for(mode, 4)
         for n in sizes:
             ours: dict[str, list[float]] = {}
@@ -336,6 +337,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-time", action="store_true", help="quality only (no subprocess compiles)")
     ap.add_argument("--fixed", action="store_true", help="the fixed-count layouts over --seeds (default 0,1,2,3)")
+    ap.add_argument("--layouts", default="flattened,padded", help="with --fixed: which fixed-count layouts")
     ap.add_argument("--cost", action="store_true", help="--cost tokens vs attention over --seeds, every layout")
     ap.add_argument("--seeds", help="data seeds: min / median / max of the goals over these draws instead")
     ap.add_argument("--mbs", type=int, default=4, help="with --seeds: rows of 4096 * MBS tokens")
@@ -345,7 +347,7 @@ def main() -> None:
     if args.fixed or args.cost:
         seeds = [int(x) for x in (args.seeds or "0,1,2,3").split(",")]
         if args.fixed:
-            fixed_table(sizes, seeds, args.reference)
+            fixed_table(sizes, seeds, args.reference, tuple(args.layouts.split(",")))
         if args.cost:
             cost_table(sizes, seeds)
         return
