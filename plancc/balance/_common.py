@@ -55,6 +55,7 @@ def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.
 
 
 def contiguous_windows(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Windows (CSR bounds, members) of `size` neighbours each over `0..n-1` (the last may be shorter)."""
     bounds = np.append(np.arange(0, n, size, dtype=np.int64), n).astype(np.int64)
     return bounds, np.arange(n, dtype=np.int64)
 
@@ -76,6 +77,7 @@ def split(b: Batches, n_span: int) -> tuple[Batches, np.ndarray, np.ndarray, np.
 
 
 def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_batches: np.ndarray) -> Batches:
+    """`split`'s inverse: the span followed by the tail as it was."""
     samples = np.concatenate([head.samples, tail_samples]).astype(np.int64)
     row_bounds = np.concatenate([head.row_bounds, head.row_bounds[-1] + np.cumsum(tail_rows)]).astype(np.int64)
     batch_bounds = np.concatenate([head.batch_bounds, head.batch_bounds[-1] + np.cumsum(tail_batches)])
@@ -92,6 +94,7 @@ def rebuild_rows(head: Batches, row_of: np.ndarray, pinned: np.ndarray) -> Batch
 
 
 def label_sse(values: np.ndarray) -> float:
+    """Sum of squared deviations from the mean: the variance every balancing stage compares before and after."""
     v = values.astype(np.float64)
     return float(((v - v.mean()) ** 2).sum()) if v.size else 0.0
 

@@ -246,129 +246,126 @@ def _rebuild(sl, t, item_len, item_val, max_sub, exact):
     t.valid[sl] = True
 
 
-@numba.njit(cache=True, inline="always")
-def _best_trade(mb_a, mb_b, s, r, t):
-    """The trade between microbatch `mb_a` (more labels) and `mb_b` that leaves the smallest label gap (plus
-    weighted token gap) within the rules: (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b), row_a -1
-    if none narrows the gap. The first trade leaving a gap within `tol` is good enough.
-
-    For each subset of an A row, by length, B's subsets that keep both rows within their capacity form a window
-    of lengths that only moves up: a merge join of the two length-sorted tables, `scan_limit` candidates each.
-    Inlined into the round (a call per pair would pay reference counting on every array, and most pairs find
-    nothing).
-    """
-    bb = s.batch_bounds
-    sorted_len, order, sub_len, sub_mask, sub_val = t.sorted_len, t.order, t.sub_len, t.sub_mask, t.sub_val
-    exact = r.cost_mode != 0
-    gap0 = s.mb_val[mb_a] - s.mb_val[mb_b]
-    tgap0 = abs(s.mb_tok[mb_a] - s.mb_tok[mb_b])
-    best_score = float(gap0) * gap0 + r.tok_weight * float(tgap0) * tgap0
-    best = (np.int64(-1), np.int64(-1), np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0),
-            np.int64(0), np.int64(0), np.int64(0))
-    simple_cost = r.cost_mode == 0 and r.pm == 1 and bb[mb_a + 1] - bb[mb_a] == 1 and bb[mb_b + 1] - bb[mb_b] == 1
-    for ra in range(bb[mb_a], bb[mb_a + 1]):
-        sl_a = t.slot_of[ra]
-        if not t.valid[sl_a]:
-            _rebuild(sl_a, t, s.item_len, s.item_val, r.max_sub, exact)
-        na = t.n[sl_a]
-        ka = t.k[sl_a]
-        for rb in range(bb[mb_b], bb[mb_b + 1]):
-            sl_b = t.slot_of[rb]
-            if not t.valid[sl_b]:
-                _rebuild(sl_b, t, s.item_len, s.item_val, r.max_sub, exact)
-            nb = t.n[sl_b]
-            kb = t.k[sl_b]
-            if ka == 0 or kb == 0:
-                continue
-            free_a = s.row_cap[ra] - s.row_tok[ra]
-            free_b = s.row_cap[rb] - s.row_tok[rb]
-            old_a = 0
-            old_b = 0
-            if r.cost_mode == 2:
-                old_a = na * _padded(_max_len_after(t.items, sl_a, na, s.item_len, 0, sl_b, 0), r.pm)
-                old_b = nb * _padded(_max_len_after(t.items, sl_b, nb, s.item_len, 0, sl_a, 0), r.pm)
-            elif not simple_cost:
-                old_a = _mb_cost(mb_a, -1, 0, -1, 0, bb, s.row_tok, r.pm, r.cost_mode)
-                old_b = _mb_cost(mb_b, -1, 0, -1, 0, bb, s.row_tok, r.pm, r.cost_mode)
-            start = 0
-            for i in range(ka):
-                x = order[sl_a, i]
-                la = sub_len[sl_a, x]
-                mask_a = sub_mask[sl_a, x]
-                sza = _popcount(mask_a)
-                # B's subset length lb: row_a ends at tok_a - la + lb <= cap_a, row_b at tok_b - lb + la <= cap_b
-                lo = la - free_b
-                hi = la + free_a
-                while start < kb and sorted_len[sl_b, start] < lo:
-                    start += 1
-                scanned = 0
-                for y in range(start, kb):
-                    if sorted_len[sl_b, y] > hi or scanned >= r.scan_limit:
-                        break
-                    scanned += 1
-                    z = order[sl_b, y]
-                    mask_b = sub_mask[sl_b, z]
-                    if sza == 0 and mask_b == 0:
-                        continue
-                    if exact and _popcount(mask_b) != sza:
-                        continue
-                    lb = sub_len[sl_b, z]
-                    va = sub_val[sl_a, x]
-                    vb = sub_val[sl_b, z]
-                    gap = gap0 - 2 * (va - vb)  # va - vb labels move from A to B
-                    if abs(gap) >= abs(gap0):
-                        continue
-                    tgap = 0
-                    sa = la
-                    sb = lb
-                    if r.cost_mode == 1 or r.tok_weight > 0.0:  # the secondary gap may not widen either
-                        sa = _secondary(t.items, sl_a, mask_a, s.item_len, la, r.square)
-                        sb = _secondary(t.items, sl_b, mask_b, s.item_len, lb, r.square)
-                        tgap = abs((s.mb_tok[mb_a] - sa + sb) - (s.mb_tok[mb_b] - sb + sa))
-                        if tgap > tgap0:
-                            continue
-                    score = float(gap) * gap + r.tok_weight * float(tgap) * tgap
-                    if score >= best_score:
-                        continue
-                    if not simple_cost:  # neither microbatch above the peak, the pair's total not above before
-                        if r.cost_mode == 2:
-                            ca = na * _padded(_max_len_after(t.items, sl_a, na, s.item_len, mask_a, sl_b, mask_b),
-                                              r.pm)
-                            cb = nb * _padded(_max_len_after(t.items, sl_b, nb, s.item_len, mask_b, sl_a, mask_a),
-                                              r.pm)
-                        else:
-                            new_a = s.row_tok[ra] - la + lb
-                            new_b = s.row_tok[rb] - lb + la
-                            ca = _mb_cost(mb_a, ra, new_a, rb, new_b, bb, s.row_tok, r.pm, r.cost_mode)
-                            cb = _mb_cost(mb_b, ra, new_a, rb, new_b, bb, s.row_tok, r.pm, r.cost_mode)
-                        if ca > r.peak or cb > r.peak or ca + cb > old_a + old_b:
-                            continue
-                    best_score = score
-                    best = (np.int64(ra), np.int64(rb), mask_a, mask_b, la, lb, va, vb, sa, sb)
-                    if abs(gap) <= r.tol and r.tok_weight == 0.0:
-                        return best
-    return best
-
-
 @numba.njit(cache=True)
 def _trade_round(mbs, order, rnd, s, r, t):
     """One pairing round of a window (`order`: its microbatches by label count, heaviest first; see
     `exchange_windows`). Each pair makes its best trade, if any, in place; returns the number made.
 
-    One call per round rather than per pair: a call pays reference counting on each array it is given, which
-    cost as much as the search itself when most pairs find no trade.
+    A pair's best trade leaves the smallest label gap (plus weighted token gap) within the rules; the first one
+    leaving a gap within `tol` is good enough. For each subset of an A row, by length, B's subsets that keep both
+    rows within their capacity form a window of lengths that only moves up: a merge join of the two length-sorted
+    tables, `scan_limit` candidates each. The search is written inline, in one call per round: a call per pair
+    pays reference counting on every array it is given, and as an inlined function with early returns it ran
+    12-15% slower (capacity 4096, one thread, interleaved).
     """
     k = mbs.shape[0]
     half = k // 2
     made = 0
-    for x in range(half):
-        mb_a = mbs[order[x]]  # more labels
-        mb_b = mbs[order[k - 1 - (x + rnd) % half]]
+    for q in range(half):
+        mb_a = mbs[order[q]]  # more labels
+        mb_b = mbs[order[k - 1 - (q + rnd) % half]]
         if s.mb_val[mb_a] - s.mb_val[mb_b] <= r.tol and r.tok_weight == 0.0:
             continue
-        trade = _best_trade(mb_a, mb_b, s, r, t)
-        if trade[0] >= 0:
-            _apply_trade(mb_a, mb_b, trade, s, t)
+        bb = s.batch_bounds
+        done = False
+        sorted_len, sub_order, sub_len, sub_mask, sub_val = t.sorted_len, t.order, t.sub_len, t.sub_mask, t.sub_val
+        exact = r.cost_mode != 0
+        gap0 = s.mb_val[mb_a] - s.mb_val[mb_b]
+        tgap0 = abs(s.mb_tok[mb_a] - s.mb_tok[mb_b])
+        best_score = float(gap0) * gap0 + r.tok_weight * float(tgap0) * tgap0
+        best = (np.int64(-1), np.int64(-1), np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0),
+                np.int64(0), np.int64(0), np.int64(0))
+        simple_cost = r.cost_mode == 0 and r.pm == 1 and bb[mb_a + 1] - bb[mb_a] == 1 and bb[mb_b + 1] - bb[mb_b] == 1
+        for ra in range(bb[mb_a], bb[mb_a + 1]):
+            sl_a = t.slot_of[ra]
+            if not t.valid[sl_a]:
+                _rebuild(sl_a, t, s.item_len, s.item_val, r.max_sub, exact)
+            na = t.n[sl_a]
+            ka = t.k[sl_a]
+            for rb in range(bb[mb_b], bb[mb_b + 1]):
+                sl_b = t.slot_of[rb]
+                if not t.valid[sl_b]:
+                    _rebuild(sl_b, t, s.item_len, s.item_val, r.max_sub, exact)
+                nb = t.n[sl_b]
+                kb = t.k[sl_b]
+                if ka == 0 or kb == 0:
+                    continue
+                free_a = s.row_cap[ra] - s.row_tok[ra]
+                free_b = s.row_cap[rb] - s.row_tok[rb]
+                old_a = 0
+                old_b = 0
+                if r.cost_mode == 2:
+                    old_a = na * _padded(_max_len_after(t.items, sl_a, na, s.item_len, 0, sl_b, 0), r.pm)
+                    old_b = nb * _padded(_max_len_after(t.items, sl_b, nb, s.item_len, 0, sl_a, 0), r.pm)
+                elif not simple_cost:
+                    old_a = _mb_cost(mb_a, -1, 0, -1, 0, bb, s.row_tok, r.pm, r.cost_mode)
+                    old_b = _mb_cost(mb_b, -1, 0, -1, 0, bb, s.row_tok, r.pm, r.cost_mode)
+                start = 0
+                for i in range(ka):
+                    x = sub_order[sl_a, i]
+                    la = sub_len[sl_a, x]
+                    mask_a = sub_mask[sl_a, x]
+                    sza = _popcount(mask_a)
+                    # B's subset length lb: row_a ends at tok_a - la + lb <= cap_a, row_b at tok_b - lb + la <= cap_b
+                    lo = la - free_b
+                    hi = la + free_a
+                    while start < kb and sorted_len[sl_b, start] < lo:
+                        start += 1
+                    scanned = 0
+                    for y in range(start, kb):
+                        if sorted_len[sl_b, y] > hi or scanned >= r.scan_limit:
+                            break
+                        scanned += 1
+                        z = sub_order[sl_b, y]
+                        mask_b = sub_mask[sl_b, z]
+                        if sza == 0 and mask_b == 0:
+                            continue
+                        if exact and _popcount(mask_b) != sza:
+                            continue
+                        lb = sub_len[sl_b, z]
+                        va = sub_val[sl_a, x]
+                        vb = sub_val[sl_b, z]
+                        gap = gap0 - 2 * (va - vb)  # va - vb labels move from A to B
+                        if abs(gap) >= abs(gap0):
+                            continue
+                        tgap = 0
+                        sa = la
+                        sb = lb
+                        if r.cost_mode == 1 or r.tok_weight > 0.0:  # the secondary gap may not widen either
+                            sa = _secondary(t.items, sl_a, mask_a, s.item_len, la, r.square)
+                            sb = _secondary(t.items, sl_b, mask_b, s.item_len, lb, r.square)
+                            tgap = abs((s.mb_tok[mb_a] - sa + sb) - (s.mb_tok[mb_b] - sb + sa))
+                            if tgap > tgap0:
+                                continue
+                        score = float(gap) * gap + r.tok_weight * float(tgap) * tgap
+                        if score >= best_score:
+                            continue
+                        if not simple_cost:  # neither microbatch above the peak, the pair's total not above before
+                            if r.cost_mode == 2:
+                                ca = na * _padded(_max_len_after(t.items, sl_a, na, s.item_len, mask_a, sl_b, mask_b),
+                                                  r.pm)
+                                cb = nb * _padded(_max_len_after(t.items, sl_b, nb, s.item_len, mask_b, sl_a, mask_a),
+                                                  r.pm)
+                            else:
+                                new_a = s.row_tok[ra] - la + lb
+                                new_b = s.row_tok[rb] - lb + la
+                                ca = _mb_cost(mb_a, ra, new_a, rb, new_b, bb, s.row_tok, r.pm, r.cost_mode)
+                                cb = _mb_cost(mb_b, ra, new_a, rb, new_b, bb, s.row_tok, r.pm, r.cost_mode)
+                            if ca > r.peak or cb > r.peak or ca + cb > old_a + old_b:
+                                continue
+                        best_score = score
+                        best = (np.int64(ra), np.int64(rb), mask_a, mask_b, la, lb, va, vb, sa, sb)
+                        if abs(gap) <= r.tol and r.tok_weight == 0.0:
+                            done = True
+                            break
+                    if done:
+                        break
+                if done:
+                    break
+            if done:
+                break
+        if best[0] >= 0:
+            _apply_trade(mb_a, mb_b, best, s, t)
             made += 1
     return made
 
