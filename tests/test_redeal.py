@@ -38,6 +38,13 @@ def _before(s: SampleArrays, settings: PlanSettings) -> Batches:
     return drop_tail(b, settings) if settings.drop_last else b
 
 
+def _flattened(case) -> tuple[SampleArrays, PlanSettings, Batches]:
+    """The case as a flattened layout, with its `before` plan."""
+    s, settings = case
+    settings = dataclasses.replace(settings, mode="flattened", real_batches=False)
+    return s, settings, _before(s, settings)
+
+
 @given(cases())
 def test_equal_length_deal_keeps_every_row_and_lowers_label_variance(case):
     s, settings = case
@@ -53,9 +60,7 @@ def test_equal_length_deal_keeps_every_row_and_lowers_label_variance(case):
 
 @given(cases())
 def test_equal_label_deal_keeps_every_microbatch_label_total(case):
-    s, settings = case
-    settings = dataclasses.replace(settings, mode="flattened", real_batches=False)
-    b = _before(s, settings)
+    s, settings, b = _flattened(case)
     new = deal_equal_labels(b, s, settings)
     assert np.array_equal(new.row_bounds, b.row_bounds) and np.array_equal(new.batch_bounds, b.batch_bounds)
     # under --shift row a row start only trades with a row start: every row's targets stay exactly as they were
@@ -67,9 +72,7 @@ def test_equal_label_deal_keeps_every_microbatch_label_total(case):
 
 @given(cases(), st.sampled_from([2, 16, 256]))
 def test_near_equal_deals_move_samples_within_their_class_and_keep_the_cost(case, quantum):
-    s, settings = case
-    settings = dataclasses.replace(settings, mode="flattened", real_batches=False)
-    b = _before(s, settings)
+    s, settings, b = _flattened(case)
     cost = batch_cost(b, s, settings.pad_multiple)
     by_labels = deal_equal_labels(b, s, settings, quantum=quantum)
     by_lengths = deal_equal_lengths(b, s, settings, quantum=quantum)
@@ -89,9 +92,7 @@ def test_near_equal_deals_move_samples_within_their_class_and_keep_the_cost(case
 
 @given(cases())
 def test_peak_trim_keeps_labels_and_only_lowers_the_heaviest(case):
-    s, settings = case
-    settings = dataclasses.replace(settings, mode="flattened", real_batches=False)
-    b = _before(s, settings)
+    s, settings, b = _flattened(case)
     new = trim_peak(b, s, settings)
     n_span = c.span(b, settings)
     assert np.array_equal(new.row_bounds, b.row_bounds) and np.array_equal(new.batch_bounds, b.batch_bounds)

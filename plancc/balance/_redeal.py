@@ -117,10 +117,10 @@ def _redeal(b: Batches, settings: PlanSettings, key: np.ndarray, value: np.ndarr
 
 
 @numba.njit(cache=True)
-def _deal(key, value, mb_of, n_mb):
-    """For each position, the position whose sample moves there (a permutation within each key)."""
+def _by_key(key):
+    """Positions grouped by (non-negative) key, in position order inside a key: (CSR bounds per key value,
+    positions). A counting sort."""
     n = key.shape[0]
-    # positions grouped by key, in position order (counting sort)
     top = 0
     for i in range(n):
         top = max(top, key[i])
@@ -134,6 +134,15 @@ def _deal(key, value, mb_of, n_mb):
     for i in range(n):
         pos[fill[key[i]]] = i
         fill[key[i]] += 1
+    return bounds, pos
+
+
+@numba.njit(cache=True)
+def _deal(key, value, mb_of, n_mb):
+    """For each position, the position whose sample moves there (a permutation within each key)."""
+    n = key.shape[0]
+    bounds, pos = _by_key(key)
+    top = bounds.shape[0] - 2
     # expected total per microbatch: every position counts its key's mean until it is dealt
     mean = np.zeros(top + 1)
     spread = np.zeros(top + 1, dtype=np.int64)
@@ -217,19 +226,7 @@ def _trim(key, length, mb_of, bounds, pm):
     tokens = np.zeros(n_mb, dtype=np.int64)
     for i in range(n):
         tokens[mb_of[i]] += length[i]
-    top = 0
-    for i in range(n):
-        top = max(top, key[i])
-    starts = np.zeros(top + 2, dtype=np.int64)
-    for i in range(n):
-        starts[key[i] + 1] += 1
-    for k in range(top + 1):
-        starts[k + 1] += starts[k]
-    members = np.empty(n, dtype=np.int64)
-    fill = starts[:-1].copy()
-    for i in range(n):
-        members[fill[key[i]]] = i
-        fill[key[i]] += 1
+    starts, members = _by_key(key)
     for _ in range(n):
         h = np.argmax(tokens)
         best, bx, by = tokens[h], -1, -1
