@@ -50,13 +50,6 @@ REFERENCE = {
     (1_000_000, 4): (37073, 0.214, 0.101, 0.0078, 57.9),
     (1_000_000, 1): (148936, 0.43, 0.34, 0.0180, 56.2),
 }
-# fixed-count layouts (mbs 4, 1M): label CV before -> after, secondary figure before -> after, seconds
-REFERENCE_FIXED = {
-    "padded": (0.77, 0.59, "efficiency", 0.52, 0.53, 47.8),
-    "flattened": (0.76, 0.45, "cost CV", 0.43, 0.16, 29.8),
-}
-
-
 def settings_for(mode: str, mbs: int) -> PlanSettings:
     return PlanSettings(mode=mode, micro_batch_size=mbs, sequence_len=4096, world_size=8, grad_accum=4, seed=0)
 
@@ -232,17 +225,141 @@ def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> 
               f"{mmm(r['s'], '.2f')} | {mmm(r['s_ref'], '.2f')} | {mmm(r['ratio'], '.1f')}x |", flush=True)
 
 
+def mmm(v: list[float], fmt: str) -> str:
+    """min / median / max of `v`, each formatted with `fmt`."""
+    return " / ".join(format(x, fmt) for x in (min(v), statistics.median(v), max(v)))
+
+
+FIXED_METRICS = (  # (metrics key or derived name, header, format); lower is better for every one
+    ("label_cv", "label CV", ".4f"),
+    ("cost_cv", "cost CV", ".4f"),
+    ("padding_tokens", "padding tokens (M)", ".2f"),
+    ("max_batch_cost", "peak cost", ".0f"),
+    ("span_peak", "peak in complete updates", ".0f"),
+    ("rank_cost_cv", "rank cost CV", ".4f"),
+    ("attention_cv", "attention CV", ".4f"),
+    ("update_label_cv", "update CV", ".5f"),
+)
+
+
+def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
+    """The FIXED_METRICS of one plan (plancc's or the reference's), by plancc's metric definitions."""
+    from plancc.metrics import summarize
+    from plancc.plan import batch_cost
+
+    m = summarize(b, s, settings)
+    m["cost_cv"] = m["std_batch_cost"] / m["mean_batch_cost"]
+    m["padding_tokens"] = m["padding_tokens"] / 1e6
+    span = m["updates"] * settings.batches_per_update  # the tail after it is left as drawn, by both tools
+    m["span_peak"] = int(batch_cost(b, s, settings.pad_multiple)[:span].max()) if span else 0
+    return {key: float(m[key]) for key, _, _ in FIXED_METRICS}
+
+
+def fixed_table(sizes: list[int], seeds: list[int], reference_path: str | None,
+                layouts: tuple[str, ...] = ("flattened", "padded")) -> None:
+    """Padded and flattened (mbs 4, W=8, G=4): min / median / max over data seeds of FIXED_METRICS, with the
+    reference's beside them and, per metric, on how many draws plancc is at least as good."""
+    import reference
+
+    ref = reference.load(reference_path) if reference_path else None
+    print(f"fixed-count layouts, micro_batch_size 4, sequence_len 4096, W=8, G=4, data seeds "
+          f"{','.join(map(str, seeds))}: min / median / max")
+    print()
+    heads = [h for _, h, _ in FIXED_METRICS] + ["plan s"]
+    print("| layout, samples | plan | " + " | ".join(heads) + " |")
+    print("|---" * (len(heads) + 2) + "|")
+    keys = [(k, f) for k, _, f in FIXED_METRICS] + [("s", ".1f")]
+    for mode in layouts:
+        settings = settings_for(mode, 4)
+        for n in sizes:
+            ours: dict[str, list[float]] = {}
+            theirs: dict[str, list[float]] = {}
+            for seed in seeds:
+                s = sft_mix(n, seed=seed)
+                start = time.perf_counter()
+                b = plan_epoch(s, settings, 0).batches
+                for k, v in (*fixed_metrics(b, s, settings).items(), ("s", time.perf_counter() - start)):
+                    ours.setdefault(k, []).append(v)
+                if ref:
+                    start = time.perf_counter()
+                    rb = reference.fixed_count(ref, s.length, s.targets(settings.shift), mode, 4,
+                                               settings.world_size, settings.grad_accum, seed=settings.seed)
+                    for k, v in (*fixed_metrics(rb, s, settings).items(), ("s", time.perf_counter() - start)):
+                        theirs.setdefault(k, []).append(v)
+            print(f"| {mode} {n:,} | plancc | " + " | ".join(mmm(ours[k], f) for k, f in keys) + " |")
+            if ref:
+                print("| | reference | " + " | ".join(mmm(theirs[k], f) for k, f in keys) + " |")
+                wins = [sum(a <= b for a, b in zip(ours[k], theirs[k], strict=True)) for k, _ in keys[:-1]]
+                ratio = mmm([b / a for a, b in zip(ours["s"], theirs["s"], strict=True)], ".1f")
+                print("| | plancc <= reference | " + " | ".join(f"{w}/{len(seeds)}" for w in wins) +
+                      f" | {ratio}x faster |", flush=True)
+    if ref:
+        print()
+        print(f"reference = LabelBalancedRandomSampler + order_batches_by_rank from {reference_path}, on the same "
+              "arrays; both judged by plancc's metrics; plan s in process.")
+
+
+def cost_table(sizes: list[int], seeds: list[int]) -> None:
+    """`--cost tokens` vs `--cost attention` per layout (W=8, G=4): min / median / max over data seeds of the
+    attention figures rank ordering and within-update placement aim at, and of what must not change."""
+    import dataclasses
+
+    print(f"--cost tokens -> attention, W=8, G=4, data seeds {','.join(map(str, seeds))}: min / median / max")
+    print()
+    print("| layout, samples | rank attention CV | mean rank attention spread (M) | attention CV | "
+          f"rank cost CV | draws of {len(seeds)} where attention is not above tokens |")
+    print("|---|---|---|---|---|---|")
+    from plancc.metrics import summarize
+
+    for mode, mbs in (("packed", 4), ("flattened", 4), ("padded", 4)):
+        for n in sizes:
+            r: dict[str, list[float]] = {}
+            for seed in seeds:
+                s = sft_mix(n, seed=seed)
+                got = {}
+                for cost in ("tokens", "attention"):
+                    settings = dataclasses.replace(settings_for(mode, mbs), cost=cost)
+                    got[cost] = summarize(plan_epoch(s, settings, 0).batches, s, settings)
+                for key in ("rank_attention_cv", "mean_rank_attention_spread", "attention_cv", "rank_cost_cv"):
+                    for cost in ("tokens", "attention"):
+                        r.setdefault(f"{key}/{cost}", []).append(got[cost][key])
+                for k in KEPT:
+                    r.setdefault(f"kept/{k}", []).append(float(got["attention"][k] <= got["tokens"][k]))
+            print(f"| {mode} {n:,} | {_pair(r, 'rank_attention_cv', '.4f')} | "
+                  f"{_pair(r, 'mean_rank_attention_spread', '.2f', 1e6)} | {_pair(r, 'attention_cv', '.4f')} | "
+                  f"{_pair(r, 'rank_cost_cv', '.4f')} | "
+                  + ", ".join(f"{KEPT[k]} {int(sum(r[f'kept/{k}']))}" for k in KEPT) + " |", flush=True)
+
+
+KEPT = {"label_cv": "label CV", "update_label_cv": "update CV", "padding_tokens": "padding",
+        "max_batch_cost": "peak"}
+
+
+def _pair(r: dict[str, list[float]], key: str, fmt: str, scale: float = 1.0) -> str:
+    """'tokens -> attention' of min / median / max of `key`."""
+    return " -> ".join(mmm([x / scale for x in r[f"{key}/{cost}"]], fmt) for cost in ("tokens", "attention"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="20000,200000,1000000")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-time", action="store_true", help="quality only (no subprocess compiles)")
-    ap.add_argument("--fixed", action="store_true", help="also the fixed-count layouts (1M: slow reference only)")
+    ap.add_argument("--fixed", action="store_true", help="the fixed-count layouts over --seeds (default 0,1,2,3)")
+    ap.add_argument("--layouts", default="flattened,padded", help="with --fixed: which fixed-count layouts")
+    ap.add_argument("--cost", action="store_true", help="--cost tokens vs attention over --seeds, every layout")
     ap.add_argument("--seeds", help="data seeds: min / median / max of the goals over these draws instead")
     ap.add_argument("--mbs", type=int, default=4, help="with --seeds: rows of 4096 * MBS tokens")
     ap.add_argument("--reference", metavar="PATH", help="with --seeds: an Axolotl checkout whose sampler to run beside")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    if args.fixed or args.cost:
+        seeds = [int(x) for x in (args.seeds or "0,1,2,3").split(",")]
+        if args.fixed:
+            fixed_table(sizes, seeds, args.reference, tuple(args.layouts.split(",")))
+        if args.cost:
+            cost_table(sizes, seeds)
+        return
     if args.seeds and args.reference:
         reference_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs, args.reference)
         return
@@ -263,25 +380,6 @@ def main() -> None:
             print(f"| {n // 1000}k, capacity {4096 * mbs} | {after['packed_rows']} ({r[0]}) | "
                   f"{after['rows_lower_bound']} | {before['label_cv']:.3f} -> {after['label_cv']:.4f} | {r[2]} | "
                   f"{label_cv_floor(n, mbs, after['packed_rows']):.3f} | {after['update_label_cv']:.5f} | {r[3]} | {t:.2f} | {t0:.2f} | {r[4]} |")
-    if args.fixed:
-        print()
-        print("| fixed-count (mbs 4) | label CV before -> after | ref | padding tokens before -> after | "
-              "efficiency / token CV after | ref | update CV | time s | ref s (1M) |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for n in sizes:
-            for mode in ("padded", "flattened"):
-                before, after = quality(n, mode, 4)
-                ref = REFERENCE_FIXED[mode]
-                t = float("nan") if args.no_time else compile_time(n, mode, 4, args.runs)
-                if mode == "padded":
-                    second = f"efficiency {before['packing_efficiency']:.3f} -> {after['packing_efficiency']:.3f}"
-                else:
-                    cv0 = before["std_unpadded_length"] / before["mean_unpadded_length"]
-                    cv1 = after["std_unpadded_length"] / after["mean_unpadded_length"]
-                    second = f"cost CV {cv0:.3f} -> {cv1:.3f}"
-                print(f"| {n // 1000}k {mode} | {before['label_cv']:.3f} -> {after['label_cv']:.3f} | "
-                      f"{ref[0]} -> {ref[1]} | {before['padding_tokens']} -> {after['padding_tokens']} | {second} | "
-                      f"{ref[2]} {ref[3]} -> {ref[4]} | {after['update_label_cv']:.5f} | {t:.2f} | {ref[5]} |")
     print()
     print("reference = reference (Axolotl balance_labels), figures from issue 3 (its synthetic mix, seed 0).")
     print("CV floor = no packing into these rows can go lower (rows holding a sample longer than half a row).")

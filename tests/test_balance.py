@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,7 +13,8 @@ from plancc import balance, pack
 from plancc.balance import _common as c
 from plancc.balance.accumulation import order_for_accumulation
 from plancc.balance.microbatch import balance_microbatches
-from plancc.balance.rank_order import order_ranks
+from plancc.balance.rank_order import deal_to_ranks, order_ranks
+from plancc.balance.within_update import update_windows
 from plancc.config import PlanSettings, SettingsError
 from plancc.metrics import summarize
 from plancc.pipeline import drop_tail, epoch_rng, plan_epoch
@@ -143,6 +146,11 @@ def check_stage(name: str, before: Batches, after: Batches, s: SampleArrays, set
         assert _update_sets(after, settings, n_span) == _update_sets(before, settings, n_span)
     if name == "within_update":
         assert _within_update_sse(l1, P, n_span) <= _within_update_sse(l0, P, n_span)
+        if settings.cost == "attention" and settings.mode != "padded":  # attention gaps never widen either
+            a0, a1 = (batch_attention(x, s, settings.mode, 1) for x in (before, after))
+            assert _sse(a1) <= _sse(a0) * (1 + 1e-12)
+    if settings.mode == "padded" and name in ("fixed_count", "within_update"):  # the guard on the trades
+        assert _cv(cost1) <= _cv(cost0) * (1 + 1e-12)
     if name == "rank_order":
         assert _batch_sets(after) == [_batch_sets(before)[i] for i in _order(before, after)]
         if settings.cost == "attention":
@@ -150,6 +158,18 @@ def check_stage(name: str, before: Batches, after: Batches, s: SampleArrays, set
         s0, m0 = _spreads(cost0, settings.world_size, n_span)
         s1, m1 = _spreads(cost1, settings.world_size, n_span)
         assert s1 <= s0 and m1 <= m0
+        # the ranks' totals over each update: no update's max - min grows
+        assert (_rank_total_spread(cost1, settings, n_span) <= _rank_total_spread(cost0, settings, n_span)).all()
+
+
+def _cv(x: np.ndarray) -> float:
+    x = x.astype(np.float64)
+    return float(x.std() / x.mean()) if x.size and x.mean() > 0 else 0.0
+
+
+def _rank_total_spread(x: np.ndarray, settings: PlanSettings, n_span: int) -> np.ndarray:
+    totals = x[:n_span].reshape(-1, settings.grad_accum, settings.world_size).sum(axis=1)
+    return totals.max(axis=1) - totals.min(axis=1)
 
 
 def _order(before: Batches, after: Batches) -> list[int]:
@@ -269,7 +289,22 @@ def test_rank_order_puts_similar_costs_on_the_same_micro_step():
     b = Batches(np.arange(4, dtype=np.int64), np.arange(5), np.arange(5))
     settings = PlanSettings(world_size=2, grad_accum=2, sequence_len=128, shift="none")
     new = order_ranks(b, s, settings)
-    assert batch_tokens(new, s).tolist() == [100, 90, 20, 10]
+    # steps (100, 90) and (20, 10); the second step's heavier microbatch goes to the rank with less work so far
+    assert batch_tokens(new, s).tolist() == [100, 90, 10, 20]
+
+
+def test_rank_order_evens_rank_totals():
+    # every micro-step holds a heavy and a light microbatch, the heavy one always on rank 0 (totals 400 and 40)
+    lengths = [100, 10, 100, 10, 100, 10, 100, 10]
+    s = SampleArrays(np.arange(8, dtype=np.int64), np.array(lengths, dtype=np.int64), np.ones(8, dtype=np.int64),
+                     np.zeros(8, dtype=bool))
+    b = Batches(np.arange(8, dtype=np.int64), np.arange(9), np.arange(9))
+    settings = PlanSettings(world_size=2, grad_accum=4, sequence_len=128, shift="none")
+    work = batch_tokens(order_ranks(b, s, settings), s).reshape(4, 2)
+    assert work.sum(axis=0).tolist() == [220, 220] and (work.max(axis=1) == work.min(axis=1)).all()
+    # the rank deal alone (steps kept): the heavy microbatch alternates between the ranks
+    dealt = deal_to_ranks(np.arange(8)[None, :], np.array([lengths]), 2)
+    assert np.array(lengths)[dealt].reshape(4, 2).sum(axis=0).tolist() == [220, 220]
 
 
 def test_attention_cost_puts_similar_attention_on_the_same_micro_step():
@@ -325,3 +360,38 @@ def test_balanced_plan_is_identical_on_any_thread_count():
     m = dict(plan_epoch(s, settings, 0).metrics)
     assert m["after"]["label_cv"] < 0.5 * m["before"]["label_cv"]
     assert m["after"]["update_label_cv"] < 0.5 * m["before"]["update_label_cv"]
+
+
+@pytest.mark.parametrize("mode", ["flattened", "padded"])
+def test_fixed_count_layouts_beat_the_reference_figures_on_the_sft_mix(mode):
+    # the reference sampler's figures on this draw (benchmarks/bench_balance.py --fixed --reference, 20k, seed 0,
+    # mbs 4, W=8, G=4), by plancc's metric definitions: label CV, cost CV, padding tokens, rank cost CV
+    reference = {"flattened": (0.4645, 0.1560, 0, 0.0541), "padded": (0.6068, 0.5977, 10_740_226, 0.1912)}[mode]
+    rng = np.random.default_rng(0)  # the mix of benchmarks/synthetic.py
+    n = 20_000
+    prompt = np.clip(np.rint(rng.lognormal(5.5, 0.9, n)), 8, 3000).astype(np.int64)
+    completion = np.clip(np.rint(rng.lognormal(4.8, 1.2, n)), 1, 3000).astype(np.int64)
+    length = np.minimum(prompt + completion, 4096)
+    s = SampleArrays(np.arange(n, dtype=np.int64), length, np.minimum(completion, length - 1), np.zeros(n, dtype=bool))
+    settings = PlanSettings(mode=mode, micro_batch_size=4, sequence_len=4096, world_size=8, grad_accum=4)
+    m = summarize(plan_epoch(s, settings, 0).batches, s, settings)
+    got = (m["label_cv"], m["std_batch_cost"] / m["mean_batch_cost"], m["padding_tokens"], m["rank_cost_cv"])
+    assert all(a <= b for a, b in zip(got, reference, strict=True)), (got, reference)
+
+
+@given(cases())
+def test_attention_trades_never_widen_label_or_attention_spread(case):
+    # the within-update pass of --cost attention: every trade narrows a label gap and keeps the pair's attention
+    # total while not widening its attention gap, so neither variance can grow
+    s, settings = case
+    if settings.mode == "padded":
+        settings = dataclasses.replace(settings, mode="packed")
+    settings = dataclasses.replace(settings, cost="attention")
+    b = pack.initial_batches(s, settings, epoch_rng(settings.seed, 0))
+    P, window = settings.batches_per_update, settings.balance_window
+    new = c.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], P, window), passes=1,
+                     rounds=4, square=True)
+    check_stage("within_update", b, new, s, settings)
+    for x0, x1 in ((batch_targets(b, s, settings.shift), batch_targets(new, s, settings.shift)),
+                   (batch_attention(b, s, settings.mode, 1), batch_attention(new, s, settings.mode, 1))):
+        assert _sse(x1) <= _sse(x0) * (1 + 1e-12)

@@ -8,10 +8,10 @@ objective.
 | stage | module | objective (never worsened) |
 |---|---|---|
 | `microbatch` (packed) | `microbatch` | microbatch label variance |
-| `fixed_count` (padded, flattened) | `fixed_count` | label variance, with total/peak cost (and flattened token variance) not raised |
+| `fixed_count` (padded, flattened) | `fixed_count` | label variance, with total/peak cost (and flattened token variance, padded cost CV) not raised |
 | `accumulation` (W*G > 1) | `accumulation` | variance of update label totals |
-| `within_update` | `within_update` | label variance inside each update (samples of the update kept) |
-| `rank_order` (W > 1) | `rank_order` | per micro-step rank cost spread (max and sum per update) |
+| `within_update` | `within_update` | label variance inside each update (samples of the update kept; padded cost CV not raised) |
+| `rank_order` (W > 1) | `rank_order` | rank spread of work (`--cost`): per micro-step (max and sum per update) and of the ranks' update totals |
 """
 
 from __future__ import annotations

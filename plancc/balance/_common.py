@@ -117,18 +117,21 @@ __all__ = [
 
 
 def exchange(b: Batches, s: SampleArrays, settings: PlanSettings, *, windows, passes: int, rounds: int,
-             tol_share: float = 0.0) -> Batches:
+             tol_share: float = 0.0, square: bool = False) -> Batches:
     """Subset exchanges over the complete updates of `b` (the tail copied through), never above today's peak cost.
 
-    `windows(pass, mb_labels)` groups the span's microbatches; see `_exchange_span`.
+    `windows(pass, mb_labels)` groups the span's microbatches; see `_exchange_span`. With `square` (packed and
+    flattened) the trades' secondary gap, weighed and never widened, is the attention work (sum of squared
+    lengths) instead of flattened's tokens.
     """
     n_span = span(b, settings)
     if n_span < 2:
         return b
     peak = int(batch_cost(b, s, settings.pad_multiple).max())
     head, *tail = split(b, n_span)
+    weight = attention_weight(head, s, settings) if square else token_weight(head, s, settings)
     new = _exchange_span(head, s, settings, windows=windows, passes=passes, rounds=rounds, tol_share=tol_share,
-                         max_sub=max_sub(settings), tok_weight=token_weight(head, s, settings), peak=peak)
+                         max_sub=max_sub(settings), tok_weight=weight, peak=peak, square=square)
     return join(new, *tail)
 
 
@@ -144,6 +147,7 @@ def _exchange_span(
     max_sub: int,
     tok_weight: float,
     peak: int,
+    square: bool = False,
 ) -> Batches:
     """Run subset exchanges (see `_exchange`) over `head`, whose microbatches are grouped by `windows(mb_labels)`.
 
@@ -176,7 +180,11 @@ def _exchange_span(
     else:
         row_val = row_targets(head, s, settings.shift).astype(np.int64)
     mb_val = segment_sum(row_val, k_batch_bounds)
-    mb_tok = segment_sum(row_tok, k_batch_bounds)
+    if square:  # attention work per microbatch: the sum of its samples' squared lengths
+        row_sq = segment_sum(lengths * lengths, np.append(0, np.cumsum(np.bincount(row_of, minlength=n_rows))))
+        mb_tok = segment_sum(row_sq, k_batch_bounds)
+    else:
+        mb_tok = segment_sum(row_tok, k_batch_bounds)
     rows_in = np.diff(k_batch_bounds)
     if mode == 0:
         row_cap = np.minimum(settings.row_capacity, peak // np.repeat(rows_in, rows_in)).astype(np.int64)
@@ -184,7 +192,7 @@ def _exchange_span(
         row_cap = np.full(n_rows, peak if mode == 1 else 1 << 60, dtype=np.int64)
     mean = float(mb_val.mean()) if mb_val.size else 0.0
     rules = Rules(pm=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
-                  tok_weight=float(tok_weight), rounds=int(rounds), scan_limit=SCAN,
+                  tok_weight=float(tok_weight), square=bool(square), rounds=int(rounds), scan_limit=SCAN,
                   tol=int(tol_share * mean))  # label gaps this small are not worth a trade
     for p in range(passes):
         w_bounds, w_members = windows(p, mb_val)
@@ -202,6 +210,16 @@ def _exchange_span(
 def max_sub(settings: PlanSettings) -> int:
     """Largest subset a side of a trade: triples for packed rows, pairs for fixed-count microbatches."""
     return 3 if settings.mode == "packed" else 2
+
+
+def attention_weight(head: Batches, s: SampleArrays, settings: PlanSettings) -> float:
+    """Weight of the squared attention gap against the squared label gap: (labels / attention work)^2."""
+    if head.num_batches == 0:
+        return 0.0
+    length = s.length[head.samples].astype(np.float64)
+    labels = float(row_targets(head, s, settings.shift).sum())
+    work = float((length * length).sum())
+    return (labels / work) ** 2 if work > 0 else 0.0
 
 
 def token_weight(head: Batches, s: SampleArrays, settings: PlanSettings) -> float:

@@ -63,7 +63,7 @@ class State(NamedTuple):
     item_val: np.ndarray  # labels an item brings (see `_common.item_values`)
     row_tok: np.ndarray  # tokens and labels per kernel row
     row_val: np.ndarray
-    mb_val: np.ndarray  # labels and tokens per microbatch
+    mb_val: np.ndarray  # labels and the secondary value (tokens, or attention with `Rules.square`) per microbatch
     mb_tok: np.ndarray
     row_cap: np.ndarray  # tokens a kernel row may hold
     batch_bounds: np.ndarray  # CSR of kernel rows per microbatch
@@ -76,7 +76,8 @@ class Rules(NamedTuple):
     peak: int  # no microbatch's padded cost above this
     cost_mode: int  # 0 packed, 1 flattened, 2 padded (module docstring)
     max_sub: int  # items a side of a trade
-    tok_weight: float  # weight of the squared token gap (flattened), else 0
+    tok_weight: float  # weight of the squared secondary gap (`mb_tok`: flattened tokens, or attention), else 0
+    square: bool  # the secondary value of an item is its squared length (attention work), not its length
     rounds: int  # pairing rounds per window
     scan_limit: int  # partner subsets examined per subset
     tol: int  # label gaps this small are left alone
@@ -175,6 +176,18 @@ def _popcount(m):
     return c
 
 
+@numba.njit(cache=True, inline="always")
+def _secondary(items, sl, mask, item_len, length, square):
+    """A subset's secondary value: its `length`, or the sum of its items' squared lengths."""
+    if not square:
+        return length
+    out = 0
+    for x in range(LOCAL):
+        if (mask >> x) & 1:
+            out += item_len[items[sl, x]] * item_len[items[sl, x]]
+    return out
+
+
 @numba.njit(cache=True)
 def _max_len_after(c_items, sl, n, item_len, out_mask, sl_in, in_mask):
     """Longest item of table row `sl` after removing its `out_mask` items and adding `in_mask` of row `sl_in`."""
@@ -261,7 +274,7 @@ def _trade_round(mbs, order, rnd, s, r, t):
         tgap0 = abs(s.mb_tok[mb_a] - s.mb_tok[mb_b])
         best_score = float(gap0) * gap0 + r.tok_weight * float(tgap0) * tgap0
         best = (np.int64(-1), np.int64(-1), np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0),
-                np.int64(0))
+                np.int64(0), np.int64(0), np.int64(0))
         simple_cost = r.cost_mode == 0 and r.pm == 1 and bb[mb_a + 1] - bb[mb_a] == 1 and bb[mb_b + 1] - bb[mb_b] == 1
         for ra in range(bb[mb_a], bb[mb_a + 1]):
             sl_a = t.slot_of[ra]
@@ -316,8 +329,12 @@ def _trade_round(mbs, order, rnd, s, r, t):
                         if abs(gap) >= abs(gap0):
                             continue
                         tgap = 0
-                        if r.cost_mode == 1:
-                            tgap = abs((s.mb_tok[mb_a] - la + lb) - (s.mb_tok[mb_b] - lb + la))
+                        sa = la
+                        sb = lb
+                        if r.cost_mode == 1 or r.tok_weight > 0.0:  # the secondary gap may not widen either
+                            sa = _secondary(t.items, sl_a, mask_a, s.item_len, la, r.square)
+                            sb = _secondary(t.items, sl_b, mask_b, s.item_len, lb, r.square)
+                            tgap = abs((s.mb_tok[mb_a] - sa + sb) - (s.mb_tok[mb_b] - sb + sa))
                             if tgap > tgap0:
                                 continue
                         score = float(gap) * gap + r.tok_weight * float(tgap) * tgap
@@ -337,7 +354,7 @@ def _trade_round(mbs, order, rnd, s, r, t):
                             if ca > r.peak or cb > r.peak or ca + cb > old_a + old_b:
                                 continue
                         best_score = score
-                        best = (np.int64(ra), np.int64(rb), mask_a, mask_b, la, lb, va, vb)
+                        best = (np.int64(ra), np.int64(rb), mask_a, mask_b, la, lb, va, vb, sa, sb)
                         if abs(gap) <= r.tol and r.tok_weight == 0.0:
                             done = True
                             break
@@ -373,7 +390,7 @@ def _refill(items, sl, incoming, n_in, in_mask, own, n_own, own_mask):
 def _apply_trade(mb_a, mb_b, trade, s, t):
     """Row ra gives its `mask_a` items (la tokens, va labels) to rb for rb's `mask_b` items (lb, vb): the items'
     rows, both subset tables' item lists (marked for rebuilding) and the row and microbatch totals."""
-    ra, rb, mask_a, mask_b, la, lb, va, vb = trade
+    ra, rb, mask_a, mask_b, la, lb, va, vb, sa, sb = trade
     sl_a = t.slot_of[ra]
     sl_b = t.slot_of[rb]
     n_a = t.n[sl_a]
@@ -396,8 +413,8 @@ def _apply_trade(mb_a, mb_b, trade, s, t):
     s.row_val[rb] += va - vb
     s.mb_val[mb_a] += vb - va
     s.mb_val[mb_b] += va - vb
-    s.mb_tok[mb_a] += lb - la
-    s.mb_tok[mb_b] += la - lb
+    s.mb_tok[mb_a] += sb - sa
+    s.mb_tok[mb_b] += sa - sb
 
 
 @numba.njit(cache=True)
