@@ -113,23 +113,44 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
     return str(final)
 
 
+def _engine(engine: str, ray_address: str | None, num_proc: int | None, progress: Progress | None
+            ) -> tuple[Callable[..., Any] | None, int]:
+    """The scan's shard runner (None: the local engine, `num_proc` processes) and its default shard rows."""
+    from plancc.shard import SHARD_ROWS
+
+    if engine == "local":
+        if ray_address is not None:
+            raise SettingsError("--ray-address needs --engine ray")
+        return None, SHARD_ROWS
+    if engine != "ray":
+        raise SettingsError(f"--engine {engine}: expected local or ray")
+    from plancc import ray_scan
+
+    return ray_scan.ray_engine(address=ray_address, num_cpus=num_proc, progress=progress), ray_scan.SHARD_ROWS
+
+
 def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
          num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
          shard: str | tuple[int, int] | None = None, shard_rows: int | None = None,
-         **settings: Any) -> dict[str, Any]:
+         engine: str = "local", ray_address: str | None = None, **settings: Any) -> dict[str, Any]:
     """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
 
     Takes the scan's settings of `compile` (`format`, `tokenizer`, `sequence_len`, `long`, `shift`, ...) and its
     `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`) scans only shard I of N of the source's rows into
-    a partial scan, for `merge` to join with the others; `shard_rows` is the local scan's shard size (memory and
-    resume granularity; the result is the same for any value).
+    a partial scan, for `merge` to join with the others; `shard_rows` is the scan's shard size (memory, resume
+    granularity and, on Ray, the unit of work; the result is the same for any value). `engine="ray"` scans on
+    Ray (`plancc.ray_scan`): a local Ray of `num_proc` CPUs (default all) started for the call, or the cluster at
+    `ray_address` (`"auto"`: the one this machine belongs to); the result is the local engine's, byte for byte.
     """
     from plancc import scan as scan_mod
-    from plancc.shard import SHARD_ROWS
 
     cache = Path(cache_dir) if cache_dir is not None else None
     options, _, procs, _ = resolve_settings(config, num_proc, **settings)
     index_count = parse_shard(shard) if shard is not None else None
+    runner, default_rows = _engine(engine, ray_address, num_proc, progress)
+    if runner is not None and index_count is not None:
+        raise SettingsError("--shard scans one part in this process (a job runner runs the others): use "
+                            "--engine local, or --engine ray without --shard for the whole source")
     store.check_output(output, overwrite=overwrite)  # before any work
     if not isinstance(source, str | os.PathLike):
         source = _materialize(source, cache)
@@ -137,7 +158,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
         return scan_mod.scan_shard(str(source), options, *index_count, Path(output), overwrite=overwrite,
                                    num_proc=procs, progress=progress)
     result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
-                           shard_rows=SHARD_ROWS if shard_rows is None else shard_rows)
+                           shard_rows=default_rows if shard_rows is None else shard_rows, engine=runner)
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report
 

@@ -154,13 +154,20 @@ def scan_cmd(
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
     num_proc: ProcOpt = None,
+    engine: Annotated[str, Opt("--engine", help="local (this process and --num-proc tokenizer processes) or ray "
+                                                "(Ray Data: a local Ray of --num-proc CPUs, or a cluster's); "
+                                                "the result is the same.")] = "local",
+    ray_address: Annotated[str | None, Opt("--ray-address", help="--engine ray: the Ray cluster to run on ('auto': "
+                                                                 "the one this machine belongs to).",
+                                           show_default="a local Ray started for the scan")] = None,
     cache_dir: CacheOpt = None,
     shard: Annotated[str | None, Opt("--shard", help="Scan only shard I of N of the rows (I from 0; e.g. a Slurm "
                                                      "array task) into a partial scan; `plancc merge` joins them.",
                                      show_default="none: the whole source")] = None,
-    shard_rows: Annotated[int | None, Opt("--shard-rows", help="Rows per shard of a local scan: memory and what a "
+    shard_rows: Annotated[int | None, Opt("--shard-rows", help="Rows per shard: memory and what a "
                                                                "resumed scan reuses (the result is the same for "
-                                                               "any value).", show_default="65536")] = None,
+                                                               "any value; on Ray, the unit of work).",
+                                          show_default="65536; 16384 with --engine ray")] = None,
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
@@ -170,6 +177,7 @@ def scan_cmd(
     with fail_on_errors(), reporter(quiet or json) as progress:
         report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
                           cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
+                          engine=engine, ray_address=ray_address,
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
                           split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift)
     warn(report.get("warnings") or [])
