@@ -71,8 +71,9 @@ def session(address: str | None, num_cpus: int | None) -> Iterator[Any]:
             raise PlanccError("--num-proc sets the CPUs of the local Ray plancc starts; a cluster given with "
                               "--ray-address has its own: drop --num-proc")
         try:
+            local = {} if address else {"_node_ip_address": "127.0.0.1"}  # a local Ray listens on loopback only
             ray.init(address=address or "local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR)
+                     logging_level=logging.ERROR, **local)
         except ConnectionError as exc:
             raise PlanccError(f"--ray-address {address}: cannot connect to a Ray cluster ({exc}); start one "
                               "(`ray start --head`) or leave --ray-address out for a local Ray") from None
