@@ -5,7 +5,7 @@
 * config: every plan setting whose value differs, setting by setting;
 * fingerprints: dataset, metadata, config, plancc version and the plan digest of every epoch, old vs new;
 * metrics: per (epoch, stage) the metrics whose value changed, with the delta;
-* regressions: after-stage metrics that got worse beyond the tolerance (see `REGRESSION_RULE`);
+* regressions: after-stage metrics that got worse beyond the tolerance (the rule: `plancc.diff_rules`);
 * churn: per epoch, the share of common samples whose update / rank changed, the share of microbatches that are
   identical (same sample ids in the same rows, at the same global index) and the first differing microbatch.
 
@@ -28,25 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from plancc import store
+from plancc.diff_rules import ABS_FLOOR, DEFAULT_TOLERANCE, FAIL_ON, REGRESSION_METRICS
 from plancc.metrics import METRIC_COLUMNS
-
-FAIL_ON = ("any", "config", "dataset", "metrics-regression")
-
-DEFAULT_TOLERANCE = 0.02
-ABS_FLOOR = 0.001
-# metric -> direction in which it gets worse (+1: higher is worse, -1: lower is worse)
-REGRESSION_METRICS: dict[str, int] = {
-    "label_cv": +1,
-    "update_label_cv": +1,
-    "packing_efficiency": -1,
-    "padding_ratio": +1,
-}
-REGRESSION_RULE = (
-    "metrics-regression: in an epoch both plans have, an after-stage metric is worse than in OLD by more than "
-    "max(0.001, TOL x |old value|), TOL = --tolerance (default 0.02, i.e. 2%). Checked: label_cv and "
-    "update_label_cv (higher is worse), packing_efficiency (lower is worse) and padding_ratio = padding_tokens / "
-    "total_batch_cost (higher is worse)."
-)
 
 # metrics shown in the compact summaries (all changed metrics are in the JSON report)
 SUMMARY_METRICS = ("batches", "updates", "label_cv", "update_label_cv", "packing_efficiency", "padding_ratio",

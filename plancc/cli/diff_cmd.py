@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from plancc.cli.common import QuietOpt, app, fail_on_errors, print_json
-from plancc.diff import DEFAULT_TOLERANCE, REGRESSION_RULE
+from plancc.diff_rules import DEFAULT_TOLERANCE, REGRESSION_RULE
 
 _HELP = (
     "Compare two plan directories: config changes setting by setting, fingerprint changes (dataset, metadata, "
