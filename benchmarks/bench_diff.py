@@ -35,9 +35,10 @@ def samples_table(n: int, seed: int = 0) -> pa.Table:
 
 
 def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
-    from plancc.build import sample_arrays, write_plan_dir
+    from plancc.build import write_plan_dir
     from plancc.config import PlanSettings
     from plancc.pipeline import compile_plan
+    from plancc.store import sample_arrays
 
     t0 = time.perf_counter()
     settings = PlanSettings(sequence_len=4096, world_size=8, grad_accum=4, seed=seed, balance=balance)

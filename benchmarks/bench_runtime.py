@@ -107,9 +107,9 @@ def bench_load(plan: Path, runs: int) -> None:
 
 def bench_overhead(n: int) -> None:
     import torch
+    from synthetic import build_plan, make_tokenized
 
     from plancc.runtime import PlanCollator, PlanSampler, load_tokens
-    from tests.runtime_helpers import build_plan, make_tokenized
 
     torch.set_num_threads(1)
     tok = make_tokenized(n, seed=0, min_len=16, max_len=1024)

@@ -45,8 +45,8 @@ def main() -> int:
         return 0
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from benchmarks.synthetic import build_plan
     from plancc.runtime import PlanCollator, PlanSampler, load_tokens, model_inputs
-    from tests.runtime_helpers import build_plan
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,

@@ -1,4 +1,7 @@
-"""The synthetic SFT mix of issue 3, as plan inputs (no tokenizer, no files).
+"""Synthetic plan inputs for benchmarks and tests: the SFT mix of issue 3 (no tokenizer, no files), and tokenized
+samples with lopsided label masks written as a token store and a compiled plan directory.
+
+The SFT mix:
 
 prompt ~ lognormal(5.5, 0.9) clipped to [8, 3000], completion ~ lognormal(4.8, 1.2) clipped to [1, 3000],
 length = min(prompt + completion, 4096), supervised labels = min(completion, length - 1).
@@ -6,12 +9,20 @@ length = min(prompt + completion, 4096), supervised labels = min(completion, len
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
+from plancc import build, store, token_store
+from plancc.config import PlanSettings
+from plancc.fingerprint import token_hashes
+from plancc.pipeline import compile_plan
 from plancc.plan import SampleArrays
 
 
 def sft_mix(n: int, seed: int = 0, sequence_len: int = 4096) -> SampleArrays:
+    """`n` samples of the mix drawn with `seed` (lengths capped at `sequence_len`), no first label supervised."""
     rng = np.random.default_rng(seed)
     prompt = np.clip(np.rint(rng.lognormal(5.5, 0.9, n)), 8, 3000).astype(np.int64)
     completion = np.clip(np.rint(rng.lognormal(4.8, 1.2, n)), 1, 3000).astype(np.int64)
@@ -23,3 +34,77 @@ def sft_mix(n: int, seed: int = 0, sequence_len: int = 4096) -> SampleArrays:
         label_count=labels,
         first_label_supervised=np.zeros(n, dtype=bool),
     )
+
+
+VOCAB = 48
+
+
+def make_tokenized(n: int, *, seed: int = 0, min_len: int = 3, max_len: int = 24, shift: str = "sample",
+                   vocab: int = VOCAB) -> pa.Table:
+    """Samples with a masked prompt and a supervised completion of very uneven length (1 token .. most of it)."""
+    rng = np.random.default_rng(seed)
+    ids, labels, shifted = [], [], []
+    for _ in range(n):
+        length = int(rng.integers(min_len, max_len + 1))
+        x = rng.integers(1, vocab, length).astype(np.int32)
+        prompt = int(rng.integers(0, length)) if rng.random() < 0.85 else 0  # some fully supervised
+        if rng.random() < 0.3:
+            prompt = length - 1  # one supervised token: the lopsided case
+        y = x.copy()
+        y[:prompt] = -100
+        if rng.random() < 0.1:  # a hole inside the completion
+            y[rng.integers(0, length)] = -100
+        s = np.full(length, -100, dtype=np.int32)
+        s[:-1] = y[1:]
+        ids.append(x.tolist())
+        labels.append(y.tolist())
+        shifted.append(s.tolist())
+    cols = {"input_ids": pa.array(ids, pa.list_(pa.int32())), "labels": pa.array(labels, pa.list_(pa.int32()))}
+    if shift == "none":
+        cols["shift_labels"] = pa.array(shifted, pa.list_(pa.int32()))
+    return pa.table(cols)
+
+
+def samples_table(tok: pa.Table, shift: str = "sample") -> pa.Table:
+    """The samples table (SPEC 2) of a tokenized table, with the scan's definitions."""
+    target_col = "shift_labels" if shift == "none" else "labels"
+    ids = tok.column("input_ids").combine_chunks()
+    lab = tok.column(target_col).combine_chunks()
+    off = np.asarray(ids.offsets, dtype=np.int64)
+    ids_flat = ids.flatten().to_numpy()
+    lab_flat = lab.flatten().to_numpy()
+    sup = np.concatenate([[0], np.cumsum(lab_flat != -100)])
+    return pa.table({
+        "sample_id": pa.array(np.arange(len(tok), dtype=np.int64)),
+        "length": pa.array(np.diff(off).astype(np.int32)),
+        "label_count": pa.array((sup[off[1:]] - sup[off[:-1]]).astype(np.int32)),
+        "first_label_supervised": pa.array(lab_flat[off[:-1]] != -100),
+        "token_hash": pa.array(token_hashes(ids_flat, off, lab_flat, off)),
+    })
+
+
+def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min_len: int = 3, max_len: int = 24,
+               tok: pa.Table | None = None, **settings) -> Path:
+    """Write a tokenized Parquet and a compiled plan directory for it under `tmp`; returns the plan dir."""
+    shift = settings.get("shift", "sample")
+    if tok is None:
+        tok = make_tokenized(n, seed=data_seed, min_len=min_len, max_len=max_len, shift=shift)
+    tmp.mkdir(parents=True, exist_ok=True)
+    table = samples_table(tok, shift)
+    path = write_tokens(tmp / "tokens", tok, table, shift)
+    s = store.sample_arrays(table)
+    ps = PlanSettings(seed=seed, **settings)
+    epochs = compile_plan(s, ps)
+    out = tmp / "plan"
+    build.write_plan_dir(out, table, s, ps, epochs, {}, path)
+    return out
+
+
+def write_tokens(path: Path, tok: pa.Table, samples: pa.Table, shift: str = "sample") -> Path:
+    """A token store of `tok` (the targets column the shift reads), as a scan writes it."""
+    ids = tok.column("input_ids").combine_chunks()
+    lab = tok.column("shift_labels" if shift == "none" else "labels").combine_chunks()
+    token_store.write_store(path, ids.flatten().to_numpy(), lab.flatten().to_numpy(),
+                            np.asarray(ids.offsets, dtype=np.int64), fingerprints=store.samples_fingerprints(samples),
+                            labels_shifted=shift == "none", chunk_tokens=64)
+    return path

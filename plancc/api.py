@@ -19,40 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow.parquet as pq
 
 from plancc import store
-from plancc.config import PlanSettings, ScanOptions, SettingsError, load_config_file, split_settings
+from plancc.config import PlanSettings, SettingsError, resolve_settings
+from plancc.errors import InputError
+from plancc.store import EpochMicrobatches
 
 Progress = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True)
-class EpochMicrobatches:
-    """One epoch's microbatches (optionally one rank's share) in global order, as flat CSR arrays.
-
-    Microbatch `i` holds rows `row_bounds[batch_bounds[i]:batch_bounds[i+1]]`; row `r` holds the sample ids
-    `sample_ids[row_bounds[r]:row_bounds[r+1]]`. `update`, `rank`, `micro_step` say where microbatch `i` runs.
-    """
-
-    update: np.ndarray
-    rank: np.ndarray
-    micro_step: np.ndarray
-    sample_ids: np.ndarray
-    row_bounds: np.ndarray
-    batch_bounds: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.update)
-
-    def __getitem__(self, i: int) -> list[list[int]]:
-        """Microbatch `i` as its rows of sample ids."""
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"microbatch {i} out of range (0..{len(self) - 1})")
-        i %= len(self)
-        r0, r1 = int(self.batch_bounds[i]), int(self.batch_bounds[i + 1])
-        return [self.sample_ids[self.row_bounds[r]:self.row_bounds[r + 1]].tolist() for r in range(r0, r1)]
 
 
 @dataclass(frozen=True)
@@ -94,26 +68,16 @@ class Plan:
             raise SettingsError(f"epoch {epoch}: the plan has epochs {self.epochs}")
         if rank is not None and not 0 <= rank < self.settings.world_size:
             raise SettingsError(f"rank {rank}: the plan has ranks 0..{self.settings.world_size - 1}")
-        table = store.read_plan(self.path, epoch=epoch, rank=rank,
-                                columns=["epoch", "index", "update", "rank", "micro_step", "sample_ids"])
-        flat, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
-        return EpochMicrobatches(*(table.column(c).to_numpy() for c in ("update", "rank", "micro_step")),
-                                 flat, row_bounds, batch_bounds)
+        return store.PlanDir(self.path).read_share(epoch, rank)
 
 
 def open_plan(path: str | Path) -> Plan:
-    """Open a plan directory written by `compile` (or `plancc compile`); nothing is read but its metadata."""
-    from plancc.inspect import plan_meta
-
-    p = Path(path)
-    meta = plan_meta(p)
-    manifest = store.read_manifest(p)
-    try:
-        settings = PlanSettings(**meta["settings"])
-    except TypeError as exc:
-        raise store.StoreError(f"{p}: settings of another plancc version ({exc})") from None
-    warnings = [*manifest.get("warnings", []), *degenerate_warnings(manifest, settings)]
-    return Plan(p, settings, meta["fingerprints"], manifest.get("scan", {}), manifest, tuple(warnings))
+    """Open a plan directory written by `compile` (or `plancc compile`); nothing is read but the plan file's
+    metadata (`store.PlanDir`: the manifest, of which `manifest.json` is only the mirror)."""
+    plan = store.PlanDir(path)
+    manifest = {k: v for k, v in plan.meta.items() if k != "kind"}
+    warnings = [*manifest.get("warnings", []), *degenerate_warnings(manifest, plan.settings)]
+    return Plan(plan.path, plan.settings, plan.fingerprints, manifest.get("scan", {}), manifest, tuple(warnings))
 
 
 def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> list[str]:
@@ -126,18 +90,6 @@ def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> lis
                        f"takes world_size x grad_accum = {settings.world_size} x {settings.grad_accum} = "
                        f"{per_update} microbatches; lower --world-size or --grad-accum (or --micro-batch-size)")
     return out
-
-
-def resolve_settings(config: str | Path | None = None, num_proc: int | None = None, **settings: Any
-                     ) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
-    """Defaults < `config` file (TOML/YAML) < keyword settings (None means "not given"); also `num_proc` and the
-    names set on purpose (which a scan directory's carried options must not contradict: `plancc.carry`)."""
-    merged: dict[str, Any] = dict(load_config_file(config)) if config else {}
-    procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
-    if isinstance(procs, bool) or not isinstance(procs, int) or procs <= 0:
-        raise SettingsError(f"--num-proc must be a positive integer, got {procs!r}")
-    merged.update({k: v for k, v in settings.items() if v is not None})
-    return (*split_settings(merged), procs, set(merged))
 
 
 def _materialize(dataset: Any, cache_dir: Path | None) -> str:
@@ -163,22 +115,54 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
 
 def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
          num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
+         shard: str | tuple[int, int] | None = None, shard_rows: int | None = None,
          **settings: Any) -> dict[str, Any]:
     """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
 
     Takes the scan's settings of `compile` (`format`, `tokenizer`, `sequence_len`, `long`, `shift`, ...) and its
-    `overwrite` rule for `output`.
+    `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`) scans only shard I of N of the source's rows into
+    a partial scan, for `merge` to join with the others; `shard_rows` is the local scan's shard size (memory and
+    resume granularity; the result is the same for any value).
     """
     from plancc import scan as scan_mod
+    from plancc.shard import SHARD_ROWS
 
     cache = Path(cache_dir) if cache_dir is not None else None
     options, _, procs, _ = resolve_settings(config, num_proc, **settings)
+    index_count = parse_shard(shard) if shard is not None else None
     store.check_output(output, overwrite=overwrite)  # before any work
     if not isinstance(source, str | os.PathLike):
         source = _materialize(source, cache)
-    result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress)
+    if index_count is not None:
+        return scan_mod.scan_shard(str(source), options, *index_count, Path(output), overwrite=overwrite,
+                                   num_proc=procs, progress=progress)
+    result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
+                           shard_rows=SHARD_ROWS if shard_rows is None else shard_rows)
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report
+
+
+def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
+    """`--shard I/N` as (I, N): shard I (from 0) of N."""
+    if isinstance(spec, tuple):
+        index, count = spec
+    else:
+        try:
+            index, count = (int(x) for x in str(spec).split("/"))
+        except ValueError:
+            raise InputError(f"--shard {spec}: expected I/N, e.g. --shard 0/8 (shard I from 0 of N)") from None
+    from plancc.shard import shard_range
+
+    shard_range(0, index, count)  # checks 0 <= I < N
+    return index, count
+
+
+def merge(parts: list[str | Path], output: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+    """Join the partial scans `parts` (`scan(..., shard="I/N")`) into the scan directory `output` after checking
+    they fit (same source, options, tokenizer, template; disjoint and complete rows); returns its report."""
+    from plancc import merge as merge_mod
+
+    return merge_mod.merge([Path(p) for p in parts], output, overwrite=overwrite)
 
 
 def compile(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,

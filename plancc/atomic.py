@@ -113,6 +113,15 @@ def _lock(parent: Path, name: str, *, wait: bool = False) -> Iterator[bool]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def exclusive(parent: Path, name: str) -> Iterator[None]:
+    """Hold `parent/.name.lock` for the block, waiting while a live process holds it (a dead one's frees itself):
+    serializes work that must not run twice at once, e.g. two scans of one source filling one cache entry."""
+    parent.mkdir(parents=True, exist_ok=True)
+    with _lock(parent, name, wait=True):
+        yield
+
+
 def _lock_owner(parent: Path, name: str) -> str:
     with contextlib.suppress(OSError):
         raw = (parent / f".{name}.lock").read_bytes()

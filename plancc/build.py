@@ -12,27 +12,23 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from plancc import __version__, store, token_store
 from plancc.carry import carry
 from plancc.config import PlanSettings, ScanOptions
-from plancc.fingerprint import config_fingerprint, metrics_checksum, plan_fingerprint, scan_identity
+from plancc.errors import InputError
+from plancc.fingerprint import (
+    before_checksum,
+    config_fingerprint,
+    metrics_checksum,
+    plan_fingerprint,
+    scan_identity,
+)
 from plancc.metrics import SourceDrops
 from plancc.pipeline import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.plan import SampleArrays
-
-
-def sample_arrays(table: pa.Table) -> SampleArrays:
-    """Planner view of a samples table (sorted by sample_id)."""
-    return SampleArrays(
-        sample_id=store.column(table, "sample_id").astype(np.int64),
-        length=store.column(table, "length").astype(np.int64),
-        label_count=store.column(table, "label_count").astype(np.int64),
-        first_label_supervised=store.column(table, "first_label_supervised"),
-    )
 
 
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
@@ -44,6 +40,11 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
         tokenized = Path(info["tokenized_path"]) if info.get("tokenized_path") else None
         manifest = Path(info["path"]).parent / store.MANIFEST_FILE
         if info.get("report"):
+            part = info["report"].get("part")
+            if part:
+                raise InputError(f"{source} is a partial scan (rows {part['lo']}..{part['hi'] - 1} of "
+                                 f"{part['rows']}, from `plancc scan --shard`): join every part first with "
+                                 "`plancc merge PART_DIR... -o SCAN_DIR`, then compile SCAN_DIR")
             return table, info["report"], tokenized
         if manifest.is_file():
             previous = store.read_manifest(manifest.parent)
@@ -68,7 +69,7 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
     settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
-    s = sample_arrays(samples_table)
+    s = store.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
     epochs = compile_plan(s, settings, progress=progress, drops=drops)
     return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress,
@@ -90,6 +91,8 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False) -> dict[str, Any]:
+    """Write PLAN_DIR atomically from planned epochs: plan, samples, metrics and before tables, the manifest
+    (and the token store, hard-linked); returns the manifest."""
     if progress:
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
@@ -113,6 +116,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
     data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
     metrics = store.metrics_table(metric_rows)
+    before = store.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
     manifest = {
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,
@@ -130,11 +134,11 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
                       if scan_info.get("tokenizer") else None),
         "chat_template": scan_info.get("chat_template"),
         "warnings": scan_info.get("warnings", []),
-        "checksums": {"metrics": metrics_checksum(metrics.to_pylist())},
+        "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
+                      "before": before_checksum(store.column(before, "epoch"), store.column(before, "label_count"))},
     }
     with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        store.write_plan_files(tmp, plan, samples_table, metrics, fingerprints,
-                               settings_dict, manifest)
+        store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
     if progress:

@@ -3,6 +3,10 @@
 Two objects, because they change different things: `ScanOptions` decide the samples table (and so the
 scan cache key); `PlanSettings` decide the plan given a samples table (and so the `config` fingerprint).
 Settings that cannot change a plan (`num_proc`, `quiet`, output paths) live in neither.
+
+`sequence_len` and `shift` are the two that both hold: the samples table means what it means under them (lengths
+cut or dropped, label counts), and the plan is hashed with them. The scan's values win: `plancc.carry` copies
+them into `PlanSettings` for a scan or plan directory given as source, and refuses a flag that contradicts them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import os
 import tomllib
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +25,46 @@ import orjson
 
 from plancc.errors import PlanccError
 
-MODES = ("packed", "padded", "flattened")
-SHIFTS = ("sample", "row", "none")
-COSTS = ("tokens", "attention")
-LONG_POLICIES = ("truncate", "drop", "error")
+
+class Choice(StrEnum):
+    """A setting with named values. Members are strings ("packed" == Mode.PACKED), so manifests, config files,
+    fingerprints and CLI flags hold exactly the value, and `repr` shows it as the plain string it replaces."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Mode(Choice):
+    """Layout of a microbatch (SPEC 4): one packed row (or rows), a padded group, or a flattened row."""
+
+    PACKED = "packed"
+    PADDED = "padded"
+    FLATTENED = "flattened"
+
+
+class Shift(Choice):
+    """Label semantics (SPEC 3): shift inside each sample, over each packed row, or labels already shifted."""
+
+    SAMPLE = "sample"
+    ROW = "row"
+    NONE = "none"
+
+
+class CostMode(Choice):
+    """What rank ordering evens out across ranks: padded token slots, or attention work (squared segments)."""
+
+    TOKENS = "tokens"
+    ATTENTION = "attention"
+
+
+class LongPolicy(Choice):
+    """What the scan does with a sample longer than --sequence-len."""
+
+    TRUNCATE = "truncate"
+    DROP = "drop"
+    ERROR = "error"
+
+
 FORMATS = ("auto", "tokenized", "prompt_completion", "alpaca", "messages", "text")
 # what --columns may map a source field onto: every column name some format reads
 ROLES = ("input_ids", "labels", "shift_labels", "prompt", "completion", "instruction", "input", "output", "messages",
@@ -42,6 +83,14 @@ def _positive(name: str, value: int) -> None:
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise SettingsError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _typed(obj: Any, name: str, kind: type[Choice]) -> None:
+    """Validate a frozen dataclass's string setting `name` and store it as its `kind` member."""
+    value = getattr(obj, name)
+    if not isinstance(value, str) or value not in tuple(kind):
+        raise SettingsError(f"--{name.replace('_', '-')} must be one of {', '.join(kind)}; got {value!r}")
+    object.__setattr__(obj, name, kind(value))
 
 
 def parse_columns(value: Any) -> tuple[tuple[str, str], ...]:
@@ -73,6 +122,7 @@ def parse_columns(value: Any) -> tuple[tuple[str, str], ...]:
 
 
 def did_you_mean(word: str, choices: Any) -> str:
+    """` (did you mean 'x'?)` for the closest of `choices`, else an empty string."""
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -91,15 +141,15 @@ class ScanOptions:
     columns: tuple[tuple[str, str], ...] = ()
     split: str | None = None
     sequence_len: int = 4096
-    long: str = "drop"
-    shift: str = "sample"
+    long: LongPolicy = LongPolicy.DROP
+    shift: Shift = Shift.SAMPLE
     add_eos: bool = True
     max_dropped: float = 0.05
 
     def __post_init__(self) -> None:
         _choice("format", self.format, FORMATS)
-        _choice("long", self.long, LONG_POLICIES)
-        _choice("shift", self.shift, SHIFTS)
+        _typed(self, "long", LongPolicy)
+        _typed(self, "shift", Shift)
         _positive("sequence_len", self.sequence_len)
         object.__setattr__(self, "columns", parse_columns(self.columns))
         if isinstance(self.max_dropped, bool) or not isinstance(self.max_dropped, int | float) or not (
@@ -116,7 +166,7 @@ class ScanOptions:
 class PlanSettings:
     """Every setting that changes a plan computed from a samples table."""
 
-    mode: str = "packed"
+    mode: Mode = Mode.PACKED
     micro_batch_size: int = 1
     sequence_len: int = 4096
     real_batches: bool = False
@@ -126,16 +176,16 @@ class PlanSettings:
     drop_last: bool = False
     seed: int = 0
     epochs: int = 1
-    shift: str = "sample"
+    shift: Shift = Shift.SAMPLE
     balance: bool = True
     balance_window: int = 64
     balance_passes: int = 4
-    cost: str = "tokens"  # what rank ordering evens out: padded token slots, or attention (squared segments)
+    cost: CostMode = CostMode.TOKENS
 
     def __post_init__(self) -> None:
-        _choice("mode", self.mode, MODES)
-        _choice("cost", self.cost, COSTS)
-        _choice("shift", self.shift, SHIFTS)
+        _typed(self, "mode", Mode)
+        _typed(self, "cost", CostMode)
+        _typed(self, "shift", Shift)
         for name in ("micro_batch_size", "sequence_len", "pad_multiple", "world_size", "grad_accum", "epochs",
                      "balance_window", "balance_passes"):
             _positive(name, getattr(self, name))
@@ -143,28 +193,30 @@ class PlanSettings:
             raise SettingsError(f"--seed must be an integer in [0, 2**63), got {self.seed!r}")
         if self.balance_window > 64:
             raise SettingsError(f"--balance-window must be at most 64, got {self.balance_window}")
-        if self.real_batches and self.mode != "packed":
+        if self.real_batches and self.mode != Mode.PACKED:
             raise SettingsError("--real-batches only applies to --mode packed")
 
     @property
     def row_capacity(self) -> int:
         """Most tokens one row may hold: a packed row of `micro_batch_size * sequence_len` (or `sequence_len` with
         real batches), a flattened row of `micro_batch_size` samples, a padded row of one sample."""
-        if (self.mode == "packed" and not self.real_batches) or self.mode == "flattened":
+        if (self.mode == Mode.PACKED and not self.real_batches) or self.mode == Mode.FLATTENED:
             return self.micro_batch_size * self.sequence_len
         return self.sequence_len
 
     @property
     def max_sample_len(self) -> int:
         """Longest sample a plan can place: a whole packed row, else one `sequence_len`."""
-        return self.row_capacity if self.mode == "packed" else self.sequence_len
+        return self.row_capacity if self.mode == Mode.PACKED else self.sequence_len
 
     @property
     def batches_per_update(self) -> int:
+        """Microbatches of one optimizer update: world_size x grad_accum."""
         return self.world_size * self.grad_accum
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting by name, plain JSON values (what the manifest stores and the config fingerprint hashes)."""
+        return {k: str(v) if isinstance(v, Choice) else v for k, v in dataclasses.asdict(self).items()}
 
 
 SETTING_NAMES = frozenset({f.name for f in fields(ScanOptions)} | {f.name for f in fields(PlanSettings)})
@@ -223,6 +275,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise SettingsError(f"config file {p}: unknown setting {key!r}{did_you_mean(name, sorted(known))}")
         out[name] = value
     return out
+
+
+def resolve_settings(config: str | Path | None = None, num_proc: int | None = None, **settings: Any
+                     ) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
+    """Defaults < `config` file (TOML/YAML) < keyword settings (None means "not given"); also `num_proc` and the
+    names set on purpose (which a scan directory's carried options must not contradict: `plancc.carry`)."""
+    merged: dict[str, Any] = dict(load_config_file(config)) if config else {}
+    procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
+    if isinstance(procs, bool) or not isinstance(procs, int) or procs <= 0:
+        raise SettingsError(f"--num-proc must be a positive integer, got {procs!r}")
+    merged.update({k: v for k, v in settings.items() if v is not None})
+    return (*split_settings(merged), procs, set(merged))
 
 
 def default_cache_dir() -> Path:

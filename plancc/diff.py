@@ -14,7 +14,7 @@ Churn is a columnar compare, never a loop over samples: each plan's `sample_ids`
 matched by sort when ids are sparse), and microbatches of equal shape are compared element-wise through one
 gather. Epochs whose plan fingerprints are equal are not read at all: equal digests mean equal rows.
 
-`render_text` and `render_markdown` turn the report into a terminal summary and a compact CI comment.
+`failures` applies the `--fail-on` policy to a report; `plancc.diff_render` turns it into text or markdown.
 """
 
 from __future__ import annotations
@@ -28,48 +28,26 @@ import numpy as np
 import pyarrow as pa
 
 from plancc import store
+from plancc.config import SettingsError
 from plancc.diff_rules import ABS_FLOOR, DEFAULT_TOLERANCE, FAIL_ON, REGRESSION_METRICS
-from plancc.metrics import METRIC_COLUMNS
-
-# metrics shown in the compact summaries (all changed metrics are in the JSON report)
-SUMMARY_METRICS = ("batches", "updates", "label_cv", "update_label_cv", "packing_efficiency", "padding_ratio",
-                   "max_naive_weight_skew")
-
-
-MAX_DETAIL_ROWS = 200  # keeps the CI comment far below GitHub's 65,536-character limit
-
-
-class PlanDirError(store.StoreError):
-    """A diff input is not a plan directory written by plancc."""
-
+from plancc.metric_columns import METRIC_COLUMNS
+from plancc.numbers import padding_ratio
 
 # ---------------------------------------------------------------- loading
 
 
 class PlanInfo:
-    """The read-side view of one plan directory: its fingerprints, settings and metrics (plan rows on demand)."""
+    """The read-side view of one plan directory (`store.PlanDir`): its fingerprints, settings and metrics by
+    (epoch, stage); plan rows on demand."""
 
     def __init__(self, path: str | Path):
-        p = Path(path)
-        if p.is_file() and p.name == store.PLAN_FILE:
-            p = p.parent
-        if not p.exists():
-            raise PlanDirError(f"{path} does not exist")
-        if not p.is_dir():
-            raise PlanDirError(f"{path} is not a plan directory (expected a directory holding {store.PLAN_FILE})")
-        if not (p / store.PLAN_FILE).exists():
-            raise PlanDirError(f"{path} is not a plan directory (no {store.PLAN_FILE}); write one with "
-                               "`plancc compile SOURCE -o PLAN_DIR`")
-        self.path = p
-        meta = store.read_file_meta(p / store.PLAN_FILE)
-        if meta.get("kind") != "plan":
-            raise PlanDirError(f"{p / store.PLAN_FILE} is a plancc '{meta.get('kind')}' file, not a plan")
-        self.fingerprints: dict[str, Any] = meta["fingerprints"]
-        self.settings: dict[str, Any] = meta["settings"]
-        metrics = store.read_table(p / store.METRICS_FILE, store.metrics_schema()).to_pylist()
+        self.dir = store.PlanDir(path)
+        self.path = self.dir.path
+        self.fingerprints: dict[str, Any] = self.dir.fingerprints
+        self.settings: dict[str, Any] = self.dir.meta["settings"]
         self.metrics: dict[tuple[int, str], dict[str, Any]] = {}
         self.stages: dict[int, list[str]] = {}
-        for row in metrics:
+        for row in self.dir.read_metrics().to_pylist():
             e, stage = int(row.pop("epoch")), row.pop("stage")
             row["padding_ratio"] = padding_ratio(row)
             self.metrics[(e, stage)] = row
@@ -77,19 +55,12 @@ class PlanInfo:
 
     @property
     def epochs(self) -> list[int]:
+        """The plan's epoch numbers, ascending."""
         return sorted(int(e) for e in self.fingerprints.get("plan", {}))
 
     def read_rows(self) -> pa.Table:
         """Columns churn needs, in file order (sorted by epoch, rank, index)."""
-        return store.read_table(self.path / store.PLAN_FILE, store.PLAN_SCHEMA,
-                                columns=["epoch", "index", "update", "rank", "sample_ids"])
-
-
-def padding_ratio(row: dict[str, Any]) -> float | None:
-    cost, pad = row.get("total_batch_cost"), row.get("padding_tokens")
-    if cost is None or pad is None:
-        return None
-    return pad / cost if cost else 0.0
+        return self.dir.read_rows(["epoch", "index", "update", "rank", "sample_ids"])
 
 
 # ---------------------------------------------------------------- churn (columnar)
@@ -118,6 +89,8 @@ class EpochRows:
         self.sample_rank = np.repeat(self.rank.astype(np.int64), per_batch)
 
     def batch_ids(self, i: int, limit: int = 8) -> list[list[int]]:
+        """Microbatch `i`'s rows of sample ids, at most `limit` ids in all (for the report's first
+        difference)."""
         p = self.pos[i]
         r0, r1 = self.batch_bounds[p], self.batch_bounds[p + 1]
         out, shown = [], 0
@@ -285,9 +258,11 @@ def _changed(a: Any, b: Any) -> bool:
 
 def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float = DEFAULT_TOLERANCE,
                show_ids: int = 8) -> dict[str, Any]:
-    """The full comparison of two plan directories (see module docstring); raises StoreError on bad input."""
+    """The full comparison of two plan directories (see module docstring).
+
+    Raises `store.StoreError` for an input that is not a readable plan, `SettingsError` for a bad tolerance."""
     if not (tolerance >= 0 and math.isfinite(tolerance)):
-        raise store.StoreError(f"--tolerance must be a non-negative number, got {tolerance}")
+        raise SettingsError(f"--tolerance must be a non-negative number, got {tolerance}")
     old, new = PlanInfo(old_path), PlanInfo(new_path)
     fo, fn = old.fingerprints, new.fingerprints
 
@@ -410,177 +385,7 @@ def parse_fail_on(values: list[str] | None) -> list[str]:
             if not part:
                 continue
             if part not in FAIL_ON:
-                raise store.StoreError(f"--fail-on must be one of {', '.join(FAIL_ON)}; got {part!r}")
+                raise SettingsError(f"--fail-on must be one of {', '.join(FAIL_ON)}; got {part!r}")
             if part not in out:
                 out.append(part)
     return out
-
-
-# ---------------------------------------------------------------- rendering
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, float):
-        return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.0f}"
-    return str(v)
-
-
-def _fmt_delta(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:+.4g}"
-    return f"{v:+d}" if isinstance(v, int) else str(v)
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def _short(fp: Any) -> str:
-    return str(fp)[:12] if isinstance(fp, str) and len(fp) > 12 else _fmt(fp)
-
-
-def summary_line(report: dict[str, Any]) -> str:
-    if report["identical"]:
-        return "plans are identical (dataset, metadata, config and every epoch's plan fingerprint match)"
-    ch = report["changes"]
-    what = [k for k in ("config", "dataset", "metadata", "plan") if ch[k]]
-    line = f"plans differ: {', '.join(what)} changed"
-    if ch["config"] and report["config"]:
-        line += " (settings: " + ", ".join(c["setting"] for c in report["config"]) + ")"
-    if report["regressions"]:
-        line += f"; {len(report['regressions'])} metric regression(s)"
-    return line
-
-
-def _after_rows(report: dict[str, Any]) -> list[tuple[int, str, Any, Any]]:
-    """(epoch, metric, old, new) of the summary metrics at the after stage, changed or not (from the report)."""
-    out = []
-    for entry in report["metrics"]:
-        if entry["stage"] != "after" or entry["status"] != "both":
-            continue
-        for c in entry["changes"]:
-            if c["metric"] in SUMMARY_METRICS:
-                out.append((entry["epoch"], c["metric"], c["old"], c["new"]))
-    order = {m: i for i, m in enumerate(SUMMARY_METRICS)}
-    return sorted(out, key=lambda r: (r[0], order[r[1]]))
-
-
-def render_text(report: dict[str, Any], failed: list[str] | None = None) -> str:
-    lines = [f"old: {report['old']}", f"new: {report['new']}", summary_line(report)]
-    if report["config"]:
-        lines.append("config changes:")
-        lines += [f"  {c['setting']}: {_fmt(c['old'])} -> {_fmt(c['new'])}" for c in report["config"]]
-    changed_fp = [f for f in report["fingerprints"] if f["changed"]]
-    if changed_fp:
-        lines.append("fingerprint changes:")
-        lines += [f"  {f['name']}: {_short(f['old'])} -> {_short(f['new'])}" for f in changed_fp]
-    metric_lines = []
-    for entry in report["metrics"]:
-        if entry["status"] != "both":
-            metric_lines.append(f"  epoch {entry['epoch']} {entry['stage']}: only in {entry['status'][:3]}")
-            continue
-        for c in entry["changes"]:
-            metric_lines.append(f"  epoch {entry['epoch']} {entry['stage']:<8} {c['metric']:<28} "
-                                f"{_fmt(c['old']):>12} -> {_fmt(c['new']):<12} ({_fmt_delta(c['delta'])})")
-    if metric_lines:
-        lines.append("metric deltas (epoch, stage, metric, old -> new):")
-        lines += metric_lines
-    if report["regressions"]:
-        lines.append(f"metric regressions (tolerance {report['tolerance']}):")
-        lines += [f"  epoch {r['epoch']} {r['metric']}: {_fmt(r['old'])} -> {_fmt(r['new'])} "
-                  f"(worse by {abs(r['delta']):.4g}, allowed {r['allowed']:.4g})" for r in report["regressions"]]
-    churn_lines = []
-    for c in report["churn"]:
-        if c["status"] != "compared":
-            churn_lines.append(f"  epoch {c['epoch']}: only in {c['status'][:3]} plan")
-            continue
-        if c["first_differing_microbatch"] is None:
-            continue
-        line = (f"  epoch {c['epoch']}: update changed {_pct(c['update_changed_share'])}, rank changed "
-                f"{_pct(c['rank_changed_share'])} of {c['common_samples']} common samples; microbatches identical "
-                f"{c['identical_microbatches']}/{max(c['microbatches_old'], c['microbatches_new'])} "
-                f"({_pct(c['identical_microbatch_share'])}); first differing microbatch "
-                f"{c['first_differing_microbatch']}")
-        if c["added_samples"] or c["removed_samples"]:
-            line += f"; samples +{c['added_samples']} -{c['removed_samples']}"
-        churn_lines.append(line)
-        fd = c["first_difference"]
-        for side in ("old", "new"):
-            d = fd[side] if fd else None
-            churn_lines.append(f"    {side}: " + ("(none)" if d is None else
-                               f"update {d['update']} rank {d['rank']}, {d['samples']} samples, ids "
-                               f"{_ids(d['sample_ids'], d['samples'])}"))
-    if churn_lines:
-        lines.append("membership churn:")
-        lines += churn_lines
-    if failed:
-        lines.append("FAILED: " + "; ".join(failed))
-    return "\n".join(lines) + "\n"
-
-
-def _ids(rows: list[list[int]], total: int) -> str:
-    shown = sum(len(r) for r in rows)
-    text = " | ".join(",".join(str(i) for i in r) for r in rows)
-    return f"[{text}{' ...' if shown < total else ''}]"
-
-
-def render_markdown(report: dict[str, Any], failed: list[str] | None = None) -> str:
-    """A compact CI comment: one verdict line, one table of what moved, the rest folded. No paths, no times."""
-    out = ["### plancc plan diff", ""]
-    icon = "✅" if report["identical"] else ("❌" if failed else "⚠️")
-    out.append(f"{icon} {summary_line(report)}")
-    if failed:
-        out.append("")
-        out.append("**Failing:** " + "; ".join(failed))
-    if report["identical"]:
-        return "\n".join(out) + "\n"
-    out.append("")
-    rows: list[tuple[str, str, str, str]] = []
-    for c in report["config"]:
-        rows.append(("setting", f"`{c['setting']}`", _fmt(c["old"]), _fmt(c["new"])))
-    for f in report["fingerprints"]:
-        if f["changed"] and f["name"] in ("dataset", "metadata", "plancc", "schema"):
-            rows.append(("fingerprint", f["name"], f"`{_short(f['old'])}`", f"`{_short(f['new'])}`"))
-    plan_changed = [f for f in report["fingerprints"] if f["changed"] and f["name"].startswith("plan[")]
-    if plan_changed:
-        rows.append(("fingerprint", "plan", f"{len(plan_changed)} epoch(s) changed", ""))
-    for e, metric, a, b in _after_rows(report):
-        delta = (b - a) if a is not None and b is not None else None
-        rows.append((f"epoch {e}", metric, _fmt(a), f"{_fmt(b)} ({_fmt_delta(delta)})"))
-    for c in report["churn"]:
-        if c["status"] != "compared":
-            rows.append((f"epoch {c['epoch']}", "epoch", "present" if c["status"] == "old_only" else "absent",
-                         "present" if c["status"] == "new_only" else "absent"))
-        elif c["first_differing_microbatch"] is not None:
-            rows.append((f"epoch {c['epoch']}", "churn", "",
-                         f"update {_pct(c['update_changed_share'])}, rank {_pct(c['rank_changed_share'])}, "
-                         f"identical microbatches {_pct(c['identical_microbatch_share'])}, first diff "
-                         f"#{c['first_differing_microbatch']}"))
-    if rows:
-        out.append("| where | what | old | new |")
-        out.append("|---|---|---|---|")
-        out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
-    if report["regressions"]:
-        out.append("")
-        out.append(f"**Regressions** (tolerance {report['tolerance']}): " + ", ".join(
-            f"{r['metric']} epoch {r['epoch']} {_fmt(r['old'])} → {_fmt(r['new'])}" for r in report["regressions"]))
-    detail = []
-    for entry in report["metrics"]:
-        if entry["status"] == "both" and entry["changes"]:
-            detail += [f"| {entry['epoch']} | {entry['stage']} | {c['metric']} | {_fmt(c['old'])} | {_fmt(c['new'])} "
-                       f"| {_fmt_delta(c['delta'])} |" for c in entry["changes"]]
-    if detail:
-        more = len(detail) - MAX_DETAIL_ROWS
-        summary = "All metric deltas" if more <= 0 else f"Metric deltas (first {MAX_DETAIL_ROWS} of {len(detail)})"
-        out += ["", f"<details><summary>{summary}</summary>", "",
-                "| epoch | stage | metric | old | new | Δ |", "|---|---|---|---|---|---|", *detail[:MAX_DETAIL_ROWS]]
-        if more > 0:
-            out.append(f"\n{more} more in `plancc diff --format json`")
-        out += ["", "</details>"]
-    return "\n".join(out) + "\n"

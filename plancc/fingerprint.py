@@ -45,18 +45,18 @@ def array_digest(*arrays: np.ndarray) -> str:
 
 def dataset_fingerprint(sample_id: np.ndarray, token_hash: np.ndarray) -> str:
     """Equal digest means equal token content (ids and labels) of the same retained sample ids."""
-    return array_digest(sample_id.astype(np.int64), token_hash.astype(np.uint64))
+    return array_digest(sample_id.astype(np.int64, copy=False), token_hash.astype(np.uint64, copy=False))
 
 
 def metadata_fingerprint(sample_id: np.ndarray, length: np.ndarray, label_count: np.ndarray,
                          first_label_supervised: np.ndarray, identity: dict[str, str | None] | None = None) -> str:
     """What the planner saw of each sample (lengths and label counts) and what made them: the tokenizer's and the
     chat template's fingerprints (`identity`; none for a bare or already tokenized table)."""
-    digest = array_digest(
-        sample_id.astype(np.int64),
-        length.astype(np.int32),
-        label_count.astype(np.int32),
-        first_label_supervised.astype(np.uint8),
+    digest = array_digest(  # no copies of arrays already of these types (10M samples: 250 MB saved)
+        sample_id.astype(np.int64, copy=False),
+        length.astype(np.int32, copy=False),
+        label_count.astype(np.int32, copy=False),
+        first_label_supervised.astype(np.uint8, copy=False),
     )
     made_by = {k: v for k, v in (identity or {}).items() if v}
     return canonical_hash({"samples": digest, **made_by}) if made_by else digest
@@ -82,6 +82,12 @@ def config_fingerprint(settings: dict[str, Any]) -> str:
     return canonical_hash(settings)
 
 
+def before_checksum(epoch: np.ndarray, label_count: np.ndarray) -> str:
+    """Digest of the before stage's label count per microbatch (`epoch`, `label_count`, in (epoch, index) order):
+    the plan file records it, so an edit of before.parquet is detected like one of metrics.parquet."""
+    return array_digest(epoch.astype(np.int32), label_count.astype(np.int64))
+
+
 def metrics_checksum(rows: list[dict[str, Any]]) -> str:
     """Digest of the metrics rows as stored (epoch, stage, every metric; floats exactly): they have no fingerprint,
     so the plan file records this to make any edit of metrics.parquet detectable."""
@@ -91,6 +97,7 @@ def metrics_checksum(rows: list[dict[str, Any]]) -> str:
 __all__ = [
     "PLAN_FINGERPRINT_COLUMNS",
     "array_digest",
+    "before_checksum",
     "config_fingerprint",
     "dataset_fingerprint",
     "metadata_fingerprint",

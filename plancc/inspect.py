@@ -5,11 +5,9 @@
   (update, micro_step, rank) order - with their rows' sample ids, tokens, labels, cost and the update's global
   label total. Filters are pushed into the Parquet read (row groups are skipped on their statistics) and only
   the first `limit` matching microbatches have their sample ids decoded, so a 10M-sample plan answers fast.
-* `before_counts(plan_dir, epoch)`: per-microbatch label counts and per-update totals of the `before` stage.
-  The plan stores only the final (`after`) layout; the `before` layout is recomputed from the plan's own samples
-  table and settings by the compile pipeline's own first step (`pipeline.before_batches`), which is
-  deterministic. The recomputation is checked against the stored `before` metrics;
-  when they disagree (a plan written by another plancc version) it is reported as not reproduced.
+* `before_counts(plan_dir, epoch)`: per-microbatch label counts and per-update totals of the `before` stage
+  next to the `after` ones, read from what compile stored (`before.parquet`; nothing is recomputed). A plan of an
+  older plancc that did not store them shows `after` only and says so.
 * `metrics_tables(rows)`: rich tables, one per epoch, metrics down, stages across.
 """
 
@@ -25,6 +23,9 @@ import pyarrow.compute as pc
 
 from plancc import store
 from plancc.errors import PlanccError
+from plancc.layout import complete_updates
+from plancc.metric_columns import METRIC_COLUMNS
+from plancc.numbers import format_number, padding_ratio
 
 SCALAR_COLUMNS = ["epoch", "index", "update", "rank", "micro_step", "tokens", "label_count", "cost", "num_items",
                   "complete_update"]
@@ -34,34 +35,15 @@ HEADLINE = ("samples", "batches", "updates", "label_cv", "update_label_cv", "pac
             "max_naive_weight_skew")
 
 
-def _plan_dir(plan_dir: str | Path) -> Path:
-    p = Path(plan_dir)
-    if p.is_file() and p.name == store.PLAN_FILE:
-        p = p.parent
-    if not p.is_dir():
-        raise store.StoreError(f"{plan_dir} is not a plan directory" + ("" if p.exists() else " (it does not exist)"))
-    if not (p / store.PLAN_FILE).exists():
-        raise store.StoreError(f"{plan_dir} is not a plan directory (no {store.PLAN_FILE}); write one with "
-                               "`plancc compile SOURCE -o PLAN_DIR`")
-    meta = store.read_file_meta(p / store.PLAN_FILE)
-    if meta.get("kind") != "plan":
-        raise store.StoreError(f"{p / store.PLAN_FILE} is a plancc '{meta.get('kind')}' file, not a plan")
-    return p
-
-
-def plan_meta(plan_dir: str | Path) -> dict[str, Any]:
-    return store.read_file_meta(_plan_dir(plan_dir) / store.PLAN_FILE)
-
-
-def read_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
-    p = _plan_dir(plan_dir)
-    rows = store.read_table(p / store.METRICS_FILE, store.metrics_schema()).to_pylist()
+def read_metrics(plan_dir: str | Path | store.PlanDir, epoch: int | None = None) -> list[dict[str, Any]]:
+    """The metrics rows `{epoch, stage, metric..., padding_ratio}` of every epoch (or one), as stored."""
+    plan = plan_dir if isinstance(plan_dir, store.PlanDir) else store.PlanDir(plan_dir)
+    rows = plan.read_metrics().to_pylist()
     out = []
     for r in rows:
         if epoch is not None and r["epoch"] != epoch:
             continue
-        cost, pad = r.get("total_batch_cost"), r.get("padding_tokens")
-        r["padding_ratio"] = (pad / cost if cost else 0.0) if cost is not None and pad is not None else None
+        r["padding_ratio"] = padding_ratio(r)
         out.append(r)
     if epoch is not None and not out:
         raise PlanccError(f"--epoch {epoch}: the plan has no such epoch "
@@ -69,20 +51,10 @@ def read_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[st
     return out
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4f}" if abs(v) < 1e6 else f"{v:.4g}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
-
-
 def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
     """One rich Table per epoch: metrics down, stages across (before, balancing stages, after); `compact`: only
     the headline metrics and the before and after stages (fits 80 columns)."""
     from rich.table import Table
-
-    from plancc.metrics import METRIC_COLUMNS
 
     names = list(HEADLINE) + ([] if compact else [n for n, _ in METRIC_COLUMNS if n not in HEADLINE])
     tables = []
@@ -96,7 +68,7 @@ def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
             values = [r.get(n) for r in stages]
             if all(v is None for v in values):
                 continue
-            t.add_row(n, *(_fmt(v) for v in values))
+            t.add_row(n, *(format_number(v) for v in values))
         tables.append(t)
     return tables
 
@@ -106,6 +78,9 @@ def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
 
 @dataclass
 class PlanView:
+    """What `plancc inspect plan` shows: the matching microbatches (the first `limit` with their sample ids) and
+    totals over all of them."""
+
     settings: dict[str, Any]
     fingerprints: dict[str, Any]
     matching: int  # microbatches matching the filters
@@ -114,22 +89,22 @@ class PlanView:
     rows: list[dict[str, Any]]  # the first `limit` of them
 
     def to_json(self) -> dict[str, Any]:
+        """The view as `inspect plan --json` prints it."""
         return {"settings": self.settings, "fingerprints": self.fingerprints, "matching_microbatches": self.matching,
                 "shown": len(self.rows), "tokens": self.tokens, "labels": self.labels, "microbatches": self.rows}
 
 
-def _filters(plan_dir: Path, meta: dict[str, Any], epoch: int | None, update: int | None, rank: int | None,
+def _filters(plan: store.PlanDir, epoch: int | None, update: int | None, rank: int | None,
              micro_step: int | None) -> list[tuple]:
     """Parquet filters for the given values; a value outside the plan's range is an error naming the range."""
-    settings = meta["settings"]
-    epochs = sorted(int(e) for e in meta["fingerprints"].get("plan", {}))
-    updates = [e["updates"] for e in store.read_manifest(plan_dir).get("epochs", [])
+    epochs = sorted(int(e) for e in plan.fingerprints.get("plan", {}))
+    updates = [e["updates"] for e in plan.meta.get("epochs", [])
                if epoch is None or e["epoch"] == epoch] if update is not None else []
     ranges = {  # name: (value, how many there are, what has that many)
         "epoch": (epoch, None, f"epochs {epochs}"),
         "update": (update, max(updates, default=0), "updates" + ("" if epoch is None else f" in epoch {epoch}")),
-        "rank": (rank, settings.get("world_size", 1), "ranks (world size)"),
-        "micro_step": (micro_step, settings.get("grad_accum", 1), "micro-steps (grad accum)"),
+        "rank": (rank, plan.settings.world_size, "ranks (world size)"),
+        "micro_step": (micro_step, plan.settings.grad_accum, "micro-steps (grad accum)"),
     }
     f = []
     for name, (v, count, what) in ranges.items():
@@ -148,14 +123,11 @@ def _filters(plan_dir: Path, meta: dict[str, Any], epoch: int | None, update: in
 def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | None = None,
               rank: int | None = None, micro_step: int | None = None, limit: int = 20) -> PlanView:
     """The matching microbatches in global order; only the first `limit` (0: all) carry their sample ids."""
-    p = _plan_dir(plan_dir)
-    meta = store.read_file_meta(p / store.PLAN_FILE)
-    settings = meta["settings"]
+    plan = store.PlanDir(plan_dir)
     if limit < 0:
         raise PlanccError(f"--limit must be >= 0, got {limit}")
-    path = p / store.PLAN_FILE
-    filters = _filters(p, meta, epoch, update, rank, micro_step) or None
-    head = store.read_table(path, store.PLAN_SCHEMA, columns=SCALAR_COLUMNS, filters=filters)
+    filters = _filters(plan, epoch, update, rank, micro_step) or None
+    head = plan.read_rows(SCALAR_COLUMNS, filters)
     head = head.take(pc.sort_indices(head, [("epoch", "ascending"), ("index", "ascending")]))
     matching = head.num_rows
     tokens = int(pc.sum(head.column("tokens")).as_py() or 0)
@@ -168,7 +140,7 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
         wanted = ep * (1 << 40) + ix
         f2 = [*(filters or []), ("epoch", ">=", int(ep.min())), ("epoch", "<=", int(ep.max())),
               ("index", ">=", int(ix.min())), ("index", "<=", int(ix.max()))]
-        full = store.read_table(path, store.PLAN_SCHEMA, columns=["epoch", "index", "sample_ids"], filters=f2)
+        full = plan.read_rows(["epoch", "index", "sample_ids"], f2)
         key = full.column("epoch").to_numpy().astype(np.int64) * (1 << 40) + full.column("index").to_numpy()
         order = np.argsort(key, kind="stable")
         at = order[np.searchsorted(key[order], wanted)]
@@ -180,7 +152,7 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
             sample_rows = [flat[row_bounds[r]: row_bounds[r + 1]].tolist() for r in range(r0, r1)]
             rows.append({**{k: scalars[k][i] for k in SCALAR_COLUMNS}, "rows": r1 - r0,
                          "samples": int(row_bounds[r1] - row_bounds[r0]), "sample_ids": sample_rows})
-    return PlanView(settings, meta["fingerprints"], matching, tokens, labels, rows)
+    return PlanView(plan.settings.to_dict(), plan.fingerprints, matching, tokens, labels, rows)
 
 
 def format_ids(sample_rows: list[list[int]], max_ids: int) -> str:
@@ -209,6 +181,7 @@ def console():
 
 
 def plan_table(view: PlanView, max_ids: int = 8):
+    """A rich Table of the view's microbatches, at most `max_ids` sample ids each (0: all)."""
     from rich.table import Table
 
     t = Table()
@@ -228,55 +201,36 @@ def plan_table(view: PlanView, max_ids: int = 8):
 
 @dataclass
 class StageCounts:
+    """Supervised targets per microbatch of one stage, and their totals per complete update."""
+
     label_counts: np.ndarray  # per microbatch
     update_totals: np.ndarray  # per complete update
 
 
 @dataclass
 class BeforeAfter:
+    """One epoch's counts before and after balancing (what `inspect metrics --plot` draws)."""
+
     epoch: int
-    before: StageCounts | None  # None when the before plan could not be reproduced
+    before: StageCounts | None  # None for a plan that did not store its before stage
     after: StageCounts
     note: str
 
 
-def _update_totals(labels: np.ndarray, per_update: int) -> np.ndarray:
-    n = labels.shape[0] // per_update
-    return labels[: n * per_update].reshape(n, per_update).sum(axis=1)
+def _stage(labels: np.ndarray, world_size: int, grad_accum: int) -> StageCounts:
+    full = complete_updates(labels.shape[0], world_size, grad_accum)
+    return StageCounts(labels, labels[: full * world_size * grad_accum].reshape(full, -1).sum(axis=1))
 
 
-def before_counts(plan_dir: str | Path, epoch: int) -> BeforeAfter:
-    """Recompute the `before` stage of `epoch` from the plan's samples table and settings (see module doc)."""
-    from plancc.build import sample_arrays
-    from plancc.config import PlanSettings
-    from plancc.metrics import summarize
-    from plancc.pipeline import before_batches
-    from plancc.plan import batch_targets
-
-    p = _plan_dir(plan_dir)
-    meta = store.read_file_meta(p / store.PLAN_FILE)
-    if str(epoch) not in meta["fingerprints"].get("plan", {}):
+def before_counts(plan_dir: str | Path | store.PlanDir, epoch: int) -> BeforeAfter:
+    """The `before` and `after` label counts of `epoch`, as compile stored them (see module doc)."""
+    plan = plan_dir if isinstance(plan_dir, store.PlanDir) else store.PlanDir(plan_dir)
+    if str(epoch) not in plan.fingerprints.get("plan", {}):
         raise PlanccError(f"--epoch {epoch}: the plan has epochs "
-                          f"{sorted(int(e) for e in meta['fingerprints'].get('plan', {}))}")
-    try:
-        settings = PlanSettings(**meta["settings"])
-    except TypeError as exc:
-        raise store.StoreError(f"{p / store.PLAN_FILE}: settings this plancc does not know ({exc})") from None
-    per_update = settings.batches_per_update
-    after_labels = store.read_plan(p, epoch=epoch, columns=["index", "label_count"])
-    after_labels = after_labels.take(pc.sort_indices(after_labels, [("index", "ascending")]))
-    a = after_labels.column("label_count").to_numpy()
-    after = StageCounts(a, _update_totals(a, per_update))
-
-    s = sample_arrays(store.read_samples(p / store.SAMPLES_FILE))
-    b, _ = before_batches(s, settings, epoch)
-    stored = {r["stage"]: r for r in read_metrics(p, epoch)}.get("before")
-    again = summarize(b, s, settings)
-    keys = ("batches", "total_label_count", "std_label_count", "std_global_update_labels")
-    if stored is None or any(
-        stored.get(k) is None or not np.isclose(float(stored[k]), float(again[k]), rtol=1e-9, atol=1e-9) for k in keys
-    ):
-        return BeforeAfter(epoch, None, after, "before stage not reproduced by this plancc version: after only")
-    labels = batch_targets(b, s, settings.shift)
-    before = StageCounts(labels, _update_totals(labels, per_update))
-    return BeforeAfter(epoch, before, after, "before recomputed from samples.parquet + settings (verified)")
+                          f"{sorted(int(e) for e in plan.fingerprints.get('plan', {}))}")
+    W, G = plan.settings.world_size, plan.settings.grad_accum
+    after = _stage(store.column(plan.read_epoch(epoch, ["index", "label_count"]), "label_count"), W, G)
+    labels = plan.before_labels(epoch)
+    if labels is None:
+        return BeforeAfter(epoch, None, after, "before stage not stored (a plan of an older plancc): after only")
+    return BeforeAfter(epoch, _stage(labels, W, G), after, f"before as compiled ({store.BEFORE_FILE})")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc.config import PlanSettings
+from plancc.config import Mode, PlanSettings
 from plancc.layout import complete_updates
 from plancc.plan import (
     Batches,
@@ -24,44 +24,6 @@ from plancc.plan import (
     batch_targets,
     batch_tokens,
     row_tokens,
-)
-
-METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("samples", "int"),
-    ("dropped_samples", "int"),
-    ("tail_dropped_samples", "int"),
-    ("truncated_samples", "int"),
-    ("batches", "int"),
-    ("packed_rows", "int"),
-    ("mean_packed_length", "float"),
-    ("mean_label_count", "float"),
-    ("std_label_count", "float"),
-    ("label_cv", "float"),
-    ("total_label_count", "int"),
-    ("total_tokens", "int"),
-    ("mean_unpadded_length", "float"),
-    ("std_unpadded_length", "float"),
-    ("max_unpadded_length", "int"),
-    ("mean_batch_cost", "float"),
-    ("std_batch_cost", "float"),
-    ("max_batch_cost", "int"),
-    ("total_batch_cost", "int"),
-    ("padding_tokens", "int"),
-    ("packing_efficiency", "float"),
-    ("rows_lower_bound", "int"),
-    ("updates", "int"),
-    ("mean_global_update_labels", "float"),
-    ("std_global_update_labels", "float"),
-    ("update_label_cv", "float"),
-    ("excluded_tail_microbatches", "int"),
-    ("mean_rank_cost_spread", "float"),
-    ("max_rank_cost_spread", "int"),
-    ("mean_rank_label_spread", "float"),
-    ("max_rank_label_spread", "int"),
-    ("attention_cv", "float"),
-    ("mean_rank_attention_spread", "float"),
-    ("max_rank_attention_spread", "int"),
-    ("max_naive_weight_skew", "float"),
 )
 
 
@@ -101,7 +63,7 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
     mean_c, std_c = _mean_std(cost)
     total_tokens = int(tokens.sum())
     capacity = settings.row_capacity
-    slots = b.num_rows * capacity if settings.mode == "packed" else int(cost.sum())
+    slots = b.num_rows * capacity if settings.mode == Mode.PACKED else int(cost.sum())
 
     W, G = settings.world_size, settings.grad_accum
     n_upd = complete_updates(b.num_batches, W, G)
@@ -145,7 +107,7 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "total_batch_cost": int(cost.sum()),
         "padding_tokens": int(cost.sum()) - total_tokens,
         "packing_efficiency": total_tokens / slots if slots else 0.0,
-        "rows_lower_bound": math.ceil(total_tokens / capacity) if settings.mode == "packed" else None,
+        "rows_lower_bound": math.ceil(total_tokens / capacity) if settings.mode == Mode.PACKED else None,
         "updates": n_upd,
         "mean_global_update_labels": mean_u,
         "std_global_update_labels": std_u,

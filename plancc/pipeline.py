@@ -29,9 +29,12 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class EpochPlan:
+    """One epoch planned: the final microbatches, each stage's metrics, and what the read side shows of `before`."""
+
     epoch: int
     batches: Batches
     metrics: list[tuple[str, dict]]  # (stage, metrics row) in pipeline order, ending with "after"
+    before_labels: np.ndarray  # int64 supervised targets per microbatch of the `before` stage (inspect's histograms)
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -61,10 +64,7 @@ def check_fits(s: SampleArrays, settings: PlanSettings) -> None:
 
 
 def before_batches(s: SampleArrays, settings: PlanSettings, epoch: int) -> tuple[Batches, np.random.Generator]:
-    """The `before` plan of `epoch` (packed or grouped, tail dropped if asked) and the rng balancing continues with.
-
-    Deterministic, so the read side can rebuild what balancing started from without storing it.
-    """
+    """The `before` plan of `epoch` (packed or grouped, tail dropped if asked) and the rng balancing continues with."""
     rng = epoch_rng(settings.seed, epoch)
     b = pack.initial_batches(s, settings, rng)
     if settings.drop_last:
@@ -80,7 +80,9 @@ def before_batches(s: SampleArrays, settings: PlanSettings, epoch: int) -> tuple
 
 def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None,
                drops: SourceDrops = NO_DROPS) -> EpochPlan:
+    """Pack `epoch`, then run every balancing stage in turn, summarizing the plan after each."""
     b, rng = before_batches(s, settings, epoch)
+    before_labels = batch_targets(b, s, settings.shift)
     metrics = [("before", summarize(b, s, settings, drops))]
     passes = balance.stages(settings)
     for done, (name, stage) in enumerate(passes, 1):
@@ -89,7 +91,7 @@ def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Pr
         if progress:
             progress(f"balancing epoch {epoch}", done, len(passes))
     metrics.append(("after", metrics[-1][1]))
-    return EpochPlan(epoch, b, metrics)
+    return EpochPlan(epoch, b, metrics, before_labels)
 
 
 def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None,

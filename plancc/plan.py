@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plancc.config import Mode, Shift
+
 
 @dataclass(frozen=True)
 class SampleArrays:
@@ -38,7 +40,7 @@ class SampleArrays:
         are. Under `row` shift this is exact for the first sample of a row; later samples in a row gain back
         their first label (see `row_targets`).
         """
-        if shift == "none":
+        if shift == Shift.NONE:
             return self.label_count
         return self.label_count - self.first_label_supervised.astype(np.int64)
 
@@ -53,16 +55,20 @@ class Batches:
 
     @property
     def num_batches(self) -> int:
+        """Microbatches in the epoch."""
         return int(self.batch_bounds.shape[0] - 1)
 
     @property
     def num_rows(self) -> int:
+        """Rows in the epoch (packed rows, padded samples or flattened rows)."""
         return int(self.row_bounds.shape[0] - 1)
 
     def rows_per_batch(self) -> np.ndarray:
+        """Rows of each microbatch."""
         return np.diff(self.batch_bounds)
 
     def samples_per_row(self) -> np.ndarray:
+        """Samples of each row."""
         return np.diff(self.row_bounds)
 
     def row_of_sample(self) -> np.ndarray:
@@ -70,6 +76,7 @@ class Batches:
         return np.repeat(np.arange(self.num_rows, dtype=np.int64), self.samples_per_row())
 
     def batch_of_row(self) -> np.ndarray:
+        """Microbatch index of each row."""
         return np.repeat(np.arange(self.num_batches, dtype=np.int64), self.rows_per_batch())
 
 
@@ -88,12 +95,13 @@ def segment_max(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
 
 
 def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
+    """Unpadded tokens per row."""
     return segment_sum(s.length[b.samples], b.row_bounds)
 
 
 def row_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
     """Supervised targets per row, exactly as the collator feeds the loss (SPEC 3)."""
-    if shift == "row":
+    if shift == Shift.ROW:
         per_row = segment_sum(s.label_count[b.samples], b.row_bounds)
         first = b.samples[b.row_bounds[:-1]]
         return per_row - s.first_label_supervised[first].astype(np.int64)
@@ -101,10 +109,12 @@ def row_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
 
 
 def batch_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
+    """Unpadded tokens per microbatch."""
     return segment_sum(row_tokens(b, s), b.batch_bounds)
 
 
 def batch_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+    """Supervised targets per microbatch (SPEC 3): the plan's `label_count` column."""
     return segment_sum(row_targets(b, s, shift), b.batch_bounds)
 
 
@@ -122,7 +132,7 @@ def batch_cost(b: Batches, s: SampleArrays, pad_multiple: int) -> np.ndarray:
 def batch_attention(b: Batches, s: SampleArrays, mode: str, pad_multiple: int) -> np.ndarray:
     """Attention work per microbatch: the sum of squared segment lengths, what varlen attention spends (each sample
     attends within itself). Padded rows run dense attention: each row costs its padded length squared."""
-    if mode == "padded":
+    if mode == Mode.PADDED:
         longest = segment_max(row_tokens(b, s), b.batch_bounds)
         padded = -(-longest // pad_multiple) * pad_multiple
         return b.rows_per_batch() * padded * padded

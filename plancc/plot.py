@@ -1,9 +1,8 @@
 """Before-vs-after histograms of a plan (optional extra `plot`: `pip install plancc[plot]`).
 
 One figure, one row of two panels per epoch: supervised labels per microbatch and global labels per optimizer
-update, `before` (shuffled + packed) against `after` (balanced). The `before` counts are recomputed
-deterministically from the plan's samples table and settings (`plancc.inspect.before_counts`); when that cannot
-be reproduced the panel shows `after` alone and says so.
+update, `before` (shuffled + packed) against `after` (balanced), both as compile stored them
+(`plancc.inspect.before_counts`); for a plan that did not store `before` the panel shows `after` alone and says so.
 """
 
 from __future__ import annotations
@@ -52,15 +51,16 @@ def _panel(ax, before: np.ndarray | None, after: np.ndarray, title: str, xlabel:
 
 def plot_metrics(plan_dir: str | Path, out: str | Path, epochs: list[int] | None = None) -> list[str]:
     """Write the PNG to `out`; returns one note per epoch (how `before` was obtained)."""
-    from plancc.inspect import before_counts, plan_meta
+    from plancc import store
+    from plancc.inspect import before_counts
 
     plt = _matplotlib()
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise PlanccError(f"--plot writes a PNG: give a file name ending in .png, got {out}")
-    all_epochs = sorted(int(e) for e in plan_meta(plan_dir)["fingerprints"].get("plan", {}))
-    epochs = all_epochs if epochs is None else epochs
-    data = [before_counts(plan_dir, e) for e in epochs]
+    plan = store.PlanDir(plan_dir)
+    epochs = sorted(int(e) for e in plan.fingerprints.get("plan", {})) if epochs is None else epochs
+    data = [before_counts(plan, e) for e in epochs]
     fig, axes = plt.subplots(len(data), 2, figsize=(11, 3.6 * len(data)), squeeze=False)
     for row, ba in zip(axes, data, strict=True):
         b = ba.before

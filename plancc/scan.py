@@ -1,29 +1,42 @@
-"""The scan: SOURCE → samples table (+ tokenized dataset), cached by (source content, tokenizer, chat template, scan
-options).
+"""The scan: SOURCE → samples table (+ token store), streamed in shards, cached by (source content, tokenizer,
+chat template, scan options), resumable.
 
-    read (sources.read) → map columns, detect format, check columns (sources.detect) → encode rows
-    (sources.parallel / sources.encode, or sources.samples.from_tokenized) → long policy, counts, drops, hashes
-    (sources.samples) → drop check (--max-dropped) → cache directory {samples.parquet, tokens/,
-    scan.json}, written atomically
+    identity (tokenizer, template, location) → cache key → cache hit? done
+    prepare (plancc.shard: manifest of (file, rows), format from the first rows) → for each shard of
+    `shard_rows` rows: reuse its finished part, or read its rows → encode (sources.parallel) → long policy,
+    counts, hashes (sources.samples) → part directory → join the parts (plancc.merge) → drop check
+    (--max-dropped) → cache directory {samples.parquet, tokens/, scan.json}, written atomically
 
-A scan whose drops exceed `--max-dropped` writes nothing, not even its cache entry; the check also runs on every
-cache hit, so a threshold lowered later is never bypassed. The report (`scan.json`) counts every dropped and
-truncated sample and names the tokenizer and chat template with their fingerprints; `warnings` holds the lines a
-user must see (drops, template markers that are not single tokens, the split a dataset dict was read with).
+Memory follows one shard, not the source: rows are read a shard at a time (`sources.rows`), each shard's tokens
+go to disk as it finishes, and what stays is the samples table (25 bytes a sample). A scan killed part way leaves
+its finished parts in the cache (`scans/KEY.parts/`); the same scan run again (same source content, options and
+`shard_rows`) reuses them and scans only the rest. The joined scan is what `plancc merge` makes of the same
+parts, so a local scan, `--shard I/N` parts merged, and any engine running `plancc.shard.scan_part` give the same
+samples table, byte for byte.
 
-The token store (`plancc.token_store`: memory-mappable flat arrays + chunk hashes) has one row per SOURCE row in
-source order, so `sample_id` is the row the trainer loads; dropped rows stay in it (they are simply absent from the
-samples table). Under `--shift none` its `labels` hold already-shifted labels (report `labels_shifted`). It is
-written for every format, an already-tokenized source included (converted once: the runtime then maps it instead
-of parsing the user's files, and a plan no longer depends on where they live); a sharded source is one store.
+A scan whose drops exceed `--max-dropped` writes nothing, not even its cache entry (its parts are removed); the
+check also runs on every cache hit, so a threshold lowered later is never bypassed. The report (`scan.json`)
+counts every dropped and truncated sample and names the tokenizer and chat template with their fingerprints;
+`warnings` holds the lines a user must see (drops, template markers that are not single tokens, the split a
+dataset dict was read with).
 
-`num_proc > 1` spawns worker processes: a script calling `scan` that way needs an `if __name__ == "__main__":`
-guard (the `plancc` command has one).
+The token store (`plancc.token_store`) has one row per SOURCE row in source order, so `sample_id` is the row the
+trainer loads; dropped rows stay in it (they are simply absent from the samples table). Under `--shift none` its
+`labels` hold already-shifted labels (report `labels_shifted`). It is written for every format, an
+already-tokenized source included (converted once: the runtime then maps it instead of parsing the user's files,
+and a plan no longer depends on where they live). A scan of one shard has a single store; of several, a
+multi-part store of the shards' stores (hard links, no copy).
+
+`num_proc > 1` spawns worker processes (once per scan, shared by its shards): a script calling `scan` that way
+needs an `if __name__ == "__main__":` guard (the `plancc` command has one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -34,44 +47,28 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from plancc import atomic, store, token_store
-from plancc.config import ScanOptions, canonical_hash, default_cache_dir
+from plancc import atomic, merge, shard, store, token_store
+from plancc.config import ScanOptions, default_cache_dir
 from plancc.errors import InputError, PlanccError
-from plancc.fingerprint import scan_identity
-from plancc.sources import detect, templates
-from plancc.sources.encode import Encoded, RowError
-from plancc.sources.parallel import encode_rows
-from plancc.sources.read import locate, read_source
-from plancc.sources.samples import check_drops, drop_warning, finish, from_tokenized
-from plancc.sources.tokenizer import BUILTIN, BUILTIN_NAME, Tok, load_tokenizer
+from plancc.sources.parallel import workers
+from plancc.sources.rows import RowReader
+from plancc.sources.samples import check_drops
+from plancc.sources.tokenizer import BUILTIN, BUILTIN_NAME
 
-SCAN_VERSION = 3  # 3: token store (tokens/) instead of tokenized.parquet, written for tokenized sources too
+SCAN_VERSION = shard.SCAN_VERSION
+FAULT_ENV = "PLANCC_SCAN_FAULT"  # tests: "parts:K" SIGKILLs the scan after it wrote K new parts
 Progress = Callable[[str, int, int], None] | None
 
 
 @dataclass(frozen=True)
 class Scan:
+    """A finished scan: the samples table, where its token store is, the source files and the scan report."""
+
     samples: pa.Table
     tokenized_path: Path | None  # the token store directory (None: a samples table without tokens)
     source_paths: list[str]
     report: dict
     key: str
-
-
-def _options_dict(options: ScanOptions, tok: Tok | None, template: templates.ChatTemplate | None) -> dict[str, Any]:
-    """The options that decide the samples table; the tokenizer's and template's content matter, not where they
-    were found. `max_dropped` checks the result and is left out."""
-    d = dataclasses.asdict(options)
-    d["tokenizer"] = tok.fingerprint if tok else None
-    d["chat_template"] = template.fingerprint if template else None
-    d["columns"] = [list(pair) for pair in options.columns]  # as JSON reads it back from a cached report
-    del d["max_dropped"]
-    return d
-
-
-def _needs_tokenizer(source: str, fmt: str) -> InputError:
-    return InputError(f"{source}: {fmt} data must be tokenized: pass --tokenizer PATH (the model's tokenizer.json or "
-                      f"Hugging Face tokenizer directory), or --tokenizer {BUILTIN} for the built-in byte-level one")
 
 
 def _load_cached(path: Path, key: str) -> Scan | None:
@@ -91,14 +88,6 @@ def _load_cached(path: Path, key: str) -> Scan | None:
     return Scan(samples, tokens, list(report.get("source_paths", [])), report, key)
 
 
-def _write_entry(directory: Path, samples, tokenized: Encoded, report: dict) -> None:
-    meta = store.file_metadata("samples", report["fingerprints"], report["options"])
-    store.write_parquet(samples, directory / store.SAMPLES_FILE, meta)
-    token_store.write_store(directory / store.TOKENS_DIR, tokenized.ids, tokenized.labels, tokenized.offsets,
-                            fingerprints=report["fingerprints"], labels_shifted=report["labels_shifted"])
-    store.write_json(report, directory / store.SCAN_MANIFEST_FILE)
-
-
 def _current_paths(loc, cached: list[str]) -> list[str]:
     if loc.kind == "files":
         return list(loc.paths)
@@ -111,97 +100,133 @@ def _current_paths(loc, cached: list[str]) -> list[str]:
     return cached
 
 
+def _fault(written: int) -> None:
+    spec = os.environ.get(FAULT_ENV, "")
+    if spec.startswith("parts:") and written == int(spec.split(":")[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+Engine = Callable[[shard.ScanJob, list[tuple[int, int]], Path], None]
+"""Runs shards: `engine(job, todo, work)` leaves a finished part (`shard.scan_part(job, lo, hi, work /
+shard.part_name(lo, hi), owned=True)`) for each range of `todo`; the scan reuses the others' and joins them."""
+
+
+def local_engine(reader: RowReader, *, num_proc: int = 1, progress: Progress = None) -> Engine:
+    """Shards one after another in this process (`num_proc` tokenizer processes shared by all of them), reading
+    the source forward with one reader; progress in rows with the tokens/s so far."""
+
+    def run(job: shard.ScanJob, todo: list[tuple[int, int]], work: Path) -> None:
+        tokens, started = 0, time.perf_counter()
+        with workers(num_proc) as pool:
+            for written, (lo, hi) in enumerate(todo, 1):
+                path = work / shard.part_name(lo, hi)
+                single = progress if len(todo) == 1 else None  # one shard: its own row-by-row progress
+                shard.scan_part(job, lo, hi, path, reader=reader, num_proc=num_proc, pool=pool, progress=single,
+                                owned=True)
+                _fault(written)
+                if progress and len(todo) > 1:
+                    tokens += token_store.open_store(path / store.TOKENS_DIR).header["tokens"]
+                    rate = tokens / max(time.perf_counter() - started, 1e-9)
+                    progress(f"tokenizing · {rate:,.0f} tokens/s", hi, job.rows)
+
+    return run
+
+
 def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
-         progress: Progress = None) -> Scan:
-    """Tokenize and scan SOURCE (or reuse the cached scan with the same key)."""
+         progress: Progress = None, shard_rows: int = shard.SHARD_ROWS, engine: Engine | None = None) -> Scan:
+    """Tokenize and scan SOURCE (or reuse the cached scan with the same key, or the finished shards of an
+    interrupted one); `engine` runs the shards still to do (default: `local_engine`)."""
     started = time.perf_counter()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc <= 0:
         raise InputError(f"--num-proc must be a positive integer, got {num_proc!r}")
-    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
-    template = templates.resolve(options.chat_template, tok)
-    loc = locate(str(source))
+    shard.local_ranges(1, shard_rows)  # a bad --shard-rows is named before any work
+    ident = shard.identity(source, options)
+    tok, template, loc = ident
     if progress:
         progress("reading", 0, 1)
-    src = read_source(loc, options.split) if loc.fingerprint is None else None
-    source_fp = loc.fingerprint or (src.fingerprint if src else "")
-    opts = _options_dict(options, tok, template)
-    key = canonical_hash({"version": SCAN_VERSION, "source": source_fp, "options": opts})
+    reader = RowReader(loc, options.split) if loc.fingerprint is None else None
+    source_fp = loc.fingerprint or reader.fingerprint
+    key = shard.scan_key(source_fp, shard.options_dict(options, tok, template))
     entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "scans" / key
     cached = _load_cached(entry, key)
     if cached is not None:
         if progress:
             progress("reading", 1, 1)
         # same content may now live elsewhere: point at the files of this call, not of the cached one
-        paths = list(src.paths) if src is not None else _current_paths(loc, cached.source_paths)
+        paths = reader.paths if reader is not None else _current_paths(loc, cached.source_paths)
         report = {**cached.report, "source": str(source), "source_paths": paths,
                   "tokenizer": tok.name if tok else None}  # this call's tokenizer path, as for the source
         check_drops(report, options.max_dropped)
         return dataclasses.replace(cached, source_paths=paths, report=report)
-    if src is None:
-        src = read_source(loc, options.split)
+    job = shard.prepare(str(source), options, reader=reader, ident=ident)
+    reader = reader or job.reader()
     if progress:
         progress("reading", 1, 1)
-    src = detect.map_columns(src, options.columns)
-    fmt = detect.detect_format(src) if options.format == "auto" else options.format
-    work = detect.canonical(src, fmt)
-    warnings = list(src.notes)
-    chat = None
-    if fmt == "tokenized":
-        enc = from_tokenized(work, options.shift, tok.vocab_size if tok else None, src.where)
-        labels_shifted = options.shift == "none"
-        if progress:
-            progress("tokenizing", src.num_rows, src.num_rows)
-    else:
-        if tok is None:
-            raise _needs_tokenizer(str(source), fmt)
-        if fmt == "messages":
-            chat = templates.require(template, tok)
-            warnings += filter(None, [templates.marker_warning(chat, tok)])
-        try:
-            enc = encode_rows(work, fmt, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
-                              progress=progress, template=chat.text if chat else None)
-        except RowError as exc:
-            raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
-        labels_shifted = False
-    done = finish(enc, options, src.where, labels_shifted=labels_shifted)
-    report = {
-        **done.report,
-        "format": fmt,
-        "source": str(source),
-        "source_kind": src.kind,
-        "source_paths": list(src.paths),
-        "source_fingerprint": source_fp,
-        "tokenizer": tok.name if tok else None,
-        "tokenizer_fingerprint": tok.fingerprint if tok else None,
-        "chat_template": chat.describe() if chat else None,
-        "eos_token": tok.eos_token if tok else None,
-        "options": opts,
-        "max_dropped": options.max_dropped,
-        "labels_shifted": options.shift == "none",
-        "key": key,
-        "plancc_scan_version": SCAN_VERSION,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    report["fingerprints"] = store.samples_fingerprints(done.samples, scan_identity(report))
-    report["warnings"] = warnings + list(filter(None, [drop_warning(report)]))
-    check_drops(report, options.max_dropped)  # before anything is written: an over-threshold scan leaves no trace
-    if progress:
-        progress("writing", 0, 1)
-    tokenized = done.tokenized
     try:
-        try:
-            with store.atomic_directory(entry, owned=True, what="scan") as tmp:
-                _write_entry(tmp, done.samples, tokenized, report)
-        except atomic.OutputBusy:  # another process writes the same entry: keep ours beside it
-            entry = entry.parent / f"{key}-{uuid.uuid4().hex[:8]}"
-            with store.atomic_directory(entry, owned=True, what="scan") as tmp:
-                _write_entry(tmp, done.samples, tokenized, report)
+        with atomic.exclusive(entry.parent, f"{key}.scan"):  # a second scan of the same key waits, then reuses
+            done = _load_cached(entry, key)
+            if done is None:
+                entry = _fill(entry, job, reader, shard_rows=shard_rows, num_proc=num_proc, progress=progress,
+                              started=started, engine=engine)
+                done = _load_cached(entry, key)
     except OSError as exc:
         raise PlanccError(f"cannot write the scan cache {entry.parent}: {exc.strerror or exc}; "
                           "set PLANCC_CACHE to a writable directory") from None
+    finally:
+        reader.close()
+    report = {**done.report, "source": str(source), "tokenizer": tok.name if tok else None}
+    check_drops(report, options.max_dropped)  # an entry another process filled meanwhile: this call's threshold
+    return dataclasses.replace(done, report=report)
+
+
+def _fill(entry: Path, job: shard.ScanJob, reader: RowReader, *, shard_rows: int, num_proc: int,
+          progress: Progress, started: float, engine: Engine | None) -> Path:
+    """Scan every shard (reusing finished ones), join them and write the cache entry; returns where it went."""
+    work = entry.parent / f"{job.key}.parts"
+    ranges = shard.local_ranges(job.rows, shard_rows)
+    todo = [(lo, hi) for lo, hi in ranges if shard.finished_part(work / shard.part_name(lo, hi), job.key, lo, hi)
+            is None]
+    (engine or local_engine(reader, num_proc=num_proc, progress=progress))(job, todo, work)
+    parts = [work / shard.part_name(lo, hi) for lo, hi in ranges]
+    try:
+        joined = merge.join(parts)
+    except InputError:  # over --max-dropped or nothing kept: a finished result, not a crash: leave no trace
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    joined.report["seconds"] = round(time.perf_counter() - started, 3)
+    if progress:
+        progress("writing", 0, 1)
+    try:
+        with store.atomic_directory(entry, owned=True, what="scan") as tmp:
+            merge.write_joined(tmp, joined)
+    except atomic.OutputBusy:  # another process writes the same entry: keep ours beside it
+        entry = entry.parent / f"{job.key}-{uuid.uuid4().hex[:8]}"
+        with store.atomic_directory(entry, owned=True, what="scan") as tmp:
+            merge.write_joined(tmp, joined)
+    shutil.rmtree(work, ignore_errors=True)  # the entry holds hard links to the parts' files
     if progress:
         progress("writing", 1, 1)
-    return Scan(done.samples, entry / store.TOKENS_DIR, list(src.paths), report, key)
+    return entry
+
+
+def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_dir: Path, *, overwrite: bool = False,
+               num_proc: int = 1, progress: Progress = None) -> dict[str, Any]:
+    """`plancc scan --shard I/N`: shard `index` of `count` of SOURCE's rows into the partial scan `out_dir`
+    (atomically, the `-o` rules); `plancc merge` joins the parts. Returns the part's report."""
+    if progress:
+        progress("reading", 0, 1)
+    ident = shard.identity(source, options)
+    reader = RowReader(ident[2], options.split)
+    try:
+        job = shard.prepare(source, options, reader=reader, ident=ident)
+        lo, hi = shard.shard_range(job.rows, index, count)
+        if progress:
+            progress("reading", 1, 1)
+        with workers(num_proc) as pool:
+            return shard.scan_part(job, lo, hi, out_dir, reader=reader, num_proc=num_proc, pool=pool,
+                                   progress=progress, overwrite=overwrite)
+    finally:
+        reader.close()
 
 
 def write_scan(result: Scan, out_dir: Path, *, overwrite: bool = False) -> None:

@@ -21,6 +21,8 @@ from plancc.errors import InputError
 
 @dataclass(frozen=True)
 class SampleView:
+    """One sample as `plancc show` prints it: its recorded counts, its tokens and the decoded, marked text."""
+
     sample_id: int
     length: int  # tokens, as recorded in the samples table
     label_count: int  # labels the loss counts, as recorded
@@ -33,6 +35,7 @@ class SampleView:
     tokenizer: str
 
     def to_json(self) -> dict[str, Any]:
+        """The view as `show --json` prints it."""
         return {"sample_id": self.sample_id, "length": self.length, "label_count": self.label_count,
                 "first_label_supervised": self.first_label_supervised, "tokenizer": self.tokenizer,
                 "supervised_tokens": int(self.supervised.sum()),
@@ -68,8 +71,8 @@ def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
 def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
     """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now."""
     from plancc.scan import options_from_report
-    from plancc.sources.encode import IGNORE
     from plancc.sources.tokenizer import load_tokenizer
+    from plancc.token_store import IGNORE_INDEX
 
     d = Path(directory)
     given = store.read_samples_source(d) if d.is_dir() else None
@@ -87,8 +90,9 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     if not info.get("tokenized_path"):
         raise InputError(f"{directory} has no {store.TOKENS_DIR}/ (it was compiled from a bare samples table): "
                          "nothing to decode")
-    input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id)
-    supervised = labels != IGNORE
+    first_row = int((report.get("part") or {}).get("lo", 0))  # a partial scan's store starts at its first row
+    input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id - first_row)
+    supervised = labels != IGNORE_INDEX
     if shifted:
         supervised = np.concatenate([[False], supervised[:-1]])
     tok = load_tokenizer(options_from_report(report, tokenizer).tokenizer)

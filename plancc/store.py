@@ -14,6 +14,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from plancc import atomic, token_store
 from plancc.config import PlanSettings, SettingsError
 from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import (
+    before_checksum,
     config_fingerprint,
     dataset_fingerprint,
     metadata_fingerprint,
@@ -35,12 +37,15 @@ from plancc.fingerprint import (
     scan_identity,
 )
 from plancc.layout import complete_updates, update_mapping
+from plancc.metric_columns import METRIC_COLUMNS
+from plancc.plan import SampleArrays
 
 SCHEMA_VERSION = 1
 
 PLAN_FILE = "plan.parquet"
 SAMPLES_FILE = "samples.parquet"
 METRICS_FILE = "metrics.parquet"
+BEFORE_FILE = "before.parquet"  # the `before` stage's label count per microbatch: what inspect plots against `after`
 MANIFEST_FILE = "manifest.json"
 TOKENS_DIR = "tokens"  # the token store (plancc.token_store), in scan and plan directories
 TOKENIZED_FILE = "tokenized.parquet"  # what older plans shipped instead; the runtime still reads it
@@ -75,6 +80,14 @@ PLAN_SCHEMA = pa.schema(
     ]
 )
 
+BEFORE_SCHEMA = pa.schema(
+    [
+        pa.field("epoch", pa.int32(), nullable=False),
+        pa.field("index", pa.int64(), nullable=False),
+        pa.field("label_count", pa.int64(), nullable=False),
+    ]
+)
+
 PLAN_ROW_GROUP = 65_536
 
 
@@ -86,6 +99,8 @@ class StoreError(PlanccError):
 
 
 def file_metadata(kind: str, fingerprints: dict[str, Any], settings: dict[str, Any]) -> dict[bytes, bytes]:
+    """The key-value metadata every sibling Parquet file of a plan carries: kind, schema version,
+    fingerprints, settings."""
     return {
         META_KEY: orjson.dumps(
             {"schema": SCHEMA_VERSION, "kind": kind, "fingerprints": fingerprints, "settings": settings},
@@ -108,6 +123,7 @@ def write_parquet(table: pa.Table, path: Path, metadata: dict[bytes, bytes], row
 
 
 def write_json(obj: Any, path: Path) -> None:
+    """`obj` as indented JSON with sorted keys (manifest.json, scan.json)."""
     path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
@@ -264,26 +280,33 @@ def _string_array(values: list[str]) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
 
 
+def read_arrow(path: str | Path) -> pa.Table:
+    """A memory-mapped `.arrow` file: the Arrow IPC file format, or the stream format `datasets` writes."""
+    with pa.memory_map(str(path)) as source:
+        try:
+            return pa.ipc.open_file(source).read_all()
+        except pa.ArrowInvalid:
+            source.seek(0)
+            return pa.ipc.open_stream(source).read_all()
+
+
 def read_samples(path: str | Path) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types are refused."""
     return read_table(path, SAMPLES_SCHEMA, columns=SAMPLES_SCHEMA.names)
 
 
-def read_plan(plan_dir: str | Path, *, epoch: int | None = None, rank: int | None = None,
-              columns: list[str] | None = None) -> pa.Table:
-    """Plan rows, optionally one epoch and/or one rank, in global (epoch, index) order."""
-    filters = []
-    if epoch is not None:
-        filters.append(("epoch", "=", int(epoch)))
-    if rank is not None:
-        filters.append(("rank", "=", int(rank)))
-    table = read_table(Path(plan_dir) / PLAN_FILE, PLAN_SCHEMA, columns=columns, filters=filters or None)
-    if columns is None or ("epoch" in columns and "index" in columns):
-        table = table.take(pc.sort_indices(table, [("epoch", "ascending"), ("index", "ascending")]))
-    return table
+def sample_arrays(table: pa.Table) -> SampleArrays:
+    """The planner's view of a samples table (sorted by sample_id): its columns as int64/bool arrays."""
+    return SampleArrays(
+        sample_id=column(table, "sample_id").astype(np.int64),
+        length=column(table, "length").astype(np.int64),
+        label_count=column(table, "label_count").astype(np.int64),
+        first_label_supervised=column(table, "first_label_supervised"),
+    )
 
 
 def read_manifest(plan_dir: str | Path) -> dict[str, Any]:
+    """A plan or scan directory's manifest.json (after recovering an interrupted replace)."""
     atomic.recover(plan_dir)  # as in `PlanDir`
     path = Path(plan_dir) / MANIFEST_FILE
     try:
@@ -298,8 +321,7 @@ def read_manifest(plan_dir: str | Path) -> dict[str, Any]:
 
 
 def metrics_schema() -> pa.Schema:
-    from plancc.metrics import METRIC_COLUMNS
-
+    """The metrics table's Arrow schema: epoch, stage, then every metric column (int64 or float64, nullable)."""
     types = {"int": pa.int64(), "float": pa.float64()}
     return pa.schema(
         [pa.field("epoch", pa.int32(), nullable=False), pa.field("stage", pa.string(), nullable=False)]
@@ -323,7 +345,16 @@ def plan_table(cols: dict[str, Any]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=PLAN_SCHEMA)
 
 
-def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics: pa.Table,
+def before_table(epochs: list[int], label_counts: list[np.ndarray]) -> pa.Table:
+    """The before stage's label count per microbatch of each epoch, in (epoch, index) order."""
+    epoch = np.concatenate([np.full(len(c), e, dtype=np.int32) for e, c in zip(epochs, label_counts, strict=True)])
+    index = np.concatenate([np.arange(len(c), dtype=np.int64) for c in label_counts])
+    counts = np.concatenate(label_counts).astype(np.int64)
+    return pa.Table.from_arrays([arrow_array(epoch, pa.int32()), arrow_array(index, pa.int64()),
+                                 arrow_array(counts, pa.int64())], schema=BEFORE_SCHEMA)
+
+
+def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics: pa.Table, before: pa.Table,
                      fingerprints: dict[str, Any], settings: dict[str, Any], manifest: dict[str, Any]) -> None:
     """Write the plan directory's files into `directory` (a temporary one from `atomic_directory`).
 
@@ -335,6 +366,7 @@ def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics
     write_parquet(samples.select(SAMPLES_SCHEMA.names).cast(SAMPLES_SCHEMA), directory / SAMPLES_FILE,
                   file_metadata("samples", fingerprints, settings))
     write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
+    write_parquet(before, directory / BEFORE_FILE, file_metadata("before", fingerprints, settings))
     write_json(manifest, directory / MANIFEST_FILE)
 
 
@@ -502,6 +534,35 @@ def statistics_problems(path: Path) -> list[str]:
         return [f"{path} is corrupt: {exc}"]
 
 
+@dataclass(frozen=True)
+class EpochMicrobatches:
+    """One epoch's microbatches (optionally one rank's share) in global order, as flat CSR arrays.
+
+    Microbatch `i` holds rows `row_bounds[batch_bounds[i]:batch_bounds[i+1]]`; row `r` holds the sample ids
+    `sample_ids[row_bounds[r]:row_bounds[r+1]]`. `index` is its global position in the epoch; `update`, `rank`,
+    `micro_step` say where it runs.
+    """
+
+    index: np.ndarray
+    update: np.ndarray
+    rank: np.ndarray
+    micro_step: np.ndarray
+    sample_ids: np.ndarray
+    row_bounds: np.ndarray
+    batch_bounds: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.update)
+
+    def __getitem__(self, i: int) -> list[list[int]]:
+        """Microbatch `i` of the share as its rows of sample ids."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"microbatch {i} out of range (0..{len(self) - 1})")
+        i %= len(self)
+        r0, r1 = int(self.batch_bounds[i]), int(self.batch_bounds[i + 1])
+        return [self.sample_ids[self.row_bounds[r]:self.row_bounds[r + 1]].tolist() for r in range(r0, r1)]
+
+
 def _first_row(bad: np.ndarray) -> int:
     return int(np.flatnonzero(bad)[0])
 
@@ -583,6 +644,7 @@ class PlanDir:
 
     # ------------------------------------------------------------ samples and metrics
     def read_samples(self) -> pa.Table:
+        """The plan's samples table (check it with `samples_problems`)."""
         return read_samples(self.path / SAMPLES_FILE)
 
     def samples_problems(self, table: pa.Table) -> list[str]:
@@ -593,6 +655,7 @@ class PlanDir:
                 if value != self.fingerprints.get(key)]
 
     def read_metrics(self) -> pa.Table:
+        """The plan's metrics table (check it with `metrics_problems`)."""
         return read_table(self.path / METRICS_FILE, metrics_schema())
 
     def metrics_problems(self, table: pa.Table) -> list[str]:
@@ -601,7 +664,49 @@ class PlanDir:
             return [f"{self.path / METRICS_FILE}: its rows do not match the metrics checksum in {PLAN_FILE}"]
         return []
 
+    @property
+    def has_before(self) -> bool:
+        """Whether compile stored the before stage (plans of older plancc versions did not)."""
+        return "before" in self.meta["checksums"]
+
+    def read_before(self) -> pa.Table:
+        """The before stage's label count per microbatch of every epoch, as compile stored it."""
+        return read_table(self.path / BEFORE_FILE, BEFORE_SCHEMA)
+
+    def before_problems(self, table: pa.Table) -> list[str]:
+        """The before rows against the checksum the plan file records, and their (epoch, index) order."""
+        epoch, index = column(table, "epoch"), column(table, "index")
+        if before_checksum(epoch, column(table, "label_count")) != self.meta["checksums"].get("before"):
+            return [f"{self.path / BEFORE_FILE}: its rows do not match the before checksum in {PLAN_FILE}"]
+        starts = np.r_[True, epoch[1:] != epoch[:-1]] if epoch.size else np.zeros(0, dtype=bool)
+        expected = np.arange(epoch.size) - np.maximum.accumulate(np.where(starts, np.arange(epoch.size), 0))
+        if not np.array_equal(index, expected):
+            return [f"{self.path / BEFORE_FILE}: rows are not in (epoch, index) order"]
+        return []
+
+    def before_labels(self, epoch: int, table: pa.Table | None = None) -> np.ndarray | None:
+        """The before stage's label count per microbatch of `epoch` (None for a plan that did not store it)."""
+        if not self.has_before:
+            return None
+        table = self.read_before() if table is None else table
+        epochs = column(table, "epoch")
+        return column(table, "label_count")[epochs == epoch]
+
     # ------------------------------------------------------------ plan rows
+    def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
+        """Plan rows matching Parquet `filters` on the plan columns (row groups skipped on their statistics), in
+        file order: (epoch, rank, index)."""
+        return read_table(self.plan_file, PLAN_SCHEMA, columns=columns, filters=filters)
+
+    def read_share(self, epoch: int, rank: int | None = None) -> EpochMicrobatches:
+        """The microbatches of `epoch` (only those of `rank` when given) in global order, as flat CSR arrays."""
+        filters = [("epoch", "=", int(epoch))] + ([] if rank is None else [("rank", "=", int(rank))])
+        table = self.read_rows(["index", "update", "rank", "micro_step", "sample_ids"], filters)
+        table = table.take(pc.sort_indices(table, [("index", "ascending")]))
+        flat, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
+        return EpochMicrobatches(*(column(table, c) for c in ("index", "update", "rank", "micro_step")),
+                                 flat, row_bounds, batch_bounds)
+
     def read_epoch(self, epoch: int, columns: list[str] | None = None) -> pa.Table:
         """One epoch's rows in global order (a filtered read: the same one the runtime verifies and replays)."""
         table = read_table(self.plan_file, PLAN_SCHEMA, columns=columns or EPOCH_COLUMNS,

@@ -17,6 +17,20 @@ every rank of a node, and a process's memory grows only with the pages it touche
 tool (numpy, or plain offsets arithmetic); `to_table` wraps the maps as a zero-copy Arrow table with
 `input_ids`/`labels` columns that `datasets.Dataset(table)` accepts.
 
+A **multi-part** store (a sharded or streamed scan, `plancc merge`) is a directory of single stores, one per
+part in row order, under a header of format `plancc.tokens-parts/1` that lists them (`dir`, `rows`, `tokens`,
+`index_hash`: a part swapped, truncated or rewritten is refused) with the whole dataset's counts, largest id and
+fingerprints::
+
+    tokens/tokens.json   {"format": "plancc.tokens-parts/1", "parts": [{"dir": "part-00000", ...}, ...], ...}
+    tokens/part-00000/   a single store: rows 0 .. n0-1 of the dataset
+    tokens/part-00001/   rows n0 .. n0+n1-1
+
+`open_store` maps it as one dataset: `offsets`, `chunks` and `chunk_hashes` are the parts' concatenated (shifted;
+O(rows) at open, no token read), `input_ids`/`labels` a `Concat` of the parts' maps that indexes like one array
+(a row never spans two parts, so a row's slice is a view of one map). Parts are placed by hard links
+(`link_parts`): merging shards or placing a store in a plan never copies token data on one filesystem.
+
 Verification scales with what a reader touches: `open_store` checks the header, every file's size and dtype, the
 offsets' ends and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of
 ids and labels at the default size; xxh3 runs at ~10 GB/s; read through the file, so that the chunk's pages stay
@@ -36,6 +50,8 @@ import numpy as np
 import orjson
 import xxhash
 
+IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
+
 FORMAT = "plancc.tokens/1"
 HEADER_FILE = "tokens.json"
 ARRAYS = {  # file stem -> dtype
@@ -48,26 +64,83 @@ ARRAYS = {  # file stem -> dtype
 CHUNK_TOKENS = 8192
 HEADER_KEYS = sorted(["chunk_tokens", "chunks", "fingerprints", "format", "index_hash", "labels_shifted", "max_id",
                       "rows", "tokens"])
+PARTS_FORMAT = "plancc.tokens-parts/1"
+PARTS_KEYS = sorted(["fingerprints", "format", "labels_shifted", "max_id", "parts", "rows", "tokens"])
 
 
 class TokenStoreError(Exception):
     """A token store is missing, truncated, foreign or changed; the message names the file (and the row)."""
 
 
+class Concat:
+    """Read-only 1-D arrays (the parts' memory maps) indexed as their concatenation, without copying them: a slice
+    inside one part is a view of its map; a slice across parts or an index array gathers from each part."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.starts = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([p.shape[0] for p in parts], out=self.starts[1:])
+        self.dtype = parts[0].dtype if parts else np.dtype("<i4")
+        self.shape = (int(self.starts[-1]),)
+        self.size, self.ndim = self.shape[0], 1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _part(self, i: int) -> int:
+        return int(np.searchsorted(self.starts, i, side="right") - 1)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            a, b, step = key.indices(self.size)
+            if step != 1 or b <= a:
+                return self[np.arange(a, b, step, dtype=np.int64)] if step != 1 else np.zeros(0, self.dtype)
+            k = self._part(a)
+            if b <= self.starts[k + 1]:
+                return self.parts[k][a - self.starts[k]:b - self.starts[k]]
+            last = self._part(b - 1)
+            return np.concatenate([self.parts[j][max(a - self.starts[j], 0):min(b, self.starts[j + 1]) -
+                                                 self.starts[j]] for j in range(k, last + 1)])
+        if np.isscalar(key):
+            i = int(key) + (self.size if int(key) < 0 else 0)
+            k = self._part(i)
+            return self.parts[k][i - self.starts[k]]
+        idx = np.asarray(key, dtype=np.int64)
+        out = np.empty(idx.shape, self.dtype)
+        which = np.searchsorted(self.starts, idx, side="right") - 1
+        for k in np.unique(which).tolist():
+            sel = which == k
+            out[sel] = self.parts[k][idx[sel] - self.starts[k]]
+        return out
+
+    def max(self):
+        """Largest value over all parts (the vocabulary bound)."""
+        return max(int(p.max()) for p in self.parts if p.size)
+
+    def pread(self, a: int, b: int) -> bytes:
+        """Elements [a, b) read through the parts' files (see `_pread`)."""
+        k, last = self._part(a), self._part(max(b - 1, a))
+        return b"".join(_pread(self.parts[j], max(a - int(self.starts[j]), 0),
+                               min(b, int(self.starts[j + 1])) - int(self.starts[j])) for j in range(k, last + 1))
+
+
 @dataclass(frozen=True)
 class MappedTokens:
-    """A store opened read-only: memory maps (no data read yet) and its header."""
+    """A store opened read-only: memory maps (no data read yet) and its header; `parts`: a multi-part store's
+    parts (each a single store), empty for a single store."""
 
     path: Path
-    input_ids: np.ndarray
-    labels: np.ndarray
+    input_ids: np.ndarray | Concat
+    labels: np.ndarray | Concat
     offsets: np.ndarray
     chunks: np.ndarray
     chunk_hashes: np.ndarray
     header: dict[str, Any]
+    parts: tuple[MappedTokens, ...] = ()
 
     @property
     def num_chunks(self) -> int:
+        """Hash chunks in the store."""
         return int(self.chunk_hashes.shape[0])
 
 
@@ -130,23 +203,74 @@ def write_store(directory: str | Path, ids: np.ndarray, labels: np.ndarray, offs
     (directory / HEADER_FILE).write_bytes(orjson.dumps(header, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
 
 
-def link_store(src: str | Path, dst: str | Path) -> None:
-    """Place store `src` at `dst` (absent): hard links when on one filesystem (no second copy of the tokens)."""
-    src, dst = Path(src), Path(dst)
-    dst.mkdir(parents=True)
-    for name in [*(f"{n}.npy" for n in ARRAYS), HEADER_FILE]:
-        try:
-            os.link(src / name, dst / name)
-        except OSError:
-            import shutil
+def _link(src: Path, dst: Path) -> bool:
+    """Hard-link `src` at `dst`; False when it had to be copied (another filesystem)."""
+    try:
+        os.link(src, dst)
+        return True
+    except OSError:
+        import shutil
 
-            shutil.copyfile(src / name, dst / name)
+        shutil.copyfile(src, dst)
+        return False
+
+
+def link_store(src: str | Path, dst: str | Path) -> int:
+    """Place store `src` (single or multi-part) at `dst` (absent): hard links when on one filesystem (no second
+    copy of the tokens); returns how many files had to be copied instead."""
+    src, dst = Path(src), Path(dst)
+    header = orjson.loads((src / HEADER_FILE).read_bytes())
+    dst.mkdir(parents=True)
+    if header.get("format") == PARTS_FORMAT:
+        copied = sum(link_store(src / p["dir"], dst / p["dir"]) for p in header["parts"])
+        return copied + (not _link(src / HEADER_FILE, dst / HEADER_FILE))
+    return sum(not _link(src / name, dst / name) for name in [*(f"{n}.npy" for n in ARRAYS), HEADER_FILE])
+
+
+def _single_parts(path: Path) -> list[Path]:
+    """The single stores a store consists of, in row order."""
+    header = orjson.loads((path / HEADER_FILE).read_bytes())
+    if header.get("format") == PARTS_FORMAT:
+        return [path / p["dir"] for p in header["parts"]]
+    return [path]
+
+
+def write_parts(directory: str | Path, stores: list[Path], *, fingerprints: dict[str, str],
+                labels_shifted: bool) -> int:
+    """Write a multi-part store at `directory` (absent) joining `stores` (single or multi-part, in row order) by
+    hard links; `fingerprints` are the joined samples table's. Returns how many files were copied (not linked)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True)
+    singles = [p for s in stores for p in _single_parts(Path(s))]
+    parts, copied, max_id = [], 0, -1
+    for k, single in enumerate(singles):
+        m = open_store(single)
+        if m.header["labels_shifted"] != labels_shifted:
+            raise TokenStoreError(f"token store {single} has labels_shifted {m.header['labels_shifted']}, the "
+                                  f"others {labels_shifted}")
+        name = f"part-{k:05d}"
+        copied += link_store(single, directory / name)
+        parts.append({"dir": name, "rows": m.header["rows"], "tokens": m.header["tokens"],
+                      "index_hash": m.header["index_hash"]})
+        max_id = max(max_id, m.header["max_id"])
+    header = {
+        "format": PARTS_FORMAT,
+        "parts": parts,
+        "rows": sum(p["rows"] for p in parts),
+        "tokens": sum(p["tokens"] for p in parts),
+        "max_id": max_id,
+        "labels_shifted": bool(labels_shifted),
+        "fingerprints": {k: fingerprints[k] for k in ("dataset", "metadata") if k in fingerprints},
+    }
+    (directory / HEADER_FILE).write_bytes(orjson.dumps(header, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    return copied
 
 
 # ---------------------------------------------------------------- reading
 
 
 def is_store(path: str | Path) -> bool:
+    """Whether `path` holds a token store (its header file)."""
     return (Path(path) / HEADER_FILE).is_file()
 
 
@@ -177,8 +301,12 @@ def open_store(path: str | Path) -> MappedTokens:
         raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
     except orjson.JSONDecodeError as exc:
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} is not valid JSON ({exc})") from None
-    if header.get("format") != FORMAT:
-        raise TokenStoreError(f"token store {path} has format {header.get('format')!r}; this plancc reads {FORMAT}")
+    if isinstance(header, dict) and header.get("format") == PARTS_FORMAT:
+        return _open_parts(path, header)
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        got = header.get("format") if isinstance(header, dict) else None
+        raise TokenStoreError(f"token store {path} has format {got!r}; this plancc reads {FORMAT} and "
+                              f"{PARTS_FORMAT}")
     try:
         rows, tokens, chunks = int(header["rows"]), int(header["tokens"]), int(header["chunks"])
     except (KeyError, TypeError, ValueError):
@@ -198,9 +326,52 @@ def open_store(path: str | Path) -> MappedTokens:
     return m
 
 
-def _pread(arr: np.memmap, a: int, b: int) -> bytes:
+def _open_parts(path: Path, header: dict[str, Any]) -> MappedTokens:
+    """A multi-part store as one: every part opened (constant-cost checks) and bound to the header's record."""
+    if sorted(header) != PARTS_KEYS or not isinstance(header["parts"], list) or not header["parts"]:
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)} or no parts; a multi-part "
+                              f"store's header holds exactly {PARTS_KEYS} (it was edited)")
+    parts = []
+    for p in header["parts"]:
+        if not isinstance(p, dict) or not isinstance(p.get("dir"), str) or Path(p["dir"]).name != p["dir"]:
+            raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it")
+        where = path / p["dir"]
+        m = open_store(where)
+        if m.parts:
+            raise TokenStoreError(f"token store {where}: a part is itself multi-part")
+        got = {k: m.header[k] for k in ("rows", "tokens", "index_hash")}
+        if got != {k: p.get(k) for k in got} or m.header["labels_shifted"] != header["labels_shifted"]:
+            raise TokenStoreError(f"token store {where} holds {got} but {path / HEADER_FILE} records "
+                                  f"{ {k: p.get(k) for k in got} } (a part was replaced or rewritten)")
+        parts.append(m)
+    rows = np.cumsum([0] + [m.header["rows"] for m in parts])
+    tokens = np.cumsum([0] + [m.header["tokens"] for m in parts])
+    if int(rows[-1]) != header["rows"] or int(tokens[-1]) != header["tokens"]:
+        raise TokenStoreError(f"token store {path}: its parts hold {int(rows[-1])} rows and {int(tokens[-1])} tokens, "
+                              f"{HEADER_FILE} says {header['rows']} and {header['tokens']}")
+    offsets = np.concatenate([[0]] + [np.asarray(m.offsets[1:]) + t for m, t in zip(parts, tokens, strict=False)])
+    chunks = np.concatenate([[0]] + [np.asarray(m.chunks[1:]) + r for m, r in zip(parts, rows, strict=False)])
+    hashes = np.concatenate([np.asarray(m.chunk_hashes) for m in parts])
+    full = {**header, "chunk_tokens": parts[0].header["chunk_tokens"]}
+    return MappedTokens(path, Concat([m.input_ids for m in parts]), Concat([m.labels for m in parts]),
+                        offsets.astype(np.int64), chunks.astype(np.int64), hashes.astype(np.uint64), full,
+                        tuple(parts))
+
+
+def layout_problem(m: MappedTokens) -> str | None:
+    """None when every (part's) chunk index splits its rows at its `chunk_tokens`; else what differs."""
+    for part in m.parts or (m,):
+        if not np.array_equal(chunk_bounds(part.offsets, part.header["chunk_tokens"]), part.chunks):
+            return (f"{part.path}: chunks.npy does not split the rows at chunk_tokens={part.header['chunk_tokens']} "
+                    f"({HEADER_FILE} or the offsets changed)")
+    return None
+
+
+def _pread(arr: np.memmap | Concat, a: int, b: int) -> bytes:
     """Elements [a, b) of a mapped array read through the file, not the map: the pages land in the shared page
     cache without joining this process's resident set (a reader maps only the pages of the rows it uses)."""
+    if isinstance(arr, Concat):
+        return arr.pread(a, b)
     with open(arr.filename, "rb", buffering=0) as f:
         return os.pread(f.fileno(), (b - a) * arr.itemsize, arr.offset + a * arr.itemsize)
 
@@ -236,6 +407,8 @@ def to_table(path: str | Path):
     import pyarrow as pa
 
     m = open_store(path)
+    if m.parts:
+        return pa.concat_tables([to_table(part.path) for part in m.parts])
     off = pa.array(np.asarray(m.offsets))
     return pa.table({"input_ids": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.input_ids))),
                      "labels": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.labels)))})
@@ -250,8 +423,25 @@ def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block
         j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
         a, b = int(starts[i]), int(ends[i:j].max())
         sup = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(np.asarray(labels[a:b]) != -100, out=sup[1:])
+        np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
         out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
+        i = j
+    return out
+
+
+def row_hashes(ids, labels, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
+    """`token_hash` of each row [starts[i], ends[i]) (ascending), a block of tokens at a time (bounded memory on
+    a mapped or multi-part store)."""
+    from plancc.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
+
+    out = np.empty(starts.shape[0], dtype=np.uint64)
+    i = 0
+    while i < starts.shape[0]:
+        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
+        a, b = int(starts[i]), int(ends[i:j].max())
+        off = np.stack([starts[i:j] - a, ends[i:j] - a], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps them
+        x, y = np.asarray(ids[a:b]), np.asarray(labels[a:b])
+        out[i:j] = token_hashes(x, off, y, off)[::2]
         i = j
     return out
 
@@ -274,11 +464,7 @@ def compare_samples(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, sa
     if bad.size:
         return f"{bad.size} samples changed their supervised label count (first: sample_id {int(sid[bad[0]])})"
     if hashes:
-        from plancc.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
-
-        off = np.stack([starts, ends], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps the planned ones
-        h = token_hashes(ids, off, labels, off)[::2]
-        bad = np.flatnonzero(h != samples.column("token_hash").to_numpy())
+        bad = np.flatnonzero(row_hashes(ids, labels, starts, ends) != samples.column("token_hash").to_numpy())
         if bad.size:
             return (f"{bad.size} samples changed content (dataset fingerprint mismatch; first: sample_id "
                     f"{int(sid[bad[0]])})")

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.build import sample_arrays
-from plancc.config import PlanSettings
+from plancc.config import Mode, PlanSettings, Shift
+from plancc.layout import complete_updates
 from plancc.metrics import SourceDrops, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 
@@ -56,14 +56,15 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
     if missing and not settings.drop_last:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: {missing} retained samples are missing "
                         f"(first: sample_id {int(s.sample_id[np.flatnonzero(counts == 0)[0]])})")
-    if settings.drop_last and n % settings.batches_per_update:
+    full = complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update
+    if settings.drop_last and n != full:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: --drop-last plan ends with an incomplete update")
 
     over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
     if over.size:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: {over.size} rows exceed capacity {settings.row_capacity} "
                         f"(first: row {over[0]})")
-    if settings.mode == "packed":
+    if settings.mode == Mode.PACKED:
         too_many = np.flatnonzero(b.rows_per_batch() > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
             problems.append(f"{store.PLAN_FILE} epoch {epoch} row {too_many[0]}: the microbatch has too many rows")
@@ -107,6 +108,25 @@ def _metrics_problems(plan: store.PlanDir, metrics: pa.Table, after: dict[int, d
     return problems
 
 
+def _before_problems(plan: store.PlanDir, before: pa.Table, metrics: pa.Table) -> list[str]:
+    """Each epoch's stored before counts against its stored `before` metrics row (count, total, spread)."""
+    stored = {int(r["epoch"]): r for r in metrics.to_pylist() if r["stage"] == "before"}
+    problems = []
+    for epoch in range(plan.settings.epochs):
+        labels, row = plan.before_labels(epoch, before), stored.get(epoch)
+        if row is None:
+            problems.append(f"{store.METRICS_FILE}: no 'before' row for epoch {epoch}")
+            continue
+        again = {"batches": labels.size, "total_label_count": int(labels.sum()),
+                 "std_label_count": float(labels.std()) if labels.size else 0.0}
+        for name, value in again.items():
+            if not np.isclose(row[name], value, rtol=1e-12, atol=0):
+                problems.append(f"{store.BEFORE_FILE} epoch {epoch}: {name} of its rows is {value}, the stored "
+                                f"before metrics say {row[name]}")
+                break
+    return problems
+
+
 def tokenized_problems(plan: store.PlanDir, samples: pa.Table, *, fast: bool,
                        tokens_dir: Path | None = None) -> list[str]:
     """The token data the trainer loads (the plan's `tokens/`, or `tokens_dir` when repointed): see
@@ -140,7 +160,7 @@ def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str
         if got != fingerprints[key]:
             return [f"{tokens_dir}: its {key} fingerprint {got} is not the plan's {fingerprints[key]}: the store "
                     "was swapped in from another plan or scan (or rebuilt from changed data)"]
-    if m.header["labels_shifted"] != (shift == "none"):
+    if m.header["labels_shifted"] != (shift == Shift.NONE):
         return [f"{tokens_dir}: labels_shifted is {m.header['labels_shifted']}, but the plan's shift is {shift!r}"]
     sid = store.column(samples, "sample_id")
     rows = int(m.offsets.shape[0] - 1)
@@ -148,9 +168,9 @@ def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str
         return [f"{tokens_dir} has {rows} rows but the plan uses sample_id {int(sid[-1])}: the store is incomplete"]
     if fast:
         return []
-    if not np.array_equal(token_store.chunk_bounds(m.offsets, m.header["chunk_tokens"]), m.chunks):
-        return [f"{tokens_dir}: chunks.npy does not split the rows at chunk_tokens={m.header['chunk_tokens']} "
-                f"({token_store.HEADER_FILE} or the offsets changed)"]
+    layout = token_store.layout_problem(m)
+    if layout:
+        return [layout]
     problems = []
     bad = token_store.verify_all(m)
     if bad is not None:
@@ -177,9 +197,11 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     except store.StoreError as exc:
         return [str(exc)], {}
     problems = plan.header_problems() + plan.manifest_problems()
-    for name, kind, schema in ((store.SAMPLES_FILE, "samples", store.SAMPLES_SCHEMA),
-                               (store.METRICS_FILE, "metrics", store.metrics_schema()),
-                               (store.PLAN_FILE, "plan", store.PLAN_SCHEMA)):
+    files = [(store.SAMPLES_FILE, "samples", store.SAMPLES_SCHEMA), (store.METRICS_FILE, "metrics", store.metrics_schema()),
+             (store.PLAN_FILE, "plan", store.PLAN_SCHEMA)]
+    if plan.has_before:
+        files.append((store.BEFORE_FILE, "before", store.BEFORE_SCHEMA))
+    for name, kind, schema in files:
         problems += store.schema_problems(plan.path / name, schema) + store.statistics_problems(plan.path / name)
         if kind != "plan":
             problems += plan.companion_problems(name, kind)
@@ -189,10 +211,13 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     try:
         samples = plan.read_samples()
         metrics = plan.read_metrics()
+        before = plan.read_before() if plan.has_before else None
     except store.StoreError as exc:
         return [*problems, str(exc)], plan.meta
     problems += plan.samples_problems(samples) + plan.metrics_problems(metrics)
-    s = sample_arrays(samples)
+    if before is not None:
+        problems += plan.before_problems(before) + _before_problems(plan, before, metrics)
+    s = store.sample_arrays(samples)
     if (np.diff(s.sample_id) <= 0).any():
         return [*problems, f"{store.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
     if plan.meta["samples"] != len(s):

@@ -93,7 +93,8 @@ def test_compile_help_shows_the_real_defaults(flag):
 
 
 def _invocation(name: str, plan: Path, samples_file: Path, out: Path) -> list:
-    """A successful invocation of each command (scan: test_scan_summary; show: tests/test_show.py)."""
+    """A successful invocation of each command (scan: test_scan_summary; show: tests/test_show.py; merge:
+    tests/test_scan_shards.py)."""
     return {
         "compile": ["compile", samples_file, "-o", out, "--sequence-len", "256"],
         "validate": ["validate", plan],
@@ -103,7 +104,7 @@ def _invocation(name: str, plan: Path, samples_file: Path, out: Path) -> list:
     }[name]
 
 
-@pytest.mark.parametrize("name", [i for i in IDS if i not in ("scan", "show")])
+@pytest.mark.parametrize("name", [i for i in IDS if i not in ("scan", "show", "merge")])
 def test_quiet_prints_nothing_and_json_parses(name, plan, samples_file, tmp_path):
     quiet = _run(*_invocation(name, plan, samples_file, tmp_path / "quiet"), "--quiet")
     assert quiet.exit_code == 0 and quiet.stdout == "", (name, quiet.output)

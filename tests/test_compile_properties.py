@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
 from plancc import store
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.config import PlanSettings, SettingsError
 from plancc.pipeline import compile_plan, plan_columns
+from plancc.store import sample_arrays
 from plancc.validate import validate_plan
 from tests.plan_helpers import direct_targets, random_dataset, samples_table
 
@@ -41,10 +41,6 @@ def cases(draw, drop_last=ANY_DROP_LAST):
     n = draw(st.integers(1, 120))
     ids, labels = random_dataset(rng, n, settings.sequence_len)
     return settings, ids, labels
-
-
-def _rows_of(table: pa.Table) -> list[list[list[int]]]:
-    return table.column("sample_ids").to_pylist()
 
 
 @given(cases())
@@ -130,15 +126,15 @@ def test_plan_on_disk_reads_back_per_rank(tmp_path_factory, case):
     plans = compile_plan(s, settings)
     write_plan_dir(d, table, s, settings, plans, {}, None)
     for plan in plans:
-        full = store.read_plan(d, epoch=plan.epoch)
-        assert full.column("index").to_pylist() == list(range(plan.batches.num_batches))
-        flat, row_bounds, batch_bounds = store.nested_arrays(full.column("sample_ids"))
-        assert (flat == s.sample_id[plan.batches.samples]).all()
-        assert (row_bounds == plan.batches.row_bounds).all() and (batch_bounds == plan.batches.batch_bounds).all()
+        full = store.PlanDir(d).read_share(plan.epoch)
+        assert full.index.tolist() == list(range(plan.batches.num_batches))
+        assert (full.sample_ids == s.sample_id[plan.batches.samples]).all()
+        assert (full.row_bounds == plan.batches.row_bounds).all()
+        assert (full.batch_bounds == plan.batches.batch_bounds).all()
         for r in range(settings.world_size):
-            part = store.read_plan(d, epoch=plan.epoch, rank=r)
-            assert part.column("index").to_pylist() == list(range(r, plan.batches.num_batches, settings.world_size))
-            assert _rows_of(part) == [_rows_of(full)[i] for i in part.column("index").to_pylist()]
+            part = store.PlanDir(d).read_share(plan.epoch, rank=r)
+            assert part.index.tolist() == list(range(r, plan.batches.num_batches, settings.world_size))
+            assert [part[i] for i in range(len(part))] == [full[i] for i in part.index.tolist()]
 
 
 def test_epochs_differ_and_seeds_differ():

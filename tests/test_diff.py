@@ -14,11 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.cli import app
 from plancc.config import PlanSettings
-from plancc.diff import EpochRows, _segments_equal, diff_plans, epoch_churn, render_markdown
+from plancc.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
+from plancc.diff_render import render_markdown
 from plancc.pipeline import compile_plan
+from plancc.store import sample_arrays
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "diff.schema.json").read_text())

@@ -11,11 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from plancc import store
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.cli import app
 from plancc.config import PlanSettings
 from plancc.inspect import before_counts, format_ids, plan_view
 from plancc.pipeline import compile_plan
+from plancc.store import sample_arrays
 
 runner = CliRunner()
 
@@ -73,12 +74,12 @@ def test_metrics_json_matches_the_table_on_disk(plan):
     assert {x["epoch"] for x in one} == {1}
 
 
-def test_before_counts_reproduce_stored_before_metrics(plan):
+def test_before_counts_match_stored_before_metrics(plan):
     stored = {(x["epoch"], x["stage"]): x for x in
               store.read_table(plan / store.METRICS_FILE, store.metrics_schema()).to_pylist()}
     for epoch in (0, 1):
         ba = before_counts(plan, epoch)
-        assert ba.before is not None and "verified" in ba.note
+        assert ba.before is not None and "as compiled" in ba.note
         before, after = stored[(epoch, "before")], stored[(epoch, "after")]
         assert ba.before.label_counts.size == before["batches"]
         assert int(ba.before.label_counts.sum()) == before["total_label_count"]
@@ -187,3 +188,20 @@ def test_bad_inputs_exit_2(plan, tmp_path):
 def test_help_has_example(args):
     r = cli(*args, "--help")
     assert r.exit_code == 0 and "Example" in r.output
+
+
+def test_a_plan_without_a_stored_before_stage_shows_after_only(plan, tmp_path):
+    """Plans of plancc versions before `before.parquet` existed: inspect never recomputes compile, it says so."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    old = Path(shutil.copytree(plan, tmp_path / "old"))
+    (old / store.BEFORE_FILE).unlink()
+    table = pq.read_table(old / store.PLAN_FILE)
+    meta = json.loads(table.schema.metadata[store.META_KEY])
+    del meta["checksums"]["before"]
+    pq.write_table(table.replace_schema_metadata({store.META_KEY: json.dumps(meta).encode()}), old / store.PLAN_FILE)
+    ba = before_counts(old, 0)
+    assert ba.before is None and "not stored" in ba.note
+    assert ba.after.label_counts.size == before_counts(plan, 0).after.label_counts.size

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.synthetic import build_plan
 from plancc.runtime import PlanCollator, PlanSampler, block_causal_mask, load_tokens, model_inputs
-from tests.runtime_helpers import build_plan, tiny_model
+from tests.runtime_helpers import tiny_model
 
 LAYOUTS = {
     "packed": dict(mode="packed", micro_batch_size=3, sequence_len=24),

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks.synthetic import build_plan
 from plancc.runtime import (
     CheckpointError,
     PlanCollator,
@@ -24,7 +25,7 @@ from plancc.runtime import (
     token_loss,
 )
 from plancc.runtime.checkpoint import FAULT_POINTS, LATEST, agree_on_step, load_tensors, step_dir
-from tests.runtime_helpers import build_plan, tiny_model
+from tests.runtime_helpers import tiny_model
 
 EPOCHS = 2
 

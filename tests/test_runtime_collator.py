@@ -13,9 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.synthetic import build_plan, make_tokenized
 from plancc import store
 from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, TokenStore, load_tokens, model_inputs
-from tests.runtime_helpers import build_plan, make_tokenized, tiny_model
+from tests.runtime_helpers import tiny_model
 
 
 def expected_row(samples, tokens: TokenStore, shift: str):

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks.synthetic import build_plan
 from plancc.runtime import PlanCollator, PlanSampler, load_tokens
-from tests.runtime_helpers import build_plan, merge_microbatches, rel_err, tiny_model, update_gradients
+from tests.runtime_helpers import merge_microbatches, rel_err, tiny_model, update_gradients
 
 # layout -> (plan settings, samples); each plan ends with a tail update of 1 or 3 microbatches, so rank 1 gets a
 # placeholder at its last micro-step

@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from benchmarks.synthetic import build_plan
 from plancc.runtime.checkpoint import FAULT_ENV, LATEST, load_tensors, step_dir
-from tests.runtime_helpers import build_plan, rel_err
+from tests.runtime_helpers import rel_err
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,16 +10,10 @@ import pytest
 import torch
 from transformers import TrainerCallback, TrainingArguments
 
+from benchmarks.synthetic import build_plan
 from plancc.runtime import PlanMismatchError, PlanSampler
 from plancc.runtime.hf import STATE_FILE, PlanTrainer
-from tests.runtime_helpers import (
-    build_plan,
-    build_uneven_plan,
-    grads_of,
-    plain_loop_grads,
-    rel_err,
-    tiny_model,
-)
+from tests.runtime_helpers import build_uneven_plan, grads_of, plain_loop_grads, rel_err, tiny_model
 
 LR = 0.5
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from benchmarks.synthetic import build_plan, make_tokenized
 from plancc import store
 from plancc.runtime import (
     PlanCollator,
@@ -22,7 +23,6 @@ from plancc.runtime import (
     load_tokens,
     restore_checkpoint_state,
 )
-from tests.runtime_helpers import build_plan, make_tokenized
 
 PACKED = dict(mode="packed", micro_batch_size=2, sequence_len=24)
 
@@ -50,7 +50,7 @@ def test_import_loads_no_cli_or_datasets():
 
 
 def test_plan_order_coverage_and_lockstep(plan):
-    table = store.read_plan(plan, epoch=1)
+    table = store.PlanDir(plan).read_epoch(1)
     total = len(table)
     assert total == 19
     seqs = {r: list(PlanSampler(plan, rank=r, world_size=2, epoch=1)) for r in range(2)}

@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from benchmarks.synthetic import build_plan, make_tokenized, samples_table, write_tokens
 from plancc import build, store, token_store
 from plancc.cli import app
 from plancc.config import PlanSettings, ScanOptions
 from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, RuntimePlan, TokenStore, load_tokens
-from tests.runtime_helpers import build_plan, make_tokenized, samples_table, write_tokens
 
 LAYOUTS = {
     "packed": dict(mode="packed", micro_batch_size=2),
@@ -151,7 +151,7 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
     tok = make_tokenized(40, seed=7, max_len=20)
     table = samples_table(tok)
     write_tokens(tmp_path / "data" / store.TOKENS_DIR, tok, table)  # a scan-like folder holding the store
-    s = build.sample_arrays(table)
+    s = store.sample_arrays(table)
     ps = PlanSettings(mode="packed", micro_batch_size=2, sequence_len=24)
     from plancc.pipeline import compile_plan
 
@@ -182,7 +182,7 @@ def test_plan_and_tokenized_source_moved_together_are_found_relative_to_the_plan
     table = samples_table(tok)
     (tmp_path / "job").mkdir()
     pq.write_table(tok, tmp_path / "job" / "train.parquet")
-    s = build.sample_arrays(table)
+    s = store.sample_arrays(table)
     ps = PlanSettings(mode="flattened", micro_batch_size=2, sequence_len=24)
     from plancc.pipeline import compile_plan
 
@@ -242,7 +242,7 @@ def test_a_change_in_a_row_the_plan_does_not_use_is_a_warning(tmp_path):
     full = samples_table(tok)
     kept = full.filter(pa.array(np.arange(30) != 12))  # row 12 dropped by the scan: in the store, not in the plan
     write_tokens(tmp_path / "data" / store.TOKENS_DIR, tok, kept)
-    s = build.sample_arrays(kept)
+    s = store.sample_arrays(kept)
     ps = PlanSettings(mode="padded", micro_batch_size=2, sequence_len=24)
     from plancc.pipeline import compile_plan
 

@@ -13,10 +13,11 @@ from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 from trl import SFTConfig
 
+from benchmarks.synthetic import VOCAB
 from plancc.runtime import PlanMismatchError, PlanSampler
 from plancc.runtime.hf import STATE_FILE
 from plancc.runtime.trl import PlanSFTTrainer
-from tests.runtime_helpers import VOCAB, build_uneven_plan, plain_loop_grads, rel_err, tiny_model
+from tests.runtime_helpers import build_uneven_plan, plain_loop_grads, rel_err, tiny_model
 from tests.test_runtime_hf import GradRecorder
 
 LR = 0.5

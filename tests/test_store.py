@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from plancc import atomic, store, token_store
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.config import PlanSettings
 from plancc.pipeline import compile_plan
+from plancc.store import sample_arrays
 from tests.plan_helpers import random_dataset, samples_table
 
 SCHEMAS = Path(__file__).parent.parent / "schemas"
@@ -44,7 +45,8 @@ def _actual(schema: pa.Schema) -> list[tuple[str, str, bool]]:
 
 @pytest.mark.parametrize(
     ("name", "schema"),
-    [("plan", store.PLAN_SCHEMA), ("samples", store.SAMPLES_SCHEMA), ("metrics", store.metrics_schema())],
+    [("plan", store.PLAN_SCHEMA), ("samples", store.SAMPLES_SCHEMA), ("metrics", store.metrics_schema()),
+     ("before", store.BEFORE_SCHEMA)],
 )
 def test_documented_schemas_match_the_code(name, schema):
     assert _described(name) == _actual(schema)
@@ -67,7 +69,8 @@ def test_written_plan_matches_documented_schemas_and_carries_fingerprints(tmp_pa
     plan_dir = _write(tmp_path / "plan")
     manifest = json.loads((plan_dir / store.MANIFEST_FILE).read_text())
     jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
-    for file, name in [(store.PLAN_FILE, "plan"), (store.SAMPLES_FILE, "samples"), (store.METRICS_FILE, "metrics")]:
+    for file, name in [(store.PLAN_FILE, "plan"), (store.SAMPLES_FILE, "samples"), (store.METRICS_FILE, "metrics"),
+                       (store.BEFORE_FILE, "before")]:
         schema = pq.read_schema(plan_dir / file)
         assert _actual(schema) == _described(name)
         meta = store.read_file_meta(plan_dir / file)
@@ -108,7 +111,7 @@ def test_corrupt_and_foreign_files_are_clear_errors(tmp_path):
     data = (plan_dir / store.PLAN_FILE).read_bytes()
     (plan_dir / store.PLAN_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(store.StoreError, match=r"plan\.parquet"):
-        store.read_plan(plan_dir)
+        store.PlanDir(plan_dir).read_epoch(0)
     foreign = tmp_path / "foreign.parquet"
     pq.write_table(pa.table({"x": [1, 2]}), foreign)
     with pytest.raises(store.StoreError, match="not written by plancc"):
@@ -127,3 +130,13 @@ def test_per_rank_read_skips_row_groups(tmp_path):
     write_plan_dir(plan_dir, table, s, settings, compile_plan(s, settings), {}, None)
     stored = pq.read_table(plan_dir / store.PLAN_FILE, columns=["rank"]).column("rank")
     assert pc.all(pc.greater_equal(pc.pairwise_diff(stored.combine_chunks())[1:], 0)).as_py()
+
+
+@pytest.mark.parametrize("writer", [pa.ipc.new_file, pa.ipc.new_stream])
+def test_arrow_files_and_streams_read_alike(tmp_path, writer):
+    """`.arrow` is either IPC format: the file one (pyarrow's default) or the stream one `datasets` writes."""
+    table = pa.table({"input_ids": [[1, 2], [3]], "labels": [[-100, 2], [3]]})
+    path = tmp_path / "data.arrow"
+    with pa.OSFile(str(path), "wb") as sink, writer(sink, table.schema) as w:
+        w.write_table(table)
+    assert store.read_arrow(path).equals(table)

@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from plancc import store, token_store
-from plancc.build import sample_arrays, write_plan_dir
+from plancc.build import write_plan_dir
 from plancc.cli import app
 from plancc.config import PlanSettings
 from plancc.pipeline import compile_plan
 from plancc.runtime import PlanCollator, PlanDataset, PlanMismatchError, PlanSampler, load_tokens
+from plancc.store import sample_arrays
 from plancc.validate import validate_plan
 from tests.plan_helpers import random_dataset, samples_table
 
@@ -357,7 +358,8 @@ def test_any_single_value_edit_of_an_epoch_is_refused(epoch0, name, row, delta):
 
 FLIPS_PER_FILE = 60
 FILES = [store.PLAN_FILE, store.SAMPLES_FILE, store.METRICS_FILE, store.MANIFEST_FILE,
-         *(f"{store.TOKENS_DIR}/{name}" for name in [token_store.HEADER_FILE, *(f"{a}.npy" for a in token_store.ARRAYS)])]
+         *(f"{store.TOKENS_DIR}/{name}" for name in [token_store.HEADER_FILE, *(f"{a}.npy" for a in token_store.ARRAYS)]),
+         store.BEFORE_FILE]  # last: a file added later takes its draws after the others' (theirs stay the same)
 
 
 def _decoded(path: Path, epochs: int) -> object:

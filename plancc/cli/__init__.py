@@ -112,6 +112,7 @@ def compile_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc compile`: flags to settings by name, `plancc.api.compile`, the summary."""
     from plancc import api
 
     with fail_on_errors():
@@ -153,16 +154,49 @@ def scan_cmd(
     shift: ShiftOpt = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
+    shard: Annotated[str | None, Opt("--shard", help="Scan only shard I of N of the rows (I from 0; e.g. a Slurm "
+                                                     "array task) into a partial scan; `plancc merge` joins them.",
+                                     show_default="none: the whole source")] = None,
+    shard_rows: Annotated[int | None, Opt("--shard-rows", help="Rows per shard of a local scan: memory and what a "
+                                                               "resumed scan reuses (the result is the same for "
+                                                               "any value).", show_default="65536")] = None,
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc scan`: flags to scan options by name, `plancc.api.scan`, the summary."""
     from plancc import api
 
     with fail_on_errors(), reporter(quiet or json) as progress:
         report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
-                          cache_dir=cache_dir, progress=progress,
+                          cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
                           split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift)
+    warn(report.get("warnings") or [])
+    if json:
+        print_json({"scan_dir": str(output), **report})
+    elif not quiet:
+        from plancc.cli.summary import scan_summary
+
+        typer.echo("\n".join(scan_summary(str(output), report)))
+
+
+@app.command("merge", help="Join the partial scans of `plancc scan --shard I/N` into one scan, after checking they "
+                           "fit (same source, options, tokenizer and template; every row exactly once). Token data "
+                           "is hard-linked, never copied.\n\nExample:\n\n    plancc merge scans/part-* -o "
+                           "scans/train")
+def merge_cmd(
+    parts: Annotated[list[Path], typer.Argument(help="Partial scan directories (any order).")],
+    output: Annotated[Path, Opt("--output", "-o", help="Scan directory to write: absent, empty, or a scan to "
+                                                        "replace atomically with --overwrite.")],
+    overwrite: OverwriteOpt = False,
+    quiet: QuietOpt = False,
+    json: JsonOpt = False,
+) -> None:
+    """`plancc merge`: join partial scans (`plancc scan --shard I/N`) into one scan directory."""
+    from plancc import api
+
+    with fail_on_errors():
+        report = api.merge(parts, output, overwrite=overwrite)
     warn(report.get("warnings") or [])
     if json:
         print_json({"scan_dir": str(output), **report})
@@ -191,6 +225,7 @@ def validate_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc validate`: every violation `plancc.validate.validate_plan` finds, exit 1 when there is one."""
     from plancc import store, token_store
     from plancc.validate import validate_plan
 

@@ -121,6 +121,7 @@ class SourceCommand(TyperCommand):
     """A command taking one SOURCE: surplus arguments are most likely a glob the shell expanded, so say so."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
+        """Click's parsing, with an unquoted glob's extra arguments explained (the shell expanded it)."""
         try:
             return super().parse_args(ctx, args)
         except Exception as exc:  # click's UsageError, vendored by typer under a private name
@@ -131,6 +132,7 @@ class SourceCommand(TyperCommand):
 
 
 def print_json(obj: Any) -> None:
+    """One JSON document on stdout, keys sorted and indented (what every `--json` prints)."""
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n")
 
 
@@ -141,15 +143,24 @@ def reporter(quiet: bool) -> Iterator[Callable[[str, int, int], None] | None]:
         yield None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     tasks: dict[str, Any] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=False) as bar:
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=False) as bar:
 
         def progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(phase, total=max(total, 1))
-            bar.update(tasks[phase], completed=done, total=max(total, 1))
+            # "tokenizing · 1,234 tokens/s": one bar per phase, its rate after the dot updating the description
+            name = phase.split(" · ")[0]
+            if name not in tasks:
+                tasks[name] = bar.add_task(phase, total=max(total, 1))
+            bar.update(tasks[name], completed=done, total=max(total, 1), description=phase)
 
         yield progress

@@ -1,4 +1,4 @@
-"""`plancc diff OLD NEW`: parse, call `plancc.diff.diff_plans`, print, choose the exit code."""
+"""`plancc diff OLD NEW`: parse, call `plancc.diff.diff_plans`, render (`plancc.diff_render`), choose the exit code."""
 
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ def diff_cmd(
     quiet: QuietOpt = False,
     json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> None:
+    """`plancc diff`: compare, render in the chosen format, exit 1 on a `--fail-on` change."""
     from plancc import diff as d
+    from plancc import diff_render
     from plancc.errors import PlanccError
 
     format = "json" if json else format
@@ -56,7 +58,8 @@ def diff_cmd(
             if not quiet:
                 print_json(report)
         else:
-            text = d.render_markdown(report, failed) if format == "markdown" else d.render_text(report, failed)
+            render = diff_render.render_markdown if format == "markdown" else diff_render.render_text
+            text = render(report, failed)
             if not quiet:
                 typer.echo(text, nl=False)
         if output is not None:

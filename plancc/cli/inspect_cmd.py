@@ -24,8 +24,7 @@ PlanArg = Annotated[Path, typer.Argument(help="Plan directory (written by `planc
     "metrics",
     help="Before/after metrics per epoch and stage (label CV, update CV, packing efficiency, padding, rank "
          "spread, naive weight skew...). --plot FILE.png draws histograms of labels per microbatch and per update, "
-         "before vs after balancing; the before layout is recomputed deterministically from the plan's samples "
-         "table and settings and checked against the stored before metrics."
+         "before vs after balancing, both as compile stored them (before.parquet)."
          "\n\nExample:\n\n    plancc inspect metrics plans/chat --epoch 0 --plot chat.png",
 )
 def metrics_cmd(
@@ -39,6 +38,7 @@ def metrics_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc inspect metrics`: the stored metrics as tables or JSON, and the optional before/after plot."""
     from plancc import inspect
 
     with fail_on_errors():
@@ -88,6 +88,7 @@ def plan_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc inspect plan`: the filtered microbatches as a table or JSON."""
     from plancc import inspect
 
     with fail_on_errors():

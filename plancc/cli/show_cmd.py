@@ -31,6 +31,7 @@ def show_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
+    """`plancc show`: one sample decoded, supervised text marked, optionally token by token."""
     from plancc.show import sample_view
 
     with fail_on_errors():

@@ -77,7 +77,11 @@ def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[st
 
 
 def scan_summary(output: str, report: dict[str, Any]) -> list[str]:
-    """Lines for `plancc scan`: where, rows read, samples, tokenizer, template."""
-    return [f"scan       {output}, {report['rows_read']:,} rows read",
+    """Lines for `plancc scan` and `plancc merge`: where, rows read, samples, tokenizer, template."""
+    part = report.get("part")
+    where = f" (part: rows {part['lo']:,}..{part['hi'] - 1:,} of {part['rows']:,})" if part else (
+        f" (merged from {len(report['merged_from'])} parts)" if report.get("merged_from") else "")
+    return [f"scan       {output}, {report['rows_read']:,} rows read{where}",
             *_sample_lines(report, int(report["retained"])),
+            "next       plancc merge PART_DIR... -o SCAN_DIR (every part of the source)" if part else
             f"next       plancc compile {output} -o PLAN_DIR"]

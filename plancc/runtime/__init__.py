@@ -25,7 +25,7 @@ from plancc.runtime.collator import PlanCollator, block_causal_mask, model_input
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataLoader, PlanDataset
 from plancc.runtime.loss import token_loss, token_loss_sum
-from plancc.runtime.plan import PlanMismatchError, RuntimePlan
+from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan
 from plancc.runtime.sampler import Microbatch, PlanSampler
 
 __all__ = [

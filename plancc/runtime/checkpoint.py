@@ -49,7 +49,7 @@ from typing import IO, Any
 
 import torch
 
-from plancc.runtime.plan import PlanMismatchError
+from plancc.runtime.plan_reader import PlanMismatchError
 from plancc.runtime.sampler import PlanSampler
 
 FORMAT = "plancc.checkpoint/1"
@@ -121,6 +121,7 @@ def _fault_from_env(point: str, step: int, rank: int) -> None:
 
 
 def fsync_dir(path: str | Path) -> None:
+    """fsync a directory, so the renames inside it survive a power loss."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -166,6 +167,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None], *,
 
 
 def write_json_atomic(path: str | Path, obj: Any, **kwargs: Any) -> None:
+    """Write `obj` as JSON to `path` through a fsynced temporary sibling and a rename."""
     atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode() + b"\n"), **kwargs)
 
 
@@ -226,6 +228,7 @@ def together(fn: Callable[[], Any], what: str) -> Any:
 
 
 def step_dir(directory: str | Path, step: int) -> Path:
+    """The folder of checkpoint `step` (`step-00000012`): zero-padded, so names sort by step."""
     return Path(directory) / f"step-{int(step):08d}"
 
 

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from plancc.config import Mode, Shift
 from plancc.runtime.data import TokenStore
-from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
+from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import Microbatch
-
-IGNORE = -100
+from plancc.token_store import IGNORE_INDEX
 
 
 class PlanCollator:
@@ -42,17 +42,18 @@ class PlanCollator:
 
     def __init__(self, *, mode: str, shift: str, pad_multiple: int = 1, pad_token_id: int = 0,
                  check_counts: bool = True, loop_threshold: int = 48):
-        if mode not in ("packed", "padded", "flattened"):
+        if mode not in tuple(Mode):
             raise ValueError(f"unknown mode {mode!r}")
-        if shift not in ("sample", "row", "none"):
+        if shift not in tuple(Shift):
             raise ValueError(f"unknown shift {shift!r}")
-        self.mode, self.shift, self.pad_multiple = mode, shift, int(pad_multiple)
+        self.mode, self.shift, self.pad_multiple = Mode(mode), Shift(shift), int(pad_multiple)
         self.pad_token_id, self.check_counts = int(pad_token_id), check_counts
         self.loop_threshold = int(loop_threshold)  # up to this many samples: per-sample slice copies
         self._ar = np.arange(4096, dtype=np.int64)
 
     @classmethod
     def from_plan(cls, plan: str | RuntimePlan, **kwargs: Any) -> PlanCollator:
+        """A collator for the plan's layout, shift and padding multiple (`kwargs`: pad token, ...)."""
         plan = open_plan(plan)
         return cls(mode=plan.mode, shift=plan.shift, pad_multiple=plan.settings.pad_multiple, **kwargs)
 
@@ -75,7 +76,7 @@ class PlanCollator:
         width = -(-width // self.pad_multiple) * self.pad_multiple
 
         input_ids = np.full((n_rows, width), self.pad_token_id, dtype=np.int64)
-        shift_labels = np.full((n_rows, width), IGNORE, dtype=np.int64)
+        shift_labels = np.full((n_rows, width), IGNORE_INDEX, dtype=np.int64)
         position_ids = np.empty((n_rows, width), dtype=np.int64)
         segments = None
         if ids.size and ids.size <= self.loop_threshold:
@@ -84,7 +85,7 @@ class PlanCollator:
         else:
             self._fill_vectorized(ids, rows, starts if ids.size else ids, ids_len, row_len, csum if ids.size else
                                   None, tokens, input_ids, shift_labels, position_ids)
-        count = int(np.count_nonzero(shift_labels != IGNORE))
+        count = int(np.count_nonzero(shift_labels != IGNORE_INDEX))
         if self.check_counts and count != mb.label_count:
             raise PlanMismatchError(
                 f"microbatch {mb.index} (epoch {mb.epoch}, update {mb.update}) collates to {count} supervised "
@@ -92,11 +93,11 @@ class PlanCollator:
                 f"from the ones the plan was compiled with (shift {self.shift!r}); recompile the plan"
             )
         labels = np.empty_like(shift_labels)
-        labels[:, 0] = IGNORE
+        labels[:, 0] = IGNORE_INDEX
         labels[:, 1:] = shift_labels[:, :-1]
         out: dict[str, Any] = {"input_ids": input_ids, "position_ids": position_ids, "labels": labels,
                                "shift_labels": shift_labels, "label_count": count}
-        if self.mode == "padded":
+        if self.mode == Mode.PADDED:
             col = self._arange(width)
             out["attention_mask"] = (col[None, :] < np.maximum(row_len, 1)[:, None]).astype(np.int64)
         if segments is not None:
@@ -135,11 +136,11 @@ class PlanCollator:
                 a, n = starts[k], lens[k]
                 input_ids[r, w:w + n] = x[a:a + n]
                 position_ids[r, w:w + n] = ar[:n]
-                if shift == "none":
+                if shift == Shift.NONE:
                     shift_labels[r, w:w + n] = y[a:a + n]
                 else:
                     shift_labels[r, w:w + n - 1] = y[a + 1:a + n]
-                    if shift == "row" and k < last:
+                    if shift == Shift.ROW and k < last:
                         shift_labels[r, w + n - 1] = y[starts[k + 1]]
                 w += n
             segments += lens[bounds[r]:bounds[r + 1]]
@@ -163,13 +164,13 @@ class PlanCollator:
         src = np.repeat(starts, ids_len) + rel
         dst = np.repeat(row_of * width + within, ids_len) + rel
         targets = tokens.targets[src]
-        if self.shift == "none":
+        if self.shift == Shift.NONE:
             st = targets
         else:
             st = np.empty(total, dtype=np.int64)
             st[:-1] = targets[1:]
-            ends = csum[1:] - 1 if self.shift == "sample" else csum[rows[1:]] - 1
-            st[ends] = IGNORE
+            ends = csum[1:] - 1 if self.shift == Shift.SAMPLE else csum[rows[1:]] - 1
+            st[ends] = IGNORE_INDEX
         input_ids.reshape(-1)[dst] = tokens.input_ids[src]
         shift_labels.reshape(-1)[dst] = st
         position_ids.reshape(-1)[dst] = rel
@@ -227,4 +228,4 @@ def block_causal_mask(position_ids: torch.Tensor, *, dtype: torch.dtype = torch.
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-__all__ = ["IGNORE", "PlanCollator", "block_causal_mask", "model_inputs"]
+__all__ = ["IGNORE_INDEX", "PlanCollator", "block_causal_mask", "model_inputs"]

@@ -6,7 +6,8 @@ microbatch's tokens is one vectorized gather, whatever the number of samples::
     input_ids = [5, 6, 7, 8, 9, 1, 2]      all samples' tokens, concatenated
     offsets   = [0, 3, 5, 7]               sample 1 = input_ids[3:5]
 
-A plan's data is its token store (`plancc.token_store`, the `tokens/` folder a compile writes): the arrays are
+A plan's data is its token store (`plancc.token_store`, the `tokens/` folder a compile writes; one store or the
+parts of a sharded scan, mapped as one dataset): the arrays are
 memory maps, so opening costs the same for 1M or 10B tokens, the ranks of a node share the pages through the OS
 page cache, and a process's memory grows only with what it reads. `targets` is the label column the plan's shift
 reads (the store's `labels`, already shifted under shift `none`). Other data (`data=` a Parquet, Arrow or JSON
@@ -33,7 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
+from plancc.config import Shift
+from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
 
@@ -55,6 +57,7 @@ class TokenStore:
 
     @property
     def lengths(self) -> np.ndarray:
+        """Tokens of each row."""
         return np.diff(self.offsets)
 
     @property
@@ -65,6 +68,7 @@ class TokenStore:
         return self._max_id
 
     def check(self, rows: np.ndarray) -> None:
+        """Verify the chunks holding `rows` on their first read (a no-op once every chunk is checked)."""
         if self.guard is not None and self.guard.pending:
             self.guard.check(rows)
 
@@ -80,7 +84,7 @@ class TokenStore:
         """From a table with `input_ids` and `labels` (or `shift_labels` for shift none) list columns."""
         if "input_ids" not in table.column_names:
             raise PlanMismatchError(f"{where}: no 'input_ids' column (columns: {table.column_names})")
-        name = "shift_labels" if shift == "none" and "shift_labels" in table.column_names else "labels"
+        name = "shift_labels" if shift == Shift.NONE and "shift_labels" in table.column_names else "labels"
         if name not in table.column_names:
             raise PlanMismatchError(f"{where}: no '{name}' column for shift '{shift}' (columns: {table.column_names})")
         ids, ids_off = _flat(table.column("input_ids"), where, "input_ids")
@@ -93,6 +97,7 @@ class TokenStore:
 
     @classmethod
     def from_lists(cls, input_ids: list[list[int]], targets: list[list[int]]) -> TokenStore:
+        """A store held in memory from per-row lists of ids and targets (tests and small data)."""
         return cls.from_table(pa.table({"input_ids": input_ids, "labels": targets}))
 
 
@@ -106,6 +111,8 @@ class ChunkGuard:
         self.pending = mapped.num_chunks
 
     def check(self, rows: np.ndarray) -> None:
+        """Hash each not yet verified chunk that `rows` touch; refuse a changed one naming its first planned
+        sample."""
         ks = np.searchsorted(self.bounds, rows, side="right") - 1
         seen = self.verified[ks]
         if seen.all():
@@ -172,12 +179,7 @@ def _read_any(path: Path) -> pa.Table:
         if suffix == ".parquet":
             return pq.read_table(path)
         if suffix == ".arrow":
-            with pa.memory_map(str(path)) as src:
-                try:
-                    return pa.ipc.open_file(src).read_all()
-                except pa.ArrowInvalid:
-                    src.seek(0)
-                    return pa.ipc.open_stream(src).read_all()
+            return store.read_arrow(path)
         if suffix in (".jsonl", ".json"):
             import pyarrow.json as pj
 
@@ -245,7 +247,7 @@ def _mapped(plan: RuntimePlan, path: Path, verify: str, allow: bool) -> TokenSto
     tokens = _over_maps(m, guard)
     if verify == "none":
         return tokens
-    if m.header.get("labels_shifted", False) != (plan.shift == "none"):
+    if m.header.get("labels_shifted", False) != (plan.shift == Shift.NONE):
         _refuse(plan, str(path), f"it holds {'shifted' if plan.shift != 'none' else 'unshifted'} labels but the "
                                  f"plan has shift {plan.shift!r}", allow)
     fp, want = m.header.get("fingerprints", {}).get("dataset"), plan.fingerprints.get("dataset")
@@ -267,8 +269,13 @@ def _reopen(path: str, plan_path: str, allow: bool) -> TokenStore:
 
 
 def _over_maps(m: token_store.MappedTokens, guard: ChunkGuard | None) -> TokenStore:
-    """Plain ndarray views of the maps: slicing a `np.memmap` runs Python code per slice, a view does not."""
-    return TokenStore(np.asarray(m.input_ids), np.asarray(m.labels), np.asarray(m.offsets), guard=guard,
+    """Plain ndarray views of the maps: slicing a `np.memmap` runs Python code per slice, a view does not. A
+    multi-part store's tokens stay a `token_store.Concat` of the parts' views (indexed like one array)."""
+    def view(a):
+        return token_store.Concat([np.asarray(p) for p in a.parts]) if isinstance(a, token_store.Concat) else \
+            np.asarray(a)
+
+    return TokenStore(view(m.input_ids), view(m.labels), np.asarray(m.offsets), guard=guard,
                       max_id=int(m.header["max_id"]))
 
 

@@ -41,6 +41,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from plancc import layout
 from plancc.runtime.checkpoint import (
     _all_gather_rows,
     _barrier,
@@ -54,7 +55,7 @@ from plancc.runtime.collator import PlanCollator, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataLoader, PlanDataset
 from plancc.runtime.loss import token_loss
-from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
+from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import PlanSampler
 
 STATE_FILE = "plancc_sampler.json"
@@ -128,8 +129,9 @@ class PlanTrainer(Trainer):
                                     "label_smoothing_factor are not supported")
         gas, world = self.args.gradient_accumulation_steps, self.args.world_size
         per_update = self.plan.batches_per_update
-        if gas * world != per_update:
-            hint = (f"set gradient_accumulation_steps={per_update // world}" if per_update % world == 0
+        fits = layout.elastic_grad_accum(per_update, world)
+        if gas != fits:
+            hint = (f"set gradient_accumulation_steps={fits}" if fits is not None
                     else f"run on a number of processes that divides {per_update}, or recompile the plan")
             raise PlanMismatchError(
                 f"the plan was compiled for world_size {self.plan.world_size} x grad_accum {self.plan.grad_accum} "
@@ -174,6 +176,7 @@ class PlanTrainer(Trainer):
         return epoch, global_step - bounds[epoch], bounds[epoch + 1] - bounds[epoch]
 
     def get_train_dataloader(self) -> PlanDataLoader:
+        """The plan's loader over every training epoch as one stream of whole updates (see module docstring)."""
         self.plan_sampler = self._make_sampler()
         stream = _EpochStream(self.plan_sampler, self._train_epochs())
         total = self._update_bounds()[-1]
@@ -218,6 +221,8 @@ class PlanTrainer(Trainer):
 
     # ------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """plancc's token-mean loss for one microbatch, normalized by the update's global count from the
+        plan."""
         if num_items_in_batch is None:
             num_items_in_batch = inputs["num_items_in_batch"]
         inner = getattr(model, "module", model)
@@ -268,6 +273,7 @@ class PlanTrainer(Trainer):
                                best_model_checkpoint=self.state.best_model_checkpoint)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """`Trainer.train`, resuming from the newest checkpoint complete on every rank when asked."""
         if resume_from_checkpoint:
             resume_from_checkpoint = str(self.resume_checkpoint(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)

@@ -56,10 +56,13 @@ class PlanDataLoader(DataLoader):
             yield batch
 
     def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` (the sampler's `set_epoch`)."""
         self.plan_sampler.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
+        """The sampler's state at the last batch the training loop consumed."""
         return self.plan_sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any], **kwargs: Any) -> None:
+        """Resume the sampler from `state` (see `PlanSampler.load_state_dict`)."""
         self.plan_sampler.load_state_dict(state, **kwargs)

@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE = -100
+from plancc.token_store import IGNORE_INDEX
 
 
 def token_loss_sum(logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:
     """Sum of per-target cross entropy in fp32 (`shift_labels[t]` is the target of `logits[t]`)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                           shift_labels.reshape(-1).to(logits.device), ignore_index=IGNORE, reduction="sum")
+                           shift_labels.reshape(-1).to(logits.device), ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 def token_loss(logits: torch.Tensor, shift_labels: torch.Tensor, num_items_in_batch: torch.Tensor | int, *,

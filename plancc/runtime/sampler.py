@@ -1,18 +1,10 @@
 """Replay a plan: one rank's microbatches of one epoch, in plan order, with exact resume and elastic replay.
 
-The plan's global order (SPEC 4): update `u` is microbatches `[u*P, (u+1)*P)` with `P = W*G`; micro-step `m` of
-rank `r` is microbatch `u*P + m*W + r`. A run on `(W', G')` with `W'*G' = P` keeps every update (same samples,
-same `num_items`) and only changes which rank runs which microbatch: elastic replay.
-
-Each rank walks *positions* `0..len(sampler)-1`: `G` micro-steps per complete update, then the incomplete final
-update (only without `--drop-last`), which has `ceil(tail / W)` micro-steps on every rank. When `tail` is not a
-multiple of `W`, the last micro-step of that update has no microbatch on some ranks; they get an **empty
-placeholder** (`Microbatch.placeholder`, no samples): the collator turns it into a one-token row with no target,
-so the loss is 0 and its gradient is zero, but every rank still runs the same number of forward/backward passes
-and the DDP all-reduce stays in lockstep::
-
-    W=2, G=2, 5 microbatches        rank 0: [0, 2] [4]       rank 1: [1, 3] [placeholder]
-                                            update 0 | tail          update 0 | tail
+The layout (which rank runs which microbatch, the positions each rank walks, the tail update, elastic replay on
+`(W', G')` with `W'G' = WG`) is `plancc.layout`'s; this module turns positions into `Microbatch`es. A rank without
+a microbatch at a tail micro-step gets an **empty placeholder** (`Microbatch.placeholder`, no samples): the
+collator turns it into a one-token row with no target, so the loss is 0 and its gradient is zero, but every rank
+still runs the same number of forward/backward passes and the DDP all-reduce stays in lockstep.
 
 With `full_updates=True` the tail update is padded with placeholders to `G` micro-steps as well, so every update
 has exactly `G` micro-steps: what a loop that steps the optimizer every `G` batches (the Hugging Face `Trainer`)
@@ -33,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from plancc.runtime.plan import PlanMismatchError, RankEpoch, RuntimePlan, open_plan
+from plancc import layout
+from plancc.runtime.plan_reader import PlanMismatchError, RankEpoch, RuntimePlan, open_plan
 
 STATE_FORMAT = "plancc.sampler/1"
 STRICT_FINGERPRINTS = ("config", "metadata", "plan", "schema")
@@ -58,6 +51,7 @@ class Microbatch(list):
 
     @property
     def placeholder(self) -> bool:
+        """An empty stand-in that keeps the ranks in lockstep (see module docstring)."""
         return self.index < 0
 
     def __reduce__(self):  # picklable for DataLoader worker processes
@@ -105,7 +99,7 @@ class PlanSampler:
         self.epoch = int(epoch)
         self.plan._check_epoch(self.epoch)
         self._cache: RankEpoch | None = None
-        self._shapes: dict[int, tuple[int, int, int]] = {}
+        self._shapes: dict[int, layout.RankWalk] = {}
         self._start = 0  # position each new iterator starts from (0, or where a resumed state left off)
         self._yielded = 0  # position after the last microbatch yielded
         self._consumed: int | None = None  # position after the last microbatch the training loop reported
@@ -118,43 +112,35 @@ class PlanSampler:
             self._cache = self.plan.read_rank_epoch(self.epoch, self.rank, self.world_size)
         return self._cache
 
-    def _shape(self, epoch: int | None = None) -> tuple[int, int, int]:
-        """(complete updates, micro-steps of the tail update, total positions) of `epoch` (default: current)."""
+    def _shape(self, epoch: int | None = None) -> layout.RankWalk:
+        """The positions this rank walks through `epoch` (default: current), `layout.rank_walk`."""
         epoch = self.epoch if epoch is None else int(epoch)
-        shape = self._shapes.get(epoch)
-        if shape is None:
-            total = self.plan.total_batches(epoch)
-            per_update = self.plan.batches_per_update
-            complete = total // per_update
-            tail = total - complete * per_update
-            tail_steps = (self.grad_accum if tail else 0) if self.full_updates else -(-tail // self.world_size)
-            shape = self._shapes[epoch] = (complete, tail_steps, complete * self.grad_accum + tail_steps)
-        return shape
+        if epoch not in self._shapes:
+            self._shapes[epoch] = layout.rank_walk(self.plan.total_batches(epoch), self.world_size, self.grad_accum,
+                                                   full_updates=self.full_updates)
+        return self._shapes[epoch]
 
     def __len__(self) -> int:
         """Microbatches (placeholders included) a new iterator yields: the epoch's, minus a resumed position."""
-        return self._shape()[2] - self._start
+        return self._shape().length - self._start
 
     @property
     def epoch_length(self) -> int:
-        return self._shape()[2]
+        """Positions (micro-steps, placeholders included) of the current epoch on this rank."""
+        return self._shape().length
 
     def epoch_lengths(self) -> list[int]:
         """Positions (micro-steps) of every epoch of the plan on this rank."""
-        return [self._shape(e)[2] for e in range(self.plan.epochs)]
+        return [self._shape(e).length for e in range(self.plan.epochs)]
 
     def updates_per_epoch(self, epoch: int | None = None) -> int:
-        complete, tail_steps, _ = self._shape(epoch)
-        return complete + (1 if tail_steps else 0)
+        """Optimizer updates of `epoch` (default: current), the tail update included."""
+        return self._shape(epoch).updates
 
     def locate(self, position: int, epoch: int | None = None) -> tuple[int, int]:
         """(update, micro_step) of a position; the end of the epoch is (updates, 0)."""
-        complete, tail_steps, length = self._shape(epoch)
-        if position < complete * self.grad_accum:
-            return position // self.grad_accum, position % self.grad_accum
-        if position >= length:
-            return complete + (1 if tail_steps else 0), 0
-        return complete, position - complete * self.grad_accum
+        update, micro_step, _ = layout.locate(position, self._shape(epoch), self.grad_accum)
+        return update, micro_step
 
     # ------------------------------------------------------------ iteration
     def set_epoch(self, epoch: int) -> None:
@@ -172,14 +158,10 @@ class PlanSampler:
     def microbatch(self, position: int) -> Microbatch:
         """The microbatch (or placeholder) at `position` of the current epoch on this rank."""
         ep = self._epoch_data()
-        complete, tail_steps, length = self._shape()
-        if not 0 <= position < length:
-            raise IndexError(f"position {position} outside the epoch's {length} microbatches")
-        g = self.grad_accum
-        if position < complete * g:
-            update, micro_step, steps = position // g, position % g, g
-        else:
-            update, micro_step, steps = complete, position - complete * g, tail_steps
+        walk = self._shape()
+        if not 0 <= position < walk.length:
+            raise IndexError(f"position {position} outside the epoch's {walk.length} microbatches")
+        update, micro_step, steps = layout.locate(position, walk, self.grad_accum)
         last = micro_step == steps - 1
         if position < len(ep):  # real microbatches are a prefix of the positions (see module docstring)
             r0, r1 = int(ep.batch_bounds[position]), int(ep.batch_bounds[position + 1])
@@ -195,7 +177,7 @@ class PlanSampler:
 
     def __iter__(self) -> Iterator[Microbatch]:
         self._pending_resume = False
-        start, length = self._start, self._shape()[2]
+        start, length = self._start, self._shape().length
         self._yielded = start
         self._consumed = None
         for position in range(start, length):
@@ -220,6 +202,7 @@ class PlanSampler:
     # ------------------------------------------------------------ state
     @property
     def position(self) -> int:
+        """Microbatches of the current epoch consumed so far (what a checkpoint saves)."""
         return self._consumed if self._consumed is not None else self._yielded
 
     def state_dict(self) -> dict[str, Any]:
@@ -276,7 +259,7 @@ class PlanSampler:
             position = int(state["position"])
         elif state.get("at_update_boundary"):
             self.epoch = epoch  # needed for the shape below
-            position = self._position_of_update(int(state["update"]))
+            position = layout.position_of_update(int(state["update"]), self._shape(), self.grad_accum)
         else:
             raise PlanMismatchError(
                 f"the checkpoint was saved mid-update (update {state['update']}, micro-step {state['micro_step']}) "
@@ -285,19 +268,13 @@ class PlanSampler:
                 "with the original world size, or from a checkpoint taken at an optimizer step"
             )
         self.epoch = epoch
-        length = self._shape()[2]
+        length = self._shape().length
         if not 0 <= position <= length:
             raise PlanMismatchError(f"saved position {position} is outside epoch {epoch}'s {length} microbatches")
         self._start = self._yielded = position
         self._consumed = None
         self._invalid = None
         self._pending_resume = True
-
-    def _position_of_update(self, update: int) -> int:
-        complete, _, length = self._shape()
-        if update <= complete:
-            return update * self.grad_accum
-        return length
 
 
 __all__ = ["Microbatch", "PlanMismatchError", "PlanSampler"]

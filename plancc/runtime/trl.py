@@ -32,7 +32,7 @@ from trl import SFTConfig, SFTTrainer
 
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.hf import PlanTrainer
-from plancc.runtime.plan import PlanMismatchError, RuntimePlan, open_plan
+from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 
 
 def _preview(tokens: TokenStore) -> Dataset:

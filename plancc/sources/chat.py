@@ -61,6 +61,7 @@ class Renderer:
         self.extra = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        """The template applied to `messages`; a template error is a `TemplateProblem` naming the template."""
         try:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                         **self.extra)

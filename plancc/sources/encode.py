@@ -20,8 +20,7 @@ import pyarrow as pa
 
 from plancc.sources.chat import Renderer, TemplateProblem, normalize
 from plancc.sources.tokenizer import Tok
-
-IGNORE = -100
+from plancc.token_store import IGNORE_INDEX
 
 ALPACA_WITH_INPUT = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -45,6 +44,8 @@ class RowError(Exception):
 
 @dataclass
 class Encoded:
+    """Tokenized rows as flat int32 ids and labels with int64 row offsets (CSR)."""
+
     ids: np.ndarray  # int32, flat
     labels: np.ndarray  # int32, flat, same layout as ids
     offsets: np.ndarray  # int64, n+1
@@ -60,7 +61,13 @@ class Encoded:
         })
 
     @staticmethod
+    def empty() -> Encoded:
+        """No rows: the identity of `concat`."""
+        return Encoded(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64))
+
+    @staticmethod
     def concat(parts: list[Encoded]) -> Encoded:
+        """The rows of `parts`, in order, as one `Encoded`."""
         if len(parts) == 1:
             return parts[0]
         shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
@@ -94,7 +101,7 @@ def _join(p_ids, p_off, c_ids, c_off) -> Encoded:
     ids[p_pos] = p_ids
     ids[c_pos] = c_ids
     labels = ids.copy()
-    labels[p_pos] = IGNORE
+    labels[p_pos] = IGNORE_INDEX
     return Encoded(ids, labels, offsets)
 
 
@@ -146,7 +153,7 @@ def _messages(tok: Tok, template: str, conversations: list, row0: int) -> Encode
         spans.append(sp)
     encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
     ids, offsets = _flat(encodings)
-    labels = np.full(len(ids), IGNORE, np.int32)
+    labels = np.full(len(ids), IGNORE_INDEX, np.int32)
     for i, (enc, sp) in enumerate(zip(encodings, spans, strict=True)):
         if not sp:
             continue

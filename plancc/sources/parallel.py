@@ -7,11 +7,12 @@ memory-mapped by every worker; each worker writes its chunk's tokens), so no tab
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -60,15 +61,36 @@ def _work(args: tuple) -> tuple[str, int, str]:
     return "ok", a, out_path
 
 
+@contextlib.contextmanager
+def workers(num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
+    """The tokenizer processes of a scan (None for `num_proc` 1), started once and shared by all its shards."""
+    if num_proc <= 1:
+        yield None
+        return
+    threads = max(1, (os.cpu_count() or 1) // num_proc)
+    pool = ProcessPoolExecutor(num_proc, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(threads,))
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc: int = 1,
-                progress: Progress = None, template: str | None = None) -> Encoded:
+                progress: Progress = None, template: str | None = None,
+                pool: ProcessPoolExecutor | None = None) -> Encoded:
     """Encode all rows of a canonical table (`template`: the chat template's text); raises RowError for a row that
-    cannot be rendered."""
+    cannot be rendered. `pool` (from `workers`) encodes in its processes; else `num_proc > 1` starts one for
+    this call."""
+    if pool is None and num_proc > 1:
+        with workers(num_proc) as own:
+            return encode_rows(work, fmt, spec, add_eos=add_eos, num_proc=num_proc, progress=progress,
+                               template=template, pool=own)
     n = work.num_rows
-    size = _chunk_size(n, num_proc)
+    size = _chunk_size(n, num_proc if pool is not None else 1)
     bounds = [(a, min(n, a + size)) for a in range(0, n, size)]
     parts: list[Encoded] = []
-    if num_proc <= 1 or len(bounds) == 1:
+    if pool is None or len(bounds) == 1:
         # Two threads: the tokenizer releases the GIL while encoding, so one chunk's Python-side work (rendering,
         # reading ids) overlaps the next chunk's encoding. Results are collected in row order.
         tok = load_tokenizer(spec)
@@ -80,15 +102,12 @@ def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc:
                 parts.append(enc)
                 if progress:
                     progress("tokenizing", b, n)
-        return Encoded.concat(parts)
+        return Encoded.concat(parts) if parts else Encoded.empty()
     with tempfile.TemporaryDirectory(prefix="plancc-scan-") as tmp:
         in_path = str(Path(tmp) / "input.arrow")
         with pa.OSFile(in_path, "wb") as sink, pa.ipc.new_file(sink, work.schema) as writer:
             writer.write_table(work)
         jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos, template) for a, b in bounds]
-        threads = max(1, (os.cpu_count() or 1) // num_proc)
-        pool = ProcessPoolExecutor(num_proc, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                                   initargs=(threads,))
         try:
             for status, where, payload in pool.map(_work, jobs):
                 if status == "error":
@@ -102,6 +121,4 @@ def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc:
                 "tokenizer worker processes died (out of memory, or a script calling plancc.scan with "
                 "num_proc > 1 without an `if __name__ == '__main__':` guard); retry with --num-proc 1"
             ) from None
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
     return Encoded.concat(parts)

@@ -3,7 +3,8 @@
 Arrow readers are tried first because they are fast; when they refuse a JSON file, the file is re-read line by line
 with orjson so the error names the exact file and line. A column whose JSON values have mixed types is kept as a
 Python list (`Source.loose`) instead of failing the read: it is only an error if the chosen format needs it, and
-then `detect.py` names its first bad row.
+then `detect.py` names its first bad row. A scan reads row ranges through `sources.rows`, which builds on these
+readers (`JsonlRows` reads a JSON lines file by range, whole files being one range).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import fnmatch
 import glob as globlib
 import hashlib
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from plancc import store
 from plancc.errors import InputError, PlanccWarning
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
@@ -41,17 +44,19 @@ class Source:
     kind: str
     num_rows: int = 0
     notes: list[str] = field(default_factory=list)  # what the user should hear (e.g. which split was used)
+    row0: dict[str, int] = field(default_factory=dict)  # a range of a file (sources.rows): its first row's index
     _lines: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
     def column_names(self) -> list[str]:
+        """Every column: the typed ones in `table`, then the mixed-type ones in `loose`."""
         return [*self.table.column_names, *self.loose]
 
     def where(self, row: int) -> str:
         """Human location of a global row: file, row inside the file and, for JSON lines, the line number."""
         for path, start, count in self.files:
             if start <= row < start + count:
-                local = row - start
+                local = row - start + self.row0.get(path, 0)
                 text = f"{path} row {local}"
                 if path.endswith(".jsonl") or path in self._lines:
                     line = self._line_of(path, local)
@@ -102,30 +107,67 @@ def _rows_to_columns(rows: list[Any], path: str, what: str) -> tuple[pa.Table, d
     return table, loose
 
 
-def _read_jsonl_exact(path: str) -> tuple[pa.Table, dict[str, list[Any]], list[int]]:
-    rows, lines = [], []
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+class JsonlRows:
+    """A JSON lines file read forward by row range (rows are its non-blank lines); a range behind the cursor
+    reopens the file. Arrow parses a range; where it refuses (malformed or mixed-type values), orjson re-reads it
+    line by line, naming the bad line and keeping mixed-type columns loose."""
+
+    def __init__(self, path: str):
+        self.path, self.f, self.row, self.lineno = path, None, 0, 0
+
+    def _skip_to(self, a: int) -> None:
+        if self.f is None or a < self.row:
+            self.close()
+            self.f, self.row, self.lineno = open(self.path, "rb"), 0, 0  # noqa: SIM115 (held across calls)
+        while self.row < a:
+            line = self.f.readline()
+            if not line:
+                return
+            self.lineno += 1
+            if line.strip():
+                self.row += 1
+
+    def read(self, a: int, b: int) -> tuple[pa.Table, dict[str, list[Any]]]:
+        """Rows [a, b) of the file (a never below the rows already read) and their line numbers."""
+        self._skip_to(a)
+        lines, numbers = [], []
+        while self.row < b:
+            line = self.f.readline()
+            if not line:
+                break
+            self.lineno += 1
+            if line.strip():
+                lines.append(line if line.endswith(b"\n") else line + b"\n")
+                numbers.append(self.lineno)
+                self.row += 1
+        try:
+            table = pajson.read_json(pa.BufferReader(b"".join(lines)),
+                                     read_options=pajson.ReadOptions(block_size=1 << 26))
+            if table.num_rows == len(lines):
+                return table, {}
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            pass
+        rows = []
+        for line, lineno in zip(lines, numbers, strict=True):
             try:
                 rows.append(orjson.loads(line))
             except orjson.JSONDecodeError as exc:
-                raise InputError(f"{path} line {lineno}: malformed JSON ({exc.msg})") from None
-            lines.append(lineno)
-    table, loose = _rows_to_columns(rows, path, lambda i: f"line {lines[i]}")
-    return table, loose, lines
+                raise InputError(f"{self.path} line {lineno}: malformed JSON ({exc.msg})") from None
+        return _rows_to_columns(rows, self.path, lambda i: f"line {numbers[i]}")
+
+    def close(self) -> None:
+        """Close the file."""
+        if self.f is not None:
+            self.f.close()
+            self.f = None
 
 
 def _read_jsonl(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
+    rows = JsonlRows(path)
     try:
-        table = pajson.read_json(path, read_options=pajson.ReadOptions(block_size=1 << 26))
-        if table.num_rows == _count_nonblank(path):
-            return table, {}
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        pass
-    table, loose, _ = _read_jsonl_exact(path)
-    return table, loose
+        return rows.read(0, sys.maxsize)
+    finally:
+        rows.close()
 
 
 def _count_nonblank(path: str) -> int:
@@ -157,15 +199,6 @@ def _read_json(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
     if not head:
         return pa.table({}), {}
     raise InputError(f"{path} line 1: malformed JSON (expected a list of objects or JSON lines)")
-
-
-def _read_arrow(path: str) -> pa.Table:
-    source = pa.memory_map(path)
-    try:
-        return pa.ipc.open_file(source).read_all()
-    except pa.ArrowInvalid:
-        source.seek(0)
-        return pa.ipc.open_stream(source).read_all()
 
 
 def check_utf8(path: str, chunk_size: int = 1 << 22) -> None:
@@ -200,7 +233,7 @@ def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
         if suffix == ".parquet":
             return pq.read_table(path), {}
         if suffix == ".arrow":
-            return _read_arrow(path), {}
+            return store.read_arrow(path), {}
         if suffix == ".csv":
             return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
     except InputError:
@@ -401,6 +434,8 @@ class Located:
 
 
 def locate(source: str) -> Located:
+    """What `source` names (files or a glob, a saved dataset, a Hub id) and a digest of its content for the
+    scan cache key."""
     paths = _expand(source)
     if paths is not None:
         return Located(source, "files", tuple(paths), _file_digest(paths))

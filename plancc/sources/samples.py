@@ -23,7 +23,8 @@ from plancc import store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.fingerprint import token_hashes
-from plancc.sources.encode import IGNORE, Encoded
+from plancc.sources.encode import Encoded
+from plancc.token_store import IGNORE_INDEX
 
 FIRST_ROWS = 10
 
@@ -71,9 +72,9 @@ def from_tokenized(table: pa.Table, shift: str, vocab_size: int | None, where: C
         raise InputError(f"{where(row)}: column '{name}' has {loffsets[row + 1] - loffsets[row]} values but "
                          f"'input_ids' has {offsets[row + 1] - offsets[row]}")
     if lvalues.null_count:
-        lvalues = pc.fill_null(lvalues, IGNORE)
+        lvalues = pc.fill_null(lvalues, IGNORE_INDEX)
     lab64 = lvalues.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    bad = np.flatnonzero(((lab64 < 0) & (lab64 != IGNORE)) | (lab64 >= limit))
+    bad = np.flatnonzero(((lab64 < 0) & (lab64 != IGNORE_INDEX)) | (lab64 >= limit))
     if bad.size:
         j = int(bad[0])
         raise InputError(f"{where(_row_of(offsets, j))}: column '{name}' has value {lab64[j]}; expected -100 or a "
@@ -98,22 +99,25 @@ def _truncate(enc: Encoded, limit: int) -> Encoded:
 
 def _shift_left(enc: Encoded) -> Encoded:
     """labels[t] := labels[t+1] inside each sample, last position -100 (pre-shifted labels for --shift none)."""
-    out = np.full_like(enc.labels, IGNORE)
+    out = np.full_like(enc.labels, IGNORE_INDEX)
     out[:-1] = enc.labels[1:]
     ends = enc.offsets[1:][np.diff(enc.offsets) > 0] - 1
-    out[ends] = IGNORE
+    out[ends] = IGNORE_INDEX
     return Encoded(enc.ids, out, enc.offsets)
 
 
 @dataclass
 class Finished:
+    """A scan's result before writing: the samples table, the tokenized rows and the report."""
+
     samples: pa.Table
     tokenized: Encoded  # every source row, after truncation (one row per source row)
     report: dict
 
 
 def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, labels_shifted: bool) -> Finished:
-    """Apply the long policy and shift, count labels, drop unsupervised samples, hash, build the samples table."""
+    """Apply the long policy and shift, count labels, drop unsupervised samples, hash, build the samples table
+    (rows of one shard: `check_retained` checks the whole scan kept some)."""
     lengths = np.diff(enc.offsets)
     over = lengths > options.sequence_len
     report: dict = {"rows_read": len(lengths)}
@@ -129,12 +133,12 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     if options.shift == "none" and not labels_shifted:
         enc = _shift_left(enc)
     sup = np.zeros(len(enc.labels) + 1, np.int64)
-    np.cumsum(enc.labels != IGNORE, out=sup[1:])
+    np.cumsum(enc.labels != IGNORE_INDEX, out=sup[1:])
     label_count = sup[enc.offsets[1:]] - sup[enc.offsets[:-1]]
     nonempty = lengths > 0
     first = np.zeros(len(lengths), bool)
     if options.shift != "none":
-        first[nonempty] = enc.labels[enc.offsets[:-1][nonempty]] != IGNORE
+        first[nonempty] = enc.labels[enc.offsets[:-1][nonempty]] != IGNORE_INDEX
     targets = label_count - first
     masked = (targets <= 0) & ~(over & (options.long == "drop"))
     report["dropped_all_masked"] = _first_rows(masked)
@@ -142,12 +146,6 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     report["retained"] = int(keep.sum())
     report["dropped_samples"] = len(lengths) - report["retained"]
     report["truncated_samples"] = report["truncated"]["count"]
-    if not keep.any():
-        raise InputError(
-            f"{where(0).rsplit(' row ', 1)[0]}: no supervised samples: of {len(lengths)} rows, "
-            f"{report['dropped_all_masked']['count']} have no supervised target and "
-            f"{report['dropped_long']['count']} are longer than --sequence-len {options.sequence_len}"
-        )
     hashes = token_hashes(enc.ids, enc.offsets, enc.labels, enc.offsets)
     ids = np.flatnonzero(keep).astype(np.int64)
     samples = pa.table(
@@ -161,6 +159,17 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
         schema=store.SAMPLES_SCHEMA,
     )
     return Finished(samples, enc, report)
+
+
+def check_retained(report: dict) -> None:
+    """A scan that keeps no sample is an error naming why (a shard may keep none; the whole scan may not)."""
+    if report["retained"] == 0:
+        raise InputError(
+            f"{report.get('source', 'source')}: no supervised samples: of {report['rows_read']} rows, "
+            f"{report['dropped_all_masked']['count']} have no supervised target and "
+            f"{report['dropped_long']['count']} are longer than --sequence-len "
+            f"{report.get('options', {}).get('sequence_len')}"
+        )
 
 
 def _drop_parts(report: dict) -> tuple[int, int, str]:

@@ -43,15 +43,19 @@ _MARKER = re.compile(r"<\|[^|<>\s'\"]{1,48}\|>|<｜[^｜<>'\"]{1,48}｜>|<(?:sta
 
 @dataclass(frozen=True)
 class ChatTemplate:
+    """A chat template's Jinja text, its name and where it came from."""
+
     name: str  # a built-in name, or the file it was read from
     text: str
     origin: str  # "builtin", "file" (--chat-template FILE) or "tokenizer" (the tokenizer directory's own)
 
     @property
     def fingerprint(self) -> str:
+        """BLAKE2b-128 of the template text (folds into the metadata fingerprint)."""
         return hashlib.blake2b(self.text.encode(), digest_size=16).hexdigest()
 
     def describe(self) -> dict[str, str]:
+        """Name, origin and fingerprint, as the scan report and manifest record them."""
         return {"name": self.name, "origin": self.origin, "fingerprint": self.fingerprint}
 
 
@@ -74,6 +78,7 @@ def resolve(spec: str | None, tok: Tok | None) -> ChatTemplate | None:
 
 
 def require(template: ChatTemplate | None, tok: Tok) -> ChatTemplate:
+    """`template`, or an error naming --chat-template when chat data has none."""
     if template is None:
         raise InputError(
             f"chat data needs a chat template and tokenizer {tok.name} ships none: pass --chat-template "
@@ -93,6 +98,8 @@ def split_markers(template: ChatTemplate, tok: Tok) -> dict[str, int]:
 
 
 def marker_warning(template: ChatTemplate, tok: Tok) -> str | None:
+    """A warning when the template's markers are not single tokens of the tokenizer's vocabulary (likely another
+    model's template), else None."""
     split = split_markers(template, tok)
     if not split:
         return None

@@ -10,7 +10,7 @@ flat arrays, the same CSR shape the compiler uses::
     batch_bounds= [0, 1, 3]            microbatch j = rows[batch_bounds[j]:batch_bounds[j+1]]
 
 Elastic replay: a plan compiled for (W, G) is read for (W', G') with W'·G' = W·G. The global order is unchanged;
-rank r' takes every W'-th microbatch (`index % W' == r'`).
+rank r' takes every W'-th microbatch (`plancc.layout`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc import store
+from plancc import layout, store
 from plancc.config import PlanSettings
 from plancc.errors import PlanccError
 
@@ -85,26 +85,32 @@ class RuntimePlan:
     # ------------------------------------------------------------ settings
     @property
     def world_size(self) -> int:
+        """Ranks the plan was compiled for."""
         return self.settings.world_size
 
     @property
     def grad_accum(self) -> int:
+        """Micro-steps per update the plan was compiled for."""
         return self.settings.grad_accum
 
     @property
     def batches_per_update(self) -> int:
+        """Microbatches of one update (world_size x grad_accum): fixed under elastic replay."""
         return self.world_size * self.grad_accum
 
     @property
     def mode(self) -> str:
+        """The plan's layout."""
         return self.settings.mode
 
     @property
     def shift(self) -> str:
+        """The plan's label semantics."""
         return self.settings.shift
 
     @property
     def epochs(self) -> int:
+        """Epochs in the plan."""
         return self.settings.epochs
 
     def replay_grad_accum(self, world_size: int, grad_accum: int | None = None) -> int:
@@ -112,16 +118,17 @@ class RuntimePlan:
         per_update = self.batches_per_update
         if world_size == self.world_size and grad_accum is None:
             return self.grad_accum
+        fits = layout.elastic_grad_accum(per_update, world_size)
         if grad_accum is None:
             raise PlanMismatchError(
                 f"this plan was compiled for world_size {self.world_size} x grad_accum {self.grad_accum} "
                 f"({per_update} microbatches per update) but the run has world_size {world_size}; recompile with "
                 f"--world-size {world_size}, or replay it elastically by passing grad_accum so that world_size x "
                 f"grad_accum = {per_update}"
-                + (f" (grad_accum={per_update // world_size})" if per_update % world_size == 0 else
+                + (f" (grad_accum={fits})" if fits is not None else
                    f" (impossible: {world_size} does not divide {per_update})")
             )
-        if world_size * grad_accum != per_update:
+        if grad_accum != fits:
             raise PlanMismatchError(
                 f"world_size {world_size} x grad_accum {grad_accum} = {world_size * grad_accum} microbatches per "
                 f"update, but this plan's updates hold {per_update} (compiled for world_size {self.world_size} x "
@@ -145,6 +152,7 @@ class RuntimePlan:
         return self._verified[1]
 
     def total_batches(self, epoch: int) -> int:
+        """Microbatches of `epoch` on all ranks (reads and verifies the epoch once)."""
         if epoch not in self._epoch_batches:
             self.epoch_rows(epoch)
         return self._epoch_batches[epoch]
@@ -162,15 +170,14 @@ class RuntimePlan:
         if not 0 <= rank < world_size:
             raise PlanMismatchError(f"rank {rank} is outside world_size {world_size}")
         table = self.epoch_rows(epoch)
-        all_index = store.column(table, "index")
-        keep = np.flatnonzero(all_index % world_size == rank)
+        total = table.num_rows
+        keep = layout.rank_indices(total, world_size, rank)  # rows are the verified epoch in index order
         mine = table.select(PLAN_COLUMNS).take(pa.array(keep))
         ids, row_bounds, batch_bounds = store.nested_arrays(mine.column("sample_ids"))
-        total = table.num_rows
-        tail_start = (total // self.batches_per_update) * self.batches_per_update
+        tail_start = layout.complete_updates(total, self.world_size, self.grad_accum) * self.batches_per_update
         return RankEpoch(
             epoch=int(epoch),
-            index=all_index[keep],
+            index=keep,
             samples=ids,
             row_bounds=row_bounds,
             batch_bounds=batch_bounds,
@@ -196,4 +203,5 @@ def _refuse(problems: list[str]) -> None:
 
 
 def open_plan(plan: str | Path | RuntimePlan) -> RuntimePlan:
+    """`plan` itself when already open, else the plan directory opened and verified."""
     return plan if isinstance(plan, RuntimePlan) else RuntimePlan(plan)

@@ -1,0 +1,131 @@
+"""The structure rules, read with `ast` over plancc/: data flows one way (shared/ARCHITECTURE.md), and every public
+function and class says what it is for.
+
+Imports, at module level or inside a function, are checked against the table below (a module belongs to the
+first group whose prefix it has): source -> samples table (sources, scan) -> plan arrays (pipeline: pack, balance,
+metrics) -> store -> runtime; inspect, diff and validate read what the store holds and never recompute compile.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "plancc"
+
+COMPILE_SIDE = ("plancc.pipeline", "plancc.build", "plancc.pack", "plancc.balance", "plancc.scan", "plancc.sources",
+                "plancc.carry", "plancc.jit")
+READ_SIDE = ("plancc.inspect", "plancc.diff", "plancc.diff_render", "plancc.diff_rules", "plancc.validate",
+             "plancc.plot")
+FRONT = ("plancc.api", "plancc.cli")
+ALGORITHM_FORBIDDEN = ("pyarrow", "torch", "typer", "datasets", "plancc.cli", "plancc.store", "plancc.runtime",
+                       *FRONT, *READ_SIDE, "plancc.pipeline", "plancc.build", "plancc.scan", "plancc.sources")
+
+# (module prefix, what it must not import: plancc module prefixes or top-level packages), first match wins
+RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("plancc.layout", ("plancc", "pyarrow", "torch")),  # numpy only
+    ("plancc.metric_columns", ("plancc", "numpy", "pyarrow")),  # data only
+    ("plancc.numbers", ("plancc", "numpy", "pyarrow")),
+    ("plancc.diff_rules", ("plancc", "numpy", "pyarrow")),  # plain values: `plancc --help` quotes them
+    ("plancc.config", ("plancc.store", "plancc.layout", *COMPILE_SIDE, *READ_SIDE, *FRONT, "plancc.runtime", "numpy",
+                       "pyarrow", "torch")),
+    ("plancc.pack", ALGORITHM_FORBIDDEN),
+    ("plancc.balance", ALGORITHM_FORBIDDEN),
+    ("plancc.plan", ALGORITHM_FORBIDDEN),
+    ("plancc.metrics", ALGORITHM_FORBIDDEN),
+    ("plancc.pipeline", ("pyarrow", "torch", "typer", "plancc.store", "plancc.build", "plancc.runtime", *READ_SIDE,
+                         *FRONT)),
+    ("plancc.store", (*COMPILE_SIDE, "plancc.metrics", *READ_SIDE, *FRONT, "plancc.runtime", "torch", "typer",
+                      "datasets")),
+    ("plancc.inspect", (*COMPILE_SIDE, *FRONT, "plancc.runtime", "torch")),
+    ("plancc.diff", (*COMPILE_SIDE, *FRONT, "plancc.runtime", "torch")),
+    ("plancc.diff_render", ("plancc.store", *COMPILE_SIDE, *FRONT, "plancc.runtime", "numpy", "pyarrow", "torch")),
+    ("plancc.validate", (*COMPILE_SIDE, *FRONT, "plancc.runtime", "torch")),
+    ("plancc.plot", (*COMPILE_SIDE, *FRONT, "plancc.runtime", "torch")),
+    ("plancc.runtime", (*COMPILE_SIDE, "plancc.metrics", *READ_SIDE, *FRONT, "typer")),
+    ("plancc", ("torch",)),  # everything else: compiling never imports torch
+)
+# `datasets` in the runtime: TRL's SFTTrainer takes nothing but a datasets.Dataset
+EXCEPTIONS = {("plancc.runtime.trl", "datasets")}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every module `path` imports (absolute names; `from plancc import x` also yields `plancc.x`)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def rule_for(module: str) -> tuple[str, ...]:
+    return next(forbidden for prefix, forbidden in RULES if matches(module, prefix))
+
+
+FILES = sorted(ROOT.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", FILES, ids=[module_name(p) for p in FILES])
+def test_no_upward_import(path):
+    module = module_name(path)
+    forbidden = rule_for(module)
+    bad = sorted(name for name in imports(path) for f in forbidden
+                 if matches(name, f) and not matches(name, module) and (module, f) not in EXCEPTIONS
+                 and not (f == "plancc" and name == "plancc"))
+    assert not bad, f"{module} imports {bad}, which ARCHITECTURE.md's one-way flow forbids it"
+
+
+def test_the_checker_sees_imports():
+    """The reader itself: relative, aliased and function-level imports are all found (a checker that sees nothing
+    would pass everything)."""
+    found = imports(ROOT / "runtime" / "plan_reader.py")
+    assert "plancc.store" in found and "numpy" in found
+    assert any(matches(n, "plancc.pipeline") for n in imports(ROOT / "build.py"))
+    assert set(sys.stdlib_module_names) & imports(ROOT / "store.py")
+
+
+def test_benchmarks_and_examples_import_nothing_from_tests():
+    """Benchmarks and examples stand alone: what they share with the tests lives in `benchmarks/synthetic.py`."""
+    repo = ROOT.parent
+    for path in sorted([*(repo / "benchmarks").rglob("*.py"), *(repo / "examples").rglob("*.py")]):
+        bad = sorted(n for n in imports(path) if matches(n, "tests"))
+        assert not bad, f"{path.relative_to(repo)} imports {bad}"
+
+
+def test_every_public_function_and_class_has_a_docstring():
+    """Outside plancc/balance/ and pack/label_aware.py (being rewritten in their own streams)."""
+    missing = []
+    for path in FILES:
+        if "balance" in path.parts or path.name == "label_aware.py":
+            continue
+        stack = [(ast.parse(path.read_text(encoding="utf-8")), "")]
+        while stack:
+            node, prefix = stack.pop()
+            for n in ast.iter_child_nodes(node):
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and not n.name.startswith("_"):
+                    if ast.get_docstring(n) is None:
+                        missing.append(f"{path.relative_to(ROOT.parent)}:{n.lineno} {prefix}{n.name}")
+                    if isinstance(n, ast.ClassDef):
+                        stack.append((n, f"{prefix}{n.name}."))
+    assert not missing, "no docstring: " + ", ".join(missing)
