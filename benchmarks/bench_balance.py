@@ -8,11 +8,17 @@ Reference columns are the figures measured for "reference (Axolotl balance_label
 
     python benchmarks/bench_balance.py [--sizes 20000,200000,1000000] [--runs 3] [--no-time] [--fixed]
     python benchmarks/bench_balance.py --seeds 0,1,2,3 [--sizes ...] [--mbs 4]
+    python benchmarks/bench_balance.py --seeds 0,1,2,3 --reference ~/src/axolotl [--sizes ...] [--mbs 4]
 
 `--seeds` prints, per size, min / median / max over the data seeds (draws of the mix) of the issue-13 goals at
 capacity 4096 * mbs: microbatch label CV (and how far above its draw's floor, where rows holding a sample longer
 than half a row impose one), rows above the lower bound, update label CV, mean rank cost CV within an update, and
 the in-process plan time; never one draw.
+
+`--reference PATH` runs the reference sampler beside plancc on the same arrays, imported from the user's Axolotl
+checkout at PATH (its root or its `src/`; nothing of it lives in this project): `MultipackBatchSampler`'s packing,
+then `label_balance.balance_labels` where that checkout has it (else the plain packing, said in the output). Both are judged by plancc's metrics on their microbatches; times are in-process (plancc: `plan_epoch`;
+reference: building the sampler and its batches), reported as ratios reference / plancc per draw.
 """
 
 from __future__ import annotations
@@ -44,13 +50,6 @@ REFERENCE = {
     (1_000_000, 4): (37073, 0.214, 0.101, 0.0078, 57.9),
     (1_000_000, 1): (148936, 0.43, 0.34, 0.0180, 56.2),
 }
-# fixed-count layouts (mbs 4, 1M): label CV before -> after, secondary figure before -> after, seconds
-REFERENCE_FIXED = {
-    "padded": (0.77, 0.59, "efficiency", 0.52, 0.53, 47.8),
-    "flattened": (0.76, 0.45, "cost CV", 0.43, 0.16, 29.8),
-}
-
-
 def settings_for(mode: str, mbs: int) -> PlanSettings:
     return PlanSettings(mode=mode, micro_batch_size=mbs, sequence_len=4096, world_size=8, grad_accum=4, seed=0)
 
@@ -140,16 +139,230 @@ def seed_table(sizes: list[int], seeds: list[int], mbs: int) -> None:
               f"{mmm(r['rank_cv'], '.4f')} | {mmm(r['seconds'], '.1f')} |", flush=True)
 
 
+def load_reference(path: str):
+    """From the checkout at `path` (its root or its src/): the reference's `MultipackBatchSampler` class and its
+    `balance_labels` function (`axolotl.utils.samplers.label_balance`), or None where the checkout has none."""
+    import importlib.util
+
+    root = Path(path).expanduser()
+    src = root / "src" if (root / "src" / "axolotl").is_dir() else root
+    sys.path.insert(0, str(src))
+    try:
+        from axolotl.utils.samplers.multipack import MultipackBatchSampler
+    except ImportError as e:
+        sys.exit(f"--reference {path}: cannot import axolotl.utils.samplers.multipack ({e})")
+    file = src / "axolotl" / "utils" / "samplers" / "label_balance.py"
+    if not file.exists():
+        return MultipackBatchSampler, None
+    spec = importlib.util.spec_from_file_location("reference_label_balance", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # numpy only: no package __init__ (they import the whole trainer)
+    return MultipackBatchSampler, module.balance_labels
+
+
+def reference_batches(sampler_cls, balance_labels, s, settings: PlanSettings, seed: int):
+    """The reference's microbatches for samples `s` (rows of 4096 * mbs tokens, one a microbatch, as the
+    reference lays out packed microbatches by default): its packing, then its `balance_labels` where there is
+    one, as plancc `Batches`, and the seconds both took."""
+    from plancc.plan import Batches
+
+    order = np.random.default_rng(seed).permutation(len(s)).tolist()
+    start = time.perf_counter()
+    sampler = sampler_cls(order, batch_size=1, batch_max_len=settings.row_capacity, lengths=s.length,
+                          bin_size=settings.row_capacity, drop_last=False, num_processes=1)
+    batches = sampler.generate_batches()
+    if balance_labels is not None:
+        batches = balance_labels(batches, s.length, s.label_count, s.first_label_supervised.astype(np.int64),
+                                 settings.row_capacity, settings.row_capacity, seed,
+                                 window_size=settings.balance_window,
+                                 batches_per_optimizer_step=settings.batches_per_update)
+    seconds = time.perf_counter() - start
+    rows = [row for batch in batches for row in batch]
+    samples = np.fromiter((i for row in rows for i in row), dtype=np.int64)
+    row_bounds = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(row) for row in rows], out=row_bounds[1:])
+    batch_bounds = np.zeros(len(batches) + 1, dtype=np.int64)
+    np.cumsum([len(batch) for batch in batches], out=batch_bounds[1:])
+    return Batches(samples, row_bounds, batch_bounds), seconds
+
+
+def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> None:
+    from plancc.metrics import summarize
+
+    sampler_cls, balanced = load_reference(path)
+    what = ("its packing + balance_labels (microbatch stage; no accumulation or rank ordering)" if balanced else
+            "its plain packing (this checkout has no label_balance.balance_labels)")
+    settings = settings_for("packed", mbs)
+    print(f"capacity {4096 * mbs}, W=8, G=4, data seeds {','.join(map(str, seeds))}: plancc vs reference "
+          f"({what}), min / median / max")
+    print()
+    print("| samples | label CV plancc | reference | update CV plancc | reference | rows plancc | reference | "
+          "plan s plancc | reference | time ratio reference / plancc |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def mmm(v: list[float], fmt: str) -> str:
+        return " / ".join(format(x, fmt) for x in (min(v), statistics.median(v), max(v)))
+
+    warm = sft_mix(2000, seed=0)  # compiles the reference's kernels (numba, no disk cache) and loads plancc's
+    reference_batches(sampler_cls, balanced, warm, settings, 0)
+    plan_epoch(warm, settings, 0)
+    for n in sizes:
+        r: dict[str, list[float]] = {}
+        for seed in seeds:
+            s = sft_mix(n, seed=seed)
+            start = time.perf_counter()
+            ours = summarize(plan_epoch(s, settings, 0).batches, s, settings)
+            t_ours = time.perf_counter() - start
+            b, t_ref = reference_batches(sampler_cls, balanced, s, settings, seed)
+            ref = summarize(b, s, settings)
+            for key, value in (("cv", ours["label_cv"]), ("cv_ref", ref["label_cv"]),
+                               ("ucv", ours["update_label_cv"]), ("ucv_ref", ref["update_label_cv"]),
+                               ("rows", ours["packed_rows"]), ("rows_ref", ref["packed_rows"]),
+                               ("s", t_ours), ("s_ref", t_ref), ("ratio", t_ref / t_ours)):
+                r.setdefault(key, []).append(value)
+        print(f"| {n:,} | {mmm(r['cv'], '.4f')} | {mmm(r['cv_ref'], '.4f')} | {mmm(r['ucv'], '.5f')} | "
+              f"{mmm(r['ucv_ref'], '.5f')} | {mmm(r['rows'], '.0f')} | {mmm(r['rows_ref'], '.0f')} | "
+              f"{mmm(r['s'], '.2f')} | {mmm(r['s_ref'], '.2f')} | {mmm(r['ratio'], '.1f')}x |", flush=True)
+
+
+def mmm(v: list[float], fmt: str) -> str:
+    """min / median / max of `v`, each formatted with `fmt`."""
+    return " / ".join(format(x, fmt) for x in (min(v), statistics.median(v), max(v)))
+
+
+FIXED_METRICS = (  # (metrics key or derived name, header, format); lower is better for every one
+    ("label_cv", "label CV", ".4f"),
+    ("cost_cv", "cost CV", ".4f"),
+    ("padding_tokens", "padding tokens (M)", ".2f"),
+    ("max_batch_cost", "peak cost", ".0f"),
+    ("span_peak", "peak in complete updates", ".0f"),
+    ("rank_cost_cv", "rank cost CV", ".4f"),
+    ("attention_cv", "attention CV", ".4f"),
+    ("update_label_cv", "update CV", ".5f"),
+)
+
+
+def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
+    """The FIXED_METRICS of one plan (plancc's or the reference's), by plancc's metric definitions."""
+    from plancc.metrics import summarize
+    from plancc.plan import batch_cost
+
+    m = summarize(b, s, settings)
+    m["cost_cv"] = m["std_batch_cost"] / m["mean_batch_cost"]
+    m["padding_tokens"] = m["padding_tokens"] / 1e6
+    span = m["updates"] * settings.batches_per_update  # the tail after it is left as drawn, by both tools
+    m["span_peak"] = int(batch_cost(b, s, settings.pad_multiple)[:span].max()) if span else 0
+    return {key: float(m[key]) for key, _, _ in FIXED_METRICS}
+
+
+def fixed_table(sizes: list[int], seeds: list[int], reference_path: str | None,
+                layouts: tuple[str, ...] = ("flattened", "padded")) -> None:
+    """Padded and flattened (mbs 4, W=8, G=4): min / median / max over data seeds of FIXED_METRICS, with the
+    reference's beside them and, per metric, on how many draws plancc is at least as good."""
+    import reference
+
+    ref = reference.load(reference_path) if reference_path else None
+    print(f"fixed-count layouts, micro_batch_size 4, sequence_len 4096, W=8, G=4, data seeds "
+          f"{','.join(map(str, seeds))}: min / median / max")
+    print()
+    heads = [h for _, h, _ in FIXED_METRICS] + ["plan s"]
+    print("| layout, samples | plan | " + " | ".join(heads) + " |")
+    print("|---" * (len(heads) + 2) + "|")
+    keys = [(k, f) for k, _, f in FIXED_METRICS] + [("s", ".1f")]
+    for mode in layouts:
+        settings = settings_for(mode, 4)
+        for n in sizes:
+            ours: dict[str, list[float]] = {}
+            theirs: dict[str, list[float]] = {}
+            for seed in seeds:
+                s = sft_mix(n, seed=seed)
+                start = time.perf_counter()
+                b = plan_epoch(s, settings, 0).batches
+                for k, v in (*fixed_metrics(b, s, settings).items(), ("s", time.perf_counter() - start)):
+                    ours.setdefault(k, []).append(v)
+                if ref:
+                    start = time.perf_counter()
+                    rb = reference.fixed_count(ref, s.length, s.targets(settings.shift), mode, 4,
+                                               settings.world_size, settings.grad_accum, seed=settings.seed)
+                    for k, v in (*fixed_metrics(rb, s, settings).items(), ("s", time.perf_counter() - start)):
+                        theirs.setdefault(k, []).append(v)
+            print(f"| {mode} {n:,} | plancc | " + " | ".join(mmm(ours[k], f) for k, f in keys) + " |")
+            if ref:
+                print("| | reference | " + " | ".join(mmm(theirs[k], f) for k, f in keys) + " |")
+                wins = [sum(a <= b for a, b in zip(ours[k], theirs[k], strict=True)) for k, _ in keys[:-1]]
+                ratio = mmm([b / a for a, b in zip(ours["s"], theirs["s"], strict=True)], ".1f")
+                print("| | plancc <= reference | " + " | ".join(f"{w}/{len(seeds)}" for w in wins) +
+                      f" | {ratio}x faster |", flush=True)
+    if ref:
+        print()
+        print(f"reference = LabelBalancedRandomSampler + order_batches_by_rank from {reference_path}, on the same "
+              "arrays; both judged by plancc's metrics; plan s in process.")
+
+
+def cost_table(sizes: list[int], seeds: list[int]) -> None:
+    """`--cost tokens` vs `--cost attention` per layout (W=8, G=4): min / median / max over data seeds of the
+    attention figures rank ordering and within-update placement aim at, and of what must not change."""
+    import dataclasses
+
+    print(f"--cost tokens -> attention, W=8, G=4, data seeds {','.join(map(str, seeds))}: min / median / max")
+    print()
+    print("| layout, samples | rank attention CV | mean rank attention spread (M) | attention CV | "
+          f"rank cost CV | draws of {len(seeds)} where attention is not above tokens |")
+    print("|---|---|---|---|---|---|")
+    from plancc.metrics import summarize
+
+    for mode, mbs in (("packed", 4), ("flattened", 4), ("padded", 4)):
+        for n in sizes:
+            r: dict[str, list[float]] = {}
+            for seed in seeds:
+                s = sft_mix(n, seed=seed)
+                got = {}
+                for cost in ("tokens", "attention"):
+                    settings = dataclasses.replace(settings_for(mode, mbs), cost=cost)
+                    got[cost] = summarize(plan_epoch(s, settings, 0).batches, s, settings)
+                for key in ("rank_attention_cv", "mean_rank_attention_spread", "attention_cv", "rank_cost_cv"):
+                    for cost in ("tokens", "attention"):
+                        r.setdefault(f"{key}/{cost}", []).append(got[cost][key])
+                for k in KEPT:
+                    r.setdefault(f"kept/{k}", []).append(float(got["attention"][k] <= got["tokens"][k]))
+            print(f"| {mode} {n:,} | {_pair(r, 'rank_attention_cv', '.4f')} | "
+                  f"{_pair(r, 'mean_rank_attention_spread', '.2f', 1e6)} | {_pair(r, 'attention_cv', '.4f')} | "
+                  f"{_pair(r, 'rank_cost_cv', '.4f')} | "
+                  + ", ".join(f"{KEPT[k]} {int(sum(r[f'kept/{k}']))}" for k in KEPT) + " |", flush=True)
+
+
+KEPT = {"label_cv": "label CV", "update_label_cv": "update CV", "padding_tokens": "padding",
+        "max_batch_cost": "peak"}
+
+
+def _pair(r: dict[str, list[float]], key: str, fmt: str, scale: float = 1.0) -> str:
+    """'tokens -> attention' of min / median / max of `key`."""
+    return " -> ".join(mmm([x / scale for x in r[f"{key}/{cost}"]], fmt) for cost in ("tokens", "attention"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="20000,200000,1000000")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-time", action="store_true", help="quality only (no subprocess compiles)")
-    ap.add_argument("--fixed", action="store_true", help="also the fixed-count layouts (1M: slow reference only)")
+    ap.add_argument("--fixed", action="store_true", help="the fixed-count layouts over --seeds (default 0,1,2,3)")
+    ap.add_argument("--layouts", default="flattened,padded", help="with --fixed: which fixed-count layouts")
+    ap.add_argument("--cost", action="store_true", help="--cost tokens vs attention over --seeds, every layout")
     ap.add_argument("--seeds", help="data seeds: min / median / max of the goals over these draws instead")
     ap.add_argument("--mbs", type=int, default=4, help="with --seeds: rows of 4096 * MBS tokens")
+    ap.add_argument("--reference", metavar="PATH", help="with --seeds: an Axolotl checkout whose sampler to run beside")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    if args.fixed or args.cost:
+        seeds = [int(x) for x in (args.seeds or "0,1,2,3").split(",")]
+        if args.fixed:
+            fixed_table(sizes, seeds, args.reference, tuple(args.layouts.split(",")))
+        if args.cost:
+            cost_table(sizes, seeds)
+        return
+    if args.seeds and args.reference:
+        reference_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs, args.reference)
+        return
     if args.seeds:
         seed_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs)
         return
@@ -167,25 +380,6 @@ def main() -> None:
             print(f"| {n // 1000}k, capacity {4096 * mbs} | {after['packed_rows']} ({r[0]}) | "
                   f"{after['rows_lower_bound']} | {before['label_cv']:.3f} -> {after['label_cv']:.4f} | {r[2]} | "
                   f"{label_cv_floor(n, mbs, after['packed_rows']):.3f} | {after['update_label_cv']:.5f} | {r[3]} | {t:.2f} | {t0:.2f} | {r[4]} |")
-    if args.fixed:
-        print()
-        print("| fixed-count (mbs 4) | label CV before -> after | ref | padding tokens before -> after | "
-              "efficiency / token CV after | ref | update CV | time s | ref s (1M) |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for n in sizes:
-            for mode in ("padded", "flattened"):
-                before, after = quality(n, mode, 4)
-                ref = REFERENCE_FIXED[mode]
-                t = float("nan") if args.no_time else compile_time(n, mode, 4, args.runs)
-                if mode == "padded":
-                    second = f"efficiency {before['packing_efficiency']:.3f} -> {after['packing_efficiency']:.3f}"
-                else:
-                    cv0 = before["std_unpadded_length"] / before["mean_unpadded_length"]
-                    cv1 = after["std_unpadded_length"] / after["mean_unpadded_length"]
-                    second = f"cost CV {cv0:.3f} -> {cv1:.3f}"
-                print(f"| {n // 1000}k {mode} | {before['label_cv']:.3f} -> {after['label_cv']:.3f} | "
-                      f"{ref[0]} -> {ref[1]} | {before['padding_tokens']} -> {after['padding_tokens']} | {second} | "
-                      f"{ref[2]} {ref[3]} -> {ref[4]} | {after['update_label_cv']:.5f} | {t:.2f} | {ref[5]} |")
     print()
     print("reference = reference (Axolotl balance_labels), figures from issue 3 (its synthetic mix, seed 0).")
     print("CV floor = no packing into these rows can go lower (rows holding a sample longer than half a row).")

@@ -51,7 +51,8 @@ class Shift(Choice):
 
 
 class CostMode(Choice):
-    """What rank ordering evens out across ranks: padded token slots, or attention work (squared segments)."""
+    """What rank ordering and within-update trades even out: padded token slots, or attention work (the sum of
+    squared sample lengths)."""
 
     TOKENS = "tokens"
     ATTENTION = "attention"

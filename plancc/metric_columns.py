@@ -38,8 +38,10 @@ METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("max_rank_cost_spread", "int"),
     ("mean_rank_label_spread", "float"),
     ("max_rank_label_spread", "int"),
+    ("rank_cost_cv", "float"),
     ("attention_cv", "float"),
     ("mean_rank_attention_spread", "float"),
     ("max_rank_attention_spread", "int"),
+    ("rank_attention_cv", "float"),
     ("max_naive_weight_skew", "float"),
 )

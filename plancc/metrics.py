@@ -38,6 +38,14 @@ def _cv(mean: float, std: float) -> float:
     return std / mean if mean > 0 else 0.0
 
 
+def _rank_total_cv(x: np.ndarray, n_upd: int, W: int) -> float:
+    """Mean over complete updates of the CV of the W ranks' totals of `x` in the update (what the ranks wait on
+    at the update's gradient all-reduce)."""
+    totals = x.reshape(n_upd, -1, W).sum(axis=1).astype(np.float64)
+    mean = totals.mean(axis=1)
+    return float(np.where(mean > 0, totals.std(axis=1) / np.maximum(mean, 1e-300), 0.0).mean())
+
+
 @dataclass(frozen=True)
 class SourceDrops:
     """Samples of the source the scan left out (too long, nothing supervised) or cut to --sequence-len before
@@ -82,8 +90,10 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         spread = [by_step.max(axis=1) - by_step.min(axis=1) for by_step in
                   (x[:full].reshape(n_upd * G, W) for x in (cost, labels, attention))]
         rank = [f(x) for x in spread for f in (lambda v: float(v.mean()), lambda v: int(v.max()))]
+        rank_cv = [_rank_total_cv(x[:full], n_upd, W) for x in (cost, attention)]
     else:
         rank = [0.0, 0, 0.0, 0, 0.0, 0]
+        rank_cv = [0.0, 0.0]
 
     return {
         "samples": int(b.samples.shape[0]),
@@ -117,8 +127,10 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "max_rank_cost_spread": rank[1],
         "mean_rank_label_spread": rank[2],
         "max_rank_label_spread": rank[3],
+        "rank_cost_cv": rank_cv[0],
         "attention_cv": _cv(mean_a, std_a),
         "mean_rank_attention_spread": rank[4],
         "max_rank_attention_spread": rank[5],
+        "rank_attention_cv": rank_cv[1],
         "max_naive_weight_skew": skew,
     }

@@ -84,9 +84,9 @@ def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Pr
     b, rng = before_batches(s, settings, epoch)
     before_labels = batch_targets(b, s, settings.shift)
     metrics = [("before", summarize(b, s, settings, drops))]
-    passes = balance.stages(settings)
+    passes = balance.stages(settings, rng)
     for done, (name, stage) in enumerate(passes, 1):
-        b = stage(b, s, settings, rng)
+        b = stage(b, s, settings)
         metrics.append((name, summarize(b, s, settings, drops)))
         if progress:
             progress(f"balancing epoch {epoch}", done, len(passes))

@@ -33,6 +33,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plancc.config", ("plancc.store", "plancc.layout", *COMPILE_SIDE, *READ_SIDE, *FRONT, "plancc.runtime", "numpy",
                        "pyarrow", "torch")),
     ("plancc.pack", ALGORITHM_FORBIDDEN),
+    ("plancc.sort", ALGORITHM_FORBIDDEN),
     ("plancc.balance", ALGORITHM_FORBIDDEN),
     ("plancc.plan", ALGORITHM_FORBIDDEN),
     ("plancc.metrics", ALGORITHM_FORBIDDEN),

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from plancc.balance import _common as c
 from plancc.balance.microbatch import repack_label_aware
 from plancc.config import PlanSettings
-from plancc.pack.best_fit import best_fit, pack_best_fit
-from plancc.pack.label_aware import _close, pack_label_aware
+from plancc.pack.best_fit import best_fit, close_left_out, pack_best_fit
+from plancc.pack.label_aware import pack_label_aware
 from plancc.pipeline import before_batches, plan_epoch
 from plancc.plan import SampleArrays, batch_targets, row_tokens
 from tests.test_balance import check_stage
@@ -83,7 +83,8 @@ def test_repacked_start_keeps_the_hard_rules_and_row_shift_targets():
     for shift in ("sample", "row"):
         settings = PlanSettings(micro_batch_size=4, sequence_len=512, world_size=2, grad_accum=2, shift=shift)
         b, _ = before_batches(s, settings, 0)
-        new = repack_label_aware(b, s, settings, np.random.default_rng(0))
+        new = repack_label_aware(b, s, n_span=c.span(b, settings), capacity=settings.row_capacity,
+                                 pad_multiple=settings.pad_multiple, shift=shift, rng=np.random.default_rng(0))
         assert new is not b  # this mix repacks
         assert row_tokens(new, s).max() <= settings.row_capacity
         assert batch_targets(new, s, shift).sum() == batch_targets(b, s, shift).sum()
@@ -107,7 +108,7 @@ def test_closing_left_out_items_keeps_capacity_and_every_row(seed, n, spare_rows
     assign[order] = placed
     assign[rng.random(n) < left_out] = -1  # some items left out on purpose, as a failed deal leaves them
     before = assign.copy()
-    if not _close(lengths, assign, start_tok, capacity, rng):
+    if not close_left_out(lengths, assign, start_tok, capacity, rng):
         return
     assert (assign >= 0).all()
     tokens = np.bincount(assign, lengths, minlength=rows) + start_tok
@@ -129,7 +130,7 @@ def test_a_draw_whose_global_deal_leaves_items_out_still_balances():
     settings = PlanSettings(micro_batch_size=4, sequence_len=4096, world_size=8, grad_accum=4)
     b, rng = before_batches(s, settings, 0)
     n_span = c.span(b, settings)
-    new = balance_microbatches(b, s, settings, rng)
+    new = balance_microbatches(b, s, settings, rng=rng)
     labels = batch_targets(new, s, settings.shift)[:n_span]
     assert labels.std() / labels.mean() < 0.03
     check_stage("microbatch", b, new, s, settings)
@@ -146,3 +147,28 @@ def test_repacking_at_capacity_4096_leaves_no_trend_along_the_plan():
     metrics = dict(plan_epoch(s, settings, 0).metrics)
     assert metrics["microbatch"]["label_cv"] < 0.5 * metrics["before"]["label_cv"]
     assert metrics["after"]["update_label_cv"] < 0.002
+
+
+@given(st.integers(0, 10_000), st.integers(50, 600), st.sampled_from([64, 256, 1024]))
+def test_plain_packing_covers_fits_and_never_opens_more_rows_than_best_fit(seed, n, capacity):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, capacity // 12 + 1, n)  # ~24 a row: rows above the bound are given back
+    order, bounds = pack_best_fit(lengths, capacity, np.random.default_rng(seed))
+    assert np.array_equal(np.sort(order), np.arange(n))
+    assert (np.add.reduceat(lengths[order], bounds[:-1]) <= capacity).all() and (np.diff(bounds) > 0).all()
+    _, plain = best_fit(np.sort(lengths)[::-1].astype(np.int64), capacity, np.zeros(0, dtype=np.int64), True)
+    assert bounds.shape[0] - 1 <= plain
+
+
+def test_plain_packing_gives_back_the_row_best_fit_opens_above_the_lower_bound():
+    """50k samples of the benchmark mix, data seed 1, capacity 16384: best fit ends one row above the lower bound;
+    emptying its emptiest row into the others' gaps closes, so the plan starts at the bound."""
+    from benchmarks.synthetic import sft_mix
+
+    s = sft_mix(50_000, seed=1)
+    lower = -(-int(s.length.sum()) // 16384)
+    _, plain = best_fit(np.sort(s.length)[::-1].astype(np.int64), 16384, np.zeros(0, dtype=np.int64), True)
+    order, bounds = pack_best_fit(s.length, 16384, np.random.default_rng(0))
+    assert plain == lower + 1 and bounds.shape[0] - 1 == lower
+    assert (np.add.reduceat(s.length[order], bounds[:-1]) <= 16384).all()
+    assert np.array_equal(np.sort(order), np.arange(50_000))

@@ -6,13 +6,22 @@ import dataclasses
 
 import numpy as np
 from hypothesis import given
+from hypothesis import strategies as st
 
 from plancc import pack
 from plancc.balance import _common as c
-from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths
+from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths, trim_peak
 from plancc.config import PlanSettings
 from plancc.pipeline import before_batches, drop_tail, epoch_rng
-from plancc.plan import Batches, SampleArrays, batch_targets, batch_tokens, row_targets, row_tokens
+from plancc.plan import (
+    Batches,
+    SampleArrays,
+    batch_cost,
+    batch_targets,
+    batch_tokens,
+    row_targets,
+    row_tokens,
+)
 from tests.test_balance import cases, check_stage
 from tests.test_pack import sft_like
 
@@ -27,6 +36,13 @@ def _moved_within_classes(before: Batches, after: Batches, key: np.ndarray) -> b
 def _before(s: SampleArrays, settings: PlanSettings) -> Batches:
     b = pack.initial_batches(s, settings, epoch_rng(settings.seed, 0))
     return drop_tail(b, settings) if settings.drop_last else b
+
+
+def _flattened(case) -> tuple[SampleArrays, PlanSettings, Batches]:
+    """The case as a flattened layout, with its `before` plan."""
+    s, settings = case
+    settings = dataclasses.replace(settings, mode="flattened", real_batches=False)
+    return s, settings, _before(s, settings)
 
 
 @given(cases())
@@ -44,9 +60,7 @@ def test_equal_length_deal_keeps_every_row_and_lowers_label_variance(case):
 
 @given(cases())
 def test_equal_label_deal_keeps_every_microbatch_label_total(case):
-    s, settings = case
-    settings = dataclasses.replace(settings, mode="flattened", real_batches=False)
-    b = _before(s, settings)
+    s, settings, b = _flattened(case)
     new = deal_equal_labels(b, s, settings)
     assert np.array_equal(new.row_bounds, b.row_bounds) and np.array_equal(new.batch_bounds, b.batch_bounds)
     # under --shift row a row start only trades with a row start: every row's targets stay exactly as they were
@@ -54,6 +68,59 @@ def test_equal_label_deal_keeps_every_microbatch_label_total(case):
     t0, t1 = batch_tokens(b, s), batch_tokens(new, s)
     assert c.label_sse(t1) < c.label_sse(t0) or new is b
     check_stage("fixed_count", b, new, s, settings)
+
+
+@given(cases(), st.sampled_from([2, 16, 256]))
+def test_near_equal_deals_move_samples_within_their_class_and_keep_the_cost(case, quantum):
+    s, settings, b = _flattened(case)
+    cost = batch_cost(b, s, settings.pad_multiple)
+    by_labels = deal_equal_labels(b, s, settings, quantum=quantum)
+    by_lengths = deal_equal_lengths(b, s, settings, quantum=quantum)
+    for new in (by_labels, by_lengths):
+        assert np.array_equal(new.row_bounds, b.row_bounds) and np.array_equal(new.batch_bounds, b.batch_bounds)
+        assert batch_cost(new, s, settings.pad_multiple).max(initial=0) <= cost.max(initial=0)
+        assert batch_cost(new, s, settings.pad_multiple).sum() <= cost.sum()
+    # each position keeps a sample of its class: targets (as that position counts them) or length within `quantum`
+    assert np.array_equal(_position_keys(by_labels, s, settings.shift) // quantum,
+                          _position_keys(b, s, settings.shift) // quantum)
+    assert np.array_equal(s.length[by_lengths.samples] // quantum, s.length[b.samples] // quantum)
+    # kept only if it improves what it evens out
+    assert by_labels is b or c.label_sse(batch_tokens(by_labels, s)) < c.label_sse(batch_tokens(b, s))
+    l0, l1 = (batch_targets(x, s, settings.shift) for x in (b, by_lengths))
+    assert by_lengths is b or c.label_sse(l1) < c.label_sse(l0)
+
+
+@given(cases())
+def test_peak_trim_keeps_labels_and_only_lowers_the_heaviest(case):
+    s, settings, b = _flattened(case)
+    new = trim_peak(b, s, settings)
+    n_span = c.span(b, settings)
+    assert np.array_equal(new.row_bounds, b.row_bounds) and np.array_equal(new.batch_bounds, b.batch_bounds)
+    assert np.array_equal(row_targets(new, s, settings.shift), row_targets(b, s, settings.shift))
+    t0, t1 = batch_tokens(b, s), batch_tokens(new, s)
+    assert t1[:n_span].max(initial=0) <= t0[:n_span].max(initial=0)
+    assert c.label_sse(t1) <= c.label_sse(t0)
+    check_stage("fixed_count", b, new, s, settings)
+
+
+def test_peak_trim_swaps_a_long_sample_out_of_the_heaviest_microbatch():
+    # microbatches (100, 50), (20, 10), (60, 10); the 100, 20 and 60 carry 5 labels each, the others 1
+    s = SampleArrays(np.arange(6, dtype=np.int64), np.array([100, 50, 20, 10, 60, 10]),
+                     np.array([5, 1, 5, 1, 5, 1]), np.zeros(6, dtype=bool))
+    b = Batches(np.arange(6, dtype=np.int64), np.array([0, 2, 4, 6]), np.arange(4))
+    settings = PlanSettings(mode="flattened", micro_batch_size=2, sequence_len=128, world_size=1, grad_accum=1,
+                            shift="none")
+    new = trim_peak(b, s, settings)
+    assert batch_tokens(b, s).tolist() == [150, 30, 70]
+    assert batch_tokens(new, s).tolist() == [70, 110, 70]  # 100 <-> 20; then no swap lowers 110
+    assert batch_targets(new, s, "none").tolist() == [6, 6, 6]
+
+
+def _position_keys(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+    """What a position's sample adds to its row's targets (row shift: depends on being the row's first)."""
+    from plancc.balance._redeal import _position_targets
+
+    return _position_targets(b, s, shift)[0]
 
 
 def test_a_solvable_case_reaches_zero_spread():

@@ -1,31 +1,34 @@
-"""Balancing stages (SPEC 5), one per module: `(batches, samples, settings, rng) -> batches`.
+"""Balancing stages (SPEC 5), one per module: `(batches, samples, settings) -> batches`.
 
-`stages(settings)` lists the passes compile runs after the `before` plan, in order, each as (name, function).
-A stage returns its input unchanged when it finds no improvement of its own objective.
+`stages(settings, rng)` lists the passes compile runs after the `before` plan, in order, each as (name, function).
+A stage that draws random numbers takes the epoch's generator as a keyword (`rng=`), bound here, so the others do
+not carry one they never use. A stage returns its input unchanged when it finds no improvement of its own
+objective.
 
 | stage | module | objective (never worsened) |
 |---|---|---|
 | `microbatch` (packed) | `microbatch` | microbatch label variance |
-| `fixed_count` (padded, flattened) | `fixed_count` | label variance, with total/peak cost (and flattened token variance) not raised |
+| `fixed_count` (padded, flattened) | `fixed_count` | label variance, with total/peak cost (and flattened token variance, padded cost CV) not raised |
 | `accumulation` (W*G > 1) | `accumulation` | variance of update label totals |
-| `within_update` | `within_update` | label variance inside each update (samples of the update kept) |
-| `rank_order` (W > 1) | `rank_order` | per micro-step rank cost spread (max and sum per update) |
+| `within_update` | `within_update` | label variance inside each update (samples of the update kept; padded cost CV not raised) |
+| `rank_order` (W > 1) | `rank_order` | rank spread of work (`--cost`): per micro-step (max and sum per update) and of the ranks' update totals |
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays
 
-Stage = Callable[[Batches, SampleArrays, PlanSettings, np.random.Generator], Batches]
+Stage = Callable[[Batches, SampleArrays, PlanSettings], Batches]
 
 
-def stages(settings: PlanSettings) -> list[tuple[str, Stage]]:
-    """The balancing passes for these settings; none with `--no-balance`."""
+def stages(settings: PlanSettings, rng: np.random.Generator) -> list[tuple[str, Stage]]:
+    """The balancing passes for these settings, drawing from the epoch's `rng`; none with `--no-balance`."""
     if not settings.balance:
         return []
     from plancc.balance.accumulation import order_for_accumulation
@@ -36,7 +39,7 @@ def stages(settings: PlanSettings) -> list[tuple[str, Stage]]:
 
     out: list[tuple[str, Stage]] = []
     if settings.mode == "packed":
-        out.append(("microbatch", balance_microbatches))
+        out.append(("microbatch", partial(balance_microbatches, rng=rng)))
     else:
         out.append(("fixed_count", balance_fixed_count))
     if settings.batches_per_update > 1:

@@ -18,6 +18,7 @@ from plancc.plan import (
     row_tokens,
     segment_sum,
 )
+from plancc.sort import stable_order
 
 SCAN = 32  # partner subsets examined per subset (the length-sorted candidates nearest in length)
 
@@ -54,13 +55,14 @@ def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.
 
 
 def contiguous_windows(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Windows (CSR bounds, members) of `size` neighbours each over `0..n-1` (the last may be shorter)."""
     bounds = np.append(np.arange(0, n, size, dtype=np.int64), n).astype(np.int64)
     return bounds, np.arange(n, dtype=np.int64)
 
 
 def csr_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """(bounds, members): positions grouped by key, in position order inside a key."""
-    order = np.argsort(keys, kind="stable").astype(np.int64)
+    order = stable_order(keys, n_keys)
     bounds = np.zeros(n_keys + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=n_keys), out=bounds[1:])
     return bounds, order
@@ -75,6 +77,7 @@ def split(b: Batches, n_span: int) -> tuple[Batches, np.ndarray, np.ndarray, np.
 
 
 def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_batches: np.ndarray) -> Batches:
+    """`split`'s inverse: the span followed by the tail as it was."""
     samples = np.concatenate([head.samples, tail_samples]).astype(np.int64)
     row_bounds = np.concatenate([head.row_bounds, head.row_bounds[-1] + np.cumsum(tail_rows)]).astype(np.int64)
     batch_bounds = np.concatenate([head.batch_bounds, head.batch_bounds[-1] + np.cumsum(tail_batches)])
@@ -83,8 +86,7 @@ def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_ba
 
 def rebuild_rows(head: Batches, row_of: np.ndarray, pinned: np.ndarray) -> Batches:
     """The span with samples regrouped by `row_of` (pinned samples first in their row, then plan order)."""
-    pos = np.arange(row_of.shape[0], dtype=np.int64)
-    order = np.lexsort((pos, ~pinned, row_of))
+    order = stable_order(2 * row_of + ~pinned, 2 * head.num_rows)
     counts = np.bincount(row_of, minlength=head.num_rows)
     row_bounds = np.zeros(head.num_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=row_bounds[1:])
@@ -92,6 +94,7 @@ def rebuild_rows(head: Batches, row_of: np.ndarray, pinned: np.ndarray) -> Batch
 
 
 def label_sse(values: np.ndarray) -> float:
+    """Sum of squared deviations from the mean: the variance every balancing stage compares before and after."""
     v = values.astype(np.float64)
     return float(((v - v.mean()) ** 2).sum()) if v.size else 0.0
 
@@ -114,18 +117,21 @@ __all__ = [
 
 
 def exchange(b: Batches, s: SampleArrays, settings: PlanSettings, *, windows, passes: int, rounds: int,
-             tol_share: float = 0.0) -> Batches:
+             tol_share: float = 0.0, square: bool = False) -> Batches:
     """Subset exchanges over the complete updates of `b` (the tail copied through), never above today's peak cost.
 
-    `windows(pass, mb_labels)` groups the span's microbatches; see `_exchange_span`.
+    `windows(pass, mb_labels)` groups the span's microbatches; see `_exchange_span`. With `square` (packed and
+    flattened) the trades' secondary gap, weighed and never widened, is the attention work (sum of squared
+    lengths) instead of flattened's tokens.
     """
     n_span = span(b, settings)
     if n_span < 2:
         return b
     peak = int(batch_cost(b, s, settings.pad_multiple).max())
     head, *tail = split(b, n_span)
+    weight = attention_weight(head, s, settings) if square else token_weight(head, s, settings)
     new = _exchange_span(head, s, settings, windows=windows, passes=passes, rounds=rounds, tol_share=tol_share,
-                         max_sub=max_sub(settings), tok_weight=token_weight(head, s, settings), peak=peak)
+                         max_sub=max_sub(settings), tok_weight=weight, peak=peak, square=square)
     return join(new, *tail)
 
 
@@ -141,12 +147,13 @@ def _exchange_span(
     max_sub: int,
     tok_weight: float,
     peak: int,
+    square: bool = False,
 ) -> Batches:
     """Run subset exchanges (see `_exchange`) over `head`, whose microbatches are grouped by `windows(mb_labels)`.
 
     `cost_mode` follows the layout: packed rows, flattened rows with exact counts, padded groups with exact counts.
     """
-    from plancc.balance._exchange import exchange_windows
+    from plancc.balance._exchange import Rules, State, exchange_windows
 
     mode = {"packed": 0, "flattened": 1, "padded": 2}[settings.mode]
     n_items = head.samples.shape[0]
@@ -173,27 +180,29 @@ def _exchange_span(
     else:
         row_val = row_targets(head, s, settings.shift).astype(np.int64)
     mb_val = segment_sum(row_val, k_batch_bounds)
-    mb_tok = segment_sum(row_tok, k_batch_bounds)
+    if square:  # attention work per microbatch: the sum of its samples' squared lengths
+        row_sq = segment_sum(lengths * lengths, np.append(0, np.cumsum(np.bincount(row_of, minlength=n_rows))))
+        mb_tok = segment_sum(row_sq, k_batch_bounds)
+    else:
+        mb_tok = segment_sum(row_tok, k_batch_bounds)
     rows_in = np.diff(k_batch_bounds)
     if mode == 0:
         row_cap = np.minimum(settings.row_capacity, peak // np.repeat(rows_in, rows_in)).astype(np.int64)
     else:
         row_cap = np.full(n_rows, peak if mode == 1 else 1 << 60, dtype=np.int64)
     mean = float(mb_val.mean()) if mb_val.size else 0.0
-    tol = int(tol_share * mean)  # label gaps this small are not worth a trade
+    rules = Rules(pm=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
+                  tok_weight=float(tok_weight), square=bool(square), rounds=int(rounds), scan_limit=SCAN,
+                  tol=int(tol_share * mean))  # label gaps this small are not worth a trade
     for p in range(passes):
         w_bounds, w_members = windows(p, mb_val)
         ri_bounds, ri = csr_by(row_of, n_rows)
-        made = exchange_windows(
-            w_bounds, w_members, ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok,
-            row_cap, k_batch_bounds, int(settings.pad_multiple), int(peak), mode, max_sub, float(tok_weight),
-            rounds, SCAN, tol,
-        )
-        if made == 0:
+        state = State(ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok, row_cap,
+                      k_batch_bounds)
+        if exchange_windows(w_bounds, w_members, state, rules) == 0:
             break
     if mode == 2:
-        pos = np.arange(n_items, dtype=np.int64)
-        order = np.lexsort((pos, row_of))
+        order = stable_order(row_of, n_rows)
         return Batches(head.samples[order], head.row_bounds.copy(), head.batch_bounds.copy())
     return rebuild_rows(head, row_of, pinned)
 
@@ -201,6 +210,16 @@ def _exchange_span(
 def max_sub(settings: PlanSettings) -> int:
     """Largest subset a side of a trade: triples for packed rows, pairs for fixed-count microbatches."""
     return 3 if settings.mode == "packed" else 2
+
+
+def attention_weight(head: Batches, s: SampleArrays, settings: PlanSettings) -> float:
+    """Weight of the squared attention gap against the squared label gap: (labels / attention work)^2."""
+    if head.num_batches == 0:
+        return 0.0
+    length = s.length[head.samples].astype(np.float64)
+    labels = float(row_targets(head, s, settings.shift).sum())
+    work = float((length * length).sum())
+    return (labels / work) ** 2 if work > 0 else 0.0
 
 
 def token_weight(head: Batches, s: SampleArrays, settings: PlanSettings) -> float:

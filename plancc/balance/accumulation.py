@@ -73,14 +73,25 @@ def _assign_block(values, n_upd, per_update):
     return np.argsort(upd, kind="mergesort")
 
 
-def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings, rng: np.random.Generator) -> Batches:
+def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+    """The stage: `b`'s complete updates reordered by `update_order` on their microbatch label counts."""
     per_update = settings.batches_per_update
     n_span = c.span(b, settings)
-    n_upd = n_span // per_update
-    if per_update < 2 or n_upd < 2:
+    if per_update < 2 or n_span // per_update < 2:
         return b
-    labels = batch_targets(b, s, settings.shift)[:n_span].astype(np.int64)
-    slots = np.arange(n_span, dtype=np.int64).reshape(n_upd, per_update)  # microbatch held by each update slot
+    order = update_order(batch_targets(b, s, settings.shift)[:n_span].astype(np.int64), per_update)
+    if order is None:
+        return b
+    perm = np.arange(b.num_batches, dtype=np.int64)
+    perm[:n_span] = order
+    return permute_batches(b, perm)
+
+
+def update_order(labels: np.ndarray, per_update: int) -> np.ndarray | None:
+    """A new order of the microbatches of `labels` (label count each; a whole number of updates of `per_update`)
+    whose update totals are more even, or None if no block's variance drops (see the module docstring)."""
+    n_upd = labels.shape[0] // per_update
+    slots = np.arange(labels.shape[0], dtype=np.int64).reshape(n_upd, per_update)  # microbatch in each slot
     changed = False
     for p in range(PASSES):
         totals = labels[slots].sum(axis=1)
@@ -100,8 +111,4 @@ def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings, 
             if c.label_sse(after) < c.label_sse(before):
                 slots[upd] = held[new].reshape(-1, per_update)
                 changed = True
-    if not changed:
-        return b
-    perm = np.arange(b.num_batches, dtype=np.int64)
-    perm[:n_span] = slots.reshape(-1)
-    return permute_batches(b, perm)
+    return slots.reshape(-1) if changed else None

@@ -105,8 +105,9 @@ def compile_cmd(
     balance: Annotated[bool | None, _setting("--balance/--no-balance", "Label balancing.", shown="balance")] = None,
     balance_window: Annotated[int | None, _setting("--balance-window", "Microbatches per window (<= 64).")] = None,
     balance_passes: Annotated[int | None, _setting("--balance-passes", "Bounded passes per window.")] = None,
-    cost: Annotated[str | None, _setting("--cost", "What rank ordering evens out: tokens (padded slots) or "
-                                                   "attention (sum of squared sample lengths).")] = None,
+    cost: Annotated[str | None, _setting("--cost", "What rank ordering and within-update trades even out: tokens "
+                                                   "(padded slots) or attention (sum of squared sample lengths).")
+                    ] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,

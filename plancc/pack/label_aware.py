@@ -10,11 +10,9 @@ its row on the deal joins the rest). Every row then mixes long and short samples
 
 Rows as full as first-fit-decreasing leaves them (often under one token of slack a row, the rows lower bound)
 must close almost exactly. Best fit of the short rest gets most of the way, but can end with a few items of ~40
-tokens that fit no gap while hundreds of rows keep gaps of 1-38 tokens. A repair then places each such item by
-evicting the smallest item that makes room for it from a row with a gap, and places the evicted (smaller) item
-in turn; every step lowers the unplaced tokens, so it ends, and it moves only a handful of short samples. Without
-it, the repacking failed on many draws (200k data seed 1; 1M seeds 1-3; every 2M+ draw) and balance fell off a
-cliff (label CV 0.13-0.15 instead of ~0.01).
+tokens that fit no gap while hundreds of rows keep gaps of 1-38 tokens; `best_fit.close_left_out` then repacks the
+rows with gaps and a stride of others. Without it, the repacking failed on many draws (200k data seed 1; 1M seeds
+1-3; every 2M+ draw) and balance fell off a cliff (label CV 0.13-0.15 instead of ~0.01).
 
 `small` climbs a ladder until everything fits; when no rung fits (rows of one long sample, as at small
 capacities), there is no label-aware packing and balancing starts from the plain one.
@@ -24,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.pack.best_fit import best_fit
+from plancc.pack.best_fit import best_fit, close_left_out
+from plancc.sort import longest_first
 
 LADDER = (0.3, 0.5, 0.7)  # shares of tokens left to best fit, tried in turn
-STRIDES = (64, 16, 4, 2)  # every STRIDE-th row joins the rows with gaps to close the left-out items
 
 
 def pack_label_aware(lengths: np.ndarray, values: np.ndarray, capacity: int, start_tok: np.ndarray,
@@ -35,12 +33,12 @@ def pack_label_aware(lengths: np.ndarray, values: np.ndarray, capacity: int, sta
     """Row of each item, every row within `capacity` and non-empty; None if no rung fits.
 
     There are `len(start_tok)` rows; row r already holds `start_tok[r]` tokens with `start_val[r]` labels (the
-    samples pinned first in their rows, or nothing). `rng` orders the rows that `_close` packs again.
+    samples pinned first in their rows, or nothing). `rng` orders the rows that `close_left_out` packs again.
     """
     rows = start_tok.shape[0]
     if rows == 0 or lengths.shape[0] + np.count_nonzero(start_tok) < rows:
         return None
-    order = np.argsort(-lengths, kind="stable")
+    order = longest_first(lengths)
     rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
     for small in LADDER:
         assign = _deal_then_fill(lengths, values - rho * lengths, order, capacity, start_tok,
@@ -77,38 +75,11 @@ def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, order: np.ndarray, 
         dealt += float(lengths[items].sum())
         deferred.append(late)
     rest = np.concatenate([*deferred, order[k:]])
-    rest = rest[np.argsort(-lengths[rest], kind="stable")]
+    rest = rest[longest_first(lengths[rest])]
     placed, _ = best_fit(lengths[rest].astype(np.int64), int(capacity), row_tok, False)
     assign[rest] = placed
-    if (placed < 0).any() and not _close(lengths, assign, start_tok, capacity, rng):
+    if (placed < 0).any() and not close_left_out(lengths, assign, start_tok, capacity, rng):
         return None
     if (np.bincount(assign, minlength=rows) + start_tok).min() == 0:
         return None
     return assign
-
-
-def _close(lengths: np.ndarray, assign: np.ndarray, start_tok: np.ndarray, capacity: int,
-           rng: np.random.Generator) -> bool:
-    """Place the items left out (`assign` -1), in place: the rows with a gap and every `stride`-th other row give
-    up their items, which go back longest first, one a row, then by best fit, with the left-out ones. False if
-    even half the rows cannot close.
-
-    The rows take the longest items in a seeded random order: in row order, a row's label count would follow its
-    position (at capacity 4096 most rows join, and the update label CV then rose from 0.0003 to 0.009)."""
-    rows = start_tok.shape[0]
-    placed = assign >= 0
-    row_tok = start_tok + np.bincount(assign[placed], lengths[placed], minlength=rows).astype(np.int64)
-    for stride in STRIDES:
-        pool = (row_tok < capacity) | (np.arange(rows) % stride == 0)
-        items = np.flatnonzero(~placed | pool[np.where(placed, assign, 0)])
-        items = items[np.argsort(-lengths[items], kind="stable")]
-        pool_rows = rng.permutation(np.flatnonzero(pool))
-        k = min(pool_rows.shape[0], items.shape[0])  # one item a row first: no row left empty
-        fill = start_tok[pool_rows].astype(np.int64)
-        fill[:k] += lengths[items[:k]]
-        at, _ = best_fit(lengths[items[k:]].astype(np.int64), int(capacity), fill, False)
-        if (at >= 0).all() and k == pool_rows.shape[0] and (fill <= capacity).all():
-            assign[items[:k]] = pool_rows[:k]
-            assign[items[k:]] = pool_rows[at]
-            return True
-    return False
