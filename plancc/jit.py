@@ -2,16 +2,15 @@
 
 Kernel modules import numba from here, so numba's cache is pointed before numba loads: compiled kernels then
 outlive a reinstall or a read-only package dir, and a warm run never compiles. A user's own `NUMBA_CACHE_DIR`
-wins. Compiling every kernel takes 30-50 s on a cold start, so `cold()` tells the pipeline to say so once.
+wins. Compiling every kernel takes 30-50 s on a cold start, so `compile_notice` has the pipeline say so once, from
+numba's own compile events (what it loads from the disk cache is no compile).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import sys
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 from plancc.config import default_cache_dir
 
@@ -21,52 +20,50 @@ KERNEL_MODULES = ("plancc.token_hash", "plancc.sort", "plancc.pack.best_fit", "p
 COMPILING = "compiling kernels (first run only)"
 
 
-def _cache_dir() -> Path | None:
-    """numba's cache dir: the user's NUMBA_CACHE_DIR, else `<plancc cache>/numba` if it can be made, else None
-    (numba then caches beside the sources, as it does by default)."""
+def _point_numba_cache() -> None:
+    """Unless the user set NUMBA_CACHE_DIR, point it at `<plancc cache>/numba` if that can be made (else numba
+    caches beside the sources, as it does by default)."""
     if os.environ.get("NUMBA_CACHE_DIR"):
-        return Path(os.environ["NUMBA_CACHE_DIR"])
+        return
     path = default_cache_dir() / "numba"
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
-        return None
+        return
     os.environ["NUMBA_CACHE_DIR"] = str(path)
-    return path
 
 
-CACHE_DIR = _cache_dir()
+_point_numba_cache()
 
 import numba  # noqa: E402  (after NUMBA_CACHE_DIR is set: numba reads it once, on import)
+import numba.core.event  # noqa: E402
 
 
-def _stamp() -> Path | None:
-    """A file that exists once this numba and these kernel sources have been compiled into the cache (numba
-    itself invalidates on a source file's mtime and size, so the stamp keys on the same)."""
-    if CACHE_DIR is None:
-        return None
-    key = hashlib.sha256(f"{numba.__version__} {sys.version}".encode())
-    for name in KERNEL_MODULES:
-        module = sys.modules.get(name)
-        if module is None or not getattr(module, "__file__", None):
-            continue
-        st = os.stat(module.__file__)
-        key.update(f"{name} {st.st_mtime_ns} {st.st_size}".encode())
-    return CACHE_DIR / f"plancc-{key.hexdigest()[:16]}.compiled"
+class _Notice(numba.core.event.Listener):
+    """Says COMPILING on the first function numba compiles, not on one it loads from its disk cache."""
+
+    def __init__(self, progress: Callable[[str, int, int], None] | None) -> None:
+        self.progress = progress
+        self.compiled = 0
+
+    def on_start(self, event: numba.core.event.Event) -> None:
+        if self.compiled == 0 and self.progress:
+            self.progress(COMPILING, 0, 1)
+        self.compiled += 1
+
+    def on_end(self, event: numba.core.event.Event) -> None:
+        pass
 
 
-def cold() -> bool:
-    """True while the kernels of this install have not been compiled into the disk cache yet."""
-    stamp = _stamp()
-    return stamp is not None and not stamp.exists()
+@contextlib.contextmanager
+def compile_notice(progress: Callable[[str, int, int], None] | None) -> Iterator[None]:
+    """While inside, the first kernel numba has to compile says COMPILING on `progress` (done on exit): a cold start
+    takes 30-50 s and says why, once; a warm run, whose kernels all come from the disk cache, says nothing."""
+    notice = _Notice(progress)
+    with numba.core.event.install_listener("numba:compile", notice):
+        yield
+    if notice.compiled and progress:
+        progress(COMPILING, 1, 1)
 
 
-def mark_compiled() -> None:
-    """Record that a run compiled (and numba cached) the kernels: later runs are warm."""
-    stamp = _stamp()
-    if stamp is not None:
-        with contextlib.suppress(OSError):
-            stamp.touch()
-
-
-__all__ = ["COMPILING", "KERNEL_MODULES", "cold", "mark_compiled", "numba"]
+__all__ = ["COMPILING", "KERNEL_MODULES", "compile_notice", "numba"]

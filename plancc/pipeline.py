@@ -100,20 +100,14 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
     if len(s) == 0:
         raise SettingsError("the samples table is empty: nothing to plan")
     check_fits(s, settings)
-    cold = jit.cold()
-    if cold and progress:  # numba compiles each kernel on its first call: say why this run is slow, once
-        progress(jit.COMPILING, 0, 1)
     plans = []
-    for epoch in range(settings.epochs):
+    with jit.compile_notice(progress):
+        for epoch in range(settings.epochs):
+            if progress:
+                progress("planning epochs", epoch, settings.epochs)
+            plans.append(plan_epoch(s, settings, epoch, progress, drops))
         if progress:
-            progress("planning epochs", epoch, settings.epochs)
-        plans.append(plan_epoch(s, settings, epoch, progress, drops))
-    if progress:
-        progress("planning epochs", settings.epochs, settings.epochs)
-    if cold:
-        jit.mark_compiled()
-        if progress:
-            progress(jit.COMPILING, 1, 1)
+            progress("planning epochs", settings.epochs, settings.epochs)
     return plans
 
 

@@ -104,6 +104,16 @@ def test_import_plancc_is_light():
     assert not {"pyarrow", "numba", "torch", "datasets", "typer", "plancc.api"} & loaded
 
 
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_load_no_array_stack(flag):
+    """`plancc --help` builds every command's help, so no command module may import numpy/pyarrow/numba at the top
+    (issue 13: --help <= 0.3 s)."""
+    loaded = _modules_after("import contextlib, io\nfrom plancc.cli import app\n"
+                            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+                            f"    app([{flag!r}], prog_name='plancc', standalone_mode=False)")
+    assert "plancc.cli" in loaded and not {"numpy", "pyarrow", "numba", "torch", "datasets"} & loaded
+
+
 def test_compiling_imports_no_torch(tmp_path):
     src = write_rows(tmp_path / "pc.jsonl", pc_rows(20))
     code = (f"import plancc.cli\nfrom typer.testing import CliRunner\n"
