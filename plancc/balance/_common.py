@@ -153,16 +153,16 @@ def _exchange_span(
 
     `cost_mode` follows the layout: packed rows, flattened rows with exact counts, padded groups with exact counts.
     """
-    from plancc.balance._exchange import Rules, State, exchange_windows
+    from plancc.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, exchange_windows
 
-    mode = {"packed": 0, "flattened": 1, "padded": 2}[settings.mode]
+    mode = {"packed": PACKED, "flattened": FLATTENED, "padded": PADDED}[settings.mode]
     n_items = head.samples.shape[0]
     if head.num_batches < 2 or n_items == 0:
         return head
     lengths = s.length[head.samples].astype(np.int64)
     values = item_values(head, s, settings.shift)
     row_of_sample = head.row_of_sample()
-    if mode == 2:  # one kernel row per microbatch holding its samples
+    if mode == PADDED:  # one kernel row per microbatch holding its samples
         row_of = head.batch_of_row()[row_of_sample]
         k_batch_bounds = np.arange(head.num_batches + 1, dtype=np.int64)
         n_rows = head.num_batches
@@ -171,11 +171,11 @@ def _exchange_span(
         k_batch_bounds = head.batch_bounds.astype(np.int64)
         n_rows = head.num_rows
     pinned = np.zeros(n_items, dtype=np.bool_)
-    if settings.shift == "row" and mode != 2:
+    if settings.shift == "row" and mode != PADDED:
         pinned[head.row_bounds[:-1][head.samples_per_row() > 0]] = True
     row_tok = segment_sum(lengths, np.append(0, np.cumsum(np.bincount(row_of, minlength=n_rows))))
     # row_val: exact targets of each kernel row (row shift: minus the pinned first sample's first label)
-    if mode == 2:
+    if mode == PADDED:
         row_val = segment_sum(row_targets(head, s, settings.shift), head.batch_bounds)
     else:
         row_val = row_targets(head, s, settings.shift).astype(np.int64)
@@ -186,10 +186,10 @@ def _exchange_span(
     else:
         mb_tok = segment_sum(row_tok, k_batch_bounds)
     rows_in = np.diff(k_batch_bounds)
-    if mode == 0:
+    if mode == PACKED:
         row_cap = np.minimum(settings.row_capacity, peak // np.repeat(rows_in, rows_in)).astype(np.int64)
     else:
-        row_cap = np.full(n_rows, peak if mode == 1 else 1 << 60, dtype=np.int64)
+        row_cap = np.full(n_rows, peak if mode == FLATTENED else 1 << 60, dtype=np.int64)
     mean = float(mb_val.mean()) if mb_val.size else 0.0
     rules = Rules(pm=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
                   tok_weight=float(tok_weight), square=bool(square), rounds=int(rounds), scan_limit=SCAN,
@@ -201,7 +201,7 @@ def _exchange_span(
                       k_batch_bounds)
         if exchange_windows(w_bounds, w_members, state, rules) == 0:
             break
-    if mode == 2:
+    if mode == PADDED:
         order = stable_order(row_of, n_rows)
         return Batches(head.samples[order], head.row_bounds.copy(), head.batch_bounds.copy())
     return rebuild_rows(head, row_of, pinned)

@@ -31,8 +31,8 @@ parallel over windows.
 The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the
 scalars that bound a trade and a window) and `Tables` (one window's subset tables).
 
-Modes (`cost_mode`): 0 packed (rows of items, capacity per row, microbatch cost = rows x padded longest row),
-1 flattened (one row, exact item counts, cost = tokens), 2 padded (one group of items per microbatch, exact counts,
+Modes (`cost_mode`): PACKED (rows of items, capacity per row, microbatch cost = rows x padded longest row),
+FLATTENED (one row, exact item counts, cost = tokens), PADDED (one group of items per microbatch, exact counts,
 cost = items x padded longest item). Under `--shift row` the first sample of every row stays put (`pinned`), so each
 row's "first label is not a target" correction never changes.
 """
@@ -49,6 +49,9 @@ SUB_CAP = 128  # subsets enumerated per row (singles, then pairs, then triples)
 IDLE = 8  # idle rounds in a row before a window gives up
 MIN_GAIN = 0.002  # a round is idle when it lowers the window's spread (`_spread`) by less than this share
 LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
+
+# the kernel's cost modes (a layout's mode as a number numba compiles in as a constant)
+PACKED, FLATTENED, PADDED = 0, 1, 2
 
 
 class State(NamedTuple):
@@ -74,7 +77,7 @@ class Rules(NamedTuple):
 
     pm: int  # pad multiple
     peak: int  # no microbatch's padded cost above this
-    cost_mode: int  # 0 packed, 1 flattened, 2 padded (module docstring)
+    cost_mode: int  # PACKED, FLATTENED or PADDED (module docstring)
     max_sub: int  # items a side of a trade
     tok_weight: float  # weight of the squared secondary gap (`mb_tok`: flattened tokens, or attention), else 0
     square: bool  # the secondary value of an item is its squared length (attention work), not its length
@@ -118,7 +121,7 @@ def _mb_cost(mb, row_a, new_a, row_b, new_b, batch_bounds, row_tok, pm, cost_mod
             t = new_b
         if t > longest:
             longest = t
-    if cost_mode == 1:
+    if cost_mode == FLATTENED:
         return _padded(longest, pm)
     return (batch_bounds[mb + 1] - batch_bounds[mb]) * _padded(longest, pm)
 
@@ -269,13 +272,13 @@ def _trade_round(mbs, order, rnd, s, r, t):
         bb = s.batch_bounds
         done = False
         sorted_len, sub_order, sub_len, sub_mask, sub_val = t.sorted_len, t.order, t.sub_len, t.sub_mask, t.sub_val
-        exact = r.cost_mode != 0
+        exact = r.cost_mode != PACKED
         gap0 = s.mb_val[mb_a] - s.mb_val[mb_b]
         tgap0 = abs(s.mb_tok[mb_a] - s.mb_tok[mb_b])
         best_score = float(gap0) * gap0 + r.tok_weight * float(tgap0) * tgap0
         best = (np.int64(-1), np.int64(-1), np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0),
                 np.int64(0), np.int64(0), np.int64(0))
-        simple_cost = r.cost_mode == 0 and r.pm == 1 and bb[mb_a + 1] - bb[mb_a] == 1 and bb[mb_b + 1] - bb[mb_b] == 1
+        simple_cost = r.cost_mode == PACKED and r.pm == 1 and bb[mb_a + 1] - bb[mb_a] == 1 and bb[mb_b + 1] - bb[mb_b] == 1
         for ra in range(bb[mb_a], bb[mb_a + 1]):
             sl_a = t.slot_of[ra]
             if not t.valid[sl_a]:
@@ -294,7 +297,7 @@ def _trade_round(mbs, order, rnd, s, r, t):
                 free_b = s.row_cap[rb] - s.row_tok[rb]
                 old_a = 0
                 old_b = 0
-                if r.cost_mode == 2:
+                if r.cost_mode == PADDED:
                     old_a = na * _padded(_max_len_after(t.items, sl_a, na, s.item_len, 0, sl_b, 0), r.pm)
                     old_b = nb * _padded(_max_len_after(t.items, sl_b, nb, s.item_len, 0, sl_a, 0), r.pm)
                 elif not simple_cost:
@@ -331,7 +334,7 @@ def _trade_round(mbs, order, rnd, s, r, t):
                         tgap = 0
                         sa = la
                         sb = lb
-                        if r.cost_mode == 1 or r.tok_weight > 0.0:  # the secondary gap may not widen either
+                        if r.cost_mode == FLATTENED or r.tok_weight > 0.0:  # the secondary gap may not widen either
                             sa = _secondary(t.items, sl_a, mask_a, s.item_len, la, r.square)
                             sb = _secondary(t.items, sl_b, mask_b, s.item_len, lb, r.square)
                             tgap = abs((s.mb_tok[mb_a] - sa + sb) - (s.mb_tok[mb_b] - sb + sa))
@@ -341,7 +344,7 @@ def _trade_round(mbs, order, rnd, s, r, t):
                         if score >= best_score:
                             continue
                         if not simple_cost:  # neither microbatch above the peak, the pair's total not above before
-                            if r.cost_mode == 2:
+                            if r.cost_mode == PADDED:
                                 ca = na * _padded(_max_len_after(t.items, sl_a, na, s.item_len, mask_a, sl_b, mask_b),
                                                   r.pm)
                                 cb = nb * _padded(_max_len_after(t.items, sl_b, nb, s.item_len, mask_b, sl_a, mask_a),
