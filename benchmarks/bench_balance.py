@@ -121,9 +121,6 @@ def seed_stats(n: int, mbs: int, seeds: list[int]) -> dict[str, list[float]]:
 
 
 def seed_table(sizes: list[int], seeds: list[int], mbs: int) -> None:
-    def mmm(v: list[float], fmt: str) -> str:
-        return " / ".join(format(x, fmt) for x in (min(v), statistics.median(v), max(v)))
-
     print(f"capacity {4096 * mbs}, W=8, G=4, data seeds {','.join(map(str, seeds))}: min / median / max")
     print()
     print("| samples | label CV (goal max <= 0.05) | above its floor | rows above lower bound (<= 0.01%) | "
@@ -139,57 +136,13 @@ def seed_table(sizes: list[int], seeds: list[int], mbs: int) -> None:
               f"{mmm(r['rank_cv'], '.4f')} | {mmm(r['seconds'], '.1f')} |", flush=True)
 
 
-def load_reference(path: str):
-    """From the checkout at `path` (its root or its src/): the reference's `MultipackBatchSampler` class and its
-    `balance_labels` function (`axolotl.utils.samplers.label_balance`), or None where the checkout has none."""
-    import importlib.util
-
-    root = Path(path).expanduser()
-    src = root / "src" if (root / "src" / "axolotl").is_dir() else root
-    sys.path.insert(0, str(src))
-    try:
-        from axolotl.utils.samplers.multipack import MultipackBatchSampler
-    except ImportError as e:
-        sys.exit(f"--reference {path}: cannot import axolotl.utils.samplers.multipack ({e})")
-    file = src / "axolotl" / "utils" / "samplers" / "label_balance.py"
-    if not file.exists():
-        return MultipackBatchSampler, None
-    spec = importlib.util.spec_from_file_location("reference_label_balance", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # numpy only: no package __init__ (they import the whole trainer)
-    return MultipackBatchSampler, module.balance_labels
-
-
-def reference_batches(sampler_cls, balance_labels, s, settings: PlanSettings, seed: int):
-    """The reference's microbatches for samples `s` (rows of 4096 * mbs tokens, one a microbatch, as the
-    reference lays out packed microbatches by default): its packing, then its `balance_labels` where there is
-    one, as plancc `Batches`, and the seconds both took."""
-    from plancc.plan import Batches
-
-    order = np.random.default_rng(seed).permutation(len(s)).tolist()
-    start = time.perf_counter()
-    sampler = sampler_cls(order, batch_size=1, batch_max_len=settings.row_capacity, lengths=s.length,
-                          bin_size=settings.row_capacity, drop_last=False, num_processes=1)
-    batches = sampler.generate_batches()
-    if balance_labels is not None:
-        batches = balance_labels(batches, s.length, s.label_count, s.first_label_supervised.astype(np.int64),
-                                 settings.row_capacity, settings.row_capacity, seed,
-                                 window_size=settings.balance_window,
-                                 batches_per_optimizer_step=settings.batches_per_update)
-    seconds = time.perf_counter() - start
-    rows = [row for batch in batches for row in batch]
-    samples = np.fromiter((i for row in rows for i in row), dtype=np.int64)
-    row_bounds = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(row) for row in rows], out=row_bounds[1:])
-    batch_bounds = np.zeros(len(batches) + 1, dtype=np.int64)
-    np.cumsum([len(batch) for batch in batches], out=batch_bounds[1:])
-    return Batches(samples, row_bounds, batch_bounds), seconds
-
-
 def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> None:
+    """Packed microbatches: plancc vs the reference's packing + balance_labels on the same draws."""
+    import reference
+
     from plancc.metrics import summarize
 
-    sampler_cls, balanced = load_reference(path)
+    sampler_cls, balanced = reference.microbatch_sampler(path)
     what = ("its packing + balance_labels (microbatch stage; no accumulation or rank ordering)" if balanced else
             "its plain packing (this checkout has no label_balance.balance_labels)")
     settings = settings_for("packed", mbs)
@@ -200,11 +153,8 @@ def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> 
           "plan s plancc | reference | time ratio reference / plancc |")
     print("|---|---|---|---|---|---|---|---|---|---|")
 
-    def mmm(v: list[float], fmt: str) -> str:
-        return " / ".join(format(x, fmt) for x in (min(v), statistics.median(v), max(v)))
-
     warm = sft_mix(2000, seed=0)  # compiles the reference's kernels (numba, no disk cache) and loads plancc's
-    reference_batches(sampler_cls, balanced, warm, settings, 0)
+    reference.microbatches(sampler_cls, balanced, warm, settings, 0)
     plan_epoch(warm, settings, 0)
     for n in sizes:
         r: dict[str, list[float]] = {}
@@ -213,7 +163,7 @@ def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> 
             start = time.perf_counter()
             ours = summarize(plan_epoch(s, settings, 0).batches, s, settings)
             t_ours = time.perf_counter() - start
-            b, t_ref = reference_batches(sampler_cls, balanced, s, settings, seed)
+            b, t_ref = reference.microbatches(sampler_cls, balanced, s, settings, seed)
             ref = summarize(b, s, settings)
             for key, value in (("cv", ours["label_cv"]), ("cv_ref", ref["label_cv"]),
                                ("ucv", ours["update_label_cv"]), ("ucv_ref", ref["update_label_cv"]),
