@@ -248,7 +248,8 @@ def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], *, 
 
     Once every rank's files are complete, rank 0 points `latest`
     at the step, then each rank removes its files of steps beyond the newest `keep` (and of any step after
-    this one: an abandoned run's). `fault(point, step, rank)` is called at each of `FAULT_POINTS` (tests).
+    this one: an abandoned run's) and waits for the others to finish that too, since the next save's folder is such a
+    step until it holds a file. `fault(point, step, rank)` is called at each of `FAULT_POINTS` (tests).
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1 (got {keep})")
@@ -277,6 +278,7 @@ def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], *, 
     fault("saved", step, rank)
     _barrier()  # `latest` has moved: older steps may go
     _prune(directory, rank, step, keep)
+    _barrier()  # pruning removes steps after this one: no rank may start the next save's folder before all are done
     return out
 
 
