@@ -68,7 +68,7 @@ def main() -> None:
     for n in sizes:
         src = samples_file(n)
         for balance in ("--balance", "--no-balance"):
-            cmd = [*plancc, str(src), "-o", str(WORK / f"plan-{n}"), *FLAGS, balance]
+            cmd = [*plancc, str(src), "-o", str(WORK / f"plan-{n}"), "--overwrite", *FLAGS, balance]
             if n == sizes[0]:
                 run_once(cmd)  # warm-up: numba's on-disk cache, page cache
             runs = [run_once(cmd) for _ in range(args.runs if n < 10_000_000 else 1)]
