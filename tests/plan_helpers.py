@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from plancc.fingerprint import token_hashes
 
@@ -40,6 +43,14 @@ def samples_table(ids: list[np.ndarray], labels: list[np.ndarray], sample_ids: n
             "token_hash": token_hashes(flat_ids, offsets, flat_labels, offsets),
         }
     )
+
+
+def write_samples_file(directory: Path, seed: int, n: int, max_len: int) -> Path:
+    """`directory/samples.parquet`: the samples table of `random_dataset` drawn with `seed` (a compile source)."""
+    ids, labels = random_dataset(np.random.default_rng(seed), n, max_len)
+    path = directory / "samples.parquet"
+    pq.write_table(samples_table(ids, labels), path)
+    return path
 
 
 def direct_targets(rows: list[list[int]], labels: list[np.ndarray], shift: str) -> int:

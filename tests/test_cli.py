@@ -7,24 +7,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from plancc import store, token_store
 from plancc.cli import app
-from tests.plan_helpers import random_dataset, samples_table
+from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def samples_file(tmp_path_factory) -> Path:
-    ids, labels = random_dataset(np.random.default_rng(3), 300, 200)
-    path = tmp_path_factory.mktemp("src") / "samples.parquet"
-    pq.write_table(samples_table(ids, labels), path)
-    return path
+    return write_samples_file(tmp_path_factory.mktemp("src"), 3, 300, 200)
 
 
 def _run(*args: str):

@@ -8,15 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import typer
 from typer.testing import CliRunner
 
 from plancc import __version__
 from plancc.cli import app
-from tests.plan_helpers import random_dataset, samples_table
+from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
 
@@ -46,10 +44,7 @@ IDS = [" ".join(p) for p, _ in COMMANDS]
 
 @pytest.fixture(scope="module")
 def samples_file(tmp_path_factory) -> Path:
-    ids, labels = random_dataset(np.random.default_rng(5), 200, 200)
-    path = tmp_path_factory.mktemp("src") / "samples.parquet"
-    pq.write_table(samples_table(ids, labels), path)
-    return path
+    return write_samples_file(tmp_path_factory.mktemp("src"), 5, 200, 200)
 
 
 @pytest.fixture(scope="module")

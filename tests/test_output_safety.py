@@ -15,14 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from plancc import atomic, store
 from plancc.cli import app
-from tests.plan_helpers import random_dataset, samples_table
+from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
 ROOT = Path(__file__).parent.parent
@@ -32,10 +30,7 @@ FLAGS = ["--sequence-len", "256", "--micro-batch-size", "2", "--world-size", "2"
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
-    ids, labels = random_dataset(np.random.default_rng(5), 120, 200)
-    path = tmp_path_factory.mktemp("src") / "samples.parquet"
-    pq.write_table(samples_table(ids, labels), path)
-    return path
+    return write_samples_file(tmp_path_factory.mktemp("src"), 5, 120, 200)
 
 
 def _compile(source: Path, out: Path, *extra: str):
