@@ -119,27 +119,25 @@ class JsonlRows:
         if self.f is None or a < self.row:
             self.close()
             self.f, self.row, self.lineno = open(self.path, "rb"), 0, 0  # noqa: SIM115 (held across calls)
-        while self.row < a:
-            line = self.f.readline()
-            if not line:
-                return
+        while self.row < a and self._next_row() is not None:
+            pass
+
+    def _next_row(self) -> bytes | None:
+        """The next non-blank line (one row), or None at the end of the file; counts lines and rows."""
+        while line := self.f.readline():
             self.lineno += 1
             if line.strip():
                 self.row += 1
+                return line
+        return None
 
     def read(self, a: int, b: int) -> tuple[pa.Table, dict[str, list[Any]]]:
-        """Rows [a, b) of the file (a never below the rows already read) and their line numbers."""
+        """Rows [a, b) of the file and their line numbers (a range behind the cursor reopens the file)."""
         self._skip_to(a)
         lines, numbers = [], []
-        while self.row < b:
-            line = self.f.readline()
-            if not line:
-                break
-            self.lineno += 1
-            if line.strip():
-                lines.append(line if line.endswith(b"\n") else line + b"\n")
-                numbers.append(self.lineno)
-                self.row += 1
+        while self.row < b and (line := self._next_row()) is not None:
+            lines.append(line if line.endswith(b"\n") else line + b"\n")
+            numbers.append(self.lineno)
         try:
             table = pajson.read_json(pa.BufferReader(b"".join(lines)),
                                      read_options=pajson.ReadOptions(block_size=1 << 26))
