@@ -29,7 +29,7 @@ Every microbatch keeps exactly `micro_batch_size` samples; what moves is which s
    which the untouched tail can set (200k, seed 0: 5857 in the tail; inside complete updates 4320 after this).
 
 5. Padded only, last: swaps of a sample each that lower the cost CV (and never raise the label variance or the
-   attention CV), spending at most a quarter of the padding the trades saved (`_cost_spread`): the trades above
+   attention CV), spending at most 22% of the padding the trades saved (`_cost_spread`): the trades above
    only hold the cost CV, the reference lowers it.
 
 Why it stops: deals are one pass each; the peak trim when the heaviest microbatch has no swap; trades per window
