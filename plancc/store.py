@@ -298,7 +298,7 @@ def read_samples(path: str | Path) -> pa.Table:
 def sample_arrays(table: pa.Table) -> SampleArrays:
     """The planner's view of a samples table (sorted by sample_id): its columns as int64/bool arrays."""
     return SampleArrays(
-        sample_id=column(table, "sample_id").astype(np.int64),
+        sample_id=column(table, "sample_id").astype(np.int64, copy=False),
         length=column(table, "length").astype(np.int64),
         label_count=column(table, "label_count").astype(np.int64),
         first_label_supervised=column(table, "first_label_supervised"),
