@@ -120,12 +120,11 @@ def pack_best_fit(lengths: np.ndarray, capacity: int, rng: np.random.Generator) 
         if not close_left_out(sizes, trial, np.zeros(rows - 1, dtype=np.int64), int(capacity), rng):
             break
         assign, rows = trial, rows - 1
-    row_perm = rng.permutation(rows)  # new position of each row
-    by_row = stable_order(row_perm[assign], rows)
-    counts = np.bincount(row_perm[assign], minlength=rows)
+    new_row = rng.permutation(rows)[assign]  # rows in a seeded random order: each item's new row
+    by_row = stable_order(new_row, rows)
     bounds = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(counts, out=bounds[1:])
-    return order[by_row].astype(np.int64), bounds
+    np.cumsum(np.bincount(new_row, minlength=rows), out=bounds[1:])
+    return order[by_row].astype(np.int64, copy=False), bounds
 
 
 @numba.njit(cache=True)
