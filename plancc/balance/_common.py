@@ -14,6 +14,7 @@ from plancc.plan import (
     Batches,
     SampleArrays,
     batch_cost,
+    row_sums,
     row_targets,
     row_tokens,
     segment_sum,
@@ -175,18 +176,15 @@ def _exchange_span(
     pinned = np.zeros(n_items, dtype=np.bool_)
     if settings.shift == "row" and mode != PADDED:
         pinned[head.row_bounds[:-1][head.samples_per_row() > 0]] = True
-    row_tok = segment_sum(lengths, np.append(0, np.cumsum(np.bincount(row_of, minlength=n_rows))))
-    # row_val: exact targets of each kernel row (row shift: minus the pinned first sample's first label)
-    if mode == PADDED:
-        row_val = segment_sum(row_targets(head, s, settings.shift), head.batch_bounds)
+    rows = row_sums(head, s, settings.shift)  # exact targets per row (row shift: minus the first sample's first label)
+    if mode == PADDED:  # kernel rows are microbatches
+        row_tok, row_val, row_sq = (segment_sum(x, head.batch_bounds) for x in (rows.tokens, rows.targets, rows.squares))
     else:
-        row_val = row_targets(head, s, settings.shift).astype(np.int64)
+        row_tok, row_val, row_sq = rows.tokens, rows.targets, rows.squares
+    del rows
     mb_val = segment_sum(row_val, k_batch_bounds)
-    if square:  # attention work per microbatch: the sum of its samples' squared lengths
-        row_sq = segment_sum(lengths * lengths, np.append(0, np.cumsum(np.bincount(row_of, minlength=n_rows))))
-        mb_tok = segment_sum(row_sq, k_batch_bounds)
-    else:
-        mb_tok = segment_sum(row_tok, k_batch_bounds)
+    # the secondary value per microbatch: attention work (the sum of its samples' squared lengths) or tokens
+    mb_tok = segment_sum(row_sq if square else row_tok, k_batch_bounds)
     rows_in = np.diff(k_batch_bounds)
     if mode == PACKED:
         row_cap = np.minimum(settings.row_capacity, peak // np.repeat(rows_in, rows_in)).astype(np.int64)
@@ -198,7 +196,10 @@ def _exchange_span(
                   tol=int(tol_share * mean))  # label gaps this small are not worth a trade
     for p in range(passes):
         w_bounds, w_members = windows(p, mb_val)
-        ri_bounds, ri = csr_by(row_of, n_rows)
+        if p == 0 and mode != PADDED:  # samples still in plan order: each row's items are its CSR range
+            ri_bounds, ri = head.row_bounds, np.arange(n_items, dtype=np.int64)
+        else:
+            ri_bounds, ri = csr_by(row_of, n_rows)
         state = State(ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok, row_cap,
                       k_batch_bounds)
         made = exchange_windows(w_bounds, w_members, state, rules)
