@@ -110,12 +110,17 @@ def file_metadata(kind: str, fingerprints: dict[str, Any], settings: dict[str, A
 
 
 def write_parquet(table: pa.Table, path: Path, metadata: dict[bytes, bytes], row_group_size: int | None = None) -> None:
-    """Write one Parquet file with our key-value metadata; deterministic bytes for identical tables."""
+    """Write one Parquet file with our key-value metadata; deterministic bytes for identical tables.
+
+    No dictionary encoding: plancc's big columns (ids, hashes, per-microbatch counts) are near-unique, so the
+    writer's dictionary attempt is wasted work (10M samples: a fifth of the write time) for files 1% smaller or
+    3% larger."""
     table = table.replace_schema_metadata(metadata)
     pq.write_table(
         table,
         path,
         compression="zstd",
+        use_dictionary=False,
         row_group_size=row_group_size,
         write_statistics=True,
         store_schema=True,
