@@ -174,10 +174,11 @@ def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str
     problems = []
     bad = token_store.verify_all(m)
     if bad is not None:
-        problems.append(f"{tokens_dir} chunk {bad} (rows {int(m.chunks[bad])}..{int(m.chunks[bad + 1]) - 1}) changed "
-                        "since it was written")
-    elif m.header["max_id"] != (int(m.input_ids.max()) if m.input_ids.size else -1):
-        problems.append(f"{tokens_dir}: {token_store.HEADER_FILE} max_id {m.header['max_id']} is not the largest id")
+        problems.append(f"{token_store.chunk_where(m, bad)} changed since it was written")
+    else:  # a multi-part store's own max_id is its parts' largest (checked at open)
+        problems += [f"{part.path}: {token_store.HEADER_FILE} max_id {part.header['max_id']} is not the largest id"
+                     for part in m.parts or (m,)
+                     if part.header["max_id"] != (int(part.input_ids.max()) if part.input_ids.size else -1)][:1]
     problem = token_store.compare_samples(m.input_ids, m.labels, m.offsets, samples)  # names the changed sample
     return [*problems, f"{tokens_dir} does not match the plan: {problem}"] if problem else problems
 
