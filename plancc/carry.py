@@ -12,19 +12,15 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any
 
-from plancc.config import PlanSettings, ScanOptions, SettingsError
+from plancc.config import PlanSettings, ScanOptions, SettingsError, flag
 
 PLAN_CARRIED = ("sequence_len", "shift")  # held by both the scan and the plan: the scan's value is taken
 SCAN_CHECKED = ("long", "tokenizer", "chat_template")  # only checked: the samples are already made
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _contradiction(name: str, given: Any, recorded: Any, where: str) -> SettingsError:
-    return SettingsError(f"{_flag(name)} {given} contradicts {where}, which was scanned with {name} {recorded}: "
-                         f"leave {_flag(name)} out to use the scan's, or rescan the source with it")
+    return SettingsError(f"{flag(name)} {given} contradicts {where}, which was scanned with {name} {recorded}: "
+                         f"leave {flag(name)} out to use the scan's, or rescan the source with it")
 
 
 def _fingerprint_of(name: str, options: ScanOptions) -> str | None:

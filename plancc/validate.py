@@ -189,8 +189,14 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
 
     Raises `StoreError` only when PLAN_DIR is not a plan directory at all; a plan file that cannot be read or
-    trusted is a violation like any other.
+    trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
     """
+    problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
+    return list(dict.fromkeys(problems)), meta
+
+
+def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
+                tokens_dir: str | Path | None) -> tuple[list[str], dict[str, Any]]:
     if not (Path(plan_dir) / store.PLAN_FILE).exists():
         store.PlanDir(plan_dir)  # raises the "not a plan directory" error
     try:
