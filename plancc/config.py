@@ -6,7 +6,8 @@ Settings that cannot change a plan (`num_proc`, `quiet`, output paths) live in n
 
 `sequence_len` and `shift` are the two that both hold: the samples table means what it means under them (lengths
 cut or dropped, label counts), and the plan is hashed with them. The scan's values win: `plancc.carry` copies
-them into `PlanSettings` for a scan or plan directory given as source, and refuses a flag that contradicts them.
+them into `PlanSettings` for a scan or plan directory given as source (or a scan's samples.parquet alone, whose
+metadata records them), and refuses a flag that contradicts them.
 """
 
 from __future__ import annotations
@@ -240,6 +241,7 @@ class PlanSettings:
         return {k: str(v) if isinstance(v, Choice) else v for k, v in dataclasses.asdict(self).items()}
 
 
+SHARED_SETTINGS = ("sequence_len", "shift")  # in both: what a samples table means, and what a plan is hashed with
 SETTING_NAMES = frozenset({f.name for f in fields(ScanOptions)} | {f.name for f in fields(PlanSettings)})
 
 

@@ -437,6 +437,9 @@ def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
     except StoreError:
         meta = None  # written by another engine: fine, the plan recomputes its fingerprints
     info: dict[str, Any] = {"path": str(f), "meta": meta}
+    settings = meta.get("settings") if meta and meta.get("kind") == "samples" else None
+    if isinstance(settings, dict) and {"format", "long", "sequence_len", "shift"} <= set(settings):
+        info["scan_options"] = settings  # a plancc scan wrote it: the options its rows were made under
     tokens = f.parent / TOKENS_DIR
     info["tokenized_path"] = str(tokens) if token_store.is_store(tokens) else None
     manifest = f.parent / SCAN_MANIFEST_FILE

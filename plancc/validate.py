@@ -20,10 +20,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.config import Mode, PlanSettings, Shift
+from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, Shift
 from plancc.layout import complete_updates
 from plancc.metrics import SourceDrops, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
+
+
+def _shared_problems(plan: store.PlanDir) -> list[str]:
+    """A plan compiled from a scan holds the scan's sequence_len and shift (`plancc.carry`): its samples were cut,
+    dropped and counted under them. A plan whose settings say otherwise was edited (or built by hand)."""
+    recorded = (plan.meta.get("scan") or {}).get("options") or {}
+    return [f"{plan.plan_file} metadata: settings.{name} is {plan.meta['settings'][name]!r}, but its samples were "
+            f"scanned with {name} {recorded[name]!r} (scan.options.{name})"
+            for name in SHARED_SETTINGS if name in recorded and recorded[name] != plan.meta["settings"].get(name)]
 
 
 def _mismatch(name: str, epoch: int, got: np.ndarray, want: np.ndarray) -> str | None:
@@ -203,7 +212,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         plan = store.PlanDir(plan_dir)
     except store.StoreError as exc:
         return [str(exc)], {}
-    problems = plan.header_problems() + plan.manifest_problems()
+    problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
     files = [(store.SAMPLES_FILE, "samples", store.SAMPLES_SCHEMA), (store.METRICS_FILE, "metrics", store.metrics_schema()),
              (store.PLAN_FILE, "plan", store.PLAN_SCHEMA)]
     if plan.has_before:

@@ -186,3 +186,43 @@ def test_a_plan_directory_without_its_samples_table_says_so(scanned, tmp_path):
                    "compile or scan the source again"
     problems, _ = validate_plan(str(plan))
     assert problems == [f"{plan / store.SAMPLES_FILE} does not exist"]  # once, not once per check of the file
+
+
+# ---------------------------------------------------------------- a scan's samples table on its own (issue 11's left item)
+
+
+def test_a_scans_samples_table_alone_carries_the_scans_sequence_len_and_shift(scanned, tmp_path, samples):
+    """`sequence_len` and `shift` live in both the scan options and the plan settings. A scan's samples.parquet
+    compiled on its own (copied out of its scan directory) was planned under the flags' or the defaults' values:
+    `--shift none` counted every sample's first label as a target, so each update's num_items was wrong. Its
+    metadata records the scan's options, so it now carries them as its scan directory does (`plancc.carry`)."""
+    alone = Path(shutil.copy(scanned / "scan" / store.SAMPLES_FILE, tmp_path / "alone.parquet"))
+    for flag, value in [("--shift", "none"), ("--sequence-len", "4096")]:
+        line = refused("compile", alone, "-o", tmp_path / "p", flag, value, out=tmp_path / "p")
+        assert f"{flag} {value} contradicts the scan of {alone}" in line, line
+    r = runner.invoke(app, ["compile", str(alone), "-o", str(tmp_path / "p"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert {k: json.loads(r.stdout)["settings"][k] for k in ("sequence_len", "shift")} == {"sequence_len": 128,
+                                                                                           "shift": "sample"}
+    same = store.PlanDir(scanned / "plan")  # compiled from the scan directory: the same plan
+    assert store.PlanDir(tmp_path / "p").fingerprints["plan"] == same.fingerprints["plan"]
+    r = runner.invoke(app, ["compile", str(samples), "-o", str(tmp_path / "q"), "--shift", "none", "-q"])
+    assert r.exit_code == 0, r.output  # a samples table no plancc scan wrote: nothing recorded, the flags rule
+
+
+def test_validate_refuses_a_plan_whose_settings_are_not_its_scans(scanned, tmp_path):
+    """The rule `carry` keeps, checked on disk: a plan's sequence_len and shift are those its samples were scanned
+    with (its manifest's scan options). Forged here in the plan file's metadata and the manifest alike."""
+    plan = _copy(scanned, "plan", tmp_path)
+    table = pq.read_table(plan / store.PLAN_FILE)
+    meta = json.loads(table.schema.metadata[store.META_KEY])
+    meta["scan"]["options"]["shift"] = "none"
+    pq.write_table(table.replace_schema_metadata({store.META_KEY: json.dumps(meta).encode()}), plan / store.PLAN_FILE,
+                   row_group_size=store.PLAN_ROW_GROUP)
+    manifest = json.loads((plan / store.MANIFEST_FILE).read_text())
+    manifest["scan"]["options"]["shift"] = "none"
+    (plan / store.MANIFEST_FILE).write_text(json.dumps(manifest))
+    r = runner.invoke(app, ["validate", str(plan)])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output.strip() == (f"violation: {plan / store.PLAN_FILE} metadata: settings.shift is 'sample', but its "
+                                "samples were scanned with shift 'none' (scan.options.shift)")
