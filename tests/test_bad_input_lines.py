@@ -226,3 +226,47 @@ def test_validate_refuses_a_plan_whose_settings_are_not_its_scans(scanned, tmp_p
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert r.output.strip() == (f"violation: {plan / store.PLAN_FILE} metadata: settings.shift is 'sample', but its "
                                 "samples were scanned with shift 'none' (scan.options.shift)")
+
+
+# ---------------------------------------------------------------- unreadable files
+
+
+def _as_a_user(cmd: list[str], tmp_path: Path) -> list[str]:
+    """`cmd` run without the power to read a file its mode forbids: as root (CI's containers), through setpriv
+    dropping the capabilities that bypass file modes; skipped where that cannot be done."""
+    if os.geteuid() != 0:
+        return cmd
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+    probe = tmp_path / "probe"
+    probe.write_text("x")
+    probe.chmod(0)
+    if shutil.which("setpriv") is None or subprocess.run([*drop, "cat", str(probe)], capture_output=True).returncode == 0:
+        pytest.skip("cannot drop root's file-mode override here")
+    return [*drop, *cmd]
+
+
+def test_unreadable_files_are_one_named_line(scanned, tmp_path):
+    source = tmp_path / "d.jsonl"
+    source.write_text(json.dumps({"text": "a b c"}) + "\n")
+    plan = _copy(scanned, "plan", tmp_path)
+    header = plan / store.TOKENS_DIR / "tokens.json"
+    header.unlink()  # a hard link to the scan's: a file of its own, to take its mode away
+    header.write_bytes((scanned / "plan" / store.TOKENS_DIR / "tokens.json").read_bytes())
+    for f in (source, header):
+        f.chmod(0)
+    cases = [
+        (["compile", str(source), "-o", str(tmp_path / "out"), "--tokenizer", "builtin", "-q"], 2,
+         f"error: {source} Permission denied"),
+        (["validate", str(plan), "-q"], 1, f"violation: token store {plan / store.TOKENS_DIR}: cannot read tokens.json "
+                                           "(Permission denied)"),
+    ]
+    script = ("import json, sys\nfrom typer.testing import CliRunner\nfrom plancc.cli import app\n"
+              "for args in json.loads(sys.argv[1]):\n"
+              "    r = CliRunner().invoke(app, args)\n"
+              "    print(json.dumps([r.exit_code, r.output.strip()]))\n")  # one process (start-up) for every case
+    r = subprocess.run(_as_a_user([sys.executable, "-c", script, json.dumps([c[0] for c in cases])], tmp_path),
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert [tuple(json.loads(line)) for line in r.stdout.splitlines()] == [(code, line) for _, code, line in cases]
+    assert not (tmp_path / "out").exists()
