@@ -83,7 +83,9 @@ def _load_cached(path: Path, key: str) -> Scan | None:
     if report.get("key") != key:
         return None
     tokens = path / store.TOKENS_DIR
-    if not token_store.is_store(tokens):
+    try:
+        token_store.open_store(tokens)  # the constant-cost checks: a damaged store is scanned again
+    except token_store.TokenStoreError:
         return None
     return Scan(samples, tokens, list(report.get("source_paths", [])), report, key)
 

@@ -284,3 +284,15 @@ def test_header_schemas_describe_what_is_written(single, parts):
             header = orjson.loads(header_file.read_bytes())
             name = "tokens-parts" if header["format"] == token_store.PARTS_FORMAT else "tokens"
             jsonschema.validate(header, orjson.loads((root / f"{name}.schema.json").read_bytes()))
+
+
+def test_a_damaged_store_in_the_scan_cache_is_scanned_again(tmp_path):
+    (tmp_path / "d.jsonl").write_text(_rows(10))
+    args = ["compile", str(tmp_path / "d.jsonl"), "--tokenizer", "builtin", "--sequence-len", "256", "--cache-dir",
+            str(tmp_path / "cache"), "-q"]
+    _cli(*args, "-o", str(tmp_path / "a"))
+    [cached] = (tmp_path / "cache" / "scans").glob(f"*/{store.TOKENS_DIR}/{token_store.HEADER_FILE}")
+    edit(cached, ("chunk_tokens",), 1)
+    _cli(*args, "-o", str(tmp_path / "b"))  # the edited entry is not linked into the new plan
+    assert validate_plan(str(tmp_path / "b"))[0] == []
+    assert token_store.read_header(cached.parent)["chunk_tokens"] == token_store.CHUNK_TOKENS
