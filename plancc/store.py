@@ -110,12 +110,17 @@ def file_metadata(kind: str, fingerprints: dict[str, Any], settings: dict[str, A
 
 
 def write_parquet(table: pa.Table, path: Path, metadata: dict[bytes, bytes], row_group_size: int | None = None) -> None:
-    """Write one Parquet file with our key-value metadata; deterministic bytes for identical tables."""
+    """Write one Parquet file with our key-value metadata; deterministic bytes for identical tables.
+
+    No dictionary encoding: plancc's big columns (ids, hashes, per-microbatch counts) are near-unique, so the
+    writer's dictionary attempt is wasted work (10M samples: a fifth of the write time) for files 1% smaller or
+    3% larger."""
     table = table.replace_schema_metadata(metadata)
     pq.write_table(
         table,
         path,
         compression="zstd",
+        use_dictionary=False,
         row_group_size=row_group_size,
         write_statistics=True,
         store_schema=True,
@@ -306,7 +311,7 @@ def read_samples(path: str | Path) -> pa.Table:
 def sample_arrays(table: pa.Table) -> SampleArrays:
     """The planner's view of a samples table (sorted by sample_id): its columns as int64/bool arrays."""
     return SampleArrays(
-        sample_id=column(table, "sample_id").astype(np.int64),
+        sample_id=column(table, "sample_id").astype(np.int64, copy=False),
         length=column(table, "length").astype(np.int64),
         label_count=column(table, "label_count").astype(np.int64),
         first_label_supervised=column(table, "first_label_supervised"),
