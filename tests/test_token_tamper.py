@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -296,3 +298,18 @@ def test_a_damaged_store_in_the_scan_cache_is_scanned_again(tmp_path):
     _cli(*args, "-o", str(tmp_path / "b"))  # the edited entry is not linked into the new plan
     assert validate_plan(str(tmp_path / "b"))[0] == []
     assert token_store.read_header(cached.parent)["chunk_tokens"] == token_store.CHUNK_TOKENS
+
+
+def test_an_edited_samples_table_in_the_scan_cache_is_scanned_again(tmp_path):
+    (tmp_path / "d.jsonl").write_text(_rows(10))
+    args = ["compile", str(tmp_path / "d.jsonl"), "--tokenizer", "builtin", "--sequence-len", "256", "--cache-dir",
+            str(tmp_path / "cache"), "-q"]
+    _cli(*args, "-o", str(tmp_path / "a"))
+    [cached] = (tmp_path / "cache" / "scans").glob(f"*/{store.SAMPLES_FILE}")
+    table = pq.read_table(cached)
+    counts = table.column("label_count").to_numpy().copy()
+    counts[2] -= 1
+    cached.unlink()  # a hard link to the first plan's: a file of its own
+    pq.write_table(table.set_column(2, "label_count", pa.array(counts, pa.int32())), cached)
+    _cli(*args, "-o", str(tmp_path / "b"))
+    assert store.PlanDir(tmp_path / "b").fingerprints == store.PlanDir(tmp_path / "a").fingerprints
