@@ -49,7 +49,8 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
         if manifest.is_file():
             previous = store.read_manifest(manifest.parent)
             return table, {**previous["scan"], "source_paths": previous["data"].get("source", [])}, tokenized
-        return table, {}, None
+        # a scan's samples.parquet on its own still carries its scan's options (sequence_len, shift: `carry`)
+        return table, ({"options": info["scan_options"]} if info.get("scan_options") else {}), None
     from plancc import scan  # tokenizers and source readers: only for a raw source
 
     result = scan.scan(source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)

@@ -1,4 +1,5 @@
-"""A scan (or plan) directory compiled again carries the options it was made with.
+"""A scan (or plan) directory compiled again carries the options it was made with (so does a scan's samples.parquet
+compiled on its own: its metadata records them).
 
 Its samples table only means what it means under the scan's `sequence_len` (samples were dropped or cut to it),
 `shift` (label counts depend on it), tokenizer, chat template and long policy. So compiling it takes those values,
@@ -12,19 +13,14 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any
 
-from plancc.config import PlanSettings, ScanOptions, SettingsError
+from plancc.config import SHARED_SETTINGS, PlanSettings, ScanOptions, SettingsError, flag
 
-PLAN_CARRIED = ("sequence_len", "shift")  # held by both the scan and the plan: the scan's value is taken
 SCAN_CHECKED = ("long", "tokenizer", "chat_template")  # only checked: the samples are already made
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _contradiction(name: str, given: Any, recorded: Any, where: str) -> SettingsError:
-    return SettingsError(f"{_flag(name)} {given} contradicts {where}, which was scanned with {name} {recorded}: "
-                         f"leave {_flag(name)} out to use the scan's, or rescan the source with it")
+    return SettingsError(f"{flag(name)} {given} contradicts {where}, which was scanned with {name} {recorded}: "
+                         f"leave {flag(name)} out to use the scan's, or rescan the source with it")
 
 
 def _fingerprint_of(name: str, options: ScanOptions) -> str | None:
@@ -44,7 +40,7 @@ def carry(report: dict[str, Any], options: ScanOptions, settings: PlanSettings, 
     recorded = report.get("options") or {}
     if not recorded:  # a bare samples table: nothing is known about how it was made
         return settings
-    for name in PLAN_CARRIED:
+    for name in SHARED_SETTINGS:  # held by both the scan and the plan: the scan's value is taken
         if name not in recorded:
             continue
         if name in given and getattr(settings, name) != recorded[name]:

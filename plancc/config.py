@@ -6,7 +6,8 @@ Settings that cannot change a plan (`num_proc`, `quiet`, output paths) live in n
 
 `sequence_len` and `shift` are the two that both hold: the samples table means what it means under them (lengths
 cut or dropped, label counts), and the plan is hashed with them. The scan's values win: `plancc.carry` copies
-them into `PlanSettings` for a scan or plan directory given as source, and refuses a flag that contradicts them.
+them into `PlanSettings` for a scan or plan directory given as source (or a scan's samples.parquet alone, whose
+metadata records them), and refuses a flag that contradicts them.
 """
 
 from __future__ import annotations
@@ -73,24 +74,42 @@ ROLES = ("input_ids", "labels", "shift_labels", "prompt", "completion", "instruc
 
 
 class SettingsError(PlanccError):
-    """A setting is missing, out of range or inconsistent; the message names it."""
+    """A setting is missing, out of range or inconsistent; the message names it (`setting`: its name, when one
+    setting alone is wrong, so that `resolve_settings` can say which config file set it)."""
+
+    def __init__(self, message: str, setting: str | None = None):
+        super().__init__(message)
+        self.setting = setting
+
+
+def flag(name: str) -> str:
+    """The command-line flag of setting `name` (`sequence_len` -> `--sequence-len`)."""
+    return f"--{name.replace('_', '-')}"
 
 
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SettingsError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        raise SettingsError(f"{flag(name)} must be a positive integer, got {value!r}", name)
+
+
+def _boolean(obj: Any, names: tuple[str, ...]) -> None:
+    """A switch must be a bool: a config file's `drop_last = "false"` would otherwise be a true (non-empty) string."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, bool):
+            raise SettingsError(f"{flag(name)} must be true or false, got {value!r}", name)
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise SettingsError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}; got {value!r}")
+        raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}; got {value!r}", name)
 
 
 def _typed(obj: Any, name: str, kind: type[Choice]) -> None:
     """Validate a frozen dataclass's string setting `name` and store it as its `kind` member."""
     value = getattr(obj, name)
     if not isinstance(value, str) or value not in tuple(kind):
-        raise SettingsError(f"--{name.replace('_', '-')} must be one of {', '.join(kind)}; got {value!r}")
+        raise SettingsError(f"{flag(name)} must be one of {', '.join(kind)}; got {value!r}", name)
     object.__setattr__(obj, name, kind(value))
 
 
@@ -106,19 +125,19 @@ def parse_columns(value: Any) -> tuple[tuple[str, str], ...]:
             role, eq, field = part.partition("=")
             if not eq or not role.strip() or not field.strip():
                 raise SettingsError(f"--columns {value!r}: expected role=field pairs separated by commas, "
-                                    "e.g. --columns prompt=question,completion=answer")
+                                    "e.g. --columns prompt=question,completion=answer", "columns")
             pairs.append((role.strip(), field.strip()))
     elif isinstance(value, list | tuple) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
         pairs = [(str(r), str(f)) for r, f in value]
     else:
-        raise SettingsError(f"--columns must be role=field pairs (a string or a mapping), got {value!r}")
+        raise SettingsError(f"--columns must be role=field pairs (a string or a mapping), got {value!r}", "columns")
     for role, _ in pairs:
         if role not in ROLES:
             raise SettingsError(f"--columns: unknown role {role!r}{did_you_mean(role, ROLES)}; roles are "
-                                f"{', '.join(ROLES)}")
+                                f"{', '.join(ROLES)}", "columns")
     roles = [r for r, _ in pairs]
     if len(set(roles)) != len(roles):
-        raise SettingsError(f"--columns {value!r}: a role is mapped twice")
+        raise SettingsError(f"--columns {value!r}: a role is mapped twice", "columns")
     return tuple(sorted(pairs))
 
 
@@ -153,14 +172,15 @@ class ScanOptions:
         _typed(self, "shift", Shift)
         _positive("sequence_len", self.sequence_len)
         object.__setattr__(self, "columns", parse_columns(self.columns))
+        _boolean(self, ("add_eos",))
         if isinstance(self.max_dropped, bool) or not isinstance(self.max_dropped, int | float) or not (
             0 <= self.max_dropped <= 1
         ):
-            raise SettingsError(f"--max-dropped must be a fraction in [0, 1], got {self.max_dropped!r}")
+            raise SettingsError(f"--max-dropped must be a fraction in [0, 1], got {self.max_dropped!r}", "max_dropped")
         for name in ("tokenizer", "chat_template", "split"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise SettingsError(f"--{name.replace('_', '-')} must be a non-empty string, got {value!r}")
+                raise SettingsError(f"{flag(name)} must be a non-empty string, got {value!r}", name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,10 +210,11 @@ class PlanSettings:
         for name in ("micro_batch_size", "sequence_len", "pad_multiple", "world_size", "grad_accum", "epochs",
                      "balance_window", "balance_passes"):
             _positive(name, getattr(self, name))
+        _boolean(self, ("real_batches", "drop_last", "balance"))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise SettingsError(f"--seed must be an integer in [0, 2**63), got {self.seed!r}")
+            raise SettingsError(f"--seed must be an integer in [0, 2**63), got {self.seed!r}", "seed")
         if self.balance_window > 64:
-            raise SettingsError(f"--balance-window must be at most 64, got {self.balance_window}")
+            raise SettingsError(f"--balance-window must be at most 64, got {self.balance_window}", "balance_window")
         if self.real_batches and self.mode != Mode.PACKED:
             raise SettingsError("--real-batches only applies to --mode packed")
 
@@ -220,6 +241,7 @@ class PlanSettings:
         return {k: str(v) if isinstance(v, Choice) else v for k, v in dataclasses.asdict(self).items()}
 
 
+SHARED_SETTINGS = ("sequence_len", "shift")  # in both: what a samples table means, and what a plan is hashed with
 SETTING_NAMES = frozenset({f.name for f in fields(ScanOptions)} | {f.name for f in fields(PlanSettings)})
 
 
@@ -282,12 +304,19 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
                      ) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
     """Defaults < `config` file (TOML/YAML) < keyword settings (None means "not given"); also `num_proc` and the
     names set on purpose (which a scan directory's carried options must not contradict: `plancc.carry`)."""
-    merged: dict[str, Any] = dict(load_config_file(config)) if config else {}
-    procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
-    if isinstance(procs, bool) or not isinstance(procs, int) or procs <= 0:
-        raise SettingsError(f"--num-proc must be a positive integer, got {procs!r}")
-    merged.update({k: v for k, v in settings.items() if v is not None})
-    return (*split_settings(merged), procs, set(merged))
+    from_file = load_config_file(config) if config else {}
+    merged: dict[str, Any] = dict(from_file)
+    given = {k: v for k, v in settings.items() if v is not None}
+    try:
+        procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
+        _positive("num_proc", procs)
+        merged.update(given)
+        return (*split_settings(merged), procs, set(merged))
+    except SettingsError as exc:
+        name = exc.setting
+        if name not in from_file or name in given or (name == "num_proc" and num_proc is not None):
+            raise
+        raise SettingsError(f"config file {config}: {str(exc).replace(flag(name), name, 1)}", name) from None
 
 
 def default_cache_dir() -> Path:

@@ -16,15 +16,7 @@ import numpy as np
 
 from plancc.config import Mode, PlanSettings
 from plancc.layout import complete_updates
-from plancc.plan import (
-    Batches,
-    SampleArrays,
-    batch_attention,
-    batch_cost,
-    batch_targets,
-    batch_tokens,
-    row_tokens,
-)
+from plancc.plan import Batches, SampleArrays, batch_sums
 
 
 def _mean_std(x: np.ndarray) -> tuple[float, float]:
@@ -62,10 +54,8 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
               drops: SourceDrops = NO_DROPS) -> dict[str, int | float | None]:
     """One metrics row (without epoch/stage) for one epoch's microbatches; None where a metric does not apply.
     `dropped_samples` counts every source sample missing from the epoch: the scan's drops plus --drop-last's."""
-    labels = batch_targets(b, s, settings.shift)
-    tokens = batch_tokens(b, s)
-    cost = batch_cost(b, s, settings.pad_multiple)
-    rtok = row_tokens(b, s)
+    sums = batch_sums(b, s, settings.shift, settings.mode, settings.pad_multiple)
+    labels, tokens, cost, attention, rtok = sums.targets, sums.tokens, sums.cost, sums.attention, sums.rows.tokens
     mean_l, std_l = _mean_std(labels)
     mean_t, std_t = _mean_std(tokens)
     mean_c, std_c = _mean_std(cost)
@@ -84,7 +74,6 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         skew = float((means[:, None] / np.maximum(per_update, 1)).max())
     else:
         skew = 0.0
-    attention = batch_attention(b, s, settings.mode, settings.pad_multiple)
     mean_a, std_a = _mean_std(attention)
     if W > 1 and n_upd:  # per (update, micro-step): max - min across ranks
         spread = [by_step.max(axis=1) - by_step.min(axis=1) for by_step in

@@ -15,14 +15,7 @@ from plancc import balance, jit, pack
 from plancc.config import PlanSettings, SettingsError
 from plancc.layout import complete_updates, update_mapping
 from plancc.metrics import NO_DROPS, SourceDrops, summarize
-from plancc.plan import (
-    Batches,
-    SampleArrays,
-    batch_cost,
-    batch_targets,
-    batch_tokens,
-    segment_sum,
-)
+from plancc.plan import Batches, SampleArrays, batch_sums, batch_targets, segment_sum
 
 Progress = Callable[[str, int, int], None]
 
@@ -116,7 +109,8 @@ def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[
     b = p.batches
     n = b.num_batches
     update, rank, micro_step = update_mapping(n, settings.world_size, settings.grad_accum)
-    labels = batch_targets(b, s, settings.shift)
+    sums = batch_sums(b, s, settings.shift, settings.mode, settings.pad_multiple)
+    labels = sums.targets
     update_bounds = np.append(np.arange(0, n, settings.batches_per_update, dtype=np.int64), n)
     num_items = np.repeat(segment_sum(labels, update_bounds), np.diff(update_bounds))
     complete = update < complete_updates(n, settings.world_size, settings.grad_accum)
@@ -129,9 +123,9 @@ def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[
         "sample_ids": s.sample_id[b.samples],
         "row_bounds": b.row_bounds,
         "batch_bounds": b.batch_bounds,
-        "tokens": batch_tokens(b, s),
+        "tokens": sums.tokens,
         "label_count": labels,
-        "cost": batch_cost(b, s, settings.pad_multiple),
+        "cost": sums.cost,
         "num_items": num_items,
         "complete_update": complete,
     }

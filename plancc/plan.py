@@ -15,6 +15,7 @@ take and return these arrays; nothing here knows about files, tokenizers or torc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -43,6 +44,13 @@ class SampleArrays:
         if shift == Shift.NONE:
             return self.label_count
         return self.label_count - self.first_label_supervised.astype(np.int64)
+
+    @cached_property
+    def facts(self) -> np.ndarray:
+        """Length, label count and first-label flag packed into one int64 a sample (`row_sums`' input)."""
+        from plancc.row_sums import pack_facts
+
+        return pack_facts(self.length, self.label_count, self.first_label_supervised)
 
 
 @dataclass(frozen=True)
@@ -94,18 +102,37 @@ def segment_max(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.maximum.reduceat(values, bounds[:-1]).astype(np.int64)
 
 
+@dataclass(frozen=True)
+class RowSums:
+    """Per-row sums of a plan (see `row_sums`)."""
+
+    tokens: np.ndarray  # int64, unpadded tokens
+    targets: np.ndarray  # int64, supervised targets as the collator feeds the loss (SPEC 3)
+    squares: np.ndarray  # int64, sum of the samples' squared lengths (varlen attention work)
+
+
+def row_sums(b: Batches, s: SampleArrays, shift: str = Shift.NONE) -> RowSums:
+    """Tokens, targets under `shift` and squared lengths of every row, in one pass over the samples.
+
+    Under `row` shift only a row's first sample loses its first label; under `sample` every sample does.
+    """
+    from plancc import row_sums as kernel
+
+    code = {Shift.NONE: kernel.NONE, Shift.SAMPLE: kernel.SAMPLE, Shift.ROW: kernel.ROW}[Shift(shift)]
+    samples = b.samples.astype(np.int64, copy=False)
+    run = kernel.row_sums_threaded if samples.shape[0] >= kernel.PARALLEL_FROM else kernel.row_sums
+    tokens, targets, squares = run(samples, b.row_bounds.astype(np.int64, copy=False), s.facts, code)
+    return RowSums(tokens, targets, squares)
+
+
 def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
     """Unpadded tokens per row."""
-    return segment_sum(s.length[b.samples], b.row_bounds)
+    return row_sums(b, s).tokens
 
 
 def row_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
     """Supervised targets per row, exactly as the collator feeds the loss (SPEC 3)."""
-    if shift == Shift.ROW:
-        per_row = segment_sum(s.label_count[b.samples], b.row_bounds)
-        first = b.samples[b.row_bounds[:-1]]
-        return per_row - s.first_label_supervised[first].astype(np.int64)
-    return segment_sum(s.targets(shift)[b.samples], b.row_bounds)
+    return row_sums(b, s, shift).targets
 
 
 def batch_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
@@ -118,26 +145,47 @@ def batch_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
     return segment_sum(row_targets(b, s, shift), b.batch_bounds)
 
 
+def _padded_cost(b: Batches, row_tok: np.ndarray, pad_multiple: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows per microbatch, its longest row rounded up to `pad_multiple`)."""
+    longest = segment_max(row_tok, b.batch_bounds)
+    return b.rows_per_batch(), -(-longest // pad_multiple) * pad_multiple
+
+
 def batch_cost(b: Batches, s: SampleArrays, pad_multiple: int) -> np.ndarray:
     """Token slots the collator allocates: rows x longest row, rounded up to `pad_multiple`.
 
     Padded: rows are samples, so cost = samples x padded max length. Flattened: one row, cost = its tokens.
     Packed: the microbatch's rows padded to the longest of them.
     """
-    longest = segment_max(row_tokens(b, s), b.batch_bounds)
-    padded = -(-longest // pad_multiple) * pad_multiple
-    return b.rows_per_batch() * padded
+    rows, padded = _padded_cost(b, row_tokens(b, s), pad_multiple)
+    return rows * padded
+
+
+@dataclass(frozen=True)
+class BatchSums:
+    """Per-microbatch totals of a plan, all from one `row_sums` pass (see `batch_sums`)."""
+
+    rows: RowSums
+    targets: np.ndarray  # the plan's `label_count` column
+    tokens: np.ndarray  # unpadded tokens
+    cost: np.ndarray  # token slots the collator allocates (`batch_cost`)
+    attention: np.ndarray  # attention work (`batch_attention`)
+
+
+def batch_sums(b: Batches, s: SampleArrays, shift: str, mode: str, pad_multiple: int) -> BatchSums:
+    """Targets, tokens, cost and attention work of every microbatch: what a summary or the plan table needs."""
+    rows = row_sums(b, s, shift)
+    n_rows, padded = _padded_cost(b, rows.tokens, pad_multiple)
+    dense = mode == Mode.PADDED  # padded rows run dense attention: each costs its padded length squared
+    attention = n_rows * padded * padded if dense else segment_sum(rows.squares, b.batch_bounds)
+    return BatchSums(rows, segment_sum(rows.targets, b.batch_bounds), segment_sum(rows.tokens, b.batch_bounds),
+                     n_rows * padded, attention)
 
 
 def batch_attention(b: Batches, s: SampleArrays, mode: str, pad_multiple: int) -> np.ndarray:
     """Attention work per microbatch: the sum of squared segment lengths, what varlen attention spends (each sample
     attends within itself). Padded rows run dense attention: each row costs its padded length squared."""
-    if mode == Mode.PADDED:
-        longest = segment_max(row_tokens(b, s), b.batch_bounds)
-        padded = -(-longest // pad_multiple) * pad_multiple
-        return b.rows_per_batch() * padded * padded
-    length = s.length[b.samples].astype(np.int64)
-    return segment_sum(segment_sum(length * length, b.row_bounds), b.batch_bounds)
+    return batch_sums(b, s, Shift.NONE, mode, pad_multiple).attention
 
 
 def from_rows(samples: np.ndarray, row_bounds: np.ndarray, rows_per_batch: int) -> Batches:

@@ -50,6 +50,7 @@ import pyarrow as pa
 from plancc import atomic, merge, shard, store, token_store
 from plancc.config import ScanOptions, default_cache_dir
 from plancc.errors import InputError, PlanccError
+from plancc.fingerprint import scan_identity
 from plancc.sources.parallel import workers
 from plancc.sources.rows import RowReader
 from plancc.sources.samples import check_drops
@@ -80,10 +81,15 @@ def _load_cached(path: Path, key: str) -> Scan | None:
         samples = store.read_samples(path / store.SAMPLES_FILE)
     except (orjson.JSONDecodeError, store.StoreError):
         return None  # a damaged cache entry is recomputed, not trusted
-    if report.get("key") != key:
+    if report.get("key") != key or store.samples_fingerprints(samples, scan_identity(report)) != report.get(
+            "fingerprints"):  # an edited samples table is scanned again, as a damaged store is
         return None
     tokens = path / store.TOKENS_DIR
-    if not token_store.is_store(tokens):
+    try:
+        m = token_store.open_store(tokens)  # the constant-cost checks
+    except token_store.TokenStoreError:
+        return None
+    if m.header["fingerprints"] != report["fingerprints"]:
         return None
     return Scan(samples, tokens, list(report.get("source_paths", [])), report, key)
 

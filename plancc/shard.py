@@ -38,7 +38,8 @@ from plancc.sources.rows import Manifest, RowReader
 from plancc.sources.samples import finish, from_tokenized
 from plancc.sources.tokenizer import BUILTIN, Tok, load_tokenizer
 
-SCAN_VERSION = 4  # 4: streamed in shards (a multi-part token store when several); 3: the token store
+SCAN_VERSION = 5  # 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
+# when several); 3: the token store
 SHARD_ROWS = 65_536  # rows per shard of a local scan: memory per shard and resume granularity, never the result
 PROBE_ROWS = 1_000  # rows the format is detected from (the first of the source, the same for every shard)
 COUNTS = ("truncated", "dropped_long", "dropped_all_masked")  # report entries {count, first_rows}

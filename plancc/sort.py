@@ -13,16 +13,18 @@ from plancc.jit import numba
 
 
 @numba.njit(cache=True)
-def stable_order(keys, n_keys):
-    """Positions of `keys` (integers in [0, n_keys)) in ascending key order, ties in position order."""
+def stable_order(keys, n_keys, descending=False):
+    """Positions of `keys` (integers in [0, n_keys)) in ascending key order (descending with `descending`), ties in
+    position order."""
     start = np.zeros(n_keys + 1, dtype=np.int64)
+    top = n_keys - 1
     for k in keys:
-        start[k + 1] += 1
+        start[(top - k if descending else k) + 1] += 1
     for k in range(n_keys):
         start[k + 1] += start[k]
     out = np.empty(keys.shape[0], dtype=np.int64)
     for i in range(keys.shape[0]):
-        k = keys[i]
+        k = top - keys[i] if descending else keys[i]
         out[start[k]] = i
         start[k] += 1
     return out
@@ -32,5 +34,4 @@ def longest_first(lengths: np.ndarray) -> np.ndarray:
     """Positions of non-negative `lengths` longest first, ties in position order (stable)."""
     if lengths.shape[0] == 0:
         return np.zeros(0, dtype=np.int64)
-    top = int(lengths.max())
-    return stable_order(top - lengths.astype(np.int64), top + 1)
+    return stable_order(lengths.astype(np.int64, copy=False), int(lengths.max()) + 1, True)

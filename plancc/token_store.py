@@ -8,7 +8,7 @@ A store is a directory (`tokens/` in a scan or plan directory)::
     chunks.npy        int64 [C+1]   chunk k = rows chunks[k]:chunks[k+1] (whole rows, ~CHUNK_TOKENS tokens)
     chunk_hashes.npy  uint64 [C]    xxh3-64 of chunk k: its row lengths, then its ids, then its labels
     tokens.json       counts, chunk size, the largest id, the samples' dataset/metadata fingerprints, a hash of
-                      the chunk index
+                      the chunk index, and `header_hash`: a hash of all of its own other values
 
 Why flat `.npy` and not Arrow IPC: one contiguous array per column is what the collator gathers from (one
 vectorized index over all samples, no record-batch boundaries, no int32 list-offset limit at 2**31 tokens), and
@@ -18,11 +18,11 @@ tool (numpy, or plain offsets arithmetic); `to_table` wraps the maps as a zero-c
 `input_ids`/`labels` columns that `datasets.Dataset(table)` accepts.
 
 A **multi-part** store (a sharded or streamed scan, `plancc merge`) is a directory of single stores, one per
-part in row order, under a header of format `plancc.tokens-parts/1` that lists them (`dir`, `rows`, `tokens`,
-`index_hash`: a part swapped, truncated or rewritten is refused) with the whole dataset's counts, largest id and
-fingerprints::
+part in row order, under a header of format `plancc.tokens-parts/2` that lists them (`dir`, `rows`, `tokens`,
+`index_hash`, `header_hash`: a part swapped, truncated or rewritten is refused) with the whole dataset's counts,
+largest id, fingerprints and its own `header_hash`::
 
-    tokens/tokens.json   {"format": "plancc.tokens-parts/1", "parts": [{"dir": "part-00000", ...}, ...], ...}
+    tokens/tokens.json   {"format": "plancc.tokens-parts/2", "parts": [{"dir": "part-00000", ...}, ...], ...}
     tokens/part-00000/   a single store: rows 0 .. n0-1 of the dataset
     tokens/part-00001/   rows n0 .. n0+n1-1
 
@@ -31,8 +31,9 @@ O(rows) at open, no token read), `input_ids`/`labels` a `Concat` of the parts' m
 (a row never spans two parts, so a row's slice is a view of one map). Parts are placed by hard links
 (`link_parts`): merging shards or placing a store in a plan never copies token data on one filesystem.
 
-Verification scales with what a reader touches: `open_store` checks the header, every file's size and dtype, the
-offsets' ends and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of
+Verification scales with what a reader touches: `open_store` checks the header (its `header_hash`: a value such as
+`chunk_tokens` or `max_id` that nothing else binds is edited in vain), every file's size and dtype, the offsets' ends
+and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of
 ids and labels at the default size; xxh3 runs at ~10 GB/s; read through the file, so that the chunk's pages stay
 out of the reader's resident set) and is what readers call the first time they touch a chunk; `verify_all`
 rehashes every chunk. The dataset fingerprint keeps its meaning: it is computed from the
@@ -50,9 +51,11 @@ import numpy as np
 import orjson
 import xxhash
 
+from plancc.errors import PlanccError
+
 IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
 
-FORMAT = "plancc.tokens/1"
+FORMAT = "plancc.tokens/2"  # 2: the header carries header_hash (1 did not: an edited chunk_tokens went unseen)
 HEADER_FILE = "tokens.json"
 ARRAYS = {  # file stem -> dtype
     "input_ids": np.dtype("<i4"),
@@ -62,13 +65,15 @@ ARRAYS = {  # file stem -> dtype
     "chunk_hashes": np.dtype("<u8"),
 }
 CHUNK_TOKENS = 8192
-HEADER_KEYS = sorted(["chunk_tokens", "chunks", "fingerprints", "format", "index_hash", "labels_shifted", "max_id",
-                      "rows", "tokens"])
-PARTS_FORMAT = "plancc.tokens-parts/1"
-PARTS_KEYS = sorted(["fingerprints", "format", "labels_shifted", "max_id", "parts", "rows", "tokens"])
+HEADER_KEYS = sorted(["chunk_tokens", "chunks", "fingerprints", "format", "header_hash", "index_hash",
+                      "labels_shifted", "max_id", "rows", "tokens"])
+PARTS_FORMAT = "plancc.tokens-parts/2"
+PARTS_KEYS = sorted(["fingerprints", "format", "header_hash", "labels_shifted", "max_id", "parts", "rows", "tokens"])
+PART_KEYS = sorted(["dir", "header_hash", "index_hash", "rows", "tokens"])  # one entry of a multi-part header's parts
+OLD_FORMATS = ("plancc.tokens/1", "plancc.tokens-parts/1")
 
 
-class TokenStoreError(Exception):
+class TokenStoreError(PlanccError):
     """A token store is missing, truncated, foreign or changed; the message names the file (and the row)."""
 
 
@@ -168,6 +173,18 @@ def _index_hash(chunks: np.ndarray, hashes: np.ndarray) -> str:
     return xxhash.xxh3_128_hexdigest(chunks.astype("<i8").tobytes() + hashes.astype("<u8").tobytes())
 
 
+def header_hash(header: dict[str, Any]) -> str:
+    """xxh3-128 of a header's values but `header_hash` itself, as canonical JSON (sorted keys): an edit of any
+    value, or of its type (8192 -> 8192.0, a number -> a string), changes it; spacing and key order do not."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps({k: v for k, v in header.items() if k != "header_hash"},
+                                                  option=orjson.OPT_SORT_KEYS))
+
+
+def _write_header(directory: Path, header: dict[str, Any]) -> None:
+    header = {**header, "header_hash": header_hash(header)}
+    (directory / HEADER_FILE).write_bytes(orjson.dumps(header, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+
+
 def write_store(directory: str | Path, ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, *,
                 fingerprints: dict[str, str], labels_shifted: bool = False,
                 chunk_tokens: int = CHUNK_TOKENS) -> None:
@@ -200,7 +217,7 @@ def write_store(directory: str | Path, ids: np.ndarray, labels: np.ndarray, offs
         "fingerprints": {k: fingerprints[k] for k in ("dataset", "metadata") if k in fingerprints},
         "index_hash": _index_hash(chunks, hashes),
     }
-    (directory / HEADER_FILE).write_bytes(orjson.dumps(header, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    _write_header(directory, header)
 
 
 def _link(src: Path, dst: Path) -> bool:
@@ -219,7 +236,7 @@ def link_store(src: str | Path, dst: str | Path) -> int:
     """Place store `src` (single or multi-part) at `dst` (absent): hard links when on one filesystem (no second
     copy of the tokens); returns how many files had to be copied instead."""
     src, dst = Path(src), Path(dst)
-    header = orjson.loads((src / HEADER_FILE).read_bytes())
+    header = read_header(src)
     dst.mkdir(parents=True)
     if header.get("format") == PARTS_FORMAT:
         copied = sum(link_store(src / p["dir"], dst / p["dir"]) for p in header["parts"])
@@ -229,8 +246,8 @@ def link_store(src: str | Path, dst: str | Path) -> int:
 
 def _single_parts(path: Path) -> list[Path]:
     """The single stores a store consists of, in row order."""
-    header = orjson.loads((path / HEADER_FILE).read_bytes())
-    if header.get("format") == PARTS_FORMAT:
+    header = read_header(path)
+    if header["format"] == PARTS_FORMAT:
         return [path / p["dir"] for p in header["parts"]]
     return [path]
 
@@ -250,8 +267,7 @@ def write_parts(directory: str | Path, stores: list[Path], *, fingerprints: dict
                                   f"others {labels_shifted}")
         name = f"part-{k:05d}"
         copied += link_store(single, directory / name)
-        parts.append({"dir": name, "rows": m.header["rows"], "tokens": m.header["tokens"],
-                      "index_hash": m.header["index_hash"]})
+        parts.append({"dir": name, **{k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}})
         max_id = max(max_id, m.header["max_id"])
     header = {
         "format": PARTS_FORMAT,
@@ -262,7 +278,7 @@ def write_parts(directory: str | Path, stores: list[Path], *, fingerprints: dict
         "labels_shifted": bool(labels_shifted),
         "fingerprints": {k: fingerprints[k] for k in ("dataset", "metadata") if k in fingerprints},
     }
-    (directory / HEADER_FILE).write_bytes(orjson.dumps(header, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    _write_header(directory, header)
     return copied
 
 
@@ -292,29 +308,47 @@ def _map(path: Path, name: str, length: int) -> np.ndarray:
     return arr
 
 
-def open_store(path: str | Path) -> MappedTokens:
-    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash)."""
+def read_header(path: str | Path) -> dict[str, Any]:
+    """A store's header (single or multi-part), refused unless it is this plancc's format and unedited: its values
+    must hash to its `header_hash`."""
     path = Path(path)
     try:
         header = orjson.loads((path / HEADER_FILE).read_bytes())
     except FileNotFoundError:
         raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
+    except OSError as exc:
+        raise TokenStoreError(f"token store {path}: cannot read {HEADER_FILE} ({exc.strerror or exc})") from None
     except orjson.JSONDecodeError as exc:
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} is not valid JSON ({exc})") from None
-    if isinstance(header, dict) and header.get("format") == PARTS_FORMAT:
-        return _open_parts(path, header)
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        got = header.get("format") if isinstance(header, dict) else None
-        raise TokenStoreError(f"token store {path} has format {got!r}; this plancc reads {FORMAT} and "
+    got = header.get("format") if isinstance(header, dict) else None
+    if got in OLD_FORMATS:
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has format {got!r}, written by an older plancc whose "
+                              "header is not checksummed: recompile the plan (or rescan: `plancc scan`)")
+    if got not in (FORMAT, PARTS_FORMAT):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has format {got!r}; this plancc reads {FORMAT} and "
                               f"{PARTS_FORMAT}")
-    try:
-        rows, tokens, chunks = int(header["rows"]), int(header["tokens"]), int(header["chunks"])
-    except (KeyError, TypeError, ValueError):
-        raise TokenStoreError(f"token store {path}: {HEADER_FILE} lacks its counts (rows, tokens, chunks)") from None
-    if sorted(header) != HEADER_KEYS or not isinstance(header["labels_shifted"], bool) or not isinstance(
-            header["chunk_tokens"], int) or not isinstance(header["max_id"], int) or header["chunk_tokens"] < 1 or not isinstance(header["fingerprints"], dict):
+    if header.get("header_hash") != header_hash(header):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} was edited (its values do not hash to its "
+                              f"header_hash {header.get('header_hash')!r})")
+    return header
+
+
+def _counts(header: dict[str, Any], names: tuple[str, ...]) -> bool:
+    return all(type(header.get(n)) is int and header[n] >= 0 for n in names)
+
+
+def open_store(path: str | Path) -> MappedTokens:
+    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash)."""
+    path = Path(path)
+    header = read_header(path)
+    if header["format"] == PARTS_FORMAT:
+        return _open_parts(path, header)
+    if (sorted(header) != HEADER_KEYS or not _counts(header, ("rows", "tokens", "chunks", "chunk_tokens"))
+            or header["chunk_tokens"] < 1 or type(header["max_id"]) is not int
+            or type(header["labels_shifted"]) is not bool or not isinstance(header["fingerprints"], dict)):
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)} or values of the wrong "
-                              f"type; a store's header holds exactly {HEADER_KEYS} (it was edited)")
+                              f"type; a store's header holds exactly {HEADER_KEYS}")
+    rows, tokens, chunks = header["rows"], header["tokens"], header["chunks"]
     m = MappedTokens(path, _map(path, "input_ids", tokens), _map(path, "labels", tokens),
                      _map(path, "offsets", rows + 1), _map(path, "chunks", chunks + 1),
                      _map(path, "chunk_hashes", chunks), header)
@@ -328,27 +362,32 @@ def open_store(path: str | Path) -> MappedTokens:
 
 def _open_parts(path: Path, header: dict[str, Any]) -> MappedTokens:
     """A multi-part store as one: every part opened (constant-cost checks) and bound to the header's record."""
-    if sorted(header) != PARTS_KEYS or not isinstance(header["parts"], list) or not header["parts"]:
-        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)} or no parts; a multi-part "
-                              f"store's header holds exactly {PARTS_KEYS} (it was edited)")
+    if (sorted(header) != PARTS_KEYS or not isinstance(header["parts"], list) or not header["parts"]
+            or not _counts(header, ("rows", "tokens")) or type(header["labels_shifted"]) is not bool):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)}, values of the wrong type "
+                              f"or no parts; a multi-part store's header holds exactly {PARTS_KEYS}")
     parts = []
     for p in header["parts"]:
-        if not isinstance(p, dict) or not isinstance(p.get("dir"), str) or Path(p["dir"]).name != p["dir"]:
-            raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it")
+        if (not isinstance(p, dict) or sorted(p) != PART_KEYS or not isinstance(p["dir"], str)
+                or Path(p["dir"]).name != p["dir"] or p["dir"] in ("", ".", "..")):
+            raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it "
+                                  f"with exactly {PART_KEYS}")
         where = path / p["dir"]
         m = open_store(where)
         if m.parts:
             raise TokenStoreError(f"token store {where}: a part is itself multi-part")
-        got = {k: m.header[k] for k in ("rows", "tokens", "index_hash")}
+        got = {k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}
         if got != {k: p.get(k) for k in got} or m.header["labels_shifted"] != header["labels_shifted"]:
             raise TokenStoreError(f"token store {where} holds {got} but {path / HEADER_FILE} records "
                                   f"{ {k: p.get(k) for k in got} } (a part was replaced or rewritten)")
         parts.append(m)
     rows = np.cumsum([0] + [m.header["rows"] for m in parts])
     tokens = np.cumsum([0] + [m.header["tokens"] for m in parts])
-    if int(rows[-1]) != header["rows"] or int(tokens[-1]) != header["tokens"]:
-        raise TokenStoreError(f"token store {path}: its parts hold {int(rows[-1])} rows and {int(tokens[-1])} tokens, "
-                              f"{HEADER_FILE} says {header['rows']} and {header['tokens']}")
+    max_id = max(m.header["max_id"] for m in parts)
+    if int(rows[-1]) != header["rows"] or int(tokens[-1]) != header["tokens"] or max_id != header["max_id"]:
+        raise TokenStoreError(f"token store {path}: its parts hold {int(rows[-1])} rows, {int(tokens[-1])} tokens and "
+                              f"ids up to {max_id}; {HEADER_FILE} says {header['rows']}, {header['tokens']} and "
+                              f"{header['max_id']}")
     offsets = np.concatenate([[0]] + [np.asarray(m.offsets[1:]) + t for m, t in zip(parts, tokens, strict=False)])
     chunks = np.concatenate([[0]] + [np.asarray(m.chunks[1:]) + r for m, r in zip(parts, rows, strict=False)])
     hashes = np.concatenate([np.asarray(m.chunk_hashes) for m in parts])
@@ -389,6 +428,18 @@ def verify_chunk(m: MappedTokens, k: int) -> bool:
     h.update(_pread(m.input_ids, a, b))
     h.update(_pread(m.labels, a, b))
     return h.intdigest() == int(m.chunk_hashes[k])
+
+
+def chunk_where(m: MappedTokens, k: int) -> str:
+    """Chunk `k` of a store for a message: `FOLDER chunk K (rows A..B)`, the folder and chunk index of the part
+    that holds it in a multi-part store (rows are the whole store's: sample ids)."""
+    path, local = m.path, k
+    for part in m.parts:
+        if local < part.num_chunks:
+            path = part.path
+            break
+        local -= part.num_chunks
+    return f"{path} chunk {local} (rows {int(m.chunks[k])}..{int(m.chunks[k + 1]) - 1})"
 
 
 def verify_all(m: MappedTokens) -> int | None:

@@ -20,10 +20,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc import store, token_store
-from plancc.config import Mode, PlanSettings, Shift
+from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, Shift
 from plancc.layout import complete_updates
 from plancc.metrics import SourceDrops, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
+
+
+def _shared_problems(plan: store.PlanDir) -> list[str]:
+    """A plan compiled from a scan holds the scan's sequence_len and shift (`plancc.carry`): its samples were cut,
+    dropped and counted under them. A plan whose settings say otherwise was edited (or built by hand)."""
+    recorded = (plan.meta.get("scan") or {}).get("options") or {}
+    return [f"{plan.plan_file} metadata: settings.{name} is {plan.meta['settings'][name]!r}, but its samples were "
+            f"scanned with {name} {recorded[name]!r} (scan.options.{name})"
+            for name in SHARED_SETTINGS if name in recorded and recorded[name] != plan.meta["settings"].get(name)]
 
 
 def _mismatch(name: str, epoch: int, got: np.ndarray, want: np.ndarray) -> str | None:
@@ -174,10 +183,11 @@ def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str
     problems = []
     bad = token_store.verify_all(m)
     if bad is not None:
-        problems.append(f"{tokens_dir} chunk {bad} (rows {int(m.chunks[bad])}..{int(m.chunks[bad + 1]) - 1}) changed "
-                        "since it was written")
-    elif m.header["max_id"] != (int(m.input_ids.max()) if m.input_ids.size else -1):
-        problems.append(f"{tokens_dir}: {token_store.HEADER_FILE} max_id {m.header['max_id']} is not the largest id")
+        problems.append(f"{token_store.chunk_where(m, bad)} changed since it was written")
+    else:  # a multi-part store's own max_id is its parts' largest (checked at open)
+        problems += [f"{part.path}: {token_store.HEADER_FILE} max_id {part.header['max_id']} is not the largest id"
+                     for part in m.parts or (m,)
+                     if part.header["max_id"] != (int(part.input_ids.max()) if part.input_ids.size else -1)][:1]
     problem = token_store.compare_samples(m.input_ids, m.labels, m.offsets, samples)  # names the changed sample
     return [*problems, f"{tokens_dir} does not match the plan: {problem}"] if problem else problems
 
@@ -188,15 +198,21 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
 
     Raises `StoreError` only when PLAN_DIR is not a plan directory at all; a plan file that cannot be read or
-    trusted is a violation like any other.
+    trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
     """
+    problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
+    return list(dict.fromkeys(problems)), meta
+
+
+def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
+                tokens_dir: str | Path | None) -> tuple[list[str], dict[str, Any]]:
     if not (Path(plan_dir) / store.PLAN_FILE).exists():
         store.PlanDir(plan_dir)  # raises the "not a plan directory" error
     try:
         plan = store.PlanDir(plan_dir)
     except store.StoreError as exc:
         return [str(exc)], {}
-    problems = plan.header_problems() + plan.manifest_problems()
+    problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
     files = [(store.SAMPLES_FILE, "samples", store.SAMPLES_SCHEMA), (store.METRICS_FILE, "metrics", store.metrics_schema()),
              (store.PLAN_FILE, "plan", store.PLAN_SCHEMA)]
     if plan.has_before:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from plancc import store
 from plancc.fingerprint import token_hashes
+from plancc.validate import validate_plan
 
 
 def random_dataset(rng: np.random.Generator, n: int, max_len: int, mask_rate: float = 0.6
@@ -65,3 +68,69 @@ def direct_targets(rows: list[list[int]], labels: list[np.ndarray], shift: str) 
         else:  # "none": the label arrays are already shifted labels
             total += sum(int((labels[i] != -100).sum()) for i in row)
     return total
+
+
+# ---------------------------------------------------------------- byte flips
+
+
+def _decoded(path: Path, epochs: int) -> object:
+    """Everything a reader can get from one file, or the error reading it gives: the table with its schema and
+    metadata, the Arrow schema, every column statistic (filtered reads skip row groups on them) and, for the plan,
+    each epoch's filtered read. Parquet's own leaf names are left out: readers take names from the Arrow schema."""
+    try:
+        if path.suffix == ".json":
+            return json.loads(path.read_bytes())
+        if path.suffix == ".npy":  # what np.load (and so the map) gives: dtype, shape, values
+            arr = np.load(path, allow_pickle=False)
+            return arr.dtype.str, arr.shape, arr.tobytes()
+        pf = pq.ParquetFile(path)
+        table = pf.read()
+        stats = [[c.statistics.to_dict() if c.statistics is not None else None
+                  for c in (pf.metadata.row_group(i).column(j) for j in range(pf.metadata.num_columns))]
+                 for i in range(pf.metadata.num_row_groups)]
+        epoch_reads = ([pq.read_table(path, filters=[("epoch", "=", e)]) for e in range(epochs)]
+                       if path.name == store.PLAN_FILE else [])
+        return table, table.schema, table.schema.metadata, pf.schema_arrow, stats, epoch_reads
+    except Exception as exc:  # any failure to decode is a change a reader sees
+        return f"unreadable: {type(exc).__name__}"
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 6:
+        ta, sa, ma, pa_, st_a, ea = a
+        tb, sb, mb, pb, st_b, eb = b
+        return (ta.equals(tb) and sa.equals(sb) and ma == mb and pa_.equals(pb) and st_a == st_b
+                and len(ea) == len(eb) and all(x.equals(y) for x, y in zip(ea, eb, strict=True)))
+    return a == b
+
+
+def byte_flip_verdicts(plan: Path, files: list[str], *, flips: int, seed: int, epochs: int
+                       ) -> tuple[dict[str, dict[str, int]], list[tuple[str, int]]]:
+    """Flip `flips` random bytes (XOR a random non-zero value), one at a time, at random offsets of each of the
+    plan's `files` (in order, one seeded generator) and validate each: (per file {detected, harmless} counts, the
+    flips validate accepted although what a reader decodes changed). Every file is restored."""
+    rng = np.random.default_rng(seed)
+    tally: dict[str, dict[str, int]] = {}
+    silent = []
+    for name in files:
+        path = plan / name
+        original = path.read_bytes()
+        before = _decoded(path, epochs)
+        counts = tally.setdefault(name, {"detected": 0, "harmless": 0})
+        for _ in range(flips):
+            at = int(rng.integers(len(original)))
+            flipped = bytearray(original)
+            flipped[at] ^= int(rng.integers(1, 256))
+            path.write_bytes(bytes(flipped))
+            try:
+                problems, _ = validate_plan(str(plan))
+            except store.StoreError as exc:  # not even recognisable as a plan: still a refusal
+                problems = [str(exc)]
+            if problems:
+                counts["detected"] += 1
+            elif _same(_decoded(path, epochs), before):
+                counts["harmless"] += 1
+            else:
+                silent.append((name, at))
+        path.write_bytes(original)
+    return tally, silent

@@ -34,6 +34,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
                        "pyarrow", "torch")),
     ("plancc.pack", ALGORITHM_FORBIDDEN),
     ("plancc.sort", ALGORITHM_FORBIDDEN),
+    ("plancc.row_sums", ALGORITHM_FORBIDDEN),
     ("plancc.balance", ALGORITHM_FORBIDDEN),
     ("plancc.plan", ALGORITHM_FORBIDDEN),
     ("plancc.metrics", ALGORITHM_FORBIDDEN),

@@ -29,7 +29,7 @@ from plancc.pipeline import compile_plan
 from plancc.runtime import PlanCollator, PlanDataset, PlanMismatchError, PlanSampler, load_tokens
 from plancc.store import sample_arrays
 from plancc.validate import validate_plan
-from tests.plan_helpers import random_dataset, samples_table
+from tests.plan_helpers import byte_flip_verdicts, random_dataset, samples_table
 
 runner = CliRunner()
 WORLD = 2
@@ -362,65 +362,10 @@ FILES = [store.PLAN_FILE, store.SAMPLES_FILE, store.METRICS_FILE, store.MANIFEST
          store.BEFORE_FILE]  # last: a file added later takes its draws after the others' (theirs stay the same)
 
 
-def _decoded(path: Path, epochs: int) -> object:
-    """Everything a reader can get from one file, or the error reading it gives: the table with its schema and
-    metadata, the Arrow schema, every column statistic (filtered reads skip row groups on them) and, for the plan,
-    each epoch's filtered read. Parquet's own leaf names are left out: readers take names from the Arrow schema."""
-    try:
-        if path.suffix == ".json":
-            return json.loads(path.read_bytes())
-        if path.suffix == ".npy":  # what np.load (and so the map) gives: dtype, shape, values
-            arr = np.load(path, allow_pickle=False)
-            return arr.dtype.str, arr.shape, arr.tobytes()
-        pf = pq.ParquetFile(path)
-        table = pf.read()
-        stats = [[c.statistics.to_dict() if c.statistics is not None else None
-                  for c in (pf.metadata.row_group(i).column(j) for j in range(pf.metadata.num_columns))]
-                 for i in range(pf.metadata.num_row_groups)]
-        epoch_reads = ([pq.read_table(path, filters=[("epoch", "=", e)]) for e in range(epochs)]
-                       if path.name == store.PLAN_FILE else [])
-        return table, table.schema, table.schema.metadata, pf.schema_arrow, stats, epoch_reads
-    except Exception as exc:  # any failure to decode is a change a reader sees
-        return f"unreadable: {type(exc).__name__}"
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 6:
-        ta, sa, ma, pa_, st_a, ea = a
-        tb, sb, mb, pb, st_b, eb = b
-        return (ta.equals(tb) and sa.equals(sb) and ma == mb and pa_.equals(pb) and st_a == st_b
-                and len(ea) == len(eb) and all(x.equals(y) for x, y in zip(ea, eb, strict=True)))
-    return a == b
-
-
 def test_every_byte_flip_is_detected_or_harmless(plan):
     """Seeded: 60 flips (a random byte XOR a random non-zero value) at random offsets of each file of the plan."""
     assert sorted(FILES) == sorted(str(p.relative_to(plan)) for p in plan.rglob("*") if p.is_file())
-    rng = np.random.default_rng(15)
-    epochs = 2
-    tally: dict[str, dict[str, int]] = {}
-    silent = []
-    for name in FILES:
-        path = plan / name
-        original = path.read_bytes()
-        before = _decoded(path, epochs)
-        counts = tally.setdefault(name, {"detected": 0, "harmless": 0})
-        for _ in range(FLIPS_PER_FILE):
-            at = int(rng.integers(len(original)))
-            flipped = bytearray(original)
-            flipped[at] ^= int(rng.integers(1, 256))
-            path.write_bytes(bytes(flipped))
-            try:
-                problems, _ = validate_plan(str(plan))
-            except store.StoreError as exc:  # not even recognisable as a plan: still a refusal
-                problems = [str(exc)]
-            if problems:
-                counts["detected"] += 1
-            elif _same(_decoded(path, epochs), before):
-                counts["harmless"] += 1
-            else:
-                silent.append((name, at))
-        path.write_bytes(original)
+    tally, silent = byte_flip_verdicts(plan, FILES, flips=FLIPS_PER_FILE, seed=15, epochs=2)
     print("byte flips:", tally)
     assert silent == [], f"flips accepted although content changed: {silent}"
     assert sum(c["detected"] for c in tally.values()) > 0.5 * FLIPS_PER_FILE * len(FILES)

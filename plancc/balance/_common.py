@@ -14,6 +14,7 @@ from plancc.plan import (
     Batches,
     SampleArrays,
     batch_cost,
+    row_sums,
     row_targets,
     row_tokens,
     segment_sum,
@@ -31,8 +32,8 @@ def span(b: Batches, settings: PlanSettings) -> int:
 def item_values(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
     """Per plan position, the targets its sample adds to a row it does not start (row shift) or always."""
     if shift == "row":
-        return s.label_count[b.samples].astype(np.int64)
-    return s.targets(shift)[b.samples].astype(np.int64)
+        return s.label_count[b.samples].astype(np.int64, copy=False)
+    return s.targets(shift)[b.samples].astype(np.int64, copy=False)
 
 
 def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +87,10 @@ def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_ba
 
 def rebuild_rows(head: Batches, row_of: np.ndarray, pinned: np.ndarray) -> Batches:
     """The span with samples regrouped by `row_of` (pinned samples first in their row, then plan order)."""
-    order = stable_order(2 * row_of + ~pinned, 2 * head.num_rows)
+    key = 2 * row_of
+    key += ~pinned  # in place: one 10M temporary, not two
+    order = stable_order(key, 2 * head.num_rows)
+    del key
     counts = np.bincount(row_of, minlength=head.num_rows)
     row_bounds = np.zeros(head.num_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=row_bounds[1:])
@@ -159,32 +163,28 @@ def _exchange_span(
     n_items = head.samples.shape[0]
     if head.num_batches < 2 or n_items == 0:
         return head
-    lengths = s.length[head.samples].astype(np.int64)
+    lengths = s.length[head.samples].astype(np.int64, copy=False)
     values = item_values(head, s, settings.shift)
-    row_of_sample = head.row_of_sample()
+    row_of = head.row_of_sample()
     if mode == PADDED:  # one kernel row per microbatch holding its samples
-        row_of = head.batch_of_row()[row_of_sample]
+        row_of = head.batch_of_row()[row_of]
         k_batch_bounds = np.arange(head.num_batches + 1, dtype=np.int64)
         n_rows = head.num_batches
     else:
-        row_of = row_of_sample.copy()
         k_batch_bounds = head.batch_bounds.astype(np.int64)
         n_rows = head.num_rows
     pinned = np.zeros(n_items, dtype=np.bool_)
     if settings.shift == "row" and mode != PADDED:
         pinned[head.row_bounds[:-1][head.samples_per_row() > 0]] = True
-    row_tok = segment_sum(lengths, np.append(0, np.cumsum(np.bincount(row_of, minlength=n_rows))))
-    # row_val: exact targets of each kernel row (row shift: minus the pinned first sample's first label)
-    if mode == PADDED:
-        row_val = segment_sum(row_targets(head, s, settings.shift), head.batch_bounds)
+    rows = row_sums(head, s, settings.shift)  # exact targets per row (row shift: minus the first sample's first label)
+    if mode == PADDED:  # kernel rows are microbatches
+        row_tok, row_val, row_sq = (segment_sum(x, head.batch_bounds) for x in (rows.tokens, rows.targets, rows.squares))
     else:
-        row_val = row_targets(head, s, settings.shift).astype(np.int64)
+        row_tok, row_val, row_sq = rows.tokens, rows.targets, rows.squares
+    del rows
     mb_val = segment_sum(row_val, k_batch_bounds)
-    if square:  # attention work per microbatch: the sum of its samples' squared lengths
-        row_sq = segment_sum(lengths * lengths, np.append(0, np.cumsum(np.bincount(row_of, minlength=n_rows))))
-        mb_tok = segment_sum(row_sq, k_batch_bounds)
-    else:
-        mb_tok = segment_sum(row_tok, k_batch_bounds)
+    # the secondary value per microbatch: attention work (the sum of its samples' squared lengths) or tokens
+    mb_tok = segment_sum(row_sq if square else row_tok, k_batch_bounds)
     rows_in = np.diff(k_batch_bounds)
     if mode == PACKED:
         row_cap = np.minimum(settings.row_capacity, peak // np.repeat(rows_in, rows_in)).astype(np.int64)
@@ -196,11 +196,17 @@ def _exchange_span(
                   tol=int(tol_share * mean))  # label gaps this small are not worth a trade
     for p in range(passes):
         w_bounds, w_members = windows(p, mb_val)
-        ri_bounds, ri = csr_by(row_of, n_rows)
+        if p == 0 and mode != PADDED:  # samples still in plan order: each row's items are its CSR range
+            ri_bounds, ri = head.row_bounds, np.arange(n_items, dtype=np.int64)
+        else:
+            ri_bounds, ri = csr_by(row_of, n_rows)
         state = State(ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok, row_cap,
                       k_batch_bounds)
-        if exchange_windows(w_bounds, w_members, state, rules) == 0:
+        made = exchange_windows(w_bounds, w_members, state, rules)
+        del state, ri  # 10M-item arrays: freed before the next pass's grouping and the rebuild below
+        if made == 0:
             break
+    del lengths, values
     if mode == PADDED:
         order = stable_order(row_of, n_rows)
         return Batches(head.samples[order], head.row_bounds.copy(), head.batch_bounds.copy())

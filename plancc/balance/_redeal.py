@@ -44,7 +44,7 @@ def deal_equal_lengths(b: Batches, s: SampleArrays, settings: PlanSettings, quan
     share a class: more freedom for the labels, tokens moved by less than `quantum` a sample, kept only if
     neither the peak nor the total cost grows."""
     targets, later = _position_targets(b, s, settings.shift)
-    new = _redeal(b, settings, s.length[b.samples].astype(np.int64) // quantum, targets, later)
+    new = _redeal(b, settings, s.length[b.samples].astype(np.int64, copy=False) // quantum, targets, later)
     if new is b or (quantum > 1 and not _cost_kept(b, new, s, settings)):
         return b
     sse = [c.label_sse(batch_targets(x, s, settings.shift)) for x in (b, new)]
@@ -57,7 +57,7 @@ def deal_equal_labels(b: Batches, s: SampleArrays, settings: PlanSettings, quant
     than that a sample). For `flattened`, where a microbatch's tokens are its cost; kept only if neither the peak
     nor the total cost grows."""
     targets, later = _position_targets(b, s, settings.shift)
-    new = _redeal(b, settings, targets // quantum, s.length[b.samples].astype(np.int64), later)
+    new = _redeal(b, settings, targets // quantum, s.length[b.samples].astype(np.int64, copy=False), later)
     if new is b or not _cost_kept(b, new, s, settings):
         return b
     sse = [c.label_sse(batch_tokens(x, s)) for x in (b, new)]
@@ -77,7 +77,7 @@ def trim_peak(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
     key = targets if later is None else 2 * targets + later
     mb_of = head.batch_of_row()[head.row_of_sample()]
     bounds = head.row_bounds[head.batch_bounds]
-    take = _trim(key, s.length[head.samples].astype(np.int64), mb_of, bounds, int(settings.pad_multiple))
+    take = _trim(key, s.length[head.samples].astype(np.int64, copy=False), mb_of, bounds, int(settings.pad_multiple))
     return c.join(Batches(head.samples[take], head.row_bounds, head.batch_bounds), *tail)
 
 
@@ -90,7 +90,7 @@ def _cost_kept(b: Batches, new: Batches, s: SampleArrays, settings: PlanSettings
 def _position_targets(b: Batches, s: SampleArrays, shift: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(targets each plan position adds, which positions are not a row's first or None): under `--shift row`
     only a row's first sample loses its first label, so row starts and the rest are dealt apart."""
-    targets = s.targets(shift)[b.samples].astype(np.int64)
+    targets = s.targets(shift)[b.samples].astype(np.int64, copy=False)
     if shift != "row":
         return targets, None
     later = np.ones(targets.shape[0], dtype=bool)

@@ -99,16 +99,38 @@ def update_order(labels: np.ndarray, per_update: int) -> np.ndarray | None:
             bounds, members = c.contiguous_windows(n_upd, BLOCK_UPDATES)
         else:  # then groups of updates spanning the whole range of totals, so every group's mean is the global one
             bounds, members = c.stratified_windows(totals, BLOCK_UPDATES)
-        for g in range(bounds.shape[0] - 1):
-            upd = np.sort(members[bounds[g]:bounds[g + 1]])
-            if upd.shape[0] < 2:
-                continue
-            held = slots[upd].reshape(-1)
-            vals = labels[held]
-            new = _assign_block(vals, upd.shape[0], per_update)
-            before = vals.reshape(-1, per_update).sum(axis=1)
-            after = vals[new].reshape(-1, per_update).sum(axis=1)
-            if c.label_sse(after) < c.label_sse(before):
-                slots[upd] = held[new].reshape(-1, per_update)
-                changed = True
+        changed |= _reorder_groups(labels, slots, bounds, members, per_update)
     return slots.reshape(-1) if changed else None
+
+
+@numba.njit(cache=True)
+def _reorder_groups(labels, slots, bounds, members, per_update):
+    """Each group of updates (CSR `bounds` over `members`) reassigned by `_assign_block`, in place in `slots`, where
+    its update totals' variance drops; True if any did. A group's label total is fixed, so the variance drops
+    exactly when the sum of squared totals does (integers: no rounding decides)."""
+    changed = False
+    for g in range(bounds.shape[0] - 1):
+        upd = np.sort(members[bounds[g]:bounds[g + 1]])
+        k = upd.shape[0]
+        if k < 2:
+            continue
+        held = np.empty(k * per_update, dtype=np.int64)
+        for i in range(k):
+            held[i * per_update:(i + 1) * per_update] = slots[upd[i]]
+        vals = labels[held]
+        new = _assign_block(vals, k, per_update)
+        before = 0
+        after = 0
+        for i in range(k):
+            tb = 0
+            ta = 0
+            for j in range(i * per_update, (i + 1) * per_update):
+                tb += vals[j]
+                ta += vals[new[j]]
+            before += tb * tb
+            after += ta * ta
+        if after < before:
+            for i in range(k):
+                slots[upd[i]] = held[new[i * per_update:(i + 1) * per_update]]
+            changed = True
+    return changed

@@ -82,18 +82,23 @@ def repack_label_aware(b: Batches, s: SampleArrays, *, n_span: int, capacity: in
     cost = batch_cost(b, s, pad_multiple)
     peak = int(cost.max())
     capacity = min(capacity, peak // int(head.rows_per_batch().max()))
-    row_of = head.row_of_sample()
-    lengths = s.length[head.samples].astype(np.int64)
+    lengths = s.length[head.samples]
     values = c.item_values(head, s, shift)
-    pinned = np.zeros(row_of.shape[0], dtype=bool)
+    pinned = np.zeros(lengths.shape[0], dtype=bool)
+    start_tok = np.zeros(head.num_rows, dtype=np.int64)
+    start_val = np.zeros(head.num_rows, dtype=np.int64)
+    free = slice(None)  # every sample moves: views, not copies, of the 10M lengths and values
     if shift == "row":  # a row's first sample decides its target count: it stays first in its row
-        pinned[head.row_bounds[:-1][head.samples_per_row() > 0]] = True
-    start_tok = np.bincount(row_of[pinned], lengths[pinned], minlength=head.num_rows).astype(np.int64)
-    start_val = np.bincount(row_of[pinned], values[pinned], minlength=head.num_rows)
-    free = ~pinned
+        rows = np.flatnonzero(head.samples_per_row() > 0)
+        first = head.row_bounds[rows]
+        pinned[first] = True
+        start_tok[rows], start_val[rows] = lengths[first], values[first]
+        free = ~pinned
     assign = pack_label_aware(lengths[free], values[free], capacity, start_tok, start_val, rng)
+    del lengths, values
     if assign is None:
         return b
+    row_of = head.row_of_sample()
     row_of[free] = assign
     new = c.rebuild_rows(head, row_of, pinned)
     new_cost = batch_cost(new, s, pad_multiple)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.jit import numba
-from plancc.pack.best_fit import best_fit
+from plancc.pack.best_fit import _pool_items, _row_fill, best_fit
 from plancc.sort import longest_first
 
 STRIDE = 64  # every STRIDE-th row without a gap joins the pool too
@@ -34,11 +34,10 @@ def fill_exactly(lengths: np.ndarray, assign: np.ndarray, start_tok: np.ndarray,
     """Steps 1-2 of the module docstring, in place; False (and `assign` as it was) if they do not close."""
     lengths = lengths.astype(np.int64)
     rows = start_tok.shape[0]
-    placed = assign >= 0
-    row_tok = start_tok + np.bincount(assign[placed], lengths[placed], minlength=rows).astype(np.int64)
+    row_tok = _row_fill(assign, lengths, start_tok)
     pool = (row_tok < capacity) | (np.arange(rows) % STRIDE == 0)
     pool_rows = rng.permutation(np.flatnonzero(pool))
-    items = np.flatnonzero(~placed | pool[np.where(placed, assign, 0)])
+    items = _pool_items(assign, pool)
     short = _threshold(lengths[items], pool_rows.shape[0], capacity)
     long_items = items[lengths[items] >= short]
     long_items = long_items[longest_first(lengths[long_items])]

@@ -40,8 +40,10 @@ def pack_label_aware(lengths: np.ndarray, values: np.ndarray, capacity: int, sta
         return None
     order = longest_first(lengths)
     rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
+    excess = lengths * -rho  # values - rho * lengths, with one 10M temporary instead of two
+    excess += values
     for small in LADDER:
-        assign = _deal_then_fill(lengths, values - rho * lengths, order, capacity, start_tok,
+        assign = _deal_then_fill(lengths, excess, order, capacity, start_tok,
                                  start_val - rho * start_tok, small, rng)
         if assign is not None:
             return assign
@@ -76,7 +78,7 @@ def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, order: np.ndarray, 
         deferred.append(late)
     rest = np.concatenate([*deferred, order[k:]])
     rest = rest[longest_first(lengths[rest])]
-    placed, _ = best_fit(lengths[rest].astype(np.int64), int(capacity), row_tok, False)
+    placed, _ = best_fit(lengths[rest].astype(np.int64, copy=False), int(capacity), row_tok, False)
     assign[rest] = placed
     if (placed < 0).any() and not close_left_out(lengths, assign, start_tok, capacity, rng):
         return None

@@ -125,9 +125,8 @@ class ChunkGuard:
 
     def _changed(self, k: int) -> None:
         m = self.mapped
-        lo, hi = int(m.chunks[k]), int(m.chunks[k + 1])
-        where = f"{m.path} chunk {k} (rows {lo}..{hi - 1})"
-        problem = _first_differing(self.plan, m, lo, hi)
+        where = token_store.chunk_where(m, k)
+        problem = _first_differing(self.plan, m, int(m.chunks[k]), int(m.chunks[k + 1]))
         if problem is None:
             warnings.warn(f"{where} changed since it was written, but not in any sample of the plan {self.plan.path}"
                           "; training on it", stacklevel=4)
