@@ -14,7 +14,7 @@ take and return these arrays; nothing here knows about files, tokenizers or torc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -60,6 +60,9 @@ class Batches:
     samples: np.ndarray  # int64
     row_bounds: np.ndarray  # int64, rows + 1
     batch_bounds: np.ndarray  # int64, batches + 1
+    # `row_sums` of these microbatches by shift, with the samples they were taken over: a stage, its summary and
+    # the next stage all ask for them (plan arrays are never changed in place, so they stay true)
+    sums: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_batches(self) -> int:
@@ -118,15 +121,25 @@ def row_sums(b: Batches, s: SampleArrays, shift: str = Shift.NONE) -> RowSums:
     """
     from plancc import row_sums as kernel
 
-    code = {Shift.NONE: kernel.NONE, Shift.SAMPLE: kernel.SAMPLE, Shift.ROW: kernel.ROW}[Shift(shift)]
+    shift = Shift(shift)
+    taken = b.sums.get(shift)
+    if taken is not None and taken[0] is s:
+        return taken[1]
+    code = {Shift.NONE: kernel.NONE, Shift.SAMPLE: kernel.SAMPLE, Shift.ROW: kernel.ROW}[shift]
     samples = b.samples.astype(np.int64, copy=False)
     run = kernel.row_sums_threaded if samples.shape[0] >= kernel.PARALLEL_FROM else kernel.row_sums
-    tokens, targets, squares = run(samples, b.row_bounds.astype(np.int64, copy=False), s.facts, code)
-    return RowSums(tokens, targets, squares)
+    out = run(samples, b.row_bounds.astype(np.int64, copy=False), s.facts, code)
+    out.flags.writeable = False  # shared by every caller: a copy for whoever changes it
+    rows = RowSums(*out)
+    b.sums[shift] = (s, rows)
+    return rows
 
 
 def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
     """Unpadded tokens per row."""
+    for taken_s, rows in b.sums.values():  # tokens do not depend on the shift
+        if taken_s is s:
+            return rows.tokens
     return row_sums(b, s).tokens
 
 

@@ -180,7 +180,7 @@ def _exchange_span(
     if mode == PADDED:  # kernel rows are microbatches
         row_tok, row_val, row_sq = (segment_sum(x, head.batch_bounds) for x in (rows.tokens, rows.targets, rows.squares))
     else:
-        row_tok, row_val, row_sq = rows.tokens, rows.targets, rows.squares
+        row_tok, row_val, row_sq = rows.tokens.copy(), rows.targets.copy(), rows.squares  # the kernel changes both
     del rows
     mb_val = segment_sum(row_val, k_batch_bounds)
     # the secondary value per microbatch: attention work (the sum of its samples' squared lengths) or tokens
