@@ -85,6 +85,18 @@ def test_a_samples_table_with_a_column_missing_or_extra_says_so(samples, tmp_pat
     assert f"{bad} looks like a samples table but {says}" in line, line
 
 
+@pytest.mark.parametrize(("labels", "says"), [([1, 2, "x"], "a list holding str 'x' at position 2"),
+                                              ([1, True, 3], "a list holding bool True at position 1"),
+                                              ("1 2 3", "str value")])
+def test_a_tokenized_row_with_a_wrong_label_names_the_value(tmp_path, labels, says):
+    source = tmp_path / "t.jsonl"
+    source.write_text(json.dumps({"input_ids": [1, 2, 3], "labels": [1, 2, 3]}) + "\n"
+                      + json.dumps({"input_ids": [1, 2, 3], "labels": labels}) + "\n")
+    line = refused("compile", source, "-o", tmp_path / "plan", "-q", "--cache-dir", tmp_path / "cache",
+                   out=tmp_path / "plan")
+    assert line == f"error: {source} row 1 (line 2): column 'labels' has {says}, expected a list of integers", line
+
+
 # ---------------------------------------------------------------- config files
 
 
