@@ -120,7 +120,9 @@ def row_sums(b: Batches, s: SampleArrays, shift: str = Shift.NONE) -> RowSums:
 
     code = {Shift.NONE: kernel.NONE, Shift.SAMPLE: kernel.SAMPLE, Shift.ROW: kernel.ROW}[Shift(shift)]
     samples = b.samples.astype(np.int64, copy=False)
-    return RowSums(*kernel.row_sums(samples, b.row_bounds.astype(np.int64, copy=False), s.facts, code))
+    run = kernel.row_sums_threaded if samples.shape[0] >= kernel.PARALLEL_FROM else kernel.row_sums
+    tokens, targets, squares = run(samples, b.row_bounds.astype(np.int64, copy=False), s.facts, code)
+    return RowSums(tokens, targets, squares)
 
 
 def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:

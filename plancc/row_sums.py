@@ -4,7 +4,8 @@ Every summary of a plan (each stage's metrics, the plan table's columns, validat
 rows. The samples sit in plan order, so each fact is a random read into the samples table; at 10M samples one such
 gather costs about as much as everything else in a reduction, and a summary needed five of them. Here each
 sample's length, label count and first-label flag are packed into one int64 (`pack_facts`), so one read per sample
-gives all three sums, with rows split over threads (integer sums per row: the same result on any thread count).
+gives all three sums; from PARALLEL_FROM samples rows are split over threads (integer sums per row: the same result
+on any thread count).
 """
 
 from __future__ import annotations
@@ -22,29 +23,44 @@ def pack_facts(length: np.ndarray, label_count: np.ndarray, first_label_supervis
     return (length.astype(np.int64) << 32) | (label_count.astype(np.int64) << 1) | first_label_supervised
 
 
-@numba.njit(cache=True, parallel=True)
+PARALLEL_FROM = 500_000  # samples from which threads pay: below, starting them costs more than the pass
+
+
+@numba.njit(cache=True, inline="always")
+def _row(samples, lo, hi, facts, shift, mask):
+    """(tokens, targets, squared lengths) of the samples at positions lo..hi-1 (one row)."""
+    tok = 0
+    tgt = 0
+    sq = 0
+    for k in range(lo, hi):
+        f = facts[samples[k]]
+        x = f >> 32
+        tok += x
+        sq += x * x
+        tgt += (f >> 1) & mask
+        if shift == SAMPLE or (shift == ROW and k == lo):
+            tgt -= f & 1
+    return tok, tgt, sq
+
+
+@numba.njit(cache=True)
 def row_sums(samples, row_bounds, facts, shift):
     """(tokens, targets, squared lengths) per row; `shift` is NONE, SAMPLE (every sample's first label is no
     target) or ROW (only the first sample's of each row)."""
     n = row_bounds.shape[0] - 1
-    tokens = np.zeros(n, dtype=np.int64)
-    targets = np.zeros(n, dtype=np.int64)
-    squares = np.zeros(n, dtype=np.int64)
-    mask = (1 << LABEL_BITS) - 1
+    out = np.zeros((3, n), dtype=np.int64)
+    for r in range(n):
+        out[0, r], out[1, r], out[2, r] = _row(samples, row_bounds[r], row_bounds[r + 1], facts, shift,
+                                               (1 << LABEL_BITS) - 1)
+    return out
+
+
+@numba.njit(cache=True, parallel=True)
+def row_sums_threaded(samples, row_bounds, facts, shift):
+    """`row_sums` with rows split over threads (for PARALLEL_FROM samples and more)."""
+    n = row_bounds.shape[0] - 1
+    out = np.zeros((3, n), dtype=np.int64)
     for r in numba.prange(n):
-        lo, hi = row_bounds[r], row_bounds[r + 1]
-        tok = 0
-        tgt = 0
-        sq = 0
-        for k in range(lo, hi):
-            f = facts[samples[k]]
-            x = f >> 32
-            tok += x
-            sq += x * x
-            tgt += (f >> 1) & mask
-            if shift == SAMPLE or (shift == ROW and k == lo):
-                tgt -= f & 1
-        tokens[r] = tok
-        targets[r] = tgt
-        squares[r] = sq
-    return tokens, targets, squares
+        out[0, r], out[1, r], out[2, r] = _row(samples, row_bounds[r], row_bounds[r + 1], facts, shift,
+                                               (1 << LABEL_BITS) - 1)
+    return out

@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from plancc import row_sums as kernel
 from plancc.config import Shift
 from plancc.plan import Batches, SampleArrays, row_sums
 
@@ -40,3 +41,15 @@ def test_row_sums_equal_the_per_row_reductions(plan, shift):
         assert got.targets[r] == targets
         squares = sum(int(x) * int(x) for x in length)
         assert got.squares[r] == squares or squares >= 2**63  # int64 attention work: rows up to ~3e9 tokens
+
+
+def test_threaded_row_sums_equal_the_serial_pass():
+    rng = np.random.default_rng(0)
+    n = 50_000
+    length = rng.integers(1, 4096, n)
+    facts = kernel.pack_facts(length, rng.integers(0, length + 1), rng.random(n) < 0.3)
+    samples = rng.permutation(n).astype(np.int64)
+    row_bounds = np.unique(np.concatenate([[0, n], rng.integers(0, n, 3000)])).astype(np.int64)
+    for shift in (kernel.NONE, kernel.SAMPLE, kernel.ROW):
+        serial = kernel.row_sums(samples, row_bounds, facts, shift)
+        assert np.array_equal(kernel.row_sums_threaded(samples, row_bounds, facts, shift), serial)

@@ -39,9 +39,8 @@ ROUNDS_ATTENTION = 4  # the attention rule leaves fewer trades a round; two more
 
 def update_windows(n_span: int, per_update: int, window: int) -> tuple[np.ndarray, np.ndarray]:
     """Windows of at most `window` consecutive microbatches that never cross an update boundary."""
-    starts = [np.arange(u, u + per_update, window) for u in range(0, n_span, per_update)]
-    bounds = np.append(np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64), n_span)
-    return bounds.astype(np.int64), np.arange(n_span, dtype=np.int64)
+    starts = np.add.outer(np.arange(0, n_span, per_update), np.arange(0, per_update, window)).reshape(-1)
+    return np.append(starts, n_span).astype(np.int64), np.arange(n_span, dtype=np.int64)
 
 
 def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
