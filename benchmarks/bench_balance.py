@@ -131,7 +131,7 @@ def seed_table(sizes: list[int], seeds: list[int], mbs: int) -> None:
         rows = " / ".join(f"{100 * x:.3f}%" for x in (min(r["rows_over"]), statistics.median(r["rows_over"]),
                                                         max(r["rows_over"])))
         floor = "-" if any(x != x for x in r["over_floor"]) else " / ".join(
-            f"{100 * x:+.0f}%" for x in (min(r["over_floor"]), statistics.median(r["over_floor"]), max(r["over_floor"])))
+            f"{100 * x:+.1f}%" for x in (min(r["over_floor"]), statistics.median(r["over_floor"]), max(r["over_floor"])))
         print(f"| {n:,} | {mmm(r['cv'], '.4f')} | {floor} | {rows} | {mmm(r['update_cv'], '.5f')} | "
               f"{mmm(r['rank_cv'], '.4f')} | {mmm(r['seconds'], '.1f')} |", flush=True)
 

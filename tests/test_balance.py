@@ -395,3 +395,27 @@ def test_attention_trades_never_widen_label_or_attention_spread(case):
     for x0, x1 in ((batch_targets(b, s, settings.shift), batch_targets(new, s, settings.shift)),
                    (batch_attention(b, s, settings.mode, 1), batch_attention(new, s, settings.mode, 1))):
         assert _sse(x1) <= _sse(x0) * (1 + 1e-12)
+
+
+@given(cases())
+def test_evening_padded_costs_lowers_cost_cv_and_raises_neither_labels_attention_nor_padding_past_its_budget(case):
+    from plancc.balance._cost_spread import SPEND, even_padded_costs
+
+    s, settings = case
+    settings = dataclasses.replace(settings, mode="padded", real_batches=False)
+    b = pack.initial_batches(s, settings, epoch_rng(settings.seed, 0))
+    cost0 = batch_cost(b, s, settings.pad_multiple)
+    total = int(cost0.sum()) + int(cost0.max())  # room to spend: the budget is SPEND of the difference
+    new = even_padded_costs(b, s, settings, total)
+    assert np.array_equal(np.sort(new.samples), np.sort(b.samples))
+    assert np.array_equal(new.batch_bounds, b.batch_bounds) and np.array_equal(new.row_bounds, b.row_bounds)
+    n_span = c.span(b, settings)
+    assert np.array_equal(new.samples[new.row_bounds[new.batch_bounds[n_span]]:],
+                          b.samples[b.row_bounds[b.batch_bounds[n_span]]:])  # the tail stays
+    cost1 = batch_cost(new, s, settings.pad_multiple)
+    assert cost1.max() <= cost0.max() and cost1.sum() <= cost0.sum() + SPEND * (total - cost0.sum())
+    cv = [float(x.std() / x.mean()) for x in (cost0, cost1)]
+    assert cv[1] <= cv[0] + 1e-12
+    assert _sse(batch_targets(new, s, settings.shift)) <= _sse(batch_targets(b, s, settings.shift)) + 1e-9
+    att = [batch_attention(x, s, "padded", settings.pad_multiple).astype(float) for x in (b, new)]
+    assert att[1].std() / att[1].mean() <= att[0].std() / att[0].mean() + 1e-12

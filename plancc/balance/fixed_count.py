@@ -1,6 +1,6 @@
 """Microbatch balance for the fixed-count layouts `padded` and `flattened` (SPEC 4/5, stage 2).
 
-Every microbatch keeps exactly `micro_batch_size` samples; what moves is which samples share one. Four moves:
+Every microbatch keeps exactly `micro_batch_size` samples; what moves is which samples share one. Five moves:
 
 1. Deals (`_redeal`): samples of equal length are re-dealt over their positions to even out label totals. No
    microbatch's tokens or cost change (label CV 0.75 -> 0.42 at 200k samples, mbs 4).
@@ -28,6 +28,10 @@ Every microbatch keeps exactly `micro_batch_size` samples; what moves is which s
    labels unchanged, token variance and the peak only drop. Trades may lift a microbatch up to the plan's peak,
    which the untouched tail can set (200k, seed 0: 5857 in the tail; inside complete updates 4320 after this).
 
+5. Padded only, last: swaps of a sample each that lower the cost CV (and never raise the label variance or the
+   attention CV), spending at most 22% of the padding the trades saved (`_cost_spread`): the trades above
+   only hold the cost CV, the reference lowers it.
+
 Why it stops: deals are one pass each; the peak trim when the heaviest microbatch has no swap; trades per window
 after IDLE idle rounds and per pass when no window traded (or, padded, none was kept). Cost: each deal a counting
 sort and a heap pass (0.05 s at 200k), the trim a scan of a class per swap; trades as in `_exchange`.
@@ -39,6 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.balance import _common as c
+from plancc.balance._cost_spread import even_padded_costs
 from plancc.balance._exchange import LOCAL
 from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths, trim_peak
 from plancc.config import PlanSettings
@@ -61,8 +66,10 @@ def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings) -> 
                             passes=settings.balance_passes, rounds=ROUNDS)
         return trim_peak(traded, s, settings)
     window = min(window, PADDED_WINDOW)
-    return exchange_within_cost_cv(start, s, settings, lambda labels, cost: cost_halves_windows(labels, cost, window),
-                                   passes=2 * settings.balance_passes, rounds=ROUNDS)
+    traded = exchange_within_cost_cv(start, s, settings,
+                                     lambda labels, cost: cost_halves_windows(labels, cost, window),
+                                     passes=2 * settings.balance_passes, rounds=ROUNDS)
+    return even_padded_costs(traded, s, settings, int(batch_cost(b, s, settings.pad_multiple).sum()))
 
 
 def exchange_within_cost_cv(b: Batches, s: SampleArrays, settings: PlanSettings, windows, *, passes: int,

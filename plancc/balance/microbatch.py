@@ -16,7 +16,10 @@ Three steps.
 3. Samples are traded between pairs of microbatches inside windows of at most `balance_window` microbatches, for
    `balance_passes` passes (see `_exchange` for the trade). Windows are stratified: each pass sorts the
    microbatches by label count and deals them round-robin into windows, so every window holds heavy and light
-   microbatches and its mean sits near the plan's mean.
+   microbatches and its mean sits near the plan's mean. Rows of few samples (under FEW) get FEW_PASSES times
+   `balance_passes` passes: there each pass finds trades the rounds of the last one did not (capacity 4096, 20k
+   samples, 10 data seeds: label CV +8.9-10.0% above its floor with twice the passes, +8.7-9.6% with three; more
+   rounds a window instead gain nothing), while at capacity 16384 four passes converge.
 
 Every step keeps every row within its capacity (and the plan's peak cost), never raises the padded cost, and
 never adds or removes a row; the tail is not touched. The result replaces the input only if its label variance
@@ -24,8 +27,8 @@ is lower.
 
 What it trades: label balance for nothing else (tokens per row may move, the padded cost and the peak never grow).
 Why it stops: step 1 is one deal and one best fit per rung of a three-rung ladder; step 2 is one pass; step 3
-stops after `balance_passes` passes, or a pass without a trade, each window after at most ROUNDS rounds (or
-after IDLE rounds that barely help, see `_exchange`). Cost: steps 1-2 are O(n) plus a best fit (O(n log C));
+stops after `balance_passes` passes (FEW_PASSES times that for rows of few samples), or a pass without a trade,
+each window after at most ROUNDS rounds (or after IDLE rounds that barely help, see `_exchange`). Cost: steps 1-2 are O(n) plus a best fit (O(n log C));
 step 3 is O(microbatches x rounds x passes) trade searches, in parallel over windows. At 10M samples, capacity
 16384, about 17 s of CPU on one thread, two thirds of it the trades.
 
@@ -52,6 +55,7 @@ from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets
 ROUNDS = 64  # pairing rounds per window and pass (a window stops early after IDLE idle rounds)
 TOL = 0.02  # label gaps under 2% of the mean microbatch are not worth a trade
 FEW = 16  # rows holding fewer samples than this on average are re-dealt after the repacking too
+FEW_PASSES = 3  # ... and traded over this many times `--balance-passes` passes (see step 3)
 
 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, *, rng: np.random.Generator) -> Batches:
@@ -59,10 +63,11 @@ def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, *,
     window = settings.balance_window
     start = repack_label_aware(b, s, n_span=c.span(b, settings), capacity=settings.row_capacity,
                                pad_multiple=settings.pad_multiple, shift=settings.shift, rng=rng)
-    if start is b or b.samples.shape[0] < FEW * b.num_rows:  # see step 2
+    few = b.samples.shape[0] < FEW * b.num_rows
+    if start is b or few:  # see step 2
         start = deal_equal_lengths(start, s, settings)
     out = c.exchange(start, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
-                     passes=settings.balance_passes, rounds=ROUNDS, tol_share=TOL)
+                     passes=settings.balance_passes * (FEW_PASSES if few else 1), rounds=ROUNDS, tol_share=TOL)
     sse = [c.label_sse(batch_targets(x, s, settings.shift)) for x in (b, out)]
     return out if sse[1] < sse[0] else b
 

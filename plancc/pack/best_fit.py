@@ -172,4 +172,6 @@ def close_left_out(lengths: np.ndarray, assign: np.ndarray, start_tok: np.ndarra
             assign[items[:k]] = pool_rows[:k]
             assign[items[k:]] = pool_rows[at]
             return True
-    return False
+    from plancc.pack.exact_fill import fill_exactly  # it packs with best_fit: imported here, not at the top
+
+    return fill_exactly(lengths, assign, start_tok, capacity, rng)
