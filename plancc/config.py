@@ -216,7 +216,7 @@ class PlanSettings:
         if self.balance_window > 64:
             raise SettingsError(f"--balance-window must be at most 64, got {self.balance_window}", "balance_window")
         if self.real_batches and self.mode != Mode.PACKED:
-            raise SettingsError("--real-batches only applies to --mode packed")
+            raise SettingsError("--real-batches only applies to --mode packed", "real_batches")
 
     @property
     def row_capacity(self) -> int:

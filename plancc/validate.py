@@ -5,8 +5,9 @@ the config fingerprint, each epoch's rows against the layout and its plan finger
 dataset and metadata fingerprints, metrics against their checksum, every file's metadata and `manifest.json`
 against the plan file's). On top, this module recomputes from the samples table what a plan must satisfy
 (coverage, capacity, per-microbatch tokens, targets and cost), recomputes each epoch's final metrics from its rows,
-and checks the tokenized data the trainer will load: present, complete and, unless `fast`, equal in content to
-the dataset fingerprint (each planned sample's hash against the samples table). The result is a list of
+checks that the settings the plan shares with its scan (`sequence_len`, `shift`) are the scan's, and checks the
+tokenized data the trainer will load: every header value against its `header_hash`, present, complete and, unless
+`fast`, equal in content to the dataset fingerprint (each planned sample's hash against the samples table). The result is a list of
 violations, each naming its file and row or field (empty when the plan is sound).
 """
 

@@ -85,6 +85,56 @@ def test_a_samples_table_with_a_column_missing_or_extra_says_so(samples, tmp_pat
     assert f"{bad} looks like a samples table but {says}" in line, line
 
 
+def _set_value(samples: Path, name: str, row: int, value) -> pa.Array:
+    table = pq.read_table(samples)
+    values = table.column(name).to_pylist()
+    values[row] = value
+    return pa.array(values, table.schema.field(name).type)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda s: {"length": pq.read_table(s).column("length").cast(pa.float64())},
+     "column 'length' has type double, expected int32"),
+    (lambda s: {"length": _set_value(s, "length", 7, -3)}, "row 7: length must be positive"),
+    (lambda s: {"label_count": _set_value(s, "label_count", 9, 10**6)}, "row 9: label_count must be in [0, length]"),
+    (lambda s: {"sample_id": _set_value(s, "sample_id", 5, 4)},
+     "row 5: sample_id is not strictly increasing (unsorted or duplicate)"),
+])
+def test_a_bad_value_in_a_samples_table_names_its_row_or_column(samples, tmp_path, change, says):
+    bad = _with(samples, tmp_path / "s.parquet", **change(samples))
+    line = refused("compile", bad, "-o", tmp_path / "plan", out=tmp_path / "plan")
+    assert line.startswith(f"error: {bad}") and says in line, line
+
+
+def test_a_corrupt_parquet_source_is_one_line(samples, tmp_path):
+    bad = tmp_path / "cut.parquet"
+    bad.write_bytes(samples.read_bytes()[:300])
+    line = refused("compile", bad, "-o", tmp_path / "plan", out=tmp_path / "plan")
+    assert line.startswith(f"error: {bad}: not a readable Parquet file"), line
+
+
+@pytest.mark.parametrize("command", [["validate"], ["inspect", "metrics"], ["inspect", "plan"], ["diff", "OTHER"]])
+def test_a_plan_directory_without_plan_parquet_is_one_line(scanned, tmp_path, command):
+    plan = _copy(scanned, "plan", tmp_path)
+    (plan / store.PLAN_FILE).unlink()
+    args = [str(scanned / "plan") if a == "OTHER" else a for a in command]
+    line = refused(*args, plan, out=tmp_path / "never")
+    assert line == f"error: {plan} is not a plan directory (no plan.parquet); write one with `plancc compile " \
+                   "SOURCE -o PLAN_DIR`", line
+
+
+@pytest.mark.parametrize(("labels", "says"), [([1, 2, "x"], "a list holding str 'x' at position 2"),
+                                              ([1, True, 3], "a list holding bool True at position 1"),
+                                              ("1 2 3", "str value")])
+def test_a_tokenized_row_with_a_wrong_label_names_the_value(tmp_path, labels, says):
+    source = tmp_path / "t.jsonl"
+    source.write_text(json.dumps({"input_ids": [1, 2, 3], "labels": [1, 2, 3]}) + "\n"
+                      + json.dumps({"input_ids": [1, 2, 3], "labels": labels}) + "\n")
+    line = refused("compile", source, "-o", tmp_path / "plan", "-q", "--cache-dir", tmp_path / "cache",
+                   out=tmp_path / "plan")
+    assert line == f"error: {source} row 1 (line 2): column 'labels' has {says}, expected a list of integers", line
+
+
 # ---------------------------------------------------------------- config files
 
 

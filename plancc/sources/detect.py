@@ -71,8 +71,17 @@ def _missing(src: Source, fmt: str, name: str) -> InputError:
 def _loose_check(src: Source, name: str, values: list[Any], ok, expected: str) -> None:
     for i, v in enumerate(values):
         if not ok(v):
-            raise InputError(f"{src.where(i)}: column '{name}' has {type(v).__name__} value, expected {expected}")
+            raise InputError(f"{src.where(i)}: column '{name}' has {_what(v)}, expected {expected}")
     raise InputError(f"{src.paths[0]}: column '{name}' has values of mixed types, expected {expected}")
+
+
+def _what(v: Any) -> str:
+    """A wrong value for a message: its type, and for a list its first element that is not an integer."""
+    if isinstance(v, list):
+        bad = next(((k, x) for k, x in enumerate(v) if not isinstance(x, int) or isinstance(x, bool)), None)
+        if bad is not None:
+            return f"a list holding {type(bad[1]).__name__} {clip(repr(bad[1]), 40)} at position {bad[0]}"
+    return f"{type(v).__name__} value"
 
 
 def _is_int_list(v: Any) -> bool:
