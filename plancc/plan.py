@@ -135,12 +135,17 @@ def row_sums(b: Batches, s: SampleArrays, shift: str = Shift.NONE) -> RowSums:
     return rows
 
 
+def _shift_free_sums(b: Batches, s: SampleArrays) -> RowSums:
+    """Row sums under whichever shift was taken already (tokens and squares do not depend on it), else under none."""
+    for taken_s, rows in b.sums.values():
+        if taken_s is s:
+            return rows
+    return row_sums(b, s)
+
+
 def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
     """Unpadded tokens per row."""
-    for taken_s, rows in b.sums.values():  # tokens do not depend on the shift
-        if taken_s is s:
-            return rows.tokens
-    return row_sums(b, s).tokens
+    return _shift_free_sums(b, s).tokens
 
 
 def row_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
@@ -189,16 +194,22 @@ def batch_sums(b: Batches, s: SampleArrays, shift: str, mode: str, pad_multiple:
     """Targets, tokens, cost and attention work of every microbatch: what a summary or the plan table needs."""
     rows = row_sums(b, s, shift)
     n_rows, padded = _padded_cost(b, rows.tokens, pad_multiple)
-    dense = mode == Mode.PADDED  # padded rows run dense attention: each costs its padded length squared
-    attention = n_rows * padded * padded if dense else segment_sum(rows.squares, b.batch_bounds)
     return BatchSums(rows, segment_sum(rows.targets, b.batch_bounds), segment_sum(rows.tokens, b.batch_bounds),
-                     n_rows * padded, attention)
+                     n_rows * padded, _attention(b, rows, mode, n_rows, padded))
+
+
+def _attention(b: Batches, rows: RowSums, mode: str, n_rows: np.ndarray, padded: np.ndarray) -> np.ndarray:
+    """`batch_attention` from row sums and `_padded_cost`."""
+    if mode == Mode.PADDED:  # padded rows run dense attention: each costs its padded length squared
+        return n_rows * padded * padded
+    return segment_sum(rows.squares, b.batch_bounds)
 
 
 def batch_attention(b: Batches, s: SampleArrays, mode: str, pad_multiple: int) -> np.ndarray:
     """Attention work per microbatch: the sum of squared segment lengths, what varlen attention spends (each sample
     attends within itself). Padded rows run dense attention: each row costs its padded length squared."""
-    return batch_sums(b, s, Shift.NONE, mode, pad_multiple).attention
+    rows = _shift_free_sums(b, s)
+    return _attention(b, rows, mode, *_padded_cost(b, rows.tokens, pad_multiple))
 
 
 def from_rows(samples: np.ndarray, row_bounds: np.ndarray, rows_per_batch: int) -> Batches:

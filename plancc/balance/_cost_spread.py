@@ -40,10 +40,11 @@ def even_padded_costs(b: Batches, s: SampleArrays, settings: PlanSettings, total
     if n_span < 2:
         return b
     head, *tail = c.split(b, n_span)
-    lengths = s.length[head.samples].astype(np.int64)
-    targets = row_targets(head, s, settings.shift).astype(np.int64)  # a row per sample
-    peak = int(batch_cost(b, s, settings.pad_multiple).max())
-    budget = SPEND * float(total_cost - batch_cost(b, s, settings.pad_multiple).sum())
+    lengths = s.length[head.samples].astype(np.int64, copy=False)
+    targets = row_targets(head, s, settings.shift).astype(np.int64)  # a row per sample (a copy: the sums are shared)
+    cost = batch_cost(b, s, settings.pad_multiple)
+    peak = int(cost.max())
+    budget = SPEND * float(total_cost - cost.sum())
     take = _swap_passes(head.batch_bounds.astype(np.int64), lengths, targets, int(settings.pad_multiple), peak,
                         max(budget, 0.0), PASSES)
     if (take == np.arange(take.shape[0])).all():
