@@ -288,11 +288,17 @@ def test_header_schemas_describe_what_is_written(single, parts):
             jsonschema.validate(header, orjson.loads((root / f"{name}.schema.json").read_bytes()))
 
 
-def test_a_damaged_store_in_the_scan_cache_is_scanned_again(tmp_path):
+def _compile_cached(tmp_path: Path) -> list[str]:
+    """Compile 10 rows to `a` through a scan cache in `tmp_path`; the arguments to compile them again."""
     (tmp_path / "d.jsonl").write_text(_rows(10))
     args = ["compile", str(tmp_path / "d.jsonl"), "--tokenizer", "builtin", "--sequence-len", "256", "--cache-dir",
             str(tmp_path / "cache"), "-q"]
     _cli(*args, "-o", str(tmp_path / "a"))
+    return args
+
+
+def test_a_damaged_store_in_the_scan_cache_is_scanned_again(tmp_path):
+    args = _compile_cached(tmp_path)
     [cached] = (tmp_path / "cache" / "scans").glob(f"*/{store.TOKENS_DIR}/{token_store.HEADER_FILE}")
     edit(cached, ("chunk_tokens",), 1)
     _cli(*args, "-o", str(tmp_path / "b"))  # the edited entry is not linked into the new plan
@@ -301,10 +307,7 @@ def test_a_damaged_store_in_the_scan_cache_is_scanned_again(tmp_path):
 
 
 def test_an_edited_samples_table_in_the_scan_cache_is_scanned_again(tmp_path):
-    (tmp_path / "d.jsonl").write_text(_rows(10))
-    args = ["compile", str(tmp_path / "d.jsonl"), "--tokenizer", "builtin", "--sequence-len", "256", "--cache-dir",
-            str(tmp_path / "cache"), "-q"]
-    _cli(*args, "-o", str(tmp_path / "a"))
+    args = _compile_cached(tmp_path)
     [cached] = (tmp_path / "cache" / "scans").glob(f"*/{store.SAMPLES_FILE}")
     table = pq.read_table(cached)
     counts = table.column("label_count").to_numpy().copy()
