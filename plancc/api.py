@@ -81,8 +81,8 @@ def open_plan(path: str | Path) -> Plan:
 
 
 def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> list[str]:
-    """Settings that make a plan useless for training: not one complete update (what balancing evens out) in an
-    epoch, only the tail the trainer steps on partially, or nothing at all."""
+    """Settings that make a plan useless for training: an epoch without one complete update (at most a partial
+    tail, which balancing cannot even out)."""
     per_update = settings.batches_per_update
     out = []
     for e in manifest.get("epochs", []):
