@@ -81,12 +81,13 @@ def open_plan(path: str | Path) -> Plan:
 
 
 def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> list[str]:
-    """Settings that make a plan useless for training: no update at all, or fewer microbatches than one update."""
+    """Settings that make a plan useless for training: an epoch without one complete update (at most a partial
+    tail, which balancing cannot even out)."""
     per_update = settings.batches_per_update
     out = []
     for e in manifest.get("epochs", []):
-        if e["updates"] == 0 or e["batches"] < per_update:
-            out.append(f"epoch {e['epoch']}: {e['batches']} microbatches, {e['updates']} updates, but one update "
+        if e["batches"] < per_update:
+            out.append(f"epoch {e['epoch']}: {e['batches']} microbatches, no complete update: one update "
                        f"takes world_size x grad_accum = {settings.world_size} x {settings.grad_accum} = "
                        f"{per_update} microbatches; lower --world-size or --grad-accum (or --micro-batch-size)")
     return out

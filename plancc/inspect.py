@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from plancc import store
 from plancc.errors import PlanccError
-from plancc.layout import complete_updates
+from plancc.layout import complete_updates, optimizer_updates
 from plancc.metric_columns import METRIC_COLUMNS
 from plancc.numbers import format_number, padding_ratio
 
@@ -96,15 +96,17 @@ class PlanView:
 
 def _filters(plan: store.PlanDir, epoch: int | None, update: int | None, rank: int | None,
              micro_step: int | None) -> list[tuple]:
-    """Parquet filters for the given values; a value outside the plan's range is an error naming the range."""
+    """Parquet filters for the given values; a value outside the plan's range is an error naming the range. The
+    updates are the optimizer steps a trainer runs (the incomplete tail included), from each epoch's microbatches."""
     epochs = sorted(int(e) for e in plan.fingerprints.get("plan", {}))
-    updates = [e["updates"] for e in plan.meta.get("epochs", [])
-               if epoch is None or e["epoch"] == epoch] if update is not None else []
+    W, G = plan.settings.world_size, plan.settings.grad_accum
+    updates = [optimizer_updates(e["batches"], W, G) for e in plan.meta.get("epochs", [])
+               if epoch is None or e["epoch"] == epoch]
     ranges = {  # name: (value, how many there are, what has that many)
         "epoch": (epoch, None, f"epochs {epochs}"),
         "update": (update, max(updates, default=0), "updates" + ("" if epoch is None else f" in epoch {epoch}")),
-        "rank": (rank, plan.settings.world_size, "ranks (world size)"),
-        "micro_step": (micro_step, plan.settings.grad_accum, "micro-steps (grad accum)"),
+        "rank": (rank, W, "ranks (world size)"),
+        "micro_step": (micro_step, G, "micro-steps (grad accum)"),
     }
     f = []
     for name, (v, count, what) in ranges.items():

@@ -1,7 +1,9 @@
 """Stage summaries from plan arrays (SPEC 6): what a plan does to labels, tokens, padding and updates.
 
-Microbatch statistics cover every microbatch of the epoch, the partial tail included. Update statistics cover
-complete updates only (`W*G` microbatches); the tail's microbatches are counted in `excluded_tail_microbatches`.
+Microbatch statistics cover every microbatch of the epoch, the partial tail included. `updates` is the optimizer
+steps a trainer runs (the tail update included, `layout.optimizer_updates`). Update statistics (label totals, rank
+spreads) cover the `complete_updates` only (`W*G` microbatches each): a tail's smaller total is not imbalance; its
+microbatches are counted in `excluded_tail_microbatches`.
 Standard deviations are population deviations. Every value is a plain int or float (None where it does not
 apply: `rows_lower_bound` outside packed mode) so the table is JSON-able. `label_cv` and `update_label_cv` are
 std/mean, the figures balancing is judged by.
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plancc.config import Mode, PlanSettings
-from plancc.layout import complete_updates
+from plancc.layout import complete_updates, optimizer_updates
 from plancc.plan import Batches, SampleArrays, batch_sums
 
 
@@ -107,7 +109,8 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "padding_tokens": int(cost.sum()) - total_tokens,
         "packing_efficiency": total_tokens / slots if slots else 0.0,
         "rows_lower_bound": math.ceil(total_tokens / capacity) if settings.mode == Mode.PACKED else None,
-        "updates": n_upd,
+        "updates": optimizer_updates(b.num_batches, W, G),
+        "complete_updates": n_upd,
         "mean_global_update_labels": mean_u,
         "std_global_update_labels": std_u,
         "update_label_cv": _cv(mean_u, std_u),

@@ -76,8 +76,9 @@ def metrics_cmd(
 def plan_cmd(
     plan_dir: PlanArg,
     epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.", show_default="all")] = None,
-    update: Annotated[int | None, typer.Option("--update", help="Only this optimizer update.", show_default="all")
-                      ] = None,
+    update: Annotated[int | None, typer.Option("--update", help="Only this optimizer update (the last may be the "
+                                                "incomplete final update: it trains too unless --drop-last).",
+                                               show_default="all")] = None,
     rank: Annotated[int | None, typer.Option("--rank", help="Only what this data-parallel rank sees.",
                                              show_default="all")] = None,
     micro_step: Annotated[int | None, typer.Option("--micro-step", help="Only this accumulation step of each "
