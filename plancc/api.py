@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from plancc import store
+from plancc import atomic, store
 from plancc.config import PlanSettings, SettingsError, resolve_settings
 from plancc.errors import InputError
 from plancc.store import EpochMicrobatches
@@ -159,6 +159,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
                                    num_proc=procs, progress=progress)
     result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
                            shard_rows=default_rows if shard_rows is None else shard_rows, engine=runner)
+    atomic.fault("prepared")
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report
 

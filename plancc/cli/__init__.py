@@ -116,7 +116,7 @@ def compile_cmd(
     """`plancc compile`: flags to settings by name, `plancc.api.compile`, the summary."""
     from plancc import api
 
-    with fail_on_errors():
+    with fail_on_errors(output, "plan"):
         with reporter(quiet or json) as progress:
             plan = api.compile(
                 source, output, overwrite=overwrite, config=config, num_proc=num_proc, cache_dir=cache_dir,
@@ -174,7 +174,7 @@ def scan_cmd(
     """`plancc scan`: flags to scan options by name, `plancc.api.scan`, the summary."""
     from plancc import api
 
-    with fail_on_errors(), reporter(quiet or json) as progress:
+    with fail_on_errors(output, "scan"), reporter(quiet or json) as progress:
         report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
                           cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
                           engine=engine, ray_address=ray_address,
@@ -204,7 +204,7 @@ def merge_cmd(
     """`plancc merge`: join partial scans (`plancc scan --shard I/N`) into one scan directory."""
     from plancc import api
 
-    with fail_on_errors():
+    with fail_on_errors(output, "scan"):
         report = api.merge(parts, output, overwrite=overwrite)
     warn(report.get("warnings") or [])
     if json:
