@@ -6,7 +6,8 @@ The protocol, for a target `D/NAME` (all names hidden, beside the target, never 
    never blocks) and unlinked by its holder when done (no litter). A second live writer is refused.
 2. Recover (also run by every reader of a plan or scan directory, see `recover`): leftovers of dead writers
    beside the target are reclaimed, see the crash states below.
-3. Write the new directory as `D/.NAME.plancc-tmp-PID-HEX`, fsync every file and the directory.
+3. Write the new directory as `D/.NAME.plancc-tmp-PID-HEX`, fsync every file and the directory. The caller's
+   check of the target (`store.check_output`: nothing in it that plancc did not write) runs before and after.
 4. Commit: `renameat2(tmp, D/NAME, RENAME_EXCHANGE)` swaps the two paths in one step (the old directory now sits
    under the temporary name), or `rename(tmp, D/NAME)` when there is no old one. Where the filesystem has no
    exchange, two renames: `D/NAME -> D/.NAME.plancc-old-PID-HEX`, then `tmp -> D/NAME`. Then fsync `D`.
@@ -26,8 +27,14 @@ Crash states (SIGKILL or power loss at each step) and what the next command does
 | any step               | as above                 | its `.NAME.lock` file      | removed (it blocks nothing meanwhile)  |
 
 Only leftovers whose lock can be taken are touched, so a live writer's temporaries are never reclaimed.
-`PLANCC_FAULT=POINT:kill|int|term` (tests only) sends the process SIGKILL, SIGINT or SIGTERM at a named point
-of this sequence: `written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`.
+`PLANCC_FAULT=POINT:kill|int|term|stop` (tests only) sends the process SIGKILL, SIGINT, SIGTERM or SIGSTOP at a
+named point of this sequence: `written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`;
+or before it: `startup` (`plancc.__main__`, before the CLI is imported), `prepared` (the work done, nothing
+written yet).
+
+Step 3 fails as a whole: an OSError while writing (a full disk, whichever file a copy read) is `WriteFailed`,
+naming the target and saying that what was there is unchanged.
+
 `PLANCC_REPLACE=rename` forces the two-rename fallback (to test it on a filesystem that has the exchange).
 """
 
@@ -81,7 +88,8 @@ def fault(point: str) -> None:
     if not _FAULT or _FAULT.split(":")[0] != point:
         return
     how = _FAULT.split(":")[1] if ":" in _FAULT else "kill"
-    os.kill(os.getpid(), {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}[how])
+    os.kill(os.getpid(), {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM,
+                          "stop": signal.SIGSTOP}[how])
 
 
 def read_regular(path: Path) -> bytes | None:
