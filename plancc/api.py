@@ -195,7 +195,8 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
     directory) or an in-memory `datasets.Dataset` (written once into the cache as Parquet). `settings` are the
     flags' names with underscores (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML
-    file under them. `output` must be absent, empty, or (with `overwrite`) a plan to replace. Errors are `plancc.errors.PlanccError` with a message naming the setting to change.
+    file under them. `output` must be absent, empty, or (with `overwrite`) a plan or scan to replace that holds only
+    what plancc wrote (anything else there is refused, `store.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message naming the setting to change.
     """
     from plancc.build import compile_to_dir
 

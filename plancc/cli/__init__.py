@@ -69,8 +69,9 @@ CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache.",
                                       show_default="$PLANCC_CACHE or ~/.cache/plancc")]
 
 
-OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plancc plan/scan at -o (a folder holding "
-                                                       "anything else is never touched).")]
+OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plancc plan/scan at -o whole (one holding "
+                                                       "anything plancc did not write, and any other folder, is "
+                                                       "never touched).")]
 
 
 @app.command("compile", cls=SourceCommand, help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan." + _EXAMPLE)
