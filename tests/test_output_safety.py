@@ -432,7 +432,7 @@ def test_a_file_added_to_the_old_plan_during_the_write_is_not_lost(tmp_path, sou
             time.sleep(0.05)
         (plan / "NOTES.md").write_text("written while plancc wrote\n")
     finally:
-        os.kill(proc.pid, signal.SIGCONT)
+        proc.send_signal(signal.SIGCONT)  # nothing when it already ended
     assert proc.wait(timeout=120) == 2
     assert "did not write: NOTES.md;" in proc.stderr.read()
     assert (plan / "NOTES.md").exists() and _plan_fp(plan) == old
