@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from plancc import store
+from plancc import atomic, store
 from plancc.config import PlanSettings, SettingsError, resolve_settings
 from plancc.errors import InputError
 from plancc.store import EpochMicrobatches
@@ -160,6 +160,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
                                    num_proc=procs, progress=progress)
     result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
                            shard_rows=default_rows if shard_rows is None else shard_rows, engine=runner)
+    atomic.fault("prepared")
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report
 
@@ -195,7 +196,8 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
     directory) or an in-memory `datasets.Dataset` (written once into the cache as Parquet). `settings` are the
     flags' names with underscores (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML
-    file under them. `output` must be absent, empty, or (with `overwrite`) a plan to replace. Errors are `plancc.errors.PlanccError` with a message naming the setting to change.
+    file under them. `output` must be absent, empty, or (with `overwrite`) a plan or scan to replace that holds only
+    what plancc wrote (anything else there is refused, `store.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message naming the setting to change.
     """
     from plancc.build import compile_to_dir
 

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc import __version__, store, token_store
+from plancc import __version__, atomic, store, token_store
 from plancc.carry import carry
 from plancc.config import PlanSettings, ScanOptions
 from plancc.errors import InputError
@@ -73,8 +73,14 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     s = store.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
     epochs = compile_plan(s, settings, progress=progress, drops=drops)
+    atomic.fault("prepared")
     return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress,
                           overwrite=overwrite)
+
+
+# scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
+# took (a cold and a warm cache must give the same plan bytes)
+NOT_PLANNED = ("source_paths", "seconds")
 
 
 def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool) -> dict[str, Any]:
@@ -123,7 +129,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "schema": store.SCHEMA_VERSION,
         "fingerprints": fingerprints,
         "settings": settings_dict,
-        "scan": {k: v for k, v in scan_info.items() if k != "source_paths"},
+        "scan": {k: v for k, v in scan_info.items() if k not in NOT_PLANNED},
         "data": data,
         "epochs": epoch_info,
         "samples": len(s),

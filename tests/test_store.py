@@ -91,9 +91,9 @@ def test_failed_write_keeps_the_old_plan_and_leaves_no_temporaries(tmp_path):
 
 def test_successful_rewrite_replaces_the_whole_directory(tmp_path):
     plan_dir = _write(tmp_path / "plan")
-    (plan_dir / "stray.txt").write_text("from an older plan")
+    (plan_dir / store.TOKENIZED_FILE).write_text("what an older plancc wrote")  # a user's file is refused instead
     _write(plan_dir, PlanSettings(micro_batch_size=1, sequence_len=64), overwrite=True)
-    assert not (plan_dir / "stray.txt").exists()
+    assert not (plan_dir / store.TOKENIZED_FILE).exists()
     assert json.loads((plan_dir / store.MANIFEST_FILE).read_text())["settings"]["micro_batch_size"] == 1
 
 

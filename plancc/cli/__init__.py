@@ -69,8 +69,9 @@ CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache.",
                                       show_default="$PLANCC_CACHE or ~/.cache/plancc")]
 
 
-OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plancc plan/scan at -o (a folder holding "
-                                                       "anything else is never touched).")]
+OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plancc plan/scan at -o whole (one holding "
+                                                       "anything plancc did not write, and any other folder, is "
+                                                       "never touched).")]
 
 
 @app.command("compile", cls=SourceCommand, help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan." + _EXAMPLE)
@@ -116,7 +117,7 @@ def compile_cmd(
     """`plancc compile`: flags to settings by name, `plancc.api.compile`, the summary."""
     from plancc import api
 
-    with fail_on_errors():
+    with fail_on_errors(output, "plan"):
         with reporter(quiet or json) as progress:
             plan = api.compile(
                 source, output, overwrite=overwrite, config=config, num_proc=num_proc, cache_dir=cache_dir,
@@ -174,7 +175,7 @@ def scan_cmd(
     """`plancc scan`: flags to scan options by name, `plancc.api.scan`, the summary."""
     from plancc import api
 
-    with fail_on_errors(), reporter(quiet or json) as progress:
+    with fail_on_errors(output, "scan"), reporter(quiet or json) as progress:
         report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
                           cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
                           engine=engine, ray_address=ray_address,
@@ -204,7 +205,7 @@ def merge_cmd(
     """`plancc merge`: join partial scans (`plancc scan --shard I/N`) into one scan directory."""
     from plancc import api
 
-    with fail_on_errors():
+    with fail_on_errors(output, "scan"):
         report = api.merge(parts, output, overwrite=overwrite)
     warn(report.get("warnings") or [])
     if json:
