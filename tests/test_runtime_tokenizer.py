@@ -78,3 +78,40 @@ def test_a_plan_of_tokenized_data_records_no_tokenizer(tmp_path):
     plan = build_plan(tmp_path / "p", n=8, data_seed=1, max_len=10, mode="packed", sequence_len=16)
     assert plan_tokenizer(plan) is None
     check_tokenizer(plan, builtin_hf())  # nothing recorded: nothing to compare
+
+
+def test_trainers_refuse_another_tokenizer_before_training(plans, tmp_path):
+    from transformers import TrainingArguments
+    from trl import SFTConfig
+
+    from plancc.runtime.hf import PlanTrainer
+    from plancc.runtime.trl import PlanSFTTrainer
+    from tests.runtime_helpers import tiny_model
+
+    other = AutoTokenizer.from_pretrained(plans["dir"], local_files_only=True)
+    common = dict(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], save_strategy="no")
+    for trainer, args in ((PlanTrainer, TrainingArguments(**common)), (PlanSFTTrainer, SFTConfig(**common))):
+        with pytest.raises(PlanMismatchError, match="compiled with plancc-byte-level"):
+            trainer(model=tiny_model(vocab=320), args=args, plan=plans["builtin"], processing_class=other)
+    assert not (tmp_path / "out").exists()
+    PlanTrainer(model=tiny_model(vocab=320), args=TrainingArguments(**common), plan=plans["builtin"],
+                processing_class=builtin_hf())  # the plan's own: accepted
+
+
+def test_trl_example_uses_the_plans_tokenizer_and_refuses_another(plans, tmp_path):
+    """Without --tokenizer the example trains with the one the plan records; with another it stops in one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, str(root / "examples" / "trl_sft.py"), "--plan", str(plans["builtin"]), "--max-steps",
+           "1", "--output-dir"]
+    bad = subprocess.run([*cmd, str(tmp_path / "bad"), "--tokenizer", str(plans["dir"])], capture_output=True,
+                         text=True, timeout=300, cwd=root)
+    assert bad.returncode == 2, bad.stderr[-3000:]
+    assert "Traceback" not in bad.stderr and BUILTIN_NAME in bad.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "bad").exists()
+    good = subprocess.run([*cmd, str(tmp_path / "good")], capture_output=True, text=True, timeout=300, cwd=root)
+    assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-3000:]
+    assert "train_loss" in good.stdout + good.stderr
