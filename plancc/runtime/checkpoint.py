@@ -44,7 +44,6 @@ import contextlib
 import hashlib
 import json
 import os
-import pickle
 import re
 import signal
 import uuid
@@ -71,7 +70,6 @@ FAULT_POINTS = (
 )
 _STEP_DIR = re.compile(r"step-(\d+)$")
 _AGREE_SLOTS = 32  # newest complete steps each rank reports when the ranks agree on one
-_FAILED = -2  # what a rank that could not read the checkpoint directory reports instead of its steps
 
 
 class CheckpointError(RuntimeError):
@@ -211,11 +209,11 @@ def load_tensors(path: str | Path, map_location: Any = None) -> Any:
     would run code is refused, never run)."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, KeyError, AttributeError,
-            TypeError, ImportError) as e:
+    except Exception as e:  # hostile bytes fail in many ways (pickle.UnpicklingError for code); all are damage
         size = os.path.getsize(path) if os.path.exists(path) else None
+        first = (str(e).splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"{path}: not a readable tensor checkpoint ({size} bytes; truncated or damaged?): "
-                              f"{str(e).splitlines()[0]}") from None
+                              f"{first}") from None
 
 
 # ---------------------------------------------------------------- collectives (no-ops without a process group)
@@ -497,18 +495,9 @@ def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch
     than the checkpoint's reads rank 0's files (exact at update boundaries; the sampler refuses otherwise).
     """
     directory, rank = Path(directory), sampler.rank
-    failure: Exception | None = None
-    try:
-        good, bad = complete_steps(directory, rank)
-    except Exception as e:  # re-raised after the ranks agree: none is left waiting
-        failure, good, bad = e, [], []
-    row = [_FAILED] if failure is not None else [s for s, _ in good[:_AGREE_SLOTS]]
+    good, bad = together(lambda: complete_steps(directory, rank), f"read {directory}")
+    row = [s for s, _ in good[:_AGREE_SLOTS]]
     rows = _all_gather_rows(row + [-1] * (_AGREE_SLOTS - len(row)))
-    if failure is not None:
-        raise failure
-    failed = [r for r, ranks_row in enumerate(rows) if ranks_row[0] == _FAILED]
-    if failed:
-        raise CheckpointError(f"rank(s) {failed} could not read {directory} (see their errors); no rank goes on")
     step, why = agree_on_step([[s for s in r if s >= 0] for r in rows])
     if step is None:
         detail = f"{why}; " if why else ""
