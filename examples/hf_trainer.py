@@ -25,6 +25,7 @@ from typing import NoReturn
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
+from plancc.errors import PlanccError
 from plancc.runtime import RuntimePlan, load_tokens
 from plancc.runtime.hf import PlanTrainer
 
@@ -50,11 +51,14 @@ def fail(message: str) -> NoReturn:
 
 def open_run(plan_dir: str):
     """The plan, this run's process count (checked against the plan's microbatches per update) and its tokens."""
-    plan = RuntimePlan(plan_dir)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if plan.batches_per_update % world:
-        fail(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
-    return plan, world, load_tokens(plan)
+    try:
+        plan = RuntimePlan(plan_dir)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if plan.batches_per_update % world:
+            fail(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
+        return plan, world, load_tokens(plan)
+    except PlanccError as e:
+        fail(str(e))
 
 
 def tiny_llama(vocab: int) -> LlamaForCausalLM:
