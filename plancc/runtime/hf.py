@@ -57,6 +57,7 @@ from plancc.runtime.loader import PlanDataLoader, PlanDataset
 from plancc.runtime.loss import token_loss
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import PlanSampler
+from plancc.runtime.tokenizer import check_tokenizer
 
 STATE_FILE = "plancc_sampler.json"
 
@@ -112,12 +113,15 @@ class _PlanEpoch(TrainerCallback):
 class PlanTrainer(Trainer):
     """A `Trainer` that replays a plancc plan (see module docstring). Extra keyword arguments: `plan` (a plan
     directory or `RuntimePlan`), `tokens` (a `TokenStore`; default: the plan's data, verified), `verify`,
-    `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`)."""
+    `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`). A
+    `processing_class` must be the tokenizer the plan was compiled with (`plancc.runtime.check_tokenizer`)."""
 
     def __init__(self, *args: Any, plan: str | Path | RuntimePlan, tokens: TokenStore | None = None,
                  verify: str = "chunks", allow_dataset_change: bool = False, pad_token_id: int = 0,
                  explicit_mask: bool = False, **kwargs: Any):
         self.plan = open_plan(plan)
+        if kwargs.get("processing_class") is not None:  # saved with every checkpoint: it must be the plan's
+            check_tokenizer(self.plan, kwargs["processing_class"])
         self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask
         self.plan_tokens = tokens if tokens is not None else load_tokens(
             self.plan, verify=verify, allow_dataset_change=allow_dataset_change)

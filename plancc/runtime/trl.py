@@ -17,8 +17,9 @@ and loss comes from the plan. What differs from a plain `SFTTrainer`:
   only for the checks SFTTrainer makes at start-up; training reads the plan;
 - the loss is plancc's (fp32 cross entropy over the full logits, sum / the update's plan count x world size), not
   TRL's fused-LM-head loss: `loss_type="nll"` only, and TRL's token-accuracy and entropy metrics are not logged;
-- `processing_class` is required (the tokenizer the plan was compiled with: saved with checkpoints; its pad
-  token, else its eos token, pads the rows unless `pad_token_id` is given).
+- `processing_class` is required: the tokenizer the plan was compiled with (another one is refused, see
+  `plancc.runtime.check_tokenizer`); it is saved with checkpoints, and its pad token, else its eos token, pads
+  the rows unless `pad_token_id` is given.
 `datasets` is imported here only because SFTTrainer accepts nothing else as `train_dataset`.
 """
 
