@@ -206,6 +206,9 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, **settings)
     specs = _recipe(source, config, mix, cache)
     if specs is None:
+        if plan_settings.samples_per_epoch is not None:
+            raise SettingsError("--samples-per-epoch sizes a recipe's weighted datasets: give several sources (or a "
+                                "config listing datasets) with weights", "samples_per_epoch")
         if not isinstance(source, str | os.PathLike):
             source = _materialize(source, cache)
         compile_to_dir(str(source), scan_options, plan_settings, output, num_proc=procs, cache_dir=cache,

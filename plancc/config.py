@@ -212,7 +212,7 @@ class PlanSettings:
         object.__setattr__(self, "mixture", _mixture(self.mixture))
         if self.samples_per_epoch is not None:
             _positive("samples_per_epoch", self.samples_per_epoch)
-            if not any(kind == "weight" for _, _, kind, _ in self.mixture):
+            if self.mixture and not any(kind == "weight" for _, _, kind, _ in self.mixture):
                 raise SettingsError("--samples-per-epoch sizes a recipe's weighted datasets; no dataset has a "
                                     "weight", "samples_per_epoch")
         _typed(self, "cost", CostMode)

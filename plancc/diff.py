@@ -397,8 +397,8 @@ def failures(report: dict[str, Any], fail_on: list[str]) -> list[str]:
         elif f == "config" and ch["config"]:
             names = ", ".join(c["setting"] for c in report["config"]) or "config fingerprint"
             reasons.append(f"config: settings changed ({names})")
-        elif f == "dataset" and (ch["dataset"] or ch["metadata"] or ch["datasets"]):
-            named = [f"{d['name']} {d['status'].replace('_', ' ')}" for d in report["datasets"]
+        elif f == "dataset" and (ch["dataset"] or ch["metadata"] or ch.get("datasets")):
+            named = [f"{d['name']} {d['status'].replace('_', ' ')}" for d in report.get("datasets", [])
                      if d["status"] != "unchanged"]
             reasons.append("dataset: " + (", ".join(named) if named else
                                           "the samples' content changed (dataset/metadata fingerprint)"))

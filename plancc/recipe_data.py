@@ -73,7 +73,7 @@ def _load_one(spec: DatasetSpec, scan_options: ScanOptions, settings: PlanSettin
         table, report, tokens = load_samples(spec.path, options, **kw)
         implied = carry(report, options, settings, given, f"dataset {spec.name!r} ({spec.path})")
     except PlanccError as exc:
-        if str(exc).startswith(f"dataset {spec.name!r}"):
+        if f"dataset {spec.name!r}" in str(exc):
             raise
         raise type(exc)(f"dataset {spec.name!r}: {exc}") from None
     return Loaded(spec, table, report, tokens, implied)
@@ -195,3 +195,21 @@ def epoch_metrics(epochs: list[Any], joined: Joined, shift: str) -> list[dict[st
         rows += dataset_rows(p.epoch, "after", names, index[b.samples], s.length[b.samples],
                              entry_targets(b, s, shift))
     return rows
+
+
+def eval_sample_ids(samples: pa.Table, mixture: tuple) -> np.ndarray:
+    """The sample ids of a recipe's eval datasets (`eval_datasets`): in the samples table, never in a training
+    epoch; the eval plan draws on them. Empty for a recipe without eval datasets or a one-source table."""
+    if store.DATASET_COLUMN not in samples.column_names:
+        return np.zeros(0, dtype=np.int64)
+    from plancc.mixture import eval_positions
+
+    codes, names = store.dataset_codes(samples)
+    positions = eval_positions(dataset_index(codes, names, mixture), mixture)
+    return store.column(samples, "sample_id")[positions]
+
+
+def plan_eval_sample_ids(plan_dir: str | Path) -> np.ndarray:
+    """`eval_sample_ids` of a plan directory (its samples table and its settings' mixture)."""
+    plan = store.PlanDir(plan_dir)
+    return eval_sample_ids(plan.read_samples(), plan.settings.mixture)
