@@ -180,7 +180,14 @@ def test_a_recipe_compiles_to_one_sample_id_space_and_token_store_and_validates(
 def test_the_runtime_reads_a_recipe_plan(mixed):
     """The runtime maps the joined store as one (verified at open), and the collator feeds the loss exactly the
     plan's label counts, a sample that is twice in an epoch included."""
-    from plancc.runtime import PlanCollator, PlanDataLoader, PlanDataset, PlanSampler, RuntimePlan, load_tokens
+    from plancc.runtime import (
+        PlanCollator,
+        PlanDataLoader,
+        PlanDataset,
+        PlanSampler,
+        RuntimePlan,
+        load_tokens,
+    )
 
     _, plan, _ = mixed
     rt = RuntimePlan(plan.path)
