@@ -226,7 +226,7 @@ def _recipe(source: Any, config: str | Path | None, mix: Any, cache: Path | None
     from plancc import recipe
     from plancc.config import load_config_file
 
-    train, evals = recipe.from_config(load_config_file(config)) if config else ([], [])
+    train, evals = recipe.from_config(load_config_file(config), Path(config).parent) if config else ([], [])
     sources = list(source) if isinstance(source, list | tuple) else [] if source is None else [source]
     if sources and train:
         raise SettingsError(f"config file {config} lists datasets and sources were given too: give one or the other")

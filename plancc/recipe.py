@@ -9,7 +9,7 @@ to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of 
     format = "messages"           # format, columns, split, chat_template: this dataset's own
     repeat = 2                    # or weight = 0.3 (one of them; default repeat 1)
 
-The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
+A relative `path` is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
 an entry and the top-level settings) that disagree are an error naming both. `--mix NAME=2x` sets a repeat,
 `--mix NAME=0.3` a weight (the `x` says "times"); it overrides the entry's.
 """
@@ -149,12 +149,24 @@ def shared_settings(specs: tuple[DatasetSpec, ...], top: dict[str, Any]) -> dict
     return {k: v for k, (v, _) in seen.items()}
 
 
-def from_config(config: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-    """The training and eval entries a config file lists (each must be a list)."""
+def beside(folder: Path, path: str) -> str:
+    """A config entry's path: relative to the config file's folder when something is there (a file, directory or
+    glob match), so a recipe travels with its data; else as written (a Hub id, or a path from the working folder)."""
+    import glob
+
+    candidate = folder / path
+    if Path(path).is_absolute() or not (candidate.exists() or glob.glob(str(candidate), recursive=True)):
+        return path
+    return str(candidate)
+
+
+def from_config(config: dict[str, Any], folder: Path) -> tuple[list[Any], list[Any]]:
+    """The training and eval entries a config file (in `folder`) lists (each must be a list), paths resolved."""
     lists = []
     for key in CONFIG_DATASETS:
         value = config.get(key, [])
         if not isinstance(value, list):
             raise SettingsError(f"config {key} must be a list of datasets ([[{key}]] tables in TOML), got {value!r}")
-        lists.append(value)
+        lists.append([{**e, "path": beside(folder, str(e["path"]))} if isinstance(e, dict) and "path" in e else
+                      beside(folder, e) if isinstance(e, str) else e for e in value])
     return lists[0], lists[1]

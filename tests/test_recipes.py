@@ -354,3 +354,25 @@ def test_errors_for_missing_or_doubled_sources(tmp_path):
     res = subprocess.run([sys.executable, "-m", "plancc", "compile", "-o", str(tmp_path / "p")], capture_output=True,
                          text=True, env={**os.environ})
     assert res.returncode == 2 and "no source" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_example_recipe_compiles_from_its_config_alone_from_any_folder(tmp_path):
+    """`examples/recipe.toml` lists its datasets beside it: no SOURCE, any working folder; its data is regenerated
+    byte for byte by `examples/make_example_data.py`."""
+    import importlib.util
+
+    root = Path(__file__).parent.parent
+    res = subprocess.run([sys.executable, "-m", "plancc", "compile", "-o", "p", "--config",
+                          str(root / "examples" / "recipe.toml"), "--quiet", "--cache-dir", str(tmp_path / "c")],
+                         cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    plan = plancc.open_plan(tmp_path / "p")
+    assert [(d["name"], d["retained"], d.get("repeat")) for d in plan.manifest["recipe"]["datasets"]] == [
+        ("chat", 800, 2.0), ("alpaca", 300, 0.5)]
+    assert validate_plan(str(tmp_path / "p"))[0] == []
+    spec = importlib.util.spec_from_file_location("make_example_data", root / "examples" / "make_example_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rng = module.random.Random(20261201)
+    rows = [json.dumps(module.instruction(rng), ensure_ascii=False) + "\n" for _ in range(300)]
+    assert "".join(rows) == (root / "examples" / "data" / "instructions.jsonl").read_text()
