@@ -40,7 +40,7 @@ def _table(n: int, seed: int, first_id: int) -> pa.Table:
         "length": s.length.astype("int32"),
         "label_count": s.label_count.astype("int32"),
         "first_label_supervised": s.first_label_supervised,
-        "token_hash": ids.astype("uint64") * np.uint64(0x9E3779B97F4A7C15),
+        "token_hash": s.sample_id.astype("uint64") * np.uint64(0x9E3779B97F4A7C15),  # content: not where it lands
     })
 
 

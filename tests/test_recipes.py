@@ -84,6 +84,26 @@ def test_a_fraction_takes_different_parts_each_epoch_and_every_sample_once_over_
     assert np.array_equal(np.sort(np.concatenate(epochs)), np.arange(n))
 
 
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(4, 60), min_size=2, max_size=3), data=st.data(), seed=st.integers(0, 2**20),
+       mode=st.sampled_from(["packed", "padded", "flattened"]))
+def test_packing_and_balancing_keep_every_datasets_count(sizes, data, seed, mode):
+    """The mixture is a multiset per epoch; every stage after it (pack, balance) moves samples, never adds or removes
+    one: the plan holds each dataset's exact count, each sample its mixture count."""
+    from benchmarks.synthetic import sft_mix
+    from plancc.config import PlanSettings
+    from plancc.pipeline import compile_plan
+
+    mix = _mix(*data.draw(st.lists(kinds, min_size=len(sizes), max_size=len(sizes))))
+    index = _index(sizes)
+    s = sft_mix(int(index.size), seed=seed, sequence_len=1024)
+    settings_ = PlanSettings(mode=mode, micro_batch_size=2, sequence_len=1024, world_size=2, grad_accum=2, seed=seed,
+                             epochs=2, mixture=mix)
+    for p in compile_plan(s, settings_, index=index):
+        drawn = mixture.epoch_positions(index, mix, None, seed, p.epoch)
+        assert np.array_equal(np.sort(p.positions[p.batches.samples]), drawn)
+
+
 def test_largest_remainder_rounds_to_floor_or_ceiling_and_sums_exactly():
     counts = mixture.largest_remainder(np.array([1 / 3, 1 / 3, 1 / 3]) * 10, 10)
     assert counts.sum() == 10 and sorted(counts.tolist()) == [3, 3, 4]
