@@ -70,6 +70,9 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     samples_table, scan_info, tokenized = load_samples(
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
+    if store.DATASET_COLUMN in samples_table.column_names:
+        raise InputError(f"{source} holds a recipe's samples (several datasets): compile the recipe again (its config "
+                         "or sources), or list it as one dataset of a recipe")
     settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
     s = store.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))

@@ -10,6 +10,7 @@ its own `--max-dropped` check (an error names the dataset). Then, in recipe orde
 * the token store: a multi-part store (`token_store.write_parts`) of the datasets' stores, hard-linked from the
   scan cache into `recipes/KEY/` of the cache (KEY: the datasets' fingerprints, names and order); the runtime maps
   it as one store, so its per-sample read stays O(1) and each chunk is still hashed on first read;
+* a stored scan's sequence_len and shift (read first) are those the others are scanned with, unless set;
 * the report: rows, drops and cuts summed, the tokenizer (one for the recipe: datasets scanned with different
   ones are an error naming both), and per dataset its counts, fingerprints, first id and mix (`datasets`).
 """
@@ -23,10 +24,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from plancc import store, token_store
 from plancc.carry import carry
-from plancc.config import PlanSettings, ScanOptions, SettingsError, canonical_hash, default_cache_dir
+from plancc.config import (
+    SHARED_SETTINGS,
+    PlanSettings,
+    ScanOptions,
+    SettingsError,
+    canonical_hash,
+    default_cache_dir,
+)
 from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import scan_identity
 from plancc.mixture import dataset_index
@@ -77,6 +86,33 @@ def _load_one(spec: DatasetSpec, scan_options: ScanOptions, settings: PlanSettin
             raise
         raise type(exc)(f"dataset {spec.name!r}: {exc}") from None
     return Loaded(spec, table, report, tokens, implied)
+
+
+def _is_stored(path: str) -> bool:
+    """Whether a dataset's path is a scan or plan directory or a samples table (its options are what they are)."""
+    p = Path(path)
+    if p.is_dir():
+        return (p / store.SAMPLES_FILE).is_file()
+    try:
+        return p.suffix == ".parquet" and set(pq.read_schema(p).names) == set(store.SAMPLES_SCHEMA.names)
+    except (OSError, pa.ArrowException):
+        return False
+
+
+def _load_all(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: PlanSettings, given: Any,
+              **kw: Any) -> list[Loaded]:
+    """Every dataset, in recipe order; stored scans are read first, and the first that records its sequence_len
+    and shift gives them to the datasets still to scan (unless they were set on purpose)."""
+    order = sorted(range(len(specs)), key=lambda i: not _is_stored(specs[i].path))
+    loaded: dict[int, Loaded] = {}
+    for i in order:
+        loaded[i] = _load_one(specs[i], scan_options, settings, given, **kw)
+        recorded = loaded[i].report.get("options") or {}
+        if _is_stored(specs[i].path) and recorded:
+            carried = {k: recorded[k] for k in SHARED_SETTINGS if k not in given and k in recorded}
+            scan_options = dataclasses.replace(scan_options, **carried)
+            settings = dataclasses.replace(settings, **carried)
+    return [loaded[i] for i in range(len(specs))]
 
 
 def _agree(loaded: list[Loaded]) -> None:
@@ -163,8 +199,8 @@ def _token_store(loaded: list[Loaded], fingerprints: dict[str, str], shift: str,
 def load(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: PlanSettings, given: Any, *,
          num_proc: int = 1, cache_dir: Path | None = None, progress: Any = None) -> Joined:
     """Load every dataset of the recipe and join them (see the module docstring)."""
-    loaded = [_load_one(spec, scan_options, settings, given, num_proc=num_proc, cache_dir=cache_dir,
-                        progress=progress) for spec in specs]
+    loaded = _load_all(specs, scan_options, settings, given, num_proc=num_proc, cache_dir=cache_dir,
+                       progress=progress)
     _agree(loaded)
     tables, datasets, first_id = [], [], 0
     for d in loaded:

@@ -146,15 +146,19 @@ def test_one_tokenizer_and_sequence_len_for_the_recipe_a_contradiction_names_bot
     with pytest.raises(SettingsError, match="dataset 'big' sets sequence_len 512 but the recipe's settings 1024"):
         plancc.compile([*entries[:1], str(b)], tmp_path / "p", cache_dir=tmp_path / "c", tokenizer="builtin",
                        sequence_len=1024)
-    # a scan directory made with another sequence_len: both datasets named
+    # scan directories made with different sequence_len: both datasets named
     plancc.api.scan(str(b), tmp_path / "scan", cache_dir=tmp_path / "c", tokenizer="builtin", sequence_len=256)
-    with pytest.raises(SettingsError, match="datasets 'big' and 'scan' have sequence_len 4096 and 256"):
-        plancc.compile([str(a), str(tmp_path / "scan")], tmp_path / "p", cache_dir=tmp_path / "c",
-                       tokenizer="builtin")
+    plancc.api.scan(str(a), tmp_path / "other", cache_dir=tmp_path / "c", tokenizer="builtin", sequence_len=512)
+    with pytest.raises(SettingsError, match="datasets 'other' and 'scan' have sequence_len 512 and 256"):
+        plancc.compile([str(tmp_path / "other"), str(tmp_path / "scan")], tmp_path / "p", cache_dir=tmp_path / "c")
     with pytest.raises(SettingsError, match=r"^--sequence-len 512 contradicts dataset 'scan' \("):
         plancc.compile([str(a), str(tmp_path / "scan")], tmp_path / "p", cache_dir=tmp_path / "c",
                        tokenizer="builtin", sequence_len=512)
     assert not (tmp_path / "p").exists()
+    # unless given, a raw dataset is scanned with the stored scan's sequence_len
+    plan = plancc.compile([str(a), str(tmp_path / "scan")], tmp_path / "p", cache_dir=tmp_path / "c",
+                          tokenizer="builtin")
+    assert plan.settings.sequence_len == 256 and plan.scan["options"]["sequence_len"] == 256
 
 
 # ---------------------------------------------------------------- compile, validate, read
@@ -396,3 +400,31 @@ def test_the_example_recipe_compiles_from_its_config_alone_from_any_folder(tmp_p
     rng = module.random.Random(20261201)
     rows = [json.dumps(module.instruction(rng), ensure_ascii=False) + "\n" for _ in range(300)]
     assert "".join(rows) == (root / "examples" / "data" / "instructions.jsonl").read_text()
+
+
+def test_a_recipe_plan_as_one_source_or_a_rescan_is_refused_and_as_a_dataset_it_joins(mixed, tmp_path):
+    tmp, plan, (a, _, _) = mixed
+    res = CliRunner().invoke(app, ["compile", str(plan.path), "-o", str(tmp_path / "p"), "--cache-dir",
+                                   str(tmp / "cache")])
+    assert res.exit_code == 2 and "holds a recipe's samples" in res.output
+    res = CliRunner().invoke(app, ["validate", str(plan.path), "--dataset", str(a)])
+    assert res.exit_code == 2 and "is a recipe of several datasets" in res.output
+    nested = plancc.compile([str(plan.path), str(a)], tmp_path / "n", cache_dir=tmp / "cache", **{
+        k: v for k, v in BASE.items() if k != "sequence_len"})
+    assert [(d["name"], d["first_id"]) for d in nested.manifest["recipe"]["datasets"]] == [("plan", 0), ("big", 42)]
+    assert validate_plan(str(nested.path))[0] == []
+
+
+def test_yaml_config_lists_datasets_too(tmp_path):
+    from plancc.config import load_config_file
+
+    (tmp_path / "a.jsonl").write_text("")
+    path = tmp_path / "r.yaml"
+    path.write_text("tokenizer: builtin\ndatasets:\n  - path: a.jsonl\n    weight: 2\n  - hub/name\n"
+                    "eval_datasets:\n  - {path: a.jsonl, name: held}\n")
+    train, evals = recipe.from_config(load_config_file(path), tmp_path)
+    assert train == [{"path": str(tmp_path / "a.jsonl"), "weight": 2}, "hub/name"]  # a Hub id stays as written
+    specs = recipe.build(train, evals)
+    assert [(s.name, s.role, s.mix()[2:]) for s in specs] == [("a", "train", ("weight", 2.0)),
+                                                              ("name", "train", ("repeat", 1.0)),
+                                                              ("held", "eval", ("repeat", 1.0))]

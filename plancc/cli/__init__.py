@@ -263,6 +263,10 @@ def validate_cmd(
                 tokens_dir = candidate  # a plan, scan or token store folder: check its store, no rescan
         if dataset is not None and tokens_dir is None:
             from plancc import scan as scan_mod
+            from plancc.errors import InputError
+            if store.PlanDir(plan_dir).settings.mixture:
+                raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source "
+                                 "cannot be rescanned for it; give a plan, scan or token store folder")
             options = scan_mod.options_from_report(store.PlanDir(plan_dir).meta["scan"], tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
             dataset_fp = store.samples_fingerprints(result.samples)["dataset"]
