@@ -84,7 +84,8 @@ _RECIPE_HELP = ("\n\nSeveral SOURCEs (or a --config listing `datasets`, then no 
 def compile_cmd(
     output: Annotated[Path, Opt("--output", "-o", help="Plan directory to write: absent, empty, or a plan to "
                                                         "replace atomically with --overwrite.")],
-    sources: Annotated[list[str] | None, typer.Argument(help="File, glob, save_to_disk dir, Hub id, or a samples "
+    sources: Annotated[list[str] | None, typer.Argument(metavar="SOURCE",
+                                                        help="File, glob, save_to_disk dir, Hub id, or a samples "
                                                               "table; several make a recipe.",
                                                          show_default="the config's datasets")] = None,
     overwrite: OverwriteOpt = False,
