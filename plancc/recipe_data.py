@@ -136,7 +136,15 @@ def _with_ids(d: Loaded, first_id: int) -> pa.Table:
     ids = store.column(table, "sample_id") + first_id
     table = table.set_column(0, store.SAMPLES_SCHEMA.field(0), store.arrow_array(ids, pa.int64()))
     return table.append_column(store.RECIPE_SAMPLES_SCHEMA.field(store.DATASET_COLUMN),
-                               pa.array([d.spec.name] * table.num_rows, pa.string()))
+                               _repeated(d.spec.name, table.num_rows))
+
+
+def _repeated(text: str, n: int) -> pa.Array:
+    """`text` n times as an Arrow string array, built from buffers (`pa.array` of a list imports pandas: a second
+    of every compile)."""
+    encoded = text.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(encoded)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(encoded * n)])
 
 
 def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
@@ -171,15 +179,17 @@ def _report(loaded: list[Loaded], datasets: list[dict[str, Any]]) -> dict[str, A
     return report
 
 
-def _token_store(loaded: list[Loaded], fingerprints: dict[str, str], shift: str, cache_dir: Path | None
-                 ) -> Path | None:
-    """The datasets' token stores as one multi-part store in the cache (reused when its fingerprints match)."""
+def _token_store(loaded: list[Loaded], table: pa.Table, report: dict[str, Any], shift: str,
+                 cache_dir: Path | None) -> Path | None:
+    """The datasets' token stores as one multi-part store in the cache, bound to the joined samples `table` (reused
+    when its fingerprints match); None for bare samples tables."""
     missing = [d.spec.name for d in loaded if d.tokens is None]
     if missing:
         if len(missing) < len(loaded):
             raise InputError(f"dataset {missing[0]!r} has no token store (a bare samples table) while others do: a "
                              "recipe's datasets are all scanned sources (or all bare tables)")
         return None
+    fingerprints = store.samples_fingerprints(table, scan_identity(report))
     key = canonical_hash({"fingerprints": fingerprints, "stores": [token_store.read_header(d.tokens)["fingerprints"]
                                                                    for d in loaded]})
     entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "recipes" / key
@@ -211,8 +221,7 @@ def load(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: Pl
     table = pa.concat_tables(tables).combine_chunks()
     settings = dataclasses.replace(loaded[0].settings, mixture=tuple(spec.mix() for spec in specs))
     report = _report(loaded, datasets)
-    fingerprints = store.samples_fingerprints(table, scan_identity(report))
-    tokens = _token_store(loaded, fingerprints, settings.shift, cache_dir)
+    tokens = _token_store(loaded, table, report, settings.shift, cache_dir)
     codes, names = store.dataset_codes(table)
     return Joined(table, report, tokens, settings, datasets, dataset_index(codes, names, settings.mixture))
 
