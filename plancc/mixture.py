@@ -94,3 +94,10 @@ def eval_positions(index: np.ndarray, mixture: tuple) -> np.ndarray:
     """Positions of the samples of the recipe's `eval` datasets."""
     evals = [i for i, (_, role, _, _) in enumerate(mixture) if role == "eval"]
     return np.flatnonzero(np.isin(index, evals))
+
+
+def plan_positions(index: np.ndarray | None, settings, epoch: int) -> np.ndarray | None:
+    """`epoch_positions` under a plan's settings (`PlanSettings`); None for a plan of one source (all, once)."""
+    if not settings.mixture:
+        return None
+    return epoch_positions(index, settings.mixture, settings.samples_per_epoch, settings.seed, epoch)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc import balance, jit, pack
+from plancc import balance, jit, mixture, pack
 from plancc.config import PlanSettings, SettingsError
 from plancc.layout import complete_updates, update_mapping
 from plancc.metrics import NO_DROPS, SourceDrops, summarize
@@ -74,30 +74,15 @@ def before_batches(s: SampleArrays, settings: PlanSettings, epoch: int) -> tuple
     return b, rng
 
 
-def take(s: SampleArrays, positions: np.ndarray) -> SampleArrays:
-    """The samples at `positions` (a multiset: a position twice is the sample twice)."""
-    return SampleArrays(s.sample_id[positions], s.length[positions], s.label_count[positions],
-                        s.first_label_supervised[positions])
-
-
-def epoch_positions(index: np.ndarray | None, settings: PlanSettings, epoch: int) -> np.ndarray | None:
-    """Positions in the samples table of the samples a recipe's `epoch` holds (`plancc.mixture`); None: all, once."""
-    if not settings.mixture:
-        return None
-    from plancc import mixture
-
-    return mixture.epoch_positions(index, settings.mixture, settings.samples_per_epoch, settings.seed, epoch)
-
-
 def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None,
                drops: SourceDrops = NO_DROPS, index: np.ndarray | None = None) -> EpochPlan:
     """Pack `epoch` (a recipe's: its mixture, `index` each sample's dataset), then run every balancing stage in
     turn, summarizing the plan after each."""
-    positions = epoch_positions(index, settings, epoch)
+    positions = mixture.plan_positions(index, settings, epoch)
     if positions is not None:
         if positions.size == 0:
             raise SettingsError(f"epoch {epoch} of the recipe holds no training sample")
-        s = take(s, positions)
+        s = s.take(positions)
     b, rng = before_batches(s, settings, epoch)
     before_labels = batch_targets(b, s, settings.shift)
     metrics = [("before", summarize(b, s, settings, drops))]

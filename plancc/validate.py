@@ -24,7 +24,6 @@ from plancc import mixture, store, token_store
 from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, Shift
 from plancc.layout import complete_updates
 from plancc.metrics import SourceDrops, dataset_rows, entry_targets, summarize
-from plancc.pipeline import epoch_positions, take
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 
 
@@ -58,7 +57,7 @@ def mixture_counts(sample_id: np.ndarray) -> np.ndarray:
 
 def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
     """Coverage (each sample exactly its mixture count: once, for one source), capacity, microbatch shape and
-    per-microbatch counts of one epoch against the epoch's samples (`pipeline.epoch_positions`)."""
+    per-microbatch counts of one epoch against the epoch's samples (`mixture.plan_positions`)."""
     problems: list[str] = []
     ids, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
@@ -309,8 +308,8 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
             return [*problems, str(exc)], plan.meta
         rows += table.num_rows
         found = plan.epoch_problems(e, table)
-        positions = epoch_positions(index, plan.settings, e)
-        s_e = take(s, positions) if positions is not None else s
+        positions = mixture.plan_positions(index, plan.settings, e)
+        s_e = s.take(positions) if positions is not None else s
         more, b = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
         if b is not None:

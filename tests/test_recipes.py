@@ -20,7 +20,6 @@ from plancc import mixture, recipe, store, token_store
 from plancc.cli import app
 from plancc.config import SettingsError
 from plancc.errors import PlanccError
-from plancc.pipeline import epoch_positions, take
 from plancc.recipe_data import eval_sample_ids, plan_eval_sample_ids
 from plancc.validate import check_epoch, validate_plan
 from tests.sources_fixtures import alpaca_rows, write_rows
@@ -176,8 +175,12 @@ def mixed(tmp_path_factory):
 
 
 def test_a_recipe_compiles_to_one_sample_id_space_and_token_store_and_validates(mixed):
+    import jsonschema
+
     tmp, plan, (a, b, _) = mixed
     assert validate_plan(str(plan.path))[0] == []
+    schema = json.loads((Path(__file__).parent.parent / "schemas" / "manifest.schema.json").read_text())
+    jsonschema.validate(json.loads((plan.path / store.MANIFEST_FILE).read_text()), schema)
     samples = store.read_samples(plan.path / store.SAMPLES_FILE)
     assert store.column(samples, "sample_id").tolist() == list(range(42))
     assert samples.column("dataset").to_pylist() == ["big"] * 30 + ["small"] * 12
@@ -234,13 +237,13 @@ def test_validate_checks_each_sample_against_its_mixture_count(mixed):
     codes, names = store.dataset_codes(samples)
     index = mixture.dataset_index(codes, names, d.settings.mixture)
     table = d.read_epoch(1)
-    epoch_samples = take(s, epoch_positions(index, d.settings, 1))
+    epoch_samples = s.take(mixture.plan_positions(index, d.settings, 1))
     assert check_epoch(1, table, epoch_samples, d.settings)[0] == []
     # against "every sample once" (the one-source invariant) the same rows are wrong
     problems = check_epoch(1, table, s, d.settings)[0]
     assert any("its mixture count is 1" in p for p in problems)
     # against another epoch's mixture draw they are wrong too (a different 0.5 of small)
-    other = take(s, epoch_positions(index, d.settings, 0))
+    other = s.take(mixture.plan_positions(index, d.settings, 0))
     assert any("mixture" in p or "missing" in p for p in check_epoch(1, table, other, d.settings)[0])
 
 
