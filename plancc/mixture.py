@@ -49,20 +49,43 @@ def epoch_counts(sizes: np.ndarray, mixture: tuple, samples_per_epoch: int | Non
     return counts
 
 
+_CHAINS: dict[tuple[int, int, int, int], tuple[int, np.ndarray, dict]] = {}  # see `_permutation`
+_CHAINS_KEPT = 16
+
+
+def _permutation(n: int, part: int, seed: int, dataset: int, k: int) -> np.ndarray:
+    """Permutation k of a dataset's stream (read-only). Each is made from the one before, so the last one made is
+    kept with its generator's state (`_CHAINS`): epochs planned in order make each permutation once, not again
+    for every later epoch; the result is the same either way."""
+    key = (n, part, seed, dataset)
+    kept = _CHAINS.get(key)
+    if kept is not None and kept[0] <= k:
+        j, perm, state = kept
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state
+    else:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, MIX_TAG, dataset]))
+        j, perm = 0, rng.permutation(n)
+    while j < k:  # the crossing window's samples of permutation j go last in permutation j + 1
+        j += 1
+        tail = (j * n) % part
+        head = rng.permutation(perm[: n - tail])
+        perm = np.concatenate([head, rng.permutation(perm[n - tail:])]) if tail else head
+    if len(_CHAINS) >= _CHAINS_KEPT and key not in _CHAINS:
+        _CHAINS.clear()
+    perm.flags.writeable = False
+    _CHAINS[key] = (k, perm, rng.bit_generator.state)
+    return perm
+
+
 def _stream_window(n: int, part: int, epoch: int, seed: int, dataset: int) -> np.ndarray:
     """Positions (0..n-1) stream window `epoch` of length `part` < n holds (see the module docstring)."""
     start, stop = epoch * part, (epoch + 1) * part
-    rng = np.random.default_rng(np.random.SeedSequence([seed, MIX_TAG, dataset]))
-    perm = rng.permutation(n)
-    taken: list[np.ndarray] = []
-    for k in range(stop // n + (stop % n > 0)):
-        if k:  # the crossing window's samples of permutation k-1 go last in permutation k
-            tail = (k * n) % part
-            perm = np.concatenate([rng.permutation(perm[: n - tail]), rng.permutation(perm[n - tail:])])
-        lo, hi = max(start - k * n, 0), min(stop - k * n, n)
-        if lo < hi:
-            taken.append(perm[lo:hi])
-    return np.concatenate(taken) if taken else np.zeros(0, dtype=np.int64)
+    first = start // n
+    taken = [_permutation(n, part, seed, dataset, first)[start - first * n: min(stop - first * n, n)]]
+    if stop > (first + 1) * n:  # it crosses into the next permutation
+        taken.append(_permutation(n, part, seed, dataset, first + 1)[: stop - (first + 1) * n])
+    return np.concatenate(taken)
 
 
 def epoch_positions(index: np.ndarray, mixture: tuple, samples_per_epoch: int | None, seed: int,

@@ -103,6 +103,18 @@ def test_packing_and_balancing_keep_every_datasets_count(sizes, data, seed, mode
         assert np.array_equal(np.sort(p.positions[p.batches.samples]), drawn)
 
 
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 50), fraction=st.sampled_from([0.2, 0.3, 0.5, 0.7, 0.9, 1.3, 2.6]),
+       seed=st.integers(0, 2**32), order=st.permutations(range(7)))
+def test_an_epochs_draw_does_not_depend_on_which_epochs_were_drawn_before(n, fraction, seed, order):
+    """The stream keeps its last permutation to draw epochs in order cheaply; any order gives the same draws."""
+    mix = _mix(("repeat", fraction))
+    index = np.zeros(n, dtype=np.int64)
+    in_order = [mixture.epoch_positions(index, mix, None, seed, e) for e in range(7)]
+    for e in order:
+        assert np.array_equal(mixture.epoch_positions(index, mix, None, seed, e), in_order[e])
+
+
 def test_largest_remainder_rounds_to_floor_or_ceiling_and_sums_exactly():
     counts = mixture.largest_remainder(np.array([1 / 3, 1 / 3, 1 / 3]) * 10, 10)
     assert counts.sum() == 10 and sorted(counts.tolist()) == [3, 3, 4]
