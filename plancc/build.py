@@ -29,6 +29,7 @@ from plancc.fingerprint import (
 from plancc.metrics import SourceDrops
 from plancc.pipeline import EpochPlan, Progress, compile_plan, plan_columns
 from plancc.plan import SampleArrays
+from plancc.recipe import DatasetSpec
 
 
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
@@ -69,6 +70,9 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     samples_table, scan_info, tokenized = load_samples(
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
+    if store.DATASET_COLUMN in samples_table.column_names:
+        raise InputError(f"{source} holds a recipe's samples (several datasets): compile the recipe again (its config "
+                         "or sources), or list it as one dataset of a recipe")
     settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
     s = store.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
@@ -76,6 +80,26 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     atomic.fault("prepared")
     return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress,
                           overwrite=overwrite)
+
+
+def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: PlanSettings,
+                   out_dir: str | Path, *, num_proc: int = 1, cache_dir: Path | None = None,
+                   progress: Progress | None = None, given: Collection[str] = (), overwrite: bool = False
+                   ) -> dict[str, Any]:
+    """`compile_to_dir` for a recipe: each dataset scanned (or reused) on its own, joined into one samples table and
+    token store (`plancc.recipe_data`), planned as the recipe's mixture; returns the manifest."""
+    from plancc import recipe_data
+
+    store.check_output(out_dir, overwrite=overwrite)
+    joined = recipe_data.load(specs, scan_options, settings, given, num_proc=num_proc, cache_dir=cache_dir,
+                              progress=progress)
+    settings = joined.settings
+    s = store.sample_arrays(joined.table)
+    drops = SourceDrops(joined.report["dropped_samples"], joined.report["truncated_samples"])
+    epochs = compile_plan(s, settings, progress=progress, drops=drops, index=joined.index)
+    recipe = {"datasets": joined.datasets, "metrics": recipe_data.epoch_metrics(epochs, joined, settings.shift)}
+    return write_plan_dir(out_dir, joined.table, s, settings, epochs, joined.report, joined.tokens, progress,
+                          overwrite=overwrite, recipe=recipe)
 
 
 # scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
@@ -97,9 +121,10 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
-                   progress: Progress | None = None, *, overwrite: bool = False) -> dict[str, Any]:
+                   progress: Progress | None = None, *, overwrite: bool = False,
+                   recipe: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write PLAN_DIR atomically from planned epochs: plan, samples, metrics and before tables, the manifest
-    (and the token store, hard-linked); returns the manifest."""
+    (and the token store, hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
     if progress:
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
@@ -144,6 +169,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
                       "before": before_checksum(store.column(before, "epoch"), store.column(before, "label_count"))},
     }
+    if recipe is not None:
+        manifest["recipe"] = recipe
     with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
         store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens

@@ -202,9 +202,19 @@ class PlanSettings:
     balance_window: int = 64
     balance_passes: int = 4
     cost: CostMode = CostMode.TOKENS
+    # a recipe's datasets in recipe order: (name, role "train"/"eval", "repeat"/"weight", value); empty for one
+    # source (`plancc.mixture`). Both are left out of `to_dict` when unset, so a one-source plan hashes as before.
+    mixture: tuple[tuple[str, str, str, float], ...] = ()
+    samples_per_epoch: int | None = None
 
     def __post_init__(self) -> None:
         _typed(self, "mode", Mode)
+        object.__setattr__(self, "mixture", _mixture(self.mixture))
+        if self.samples_per_epoch is not None:
+            _positive("samples_per_epoch", self.samples_per_epoch)
+            if self.mixture and not any(kind == "weight" for _, _, kind, _ in self.mixture):
+                raise SettingsError("--samples-per-epoch sizes a recipe's weighted datasets; no dataset has a "
+                                    "weight", "samples_per_epoch")
         _typed(self, "cost", CostMode)
         _typed(self, "shift", Shift)
         for name in ("micro_batch_size", "sequence_len", "pad_multiple", "world_size", "grad_accum", "epochs",
@@ -237,8 +247,41 @@ class PlanSettings:
         return self.world_size * self.grad_accum
 
     def to_dict(self) -> dict[str, Any]:
-        """Every setting by name, plain JSON values (what the manifest stores and the config fingerprint hashes)."""
-        return {k: str(v) if isinstance(v, Choice) else v for k, v in dataclasses.asdict(self).items()}
+        """Every setting by name, plain JSON values (what the manifest stores and the config fingerprint hashes);
+        the recipe's settings only when set."""
+        out = {k: str(v) if isinstance(v, Choice) else v for k, v in dataclasses.asdict(self).items()}
+        for name in RECIPE_SETTINGS:
+            if out[name] in ((), None):
+                del out[name]
+        return out
+
+
+RECIPE_SETTINGS = ("mixture", "samples_per_epoch")
+CONFIG_DATASETS = ("datasets", "eval_datasets")  # config keys listing a recipe's datasets (`plancc.recipe`)
+MIX_KINDS = ("repeat", "weight")
+DATASET_ROLES = ("train", "eval")
+
+
+def _mixture(value: Any) -> tuple[tuple[str, str, str, float], ...]:
+    """The mixture as tuples (a manifest's JSON gives lists), each entry checked."""
+    if not isinstance(value, list | tuple):
+        raise SettingsError(f"mixture must be a list of (name, role, kind, value), got {value!r}", "mixture")
+    out = []
+    for entry in value:
+        if not (isinstance(entry, list | tuple) and len(entry) == 4):
+            raise SettingsError(f"mixture entry {entry!r}: expected (name, role, kind, value)", "mixture")
+        name, role, kind, number = entry
+        if role not in DATASET_ROLES or kind not in MIX_KINDS:
+            raise SettingsError(f"mixture entry {entry!r}: role must be train or eval, kind repeat or weight",
+                                "mixture")
+        if isinstance(number, bool) or not isinstance(number, int | float) or not (
+                number > 0 and number < float("inf")):
+            raise SettingsError(f"dataset {name!r}: {kind} must be a positive number, got {number!r}", "mixture")
+        out.append((str(name), role, kind, float(number)))
+    names = [e[0] for e in out]
+    if len(set(names)) != len(names):
+        raise SettingsError(f"mixture: dataset names must be unique, got {names}", "mixture")
+    return tuple(out)
 
 
 SHARED_SETTINGS = ("sequence_len", "shift")  # in both: what a samples table means, and what a plan is hashed with
@@ -290,7 +333,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise SettingsError(f"config file {p} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"config file {p} must hold a mapping of settings")
-    known = {f.name for f in fields(PlanSettings)} | {f.name for f in fields(ScanOptions)} | {"num_proc"}
+    known = (SETTING_NAMES - {"mixture"}) | {"num_proc", *CONFIG_DATASETS}
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
@@ -311,6 +354,8 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
         procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
         _positive("num_proc", procs)
         merged.update(given)
+        for key in CONFIG_DATASETS:  # a recipe's dataset lists: `plancc.recipe` reads them
+            merged.pop(key, None)
         return (*split_settings(merged), procs, set(merged))
     except SettingsError as exc:
         name = exc.setting

@@ -335,7 +335,9 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
             c = _identical_churn(old, e)
         churn.append({"epoch": e, "status": "compared", **c})
 
+    datasets = dataset_changes(old.dir.meta.get("recipe"), new.dir.meta.get("recipe"))
     changes = {
+        "datasets": any(d["status"] != "unchanged" for d in datasets),
         "config": fo.get("config") != fn.get("config") or bool(config),
         "dataset": fo.get("dataset") != fn.get("dataset"),
         "metadata": fo.get("metadata") != fn.get("metadata"),
@@ -350,12 +352,39 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
         "identical": identical,
         "changes": changes,
         "config": config,
+        "datasets": datasets,
         "fingerprints": fingerprints,
         "metrics": metrics,
         "tolerance": tolerance,
         "regressions": regressions,
         "churn": churn,
     }
+
+
+MIX_KEYS = ("role", "repeat", "weight")
+
+
+def _dataset_status(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    if a is None or b is None:
+        return "added" if a is None else "removed"
+    if a["fingerprints"] != b["fingerprints"]:
+        return "content_changed"
+    if any(a.get(k) != b.get(k) for k in MIX_KEYS):
+        return "reweighted"
+    return "unchanged"
+
+
+def dataset_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A recipe's datasets old vs new, by name: added, removed, content_changed (its fingerprints), reweighted (its
+    repeat, weight or role), or unchanged, with both sides' mix and fingerprints. Empty when neither is a recipe."""
+    a = {d["name"]: d for d in (old or {}).get("datasets", [])}
+    b = {d["name"]: d for d in (new or {}).get("datasets", [])}
+    out = []
+    for name in list(dict.fromkeys([*a, *b])):
+        side = {k: ({m: d.get(m) for m in (*MIX_KEYS, "fingerprints", "retained")} if d else None)
+                for k, d in (("old", a.get(name)), ("new", b.get(name)))}
+        out.append({"name": name, "status": _dataset_status(a.get(name), b.get(name)), **side})
+    return out
 
 
 def failures(report: dict[str, Any], fail_on: list[str]) -> list[str]:
@@ -368,8 +397,11 @@ def failures(report: dict[str, Any], fail_on: list[str]) -> list[str]:
         elif f == "config" and ch["config"]:
             names = ", ".join(c["setting"] for c in report["config"]) or "config fingerprint"
             reasons.append(f"config: settings changed ({names})")
-        elif f == "dataset" and (ch["dataset"] or ch["metadata"]):
-            reasons.append("dataset: the samples' content changed (dataset/metadata fingerprint)")
+        elif f == "dataset" and (ch["dataset"] or ch["metadata"] or ch.get("datasets")):
+            named = [f"{d['name']} {d['status'].replace('_', ' ')}" for d in report.get("datasets", [])
+                     if d["status"] != "unchanged"]
+            reasons.append("dataset: " + (", ".join(named) if named else
+                                          "the samples' content changed (dataset/metadata fingerprint)"))
         elif f == "metrics-regression" and ch["metrics_regression"]:
             names = ", ".join(f"{r['metric']} (epoch {r['epoch']})" for r in report["regressions"])
             reasons.append(f"metrics-regression: {names}")

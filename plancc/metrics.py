@@ -126,3 +126,32 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "rank_attention_cv": rank_cv[1],
         "max_naive_weight_skew": skew,
     }
+
+
+def entry_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+    """Supervised targets of each entry of `b.samples`, as the collator counts them (SPEC 3): under `row` shift
+    only a row's first sample loses its first label."""
+    from plancc.config import Shift
+
+    count, first_label = s.label_count[b.samples], s.first_label_supervised[b.samples]
+    if shift == Shift.NONE:
+        return count
+    if shift == Shift.ROW:
+        starts = np.zeros(b.samples.shape[0], dtype=bool)
+        starts[b.row_bounds[:-1][np.diff(b.row_bounds) > 0]] = True
+        first_label = first_label & starts
+    return count - first_label
+
+
+def dataset_rows(epoch: int, stage: str, names: list[str], dataset: np.ndarray, length: np.ndarray,
+                 targets: np.ndarray) -> list[dict[str, int | float | str]]:
+    """A recipe's per-dataset metrics of one epoch and stage: samples, tokens and label tokens of each dataset
+    (entries given by their `dataset` index, `length` and `targets`) and its share of the epoch's."""
+    k = len(names)
+    totals = [np.bincount(dataset, weights=w, minlength=k) for w in (None, length, targets)]
+    whole = [float(t.sum()) for t in totals]
+    return [{"epoch": epoch, "stage": stage, "dataset": name, "samples": int(totals[0][d]),
+             "tokens": int(totals[1][d]), "label_tokens": int(totals[2][d]),
+             **{f"{what}_share": (float(totals[i][d]) / whole[i] if whole[i] else 0.0)
+                for i, what in enumerate(("sample", "token", "label"))}}
+            for d, name in enumerate(names)]

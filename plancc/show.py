@@ -33,10 +33,13 @@ class SampleView:
     segments: list[tuple[str, bool]]  # (decoded text, supervised) runs
     pieces: list[str]  # each token decoded alone
     tokenizer: str
+    dataset: str | None = None  # a recipe's: the sample's dataset and its row there (`plancc.recipe_data`)
+    row: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The view as `show --json` prints it."""
-        return {"sample_id": self.sample_id, "length": self.length, "label_count": self.label_count,
+        return {"sample_id": self.sample_id, "dataset": self.dataset, "row": self.row,
+                "length": self.length, "label_count": self.label_count,
                 "first_label_supervised": self.first_label_supervised, "tokenizer": self.tokenizer,
                 "supervised_tokens": int(self.supervised.sum()),
                 "segments": [{"text": t, "supervised": s} for t, s in self.segments],
@@ -66,6 +69,16 @@ def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
     a, b = int(m.offsets[row]), int(m.offsets[row + 1])
     return (np.asarray(m.input_ids[a:b], dtype=np.int64), np.asarray(m.labels[a:b], dtype=np.int64),
             bool(m.header["labels_shifted"]))
+
+
+def _dataset_row(directory: Path, table: Any, at: int, sample_id: int) -> tuple[str | None, int | None]:
+    """A recipe plan's sample: (its dataset's name, its row in that dataset); (None, None) for one source."""
+    if store.DATASET_COLUMN not in table.column_names:
+        return None, None
+    name = table.column(store.DATASET_COLUMN)[at].as_py()
+    recipe = store.read_manifest(directory).get("recipe") or {} if (directory / store.MANIFEST_FILE).is_file() else {}
+    first = {d["name"]: d["first_id"] for d in recipe.get("datasets", [])}
+    return name, (sample_id - first[name] if name in first else None)
 
 
 def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
@@ -104,4 +117,4 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     return SampleView(int(sample_id), int(store.column(table, "length")[at]),
                       int(store.column(table, "label_count")[at]),
                       bool(store.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
-                      segments, pieces, tok.name)
+                      segments, pieces, tok.name, *_dataset_row(d, table, at, int(sample_id)))

@@ -28,9 +28,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from plancc import atomic, token_store
-from plancc.config import ROLES, PlanSettings, SettingsError
+from plancc.config import ROLES, PlanSettings, SettingsError, canonical_hash
 from plancc.errors import InputError, PlanccError
 from plancc.fingerprint import (
+    array_digest,
     before_checksum,
     config_fingerprint,
     dataset_fingerprint,
@@ -66,6 +67,15 @@ SAMPLES_SCHEMA = pa.schema(
         pa.field("token_hash", pa.uint64(), nullable=False),
     ]
 )
+
+DATASET_COLUMN = "dataset"  # a recipe's samples table: the name of each sample's dataset (`plancc.recipe`)
+RECIPE_SAMPLES_SCHEMA = SAMPLES_SCHEMA.append(pa.field(DATASET_COLUMN, pa.string(), nullable=False))
+
+
+def samples_schema(recipe: bool) -> pa.Schema:
+    """The samples table's schema: a recipe's has the `dataset` column."""
+    return RECIPE_SAMPLES_SCHEMA if recipe else SAMPLES_SCHEMA
+
 
 PLAN_SCHEMA = pa.schema(
     [
@@ -368,7 +378,8 @@ def read_arrow(path: str | Path) -> pa.Table:
 def read_samples(path: str | Path) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types and nulls are refused
     (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it)."""
-    table = read_table(path, SAMPLES_SCHEMA, columns=SAMPLES_SCHEMA.names)
+    names = SAMPLES_SCHEMA.names + ([DATASET_COLUMN] if DATASET_COLUMN in _open(Path(path)).schema_arrow.names else [])
+    table = read_table(path, SAMPLES_SCHEMA, columns=names)
     for name in table.column_names:
         values = table.column(name)
         if values.null_count:
@@ -446,7 +457,8 @@ def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics
     """
     plan_meta = {META_KEY: orjson.dumps({**manifest, "kind": "plan"}, option=orjson.OPT_SORT_KEYS)}
     write_parquet(plan, directory / PLAN_FILE, plan_meta, PLAN_ROW_GROUP)
-    write_parquet(samples.select(SAMPLES_SCHEMA.names).cast(SAMPLES_SCHEMA), directory / SAMPLES_FILE,
+    schema = samples_schema(DATASET_COLUMN in samples.column_names)
+    write_parquet(samples.select(schema.names).cast(schema), directory / SAMPLES_FILE,
                   file_metadata("samples", fingerprints, settings))
     write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
     write_parquet(before, directory / BEFORE_FILE, file_metadata("before", fingerprints, settings))
@@ -573,11 +585,20 @@ class PlanIntegrityError(StoreError):
 def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None = None) -> dict[str, str]:
     """`dataset` and `metadata` fingerprints of a samples table made with `identity` (`fingerprint.scan_identity`)."""
     col = {name: column(table, name) for name in SAMPLES_SCHEMA.names}
+    if DATASET_COLUMN in table.column_names:  # a recipe's: which dataset each sample is of is what the plan saw
+        codes, names = dataset_codes(table)
+        identity = {**(identity or {}), "datasets": canonical_hash({"names": names, "codes": array_digest(codes)})}
     return {
         "dataset": dataset_fingerprint(col["sample_id"], col["token_hash"]),
         "metadata": metadata_fingerprint(col["sample_id"], col["length"], col["label_count"],
                                          col["first_label_supervised"], identity),
     }
+
+
+def dataset_codes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """A recipe samples table's `dataset` column as (int32 code per sample, names in order of first appearance)."""
+    encoded = table.column(DATASET_COLUMN).combine_chunks().dictionary_encode()
+    return column(pa.table({"c": encoded.indices}), "c"), encoded.dictionary.to_pylist()
 
 
 def nested_arrays(sample_ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -876,7 +897,8 @@ class PlanDir:
         recorded = self.fingerprints.get("plan", {}).get(str(epoch))
         nested = {"sample_ids": ids, "row_bounds": row_bounds, "batch_bounds": batch_bounds}
         if plan_fingerprint({**cols, **nested}) != recorded:
-            again = repeated_sample(ids, row_bounds[batch_bounds]) if not problems else None  # names a row
+            plain = not problems and not self.settings.mixture  # a recipe's epoch may hold a sample twice
+            again = repeated_sample(ids, row_bounds[batch_bounds]) if plain else None  # names a row
             if again is not None:
                 problems.append(f"{self.plan_file} epoch {epoch} row {again[0]}: sample_id {again[1]} again "
                                 f"(already in row {again[2]})")

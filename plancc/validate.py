@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc import store, token_store
+from plancc import mixture, store, token_store
 from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, Shift
 from plancc.layout import complete_updates
-from plancc.metrics import SourceDrops, summarize
+from plancc.metrics import SourceDrops, dataset_rows, entry_targets, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 
 
@@ -45,8 +45,19 @@ def _mismatch(name: str, epoch: int, got: np.ndarray, want: np.ndarray) -> str |
             f"{want[i]} ({bad.size} rows differ)")
 
 
+def mixture_counts(sample_id: np.ndarray) -> np.ndarray:
+    """How often the epoch must hold each sample of a sorted multiset of ids, at its first occurrence (0 at the
+    others): a plain epoch holds every sample once, a recipe's its mixture count."""
+    first = np.r_[True, sample_id[1:] != sample_id[:-1]] if sample_id.size else np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(first)
+    want = np.zeros(sample_id.shape[0], dtype=np.int64)
+    want[starts] = np.diff(np.append(starts, sample_id.shape[0]))
+    return want
+
+
 def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
-    """Coverage, capacity, microbatch shape and per-microbatch counts of one epoch against the samples table."""
+    """Coverage (each sample exactly its mixture count: once, for one source), capacity, microbatch shape and
+    per-microbatch counts of one epoch against the epoch's samples (`mixture.plan_positions`)."""
     problems: list[str] = []
     ids, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
@@ -57,15 +68,20 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
     b = Batches(pos, row_bounds, batch_bounds)
     n = b.num_batches
 
-    counts = np.bincount(pos, minlength=len(s))
-    if (counts > 1).any():
+    counts, want = np.bincount(pos, minlength=len(s)), mixture_counts(s.sample_id)
+    over = np.flatnonzero(counts > want)
+    if over.size and not settings.mixture:
         row, sid, first = store.repeated_sample(ids, b.row_bounds[b.batch_bounds])
         problems.append(f"{store.PLAN_FILE} epoch {epoch} row {row}: sample_id {sid} again (already in row {first}); "
                         f"{int((counts > 1).sum())} samples appear more than once")
-    missing = int((counts == 0).sum())
-    if missing and not settings.drop_last:
-        problems.append(f"{store.PLAN_FILE} epoch {epoch}: {missing} retained samples are missing "
-                        f"(first: sample_id {int(s.sample_id[np.flatnonzero(counts == 0)[0]])})")
+    elif over.size:
+        problems.append(f"{store.PLAN_FILE} epoch {epoch}: sample_id {int(s.sample_id[over[0]])} appears "
+                        f"{int(counts[over[0]])} times, its mixture count is {int(want[over[0]])} ({over.size} "
+                        "samples appear more often than the mixture says)")
+    short = np.flatnonzero(counts < want)
+    if short.size and not settings.drop_last:
+        problems.append(f"{store.PLAN_FILE} epoch {epoch}: {int((want - counts)[short].sum())} retained samples are "
+                        f"missing (first: sample_id {int(s.sample_id[short[0]])})")
     full = complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update
     if settings.drop_last and n != full:
         problems.append(f"{store.PLAN_FILE} epoch {epoch}: --drop-last plan ends with an incomplete update")
@@ -94,6 +110,45 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
         if msg:
             problems.append(msg)
     return problems, b
+
+
+def _recipe_index(plan: store.PlanDir, samples: pa.Table) -> tuple[np.ndarray | None, list[str]]:
+    """A recipe plan's dataset of each sample (its position in the mixture), and what is wrong with the column."""
+    if not plan.settings.mixture:
+        return None, []
+    if store.DATASET_COLUMN not in samples.column_names:
+        return None, [f"{store.SAMPLES_FILE}: a recipe's samples table lacks its '{store.DATASET_COLUMN}' column"]
+    codes, names = store.dataset_codes(samples)
+    index = mixture.dataset_index(codes, names, plan.settings.mixture)
+    if (index < 0).any():
+        row = int(np.flatnonzero(index < 0)[0])
+        return index, [f"{store.SAMPLES_FILE} row {row}: dataset {names[codes[row]]!r} is not one of the recipe's "
+                       f"({', '.join(m[0] for m in plan.settings.mixture)})"]
+    return index, []
+
+
+def _dataset_after(epoch: int, b: Batches, s_e, index: np.ndarray, plan: store.PlanDir) -> list[dict[str, Any]]:
+    """One epoch's per-dataset `after` metrics recomputed from its rows (`b` indexes the epoch's samples `s_e`,
+    whose datasets `index` gives)."""
+    names = [m[0] for m in plan.settings.mixture]
+    return dataset_rows(epoch, "after", names, index[b.samples], s_e.length[b.samples],
+                        entry_targets(b, s_e, plan.settings.shift))
+
+
+def _recipe_metrics_problems(plan: store.PlanDir, recomputed: list[dict[str, Any]]) -> list[str]:
+    """The manifest's per-dataset `after` metrics against those recomputed from the plan's rows."""
+    if not plan.settings.mixture:
+        return []
+    stored = [r for r in (plan.meta.get("recipe") or {}).get("metrics", []) if r.get("stage") == "after"]
+    key = ("epoch", "dataset")
+    stored_by = {tuple(r[k] for k in key): r for r in stored}
+    for row in recomputed:
+        got = stored_by.get(tuple(row[k] for k in key))
+        found = store.first_difference(got, row) if got is not None else "the row is missing"
+        if found:
+            return [f"{store.PLAN_FILE} metadata: recipe metrics of dataset {row['dataset']!r} epoch {row['epoch']} "
+                    f"after: {found} (recomputed from the rows)"]
+    return []
 
 
 def _metrics_problems(plan: store.PlanDir, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
@@ -214,7 +269,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     except store.StoreError as exc:
         return [str(exc)], {}
     problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
-    files = [(store.SAMPLES_FILE, "samples", store.SAMPLES_SCHEMA), (store.METRICS_FILE, "metrics", store.metrics_schema()),
+    files = [(store.SAMPLES_FILE, "samples", store.samples_schema(bool(plan.settings.mixture))), (store.METRICS_FILE, "metrics", store.metrics_schema()),
              (store.PLAN_FILE, "plan", store.PLAN_SCHEMA)]
     if plan.has_before:
         files.append((store.BEFORE_FILE, "before", store.BEFORE_SCHEMA))
@@ -240,6 +295,9 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     if plan.meta["samples"] != len(s):
         problems.append(f"{store.PLAN_FILE} metadata: samples is {plan.meta['samples']}, {store.SAMPLES_FILE} holds "
                         f"{len(s)}")
+    index, recipe_problems = _recipe_index(plan, samples)
+    problems += recipe_problems
+    recipe_rows: list[dict[str, Any]] = []
     after: dict[int, dict[str, Any]] = {}
     drops = SourceDrops(plan.meta.get("dropped_samples", 0), plan.meta.get("truncated_samples", 0))
     rows = 0
@@ -250,14 +308,18 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
             return [*problems, str(exc)], plan.meta
         rows += table.num_rows
         found = plan.epoch_problems(e, table)
-        more, b = check_epoch(e, table, s, plan.settings)
+        positions = mixture.plan_positions(index, plan.settings, e)
+        s_e = s.take(positions) if positions is not None else s
+        more, b = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
         if b is not None:
-            after[e] = summarize(b, s, plan.settings, drops)
+            after[e] = summarize(b, s_e, plan.settings, drops)
+            if positions is not None:
+                recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
     total = pq.ParquetFile(plan.plan_file).metadata.num_rows
     if total != rows:
         problems.append(f"{store.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
-    problems += _metrics_problems(plan, metrics, after)
+    problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
     problems += tokenized_problems(plan, samples, fast=fast,
                                    tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
     return problems, plan.meta

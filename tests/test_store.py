@@ -35,7 +35,7 @@ def _write(path: Path, settings: PlanSettings = SETTINGS, n: int = 200, overwrit
 
 def _described(name: str) -> list[tuple[str, str, bool]]:
     doc = json.loads((SCHEMAS / f"{name}.arrow.json").read_text())
-    return [(c["name"], c["type"], c["nullable"]) for c in doc["columns"]]
+    return [(c["name"], c["type"], c["nullable"]) for c in doc["columns"] if not c.get("optional")]
 
 
 def _actual(schema: pa.Schema) -> list[tuple[str, str, bool]]:

@@ -74,11 +74,21 @@ OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plan
                                                        "never touched).")]
 
 
-@app.command("compile", cls=SourceCommand, help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan." + _EXAMPLE)
+_RECIPE_HELP = ("\n\nSeveral SOURCEs (or a --config listing `datasets`, then no SOURCE) make a recipe: each source is "
+                "a dataset named by its file stem, mixed per epoch by --mix NAME=Nx (repeat: N times an epoch, 0.5x "
+                "a seeded half) or NAME=W (weight: its share of the epoch's samples).")
+
+
+@app.command("compile", help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan."
+             + _RECIPE_HELP + _EXAMPLE + "\n\n    plancc compile chat.jsonl alpaca.json -o plans/mix --tokenizer "
+             "tok/ --mix chat=2x,alpaca=0.5x")
 def compile_cmd(
-    source: Annotated[str, typer.Argument(help="File, glob, save_to_disk dir, Hub id, or a samples table.")],
     output: Annotated[Path, Opt("--output", "-o", help="Plan directory to write: absent, empty, or a plan to "
                                                         "replace atomically with --overwrite.")],
+    sources: Annotated[list[str] | None, typer.Argument(metavar="SOURCE",
+                                                        help="File, glob, save_to_disk dir, Hub id, or a samples "
+                                                              "table; several make a recipe.",
+                                                         show_default="the config's datasets")] = None,
     overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
     format: FormatOpt = None,
@@ -109,6 +119,14 @@ def compile_cmd(
     cost: Annotated[str | None, _setting("--cost", "What rank ordering and within-update trades even out: tokens "
                                                    "(padded slots) or attention (sum of squared sample lengths).")
                     ] = None,
+    mix: Annotated[list[str] | None, Opt("--mix", help="A recipe's mixture (repeatable, comma-separated): NAME=Nx "
+                                                       "repeats dataset NAME N times an epoch (2x twice, 0.5x a "
+                                                       "seeded half), NAME=W gives it weight W (its share of the "
+                                                       "weighted datasets' samples).",
+                                         show_default="each dataset once (repeat 1x)")] = None,
+    samples_per_epoch: Annotated[int | None, Opt("--samples-per-epoch", help="Samples an epoch draws from the "
+                                                                             "weighted datasets.",
+                                                 show_default="the largest weighted dataset's size")] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
@@ -120,8 +138,9 @@ def compile_cmd(
     with fail_on_errors(output, "plan"):
         with reporter(quiet or json) as progress:
             plan = api.compile(
-                source, output, overwrite=overwrite, config=config, num_proc=num_proc, cache_dir=cache_dir,
-                progress=progress,
+                sources[0] if sources and len(sources) == 1 else sources or None, output, overwrite=overwrite,
+                config=config, num_proc=num_proc, cache_dir=cache_dir, progress=progress, mix=mix,
+                samples_per_epoch=samples_per_epoch,
                 format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns, split=split,
                 sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift, mode=mode,
                 micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
@@ -246,6 +265,10 @@ def validate_cmd(
                 tokens_dir = candidate  # a plan, scan or token store folder: check its store, no rescan
         if dataset is not None and tokens_dir is None:
             from plancc import scan as scan_mod
+            from plancc.errors import InputError
+            if store.PlanDir(plan_dir).settings.mixture:
+                raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source "
+                                 "cannot be rescanned for it; give a plan, scan or token store folder")
             options = scan_mod.options_from_report(store.PlanDir(plan_dir).meta["scan"], tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
             dataset_fp = store.samples_fingerprints(result.samples)["dataset"]

@@ -35,12 +35,18 @@ def metrics_cmd(
                                               show_default="none")] = None,
     compact: Annotated[bool, typer.Option("--compact", help="Only the headline metrics, before and after.")
                        ] = False,
+    by: Annotated[str | None, typer.Option("--by", help="dataset: a recipe's samples, tokens and label tokens per "
+                                                        "dataset and their shares of each epoch, before -> after.",
+                                           show_default="none: the whole plan")] = None,
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
     """`plancc inspect metrics`: the stored metrics as tables or JSON, and the optional before/after plot."""
     from plancc import inspect
 
+    if by is not None:
+        _by_dataset(plan_dir, by, epoch, quiet, json)
+        return
     with fail_on_errors():
         rows = inspect.read_metrics(plan_dir, epoch)
         notes: list[str] = []
@@ -63,6 +69,23 @@ def metrics_cmd(
         console.print(f"wrote {plot}")
         for n in notes:
             console.print(f"  {n}")
+
+
+def _by_dataset(plan_dir: Path, by: str, epoch: int | None, quiet: bool, json: bool) -> None:
+    """`inspect metrics --by dataset`: a recipe's per-dataset metrics."""
+    from plancc import inspect
+    from plancc.config import SettingsError
+
+    with fail_on_errors():
+        if by != "dataset":
+            raise SettingsError(f"--by {by}: expected dataset")
+        rows = inspect.read_dataset_metrics(plan_dir, epoch)
+    if json:
+        print_json({"plan_dir": str(plan_dir), "by": "dataset", "metrics": rows})
+    elif not quiet:
+        console = inspect.console()
+        for table in inspect.dataset_tables(rows):
+            console.print(table)
 
 
 @inspect_app.command(

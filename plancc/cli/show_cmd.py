@@ -53,7 +53,8 @@ def show_cmd(
             text.append(part, style=STYLE)
         else:
             text.append(f"{OPEN}{part}{CLOSE}" if supervised else part)
-    console.print(f"sample {view.sample_id}: {view.length:,} tokens, {view.label_count:,} labels, "
+    origin = f" (dataset {view.dataset}, row {view.row})" if view.dataset is not None else ""
+    console.print(f"sample {view.sample_id}{origin}: {view.length:,} tokens, {view.label_count:,} labels, "
                   f"{int(view.supervised.sum()):,} supervised tokens, first label supervised: "
                   f"{'yes' if view.first_label_supervised else 'no'}\ntokenizer {view.tokenizer}", markup=False,
                   soft_wrap=True)
