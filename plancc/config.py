@@ -87,9 +87,17 @@ def flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+# the largest value each integer setting takes: beyond these, arrays sized by them overflow or exhaust memory
+MOST = {"sequence_len": 2**24, "micro_batch_size": 2**16, "pad_multiple": 2**16, "world_size": 2**20,
+        "grad_accum": 2**20, "epochs": 2**10, "balance_window": 2**31, "balance_passes": 2**10, "num_proc": 2**10}
+ROW_TOKENS = 2**31 - 1  # tokens of one row: int32 offsets
+
+
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SettingsError(f"{flag(name)} must be a positive integer, got {value!r}", name)
+    if value > MOST[name]:
+        raise SettingsError(f"{flag(name)} must be an integer in [1, {MOST[name]:,}], got {value:,}", name)
 
 
 def _boolean(obj: Any, names: tuple[str, ...]) -> None:
@@ -213,6 +221,9 @@ class PlanSettings:
         _boolean(self, ("real_batches", "drop_last", "balance"))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise SettingsError(f"--seed must be an integer in [0, 2**63), got {self.seed!r}", "seed")
+        if self.micro_batch_size * self.sequence_len > ROW_TOKENS:
+            raise SettingsError(f"--micro-batch-size x --sequence-len must be at most {ROW_TOKENS:,} tokens, got "
+                                f"{self.micro_batch_size} x {self.sequence_len}")
         if self.balance_window > 64:
             raise SettingsError(f"--balance-window must be at most 64, got {self.balance_window}", "balance_window")
         if self.real_batches and self.mode != Mode.PACKED:

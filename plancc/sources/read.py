@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from plancc import store
 from plancc.errors import InputError, PlanccWarning
+from plancc.sources.nesting import check_depth
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
 
@@ -138,8 +139,10 @@ class JsonlRows:
         while self.row < b and (line := self._next_row()) is not None:
             lines.append(line if line.endswith(b"\n") else line + b"\n")
             numbers.append(self.lineno)
+        data = b"".join(lines)
+        check_depth(data, self.path, numbers)  # before Arrow, which crashes on deep nesting
         try:
-            table = pajson.read_json(pa.BufferReader(b"".join(lines)),
+            table = pajson.read_json(pa.BufferReader(data),
                                      read_options=pajson.ReadOptions(block_size=1 << 26))
             if table.num_rows == len(lines):
                 return table, {}
@@ -176,6 +179,7 @@ def _count_nonblank(path: str) -> int:
 def _read_json(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
     data = Path(path).read_bytes()
     head = data.lstrip()[:1]
+    check_depth(data, path)
     if head == b"[":
         try:
             rows = orjson.loads(data)

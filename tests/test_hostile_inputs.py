@@ -1,0 +1,139 @@
+"""Hostile input (issue "Nothing silent between the plan and the trainer"): deep JSON, broken tokenizer files,
+absurd settings, alias bombs, exhausted descriptors or memory, unreadable directories. Each is one `error:` line
+naming the file, row, column or setting, exit 2, never a traceback, a crash or a hang. The cases that crashed the
+interpreter (or need resource limits) run in a child process, so a regression fails the test, not the session."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plancc(args: list, tmp_path: Path, *, limits: dict[int, int] | None = None, timeout: int = 300
+           ) -> subprocess.CompletedProcess:
+    """`python -m plancc ARGS` in a child process, under `limits` (resource.RLIMIT_* -> soft and hard limit)."""
+
+    def limit() -> None:
+        for what, value in (limits or {}).items():
+            resource.setrlimit(what, (value, value))
+
+    return subprocess.run([sys.executable, "-m", "plancc", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=limit,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "cache")})
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    """The single `error:` line of a command that must fail with exit 2."""
+    assert r.returncode == 2 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-3000:])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-3000:]
+    return lines[0]
+
+
+def compile_args(source: Path, tmp_path: Path, *extra) -> list:
+    return ["compile", source, "-o", tmp_path / "plan", "--tokenizer", "builtin", "-q", *extra]
+
+
+# ---------------------------------------------------------------- deep JSON
+
+
+def _nested(depth: int, kind: str) -> str:
+    return "[" * depth + "]" * depth if kind == "list" else '{"a":' * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize(("depth", "kind", "column"), [(100_000, "list", "x"), (100_000, "object", "text"),
+                                                       (1_000, "list", "text"), (101, "object", "x")])
+def test_deeply_nested_json_lines_are_refused_naming_the_line(tmp_path, depth, kind, column):
+    """100,000 levels in a column no format reads crashed Arrow's reader (exit 139); 1,000 in the text column
+    overflowed Python's recursion while printing the error."""
+    source = tmp_path / "deep.jsonl"
+    source.write_text('{"text": "a [[[ \\" {{{"}\n\n' + f'{{"text": "b", "{column}": {_nested(depth, kind)}}}\n')
+    line = one_line(plancc(compile_args(source, tmp_path), tmp_path))
+    assert line.startswith(f"error: {source} line 3 column ") and "JSON nested deeper than 100 levels" in line, line
+    assert not (tmp_path / "plan").exists()
+
+
+def test_a_deeply_nested_json_array_file_is_refused(tmp_path):
+    source = tmp_path / "deep.json"
+    source.write_text('[{"text": "a"},\n {"text": "b", "x": ' + _nested(5_000, "list") + "}]")
+    line = one_line(plancc(compile_args(source, tmp_path), tmp_path))
+    assert line.startswith(f"error: {source} line 2 column ") and "nested deeper than 100 levels" in line, line
+
+
+def test_nesting_inside_strings_and_at_the_bound_is_read(tmp_path):
+    """Brackets inside strings (escaped quotes too) are text; 100 levels is allowed."""
+    source = tmp_path / "ok.jsonl"
+    rows = [{"text": "[" * 500 + '\\"{' * 300, "x": json.loads(_nested(99, "list"))} for _ in range(3)]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = plancc(compile_args(source, tmp_path), tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------- tokenizer directories
+
+
+@pytest.fixture
+def chat_source(tmp_path) -> Path:
+    source = tmp_path / "chat.jsonl"
+    source.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                               {"role": "assistant", "content": "hello"}]}) + "\n")
+    return source
+
+
+def _tokenizer_dir(tmp_path: Path) -> Path:
+    from plancc.sources.tokenizer import _builtin
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    _builtin().save(str(d / "tokenizer.json"))
+    return d
+
+
+@pytest.mark.parametrize("config", [b"[]", b'"eos"', b"3"])
+def test_a_tokenizer_config_that_is_not_an_object_is_one_line(tmp_path, chat_source, config):
+    d = _tokenizer_dir(tmp_path)
+    (d / "tokenizer_config.json").write_bytes(config)
+    r = plancc(["compile", chat_source, "-o", tmp_path / "plan", "--tokenizer", d, "-q"], tmp_path)
+    line = one_line(r)
+    assert line.startswith(f"error: --tokenizer {d}: {d / 'tokenizer_config.json'} holds a JSON "), line
+    assert "expected an object of settings" in line
+
+
+def test_a_chat_template_file_that_is_not_utf8_is_one_line(tmp_path, chat_source):
+    d = _tokenizer_dir(tmp_path)
+    (d / "tokenizer_config.json").write_text("{}")
+    (d / "chat_template.jinja").write_bytes(b"{{ 'a' }}\xff\xfe")
+    line = one_line(plancc(["compile", chat_source, "-o", tmp_path / "plan", "--tokenizer", d, "-q"], tmp_path))
+    assert line == f"error: {d / 'chat_template.jinja'}: not valid UTF-8 (byte 0xff at offset 9); save the chat " \
+                   "template as UTF-8", line
+
+
+# ---------------------------------------------------------------- absurd settings
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("sequence_len = 99999999999999999999",
+     "sequence_len must be an integer in [1, 16,777,216], got 99,999,999,999,999,999,999"),
+    ("world_size = 9999999999999999999", "world_size must be an integer in [1, 1,048,576], got 9,999,999,999,999,999,999"),
+    ("grad_accum = 1048577", "grad_accum must be an integer in [1, 1,048,576], got 1,048,577"),
+    ("epochs = 100000", "epochs must be an integer in [1, 1,024], got 100,000"),
+    ("micro_batch_size = 65537", "micro_batch_size must be an integer in [1, 65,536], got 65,537"),
+    ("num_proc = 100000", "num_proc must be an integer in [1, 1,024], got 100,000"),
+    ("sequence_len = 16777216\nmicro_batch_size = 1000",
+     "--micro-batch-size x --sequence-len must be at most 2,147,483,647 tokens, got 1000 x 16777216"),
+])
+def test_an_absurd_integer_setting_names_it_and_its_range(tmp_path, chat_source, text, says):
+    config = tmp_path / "c.toml"
+    config.write_text(text + "\n")
+    line = one_line(plancc(compile_args(chat_source, tmp_path, "--chat-template", "chatml", "--config", config),
+                           tmp_path))
+    assert line.startswith("error: ") and says in line, line
+    assert not (tmp_path / "plan").exists()
