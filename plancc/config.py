@@ -277,6 +277,22 @@ def canonical_hash(obj: dict[str, Any]) -> str:
     return hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()
 
 
+def _load_yaml(text: str, path: Path) -> Any:
+    """YAML without aliases: settings are flat values, and a kilobyte of nested aliases (an "alias bomb") expands
+    to gigabytes wherever the values are walked or printed."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise SettingsError(f"config file {path} line {mark.line + 1}: YAML aliases (*name) are not "
+                                    "allowed in a plancc config; write the value out")
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=NoAliases) or {}  # noqa: S506 (a SafeLoader)
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML or YAML config file into a flat mapping of setting names (dashes or underscores)."""
     p = Path(path)
@@ -284,18 +300,21 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SettingsError(f"cannot read config file {p}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"config file {p} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                            f"{exc.start})") from None
     try:
         if p.suffix.lower() == ".toml":
             data = tomllib.loads(text)
         elif p.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
+            data = _load_yaml(text, p)
         else:
             raise SettingsError(f"config file {p} must end in .toml, .yaml or .yml")
+    except SettingsError:
+        raise
+    except RecursionError:
+        raise SettingsError(f"config file {p} nests values too deeply (settings are plain values)") from None
     except (tomllib.TOMLDecodeError, ValueError) as exc:
-        if isinstance(exc, SettingsError):
-            raise
         raise SettingsError(f"config file {p} is not valid: {exc}") from None
     except Exception as exc:  # yaml.YAMLError has no common base we import eagerly
         raise SettingsError(f"config file {p} is not valid YAML: {exc}") from None

@@ -137,3 +137,29 @@ def test_an_absurd_integer_setting_names_it_and_its_range(tmp_path, chat_source,
                            tmp_path))
     assert line.startswith("error: ") and says in line, line
     assert not (tmp_path / "plan").exists()
+
+
+_BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+
+
+@pytest.mark.parametrize(("name", "text", "says"), [
+    ("bomb.yaml", _BOMB, "line 2: YAML aliases (*name) are not allowed in a plancc config; write the value out"),
+    ("alias.yaml", "seed: &s 3\nworld_size: *s\n", "line 2: YAML aliases (*name) are not allowed"),
+    ("deep.yaml", "seed: " + "[" * 100_000 + "]" * 100_000 + "\n", " nests values too deeply"),
+    ("deep.toml", "seed = " + "[" * 100_000 + "]" * 100_000 + "\n", " nests values too deeply"),
+])
+def test_an_alias_bomb_or_deep_config_is_refused_at_once(tmp_path, chat_source, name, text, says):
+    """A 1.3 KB alias bomb took 55 s and 1.7 GB before a MemoryError."""
+    config = tmp_path / name
+    config.write_text(text)
+    line = one_line(plancc(compile_args(chat_source, tmp_path, "--chat-template", "chatml", "--config", config),
+                           tmp_path, limits={resource.RLIMIT_CPU: 60}))
+    assert line.startswith(f"error: config file {config}") and says in line, line
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path, chat_source):
+    config = tmp_path / "c.toml"
+    config.write_bytes(b'seed = "\xff"\n')
+    line = one_line(plancc(compile_args(chat_source, tmp_path, "--config", config), tmp_path))
+    assert line == f"error: config file {config} is not valid UTF-8 (byte 0xff at offset 8)", line
