@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,3 +165,49 @@ def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path, chat_source):
     config.write_bytes(b'seed = "\xff"\n')
     line = one_line(plancc(compile_args(chat_source, tmp_path, "--config", config), tmp_path))
     assert line == f"error: config file {config} is not valid UTF-8 (byte 0xff at offset 8)", line
+
+
+# ---------------------------------------------------------------- invalid UTF-8 in typed string columns
+
+
+def _strings(values: list[bytes]) -> pa.Array:
+    """A string array holding `values` as they are (Arrow does not check UTF-8 when built from buffers)."""
+    raw = pa.array(values, pa.binary())
+    return pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())
+
+
+def test_invalid_utf8_in_a_parquet_string_column_names_file_row_and_column(tmp_path):
+    source = tmp_path / "pc.parquet"
+    pq.write_table(pa.table({"prompt": pa.array(["a", "b", "c", "d"]),
+                             "completion": _strings([b"x", b"y", b"z", b"bad \xff\xfe here"])}), source,
+                   row_group_size=2)
+    line = one_line(plancc(compile_args(source, tmp_path), tmp_path))
+    assert line == f"error: {source} row 3: column 'completion' holds text that is not valid UTF-8", line
+
+
+def test_invalid_utf8_inside_parquet_messages_names_the_row(tmp_path):
+    source = tmp_path / "chat.parquet"
+    n = 9
+    content = _strings([b"question", b"answer"] * (n - 1) + [b"question", b"\xc3("])
+    turns = pa.StructArray.from_arrays([pa.array(["user", "assistant"] * n), content], ["role", "content"])
+    messages = pa.ListArray.from_arrays(pa.array(range(0, 2 * n + 1, 2), pa.int32()), turns)
+    pq.write_table(pa.table({"messages": messages}), source, row_group_size=4)
+    line = one_line(plancc(compile_args(source, tmp_path, "--chat-template", "chatml"), tmp_path))
+    assert line == f"error: {source} row 8: column 'messages' holds text that is not valid UTF-8", line
+
+
+# ---------------------------------------------------------------- tokenized rows: the row to blame
+
+
+@pytest.mark.parametrize(("rows", "says"), [
+    ([{"input_ids": [1, 2, 3]}, {"input_ids": [1, 2.5, 3]}],
+     "row 1 (line 3): column 'input_ids' has a list holding float 2.5 at position 1, expected a list of integers"),
+    ([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [1, 2], "labels": [-100.0, 3.25]}],
+     "row 1 (line 3): column 'labels' has a list holding float 3.25 at position 1, expected a list of integers"),
+])
+def test_a_fraction_in_a_tokenized_row_names_that_row_not_the_first(tmp_path, rows, says):
+    """Arrow reads the whole column as floats when one row holds 1.5: the error named row 0 (line 1)."""
+    source = tmp_path / "t.jsonl"
+    source.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
+    line = one_line(plancc(["compile", source, "-o", tmp_path / "plan", "-q"], tmp_path))
+    assert line == f"error: {source} {says}", line
