@@ -290,7 +290,7 @@ def _load_yaml(text: str, path: Path) -> Any:
                                     "allowed in a plancc config; write the value out")
             return super().compose_node(parent, index)
 
-    return yaml.load(text, Loader=NoAliases) or {}  # noqa: S506 (a SafeLoader)
+    return yaml.load(text, Loader=NoAliases) or {}  # a SafeLoader: builds plain values only
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
