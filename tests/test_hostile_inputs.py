@@ -211,3 +211,25 @@ def test_a_fraction_in_a_tokenized_row_names_that_row_not_the_first(tmp_path, ro
     source.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")
     line = one_line(plancc(["compile", source, "-o", tmp_path / "plan", "-q"], tmp_path))
     assert line == f"error: {source} {says}", line
+
+
+# ---------------------------------------------------------------- globs
+
+
+def test_a_recursive_glob_over_an_unreadable_directory_names_it(tmp_path):
+    """`**` skipped a directory it could not list: 1000 of 2000 rows compiled, and nothing said so."""
+    from tests.test_bad_input_lines import _as_a_user
+
+    for d in ("a", "b/c"):
+        (tmp_path / "data" / d).mkdir(parents=True)
+        (tmp_path / "data" / d / "part.jsonl").write_text(json.dumps({"text": "x y"}) + "\n")
+    (tmp_path / "data" / ".hidden").mkdir()
+    for d in ("b", ".hidden"):
+        (tmp_path / "data" / d).chmod(0)
+    pattern = str(tmp_path / "data" / "**" / "*.jsonl")
+    cmd = [sys.executable, "-m", "plancc", *map(str, compile_args(pattern, tmp_path))]
+    r = subprocess.run(_as_a_user(cmd, tmp_path), capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "cache")})
+    (tmp_path / "data" / "b").chmod(0o755)
+    assert one_line(r) == f"error: {tmp_path / 'data' / 'b'}: cannot read directory (Permission denied): {pattern} " \
+                          "would miss the files in it; make it readable or narrow the pattern"

@@ -314,7 +314,14 @@ def _glob(pattern: str) -> list[str]:
     root = "/".join(parts[:fixed]) or ("/" if pattern.startswith("/") else ".")
     pats = parts[fixed:]
     found, visited = [], set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+
+    def unreadable(exc: OSError) -> None:
+        rel = os.path.relpath(exc.filename, root).split(os.sep)
+        if not any(name.startswith(".") and name != "." for name in rel):  # hidden: the pattern never looks in it
+            raise InputError(f"{exc.filename}: cannot read directory ({exc.strerror}): {pattern} would miss the "
+                             "files in it; make it readable or narrow the pattern")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=True):
         st = os.stat(dirpath)
         visited.add((st.st_dev, st.st_ino))
         keep = []
