@@ -233,3 +233,67 @@ def test_a_recursive_glob_over_an_unreadable_directory_names_it(tmp_path):
     (tmp_path / "data" / "b").chmod(0o755)
     assert one_line(r) == f"error: {tmp_path / 'data' / 'b'}: cannot read directory (Permission denied): {pattern} " \
                           "would miss the files in it; make it readable or narrow the pattern"
+
+
+# ---------------------------------------------------------------- resource limits and dead processes
+
+
+def _prompts(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"question {i}", "completion": f"answer {i}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_too_many_open_files_is_named_as_such(tmp_path):
+    """Under `ulimit -n` a scan with worker processes said "set PLANCC_CACHE to a writable directory"."""
+    source = _prompts(tmp_path / "pc.jsonl", 3000)
+    warm = plancc(["scan", source, "-o", tmp_path / "warm", "--tokenizer", "builtin", "-q"], tmp_path)
+    assert warm.returncode == 0, warm.stderr  # kernels compiled: the limited run fails on the scan itself
+    r = plancc(["scan", source, "-o", tmp_path / "out", "--tokenizer", "builtin", "-q", "--num-proc", "2",
+                "--cache-dir", tmp_path / "fresh"], tmp_path, limits={resource.RLIMIT_NOFILE: 16})
+    assert one_line(r) == "error: too many open files while scanning (Too many open files; this process may open " \
+                          "16, see `ulimit -n`): raise the limit (e.g. `ulimit -n 4096`) or lower --num-proc"
+    assert not (tmp_path / "out").exists()
+
+
+_UNDER_A_MEMORY_LIMIT = """
+import resource, sys
+import numpy as np
+from plancc.cli import app
+from plancc.sources.nesting import _too_deep
+import plancc.scan, plancc.token_hash, pyarrow.json  # loaded, and the kernels compiled, before the limit
+_too_deep(np.zeros(1, np.uint8), 1, True)
+size = int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (100 << 20),) * 2)
+app(sys.argv[1:], prog_name="plancc")
+"""
+
+
+def test_out_of_memory_is_one_line_naming_where(tmp_path):
+    """A MemoryError was a traceback; the limit is set once plancc is loaded, 100 MB above what it holds, so the
+    40 MB row is what does not fit."""
+    source = tmp_path / "big.jsonl"
+    source.write_text(json.dumps({"text": "a b " * 10_000_000}) + "\n")
+    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT, "scan", str(source), "-o", str(tmp_path / "out"),
+                        "--tokenizer", "builtin", "-q", "--long", "truncate"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "c")})
+    line = one_line(r)
+    assert line.startswith("error: out of memory while running plancc.") and "ulimit -v" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_lock_left_by_a_killed_scan_does_not_block_the_next(tmp_path):
+    """A scan killed while it fills the cache leaves its `.KEY.scan.lock` file; the lock is an flock, which died
+    with its holder, so the next scan goes ahead (and reuses the finished shards)."""
+    source = _prompts(tmp_path / "pc.jsonl", 45)
+    args = ["scan", source, "-o", tmp_path / "out", "--tokenizer", "builtin", "--shard-rows", "10", "-q"]
+    os.environ["PLANCC_SCAN_FAULT"] = "parts:2"
+    try:
+        killed = plancc(args, tmp_path)
+    finally:
+        del os.environ["PLANCC_SCAN_FAULT"]
+    assert killed.returncode == -9
+    assert list((tmp_path / "cache" / "scans").glob(".*.scan.lock"))
+    again = plancc(args, tmp_path, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "out" / "samples.parquet").is_file()
