@@ -59,7 +59,7 @@ def test_deeply_nested_json_lines_are_refused_naming_the_line(tmp_path, depth, k
     source = tmp_path / "deep.jsonl"
     source.write_text('{"text": "a [[[ \\" {{{"}\n\n' + f'{{"text": "b", "{column}": {_nested(depth, kind)}}}\n')
     line = one_line(plancc(compile_args(source, tmp_path), tmp_path))
-    assert line.startswith(f"error: {source} line 3 column ") and "JSON nested deeper than 100 levels" in line, line
+    assert line.startswith(f"error: {source} row 1 (line 3) column ") and "JSON nested deeper than 100 levels" in line
     assert not (tmp_path / "plan").exists()
 
 

@@ -47,14 +47,14 @@ def _too_deep(buf, limit, lines):  # pragma: no cover (compiled)
     return -1
 
 
-def check_depth(data: bytes, path: str, line_numbers: list[int] | None = None) -> None:
-    """Refuse `data` (a JSON document, or JSON lines whose file line numbers are `line_numbers`) where it nests
-    deeper than MAX_DEPTH, naming the file and line."""
+def check_depth(data: bytes, path: str, line_numbers: list[int] | None = None, first_row: int = 0) -> None:
+    """Refuse `data` where it nests deeper than MAX_DEPTH, naming the file and line: a JSON document, or JSON
+    lines (one row each, the first being row `first_row`) whose file line numbers are `line_numbers`."""
     at = int(_too_deep(np.frombuffer(data, np.uint8), MAX_DEPTH, line_numbers is not None))
     if at < 0:
         return
     k = data.count(b"\n", 0, at)
-    line = line_numbers[k] if line_numbers is not None else k + 1
+    where = f"row {first_row + k} (line {line_numbers[k]})" if line_numbers is not None else f"line {k + 1}"
     column = at - data.rfind(b"\n", 0, at)
-    raise InputError(f"{path} line {line} column {column}: JSON nested deeper than {MAX_DEPTH} levels; plancc "
-                     "reads values nested at most that deep")
+    raise InputError(f"{path} {where} column {column}: JSON nested deeper than {MAX_DEPTH} levels; plancc reads "
+                     "values nested at most that deep")

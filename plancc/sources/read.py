@@ -135,12 +135,12 @@ class JsonlRows:
     def read(self, a: int, b: int) -> tuple[pa.Table, dict[str, list[Any]]]:
         """Rows [a, b) of the file and their line numbers (a range behind the cursor reopens the file)."""
         self._skip_to(a)
-        lines, numbers = [], []
+        first, lines, numbers = self.row, [], []
         while self.row < b and (line := self._next_row()) is not None:
             lines.append(line if line.endswith(b"\n") else line + b"\n")
             numbers.append(self.lineno)
         data = b"".join(lines)
-        check_depth(data, self.path, numbers)  # before Arrow, which crashes on deep nesting
+        check_depth(data, self.path, numbers, first)  # before Arrow, which crashes on deep nesting
         try:
             table = pajson.read_json(pa.BufferReader(data),
                                      read_options=pajson.ReadOptions(block_size=1 << 26))
