@@ -308,6 +308,7 @@ def _glob(pattern: str) -> list[str]:
     pattern spells the dot). `**` walks the tree itself: a directory reached twice (a symlink loop, or a second
     link to a searched directory) is skipped with a warning instead of searched again, forever."""
     if "**" not in pattern:
+        _listable(os.path.dirname(pattern), pattern)
         return globlib.glob(pattern)
     parts = pattern.split("/")
     fixed = next(i for i, part in enumerate(parts) if globlib.has_magic(part))
@@ -318,8 +319,7 @@ def _glob(pattern: str) -> list[str]:
     def unreadable(exc: OSError) -> None:
         rel = os.path.relpath(exc.filename, root).split(os.sep)
         if not any(name.startswith(".") and name != "." for name in rel):  # hidden: the pattern never looks in it
-            raise InputError(f"{exc.filename}: cannot read directory ({exc.strerror}): {pattern} would miss the "
-                             "files in it; make it readable or narrow the pattern")
+            raise _unreadable(exc.filename, exc, pattern)
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=True):
         st = os.stat(dirpath)
@@ -341,6 +341,26 @@ def _glob(pattern: str) -> list[str]:
         rel = [] if dirpath == root else os.path.relpath(dirpath, root).split(os.sep)
         found += [os.path.join(dirpath, f) for f in filenames if _match([*rel, f], pats)]
     return found
+
+
+def _unreadable(directory: str, exc: OSError, pattern: str) -> InputError:
+    return InputError(f"{directory}: cannot read directory ({exc.strerror}): {pattern} would miss the files in it; "
+                      "make it readable or narrow the pattern")
+
+
+def _listable(parent: str, pattern: str) -> None:
+    """Every directory `pattern` searches can be listed: `glob` skips one it cannot read, and its files with it."""
+    if not globlib.has_magic(parent):
+        return
+    _listable(os.path.dirname(parent), pattern)
+    for d in globlib.glob(parent):
+        try:
+            with os.scandir(d):
+                pass
+        except NotADirectoryError:
+            continue
+        except OSError as exc:
+            raise _unreadable(d, exc, pattern) from None
 
 
 def _match(names: list[str], pats: list[str]) -> bool:
