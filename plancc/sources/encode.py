@@ -127,9 +127,9 @@ def _ids(tok: Tok, texts: list[str], special: bool) -> tuple[np.ndarray, np.ndar
 
 
 def _head(tok: Tok, text: str, special: bool, keep: int) -> str:
-    """The shortest prefix of `text`, cut at 16 characters a token then twice as many as often as needed, that
-    gives `keep + MARGIN` tokens: its first `keep` tokens are the whole text's, and its cost is bounded by `keep`,
-    not by the text (a 20 MB message tokenized whole takes gigabytes)."""
+    """A prefix of `text` that gives at least `keep + MARGIN` tokens (CHARS_PER_TOKEN characters a token, doubled
+    until it does; the whole text where none does): its first `keep` tokens are the whole text's, and tokenizing
+    it costs memory by `keep`, not by the text (a 20 MB message tokenized whole took 3.4 GB)."""
     chars = CHARS_PER_TOKEN * (keep + MARGIN)
     while chars < len(text):
         head = text[:chars]
