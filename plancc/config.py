@@ -87,9 +87,17 @@ def flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+# the largest value each integer setting takes: beyond these, arrays sized by them overflow or exhaust memory
+MOST = {"sequence_len": 2**24, "micro_batch_size": 2**16, "pad_multiple": 2**16, "world_size": 2**20,
+        "grad_accum": 2**20, "epochs": 2**10, "balance_window": 2**31, "balance_passes": 2**10, "num_proc": 2**10}
+ROW_TOKENS = 2**31 - 1  # tokens of one row: int32 offsets
+
+
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SettingsError(f"{flag(name)} must be a positive integer, got {value!r}", name)
+    if value > MOST[name]:
+        raise SettingsError(f"{flag(name)} must be an integer in [1, {MOST[name]:,}], got {value:,}", name)
 
 
 def _boolean(obj: Any, names: tuple[str, ...]) -> None:
@@ -223,6 +231,9 @@ class PlanSettings:
         _boolean(self, ("real_batches", "drop_last", "balance"))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise SettingsError(f"--seed must be an integer in [0, 2**63), got {self.seed!r}", "seed")
+        if self.micro_batch_size * self.sequence_len > ROW_TOKENS:
+            raise SettingsError(f"--micro-batch-size x --sequence-len must be at most {ROW_TOKENS:,} tokens, got "
+                                f"{self.micro_batch_size} x {self.sequence_len}")
         if self.balance_window > 64:
             raise SettingsError(f"--balance-window must be at most 64, got {self.balance_window}", "balance_window")
         if self.real_batches and self.mode != Mode.PACKED:
@@ -309,6 +320,22 @@ def canonical_hash(obj: dict[str, Any]) -> str:
     return hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()
 
 
+def _load_yaml(text: str, path: Path) -> Any:
+    """YAML without aliases: settings are flat values, and a kilobyte of nested aliases (an "alias bomb") expands
+    to gigabytes wherever the values are walked or printed."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise SettingsError(f"config file {path} line {mark.line + 1}: YAML aliases (*name) are not "
+                                    "allowed in a plancc config; write the value out")
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=NoAliases) or {}  # a SafeLoader: builds plain values only
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML or YAML config file into a flat mapping of setting names (dashes or underscores)."""
     p = Path(path)
@@ -316,18 +343,21 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SettingsError(f"cannot read config file {p}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"config file {p} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                            f"{exc.start})") from None
     try:
         if p.suffix.lower() == ".toml":
             data = tomllib.loads(text)
         elif p.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
+            data = _load_yaml(text, p)
         else:
             raise SettingsError(f"config file {p} must end in .toml, .yaml or .yml")
+    except SettingsError:
+        raise
+    except RecursionError:
+        raise SettingsError(f"config file {p} nests values too deeply (settings are plain values)") from None
     except (tomllib.TOMLDecodeError, ValueError) as exc:
-        if isinstance(exc, SettingsError):
-            raise
         raise SettingsError(f"config file {p} is not valid: {exc}") from None
     except Exception as exc:  # yaml.YAMLError has no common base we import eagerly
         raise SettingsError(f"config file {p} is not valid YAML: {exc}") from None

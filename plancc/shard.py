@@ -176,8 +176,9 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
             options.shift == "none", src.where
     shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
     try:
+        keep = options.sequence_len if options.long in ("truncate", "drop") else None  # error: exact lengths
         enc = encode_rows(work, job.format, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
-                          progress=shifted, template=job.template, pool=pool)
+                          progress=shifted, template=job.template, pool=pool, keep=keep)
     except RowError as exc:
         raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
     return enc, False, src.where

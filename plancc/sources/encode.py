@@ -33,6 +33,10 @@ ALPACA_NO_INPUT = (
 )
 
 
+CHARS_PER_TOKEN = 16  # first guess at the text `keep` tokens need; doubled where a text is sparser in tokens
+MARGIN = 64  # tokens past `keep` that a cut text must still give: a cut changes only the last few before it
+
+
 class RowError(Exception):
     """A problem with one source row; the caller turns `row` into a file location."""
 
@@ -122,22 +126,43 @@ def _ids(tok: Tok, texts: list[str], special: bool) -> tuple[np.ndarray, np.ndar
     return _flat(encode(texts, add_special_tokens=special))
 
 
-def _pair(tok: Tok, prompts: list[str], completions: list[str], add_eos: bool) -> Encoded:
-    p_ids, p_off = _ids(tok, prompts, True)
-    c_ids, c_off = _ids(tok, completions, False)
+def _head(tok: Tok, text: str, special: bool, keep: int) -> str:
+    """A prefix of `text` that gives at least `keep + MARGIN` tokens (CHARS_PER_TOKEN characters a token, doubled
+    until it does; the whole text where none does): its first `keep` tokens are the whole text's, and tokenizing
+    it costs memory by `keep`, not by the text (a 20 MB message tokenized whole took 3.4 GB)."""
+    chars = CHARS_PER_TOKEN * (keep + MARGIN)
+    while chars < len(text):
+        head = text[:chars]
+        if len(tok.tokenizer.encode(head, add_special_tokens=special).ids) >= keep + MARGIN:
+            return head
+        chars *= 2
+    return text
+
+
+def _heads(tok: Tok, texts: list[str], special: bool, keep: int | None) -> list[str]:
+    """`texts` with each one too long to matter cut to its `_head` (all of them as they are when `keep` is None)."""
+    if keep is None:
+        return texts
+    chars = CHARS_PER_TOKEN * (keep + MARGIN)
+    return [_head(tok, t, special, keep) if len(t) > chars else t for t in texts]
+
+
+def _pair(tok: Tok, prompts: list[str], completions: list[str], add_eos: bool, keep: int | None) -> Encoded:
+    p_ids, p_off = _ids(tok, _heads(tok, prompts, True, keep), True)
+    c_ids, c_off = _ids(tok, _heads(tok, completions, False, keep), False)
     if add_eos and tok.eos_id is not None:
         c_ids, c_off = _append(c_ids, c_off, tok.eos_id)
     return _join(p_ids, p_off, c_ids, c_off)
 
 
-def _text(tok: Tok, texts: list[str], add_eos: bool) -> Encoded:
-    ids, off = _ids(tok, texts, True)
+def _text(tok: Tok, texts: list[str], add_eos: bool, keep: int | None) -> Encoded:
+    ids, off = _ids(tok, _heads(tok, texts, True, keep), True)
     if add_eos and tok.eos_id is not None:
         ids, off = _append(ids, off, tok.eos_id)
     return Encoded(ids, ids.copy(), off)
 
 
-def _messages(tok: Tok, template: str, conversations: list, row0: int) -> Encoded:
+def _messages(tok: Tok, template: str, conversations: list, row0: int, keep: int | None) -> Encoded:
     renderer = Renderer(template, tok.bos_token, tok.eos_token)
     texts, spans = [], []
     for i, conv in enumerate(conversations):
@@ -151,6 +176,7 @@ def _messages(tok: Tok, template: str, conversations: list, row0: int) -> Encode
             raise RowError(row0 + i, str(exc)) from None
         texts.append(text)
         spans.append(sp)
+    texts = _heads(tok, texts, False, keep)  # spans past a cut select no token
     encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
     ids, offsets = _flat(encodings)
     labels = np.full(len(ids), IGNORE_INDEX, np.int32)
@@ -168,22 +194,24 @@ def _messages(tok: Tok, template: str, conversations: list, row0: int) -> Encode
 
 
 def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: int = 0,
-                 template: str | None = None) -> Encoded:
+                 template: str | None = None, keep: int | None = None) -> Encoded:
     """Encode canonical rows (see detect.canonical) of one format; `row0` is the global index of the first row;
-    `template` is the chat template's text (messages only)."""
+    `template` is the chat template's text (messages only). `keep`: only a row's first `keep` tokens matter (its
+    longer tail is truncated or the row dropped), so a row far longer is tokenized from a cut of its text: its
+    first `keep` tokens and labels are exact, and it still has more than `keep`, but not all, of its tokens."""
     if fmt == "text":
-        return _text(tok, table.column("text").to_pylist(), add_eos)
+        return _text(tok, table.column("text").to_pylist(), add_eos, keep)
     if fmt == "prompt_completion":
-        return _pair(tok, table.column("prompt").to_pylist(), table.column("completion").to_pylist(), add_eos)
+        return _pair(tok, table.column("prompt").to_pylist(), table.column("completion").to_pylist(), add_eos, keep)
     if fmt == "alpaca":
         prompts = [
             (ALPACA_WITH_INPUT if inp else ALPACA_NO_INPUT).format(instruction=ins, input=inp)
             for ins, inp in zip(table.column("instruction").to_pylist(), table.column("input").to_pylist(),
                                 strict=True)
         ]
-        return _pair(tok, prompts, table.column("output").to_pylist(), add_eos)
+        return _pair(tok, prompts, table.column("output").to_pylist(), add_eos, keep)
     if fmt == "messages":
         if template is None:
             raise ValueError("messages need a chat template")
-        return _messages(tok, template, table.column("messages").to_pylist(), row0)
+        return _messages(tok, template, table.column("messages").to_pylist(), row0, keep)
     raise ValueError(f"no encoder for format {fmt}")
