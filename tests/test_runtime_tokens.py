@@ -120,7 +120,7 @@ def test_open_refuses_a_damaged_or_foreign_store_at_constant_cost(tmp_path, dama
         other = make_tokenized(30, seed=99, max_len=20)
         shutil.rmtree(tokens)
         write_tokens(tokens, other, samples_table(other))
-        match = "dataset fingerprint .* the plan was compiled from"
+        match = "is not the token store this plan was compiled with"
     with pytest.raises(PlanMismatchError, match=match):
         load_tokens(plan)
 
@@ -167,7 +167,7 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
         RuntimePlan(plan, data=tmp_path / "data")
     other = make_tokenized(40, seed=8, max_len=20)
     write_tokens(tmp_path / "other", other, samples_table(other))
-    with pytest.raises(PlanMismatchError, match=r"other does not match the plan .*dataset fingerprint"):
+    with pytest.raises(PlanMismatchError, match=r"other does not match the plan .*changed"):
         load_tokens(RuntimePlan(plan, data=tmp_path / "other"))
     runner = CliRunner()
     res = runner.invoke(app, ["validate", str(plan), "--dataset", str(tmp_path / "moved")])
@@ -176,8 +176,9 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
     assert res.exit_code == 1 and "dataset fingerprint" in res.output
 
 
-def test_plan_and_tokenized_source_moved_together_are_found_relative_to_the_plan(tmp_path):
-    """A plan without a store (bare samples table) keeps its source's path relative to itself too."""
+def test_a_plan_without_a_store_never_follows_the_source_paths_it_records(tmp_path):
+    """A plan without a store (bare samples table) records its source's paths for people; the runtime reads no path
+    from a plan's metadata (an edited one could name any file): it asks for data=, and trains on the file given."""
     tok = make_tokenized(25, seed=4, max_len=20)
     table = samples_table(tok)
     (tmp_path / "job").mkdir()
@@ -188,8 +189,9 @@ def test_plan_and_tokenized_source_moved_together_are_found_relative_to_the_plan
 
     build.write_plan_dir(tmp_path / "job" / "plan", table, s, ps, compile_plan(s, ps),
                        {"source_paths": [str(tmp_path / "job" / "train.parquet")]}, None)
-    shutil.move(tmp_path / "job", tmp_path / "moved-job")
-    tokens = load_tokens(tmp_path / "moved-job" / "plan")  # absolute path gone; relative one still holds
+    with pytest.raises(PlanMismatchError, match=r"holds no tokenized data .* pass data="):
+        load_tokens(tmp_path / "job" / "plan")
+    tokens = load_tokens(tmp_path / "job" / "plan", data=tmp_path / "job" / "train.parquet")
     assert np.array_equal(tokens.input_ids, TokenStore.from_table(tok).input_ids)
 
 

@@ -229,7 +229,7 @@ def test_every_file_of_a_plan_damaged_is_reported_naming_it(plan, how):
 def test_a_deleted_part_folder_is_reported(parts, tmp_path):
     plan_dir = Path(shutil.copytree(parts, tmp_path / "plan"))
     shutil.rmtree(plan_dir / store.TOKENS_DIR / "part-00001")
-    assert "part-00001 is not a token store" in validate(plan_dir, "--fast")
+    assert "part-00001 is missing" in validate(plan_dir, "--fast")
     refused_by_runtime(plan_dir)
 
 
