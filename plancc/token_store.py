@@ -372,7 +372,7 @@ def _map(path: Path, dir_fd: int, name: str, length: int) -> tuple[np.memmap, Re
     """Array `name` of the store opened through `dir_fd`: its map, and a reader over the same open file."""
     where = f"token store {path}: {name}.npy"
     try:
-        f = open_file(f"{name}.npy", TokenStoreError, dir_fd=dir_fd, shown=where)
+        f = open_file(f"{name}.npy", TokenStoreError, dir_fd=dir_fd, shown=path / f"{name}.npy")
     except FileNotFoundError:
         raise TokenStoreError(f"{where} is missing") from None
     try:
@@ -398,7 +398,7 @@ def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
     path = Path(path)
     try:
         with open_file(HEADER_FILE if dir_fd is not None else path / HEADER_FILE, TokenStoreError, dir_fd=dir_fd,
-                       shown=f"token store {path}: {HEADER_FILE}") as f:
+                       shown=path / HEADER_FILE) as f:
             header = orjson.loads(f.read())
     except FileNotFoundError:
         raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
