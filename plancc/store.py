@@ -50,7 +50,7 @@ METRICS_FILE = "metrics.parquet"
 BEFORE_FILE = "before.parquet"  # the `before` stage's label count per microbatch: what inspect plots against `after`
 MANIFEST_FILE = "manifest.json"
 TOKENS_DIR = "tokens"  # the token store (plancc.token_store), in scan and plan directories
-TOKENIZED_FILE = "tokenized.parquet"  # what older plans shipped instead; the runtime still reads it
+TOKENIZED_FILE = "tokenized.parquet"  # what older plans shipped instead; read only when given as data=
 SCAN_MANIFEST_FILE = "scan.json"
 
 ARROW_SCHEMA_KEY = b"ARROW:schema"  # pyarrow's serialized Arrow schema (store_schema=True)

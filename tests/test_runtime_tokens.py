@@ -255,3 +255,15 @@ def test_a_change_in_a_row_the_plan_does_not_use_is_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="not in any sample of the plan"):
         batches = [collator(mb, tokens) for mb in PlanSampler(plan)]
     assert len(batches) == len(PlanSampler(plan)) and tokens.guard.pending == 0
+
+
+def test_a_plan_whose_store_was_moved_away_trains_on_it_given_as_data(tmp_path):
+    """The plan's tokens/ moved elsewhere: the plan still opens, load_tokens says where it looked and what to pass,
+    and the moved store (the one the plan binds: its digest matches) is accepted with the open-time checks."""
+    plan = build_plan(tmp_path, n=30, mode="packed", micro_batch_size=2, sequence_len=24)
+    shutil.move(plan / store.TOKENS_DIR, tmp_path / "moved")
+    with pytest.raises(PlanMismatchError, match=r"tokens is missing.* pass data="):
+        load_tokens(plan)
+    tokens = load_tokens(plan, data=tmp_path / "moved")
+    assert tokens.guard.pending == tokens.guard.mapped.num_chunks  # chunks checked on first read, not all at open
+    assert sum(1 for _ in _batches(plan, tokens, world=1)) == len(PlanSampler(plan))

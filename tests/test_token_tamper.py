@@ -375,7 +375,7 @@ def test_a_token_path_in_the_metadata_is_never_followed(single, tmp_path, where)
     _edit_plan_meta(plan_dir, lambda m: m["data"].update(tokens=where))
     out = validate(plan_dir)
     assert out.count("\n") == 1 and f"data.tokens is {where!r}" in out, out
-    with pytest.raises(PlanMismatchError, match="data.tokens is"):
+    with pytest.raises(PlanMismatchError, match=r"data\.tokens is"):
         load_tokens(plan_dir)
 
 
@@ -391,7 +391,7 @@ def test_a_plan_naming_another_source_is_not_ok(single, tmp_path):
 
     _edit_plan_meta(plan_dir, to_passwd)
     assert "data.tokens is missing" in validate(plan_dir)
-    with pytest.raises(PlanMismatchError, match="data.tokens is missing"):
+    with pytest.raises(PlanMismatchError, match=r"data\.tokens is missing"):
         load_tokens(plan_dir)
     _edit_plan_meta(plan_dir, lambda m: m["fingerprints"].pop("tokens"), everywhere=True)
     assert "plan binds no token store" in validate(plan_dir)

@@ -213,6 +213,11 @@ def _own_tokens(plan: RuntimePlan) -> token_store.MappedTokens:
     if plan.tokens is not None:
         return plan.tokens
     problems = plan.dir.data_problems()
+    if problems or plan.dir.binds_tokens:
+        try:
+            return plan.dir.open_tokens()  # raises: tokens/ gone (moved away; the caller may give it as data=)
+        except (store.PlanIntegrityError, token_store.FileTypeError) as exc:
+            problems = [str(exc)]
     if problems:
         raise PlanMismatchError(f"{problems[0]}; or pass data= (a plan, scan or token store folder, or a tokenized "
                                 "file) to RuntimePlan or load_tokens")

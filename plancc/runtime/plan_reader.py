@@ -15,6 +15,7 @@ rank r' takes every W'-th microbatch (`plancc.layout`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ class RuntimePlan:
         for epoch in reversed(range(self.epochs)):  # every epoch now; the first stays cached for step 1
             self.epoch_rows(epoch)
         self.tokens: token_store.MappedTokens | None = None  # the plan's own token store, opened with the plan
-        if self.data is None and self.dir.binds_tokens:
+        if self.data is None and self.dir.binds_tokens and os.path.lexists(self.path / store.TOKENS_DIR):
             try:
                 self.tokens = self.dir.open_tokens()
             except (store.PlanIntegrityError, token_store.FileTypeError) as exc:
