@@ -209,9 +209,11 @@ def hold(path: str | Path, *, dir_fd: int | None = None, name: str | None = None
     before reading (`token_store.open_file`), and map it."""
     path = Path(path)
     try:
-        f = token_store.open_file(path if name is None else name, StoreError, dir_fd=dir_fd, shown=path)
+        f = token_store.open_file(path if name is None else name, dir_fd=dir_fd, shown=path)
     except FileNotFoundError:
         raise StoreError(f"{path} does not exist") from None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     with f:
         if os.fstat(f.fileno()).st_size == 0:
             return Held(path, pa.py_buffer(b""))

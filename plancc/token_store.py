@@ -159,23 +159,17 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-def open_file(path: str | Path, error: type[PlanccError], *, dir_fd: int | None = None,
-              shown: str | Path | None = None) -> BinaryIO:
+def open_file(path: str | Path, *, dir_fd: int | None = None, shown: str | Path | None = None) -> BinaryIO:
     """`path` (relative to `dir_fd` when given) opened read-only, refused unless it is a regular file.
 
     The type is checked on the open descriptor before anything is read: the open does not block (O_NONBLOCK) and a
     FIFO, device or socket would stall or stream forever, a directory is not the file asked for (`FileTypeError`).
     The file object stays valid when the path is later replaced (a plan recompiled with --overwrite): readers keep
-    what they opened. Other failures raise `error` naming `shown` (default `path`); a missing file raises
-    FileNotFoundError.
+    what they opened. The message names `shown` (default `path`); a failed open raises its OSError (the caller
+    names the file its way).
     """
     shown = path if shown is None else shown
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise error(f"{shown}: cannot open it ({exc.strerror or exc})") from None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
@@ -372,9 +366,11 @@ def _map(path: Path, dir_fd: int, name: str, length: int) -> tuple[np.memmap, Re
     """Array `name` of the store opened through `dir_fd`: its map, and a reader over the same open file."""
     where = f"token store {path}: {name}.npy"
     try:
-        f = open_file(f"{name}.npy", TokenStoreError, dir_fd=dir_fd, shown=path / f"{name}.npy")
+        f = open_file(f"{name}.npy", dir_fd=dir_fd, shown=path / f"{name}.npy")
     except FileNotFoundError:
         raise TokenStoreError(f"{where} is missing") from None
+    except OSError as exc:
+        raise TokenStoreError(f"{where}: cannot read it ({exc.strerror or exc})") from None
     try:
         version = np.lib.format.read_magic(f)
         read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
@@ -397,7 +393,7 @@ def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
     plancc's format and unedited: its values must hash to its `header_hash`."""
     path = Path(path)
     try:
-        with open_file(HEADER_FILE if dir_fd is not None else path / HEADER_FILE, TokenStoreError, dir_fd=dir_fd,
+        with open_file(HEADER_FILE if dir_fd is not None else path / HEADER_FILE, dir_fd=dir_fd,
                        shown=path / HEADER_FILE) as f:
             header = orjson.loads(f.read())
     except FileNotFoundError:
