@@ -781,7 +781,7 @@ class PlanDir:
             fd = token_store.open_dir(TOKENS_DIR, token_store.TokenStoreError, dir_fd=self._dir_fd,
                                       shown=f"token store {where}")
         except FileNotFoundError:
-            raise PlanIntegrityError(f"{where} is missing: the plan's token store was deleted or moved") from None
+            raise PlanIntegrityError(f"{where} does not exist: the plan's token store was deleted or moved") from None
         try:
             m = token_store.open_store(where, fd)
         except token_store.TokenStoreError as exc:

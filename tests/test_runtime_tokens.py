@@ -262,7 +262,7 @@ def test_a_plan_whose_store_was_moved_away_trains_on_it_given_as_data(tmp_path):
     and the moved store (the one the plan binds: its digest matches) is accepted with the open-time checks."""
     plan = build_plan(tmp_path, n=30, mode="packed", micro_batch_size=2, sequence_len=24)
     shutil.move(plan / store.TOKENS_DIR, tmp_path / "moved")
-    with pytest.raises(PlanMismatchError, match=r"tokens is missing.* pass data="):
+    with pytest.raises(PlanMismatchError, match=r"tokens does not exist.* pass data="):
         load_tokens(plan)
     tokens = load_tokens(plan, data=tmp_path / "moved")
     assert tokens.guard.pending == tokens.guard.mapped.num_chunks  # chunks checked on first read, not all at open
