@@ -267,3 +267,16 @@ def test_a_plan_whose_store_was_moved_away_trains_on_it_given_as_data(tmp_path):
     tokens = load_tokens(plan, data=tmp_path / "moved")
     assert tokens.guard.pending == tokens.guard.mapped.num_chunks  # chunks checked on first read, not all at open
     assert sum(1 for _ in _batches(plan, tokens, world=1)) == len(PlanSampler(plan))
+
+
+def test_a_worker_copy_refuses_a_store_replaced_since_the_parent_opened_it(tmp_path):
+    """A DataLoader worker (spawn) reopens the store by path: if the plan was recompiled meanwhile it would read
+    other tokens than the parent's batches expect, so it refuses them."""
+    plan = build_plan(tmp_path / "a", n=30, mode="packed", micro_batch_size=2, sequence_len=24)
+    other = build_plan(tmp_path / "b", n=30, seed=1, data_seed=9, mode="packed", micro_batch_size=2, sequence_len=24)
+    tokens = load_tokens(plan)
+    shutil.rmtree(plan / store.TOKENS_DIR)
+    shutil.copytree(other / store.TOKENS_DIR, plan / store.TOKENS_DIR)
+    assert len(tokens) == 30 and tokens.input_ids.size  # the parent keeps what it opened
+    with pytest.raises(PlanMismatchError, match="was replaced since this run opened it"):
+        pickle.loads(pickle.dumps(tokens))

@@ -81,7 +81,7 @@ class TokenStore:
         if self.guard is None:
             return (TokenStore, (self.input_ids, self.targets, self.offsets))
         g = self.guard
-        return (_reopen, (str(g.mapped.path), str(g.plan.path), g.mapped.digest, g.allow_dataset_change))
+        return (_reopen, (str(g.mapped.path), str(g.plan_path), g.mapped.digest, g.allow_dataset_change))
 
     @classmethod
     def from_table(cls, table: pa.Table, *, shift: str = "sample", where: str = "dataset") -> TokenStore:
@@ -108,11 +108,24 @@ class TokenStore:
 class ChunkGuard:
     """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk."""
 
-    def __init__(self, mapped: token_store.MappedTokens, plan: RuntimePlan, allow_dataset_change: bool):
-        self.mapped, self.plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
+    def __init__(self, mapped: token_store.MappedTokens, plan: RuntimePlan | Path, allow_dataset_change: bool):
+        self.mapped, self._plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
         self.bounds = np.asarray(mapped.chunks)  # a plain view: cheaper to search than the memmap object
         self.verified = np.zeros(mapped.num_chunks, dtype=bool)
         self.pending = mapped.num_chunks
+
+    @property
+    def plan_path(self) -> Path:
+        """The plan directory."""
+        return self._plan.path if isinstance(self._plan, RuntimePlan) else self._plan
+
+    @property
+    def plan(self) -> RuntimePlan:
+        """The plan; a worker's copy (given its path) opens it only to name the sample of a changed chunk, so that
+        starting a worker does not verify every epoch again."""
+        if not isinstance(self._plan, RuntimePlan):
+            self._plan = RuntimePlan(self._plan)
+        return self._plan
 
     def check(self, rows: np.ndarray) -> None:
         """Hash each not yet verified chunk that `rows` touch; refuse a changed one naming its first planned
@@ -269,14 +282,13 @@ def _mapped(plan: RuntimePlan, m: token_store.MappedTokens, verify: str, allow: 
 
 
 def _reopen(path: str, plan_path: str, digest: str, allow: bool) -> TokenStore:
-    """A worker's copy: the plan and store reopened, refused unless the store is the one the parent opened (a plan
-    recompiled meanwhile would give this worker other tokens than the parent's batches expect)."""
-    plan = RuntimePlan(plan_path)
+    """A worker's copy: the store reopened, refused unless it is the one the parent opened (a plan recompiled
+    meanwhile would give this worker other tokens than the parent's batches expect)."""
     m = token_store.open_store(path)
     if m.digest != digest:
         raise PlanMismatchError(f"token store {path} was replaced since this run opened it (digest {m.digest}, the "
                                 f"run opened {digest}): restart the run")
-    return _over_maps(m, ChunkGuard(m, plan, allow))
+    return _over_maps(m, ChunkGuard(m, Path(plan_path), allow))
 
 
 def _over_maps(m: token_store.MappedTokens, guard: ChunkGuard | None) -> TokenStore:
