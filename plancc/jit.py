@@ -16,8 +16,8 @@ from plancc.config import default_cache_dir
 
 # every module holding @numba.njit(cache=True) kernels (a test checks the list against the sources)
 KERNEL_MODULES = ("plancc.token_hash", "plancc.sort", "plancc.row_sums", "plancc.pack.best_fit",
-                  "plancc.pack.exact_fill", "plancc.balance._cost_spread", "plancc.balance._exchange",
-                  "plancc.balance._redeal", "plancc.balance.accumulation")
+                  "plancc.pack._rows", "plancc.pack.exact_fill", "plancc.balance._cost_spread",
+                  "plancc.balance._exchange", "plancc.balance._redeal", "plancc.balance.accumulation")
 COMPILING = "compiling kernels (first run only)"
 
 

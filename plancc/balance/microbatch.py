@@ -34,7 +34,7 @@ windows. At 10M samples, capacity 16384, idle 2-core machine: 10-11 s wall, 3 s 
 trades (the first pass ~4 s).
 
 The spare space balancing trades through comes from the plain packing: it keeps best fit's rows above the rows
-lower bound while within 0.01% of it (`pack.best_fit`), since rows at exactly the bound leave step 1 nothing to
+lower bound while within 0.01% of it (`pack.plain`), since rows at exactly the bound leave step 1 nothing to
 close its rows with.
 
 Against the reference's swap-then-repack on contiguous windows: its repacking can only close a window again when

@@ -1,6 +1,7 @@
 """Packing algorithms, one per module, and the layout builder of the `before` plan.
 
-`best_fit` packs the plain plan (and fills pre-filled rows); `random_groups` groups samples for padded and flattened;
+`plain` packs the plain plan by best fit (`best_fit`, which also fills pre-filled rows; `left_out` and
+`exact_fill` close the items a packing leaves out); `random_groups` groups samples for padded and flattened;
 `label_aware` repacks given rows so their label counts start close (microbatch balance starts from it).
 """
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from plancc.config import Mode, PlanSettings
 from plancc.layout import complete_updates
-from plancc.pack.best_fit import pack_best_fit
+from plancc.pack.plain import pack_best_fit
 from plancc.pack.random_groups import group_fixed
 from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, from_rows, permute_batches
 
