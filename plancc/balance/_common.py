@@ -191,7 +191,7 @@ def _exchange_span(
     else:
         row_cap = np.full(n_rows, peak if mode == FLATTENED else 1 << 60, dtype=np.int64)
     mean = float(mb_val.mean()) if mb_val.size else 0.0
-    rules = Rules(pm=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
+    rules = Rules(pad_multiple=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
                   tok_weight=float(tok_weight), square=bool(square), rounds=int(rounds), scan_limit=SCAN,
                   tol=int(tol_share * mean))  # label gaps this small are not worth a trade
     for p in range(passes):
