@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from plancc.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, exchange_windows
 from plancc.config import PlanSettings
 from plancc.layout import complete_updates
 from plancc.plan import (
@@ -157,8 +158,6 @@ def _exchange_span(
 
     `cost_mode` follows the layout: packed rows, flattened rows with exact counts, padded groups with exact counts.
     """
-    from plancc.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, exchange_windows
-
     mode = {"packed": PACKED, "flattened": FLATTENED, "padded": PADDED}[settings.mode]
     n_items = head.samples.shape[0]
     if head.num_batches < 2 or n_items == 0:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.balance import _common as c
+from plancc.balance import _common as common
 from plancc.balance._cost_spread import even_padded_costs
 from plancc.balance._exchange import LOCAL
 from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths, trim_peak
@@ -62,7 +62,7 @@ def balance_fixed_count(b: Batches, s: SampleArrays, settings: PlanSettings) -> 
     start = deal_equal_lengths(b, s, settings)
     if settings.mode == "flattened":
         start = _alternate_deals(b, start, s, settings)
-        traded = c.exchange(start, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
+        traded = common.exchange(start, s, settings, windows=lambda p, v: common.stratified_windows(v, window),
                             passes=settings.balance_passes, rounds=ROUNDS)
         return trim_peak(traded, s, settings)
     window = min(window, PADDED_WINDOW)
@@ -81,14 +81,14 @@ def exchange_within_cost_cv(b: Batches, s: SampleArrays, settings: PlanSettings,
     any subset of windows may be kept: they are taken in order of cost-CV change per padding token saved, each
     while the bound holds. Never raises the label variance, the total or the peak cost, or the cost CV.
     """
-    n_span = c.span(b, settings)
+    n_span = common.span(b, settings)
     if n_span < 2:
         return b
     work = _work(b, s, settings)
     bound = b.num_batches * (work * work).sum(axis=1) / work.sum(axis=1) ** 2  # n Q / S^2 = CV^2 + 1
     for _ in range(passes):
         w = windows(batch_targets(b, s, settings.shift)[:n_span], batch_cost(b, s, settings.pad_multiple)[:n_span])
-        new = c.exchange(b, s, settings, windows=lambda p, v, w=w: w, passes=1, rounds=rounds)
+        new = common.exchange(b, s, settings, windows=lambda p, v, w=w: w, passes=1, rounds=rounds)
         kept = _windows_within(b, new, *w, s, settings, bound)
         if kept is b:
             break
@@ -110,7 +110,7 @@ def cost_halves_windows(labels: np.ndarray, cost: np.ndarray, window: int) -> tu
     order = np.argsort(cost, kind="stable")
     bounds, members = [np.zeros(1, dtype=np.int64)], []
     for half in (order[: order.shape[0] // 2], order[order.shape[0] // 2:]):
-        w_bounds, w_members = c.stratified_windows(labels[half], window)
+        w_bounds, w_members = common.stratified_windows(labels[half], window)
         bounds.append(w_bounds[1:] + bounds[-1][-1])
         members.append(half[w_members])
     return np.concatenate(bounds), np.concatenate(members).astype(np.int64)
@@ -155,7 +155,7 @@ def _alternate_deals(b: Batches, start: Batches, s: SampleArrays, settings: Plan
     the result only if neither variance ends above the stage input `b`'s, else `start` (the exact length deal of
     `b`) with the exact label deal, which is always safe."""
     def objective(x: Batches) -> tuple[float, float]:
-        return (c.label_sse(batch_targets(x, s, settings.shift)), c.label_sse(batch_tokens(x, s)))
+        return (common.label_sse(batch_targets(x, s, settings.shift)), common.label_sse(batch_tokens(x, s)))
 
     labels0, tokens0 = objective(b)
     scale = (float(batch_targets(b, s, settings.shift).mean()) ** 2 or 1.0, float(batch_tokens(b, s).mean()) ** 2)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.balance import _common as c
+from plancc.balance import _common as common
 from plancc.balance._redeal import deal_equal_lengths
 from plancc.config import PlanSettings
 from plancc.pack.label_aware import pack_label_aware
@@ -62,14 +62,14 @@ FEW_PASSES = 3  # ... and traded over this many times `--balance-passes` passes 
 def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, *, rng: np.random.Generator) -> Batches:
     """The stage (steps 1-3 of the module docstring); `b` unchanged unless the label variance drops."""
     window = settings.balance_window
-    start = repack_label_aware(b, s, n_span=c.span(b, settings), capacity=settings.row_capacity,
+    start = repack_label_aware(b, s, n_span=common.span(b, settings), capacity=settings.row_capacity,
                                pad_multiple=settings.pad_multiple, shift=settings.shift, rng=rng)
     few = b.samples.shape[0] < FEW * b.num_rows
     if start is b or few:  # see step 2
         start = deal_equal_lengths(start, s, settings)
-    out = c.exchange(start, s, settings, windows=lambda p, v: c.stratified_windows(v, window),
+    out = common.exchange(start, s, settings, windows=lambda p, v: common.stratified_windows(v, window),
                      passes=settings.balance_passes * (FEW_PASSES if few else 1), rounds=ROUNDS, tol_share=TOL)
-    sse = [c.label_sse(batch_targets(x, s, settings.shift)) for x in (b, out)]
+    sse = [common.label_sse(batch_targets(x, s, settings.shift)) for x in (b, out)]
     return out if sse[1] < sse[0] else b
 
 
@@ -79,12 +79,12 @@ def repack_label_aware(b: Batches, s: SampleArrays, *, n_span: int, capacity: in
     `capacity` tokens); `b` if that does not fit or would raise the peak or the total padded cost."""
     if n_span < 2:
         return b
-    head, *tail = c.split(b, n_span)
+    head, *tail = common.split(b, n_span)
     cost = batch_cost(b, s, pad_multiple)
     peak = int(cost.max())
     capacity = min(capacity, peak // int(head.rows_per_batch().max()))
     lengths = s.length[head.samples]
-    values = c.item_values(head, s, shift)
+    values = common.item_values(head, s, shift)
     pinned = np.zeros(lengths.shape[0], dtype=bool)
     start_tok = np.zeros(head.num_rows, dtype=np.int64)
     start_val = np.zeros(head.num_rows, dtype=np.int64)
@@ -101,8 +101,8 @@ def repack_label_aware(b: Batches, s: SampleArrays, *, n_span: int, capacity: in
         return b
     row_of = head.row_of_sample()
     row_of[free] = assign
-    new = c.rebuild_rows(head, row_of, pinned)
+    new = common.rebuild_rows(head, row_of, pinned)
     new_cost = batch_cost(new, s, pad_multiple)
     if new_cost.max() > peak or new_cost.sum() > cost[:n_span].sum():
         return b
-    return c.join(new, *tail)
+    return common.join(new, *tail)

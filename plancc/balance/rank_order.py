@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.balance import _common as c
+from plancc.balance import _common as common
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_attention, batch_cost, batch_targets, permute_batches
 
@@ -32,7 +32,7 @@ from plancc.plan import Batches, SampleArrays, batch_attention, batch_cost, batc
 def order_ranks(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
     """`b` with each complete update's microbatches reordered over (micro-step, rank); see the module docstring."""
     W, P = settings.world_size, settings.batches_per_update
-    n_span = c.span(b, settings)
+    n_span = common.span(b, settings)
     if W < 2 or n_span == 0:
         return b
     n_upd = n_span // P

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.balance import _common as c
+from plancc.balance import _common as common
 from plancc.balance._redeal import trim_peak
 from plancc.balance.fixed_count import exchange_within_cost_cv
 from plancc.config import PlanSettings
@@ -53,6 +53,6 @@ def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batch
         return exchange_within_cost_cv(b, s, settings, lambda v, cost: update_windows(v.shape[0], per_update, window),
                                        passes=1, rounds=ROUNDS)
     attention = settings.cost == "attention"
-    new = c.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
+    new = common.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
                      passes=1, rounds=ROUNDS_ATTENTION if attention else ROUNDS, square=attention)
     return trim_peak(new, s, settings) if settings.mode == "flattened" else new
