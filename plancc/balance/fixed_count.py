@@ -3,12 +3,12 @@
 Every microbatch keeps exactly `micro_batch_size` samples; what moves is which samples share one. Five moves:
 
 1. Deals (`_redeal`): samples of equal length are re-dealt over their positions to even out label totals. No
-   microbatch's tokens or cost change (label CV 0.75 -> 0.42 at 200k samples, mbs 4).
+   microbatch's tokens or cost change.
 2. Flattened only (cost = tokens): deals of near-equal target counts (even out tokens, labels nearly unchanged)
    and of near-equal lengths (even out labels) in turn, classes 256, 64, 16, 4, 1 wide, coarse to fine. Each is
    kept only if it lowers CV_labels^2 + CV_tokens^2 without raising the peak; the result only if neither
    variance ends above the stage input's (else the exact deals alone). Coarse classes buy freedom for the one
-   total at a small price in the other: 200k, seed 0: cost CV 0.19 -> 0.14 for label CV 0.425 -> 0.429.
+   total at a small price in the other.
 3. Pair trades, one-for-one or two-for-two (`_exchange`, exact mode), between the heaviest and lightest
    microbatches of windows (see `microbatch`):
    - `flattened`: a trade must narrow the label gap or the token gap and widen neither, within the plan's peak,
@@ -16,25 +16,24 @@ Every microbatch keeps exactly `micro_batch_size` samples; what moves is which s
      Windows are stratified by labels.
    - `padded` (cost = samples x longest sample, rounded up to `--pad-multiple`): a trade must narrow the label
      gap without raising the pair's total cost or any microbatch above the plan's peak, so padding never grows.
-     A trade that saves padding lowers a cost, and lowering costs below the mean spreads them (unguarded: padding
-     -8%, cost CV 0.589 -> 0.613 at 200k). So windows are formed inside the upper and the lower half of the
+     A trade that saves padding lowers a cost, and lowering costs below the mean spreads them (unguarded, the
+     cost CV rises as padding falls). So windows are formed inside the upper and the lower half of the
      costs (there trades mostly pull high costs down), and a window's trades are kept only while the plan's cost
      CV stays at or below the stage input's (`exchange_within_cost_cv`), over twice `--balance-passes` passes,
      since each keeps only part of its windows. Windows hold at most 16 microbatches here: the finer the unit
-     the guard keeps or drops, the more trades it keeps (padding at 200k: 106.1M with 64, 105.7M with 16, 106.4M
-     with 8; at 20k: 11.2M, 10.3M, 10.4M; label CV lower too).
+     the guard keeps or drops, the more trades it keeps, down to a point: 8 keeps fewer than 16 again.
 4. Flattened only, last: the heaviest microbatch of the complete updates swaps a long sample for a shorter one
    with the same targets from a microbatch that stays below it, until no such swap lowers it (`trim_peak`):
    labels unchanged, token variance and the peak only drop. Trades may lift a microbatch up to the plan's peak,
-   which the untouched tail can set (200k, seed 0: 5857 in the tail; inside complete updates 4320 after this).
+   which the untouched tail can set, far above what the complete updates need.
 
 5. Padded only, last: swaps of a sample each that lower the cost CV (and never raise the label variance or the
-   attention CV), spending at most 22% of the padding the trades saved (`_cost_spread`): the trades above
+   attention CV), spending at most a share (`_cost_spread.SPEND`) of the padding the trades saved: the trades above
    only hold the cost CV, the reference lowers it.
 
 Why it stops: deals are one pass each; the peak trim when the heaviest microbatch has no swap; trades per window
 after IDLE idle rounds and per pass when no window traded (or, padded, none was kept). Cost: each deal a counting
-sort and a heap pass (0.05 s at 200k), the trim a scan of a class per swap; trades as in `_exchange`.
+sort and a heap pass, the trim a scan of a class per swap; trades as in `_exchange`.
 Microbatches of more than 62 samples (bit-mask width) are left as they are.
 """
 
@@ -100,7 +99,7 @@ def _work(b: Batches, s: SampleArrays, settings: PlanSettings) -> np.ndarray:
     """Per microbatch, as rows of floats, what the guard keeps from spreading: the cost (token slots).
 
     Not the attention work (padded rows x padded length squared): holding its CV too, measured with `--cost
-    attention`, kept fewer trades (20k: padding 10.3M -> 10.4M, label CV up) for no gain a rank sees; rank
+    attention`, kept fewer trades (more padding, a higher label CV) for no gain a rank sees; rank
     ordering evens attention out where ranks wait on it."""
     return batch_cost(b, s, settings.pad_multiple).astype(np.float64)[None, :]
 

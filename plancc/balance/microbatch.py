@@ -3,23 +3,20 @@
 Three steps.
 1. The complete updates are repacked label-aware into the same rows (`pack.label_aware`): every row mixes long
    and short samples at a label count near the mean, kept only if no microbatch's padded cost passes the plan's
-   peak and the total does not grow. It works best on rows of many samples: at capacity 16384 (~27 a row) it takes
-   the label CV from 0.24 to 0.08 on every draw tried (it closes rows left open by re-packing a stride of them);
-   at 4096 (~7 a row) from 0.43 to 0.30. Where it still cannot close the rows, it is skipped.
+   peak and the total does not grow. It works best on rows of many samples (it closes rows left open by
+   re-packing a stride of them); on rows of a few samples it gains less. Where it cannot close the rows, it is
+   skipped.
 2. Where step 1 cannot close the rows, samples of equal length are re-dealt over their positions instead
-   (`_redeal`): free at any fill, every row's tokens unchanged (capacity 4096: 0.43 -> 0.25). After a repacking
-   into rows of many samples it lowers the start's CV too (200k samples, 16384: 0.088 -> 0.067), but the trades
-   then end higher (0.0140 instead of 0.0075): they live on the repacked rows' mix of sizes, which the deal
-   scrambles. Rows of few samples (under FEW on average; ~7 at capacity 4096) are re-dealt after the repacking
-   as well: there the trades end lower from it (0.186, against 0.196 from the repacking alone and 0.191 from the
-   deal alone).
+   (`_redeal`): free at any fill, every row's tokens unchanged. After a repacking into rows of many samples it
+   lowers the start's CV too, but the trades then end higher: they live on the repacked rows' mix of sizes, which
+   the deal scrambles. Rows of few samples (under FEW on average) are re-dealt after the repacking as well: there
+   the trades end lower from it than from the repacking or the deal alone.
 3. Samples are traded between pairs of microbatches inside windows of at most `balance_window` microbatches, for
    `balance_passes` passes (see `_exchange` for the trade). Windows are stratified: each pass sorts the
    microbatches by label count and deals them round-robin into windows, so every window holds heavy and light
    microbatches and its mean sits near the plan's mean. Rows of few samples (under FEW) get FEW_PASSES times
-   `balance_passes` passes: there each pass finds trades the rounds of the last one did not (capacity 4096, 20k
-   samples, 10 data seeds: label CV +8.9-10.0% above its floor with twice the passes, +8.7-9.6% with three; more
-   rounds a window instead gain nothing), while at capacity 16384 four passes converge.
+   `balance_passes` passes: there each pass finds trades the rounds of the last one did not (more rounds a
+   window instead gain nothing), while rows of many samples converge in `balance_passes`.
 
 Every step keeps every row within its capacity (and the plan's peak cost), never raises the padded cost, and
 never adds or removes a row; the tail is not touched. The result replaces the input only if its label variance
@@ -30,8 +27,7 @@ Why it stops: step 1 is one deal and one best fit per rung of a three-rung ladde
 stops after `balance_passes` passes (FEW_PASSES times that for rows of few samples), or a pass without a trade,
 each window after at most ROUNDS rounds (or after IDLE rounds that barely help, see `_exchange`). Cost: steps 1-2
 are O(n) plus a best fit (O(n log C)); step 3 is O(microbatches x rounds x passes) trade searches, in parallel over
-windows. At 10M samples, capacity 16384, idle 2-core machine: 10-11 s wall, 3 s of it the repacking, 6 s the
-trades (the first pass ~4 s).
+windows; the trades take most of the stage's time, the first pass the most (docs/benchmarks.md).
 
 The spare space balancing trades through comes from the plain packing: it keeps best fit's rows above the rows
 lower bound while within 0.01% of it (`pack.plain`), since rows at exactly the bound leave step 1 nothing to

@@ -8,9 +8,9 @@ label variance drops; rows, capacity, padded cost and peak obey the same rules a
 `--cost attention` (packed, flattened): a trade must also not widen the pair's attention gap (sum of squared
 sample lengths, what varlen attention spends), and its score weighs that gap by (labels / attention)^2, so the
 microbatches of an update even out in attention work too (at capacity a long sample trades for two or three
-shorter ones of the same total length), and the stage raises neither label nor attention variance. 20k SFT mix,
-packed 4 x 4096, W=8, G=4, seeds 0/1: attention CV 0.2128/0.2546 with `tokens` -> 0.2042/0.2498, label CV
-0.0258/0.0400 -> 0.0259/0.0400. (Flattened's token gap rule gives way to it there.)
+shorter ones of the same total length), and the stage raises neither label nor attention variance: the
+attention CV drops at a label CV all but unchanged (docs/benchmarks.md). (Flattened's token gap rule gives way to
+it there.)
 
 Flattened then trims the peak again (`_redeal.trim_peak`, see `fixed_count`): trades may lift a microbatch up to
 the plan's peak, which the untouched tail can set.

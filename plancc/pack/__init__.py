@@ -41,8 +41,8 @@ def ordinary_tail(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batche
     taken from the tail and the CANDIDATES microbatches before it.
 
     No balancing stage touches the tail (SPEC 5), so a tail drawn at random keeps the spread of the plain packing:
-    at capacity 4096 (~7 samples a row, label CV 0.43 before), 29 tail microbatches of 20k samples held 4% of the
-    balanced plan's label variance, and the flattened plan's peak cost sat in its tail. The candidates are a random
+    on rows of few samples a few dozen tail microbatches held a visible share of the balanced plan's label
+    variance, and the flattened plan's peak cost sat in its tail. The candidates are a random
     draw already (the shuffled order), so the nearest of a few thousand sit within a percent of the mean; the rest
     keep their order, and a last microbatch holding fewer rows or samples than the first stays last. `--drop-last`
     drops this same tail (what is dropped is what the plan without it would hold last).
