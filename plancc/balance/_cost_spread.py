@@ -30,22 +30,23 @@ SPEND = 0.22  # share of the padding the label trades saved that evening the cos
 SPEND_UNIT = 4  # a swap's gain is per padding token it spends plus this many pad multiples
 
 
-def even_padded_costs(b: Batches, s: SampleArrays, settings: PlanSettings, total_cost: int) -> Batches:
-    """`b` (padded) with samples swapped between microbatches of its span to lower the cost CV (module docstring),
-    its total cost (padded size) raised to at most `total_cost`; `b` if no swap lowers it."""
-    n_span = common.span(b, settings)
+def even_padded_costs(batches: Batches, samples: SampleArrays, settings: PlanSettings, total_cost: int) -> Batches:
+    """`batches` (padded) with samples swapped between microbatches of its span to lower the cost CV (module docstring),
+    its total cost (padded size) raised to at most `total_cost`; `batches` if no swap lowers it."""
+    n_span = common.span(batches, settings)
     if n_span < 2:
-        return b
-    head, *tail = common.split(b, n_span)
-    lengths = s.length[head.samples].astype(np.int64, copy=False)
-    targets = row_targets(head, s, settings.shift).astype(np.int64)  # a row per sample (a copy: the sums are shared)
-    cost = batch_cost(b, s, settings.pad_multiple)
+        return batches
+    head, *tail = common.split(batches, n_span)
+    lengths = samples.length[head.samples].astype(np.int64, copy=False)
+    # a row per sample (a copy: the sums are shared)
+    targets = row_targets(head, samples, settings.shift).astype(np.int64)
+    cost = batch_cost(batches, samples, settings.pad_multiple)
     peak = int(cost.max())
     budget = SPEND * float(total_cost - cost.sum())
     take = _swap_passes(head.batch_bounds.astype(np.int64), lengths, targets, int(settings.pad_multiple), peak,
                         max(budget, 0.0), PASSES)
     if (take == np.arange(take.shape[0])).all():
-        return b
+        return batches
     return common.join(Batches(head.samples[take], head.row_bounds, head.batch_bounds), *tail)
 
 

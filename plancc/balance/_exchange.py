@@ -10,10 +10,10 @@ trades the subsets of samples (up to three a side) that bring their label counts
 
 Rows filled to 99.99% by first-fit-decreasing leave almost no free space, so a trade needs subsets of (nearly)
 equal length: single swaps rarely find one, subsets of two and three samples multiply the candidates (a row of 27
-samples has 378 subsets of size <= 2; only the first SUB_CAP are kept: a longer table finds barely better trades for
-much more time), and the feasible ones are found by a merge join of the two rows' length-sorted tables (cached per row, rebuilt only after
-the row trades). Rotating partners matters as much: a heavy row of a few long samples shares equal-length subsets
-with only some rows, and meets a new one every round.
+samples has 378 subsets of size <= 2; only the first SUB_CAP are kept: a longer table finds barely better trades
+for much more time), and the feasible ones are found by a merge join of the two rows' length-sorted tables (cached
+per row, rebuilt only after the row trades). Rotating partners matters as much: a heavy row of a few long samples
+shares equal-length subsets with only some rows, and meets a new one every round.
 
 A trade is taken only if it strictly narrows the pair's label gap (for `flattened`, neither the label gap nor the
 token gap may widen), and only if neither microbatch's padded cost grows past the plan's peak nor the pair's cost

@@ -38,75 +38,78 @@ from plancc.jit import numba
 from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
 
 
-def deal_equal_lengths(b: Batches, s: SampleArrays, settings: PlanSettings, quantum: int = 1) -> Batches:
-    """`b` with the samples of each length re-dealt over that length's positions: lower label variance, every
+def deal_equal_lengths(batches: Batches, samples: SampleArrays, settings: PlanSettings, quantum: int = 1) -> Batches:
+    """`batches` with the samples of each length re-dealt over that length's positions: lower label variance, every
     row's tokens unchanged. With `quantum` > 1 (flattened only) samples whose lengths agree to `quantum` tokens
     share a class: more freedom for the labels, tokens moved by less than `quantum` a sample, kept only if
     neither the peak nor the total cost grows."""
-    targets, later = _position_targets(b, s, settings.shift)
-    new = _redeal(b, settings, s.length[b.samples].astype(np.int64, copy=False) // quantum, targets, later)
-    if new is b or (quantum > 1 and not _cost_kept(b, new, s, settings)):
-        return b
-    sse = [common.label_sse(batch_targets(x, s, settings.shift)) for x in (b, new)]
-    return new if sse[1] < sse[0] else b
+    targets, later = _position_targets(batches, samples, settings.shift)
+    lengths = samples.length[batches.samples].astype(np.int64, copy=False)
+    new = _redeal(batches, settings, lengths // quantum, targets, later)
+    if new is batches or (quantum > 1 and not _cost_kept(batches, new, samples, settings)):
+        return batches
+    sse = [common.label_sse(batch_targets(x, samples, settings.shift)) for x in (batches, new)]
+    return new if sse[1] < sse[0] else batches
 
 
-def deal_equal_labels(b: Batches, s: SampleArrays, settings: PlanSettings, quantum: int = 1) -> Batches:
-    """`b` with the samples of each target count re-dealt over their positions: lower token variance, every
+def deal_equal_labels(batches: Batches, samples: SampleArrays, settings: PlanSettings, quantum: int = 1) -> Batches:
+    """`batches` with the samples of each target count re-dealt over their positions: lower token variance, every
     microbatch's labels unchanged (with `quantum` > 1: target counts that agree to `quantum`, labels moved by less
     than that a sample). For `flattened`, where a microbatch's tokens are its cost; kept only if neither the peak
     nor the total cost grows."""
-    targets, later = _position_targets(b, s, settings.shift)
-    new = _redeal(b, settings, targets // quantum, s.length[b.samples].astype(np.int64, copy=False), later)
-    if new is b or not _cost_kept(b, new, s, settings):
-        return b
-    sse = [common.label_sse(batch_tokens(x, s)) for x in (b, new)]
-    return new if sse[1] < sse[0] else b
+    targets, later = _position_targets(batches, samples, settings.shift)
+    lengths = samples.length[batches.samples].astype(np.int64, copy=False)
+    new = _redeal(batches, settings, targets // quantum, lengths, later)
+    if new is batches or not _cost_kept(batches, new, samples, settings):
+        return batches
+    sse = [common.label_sse(batch_tokens(x, samples)) for x in (batches, new)]
+    return new if sse[1] < sse[0] else batches
 
 
-def trim_peak(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+def trim_peak(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> Batches:
     """Flattened: lower the heaviest microbatch of the complete updates, again and again, by swapping one of its
     samples for a shorter one with the same targets (and row role) from a microbatch that stays below it. Every
     microbatch keeps its labels; each swap lowers the larger of the pair at a constant pair total, so token
     variance and the peak only drop. Stops when the heaviest microbatch has no such swap."""
-    n_span = common.span(b, settings)
+    n_span = common.span(batches, settings)
     if n_span < 2:
-        return b
-    head, *tail = common.split(b, n_span)
-    targets, later = _position_targets(head, s, settings.shift)
+        return batches
+    head, *tail = common.split(batches, n_span)
+    targets, later = _position_targets(head, samples, settings.shift)
     key = targets if later is None else 2 * targets + later
     mb_of = head.batch_of_row()[head.row_of_sample()]
     bounds = head.row_bounds[head.batch_bounds]
-    take = _trim(key, s.length[head.samples].astype(np.int64, copy=False), mb_of, bounds, int(settings.pad_multiple))
+    lengths = samples.length[head.samples].astype(np.int64, copy=False)
+    take = _trim(key, lengths, mb_of, bounds, int(settings.pad_multiple))
     return common.join(Batches(head.samples[take], head.row_bounds, head.batch_bounds), *tail)
 
 
-def _cost_kept(b: Batches, new: Batches, s: SampleArrays, settings: PlanSettings) -> bool:
-    """Neither the peak nor the total microbatch cost of `new` above `b`'s."""
-    cost = [batch_cost(x, s, settings.pad_multiple) for x in (b, new)]
+def _cost_kept(batches: Batches, new: Batches, samples: SampleArrays, settings: PlanSettings) -> bool:
+    """Neither the peak nor the total microbatch cost of `new` above `batches`'s."""
+    cost = [batch_cost(x, samples, settings.pad_multiple) for x in (batches, new)]
     return bool(cost[1].max() <= cost[0].max() and cost[1].sum() <= cost[0].sum())
 
 
-def _position_targets(b: Batches, s: SampleArrays, shift: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _position_targets(batches: Batches, samples: SampleArrays, shift: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(targets each plan position adds, which positions are not a row's first or None): under `--shift row`
     only a row's first sample loses its first label, so row starts and the rest are dealt apart."""
-    targets = s.targets(shift)[b.samples].astype(np.int64, copy=False)
+    targets = samples.targets(shift)[batches.samples].astype(np.int64, copy=False)
     if shift != "row":
         return targets, None
     later = np.ones(targets.shape[0], dtype=bool)
-    later[b.row_bounds[:-1]] = False
-    targets[later] = s.label_count[b.samples[later]]
+    later[batches.row_bounds[:-1]] = False
+    targets[later] = samples.label_count[batches.samples[later]]
     return targets, later
 
 
-def _redeal(b: Batches, settings: PlanSettings, key: np.ndarray, value: np.ndarray, later: np.ndarray | None
+def _redeal(batches: Batches, settings: PlanSettings, key: np.ndarray, value: np.ndarray, later: np.ndarray | None
             ) -> Batches:
     """Permute the samples of the complete updates within classes of equal `key` (and row role) to even out the
     microbatch totals of `value`; the tail is copied through."""
-    n_span = common.span(b, settings)
+    n_span = common.span(batches, settings)
     if n_span < 2:
-        return b
-    head, *tail = common.split(b, n_span)
+        return batches
+    head, *tail = common.split(batches, n_span)
     p_end = head.samples.shape[0]
     key, value = key[:p_end], value[:p_end]
     if later is not None:

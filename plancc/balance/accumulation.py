@@ -77,18 +77,18 @@ def _assign_block(values, n_updates, per_update):
     return np.argsort(update_of, kind="mergesort")
 
 
-def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
-    """The stage: `b`'s complete updates reordered by `update_order` on their microbatch label counts."""
+def order_for_accumulation(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> Batches:
+    """The stage: `batches`'s complete updates reordered by `update_order` on their microbatch label counts."""
     per_update = settings.batches_per_update
-    n_span = common.span(b, settings)
+    n_span = common.span(batches, settings)
     if per_update < 2 or n_span // per_update < 2:
-        return b
-    order = update_order(batch_targets(b, s, settings.shift)[:n_span].astype(np.int64), per_update)
+        return batches
+    order = update_order(batch_targets(batches, samples, settings.shift)[:n_span].astype(np.int64), per_update)
     if order is None:
-        return b
-    perm = np.arange(b.num_batches, dtype=np.int64)
+        return batches
+    perm = np.arange(batches.num_batches, dtype=np.int64)
     perm[:n_span] = order
-    return permute_batches(b, perm)
+    return permute_batches(batches, perm)
 
 
 def update_order(labels: np.ndarray, per_update: int) -> np.ndarray | None:

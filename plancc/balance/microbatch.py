@@ -55,32 +55,34 @@ FEW = 16  # rows holding fewer samples than this on average are re-dealt after t
 FEW_PASSES = 3  # ... and traded over this many times `--balance-passes` passes (see step 3)
 
 
-def balance_microbatches(b: Batches, s: SampleArrays, settings: PlanSettings, *, rng: np.random.Generator) -> Batches:
-    """The stage (steps 1-3 of the module docstring); `b` unchanged unless the label variance drops."""
+def balance_microbatches(batches: Batches, samples: SampleArrays, settings: PlanSettings, *,
+                         rng: np.random.Generator) -> Batches:
+    """The stage (steps 1-3 of the module docstring); `batches` unchanged unless the label variance drops."""
     window = settings.balance_window
-    start = repack_label_aware(b, s, n_span=common.span(b, settings), capacity=settings.row_capacity,
+    start = repack_label_aware(batches, samples, n_span=common.span(batches, settings), capacity=settings.row_capacity,
                                pad_multiple=settings.pad_multiple, shift=settings.shift, rng=rng)
-    few = b.samples.shape[0] < FEW * b.num_rows
-    if start is b or few:  # see step 2
-        start = deal_equal_lengths(start, s, settings)
-    out = common.exchange(start, s, settings, windows=lambda p, v: common.stratified_windows(v, window),
-                     passes=settings.balance_passes * (FEW_PASSES if few else 1), rounds=ROUNDS, tol_share=TOL)
-    sse = [common.label_sse(batch_targets(x, s, settings.shift)) for x in (b, out)]
-    return out if sse[1] < sse[0] else b
+    few = batches.samples.shape[0] < FEW * batches.num_rows
+    if start is batches or few:  # see step 2
+        start = deal_equal_lengths(start, samples, settings)
+    out = common.exchange(start, samples, settings,
+                          windows=lambda pass_index, labels: common.stratified_windows(labels, window),
+                          passes=settings.balance_passes * (FEW_PASSES if few else 1), rounds=ROUNDS, tol_share=TOL)
+    sse = [common.label_sse(batch_targets(x, samples, settings.shift)) for x in (batches, out)]
+    return out if sse[1] < sse[0] else batches
 
 
-def repack_label_aware(b: Batches, s: SampleArrays, *, n_span: int, capacity: int, pad_multiple: int, shift: str,
-                       rng: np.random.Generator) -> Batches:
-    """`b` with its first `n_span` microbatches repacked by `pack_label_aware` into the same rows (of at most
-    `capacity` tokens); `b` if that does not fit or would raise the peak or the total padded cost."""
+def repack_label_aware(batches: Batches, samples: SampleArrays, *, n_span: int, capacity: int, pad_multiple: int,
+                       shift: str, rng: np.random.Generator) -> Batches:
+    """`batches` with its first `n_span` microbatches repacked by `pack_label_aware` into the same rows (of at most
+    `capacity` tokens); `batches` if that does not fit or would raise the peak or the total padded cost."""
     if n_span < 2:
-        return b
-    head, *tail = common.split(b, n_span)
-    cost = batch_cost(b, s, pad_multiple)
+        return batches
+    head, *tail = common.split(batches, n_span)
+    cost = batch_cost(batches, samples, pad_multiple)
     peak = int(cost.max())
     capacity = min(capacity, peak // int(head.rows_per_batch().max()))
-    lengths = s.length[head.samples]
-    values = common.item_values(head, s, shift)
+    lengths = samples.length[head.samples]
+    values = common.item_values(head, samples, shift)
     pinned = np.zeros(lengths.shape[0], dtype=bool)
     start_tok = np.zeros(head.num_rows, dtype=np.int64)
     start_val = np.zeros(head.num_rows, dtype=np.int64)
@@ -94,11 +96,11 @@ def repack_label_aware(b: Batches, s: SampleArrays, *, n_span: int, capacity: in
     assign = pack_label_aware(lengths[free], values[free], capacity, start_tok, start_val, rng)
     del lengths, values
     if assign is None:
-        return b
+        return batches
     row_of = head.row_of_sample()
     row_of[free] = assign
     new = common.rebuild_rows(head, row_of, pinned)
-    new_cost = batch_cost(new, s, pad_multiple)
+    new_cost = batch_cost(new, samples, pad_multiple)
     if new_cost.max() > peak or new_cost.sum() > cost[:n_span].sum():
-        return b
+        return batches
     return common.join(new, *tail)

@@ -43,16 +43,18 @@ def update_windows(n_span: int, per_update: int, window: int) -> tuple[np.ndarra
     return np.append(starts, n_span).astype(np.int64), np.arange(n_span, dtype=np.int64)
 
 
-def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+def refine_updates(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> Batches:
     """Stage 4: pair trades inside each complete update's windows (module docstring)."""
     per_update = settings.batches_per_update
     if per_update < 2:
-        return b
+        return batches
     window = settings.balance_window
     if settings.mode == "padded":
-        return exchange_within_cost_cv(b, s, settings, lambda v, cost: update_windows(v.shape[0], per_update, window),
+        return exchange_within_cost_cv(batches, samples, settings,
+                                       lambda labels, cost: update_windows(labels.shape[0], per_update, window),
                                        passes=1, rounds=ROUNDS)
     attention = settings.cost == "attention"
-    new = common.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
-                     passes=1, rounds=ROUNDS_ATTENTION if attention else ROUNDS, square=attention)
-    return trim_peak(new, s, settings) if settings.mode == "flattened" else new
+    new = common.exchange(batches, samples, settings,
+                          windows=lambda pass_index, labels: update_windows(labels.shape[0], per_update, window),
+                          passes=1, rounds=ROUNDS_ATTENTION if attention else ROUNDS, square=attention)
+    return trim_peak(new, samples, settings) if settings.mode == "flattened" else new
