@@ -337,7 +337,7 @@ def _cost_allowed(mb_a, mb_b, row_a, row_b, trade, before, items, n_items, item_
 
 
 @numba.njit(cache=True)
-def _trade_round(window_mbs, order, round_index, state, rules, tables):
+def _trade_round(window_mbs, order, round_index, pairs, state, rules, tables):
     """One pairing round of a window: each pair makes its best trade (`_trade_pairs`), if any, in place; returns
     the number made.
 
@@ -345,11 +345,11 @@ def _trade_round(window_mbs, order, round_index, state, rules, tables):
         window_mbs: int64 (window,) — the window's microbatches.
         order: int64 (window,) — positions in `window_mbs` by label count, heaviest first (`_by_labels`).
         round_index: int — the round: the light partners rotate by it (`exchange_windows`).
+        pairs: int64 (window // 2, 2) — scratch for the round's pairs (one allocation a window, not a round).
         state, rules, tables: `State` (changed in place), `Rules`, the window's `Tables`.
     """
     size = window_mbs.shape[0]
     half = size // 2
-    pairs = np.empty((half, 2), dtype=np.int64)
     n_pairs = 0
     for q in range(half):  # the pairs share no microbatch, so a trade never changes whether another pair trades
         mb_a = window_mbs[order[q]]  # more labels
@@ -590,10 +590,11 @@ def _window(window_mbs, state, rules, slot_of):
     idle = 0
     trades = 0
     order = np.arange(window_mbs.shape[0])
+    pairs = np.empty((window_mbs.shape[0] // 2, 2), dtype=np.int64)
     spread = _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
     for round_index in range(rules.rounds):
         _by_labels(order, window_mbs, state.mb_val)
-        trades += _trade_round(window_mbs, order, round_index, state, rules, tables)
+        trades += _trade_round(window_mbs, order, round_index, pairs, state, rules, tables)
         before, spread = spread, _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
         idle = 0 if before - spread > MIN_GAIN * before else idle + 1
         if idle >= IDLE:
