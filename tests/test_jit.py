@@ -84,3 +84,33 @@ def test_a_warm_run_compiles_nothing(tmp_path):
     compiled, loaded = said[1]
     rare = {"plancc.pack._rows", "plancc.pack.exact_fill"}  # closing left-out items: no small compile gets there
     assert compiled == 0 and loaded == [m for m in jit.KERNEL_MODULES if m not in rare], said
+
+
+def _kernels() -> list[tuple[str, str, list[str], str]]:
+    """(file, name, parameters, docstring) of every @numba.njit function under plancc/."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "plancc").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("njit" in ast.unparse(d) for d in node.decorator_list):
+                found.append((path.name, node.name, [a.arg for a in node.args.args], ast.get_docstring(node) or ""))
+    return found
+
+
+def test_every_kernel_says_what_its_parameters_are():
+    """A kernel has no type annotations, so its docstring names every parameter (its Args block, or the sentence
+    of a one-line helper); one that says its args are another kernel's (`args as X`) names X's."""
+    kernels = _kernels()
+    docs = {name: doc for _, name, _, doc in kernels}
+    missing = []
+    for file, name, params, doc in kernels:
+        same_as = re.search(r"[Aa]rgs as `(\w+)`", doc)
+        text = doc + (docs.get(same_as.group(1), "") if same_as else "")
+        missing += [f"{file}:{name}({p})" for p in params if not re.search(rf"\b{p}\b", text)]
+    assert len(kernels) > 30 and not missing, missing
+
+
+def test_no_kernel_parameter_is_one_letter():
+    short = [f"{file}:{name}({p})" for file, name, params, _ in _kernels() for p in params if len(p) == 1]
+    assert not short, short

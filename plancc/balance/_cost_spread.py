@@ -173,8 +173,13 @@ def _best_swap(bounds, length, target, pad_multiple, peak, budget, hi, lo, cost,
 
 @numba.njit(cache=True)
 def _make_swap(bounds, hi, lo, moved, cost_hi, cost_lo, cost, labels, att, sums):
-    """Book a swap between microbatches `hi` and `lo`: `moved` labels go from hi to lo, their costs become
-    `cost_hi` and `cost_lo`; their attention work and `sums` follow, in place (args as `_best_swap`)."""
+    """Book a swap between microbatches `hi` and `lo`: labels, costs, attention work and their sums, in place.
+
+    Args:
+        bounds, hi, lo, cost, labels, att, sums: as `_best_swap` (the last four changed in place).
+        moved: int — labels that go from hi to lo.
+        cost_hi, cost_lo: float — the pair's costs after the swap.
+    """
     labels[hi] -= moved
     labels[lo] += moved
     size_hi = bounds[hi + 1] - bounds[hi]

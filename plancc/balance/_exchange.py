@@ -283,7 +283,12 @@ def _stable_order(keys, count, order, scratch):
 
 @numba.njit(cache=True, inline="always")
 def _fresh_slot(row, state, rules, tables):
-    """The slot of kernel `row`, its subset table rebuilt first if its row traded since (`Tables.valid`)."""
+    """The slot of kernel `row`, its subset table rebuilt first if its row traded since (`Tables.valid`).
+
+    Args:
+        row: int — a kernel row of the window.
+        state, rules, tables: `State`, `Rules`, the window's `Tables` (the slot's table written if stale).
+    """
     slot = tables.slot_of[row]
     if not tables.valid[slot]:
         count = _subsets(tables.items[slot], tables.n_items[slot], state.item_len, state.item_val, rules.max_sub,
@@ -471,9 +476,16 @@ def _refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
 
 @numba.njit(cache=True, inline="always")
 def _apply_trade(mb_a, mb_b, trade, state, tables):
-    """Make `trade` (`_best_trade`'s tuple): row_a gives its `mask_a` items (len_a tokens, val_a labels, sec_a
-    secondary) to row_b for row_b's `mask_b` items. Changes the items' rows, both slots' item lists (marked for
-    rebuilding) and the row and microbatch totals."""
+    """Make `trade`: row_a gives its `mask_a` items (len_a tokens, val_a labels, sec_a secondary) to row_b for row_b's
+    `mask_b` items. Changes the items' rows, both slots' item lists (marked for rebuilding) and the row and
+    microbatch totals.
+
+    Args:
+        mb_a, mb_b: int — the microbatches of row_a and row_b.
+        trade: 10 int64 — (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b), as
+            `_trade_pairs` finds it.
+        state, tables: `State` and the window's `Tables`, changed in place.
+    """
     row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b = trade
     slot_a = tables.slot_of[row_a]
     slot_b = tables.slot_of[row_b]

@@ -229,26 +229,26 @@ def _deal(key, value, mb_of, n_mb):
 
 
 @numba.njit(cache=True)
-def _sift_down(heap_key, heap_at, size, i):
-    """Restore the min-heap below entry i (ties keep the lower index on top: deterministic).
+def _sift_down(heap_key, heap_at, size, entry):
+    """Restore the min-heap below `entry` (ties keep the lower index on top: deterministic).
 
     Args:
         heap_key: float64 (>= size,) — the heap's keys.
         heap_at: int64 (>= size,) — what each entry carries, moved with its key.
         size: int — entries in the heap.
-        i: int — the entry to sift down.
+        entry: int — the entry to sift down.
     """
     while True:
-        child = 2 * i + 1
+        child = 2 * entry + 1
         if child >= size:
             return
         if child + 1 < size and heap_key[child + 1] < heap_key[child]:
             child += 1
-        if heap_key[child] >= heap_key[i]:
+        if heap_key[child] >= heap_key[entry]:
             return
-        heap_key[child], heap_key[i] = heap_key[i], heap_key[child]
-        heap_at[child], heap_at[i] = heap_at[i], heap_at[child]
-        i = child
+        heap_key[child], heap_key[entry] = heap_key[entry], heap_key[child]
+        heap_at[child], heap_at[entry] = heap_at[entry], heap_at[child]
+        entry = child
 
 
 @numba.njit(cache=True)

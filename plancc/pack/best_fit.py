@@ -38,7 +38,7 @@ def _push(tree, head, next_row, width, row, space):
 def _pop(tree, head, next_row, width, space):
     """Take the row on top of the stack of `space` free tokens off it and out of the tree; return it.
 
-    Args: as `_push` (`space` must have an open row).
+    Args as `_push` (`space` must have an open row).
     """
     row = head[space]
     head[space] = next_row[row]
