@@ -157,21 +157,35 @@ class Renderer:
 
     def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Full rendering and the [start, end) character spans of every assistant turn (content + end of turn)."""
-        full, turns = self.turns(messages, {"assistant"})
+        full, turns = self.turns(messages, {"assistant"}, split=False)
         return full, [(t.start, t.end) for t in turns if t.end > t.start]
 
-    def turns(self, messages: list[dict[str, str]], roles: set[str] | frozenset[str]) -> tuple[str, list[Turn]]:
-        """Full rendering and where each turn of one of `roles` lies in it."""
+    def turns(self, messages: list[dict[str, str]], roles: set[str] | frozenset[str], split: bool = True
+              ) -> tuple[str, list[Turn]]:
+        """Full rendering and where each turn of one of `roles` lies in it (`split`: where its content ends and
+        its end-of-turn markup starts, one more rendering a turn; else `content_end` is its end)."""
         full = self.render(messages)
         out: list[Turn] = []
         cursor = 0
         for i, m in enumerate(messages):
             if m["role"] in roles:
-                out.append(self._turn(messages, i, full, cursor))
+                out.append(self._turn(messages, i, full, cursor, split))
                 cursor = out[-1].end
         return full, out
 
-    def _turn(self, messages: list[dict[str, str]], i: int, full: str, cursor: int) -> Turn:
+    def _markup(self, messages: list[dict[str, str]], i: int, turn: str, prefix: str) -> tuple[int, int]:
+        """(header, end) lengths of turn i's markup around its content in `turn` (the turn's text after
+        `prefix`): what the same turn with empty content keeps at each end. A content that ends as the header does
+        (or starts as the end does) lends those characters to the markup."""
+        probe = self.render([*messages[:i], {**messages[i], "content": ""}])
+        if not probe.startswith(prefix):
+            return 0, 0
+        probe = probe[len(prefix):]
+        tail = min(_common(turn[::-1], probe[::-1]), len(probe))
+        head = min(_common(turn, probe), len(probe) - tail)
+        return head, tail
+
+    def _turn(self, messages: list[dict[str, str]], i: int, full: str, cursor: int, split: bool) -> Turn:
         """Turn i: an assistant turn from its generation prompt on, any other from its content on."""
         m = messages[i]
         content, assistant = m["content"], m["role"] == "assistant"
@@ -179,11 +193,8 @@ class Renderer:
         upto = self.render(messages[: i + 1])
         if upto.startswith(prefix) and full.startswith(upto) and len(prefix) >= cursor:
             a, b = len(prefix), len(upto)
-            shown = _shown(content, upto, a)
-            k = upto.rfind(shown, a) if shown else -1
-            if k < 0:
-                return Turn(i, m["role"], a, b, b)
-            return Turn(i, m["role"], a if assistant else k, k + len(shown), b)
+            head, tail = self._markup(messages, i, upto[a:], prefix) if split else (0, 0)
+            return Turn(i, m["role"], a if assistant else a + head, b - tail, b)
         base = self.render(messages[:i])
         gen = prefix[len(base):] if assistant and prefix.startswith(base) else ""  # the generation prompt
         k = full.find(gen + content, cursor) if gen else -1
@@ -198,12 +209,10 @@ class Renderer:
         return Turn(i, m["role"], a, c, b)
 
 
-def _shown(content: str, text: str, start: int) -> str:
-    """The content as the template wrote it after `start`: as given, else trimmed (`| trim`), else "" (unknown)."""
-    for shown in (content, content.strip()):
-        if shown and text.find(shown, start) >= 0:
-            return shown
-    return ""
+def _common(a: str, b: str) -> int:
+    """Length of the common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    return next((j for j in range(n) if a[j] != b[j]), n)
 
 
 def normalize(conversation: Any) -> list[dict[str, str]]:

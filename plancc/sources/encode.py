@@ -231,7 +231,7 @@ def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Supervi
     """Rendered text, the character spans trained (tokens starting inside one are supervised) and whether the
     trained turns' content is empty (only end-of-turn markup is trained)."""
     roles = {m["role"] for m in messages} if sup.eos == "all" else set(sup.roles)
-    text, turns = renderer.turns(messages, roles)
+    text, turns = renderer.turns(messages, roles, split=sup.eos != "turn" or sup.roles != ("assistant",))
     trained = _chosen(turns, sup)
     spans = [(t.start, t.content_end) for t in trained]
     ends = {"turn": trained, "last": trained[-1:], "all": turns, "none": []}[sup.eos]
