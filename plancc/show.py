@@ -35,16 +35,43 @@ class SampleView:
     tokenizer: str
     dataset: str | None = None  # a recipe's: the sample's dataset and its row there (`plancc.recipe_data`)
     row: int | None = None
+    trained: str = ""  # what the scan trained (`trained_summary`)
 
     def to_json(self) -> dict[str, Any]:
         """The view as `show --json` prints it."""
         return {"sample_id": self.sample_id, "dataset": self.dataset, "row": self.row,
                 "length": self.length, "label_count": self.label_count,
                 "first_label_supervised": self.first_label_supervised, "tokenizer": self.tokenizer,
+                "trained": self.trained,
                 "supervised_tokens": int(self.supervised.sum()),
                 "segments": [{"text": t, "supervised": s} for t, s in self.segments],
                 "input_ids": self.input_ids.tolist(), "labels": self.labels.tolist(),
                 "supervised": self.supervised.tolist()}
+
+
+def trained_summary(report: dict[str, Any]) -> str:
+    """What the scan supervised, in one line: the what-is-trained settings (`ScanOptions`) that apply to its
+    format, defaults included."""
+    from plancc.config import ScanOptions
+
+    options = report.get("options") or {}
+    default = ScanOptions()
+
+    def get(name: str) -> Any:
+        return options.get(name, getattr(default, name))
+
+    fmt = report.get("format")
+    eos = f"train_on_eos {get('train_on_eos')}"
+    if fmt == "messages":
+        template = report.get("chat_template") or {}
+        if template.get("generation"):
+            return f"the chat template's {{% generation %}} blocks, train_on {get('train_on')}"
+        return f"roles_to_train {','.join(get('roles_to_train'))}, {eos}, train_on {get('train_on')}"
+    if fmt in ("alpaca", "prompt_completion"):
+        return f"train_on_inputs {str(get('train_on_inputs')).lower()}, {eos}"
+    if fmt == "text":
+        return eos
+    return "the source's own labels" if fmt == "tokenized" else ""
 
 
 def _report(directory: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -117,4 +144,5 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     return SampleView(int(sample_id), int(store.column(table, "length")[at]),
                       int(store.column(table, "label_count")[at]),
                       bool(store.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
-                      segments, pieces, tok.name, *_dataset_row(d, table, at, int(sample_id)))
+                      segments, pieces, tok.name, *_dataset_row(d, table, at, int(sample_id)),
+                      trained_summary(report))

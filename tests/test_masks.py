@@ -5,6 +5,7 @@ train_on on real rows, samples that train on an end of turn alone, and one-line 
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import numpy as np
 import pytest
@@ -320,3 +321,28 @@ def test_recipe_entry_sets_what_is_trained(tmp_path):
     with pytest.raises(SettingsError, match=r"^dataset 'b': train_on must be one of all_turns, last_turn"):
         plancc.compile([str(a), {"path": str(b), "train_on": "x"}], tmp_path / "plan2", tokenizer="builtin",
                        cache_dir=tmp_path / "c")
+
+
+# ---------------------------------------------------------------- plancc show names what was trained
+
+
+@pytest.mark.parametrize(("kind", "flags", "expected"), [
+    ("chat", ["--roles-to-train", "user,assistant", "--train-on-eos", "last"],
+     "trained: roles_to_train user,assistant, train_on_eos last, train_on all_turns"),
+    ("gen", ["--train-on", "last_turn"], "trained: the chat template's {% generation %} blocks, train_on last_turn"),
+    ("alpaca", ["--train-on-inputs"], "trained: train_on_inputs true, train_on_eos turn"),
+])
+def test_show_header_names_what_is_trained(tmp_path, kind, flags, expected):
+    if kind == "alpaca":
+        src, more = write_rows(tmp_path / "a.jsonl", _alpaca_from_corpus(5)), []
+    else:
+        src = write_rows(tmp_path / "c.jsonl", [{"messages": c} for c in chatterbot_conversations(5)])
+        template = "chatml" if kind == "chat" else str(write_template(tmp_path, "gen", GENERATION_CHATML))
+        more = ["--chat-template", template]
+    out = tmp_path / "plan"
+    r = runner.invoke(app, ["compile", str(src), "-o", str(out), "--tokenizer", "builtin", "-q", *more, *flags])
+    assert r.exit_code == 0, r.output
+    shown = runner.invoke(app, ["show", str(out), "--sample", "1", "--no-color"])
+    assert shown.exit_code == 0 and shown.output.splitlines()[2] == expected, shown.output
+    as_json = runner.invoke(app, ["show", str(out), "--sample", "1", "--json"])
+    assert json.loads(as_json.output)["trained"] == expected.removeprefix("trained: ")

@@ -56,7 +56,8 @@ def show_cmd(
     origin = f" (dataset {view.dataset}, row {view.row})" if view.dataset is not None else ""
     console.print(f"sample {view.sample_id}{origin}: {view.length:,} tokens, {view.label_count:,} labels, "
                   f"{int(view.supervised.sum()):,} supervised tokens, first label supervised: "
-                  f"{'yes' if view.first_label_supervised else 'no'}\ntokenizer {view.tokenizer}", markup=False,
+                  f"{'yes' if view.first_label_supervised else 'no'}\ntokenizer {view.tokenizer}"
+                  + (f"\ntrained: {view.trained}" if view.trained else ""), markup=False,
                   soft_wrap=True)
     console.print(text, soft_wrap=True)
     if ids:
