@@ -346,3 +346,51 @@ def test_show_header_names_what_is_trained(tmp_path, kind, flags, expected):
     assert shown.exit_code == 0 and shown.output.splitlines()[2] == expected, shown.output
     as_json = runner.invoke(app, ["show", str(out), "--sample", "1", "--json"])
     assert json.loads(as_json.output)["trained"] == expected.removeprefix("trained: ")
+
+
+# ---------------------------------------------------------------- plancc show --dropped
+
+
+def test_show_dropped_lists_every_dropped_row_with_its_reason(tmp_path):
+    rows = _alpaca_from_corpus(40)
+    for i in (2, 5, 30):
+        rows[i]["output"] = ""  # end of turn alone: dropped by drop_eos_only
+    rows[7]["output"] = "long answer " * 100  # longer than --sequence-len 1024: dropped
+    src = write_rows(tmp_path / "a.jsonl", rows)
+    out = tmp_path / "plan"
+    r = runner.invoke(app, ["compile", str(src), "-o", str(out), "--tokenizer", "builtin", "-q", "--drop-eos-only",
+                            "--sequence-len", "1024", "--max-dropped", "0.5"])
+    assert r.exit_code == 0, r.output
+    listed = json.loads(runner.invoke(app, ["show", str(out), "--dropped", "--json"]).output)
+    reasons = {d["row"]: d["reason"] for d in listed["dropped"]}
+    assert reasons == {2: "trains on the end of turn alone (drop_eos_only)",
+                       5: "trains on the end of turn alone (drop_eos_only)",
+                       7: "longer than sequence_len 1024",
+                       30: "trains on the end of turn alone (drop_eos_only)"}
+    text = runner.invoke(app, ["show", str(out), "--dropped"]).output.splitlines()
+    assert text[0].startswith("row 2: trains on the end of turn alone (drop_eos_only) (")
+    assert text[-1] == "4 rows dropped; 0 truncated"
+
+
+def test_show_dropped_names_a_recipe_dataset_and_truncated_rows(tmp_path):
+    rows = _alpaca_from_corpus(10)
+    rows[4]["output"] = ""
+    rows[6]["output"] = "long answer " * 100
+    a = write_rows(tmp_path / "a.jsonl", _alpaca_from_corpus(10))
+    b = write_rows(tmp_path / "b.jsonl", rows)
+    out = tmp_path / "plan"
+    plancc.compile([str(a), str(b)], out, tokenizer="builtin", drop_eos_only=True, long="truncate",
+                   sequence_len=1024, max_dropped=0.5, cache_dir=tmp_path / "c")
+    listed = json.loads(runner.invoke(app, ["show", str(out), "--dropped", "--json"]).output)
+    assert [(d["dataset"], d["dataset_row"], d["reason"]) for d in listed["dropped"]] == [
+        ("b", 4, "trains on the end of turn alone (drop_eos_only)")]
+    assert listed["truncated"]["count"] == 1
+
+
+def test_show_needs_sample_or_dropped(tmp_path):
+    src = write_rows(tmp_path / "a.jsonl", _alpaca_from_corpus(5))
+    out = tmp_path / "plan"
+    assert runner.invoke(app, ["compile", str(src), "-o", str(out), "--tokenizer", "builtin", "-q"]).exit_code == 0
+    r = runner.invoke(app, ["show", str(out)])
+    assert r.exit_code == 2 and r.output.strip() == ("error: plancc show: give --sample ID (one sample) or --dropped "
+                                                     "(the dropped rows)")
