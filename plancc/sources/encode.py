@@ -257,8 +257,11 @@ def _mask(ids: np.ndarray, offsets: np.ndarray, encodings, spans: list, overlap:
     for i, (enc, sp) in enumerate(zip(encodings, spans, strict=True)):
         if not sp:
             continue
-        bounds = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
-        starts, ends = bounds[:, 0], bounds[:, 1]
+        if overlap:
+            bounds = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            starts, ends = bounds[:, 0], bounds[:, 1]
+        else:
+            starts = np.fromiter((s for s, _ in enc.offsets), dtype=np.int64, count=len(enc))
         chosen = np.zeros(len(starts), bool)
         for a, b in sp:
             chosen |= (starts < b) & (ends > a) if overlap else (starts >= a) & (starts < b)
