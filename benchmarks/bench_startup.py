@@ -1,5 +1,5 @@
 """Whole-process start-up: `plancc --help`, `plancc --version` and a compile of a 20k-sample samples table, beside
-baselines measured in the same run (issue 13: compile <= 1 s, --help <= 0.3 s on an idle machine).
+baselines measured in the same run (compile <= 1 s, --help <= 0.3 s on an idle machine).
 
 Every command is a fresh process; rounds interleave the commands, so a busy machine slows all of them alike. Each
 row gives wall and CPU (user + system, from wait4) min / median / max over the runs, peak RSS, and the CPU median
@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_compile import FLAGS, WORK, samples_file
 
-GOALS = {"plancc --help": 0.3, "compile 20k, warm": 1.0}  # wall seconds on an idle machine (issue 13)
+GOALS = {"plancc --help": 0.3, "compile 20k, warm": 1.0}  # wall seconds on an idle machine
 
 
 def plancc() -> list[str]:

@@ -1,4 +1,4 @@
-"""Synthetic plan inputs for benchmarks and tests: the SFT mix of issue 3 (no tokenizer, no files), and tokenized
+"""Synthetic plan inputs for benchmarks and tests: the SFT mix of the reference run (no tokenizer, no files), and tokenized
 samples with lopsided label masks written as a token store and a compiled plan directory.
 
 The SFT mix:
@@ -66,7 +66,7 @@ def make_tokenized(n: int, *, seed: int = 0, min_len: int = 3, max_len: int = 24
 
 
 def samples_table(tok: pa.Table, shift: str = "sample") -> pa.Table:
-    """The samples table (SPEC 2) of a tokenized table, with the scan's definitions."""
+    """The samples table (docs/spec.md §2) of a tokenized table, with the scan's definitions."""
     target_col = "shift_labels" if shift == "none" else "labels"
     ids = tok.column("input_ids").combine_chunks()
     lab = tok.column(target_col).combine_chunks()

@@ -37,7 +37,7 @@ class Choice(StrEnum):
 
 
 class Mode(Choice):
-    """Layout of a microbatch (SPEC 4): one packed row (or rows), a padded group, or a flattened row."""
+    """Layout of a microbatch (docs/spec.md §4): one packed row (or rows), a padded group, or a flattened row."""
 
     PACKED = "packed"
     PADDED = "padded"
@@ -45,7 +45,7 @@ class Mode(Choice):
 
 
 class Shift(Choice):
-    """Label semantics (SPEC 3): shift inside each sample, over each packed row, or labels already shifted."""
+    """Label semantics (docs/spec.md §3): shift inside each sample, over each packed row, or labels already shifted."""
 
     SAMPLE = "sample"
     ROW = "row"

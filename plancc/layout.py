@@ -1,4 +1,4 @@
-"""Where microbatch `i` of an epoch sits (SPEC 4): update, rank and micro-step, which updates are complete, and how
+"""Where microbatch `i` of an epoch sits (docs/spec.md §4): update, rank and micro-step, which updates are complete, and how
 one rank walks its share, also when a plan compiled for (W, G) is replayed on (W', G') with W'G' = WG.
 
 Update `u` is microbatches `[u*W*G, (u+1)*W*G)`; rank `r` takes every `W`-th microbatch, so micro-step `m` of

@@ -1,4 +1,4 @@
-"""Stage summaries from plan arrays (SPEC 6): what a plan does to labels, tokens, padding and updates.
+"""Stage summaries from plan arrays (docs/spec.md §6): what a plan does to labels, tokens, padding and updates.
 
 Microbatch statistics cover every microbatch of the epoch, the partial tail included. `updates` is the optimizer
 steps a trainer runs (the tail update included, `layout.optimizer_updates`). Update statistics (label totals, rank
@@ -129,7 +129,7 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
 
 
 def entry_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
-    """Supervised targets of each entry of `b.samples`, as the collator counts them (SPEC 3): under `row` shift
+    """Supervised targets of each entry of `b.samples`, as the collator counts them (docs/spec.md §3): under `row` shift
     only a row's first sample loses its first label."""
     from plancc.config import Shift
 

@@ -41,7 +41,7 @@ class SampleArrays:
                             self.first_label_supervised[positions])
 
     def targets(self, shift: str) -> np.ndarray:
-        """Supervised targets each sample contributes when it starts its own sequence (SPEC 3).
+        """Supervised targets each sample contributes when it starts its own sequence (docs/spec.md §3).
 
         `sample` and `row` drop the first label (no token predicts it); `none` counts pre-shifted labels as they
         are. Under `row` shift this is exact for the first sample of a row; later samples in a row gain back
@@ -116,7 +116,7 @@ class RowSums:
     """Per-row sums of a plan (see `row_sums`)."""
 
     tokens: np.ndarray  # int64, unpadded tokens
-    targets: np.ndarray  # int64, supervised targets as the collator feeds the loss (SPEC 3)
+    targets: np.ndarray  # int64, supervised targets as the collator feeds the loss (docs/spec.md §3)
     squares: np.ndarray  # int64, sum of the samples' squared lengths (varlen attention work)
 
 
@@ -155,7 +155,7 @@ def row_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
 
 
 def row_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
-    """Supervised targets per row, exactly as the collator feeds the loss (SPEC 3)."""
+    """Supervised targets per row, exactly as the collator feeds the loss (docs/spec.md §3)."""
     return row_sums(b, s, shift).targets
 
 
@@ -165,7 +165,7 @@ def batch_tokens(b: Batches, s: SampleArrays) -> np.ndarray:
 
 
 def batch_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
-    """Supervised targets per microbatch (SPEC 3): the plan's `label_count` column."""
+    """Supervised targets per microbatch (docs/spec.md §3): the plan's `label_count` column."""
     return segment_sum(row_targets(b, s, shift), b.batch_bounds)
 
 

@@ -218,7 +218,7 @@ def foreign_entries(path: Path, kind: str) -> Iterator[str]:
 
 def check_output(target: str | Path, *, overwrite: bool) -> None:
     """Refuse an output path that is not absent, an empty directory, or (with `overwrite`) a plancc plan/scan
-    holding only what plancc wrote (SPEC 1: a folder holding anything else is never touched).
+    holding only what plancc wrote (docs/spec.md §1: a folder holding anything else is never touched).
 
     Runs before any work (so a refused command costs nothing) and again under the writer's lock, before and after
     the new directory is written.
@@ -604,7 +604,7 @@ def _check_recorded(f: Path, table: pa.Table, info: dict[str, Any]) -> None:
 #
 # How the files of a plan vouch for each other: `plan.parquet`'s metadata is the root (the manifest, with the
 # fingerprints and settings); its settings must hash to the config fingerprint, each epoch's rows to that epoch's
-# plan fingerprint and the layout of SPEC 4; `samples.parquet` must hash to the dataset and metadata fingerprints,
+# plan fingerprint and the layout of docs/spec.md §4; `samples.parquet` must hash to the dataset and metadata fingerprints,
 # `metrics.parquet` to the metrics checksum; every sibling file's metadata and `manifest.json` must equal the
 # plan file's. Checks return lists of problems (validate reports them all; the runtime raises on the first).
 
@@ -997,7 +997,7 @@ class PlanDir:
         return table
 
     def epoch_problems(self, epoch: int, table: pa.Table) -> list[str]:
-        """One epoch's rows (`EPOCH_COLUMNS`, global order) against the layout of SPEC 4 and the plan fingerprint.
+        """One epoch's rows (`EPOCH_COLUMNS`, global order) against the layout of docs/spec.md §4 and the plan fingerprint.
 
         The layout names the first row that breaks it (index, update/rank/micro_step, the update's `num_items` as
         the sum of its label counts, `complete_update`); rows that keep it but differ from what was compiled

@@ -1,4 +1,4 @@
-"""Re-check a plan on disk, every file it ships: invariants of SPEC 4-6, fingerprints, checksums and the mirror.
+"""Re-check a plan on disk, every file it ships: invariants of docs/spec.md §4-6, fingerprints, checksums and the mirror.
 
 Nothing is trusted from the writer. `store.PlanDir` checks how the files vouch for each other (settings against
 the config fingerprint, each epoch's rows against the layout and its plan fingerprint, samples against the

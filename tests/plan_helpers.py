@@ -1,4 +1,4 @@
-"""Test helpers: random token-level datasets and the samples tables they imply (by SPEC 2's definitions)."""
+"""Test helpers: random token-level datasets and the samples tables they imply (by docs/spec.md §2's definitions)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def random_dataset(rng: np.random.Generator, n: int, max_len: int, mask_rate: fl
 
 
 def samples_table(ids: list[np.ndarray], labels: list[np.ndarray], sample_ids: np.ndarray | None = None) -> pa.Table:
-    """The samples table SPEC 2 defines for these samples (label_count counts the given label arrays)."""
+    """The samples table docs/spec.md §2 defines for these samples (label_count counts the given label arrays)."""
     n = len(ids)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum([len(x) for x in ids], out=offsets[1:])
@@ -57,7 +57,7 @@ def write_samples_file(directory: Path, seed: int, n: int, max_len: int) -> Path
 
 
 def direct_targets(rows: list[list[int]], labels: list[np.ndarray], shift: str) -> int:
-    """Supervised targets of one microbatch counted on the label tokens themselves (SPEC 3), no plan helpers."""
+    """Supervised targets of one microbatch counted on the label tokens themselves (docs/spec.md §3), no plan helpers."""
     total = 0
     for row in rows:
         if shift == "row":

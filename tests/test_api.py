@@ -107,7 +107,7 @@ def test_import_plancc_is_light():
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_load_no_array_stack(flag):
     """`plancc --help` builds every command's help, so no command module may import numpy/pyarrow/numba at the top
-    (issue 13: --help <= 0.3 s)."""
+    (--help <= 0.3 s)."""
     loaded = _modules_after("import contextlib, io\nfrom plancc.cli import app\n"
                             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
                             f"    app([{flag!r}], prog_name='plancc', standalone_mode=False)")

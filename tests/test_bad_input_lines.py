@@ -1,4 +1,4 @@
-"""Bad input a new user gives (issue 16): each is one `error:` line naming the file and the row, column or setting,
+"""Bad input a new user gives: each is one `error:` line naming the file and the row, column or setting,
 exit 2, no traceback, nothing written. What other test files already cover (malformed JSON lines, mistyped source
 columns, unknown config keys, unsorted samples, contradicting a scan's options, ...) is not repeated here."""
 
@@ -238,7 +238,7 @@ def test_a_plan_directory_without_its_samples_table_says_so(scanned, tmp_path):
     assert problems == [f"{plan / store.SAMPLES_FILE} does not exist"]  # once, not once per check of the file
 
 
-# ---------------------------------------------------------------- a scan's samples table on its own (issue 11's left item)
+# ---------------------------------------------------------------- a scan's samples table on its own
 
 
 def test_a_scans_samples_table_alone_carries_the_scans_sequence_len_and_shift(scanned, tmp_path, samples):

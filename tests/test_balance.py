@@ -1,4 +1,4 @@
-"""SPEC 5's hard rules for every balancing stage, as properties over random plans, plus known-solvable cases."""
+"""docs/spec.md §5's hard rules for every balancing stage, as properties over random plans, plus known-solvable cases."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def _spreads(x: np.ndarray, W: int, n_span: int) -> tuple[float, float]:
 
 
 def check_stage(name: str, before: Batches, after: Batches, s: SampleArrays, settings: PlanSettings) -> None:
-    """Every hard rule of SPEC 5 for one stage, comparing its output with its input."""
+    """Every hard rule of docs/spec.md §5 for one stage, comparing its output with its input."""
     n_span = c.span(before, settings)
     if before.num_batches == 0:  # drop_last removed everything: nothing to balance
         assert after.num_batches == 0 and after.samples.size == 0

@@ -1,4 +1,4 @@
-"""SPEC 4/5/6 invariants of compiled plans, as properties over random datasets and settings."""
+"""docs/spec.md §4/5/6 invariants of compiled plans, as properties over random datasets and settings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The structure rules, read with `ast` over plancc/: data flows one way (shared/ARCHITECTURE.md), and every public
+"""The structure rules, read with `ast` over plancc/: data flows one way (docs/architecture.md), and every public
 function and class says what it is for.
 
 Imports, at module level or inside a function, are checked against the table below (a module belongs to the
@@ -95,7 +95,7 @@ def test_no_upward_import(path):
     bad = sorted(name for name in imports(path) for f in forbidden
                  if matches(name, f) and not matches(name, module) and (module, f) not in EXCEPTIONS
                  and not (f == "plancc" and name == "plancc"))
-    assert not bad, f"{module} imports {bad}, which ARCHITECTURE.md's one-way flow forbids it"
+    assert not bad, f"{module} imports {bad}, which docs/architecture.md's one-way flow forbids it"
 
 
 def test_the_checker_sees_imports():

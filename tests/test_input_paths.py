@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 15): bytes that are not UTF-8, globs through symlink loops, file names that look like
+"""Hostile inputs: bytes that are not UTF-8, globs through symlink loops, file names that look like
 globs, globs the shell expanded, and plans used from another folder than the one they were compiled in."""
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ print(json.dumps([compiled, loaded]))
 
 def test_a_warm_run_compiles_nothing(tmp_path):
     """Every kernel module's own kernels (but the rare fallback's) come from numba's disk cache in a second fresh process that scans and compiles
-    every layout: nothing is compiled again (issue 13). The first process fills the cache where it is cold."""
+    every layout: nothing is compiled again. The first process fills the cache where it is cold."""
     src = tmp_path / "pc.jsonl"
     src.write_text("".join(f'{{"prompt": "question {i} {"x" * i}", "completion": "answer {i}"}}\n'
                            for i in range(60)))

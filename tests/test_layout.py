@@ -1,4 +1,4 @@
-"""`plancc.layout`, the one statement of SPEC 4's layout: the global mapping, the positions a rank walks, and
+"""`plancc.layout`, the one statement of docs/spec.md §4's layout: the global mapping, the positions a rank walks, and
 elastic replay, checked against each other (no plan, no torch)."""
 
 from __future__ import annotations

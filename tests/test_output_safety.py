@@ -1,4 +1,4 @@
-"""`-o` never touches a foreign folder, and replacing a plan never loses it (SPEC 1, 9; `plancc.atomic`).
+"""`-o` never touches a foreign folder, and replacing a plan never loses it (docs/spec.md §1, 9; `plancc.atomic`).
 
 The crash tests run real `python -m plancc compile` processes that SIGKILL, SIGINT or SIGTERM themselves at each
 named step of the write/replace sequence (`PLANCC_FAULT`), then check with `plancc validate` that the path holds

@@ -20,7 +20,7 @@ from tests.runtime_helpers import tiny_model
 
 
 def expected_row(samples, tokens: TokenStore, shift: str):
-    """Reference semantics (SPEC 3), written independently of the collator with plain lists."""
+    """Reference semantics (docs/spec.md §3), written independently of the collator with plain lists."""
     ids, targets, pos = [], [], []
     for sid in samples:
         a, b = int(tokens.offsets[sid]), int(tokens.offsets[sid + 1])

@@ -1,4 +1,4 @@
-"""The proof (SPEC 8): one batch of an update = G accumulated microbatches = 2-rank DDP (gloo), to round-off.
+"""The proof (docs/spec.md §8): one batch of an update = G accumulated microbatches = 2-rank DDP (gloo), to round-off.
 
 fp32, dropout off, a tiny Llama built from a config. Plans are compiled for (W=2, G=2) with a tail update whose
 last micro-step is a placeholder on rank 1. The single-process runs replay the same plan elastically as (W=1,

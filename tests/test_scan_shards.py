@@ -1,4 +1,4 @@
-"""Sharded scans (SPEC 2, scale-out): a local scan, a local scan cut in many shards, and `--shard I/N` parts joined by
+"""Sharded scans (docs/spec.md §2, scale-out): a local scan, a local scan cut in many shards, and `--shard I/N` parts joined by
 `merge` give byte-identical samples tables, identical fingerprints and identical plans; merge refuses parts that
 do not fit; a killed scan resumes from its finished shards; the multi-part token store reads as one dataset."""
 

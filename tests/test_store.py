@@ -1,4 +1,4 @@
-"""The plan directory contract (SPEC 6, 9): documented schemas, fingerprints in every file, atomic writes,
+"""The plan directory contract (docs/spec.md §6, 9): documented schemas, fingerprints in every file, atomic writes,
 refused concurrent writers, corrupt and foreign files. Validation and tampering: test_validate.py."""
 
 from __future__ import annotations

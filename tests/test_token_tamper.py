@@ -1,4 +1,4 @@
-"""Every file of a plan and its token store is bound (issue 16): an edit of any header value, a truncated, emptied,
+"""Every file of a plan and its token store is bound: an edit of any header value, a truncated, emptied,
 deleted or swapped file or part is reported by `plancc validate` naming the file (exit 1, no traceback), and the
 runtime refuses to load it.
 

@@ -1,4 +1,4 @@
-"""Integrity (SPEC 6, 9; issue 15): `plancc validate` checks every file a plan ships, and the runtime refuses a
+"""Integrity (docs/spec.md §6, 9): `plancc validate` checks every file a plan ships, and the runtime refuses a
 changed plan before its first microbatch.
 
 Each tampering is applied to a copy of one small plan compiled from a raw source (so it ships the token store

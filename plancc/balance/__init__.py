@@ -1,4 +1,4 @@
-"""Balancing stages (SPEC 5), one per module: `(batches, samples, settings) -> batches`.
+"""Balancing stages (docs/spec.md §5), one per module: `(batches, samples, settings) -> batches`.
 
 `stages(settings, rng)` lists the passes compile runs after the `before` plan, in order, each as (name, function).
 A stage that draws random numbers takes the epoch's generator as a keyword (`rng=`), bound here, so the others do

@@ -1,7 +1,7 @@
 """Shared plumbing of the balancing stages: the balanced span, label values per shift mode, windows, rebuilding.
 
 Only the microbatches of complete updates are ever touched (`span`); the tail — the microbatches of the incomplete
-final update — is copied through as is (SPEC 5).
+final update — is copied through as is (docs/spec.md §5).
 """
 
 from __future__ import annotations

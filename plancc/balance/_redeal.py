@@ -25,7 +25,7 @@ total then gains freedom while the other moves by less than `quantum` a sample. 
 padding or overflows a row. Cost: a counting sort by class and one heap pass, O(n log W).
 
 Under `--shift row` a row's first sample loses its first label, so row starts and the other positions are dealt
-apart. The tail is not touched (SPEC 5), and a result is kept only if it lowers its objective.
+apart. The tail is not touched (docs/spec.md §5), and a result is kept only if it lowers its objective.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Accumulation-aware ordering (SPEC 5, stage 3): whole microbatches reordered so every update's label total is even.
+"""Accumulation-aware ordering (docs/spec.md §5, stage 3): whole microbatches reordered so every update's label total is even.
 
 Groups of at most 16 complete updates (`W*G` microbatches each) are reassigned independently, first blocks of
 neighbouring updates, then groups dealt from the updates sorted by total (each group spans heavy and light updates,

@@ -1,4 +1,4 @@
-"""Microbatch balance for the fixed-count layouts `padded` and `flattened` (SPEC 4/5, stage 2).
+"""Microbatch balance for the fixed-count layouts `padded` and `flattened` (docs/spec.md §4/5, stage 2).
 
 Every microbatch keeps exactly `micro_batch_size` samples; what moves is which samples share one. Five moves:
 

@@ -1,4 +1,4 @@
-"""Microbatch balance for `packed`: equalize supervised-label counts across microbatches (SPEC 5, stage 2).
+"""Microbatch balance for `packed`: equalize supervised-label counts across microbatches (docs/spec.md §5, stage 2).
 
 Three steps.
 1. The complete updates are repacked label-aware into the same rows (`pack.label_aware`): every row mixes long

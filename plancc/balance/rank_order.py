@@ -1,4 +1,4 @@
-"""Rank ordering (SPEC 5, stage 5, W > 1): ranks do similar work at the same micro-step and over the update.
+"""Rank ordering (docs/spec.md §5, stage 5, W > 1): ranks do similar work at the same micro-step and over the update.
 
 Inside each complete update, microbatch `m*W + r` runs on rank `r` at micro-step `m`. Ranks wait for each other
 at every micro-step that synchronises (FSDP) and at the update's gradient all-reduce (DDP with `no_sync`), so two

@@ -1,4 +1,4 @@
-"""Within-update refinement (SPEC 5, stage 4): sample trades between microbatches of one update.
+"""Within-update refinement (docs/spec.md §5, stage 4): sample trades between microbatches of one update.
 
 Uses the same pair trade as microbatch balance (`_exchange`), with windows that never cross an update (an update
 of more than `balance_window` microbatches is cut into windows of that size). Every trade narrows the label gap of

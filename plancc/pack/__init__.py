@@ -40,7 +40,7 @@ def ordinary_tail(batches: Batches, samples: SampleArrays, settings: PlanSetting
     """`batches` with its incomplete final update (the tail) made of the microbatches nearest the mean in labels and
     cost, taken from the tail and the CANDIDATES microbatches before it.
 
-    No balancing stage touches the tail (SPEC 5), so a tail drawn at random keeps the spread of the plain packing:
+    No balancing stage touches the tail (docs/spec.md §5), so a tail drawn at random keeps the spread of the plain packing:
     on rows of few samples a few dozen tail microbatches held a visible share of the balanced plan's label
     variance, and the flattened plan's peak cost sat in its tail. The candidates are a random
     draw already (the shuffled order), so the nearest of a few thousand sit within a percent of the mean; the rest

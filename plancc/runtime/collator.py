@@ -1,4 +1,4 @@
-"""Turn a plan microbatch into tensors, with labels exactly as the plan counted them (SPEC 3).
+"""Turn a plan microbatch into tensors, with labels exactly as the plan counted them (docs/spec.md §3).
 
 Layout of one packed row holding samples A (3 tokens) and B (2 tokens), capacity rounded to 8, shift "sample"::
 

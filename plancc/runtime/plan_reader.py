@@ -45,7 +45,7 @@ class RankEpoch:
     row_bounds: np.ndarray  # int64
     batch_bounds: np.ndarray  # int64
     tokens: np.ndarray  # int64
-    label_count: np.ndarray  # int64 supervised targets (SPEC 3)
+    label_count: np.ndarray  # int64 supervised targets (docs/spec.md §3)
     num_items: np.ndarray  # int64 global targets of the microbatch's update
     total_batches: int  # microbatches of the whole epoch (all ranks)
     tail_num_items: int  # global targets of the incomplete final update (0 when there is none)

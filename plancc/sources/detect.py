@@ -25,7 +25,7 @@ REQUIRED = {
 
 
 def detect_format(src: Source) -> str:
-    """The format a source's columns imply (SPEC 2): tokenized, chat, alpaca, prompt_completion or text."""
+    """The format a source's columns imply (docs/spec.md §2): tokenized, chat, alpaca, prompt_completion or text."""
     cols = set(src.column_names)
     if "input_ids" in cols:
         return "tokenized"

@@ -5,7 +5,7 @@ All vectorized over the CSR layout (`offsets`), so the cost per sample is a few 
     labels   [-100 -100  7  9 | -100 4 ]      offsets [0, 4, 6]
     supervised cumsum → label_count [2, 1];  first_label_supervised [False, False]
 
-Label semantics (SPEC 3): `label_count` counts labels != -100; under shift sample/row the first label of a sample
+Label semantics (docs/spec.md §3): `label_count` counts labels != -100; under shift sample/row the first label of a sample
 is never a target, so a sample has `label_count - first_label_supervised` targets; under shift none labels are
 already shifted and `first_label_supervised` is False.
 """
