@@ -23,6 +23,8 @@ from tests.sources_fixtures import (
 ray = pytest.importorskip("ray")
 from plancc import ray_scan  # noqa: E402  (after the skip: imports nothing of Ray by itself)
 
+pytestmark = pytest.mark.slow  # starts a local Ray
+
 
 def _assert_same_scan(a, b) -> None:
     """Two scan directories hold the same samples table (bytes), token store content and fingerprints."""

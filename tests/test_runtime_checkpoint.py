@@ -203,6 +203,7 @@ def _rank_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> None:
         json.dump(results, f)
 
 
+@pytest.mark.slow  # a 2-rank gloo process group
 def test_two_ranks_with_different_steps_fall_back_or_refuse(tmp_path):
     plan = build_plan(tmp_path / "p", n=24, data_seed=1, max_len=16, mode="packed", micro_batch_size=2,
                       sequence_len=16, world_size=2, grad_accum=2)
@@ -361,6 +362,7 @@ def _hostile_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> No
         json.dump(results, f)
 
 
+@pytest.mark.slow  # a 2-rank gloo process group
 def test_two_ranks_both_refuse_malformed_and_hostile_files(tmp_path):
     plan = build_plan(tmp_path / "p", n=16, data_seed=1, max_len=16, mode="packed", micro_batch_size=2,
                       sequence_len=16, world_size=2, grad_accum=2)

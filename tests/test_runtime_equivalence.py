@@ -20,6 +20,8 @@ from benchmarks.synthetic import build_plan
 from plancc.runtime import PlanCollator, PlanSampler, load_tokens
 from tests.runtime_helpers import merge_microbatches, rel_err, tiny_model, update_gradients
 
+pytestmark = pytest.mark.slow  # spawns 2-rank gloo process groups
+
 # layout -> (plan settings, samples); each plan ends with a tail update of 1 or 3 microbatches, so rank 1 gets a
 # placeholder at its last micro-step
 LAYOUTS = {

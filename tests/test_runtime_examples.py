@@ -11,12 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from benchmarks.synthetic import build_plan
 from plancc.runtime.checkpoint import FAULT_ENV, LATEST, load_tensors, step_dir
 from tests.runtime_helpers import rel_err
+
+pytestmark = pytest.mark.slow  # runs the examples under torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 

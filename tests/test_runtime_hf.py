@@ -16,6 +16,8 @@ from plancc.runtime.checkpoint import write_sealed_json
 from plancc.runtime.hf import STATE_FILE, PlanTrainer
 from tests.runtime_helpers import build_uneven_plan, grads_of, plain_loop_grads, rel_err, tiny_model
 
+pytestmark = pytest.mark.slow  # trains Hugging Face Trainers, some in 2-rank process groups
+
 LR = 0.5
 
 

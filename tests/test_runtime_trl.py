@@ -20,6 +20,8 @@ from plancc.runtime.trl import PlanSFTTrainer
 from tests.runtime_helpers import build_uneven_plan, plain_loop_grads, rel_err, tiny_model
 from tests.test_runtime_hf import GradRecorder
 
+pytestmark = pytest.mark.slow  # trains TRL's SFTTrainer
+
 LR = 0.5
 
 

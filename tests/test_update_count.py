@@ -139,6 +139,7 @@ TRAINER_LAYOUTS = {  # (mode, world_size, grad_accum, drop_last, samples); the r
 }
 
 
+@pytest.mark.slow  # trains a real PlanTrainer per layout
 @pytest.mark.parametrize("name", list(TRAINER_LAYOUTS))
 def test_plan_trainer_runs_exactly_the_counted_updates(name, tmp_path):
     """A real `PlanTrainer` (tiny Llama, CPU) takes the manifest's updates per epoch, epoch after epoch."""
