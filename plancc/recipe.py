@@ -9,7 +9,7 @@ to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of 
     format = "messages"           # format, columns, split, chat_template: this dataset's own
     repeat = 2                    # or weight = 0.3 (one of them; default repeat 1)
 
-A relative `path` is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
+A relative `path` (or `chat_template` file) is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
 an entry and the top-level settings) that disagree are an error naming both. `--mix NAME=2x` sets a repeat,
 `--mix NAME=0.3` a weight (the `x` says "times"); it overrides the entry's.
 """
@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plancc.config import CONFIG_DATASETS, ScanOptions, SettingsError, did_you_mean, flag
+from plancc.config import CONFIG_DATASETS, ScanOptions, SettingsError, beside, did_you_mean, flag
 
-ENTRY_KEYS = ("path", "name", "format", "columns", "split", "chat_template", "repeat", "weight")
+OWN_KEYS = ("format", "columns", "split", "chat_template", "prompt_format", "no_input_format", "separator",
+            "message_fields")  # scan options a dataset may set for itself
+ENTRY_KEYS = ("path", "name", *OWN_KEYS, "repeat", "weight")
 SHARED_KEYS = ("tokenizer", "sequence_len", "shift", "long")  # one value for the whole recipe
 
 
@@ -38,6 +40,10 @@ class DatasetSpec:
     columns: Any = None
     split: str | None = None
     chat_template: str | None = None
+    prompt_format: str | None = None
+    no_input_format: str | None = None
+    separator: str | None = None
+    message_fields: Any = None
     repeat: float | None = None
     weight: float | None = None
     shared: tuple[tuple[str, Any], ...] = ()  # recipe-wide settings this entry repeats (checked, not per dataset)
@@ -49,9 +55,8 @@ class DatasetSpec:
         return (self.name, self.role, "repeat", 1.0 if self.repeat is None else self.repeat)
 
     def scan_options(self, base: ScanOptions) -> ScanOptions:
-        """The recipe's scan options with this dataset's format, columns, split and chat template."""
-        own = {k: getattr(self, k) for k in ("format", "columns", "split", "chat_template")
-               if getattr(self, k) is not None}
+        """The recipe's scan options with this dataset's own (format, columns, split, chat template, ...)."""
+        own = {k: getattr(self, k) for k in OWN_KEYS if getattr(self, k) is not None}
         return dataclasses.replace(base, **own)
 
 
@@ -79,8 +84,7 @@ def dataset_spec(entry: Any, role: str = "train") -> DatasetSpec:
     name = str(entry.get("name") or default_name(path))
     if entry.get("repeat") is not None and entry.get("weight") is not None:
         raise SettingsError(f"dataset {name!r}: give repeat or weight, not both")
-    return DatasetSpec(name=name, path=path, role=role, format=entry.get("format"), columns=entry.get("columns"),
-                       split=entry.get("split"), chat_template=entry.get("chat_template"),
+    return DatasetSpec(name=name, path=path, role=role, **{k: entry.get(k) for k in OWN_KEYS},
                        repeat=_number(name, "repeat", entry.get("repeat")),
                        weight=_number(name, "weight", entry.get("weight")),
                        shared=tuple((k, entry[k]) for k in SHARED_KEYS if entry.get(k) is not None))
@@ -148,15 +152,9 @@ def shared_settings(specs: tuple[DatasetSpec, ...], top: dict[str, Any]) -> dict
     return {k: v for k, (v, _) in seen.items()}
 
 
-def beside(folder: Path, path: str) -> str:
-    """A config entry's path: relative to the config file's folder when something is there (a file, directory or
-    glob match), so a recipe travels with its data; else as written (a Hub id, or a path from the working folder)."""
-    import glob
-
-    candidate = folder / path
-    if Path(path).is_absolute() or not (candidate.exists() or glob.glob(str(candidate), recursive=True)):
-        return path
-    return str(candidate)
+def _entry_beside(folder: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """A config entry with its path and chat template file read beside the config file (`config.beside`)."""
+    return {**entry, **{k: beside(folder, str(entry[k])) for k in ("path", "chat_template") if k in entry}}
 
 
 def from_config(config: dict[str, Any], folder: Path) -> tuple[list[Any], list[Any]]:
@@ -166,6 +164,6 @@ def from_config(config: dict[str, Any], folder: Path) -> tuple[list[Any], list[A
         value = config.get(key, [])
         if not isinstance(value, list):
             raise SettingsError(f"config {key} must be a list of datasets ([[{key}]] tables in TOML), got {value!r}")
-        lists.append([{**e, "path": beside(folder, str(e["path"]))} if isinstance(e, dict) and "path" in e else
-                      beside(folder, e) if isinstance(e, str) else e for e in value])
+        lists.append([_entry_beside(folder, e) if isinstance(e, dict) else beside(folder, e) if isinstance(e, str)
+                      else e for e in value])
     return lists[0], lists[1]

@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from plancc import store, token_store
-from plancc.config import ScanOptions, canonical_hash
+from plancc.config import SHAPING, ScanOptions, canonical_hash
 from plancc.errors import InputError
 from plancc.fingerprint import scan_identity
 from plancc.sources import detect, templates
@@ -49,12 +49,15 @@ Progress = Callable[[str, int, int], None] | None
 def options_dict(options: ScanOptions, tok: Tok | None, template: templates.ChatTemplate | None) -> dict[str, Any]:
     """The options that decide the samples table; the tokenizer's and template's content matter, not where they
     were found. `max_dropped` checks the result and is left out."""
-    d = dataclasses.asdict(options)
+    d = {k: v for k, v in dataclasses.asdict(options).items() if k not in SHAPING}
     d["tokenizer"] = tok.fingerprint if tok else None
     d["chat_template"] = template.fingerprint if template else None
     d["columns"] = [list(pair) for pair in options.columns]  # as JSON reads it back from a cached report
     del d["max_dropped"]
-    return d
+    shaping = options.shaping()  # only when set: a scan without them keeps its key
+    if "message_fields" in shaping:
+        shaping["message_fields"] = [list(pair) for pair in options.message_fields]
+    return {**d, **shaping}
 
 
 def scan_key(source_fingerprint: str, opts: dict[str, Any]) -> str:

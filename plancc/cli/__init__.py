@@ -46,6 +46,9 @@ def _setting(flag: str, help: str, shown: str | None = None) -> Any:
 
 ConfigOpt = Annotated[Path | None, Opt("--config", help="TOML or YAML file of settings; flags override it.",
                                        show_default="none")]
+ConfigFormatOpt = Annotated[str, Opt("--config-format", help="auto|plancc|axolotl|trl: an Axolotl or TRL YAML is read "
+                                                             "as it is (its data settings; the rest listed in a "
+                                                             "note).", show_default="auto: by the file's keys")]
 FormatOpt = Annotated[str | None, _setting("--format", "auto|tokenized|prompt_completion|alpaca|messages|text")]
 TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, or "
                                                              "'builtin' (byte level).",
@@ -79,6 +82,18 @@ _RECIPE_HELP = ("\n\nSeveral SOURCEs (or a --config listing `datasets`, then no 
                 "a seeded half) or NAME=W (weight: its share of the epoch's samples).")
 
 
+def config_note(config: Path | None, config_format: str, quiet: bool) -> None:
+    """Say, on stderr, which keys of an Axolotl or TRL config plancc does not use."""
+    if config is None or quiet:
+        return
+    from plancc import config_import
+    from plancc.config import read_config_file
+
+    note = config_import.translate(read_config_file(config), config, config_format).note(config)
+    if note:
+        typer.echo(note, err=True)
+
+
 @app.command("compile", help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan."
              + _RECIPE_HELP + _EXAMPLE + "\n\n    plancc compile chat.jsonl alpaca.json -o plans/mix --tokenizer "
              "tok/ --mix chat=2x,alpaca=0.5x")
@@ -91,6 +106,7 @@ def compile_cmd(
                                                          show_default="the config's datasets")] = None,
     overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
+    config_format: ConfigFormatOpt = "auto",
     format: FormatOpt = None,
     tokenizer: TokenizerOpt = None,
     chat_template: TemplateOpt = None,
@@ -136,10 +152,12 @@ def compile_cmd(
     from plancc import api
 
     with fail_on_errors(output, "plan"):
+        config_note(config, config_format, quiet or json)
         with reporter(quiet or json) as progress:
             plan = api.compile(
                 sources[0] if sources and len(sources) == 1 else sources or None, output, overwrite=overwrite,
-                config=config, num_proc=num_proc, cache_dir=cache_dir, progress=progress, mix=mix,
+                config=config, config_format=config_format, num_proc=num_proc, cache_dir=cache_dir, progress=progress,
+                mix=mix,
                 samples_per_epoch=samples_per_epoch,
                 format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns, split=split,
                 sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift, mode=mode,
@@ -164,6 +182,7 @@ def scan_cmd(
                                                         "replace atomically with --overwrite.")],
     overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
+    config_format: ConfigFormatOpt = "auto",
     format: FormatOpt = None,
     tokenizer: TokenizerOpt = None,
     chat_template: TemplateOpt = None,
@@ -195,7 +214,9 @@ def scan_cmd(
     from plancc import api
 
     with fail_on_errors(output, "scan"), reporter(quiet or json) as progress:
-        report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
+        config_note(config, config_format, quiet or json)
+        report = api.scan(source, output, overwrite=overwrite, config=config, config_format=config_format,
+                          num_proc=num_proc,
                           cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
                           engine=engine, ray_address=ray_address,
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
