@@ -123,7 +123,8 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
     reader = reader or RowReader(loc, options.split)
     probe = detect.map_columns(reader.read(0, min(reader.manifest.rows, PROBE_ROWS)), options.columns)
     fmt = detect.detect_format(probe) if options.format == "auto" else options.format
-    detect.canonical(probe, fmt)  # a missing or mistyped column is named now, before any shard runs
+    detect.canonical(probe, fmt, options.message_fields)  # a missing or mistyped column is named now
+    detect.check_shaping(fmt, options)
     warnings = reader.notes
     chat = None
     if fmt != "tokenized":
@@ -143,6 +144,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
         "tokenizer": tok.name if tok else None,
         "tokenizer_fingerprint": tok.fingerprint if tok else None,
         "chat_template": chat.describe() if chat else None,
+        **({"text_format": shaped} if (shaped := detect.text_format(fmt, options)) else {}),
         "eos_token": tok.eos_token if tok else None,
         "options": opts,
         "max_dropped": options.max_dropped,
@@ -172,15 +174,15 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
     """(encoded rows, labels already shifted, where) of rows [lo, hi)."""
     options = job.options
     src = detect.map_columns(reader.read(lo, hi), options.columns)
-    work = detect.canonical(src, job.format)
-    if job.format == "tokenized":
+    work, fmt = detect.shape(detect.canonical(src, job.format, options.message_fields), job.format, options)
+    if fmt == "tokenized":
         tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
         return from_tokenized(work, options.shift, tok.vocab_size if tok else None, src.where), \
             options.shift == "none", src.where
     shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
     try:
         keep = options.sequence_len if options.long in ("truncate", "drop") else None  # error: exact lengths
-        enc = encode_rows(work, job.format, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
+        enc = encode_rows(work, fmt, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
                           progress=shifted, template=job.template, pool=pool, keep=keep)
     except RowError as exc:
         raise InputError(f"{src.where(exc.row)}: {exc.message}") from None

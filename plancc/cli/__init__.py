@@ -61,6 +61,16 @@ ColumnsOpt = Annotated[str | None, Opt("--columns", help="Map source fields onto
                                        show_default="none")]
 SplitOpt = Annotated[str | None, Opt("--split", help="Split of a dataset dict directory or Hub id.",
                                      show_default="train, said on stderr")]
+PromptFormatOpt = Annotated[str | None, Opt("--prompt-format", help="Alpaca: the prompt, with {instruction} and "
+                                                                    "{input}.", show_default="the Alpaca one")]
+NoInputFormatOpt = Annotated[str | None, Opt("--no-input-format", help="Alpaca rows with an empty input: the prompt, "
+                                                                       "with {instruction}.",
+                                             show_default="--prompt-format, else the Alpaca one")]
+SeparatorOpt = Annotated[str | None, Opt("--separator", help="prompt_completion: text between prompt and completion "
+                                                             "(not supervised).", show_default="none")]
+MessageFieldsOpt = Annotated[str | None, Opt("--message-fields", help="Messages whose keys differ, e.g. "
+                                                                      "role=speaker,content=text.",
+                                             show_default="role/content or from/value")]
 MaxDroppedOpt = Annotated[float | None, _setting("--max-dropped", "Largest share of samples the scan may drop; "
                                                                   "more is an error.")]
 SeqOpt = Annotated[int | None, _setting("--sequence-len", "Max tokens per sample / per row.")]
@@ -112,6 +122,10 @@ def compile_cmd(
     chat_template: TemplateOpt = None,
     columns: ColumnsOpt = None,
     split: SplitOpt = None,
+    prompt_format: PromptFormatOpt = None,
+    no_input_format: NoInputFormatOpt = None,
+    separator: SeparatorOpt = None,
+    message_fields: MessageFieldsOpt = None,
     sequence_len: SeqOpt = None,
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
@@ -160,7 +174,8 @@ def compile_cmd(
                 mix=mix,
                 samples_per_epoch=samples_per_epoch,
                 format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns, split=split,
-                sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift, mode=mode,
+                prompt_format=prompt_format, no_input_format=no_input_format, separator=separator,
+                message_fields=message_fields, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift, mode=mode,
                 micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
                 world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
                 balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
@@ -188,6 +203,10 @@ def scan_cmd(
     chat_template: TemplateOpt = None,
     columns: ColumnsOpt = None,
     split: SplitOpt = None,
+    prompt_format: PromptFormatOpt = None,
+    no_input_format: NoInputFormatOpt = None,
+    separator: SeparatorOpt = None,
+    message_fields: MessageFieldsOpt = None,
     sequence_len: SeqOpt = None,
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
@@ -220,7 +239,9 @@ def scan_cmd(
                           cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
                           engine=engine, ray_address=ray_address,
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
-                          split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift)
+                          split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift,
+                          prompt_format=prompt_format, no_input_format=no_input_format, separator=separator,
+                          message_fields=message_fields)
     warn(report.get("warnings") or [])
     if json:
         print_json({"scan_dir": str(output), **report})

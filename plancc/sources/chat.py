@@ -14,6 +14,7 @@ content in the full text after the previous span. Rendering is sandboxed (no cod
 from __future__ import annotations
 
 import functools
+import json
 from datetime import datetime
 from typing import Any
 
@@ -76,7 +77,7 @@ class Renderer:
         spans: list[tuple[int, int]] = []
         cursor = 0
         for i, m in enumerate(messages):
-            if m["role"] != "assistant":
+            if m["role"] != "assistant" or m.get("training") is False:  # False: a prompt's turn (`detect`)
                 continue
             prefix = self.render(messages[:i], add_generation_prompt=True)
             upto = self.render(messages[: i + 1])
@@ -100,24 +101,54 @@ class Renderer:
         return full, spans
 
 
-def normalize(conversation: Any) -> list[dict[str, str]]:
+MESSAGE_EXTRAS = ("tool_calls", "tool_call_id", "name", "training")  # kept for the template (`training`: spans)
+
+
+def normalize(conversation: Any, fields: tuple[tuple[str, str], ...] = ()) -> list[dict[str, Any]]:
     """`[{role, content}]` or ShareGPT `[{from, value}]` into `[{role, content}]` with standard role names.
 
-    Every turn must have a string `content` (or `value`): a turn without one is an error, not an empty turn."""
+    `fields` maps `role`/`content` onto other message keys (`--message-fields role=speaker`). Every turn must have
+    a string `content` (or `value`), or a list of OpenAI content parts whose text parts are joined in order: a turn
+    without one is an error, not an empty turn, unless it calls tools (`tool_calls`). `tool_calls` (a JSON string
+    in a canonical table, see `detect`), `tool_call_id`, `name` and `training` are kept when set."""
     if not isinstance(conversation, list):
         raise TemplateProblem(f"expected a list of messages, got {type(conversation).__name__}")
+    names = dict(fields)
     out = []
     for j, m in enumerate(conversation):
         if not isinstance(m, dict):
             raise TemplateProblem(f"message {j} is {type(m).__name__}, expected an object with role and content")
-        key = "content" if m.get("content") is not None or "value" not in m else "value"
-        role = m.get("role", m.get("from"))
+        key = names["content"] if names.get("content") in m else (
+            "content" if m.get("content") is not None or "value" not in m else "value")
+        role = m[names["role"]] if names.get("role") in m else m.get("role", m.get("from"))
         if not isinstance(role, str):
-            raise TemplateProblem(f"message {j}: field 'role' (or 'from') is "
+            raise TemplateProblem(f"message {j}: field '{names.get('role', 'role')}' (or 'from') is "
                                   f"{'missing' if role is None else type(role).__name__}, expected a string")
-        content = m.get(key)
-        if not isinstance(content, str):
-            got = "missing" if content is None else f"{type(content).__name__} {clip(content, 60)}"
-            raise TemplateProblem(f"message {j} ({role}): field '{key}' is {got}, expected a string")
-        out.append({"role": ROLE_MAP.get(role, role), "content": content})
+        message = {"role": ROLE_MAP.get(role, role), "content": _content(m.get(key), j, role, key, m)}
+        for extra in MESSAGE_EXTRAS:
+            if m.get(extra) is not None:
+                value = m[extra]
+                message[extra] = json.loads(value) if extra == "tool_calls" and isinstance(value, str) else value
+        out.append(message)
     return out
+
+
+def _content(content: Any, j: int, role: str, key: str, message: dict) -> str:
+    """A message's text: a string, the text parts of a content list joined in order, or "" beside tool calls."""
+    if isinstance(content, str):
+        return content
+    if content is None and message.get("tool_calls"):
+        return ""
+    if isinstance(content, list) and content:
+        texts = []
+        for k, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                what = f"type {kind!r}" if kind is not None else f"{type(part).__name__} {clip(part, 40)}"
+                raise TemplateProblem(f"message {j} ({role}): content part {k} has {what}; plancc reads text "
+                                      "only (parts {type: text, text}); drop the other parts from the row")
+            texts.append(part["text"])
+        return "".join(texts)
+    got = "missing" if content is None else f"{type(content).__name__} {clip(content, 60)}"
+    raise TemplateProblem(f"message {j} ({role}): field '{key}' is {got}, expected a string (or a list of "
+                          "{type: text, text} parts)")

@@ -33,6 +33,15 @@ ALPACA_NO_INPUT = (
 )
 
 
+def alpaca_prompts(table: pa.Table, with_input: str = ALPACA_WITH_INPUT, no_input: str = ALPACA_NO_INPUT
+                   ) -> list[str]:
+    """Each alpaca row's prompt: `with_input` filled with its instruction and input, `no_input` when the input is
+    empty."""
+    return [(with_input if inp else no_input).format(instruction=ins, input=inp)
+            for ins, inp in zip(table.column("instruction").to_pylist(), table.column("input").to_pylist(),
+                                strict=True)]
+
+
 CHARS_PER_TOKEN = 16  # first guess at the text `keep` tokens need; doubled where a text is sparser in tokens
 MARGIN = 64  # tokens past `keep` that a cut text must still give: a cut changes only the last few before it
 
@@ -204,12 +213,7 @@ def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: in
     if fmt == "prompt_completion":
         return _pair(tok, table.column("prompt").to_pylist(), table.column("completion").to_pylist(), add_eos, keep)
     if fmt == "alpaca":
-        prompts = [
-            (ALPACA_WITH_INPUT if inp else ALPACA_NO_INPUT).format(instruction=ins, input=inp)
-            for ins, inp in zip(table.column("instruction").to_pylist(), table.column("input").to_pylist(),
-                                strict=True)
-        ]
-        return _pair(tok, prompts, table.column("output").to_pylist(), add_eos, keep)
+        return _pair(tok, alpaca_prompts(table), table.column("output").to_pylist(), add_eos, keep)
     if fmt == "messages":
         if template is None:
             raise ValueError("messages need a chat template")
