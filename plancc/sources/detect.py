@@ -106,9 +106,23 @@ def _conversations(src: Source, message_fields: tuple[tuple[str, str], ...]) -> 
                 turns = normalize(value, message_fields)
         except TemplateProblem as exc:
             raise InputError(f"{src.where(i)}: column '{name or 'prompt/completion'}', {exc}") from None
-        normalized.append([{**m, "tool_calls": json.dumps(m["tool_calls"])} if "tool_calls" in m else m
+        normalized.append([{**m, "tool_calls": _calls_json(m["tool_calls"])} if "tool_calls" in m else m
                            for m in turns])
     return pa.table({"messages": pa.array(normalized)})
+
+
+def _calls_json(calls: Any) -> str:
+    """A message's tool calls as JSON text, so that Arrow does not give each call every other call's argument
+    names; a null argument is dropped, since reading JSON lines into Arrow already gave each call every argument
+    name of its file, as null."""
+    def clean(call: Any) -> Any:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
+            arguments = {k: v for k, v in function["arguments"].items() if v is not None}
+            return {**call, "function": {**function, "arguments": arguments}}
+        return call
+
+    return json.dumps([clean(c) for c in calls] if isinstance(calls, list) else calls)
 
 
 def _values(src: Source, name: str) -> list[Any]:
