@@ -42,6 +42,7 @@ class Imported:
     settings: dict[str, Any]
     kind: str = "plancc"
     ignored: list[str] = field(default_factory=list)
+    wide: dict[str, Any] = field(default_factory=dict)  # recipe-wide values the entries (or top level) set
 
     def note(self, path: Path) -> str | None:
         """The one line a user reads about what was not used (None for a plancc config)."""
@@ -97,6 +98,7 @@ def _axolotl(data: dict[str, Any], path: Path) -> Imported:
         out.settings["tokenizer"] = tokenizer
     used = {"tokenizer_config", "base_model_config", "base_model", "datasets", "test_datasets", "chat_template",
             "chat_template_jinja", "sample_packing"}
+    out.wide = {k: data[k] for k in ("roles_to_train", "train_on_eos") if k in data}
     for key, value in data.items():
         if key in AXOLOTL_KEYS:
             _mapped(out, AXOLOTL_KEYS[key], value, key)
@@ -145,10 +147,12 @@ def _axolotl_entry(entry: Any, where: str, path: Path, out: Imported) -> dict[st
     spec.update(_axolotl_type(entry, where, path))
     for key in ("roles_to_train", "train_on_eos"):
         if key in entry:
-            if key in out.settings and out.settings[key] != entry[key]:
+            seen = out.wide.setdefault(key, entry[key])
+            if seen != entry[key]:
                 raise SettingsError(f"config file {path}: {where} sets {key} {entry[key]!r} but another dataset "
-                                    f"or the top level {out.settings[key]!r}; plancc has one {key} for all datasets")
-            _mapped(out, key, entry[key], f"{where}.{key}")
+                                    f"or the top level {seen!r}; plancc has one {key} for all datasets")
+            if f"{key} (no such plancc setting yet)" not in out.ignored:
+                _mapped(out, key, entry[key], key)
     out.ignored += [f"{where}.{k}" for k in entry if k not in ENTRY_KEYS and not str(k).startswith("field_")]
     return spec
 

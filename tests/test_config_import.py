@@ -158,3 +158,34 @@ def test_a_trl_sft_config_maps_its_keys(tmp_path):
         "grad_accum": 8, "epochs": 3, "seed": 42, "columns": {"text": "body"}}
     assert got["datasets"] == [{"path": "trl-lib/Capybara"}]
     assert "learning_rate" not in got
+
+
+def test_masking_and_eval_keys_map_by_name_or_are_noted(tmp_path):
+    """train_on_inputs, roles_to_train, train_on_eos and val_set_size keep their names; a plancc without one of them
+    says so in the note instead of dropping it silently."""
+    from plancc.config import SETTING_NAMES
+    from plancc.config_import import translate
+
+    data = {"base_model": "m", "train_on_inputs": False, "val_set_size": 0.05,
+            "datasets": [{"path": "a.jsonl", "type": "chat_template", "roles_to_train": ["assistant"],
+                          "train_on_eos": "turn"}]}
+    got = translate(data, tmp_path / "a.yml")
+    for key, value in (("train_on_inputs", False), ("val_set_size", 0.05), ("roles_to_train", ["assistant"]),
+                       ("train_on_eos", "turn")):
+        if key in SETTING_NAMES:
+            assert got.settings[key] == value
+        else:
+            assert f"{key} (no such plancc setting yet)" in got.ignored, got.ignored
+    trl = translate({"output_dir": "o", "completion_only_loss": True}, tmp_path / "sft.yaml")
+    assert trl.kind == "trl"
+    assert trl.settings.get("train_on_inputs") is False or "completion_only_loss (no such plancc setting yet)" in \
+        trl.ignored
+
+
+def test_two_axolotl_datasets_disagreeing_on_a_recipe_wide_key_is_an_error(tmp_path):
+    from plancc.config_import import translate
+
+    entries = [{"path": "a.jsonl", "type": "chat_template", "train_on_eos": "turn"},
+               {"path": "b.jsonl", "type": "chat_template", "train_on_eos": "all"}]
+    with pytest.raises(SettingsError, match=r"datasets\[1\] sets train_on_eos 'all' but another dataset"):
+        translate({"base_model": "m", "datasets": entries}, tmp_path / "a.yml")
