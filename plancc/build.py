@@ -134,6 +134,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,
     }
+    if tokenized is not None:  # binds the token store: a reader compares its digest at open
+        fingerprints["tokens"] = token_store.open_store(tokenized).digest
     tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
     for p in epochs:
         cols = plan_columns(p, s, settings)
@@ -175,6 +177,9 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
+            if token_store.open_store(tmp / store.TOKENS_DIR).digest != fingerprints["tokens"]:
+                raise token_store.TokenStoreError(f"token store {tokenized} changed while the plan was written; "
+                                                  "compile again")
     if progress:
         progress("writing plan", 1, 1)
     return manifest

@@ -89,7 +89,8 @@ def flag(name: str) -> str:
 
 # the largest value each integer setting takes: beyond these, arrays sized by them overflow or exhaust memory
 MOST = {"sequence_len": 2**24, "micro_batch_size": 2**16, "pad_multiple": 2**16, "world_size": 2**20,
-        "grad_accum": 2**20, "epochs": 2**10, "balance_window": 2**31, "balance_passes": 2**10, "num_proc": 2**10}
+        "grad_accum": 2**20, "epochs": 2**10, "balance_window": 2**31, "balance_passes": 2**10, "num_proc": 2**10,
+        "samples_per_epoch": 2**40}
 ROW_TOKENS = 2**31 - 1  # tokens of one row: int32 offsets
 
 

@@ -13,12 +13,12 @@ violations, each naming its file and row or field (empty when the plan is sound)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from plancc import mixture, store, token_store
 from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, Shift
@@ -194,32 +194,40 @@ def _before_problems(plan: store.PlanDir, before: pa.Table, metrics: pa.Table) -
 
 def tokenized_problems(plan: store.PlanDir, samples: pa.Table, *, fast: bool,
                        tokens_dir: Path | None = None) -> list[str]:
-    """The token data the trainer loads (the plan's `tokens/`, or `tokens_dir` when repointed): see
-    `check_token_data`. A plan compiled from a bare samples table ships none; one whose data is its source files
-    needs them present."""
-    data = plan.data
-    if tokens_dir is None and "tokens" not in data:
-        if "tokenized" in data:
-            return [f"{plan.path}: ships {data['tokenized']} (an older plancc's tokenized data), which this plancc no "
-                    "longer checks; recompile the plan to get a token store"]
-        missing = [p for p in data.get("source", []) if not Path(p).exists()]
-        return [f"the plan's source data {p} does not exist" for p in missing[:1]]
-    if tokens_dir is None:
-        if data["tokens"] != store.TOKENS_DIR:
-            return [f"{plan.plan_file} metadata: data.tokens is {data['tokens']!r}, expected {store.TOKENS_DIR!r}"]
-        tokens_dir = plan.path / store.TOKENS_DIR
-    return check_token_data(tokens_dir, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
-
-
-def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str, Any], *, shift: str,
-                     fast: bool = False) -> list[str]:
-    """A token store against the plan. Always the open-time checks (header, every file's size and dtype, chunk
-    index hash), its dataset/metadata fingerprints, label layout and row count; unless `fast`, also every chunk
-    hash, the chunk layout, and every planned sample's length, label count and content hash (reads the store)."""
+    """The token data the trainer loads, found as the runtime finds it: the plan's own `tokens/` (which must be the
+    store the plan binds: `fingerprints.tokens`), or `tokens_dir` when repointed (`--dataset`); see
+    `check_token_data`. No path is read from the metadata: a plan compiled from a bare samples table ships no data,
+    and its trainer passes data=."""
+    if tokens_dir is not None:
+        try:
+            return check_token_data(token_store.open_store(tokens_dir), samples, plan.fingerprints,
+                                    shift=plan.settings.shift, fast=fast)
+        except token_store.TokenStoreError as exc:
+            return [str(exc)]
+    if "tokenized" in plan.data:
+        return [f"{plan.path}: ships {plan.data['tokenized']} (an older plancc's tokenized data), which this plancc no "
+                "longer checks; recompile the plan to get a token store"]
+    problems = plan.data_problems()
+    if problems:
+        return problems
+    if not plan.binds_tokens:
+        own = plan.path / store.TOKENS_DIR
+        return [f"{own} is there but the plan binds no token store (its metadata was edited)"] \
+            if os.path.lexists(own) else []
     try:
-        m = token_store.open_store(tokens_dir)
-    except token_store.TokenStoreError as exc:
+        m = plan.open_tokens()
+    except store.PlanIntegrityError as exc:
         return [str(exc)]
+    return check_token_data(m, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
+
+
+def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprints: dict[str, Any], *, shift: str,
+                     fast: bool = False) -> list[str]:
+    """An opened token store (the open-time checks passed: header, every file's size and dtype, chunk index hash)
+    against the plan: its dataset/metadata fingerprints, label layout and row count; unless `fast`, also every
+    chunk hash, the chunk layout, and every planned sample's length, label count and content hash (reads the
+    store)."""
+    tokens_dir = m.path
     for key in ("dataset", "metadata"):
         got = m.header["fingerprints"].get(key)
         if got != fingerprints[key]:
@@ -253,7 +261,8 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
     `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
 
-    Raises `StoreError` only when PLAN_DIR is not a plan directory at all; a plan file that cannot be read or
+    Raises `StoreError` only when PLAN_DIR is not a plan directory at all, and `token_store.FileTypeError` when a
+    file of it is a FIFO, device or directory (refused before reading); a plan file that cannot be read or
     trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
     """
     problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
@@ -274,7 +283,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     if plan.has_before:
         files.append((store.BEFORE_FILE, "before", store.BEFORE_SCHEMA))
     for name, kind, schema in files:
-        problems += store.schema_problems(plan.path / name, schema) + store.statistics_problems(plan.path / name)
+        problems += store.schema_problems(plan.source(name), schema) + store.statistics_problems(plan.source(name))
         if kind != "plan":
             problems += plan.companion_problems(name, kind)
     if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
@@ -316,7 +325,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
             after[e] = summarize(b, s_e, plan.settings, drops)
             if positions is not None:
                 recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
-    total = pq.ParquetFile(plan.plan_file).metadata.num_rows
+    total = plan.held(store.PLAN_FILE).parquet().metadata.num_rows
     if total != rows:
         problems.append(f"{store.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
     problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
