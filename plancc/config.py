@@ -487,6 +487,9 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
     """Defaults < `config` file (TOML/YAML; `config_format`: see `load_config_file`) < keyword settings (None
     means "not given"); also `num_proc` and the names set on purpose (which a scan directory's carried options
     must not contradict: `plancc.carry`)."""
+    if not config and config_format != "auto":
+        raise SettingsError(f"--config-format {config_format} describes a --config file; none was given",
+                            "config_format")
     from_file = load_config_file(config, config_format) if config else {}
     merged: dict[str, Any] = dict(from_file)
     given = {k: v for k, v in settings.items() if v is not None}

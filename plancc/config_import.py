@@ -153,7 +153,9 @@ def _axolotl_entry(entry: Any, where: str, path: Path, out: Imported) -> dict[st
                                     f"or the top level {seen!r}; plancc has one {key} for all datasets")
             if f"{key} (no such plancc setting yet)" not in out.ignored:
                 _mapped(out, key, entry[key], key)
-    out.ignored += [f"{where}.{k}" for k in entry if k not in ENTRY_KEYS and not str(k).startswith("field_")]
+    out.ignored += [f"{where}.{k}" for k in entry if k not in ENTRY_KEYS]
+    out.ignored += [f"{where}.message_property_mappings.{k}" for k in entry.get("message_property_mappings") or {}
+                    if k not in ("role", "content")]
     return spec
 
 

@@ -121,9 +121,13 @@ def test_axolotl_entries_map_types_and_fields(tmp_path):
                                                   "format": "### Q: {instruction}\n### A: ", "no_input_format":
                                                   "### Q: {instruction}\n### A: "}},
                      {"path": "b.jsonl", "type": "completion", "field": "body", "split": "train"}],
-        "test_datasets": [{"path": "c.jsonl", "type": "alpaca"}]}))
+        "test_datasets": [{"path": "c.jsonl", "type": "alpaca"}],
+        "chat_template": "jinja", "chat_template_jinja": "templates/chat.jinja"}))
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "chat.jinja").write_text(CHATML)
     got = load_config_file(config)
     assert got["tokenizer"] == "org/model" and got["mode"] == "padded"
+    assert got["chat_template"] == str(tmp_path / "templates" / "chat.jinja")  # beside the config
     assert got["datasets"] == [
         {"path": "a.jsonl", "format": "alpaca", "columns": {"instruction": "q", "output": "a"},
          "prompt_format": "### Q: {instruction}\n### A: ", "no_input_format": "### Q: {instruction}\n### A: "},
@@ -136,6 +140,8 @@ def test_axolotl_entries_map_types_and_fields(tmp_path):
      "datasets[0] has type 'input_output', which plancc does not read; types: alpaca, chat_template, completion"),
     ({"base_model": "m", "chat_template": "gemma3", "datasets": []}, "chat_template 'gemma3' is not one plancc knows"),
     ({"base_model": "m", "datasets": [{"type": "alpaca"}]}, "datasets[0] needs a path"),
+    ({"base_model": "m", "chat_template_jinja": "{{ messages }}", "datasets": []},
+     "chat_template_jinja holds the template's text; save it as a file and give its path"),
 ])
 def test_axolotl_values_plancc_cannot_read_are_one_line(tmp_path, config, message):
     path = tmp_path / "a.yml"
@@ -189,3 +195,9 @@ def test_two_axolotl_datasets_disagreeing_on_a_recipe_wide_key_is_an_error(tmp_p
                {"path": "b.jsonl", "type": "chat_template", "train_on_eos": "all"}]
     with pytest.raises(SettingsError, match=r"datasets\[1\] sets train_on_eos 'all' but another dataset"):
         translate({"base_model": "m", "datasets": entries}, tmp_path / "a.yml")
+
+
+def test_config_format_without_a_config_is_an_error(tmp_path):
+    src = write_rows(tmp_path / "d.jsonl", [{"text": "hi"}])
+    res = _cli("scan", src, "-o", tmp_path / "s", "--tokenizer", "builtin", "--config-format", "axolotl", cwd=tmp_path)
+    assert res.returncode == 2 and "--config-format axolotl describes a --config file" in res.stderr, res.stderr
