@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from plancc import token_store
@@ -223,3 +225,29 @@ def test_a_hub_id_not_in_the_cache_says_how_to_download_it(tmp_path, monkeypatch
     assert res.exit_code == 2
     assert "hf download org/missing-model tokenizer.json tokenizer_config.json" in res.output
     assert "not found" not in res.output and "Traceback" not in res.output
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompt=st.text(max_size=40), completion=st.text(min_size=1, max_size=40), separator=st.text(max_size=8),
+       instruction=st.text(max_size=30), given_input=st.text(max_size=30))
+def test_shaped_rows_are_the_prompt_then_the_supervised_completion(prompt, completion, separator, instruction,
+                                                                   given_input):
+    """Whatever the text (braces included), a shaped row is exactly prompt + separator + completion + eos, and
+    exactly the completion and eos are supervised."""
+    import pyarrow as pa
+
+    from plancc.sources.detect import shape
+    from plancc.sources.encode import encode_table
+
+    pc_table, fmt = shape(pa.table({"prompt": [prompt], "completion": [completion]}), "prompt_completion",
+                          ScanOptions(separator=separator))
+    alpaca, afmt = shape(pa.table({"instruction": [instruction], "input": [given_input], "output": [completion]}),
+                         "alpaca", ScanOptions(prompt_format="<{instruction}|{input}>", no_input_format="<{instruction}>"))
+    for table, f, head in ((pc_table, fmt, prompt + separator),
+                           (alpaca, afmt, f"<{instruction}|{given_input}>" if given_input else f"<{instruction}>")):
+        enc = encode_table(table, f, TOK, add_eos=True)
+        ids, labels = enc.ids.tolist(), enc.labels.tolist()
+        n = len(TOK.tokenizer.encode(head).ids)
+        assert ids == TOK.tokenizer.encode(head).ids + TOK.tokenizer.encode(completion, add_special_tokens=False).ids \
+            + [TOK.eos_id]
+        assert labels == [-100] * n + ids[n:]

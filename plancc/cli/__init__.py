@@ -50,8 +50,8 @@ ConfigFormatOpt = Annotated[str, Opt("--config-format", help="auto|plancc|axolot
                                                              "as it is (its data settings; the rest listed in a "
                                                              "note).", show_default="auto: by the file's keys")]
 FormatOpt = Annotated[str | None, _setting("--format", "auto|tokenized|prompt_completion|alpaca|messages|text")]
-TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, or "
-                                                             "'builtin' (byte level).",
+TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, a Hub "
+                                                             "id in the local HF cache, or 'builtin' (byte level).",
                                          show_default="none: required unless the source is already tokenized")]
 TemplateOpt = Annotated[str | None, Opt("--chat-template", help="Chat data: a .jinja file or a built-in name "
                                                                 "(chatml, llama3).",
