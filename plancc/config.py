@@ -13,6 +13,7 @@ metadata records them), and refuses a flag that contradicts them.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import difflib
 import hashlib
 import os
@@ -162,6 +163,48 @@ def did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+DEFAULT_TEMPLATE_DATE = "2024-01-01"  # the date `strftime_now` gives chat templates unless `template_date` is set
+ROLES_TO_TRAIN = ("system", "user", "assistant", "tool")
+TRAIN_ON_EOS = ("turn", "last", "all", "none")
+TRAIN_ON = ("all_turns", "last_turn")
+SUPERVISION = ("roles_to_train", "train_on_eos", "train_on_inputs", "train_on", "drop_eos_only", "template_date")
+
+
+def _roles(value: Any) -> tuple[str, ...]:
+    """`roles_to_train` as a tuple in `ROLES_TO_TRAIN` order (a list, or a comma-separated string from a flag)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items or not all(isinstance(r, str) for r in items):
+        raise SettingsError(f"{flag('roles_to_train')} must be a non-empty list of {', '.join(ROLES_TO_TRAIN)}; "
+                            f"got {value!r}", "roles_to_train")
+    roles = {r.strip() for r in items}
+    for role in sorted(roles - set(ROLES_TO_TRAIN)):
+        raise SettingsError(f"{flag('roles_to_train')}: unknown role {role!r}{did_you_mean(role, ROLES_TO_TRAIN)}; "
+                            f"roles are {', '.join(ROLES_TO_TRAIN)}", "roles_to_train")
+    return tuple(r for r in ROLES_TO_TRAIN if r in roles)
+
+
+def _date(value: Any) -> str:
+    """`template_date` as YYYY-MM-DD (a TOML date value, or a string)."""
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return value.isoformat()
+    try:
+        return dt.datetime.strptime(value, "%Y-%m-%d").date().isoformat()
+    except (TypeError, ValueError):
+        raise SettingsError(f"{flag('template_date')} must be a date YYYY-MM-DD (e.g. 2024-07-26), got {value!r}",
+                            "template_date") from None
+
+
+def _supervision(options: Any) -> None:
+    """Check and normalize the what-is-trained block of ScanOptions."""
+    object.__setattr__(options, "roles_to_train", _roles(options.roles_to_train))
+    for name, choices in (("train_on_eos", TRAIN_ON_EOS), ("train_on", TRAIN_ON)):
+        value = getattr(options, name)
+        if not isinstance(value, str):
+            raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}; got {value!r}", name)
+        _choice(name, value, choices)
+    object.__setattr__(options, "template_date", _date(options.template_date))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScanOptions:
     """What turns a source into a samples table.
@@ -185,6 +228,13 @@ class ScanOptions:
     no_input_format: str | None = None  # alpaca rows with an empty input: the prompt, with {instruction}
     separator: str = ""  # prompt_completion: text between prompt and completion (not supervised)
     message_fields: tuple[tuple[str, str], ...] = ()  # messages: role=FIELD,content=FIELD of each message
+    # what is trained (`plancc.sources.encode.Supervise`); left out of the scan key at their defaults
+    roles_to_train: tuple[str, ...] = ("assistant",)
+    train_on_eos: str = "turn"
+    train_on_inputs: bool = False
+    train_on: str = "all_turns"
+    drop_eos_only: bool = False
+    template_date: str = DEFAULT_TEMPLATE_DATE
 
     def __post_init__(self) -> None:
         _choice("format", self.format, FORMATS)
@@ -192,7 +242,8 @@ class ScanOptions:
         _typed(self, "shift", Shift)
         _positive("sequence_len", self.sequence_len)
         object.__setattr__(self, "columns", parse_columns(self.columns))
-        _boolean(self, ("add_eos",))
+        _boolean(self, ("add_eos", "train_on_inputs", "drop_eos_only"))
+        _supervision(self)
         if isinstance(self.max_dropped, bool) or not isinstance(self.max_dropped, int | float) or not (
             0 <= self.max_dropped <= 1
         ):

@@ -7,6 +7,7 @@ to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of 
     path = "data/chat.jsonl"      # file, glob, save_to_disk dir, scan dir, Hub id
     name = "chat"                 # default: the file stem; unique in the recipe
     format = "messages"           # format, columns, split, chat_template: this dataset's own
+    train_on_inputs = true        # and what is trained (roles_to_train, train_on_eos, train_on, ...)
     repeat = 2                    # or weight = 0.3 (one of them; default repeat 1)
 
 A relative `path` (or `chat_template` file) is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plancc.config import CONFIG_DATASETS, ScanOptions, SettingsError, beside, did_you_mean, flag
+from plancc.config import CONFIG_DATASETS, SUPERVISION, ScanOptions, SettingsError, beside, did_you_mean, flag
 
 OWN_KEYS = ("format", "columns", "split", "chat_template", "prompt_format", "no_input_format", "separator",
             "message_fields")  # scan options a dataset may set for itself
-ENTRY_KEYS = ("path", "name", *OWN_KEYS, "repeat", "weight")
+ENTRY_KEYS = ("path", "name", *OWN_KEYS, *SUPERVISION, "repeat", "weight")
 SHARED_KEYS = ("tokenizer", "sequence_len", "shift", "long")  # one value for the whole recipe
 
 
@@ -44,6 +45,7 @@ class DatasetSpec:
     no_input_format: str | None = None
     separator: str | None = None
     message_fields: Any = None
+    supervision: tuple[tuple[str, Any], ...] = ()  # its own what-is-trained settings (`config.SUPERVISION`)
     repeat: float | None = None
     weight: float | None = None
     shared: tuple[tuple[str, Any], ...] = ()  # recipe-wide settings this entry repeats (checked, not per dataset)
@@ -55,9 +57,14 @@ class DatasetSpec:
         return (self.name, self.role, "repeat", 1.0 if self.repeat is None else self.repeat)
 
     def scan_options(self, base: ScanOptions) -> ScanOptions:
-        """The recipe's scan options with this dataset's own (format, columns, split, chat template, ...)."""
+        """The recipe's scan options with this dataset's own (format, columns, split, chat template, ...) and
+        what is trained."""
         own = {k: getattr(self, k) for k in OWN_KEYS if getattr(self, k) is not None}
-        return dataclasses.replace(base, **own)
+        try:
+            return dataclasses.replace(base, **own, **dict(self.supervision))
+        except SettingsError as exc:
+            raise SettingsError(f"dataset {self.name!r}: {str(exc).replace(flag(exc.setting or ''), exc.setting or '', 1)}",
+                                exc.setting) from None
 
 
 def _number(name: str, key: str, value: Any) -> float | None:
@@ -85,6 +92,7 @@ def dataset_spec(entry: Any, role: str = "train") -> DatasetSpec:
     if entry.get("repeat") is not None and entry.get("weight") is not None:
         raise SettingsError(f"dataset {name!r}: give repeat or weight, not both")
     return DatasetSpec(name=name, path=path, role=role, **{k: entry.get(k) for k in OWN_KEYS},
+                       supervision=tuple((k, entry[k]) for k in SUPERVISION if entry.get(k) is not None),
                        repeat=_number(name, "repeat", entry.get("repeat")),
                        weight=_number(name, "weight", entry.get("weight")),
                        shared=tuple((k, entry[k]) for k in SHARED_KEYS if entry.get(k) is not None))

@@ -78,6 +78,19 @@ LongOpt = Annotated[str | None, _setting("--long", "Over-long samples: truncate|
 ShiftOpt = Annotated[str | None, _setting("--shift", "Label shift: sample|row|none.")]
 ProcOpt = Annotated[int | None, Opt("--num-proc", help="Tokenizer processes (results identical for any count).",
                                     show_default="1")]
+RolesOpt = Annotated[str | None, _setting("--roles-to-train", "Chat: roles whose turns are trained, comma-separated "
+                                                               "(system, user, assistant, tool).", "assistant")]
+EosOpt = Annotated[str | None, _setting("--train-on-eos", "End of turn / EOS trained: turn (each trained turn's), "
+                                                          "last (the last trained turn's), all (every turn's), none.")]
+InputsOpt = Annotated[bool | None, _setting("--train-on-inputs/--no-train-on-inputs", "Alpaca, prompt_completion: "
+                                            "train on the prompt too.", "no-train-on-inputs")]
+TrainOnOpt = Annotated[str | None, _setting("--train-on", "Chat: all_turns, or last_turn (only the last trained "
+                                                          "turn).")]
+EosOnlyOpt = Annotated[bool | None, _setting("--drop-eos-only/--keep-eos-only", "Drop samples whose supervised part "
+                                             "is only the end of turn (an empty completion or reply).",
+                                             "keep-eos-only")]
+DateOpt = Annotated[str | None, _setting("--template-date", "YYYY-MM-DD the chat template's strftime_now reads "
+                                                            "(never the clock: same inputs, same plan any day).")]
 CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache.",
                                       show_default="$PLANCC_CACHE or ~/.cache/plancc")]
 
@@ -130,6 +143,12 @@ def compile_cmd(
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
+    roles_to_train: RolesOpt = None,
+    train_on_eos: EosOpt = None,
+    train_on_inputs: InputsOpt = None,
+    train_on: TrainOnOpt = None,
+    drop_eos_only: EosOnlyOpt = None,
+    template_date: DateOpt = None,
     mode: Annotated[str | None, _setting("--mode", "packed|padded|flattened.")] = None,
     micro_batch_size: Annotated[int | None, _setting("--micro-batch-size", "Samples (or packed sequences) per "
                                                                           "microbatch.")] = None,
@@ -179,6 +198,9 @@ def compile_cmd(
                 micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
                 world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
                 balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
+                roles_to_train=roles_to_train, train_on_eos=train_on_eos,
+                train_on_inputs=train_on_inputs, train_on=train_on, drop_eos_only=drop_eos_only,
+                template_date=template_date,
             )
         warn(plan.warnings)
         if json:
@@ -211,6 +233,12 @@ def scan_cmd(
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
+    roles_to_train: RolesOpt = None,
+    train_on_eos: EosOpt = None,
+    train_on_inputs: InputsOpt = None,
+    train_on: TrainOnOpt = None,
+    drop_eos_only: EosOnlyOpt = None,
+    template_date: DateOpt = None,
     num_proc: ProcOpt = None,
     engine: Annotated[str, Opt("--engine", help="local (this process and --num-proc tokenizer processes) or ray "
                                                 "(Ray Data: a local Ray of --num-proc CPUs, or a cluster's); "
@@ -241,7 +269,10 @@ def scan_cmd(
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
                           split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift,
                           prompt_format=prompt_format, no_input_format=no_input_format, separator=separator,
-                          message_fields=message_fields)
+                          message_fields=message_fields,
+                          roles_to_train=roles_to_train, train_on_eos=train_on_eos,
+                          train_on_inputs=train_on_inputs, train_on=train_on, drop_eos_only=drop_eos_only,
+                          template_date=template_date)
     warn(report.get("warnings") or [])
     if json:
         print_json({"scan_dir": str(output), **report})
