@@ -29,9 +29,10 @@ TRL_KEYS = {"max_length": "sequence_len", "max_seq_length": "sequence_len",
             "per_device_train_batch_size": "micro_batch_size", "gradient_accumulation_steps": "grad_accum",
             "num_train_epochs": "epochs", "seed": "seed", "dataset_num_proc": "num_proc",
             "chat_template_path": "chat_template"}
-# per-dataset keys of an Axolotl entry that become the entry's own (recipe) keys or recipe-wide settings
+ENTRY_OWN = ("roles_to_train", "train_on_eos")  # what an Axolotl entry trains: the recipe entry's own keys too
+# per-dataset keys of an Axolotl entry that become the entry's own (recipe) keys
 ENTRY_KEYS = {"path", "split", "type", "field_messages", "message_property_mappings", "message_field_role",
-              "message_field_content", "roles_to_train", "train_on_eos", "field", "data_files", "ds_type"}
+              "message_field_content", *ENTRY_OWN, "field", "data_files", "ds_type"}
 ENTRY_TYPES = ("alpaca", "chat_template", "completion", "a mapping with field_instruction/field_output/format")
 
 
@@ -42,7 +43,6 @@ class Imported:
     settings: dict[str, Any]
     kind: str = "plancc"
     ignored: list[str] = field(default_factory=list)
-    wide: dict[str, Any] = field(default_factory=dict)  # recipe-wide values the entries (or top level) set
 
     def note(self, path: Path) -> str | None:
         """The one line a user reads about what was not used (None for a plancc config)."""
@@ -98,7 +98,6 @@ def _axolotl(data: dict[str, Any], path: Path) -> Imported:
         out.settings["tokenizer"] = tokenizer
     used = {"tokenizer_config", "base_model_config", "base_model", "datasets", "test_datasets", "chat_template",
             "chat_template_jinja", "sample_packing"}
-    out.wide = {k: data[k] for k in ("roles_to_train", "train_on_eos") if k in data}
     for key, value in data.items():
         if key in AXOLOTL_KEYS:
             _mapped(out, AXOLOTL_KEYS[key], value, key)
@@ -136,8 +135,8 @@ def _axolotl_template(data: dict[str, Any], path: Path) -> str | None:
 
 
 def _axolotl_entry(entry: Any, where: str, path: Path, out: Imported) -> dict[str, Any]:
-    """One Axolotl dataset entry as a plancc recipe entry; recipe-wide keys (roles_to_train, train_on_eos) go to
-    the top level, where two entries that disagree are an error."""
+    """One Axolotl dataset entry as a plancc recipe entry, with its own roles_to_train and train_on_eos (a recipe
+    entry's what-is-trained settings, over the top level's)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("path") or entry.get("data_files"), str):
         raise SettingsError(f"config file {path}: {where} needs a path, got {entry!r}")
     source = entry["data_files"] if isinstance(entry.get("data_files"), str) else entry["path"]
@@ -145,14 +144,7 @@ def _axolotl_entry(entry: Any, where: str, path: Path, out: Imported) -> dict[st
     if entry.get("split") is not None:
         spec["split"] = entry["split"]
     spec.update(_axolotl_type(entry, where, path))
-    for key in ("roles_to_train", "train_on_eos"):
-        if key in entry:
-            seen = out.wide.setdefault(key, entry[key])
-            if seen != entry[key]:
-                raise SettingsError(f"config file {path}: {where} sets {key} {entry[key]!r} but another dataset "
-                                    f"or the top level {seen!r}; plancc has one {key} for all datasets")
-            if f"{key} (no such plancc setting yet)" not in out.ignored:
-                _mapped(out, key, entry[key], key)
+    spec.update({k: entry[k] for k in ENTRY_OWN if entry.get(k) is not None})
     out.ignored += [f"{where}.{k}" for k in entry if k not in ENTRY_KEYS]
     out.ignored += [f"{where}.message_property_mappings.{k}" for k in entry.get("message_property_mappings") or {}
                     if k not in ("role", "content")]
@@ -197,7 +189,7 @@ def _trl(data: dict[str, Any], path: Path) -> Imported:
     if tokenizer is not None:
         out.settings["tokenizer"] = tokenizer
     used = {"tokenizer_name_or_path", "model_name_or_path", "packing", "dataset_name", "dataset_train_split",
-            "dataset_text_field", "completion_only_loss"}
+            "dataset_text_field", "completion_only_loss", "assistant_only_loss"}
     for key, value in data.items():
         if key in TRL_KEYS:
             number = int(value) if key == "num_train_epochs" and isinstance(value, float) and value.is_integer() \
@@ -211,6 +203,11 @@ def _trl(data: dict[str, Any], path: Path) -> Imported:
         out.settings["columns"] = {"text": data["dataset_text_field"]}
     if data.get("completion_only_loss") is not None:
         _mapped(out, "train_on_inputs", not data["completion_only_loss"], "completion_only_loss")
+    if data.get("assistant_only_loss"):
+        out.settings["roles_to_train"] = ["assistant"]
+    elif data.get("assistant_only_loss") is False:  # TRL then trains every token of a conversation
+        out.ignored.append("assistant_only_loss false (plancc trains the turns of roles_to_train, not a whole "
+                           "conversation)")
     if isinstance(data.get("dataset_name"), str):
         split = {"split": data["dataset_train_split"]} if data.get("dataset_train_split") else {}
         out.settings["datasets"] = [{"path": data["dataset_name"], **split}]

@@ -166,35 +166,52 @@ def test_a_trl_sft_config_maps_its_keys(tmp_path):
     assert "learning_rate" not in got
 
 
-def test_masking_and_eval_keys_map_by_name_or_are_noted(tmp_path):
-    """train_on_inputs, roles_to_train, train_on_eos and val_set_size keep their names; a plancc without one of them
-    says so in the note instead of dropping it silently."""
-    from plancc.config import SETTING_NAMES
+def test_axolotl_masking_keys_map_onto_the_what_is_trained_settings(tmp_path):
+    """train_on_inputs, roles_to_train and train_on_eos keep their names (an entry's its own); val_set_size, which
+    this plancc lacks, is in the note rather than dropped silently."""
     from plancc.config_import import translate
 
-    data = {"base_model": "m", "train_on_inputs": False, "val_set_size": 0.05,
-            "datasets": [{"path": "a.jsonl", "type": "chat_template", "roles_to_train": ["assistant"],
-                          "train_on_eos": "turn"}]}
+    data = {"base_model": "m", "train_on_inputs": True, "val_set_size": 0.05, "train_on_eos": "last",
+            "datasets": [{"path": "a.jsonl", "type": "chat_template", "roles_to_train": ["assistant", "user"],
+                          "train_on_eos": "all"}]}
     got = translate(data, tmp_path / "a.yml")
-    for key, value in (("train_on_inputs", False), ("val_set_size", 0.05), ("roles_to_train", ["assistant"]),
-                       ("train_on_eos", "turn")):
-        if key in SETTING_NAMES:
-            assert got.settings[key] == value
-        else:
-            assert f"{key} (no such plancc setting yet)" in got.ignored, got.ignored
-    trl = translate({"output_dir": "o", "completion_only_loss": True}, tmp_path / "sft.yaml")
-    assert trl.kind == "trl"
-    assert trl.settings.get("train_on_inputs") is False or "completion_only_loss (no such plancc setting yet)" in \
-        trl.ignored
+    assert got.settings["train_on_inputs"] is True and got.settings["train_on_eos"] == "last"
+    assert got.settings["datasets"] == [{"path": "a.jsonl", "format": "messages",
+                                         "roles_to_train": ["assistant", "user"], "train_on_eos": "all"}]
+    assert "val_set_size (no such plancc setting yet)" in got.ignored
+    assert not any(k.startswith(("train_on", "roles_to_train", "datasets[0].")) for k in got.ignored), got.ignored
 
 
-def test_two_axolotl_datasets_disagreeing_on_a_recipe_wide_key_is_an_error(tmp_path):
+def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
+    """completion_only_loss is not train_on_inputs; assistant_only_loss true trains the assistant turns, false
+    (TRL's whole-conversation loss, which plancc has no setting for) is in the note."""
     from plancc.config_import import translate
+
+    for value in (True, False):
+        trl = translate({"output_dir": "o", "completion_only_loss": value}, tmp_path / "sft.yaml")
+        assert trl.kind == "trl" and trl.settings["train_on_inputs"] is (not value)
+    only = translate({"output_dir": "o", "assistant_only_loss": True}, tmp_path / "sft.yaml")
+    assert only.settings["roles_to_train"] == ["assistant"] and only.ignored == ["output_dir"]
+    whole = translate({"output_dir": "o", "assistant_only_loss": False}, tmp_path / "sft.yaml")
+    assert "roles_to_train" not in whole.settings
+    assert any(k.startswith("assistant_only_loss false") for k in whole.ignored), whole.ignored
+
+
+def test_axolotl_datasets_each_train_by_their_own_keys(tmp_path):
+    """Two entries with different train_on_eos/roles_to_train each keep theirs through the recipe (Axolotl sets
+    them per dataset); the top level's applies to an entry without its own."""
+    from plancc.config import ScanOptions
+    from plancc.config_import import translate
+    from plancc.recipe import dataset_spec
 
     entries = [{"path": "a.jsonl", "type": "chat_template", "train_on_eos": "turn"},
-               {"path": "b.jsonl", "type": "chat_template", "train_on_eos": "all"}]
-    with pytest.raises(SettingsError, match=r"datasets\[1\] sets train_on_eos 'all' but another dataset"):
-        translate({"base_model": "m", "datasets": entries}, tmp_path / "a.yml")
+               {"path": "b.jsonl", "type": "chat_template", "train_on_eos": "all", "roles_to_train": ["user"]},
+               {"path": "c.jsonl", "type": "chat_template"}]
+    got = translate({"base_model": "m", "train_on_eos": "none", "datasets": entries}, tmp_path / "a.yml")
+    base = ScanOptions(train_on_eos=got.settings["train_on_eos"])
+    opts = [dataset_spec(e).scan_options(base) for e in got.settings["datasets"]]
+    assert [(o.train_on_eos, o.roles_to_train) for o in opts] == [
+        ("turn", ("assistant",)), ("all", ("user",)), ("none", ("assistant",))]
 
 
 def test_config_format_without_a_config_is_an_error(tmp_path):

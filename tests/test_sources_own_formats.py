@@ -18,7 +18,7 @@ from plancc.config import ScanOptions, SettingsError
 from plancc.errors import InputError
 from plancc.scan import scan
 from plancc.sources.tokenizer import load_tokenizer
-from tests.sources_fixtures import DEEPSEEK_JSON, write_rows
+from tests.sources_fixtures import DEEPSEEK_JSON, GENERATION_CHATML, write_rows, write_template
 
 TOK = load_tokenizer("builtin")
 EOS = "<|eos|>"
@@ -74,6 +74,18 @@ def test_trl_conversational_prompt_completion_supervises_the_completion_only(tmp
                                          "France?<|im_end|>\n<|im_start|>assistant\nParis.<|im_end|>\n")
     assert _supervised(first) == ["Paris.<|im_end|>\n"]
     assert _supervised(second) == ["4<|im_end|>\n"]  # the prompt's assistant turn is context, not a target
+
+
+def test_conversational_prompt_is_untrained_under_generation_blocks(tmp_path):
+    """A template's {% generation %} blocks mark every assistant turn; the one inside the prompt stays context."""
+    rows = [{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                        {"role": "user", "content": "2+2?"}],
+             "completion": [{"role": "assistant", "content": "4"}]}]
+    template = write_template(tmp_path, "gen", GENERATION_CHATML)
+    for train_on in ("all_turns", "last_turn"):
+        (row,) = _rows(_scan(tmp_path / train_on, rows, chat_template=str(template), train_on=train_on))
+        assert "Hello!" in _text(row["input_ids"])
+        assert _supervised(row) == ["4<|im_end|>"]
 
 
 def test_openai_content_parts_are_joined_in_order(tmp_path):

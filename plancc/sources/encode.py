@@ -254,7 +254,7 @@ def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Super
     """Rendered text, the `{% generation %}` blocks' spans (tokens overlapping one are supervised) and whether
     the assistant turns they train have empty content."""
     text, spans = renderer.generation_spans(messages)
-    replies = [m for m in messages if m["role"] == "assistant"]
+    replies = [m for m in messages if m["role"] == "assistant" and m.get("training") is not False]
     if sup.last_turn:
         spans, replies = spans[-1:], replies[-1:]
     return text, spans, all(not m["content"].strip() for m in replies)
