@@ -131,8 +131,8 @@ def _engine(engine: str, ray_address: str | None, num_proc: int | None, progress
 
 
 def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
-         num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
-         shard: str | tuple[int, int] | None = None, shard_rows: int | None = None,
+         config_format: str = "auto", num_proc: int | None = None, cache_dir: str | Path | None = None,
+         progress: Progress | None = None, shard: str | tuple[int, int] | None = None, shard_rows: int | None = None,
          engine: str = "local", ray_address: str | None = None, **settings: Any) -> dict[str, Any]:
     """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
 
@@ -146,7 +146,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
     from plancc import scan as scan_mod
 
     cache = Path(cache_dir) if cache_dir is not None else None
-    options, _, procs, _ = resolve_settings(config, num_proc, **settings)
+    options, _, procs, _ = resolve_settings(config, num_proc, config_format, **settings)
     index_count = parse_shard(shard) if shard is not None else None
     runner, default_rows = _engine(engine, ray_address, num_proc, progress)
     if runner is not None and index_count is not None:
@@ -189,8 +189,8 @@ def merge(parts: list[str | Path], output: str | Path, *, overwrite: bool = Fals
 
 
 def compile(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
-            num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
-            mix: str | list[str] | dict[str, tuple[str, float]] | None = None, **settings: Any) -> Plan:
+            config_format: str = "auto", num_proc: int | None = None, cache_dir: str | Path | None = None,
+            progress: Progress | None = None, mix: str | list[str] | dict[str, tuple[str, float]] | None = None, **settings: Any) -> Plan:
     """Scan `source` (or reuse its scan), plan every epoch and write the plan directory `output`.
 
     `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
@@ -198,16 +198,17 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     dataset entries, dicts with a config entry's keys: `path`, `name`, `format`, `repeat`, `weight`, ...) is a
     recipe (`plancc.recipe`), as is a config file listing `datasets` (then `source` is None). `mix` is `--mix`:
     "chat=2x,alpaca=0.5" (a repeat with x, else a weight). `settings` are the flags' names with underscores
-    (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML file under them. `output` must be
-    absent, empty, or (with `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else
-    there is refused, `store.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
+    (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML file under them (an Axolotl or
+    TRL config too: `config_format`, `plancc.config_import`). `output` must be absent, empty, or (with
+    `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else there is refused,
+    `store.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
     naming the setting to change.
     """
     from plancc.build import compile_recipe, compile_to_dir
 
     cache = Path(cache_dir) if cache_dir is not None else None
-    scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, **settings)
-    specs = _recipe(source, config, mix, cache)
+    scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, config_format, **settings)
+    specs = _recipe(source, config, config_format, mix, cache)
     if specs is None:
         if plan_settings.samples_per_epoch is not None:
             raise SettingsError("--samples-per-epoch sizes a recipe's weighted datasets: give several sources (or a "
@@ -223,13 +224,15 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     return open_plan(output)
 
 
-def _recipe(source: Any, config: str | Path | None, mix: Any, cache: Path | None) -> tuple | None:
+def _recipe(source: Any, config: str | Path | None, config_format: str, mix: Any, cache: Path | None
+            ) -> tuple | None:
     """The recipe's datasets when `source` is several sources or entries, or the config lists datasets (or `mix`
     is given); None for one plain source."""
     from plancc import recipe
     from plancc.config import load_config_file
 
-    train, evals = recipe.from_config(load_config_file(config), Path(config).parent) if config else ([], [])
+    train, evals = (recipe.from_config(load_config_file(config, config_format), Path(config).parent) if config
+                    else ([], []))
     sources = list(source) if isinstance(source, list | tuple) else [] if source is None else [source]
     if sources and train:
         raise SettingsError(f"config file {config} lists datasets and sources were given too: give one or the other")

@@ -125,6 +125,12 @@ def _typed(obj: Any, name: str, kind: type[Choice]) -> None:
 
 def parse_columns(value: Any) -> tuple[tuple[str, str], ...]:
     """`--columns prompt=question,completion=answer` (or a config mapping) as sorted (role, field) pairs."""
+    return _pairs("columns", value, ROLES, "prompt=question,completion=answer")
+
+
+def _pairs(name: str, value: Any, roles: tuple[str, ...], example: str) -> tuple[tuple[str, str], ...]:
+    """Setting `name`: role=field pairs (a string or a mapping) as sorted pairs, each role one of `roles`."""
+    option = flag(name)
     if value is None or value == "" or value == ():
         return ()
     if isinstance(value, dict):
@@ -134,20 +140,20 @@ def parse_columns(value: Any) -> tuple[tuple[str, str], ...]:
         for part in value.split(","):
             role, eq, field = part.partition("=")
             if not eq or not role.strip() or not field.strip():
-                raise SettingsError(f"--columns {value!r}: expected role=field pairs separated by commas, "
-                                    "e.g. --columns prompt=question,completion=answer", "columns")
+                raise SettingsError(f"{option} {value!r}: expected role=field pairs separated by commas, "
+                                    f"e.g. {option} {example}", name)
             pairs.append((role.strip(), field.strip()))
     elif isinstance(value, list | tuple) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
         pairs = [(str(r), str(f)) for r, f in value]
     else:
-        raise SettingsError(f"--columns must be role=field pairs (a string or a mapping), got {value!r}", "columns")
+        raise SettingsError(f"{option} must be role=field pairs (a string or a mapping), got {value!r}", name)
     for role, _ in pairs:
-        if role not in ROLES:
-            raise SettingsError(f"--columns: unknown role {role!r}{did_you_mean(role, ROLES)}; roles are "
-                                f"{', '.join(ROLES)}", "columns")
-    roles = [r for r, _ in pairs]
-    if len(set(roles)) != len(roles):
-        raise SettingsError(f"--columns {value!r}: a role is mapped twice", "columns")
+        if role not in roles:
+            raise SettingsError(f"{option}: unknown role {role!r}{did_you_mean(role, roles)}; roles are "
+                                f"{', '.join(roles)}", name)
+    mapped = [r for r, _ in pairs]
+    if len(set(mapped)) != len(mapped):
+        raise SettingsError(f"{option} {value!r}: a role is mapped twice", name)
     return tuple(sorted(pairs))
 
 
@@ -217,6 +223,11 @@ class ScanOptions:
     shift: Shift = Shift.SAMPLE
     add_eos: bool = True
     max_dropped: float = 0.05
+    # how a format's fields become text (`plancc.sources.detect.shape`); left out of the scan key at their defaults
+    prompt_format: str | None = None  # alpaca: the prompt, with {instruction} and {input}
+    no_input_format: str | None = None  # alpaca rows with an empty input: the prompt, with {instruction}
+    separator: str = ""  # prompt_completion: text between prompt and completion (not supervised)
+    message_fields: tuple[tuple[str, str], ...] = ()  # messages: role=FIELD,content=FIELD of each message
     # what is trained (`plancc.sources.encode.Supervise`); left out of the scan key at their defaults
     roles_to_train: tuple[str, ...] = ("assistant",)
     train_on_eos: str = "turn"
@@ -241,6 +252,41 @@ class ScanOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise SettingsError(f"{flag(name)} must be a non-empty string, got {value!r}", name)
+        _prompt_format("prompt_format", self.prompt_format, ("instruction", "input"))
+        _prompt_format("no_input_format", self.no_input_format, ("instruction",))
+        if not isinstance(self.separator, str):
+            raise SettingsError(f"--separator must be a string (the text between prompt and completion), got "
+                                f"{self.separator!r}", "separator")
+        object.__setattr__(self, "message_fields", _pairs("message_fields", self.message_fields, MESSAGE_KEYS,
+                                                          "role=speaker,content=text"))
+
+    def shaping(self) -> dict[str, Any]:
+        """The settings of how fields become text that differ from their defaults (what the scan key adds)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name in SHAPING and getattr(self, f.name) != f.default}
+
+
+SHAPING = ("prompt_format", "no_input_format", "separator", "message_fields")
+MESSAGE_KEYS = ("role", "content")
+
+
+def _prompt_format(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    """A prompt format is a string whose named fields are exactly `allowed`'s ({instruction} required)."""
+    import string
+
+    if value is None:
+        return
+    expected = f"a string with {' and '.join('{' + a + '}' for a in allowed)}"
+    try:
+        names = {n for _, n, _, _ in string.Formatter().parse(value) if n is not None} if isinstance(value, str) \
+            else None
+    except ValueError as exc:
+        raise SettingsError(f"{flag(name)} {value!r}: {exc} (write a literal brace as {{{{ or }}}}); expected "
+                            f"{expected}", name) from None
+    if names is None or "instruction" not in names or not names <= set(allowed):
+        extra = sorted((names or set()) - set(allowed))
+        why = f"unknown field {{{extra[0]}}}; " if extra else ""
+        raise SettingsError(f"{flag(name)} must be {expected}; {why}got {value!r}", name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -388,8 +434,8 @@ def _load_yaml(text: str, path: Path) -> Any:
     return yaml.load(text, Loader=NoAliases) or {}  # a SafeLoader: builds plain values only
 
 
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a TOML or YAML config file into a flat mapping of setting names (dashes or underscores)."""
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML or YAML config file's mapping, as written."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -415,21 +461,87 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise SettingsError(f"config file {p} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"config file {p} must hold a mapping of settings")
+    return data
+
+
+# other tools' names (Axolotl, Hugging Face TrainingArguments / TRL SFTConfig) for plancc's settings: a plancc config
+# holding one is told the plancc spelling (`plancc.config_import` reads such a config whole)
+ALIASES = {
+    "gradient_accumulation_steps": "grad_accum", "num_epochs": "epochs", "num_train_epochs": "epochs",
+    "max_seq_length": "sequence_len", "max_length": "sequence_len", "seq_len": "sequence_len",
+    "per_device_train_batch_size": "micro_batch_size", "batch_size": "micro_batch_size",
+    "tokenizer_config": "tokenizer", "tokenizer_name_or_path": "tokenizer", "data_seed": "seed",
+    "dataloader_drop_last": "drop_last", "pad_to_multiple_of": "pad_multiple", "dataset_num_proc": "num_proc",
+    "dataset_processes": "num_proc", "type": "format",
+}
+PACKING_KEYS = ("sample_packing", "packing")  # true: mode = "packed"; false: mode = "padded"
+CONFIG_PATHS = ("tokenizer", "chat_template")  # settings that may name a file: read beside the config file
+
+
+def _hint(key: str, value: Any, known: list[str]) -> str:
+    """What a config key plancc does not know should be: the plancc spelling of another tool's key, else the
+    closest known name."""
+    if key in PACKING_KEYS:
+        mode = Mode.PACKED if value else Mode.PADDED
+        return f' (plancc: mode = "{mode}")'
+    if key in ALIASES:
+        return f" (plancc: {ALIASES[key]})"
+    return did_you_mean(key, known)
+
+
+def unknown_keys_error(p: Path, keys: list[tuple[str, Any]], known: list[str]) -> SettingsError:
+    """One error listing every unknown key of config file `p`, each with its hint."""
+    listed = ", ".join(f"{k!r}{_hint(k, v, known)}" for k, v in keys)
+    tail = ("; an Axolotl or TRL config is read whole with --config-format axolotl or trl"
+            if any(k in ALIASES or k in PACKING_KEYS for k, _ in keys) else "")
+    return SettingsError(f"config file {p}: unknown setting{'s' if len(keys) > 1 else ''} {listed}{tail}")
+
+
+def beside(folder: Path, path: str) -> str:
+    """A config file's path value: relative to the config file's folder when something is there (a file,
+    directory or glob match), so a config travels with its files; else as written (a built-in name, a Hub id, or
+    a path from the working folder)."""
+    import glob
+
+    candidate = folder / path
+    if Path(path).is_absolute() or not (candidate.exists() or glob.glob(str(candidate), recursive=True)):
+        return path
+    return str(candidate)
+
+
+def load_config_file(path: str | Path, config_format: str = "auto") -> dict[str, Any]:
+    """Read a TOML or YAML config file into a flat mapping of setting names (dashes or underscores), its
+    tokenizer and chat template read beside it. `config_format` `axolotl` or `trl` (or `auto` on such a file's
+    keys) translates another tool's config (`plancc.config_import`)."""
+    from plancc import config_import
+
+    p = Path(path)
+    data = config_import.translate(read_config_file(p), p, config_format).settings
     known = (SETTING_NAMES - {"mixture"}) | {"num_proc", *CONFIG_DATASETS}
     out: dict[str, Any] = {}
+    unknown = []
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name not in known:
-            raise SettingsError(f"config file {p}: unknown setting {key!r}{did_you_mean(name, sorted(known))}")
-        out[name] = value
+            unknown.append((name, value))
+        elif name in CONFIG_PATHS and isinstance(value, str):
+            out[name] = beside(p.parent, value)
+        else:
+            out[name] = value
+    if unknown:
+        raise unknown_keys_error(p, unknown, sorted(known))
     return out
 
 
-def resolve_settings(config: str | Path | None = None, num_proc: int | None = None, **settings: Any
-                     ) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
-    """Defaults < `config` file (TOML/YAML) < keyword settings (None means "not given"); also `num_proc` and the
-    names set on purpose (which a scan directory's carried options must not contradict: `plancc.carry`)."""
-    from_file = load_config_file(config) if config else {}
+def resolve_settings(config: str | Path | None = None, num_proc: int | None = None, config_format: str = "auto",
+                     **settings: Any) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
+    """Defaults < `config` file (TOML/YAML; `config_format`: see `load_config_file`) < keyword settings (None
+    means "not given"); also `num_proc` and the names set on purpose (which a scan directory's carried options
+    must not contradict: `plancc.carry`)."""
+    if not config and config_format != "auto":
+        raise SettingsError(f"--config-format {config_format} describes a --config file; none was given",
+                            "config_format")
+    from_file = load_config_file(config, config_format) if config else {}
     merged: dict[str, Any] = dict(from_file)
     given = {k: v for k, v in settings.items() if v is not None}
     try:

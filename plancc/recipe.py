@@ -10,7 +10,7 @@ to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of 
     train_on_inputs = true        # and what is trained (roles_to_train, train_on_eos, train_on, ...)
     repeat = 2                    # or weight = 0.3 (one of them; default repeat 1)
 
-A relative `path` is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
+A relative `path` (or `chat_template` file) is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
 an entry and the top-level settings) that disagree are an error naming both. `--mix NAME=2x` sets a repeat,
 `--mix NAME=0.3` a weight (the `x` says "times"); it overrides the entry's.
 """
@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plancc.config import CONFIG_DATASETS, SUPERVISION, ScanOptions, SettingsError, did_you_mean, flag
+from plancc.config import CONFIG_DATASETS, SUPERVISION, ScanOptions, SettingsError, beside, did_you_mean, flag
 
-ENTRY_KEYS = ("path", "name", "format", "columns", "split", "chat_template", *SUPERVISION, "repeat", "weight")
+OWN_KEYS = ("format", "columns", "split", "chat_template", "prompt_format", "no_input_format", "separator",
+            "message_fields")  # scan options a dataset may set for itself
+ENTRY_KEYS = ("path", "name", *OWN_KEYS, *SUPERVISION, "repeat", "weight")
 SHARED_KEYS = ("tokenizer", "sequence_len", "shift", "long")  # one value for the whole recipe
 
 
@@ -39,6 +41,10 @@ class DatasetSpec:
     columns: Any = None
     split: str | None = None
     chat_template: str | None = None
+    prompt_format: str | None = None
+    no_input_format: str | None = None
+    separator: str | None = None
+    message_fields: Any = None
     supervision: tuple[tuple[str, Any], ...] = ()  # its own what-is-trained settings (`config.SUPERVISION`)
     repeat: float | None = None
     weight: float | None = None
@@ -51,10 +57,9 @@ class DatasetSpec:
         return (self.name, self.role, "repeat", 1.0 if self.repeat is None else self.repeat)
 
     def scan_options(self, base: ScanOptions) -> ScanOptions:
-        """The recipe's scan options with this dataset's format, columns, split, chat template and what is
-        trained."""
-        own = {k: getattr(self, k) for k in ("format", "columns", "split", "chat_template")
-               if getattr(self, k) is not None}
+        """The recipe's scan options with this dataset's own (format, columns, split, chat template, ...) and
+        what is trained."""
+        own = {k: getattr(self, k) for k in OWN_KEYS if getattr(self, k) is not None}
         try:
             return dataclasses.replace(base, **own, **dict(self.supervision))
         except SettingsError as exc:
@@ -86,8 +91,7 @@ def dataset_spec(entry: Any, role: str = "train") -> DatasetSpec:
     name = str(entry.get("name") or default_name(path))
     if entry.get("repeat") is not None and entry.get("weight") is not None:
         raise SettingsError(f"dataset {name!r}: give repeat or weight, not both")
-    return DatasetSpec(name=name, path=path, role=role, format=entry.get("format"), columns=entry.get("columns"),
-                       split=entry.get("split"), chat_template=entry.get("chat_template"),
+    return DatasetSpec(name=name, path=path, role=role, **{k: entry.get(k) for k in OWN_KEYS},
                        supervision=tuple((k, entry[k]) for k in SUPERVISION if entry.get(k) is not None),
                        repeat=_number(name, "repeat", entry.get("repeat")),
                        weight=_number(name, "weight", entry.get("weight")),
@@ -156,15 +160,9 @@ def shared_settings(specs: tuple[DatasetSpec, ...], top: dict[str, Any]) -> dict
     return {k: v for k, (v, _) in seen.items()}
 
 
-def beside(folder: Path, path: str) -> str:
-    """A config entry's path: relative to the config file's folder when something is there (a file, directory or
-    glob match), so a recipe travels with its data; else as written (a Hub id, or a path from the working folder)."""
-    import glob
-
-    candidate = folder / path
-    if Path(path).is_absolute() or not (candidate.exists() or glob.glob(str(candidate), recursive=True)):
-        return path
-    return str(candidate)
+def _entry_beside(folder: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """A config entry with its path and chat template file read beside the config file (`config.beside`)."""
+    return {**entry, **{k: beside(folder, str(entry[k])) for k in ("path", "chat_template") if k in entry}}
 
 
 def from_config(config: dict[str, Any], folder: Path) -> tuple[list[Any], list[Any]]:
@@ -174,6 +172,6 @@ def from_config(config: dict[str, Any], folder: Path) -> tuple[list[Any], list[A
         value = config.get(key, [])
         if not isinstance(value, list):
             raise SettingsError(f"config {key} must be a list of datasets ([[{key}]] tables in TOML), got {value!r}")
-        lists.append([{**e, "path": beside(folder, str(e["path"]))} if isinstance(e, dict) and "path" in e else
-                      beside(folder, e) if isinstance(e, str) else e for e in value])
+        lists.append([_entry_beside(folder, e) if isinstance(e, dict) else beside(folder, e) if isinstance(e, str)
+                      else e for e in value])
     return lists[0], lists[1]

@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from plancc import store, token_store
-from plancc.config import SUPERVISION, ScanOptions, SettingsError, canonical_hash
+from plancc.config import SHAPING, SUPERVISION, ScanOptions, SettingsError, canonical_hash
 from plancc.errors import InputError
 from plancc.fingerprint import scan_identity
 from plancc.sources import detect, templates
@@ -49,9 +49,10 @@ Progress = Callable[[str, int, int], None] | None
 
 def options_dict(options: ScanOptions, tok: Tok | None, template: templates.ChatTemplate | None) -> dict[str, Any]:
     """The options that decide the samples table; the tokenizer's and template's content matter, not where they
-    were found. `max_dropped` checks the result and is left out; so is each what-is-trained setting at its default
-    (scans made before they existed keep their keys), and `template_date` unless the template reads the date."""
-    d = dataclasses.asdict(options)
+    were found. `max_dropped` checks the result and is left out; so is each what-is-trained and each shaping
+    setting at its default (scans made before they existed keep their keys), and `template_date` unless the
+    template reads the date."""
+    d = {k: v for k, v in dataclasses.asdict(options).items() if k not in SHAPING}
     d["tokenizer"] = tok.fingerprint if tok else None
     d["chat_template"] = template.fingerprint if template else None
     d["columns"] = [list(pair) for pair in options.columns]  # as JSON reads it back from a cached report
@@ -65,7 +66,10 @@ def options_dict(options: ScanOptions, tok: Tok | None, template: templates.Chat
         d["template_date"] = options.template_date
     else:
         d.pop("template_date", None)
-    return d
+    shaping = options.shaping()  # only when set: a scan without them keeps its key
+    if "message_fields" in shaping:
+        shaping["message_fields"] = [list(pair) for pair in options.message_fields]
+    return {**d, **shaping}
 
 
 TAG_FIXED = ("roles_to_train", "train_on_eos")  # what a template's {% generation %} blocks decide themselves
@@ -154,7 +158,8 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
     reader = reader or RowReader(loc, options.split)
     probe = detect.map_columns(reader.read(0, min(reader.manifest.rows, PROBE_ROWS)), options.columns)
     fmt = detect.detect_format(probe) if options.format == "auto" else options.format
-    detect.canonical(probe, fmt)  # a missing or mistyped column is named now, before any shard runs
+    detect.canonical(probe, fmt, options.message_fields)  # a missing or mistyped column is named now
+    detect.check_shaping(fmt, options)
     warnings = reader.notes
     chat = None
     if fmt != "tokenized":
@@ -176,6 +181,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
         "tokenizer": tok.name if tok else None,
         "tokenizer_fingerprint": tok.fingerprint if tok else None,
         "chat_template": chat.describe() if chat else None,
+        **({"text_format": shaped} if (shaped := detect.text_format(fmt, options)) else {}),
         "eos_token": tok.eos_token if tok else None,
         "options": opts,
         "max_dropped": options.max_dropped,
@@ -205,15 +211,15 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
     """(encoded rows, labels already shifted, where) of rows [lo, hi)."""
     options = job.options
     src = detect.map_columns(reader.read(lo, hi), options.columns)
-    work = detect.canonical(src, job.format)
-    if job.format == "tokenized":
+    work, fmt = detect.shape(detect.canonical(src, job.format, options.message_fields), job.format, options)
+    if fmt == "tokenized":
         tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
         return from_tokenized(work, options.shift, tok.vocab_size if tok else None, src.where), \
             options.shift == "none", src.where
     shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
     try:
         keep = options.sequence_len if options.long in ("truncate", "drop") else None  # error: exact lengths
-        enc = encode_rows(work, job.format, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
+        enc = encode_rows(work, fmt, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
                           progress=shifted, template=job.template, pool=pool, keep=keep,
                           sup=Supervise.of(options))
     except RowError as exc:

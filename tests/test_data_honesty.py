@@ -323,7 +323,7 @@ def _errors(res) -> list[str]:
 @pytest.mark.parametrize("key, turn, field, got", [
     ("messages", {"role": "user"}, "content", "missing"),
     ("messages", {"role": "user", "content": 7}, "content", "int 7"),
-    ("messages", {"role": "user", "content": [{"type": "text", "text": "hi"}]}, "content", "list"),
+    ("messages", {"role": "user", "content": {"text": "hi"}}, "content", "dict"),  # a list of text parts is read
     ("conversations", {"from": "human"}, "value", "missing"),
 ])
 def test_chat_turn_without_string_content_names_file_row_and_field(tmp_path, key, turn, field, got):

@@ -46,9 +46,12 @@ def _setting(flag: str, help: str, shown: str | None = None) -> Any:
 
 ConfigOpt = Annotated[Path | None, Opt("--config", help="TOML or YAML file of settings; flags override it.",
                                        show_default="none")]
+ConfigFormatOpt = Annotated[str, Opt("--config-format", help="auto|plancc|axolotl|trl: an Axolotl or TRL YAML is read "
+                                                             "as it is (its data settings; the rest listed in a "
+                                                             "note).", show_default="auto: by the file's keys")]
 FormatOpt = Annotated[str | None, _setting("--format", "auto|tokenized|prompt_completion|alpaca|messages|text")]
-TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, or "
-                                                             "'builtin' (byte level).",
+TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, a Hub "
+                                                             "id in the local HF cache, or 'builtin' (byte level).",
                                          show_default="none: required unless the source is already tokenized")]
 TemplateOpt = Annotated[str | None, Opt("--chat-template", help="Chat data: a .jinja file or a built-in name "
                                                                 "(chatml, llama3).",
@@ -58,6 +61,16 @@ ColumnsOpt = Annotated[str | None, Opt("--columns", help="Map source fields onto
                                        show_default="none")]
 SplitOpt = Annotated[str | None, Opt("--split", help="Split of a dataset dict directory or Hub id.",
                                      show_default="train, said on stderr")]
+PromptFormatOpt = Annotated[str | None, Opt("--prompt-format", help="Alpaca: the prompt, with {instruction} and "
+                                                                    "{input}.", show_default="the Alpaca one")]
+NoInputFormatOpt = Annotated[str | None, Opt("--no-input-format", help="Alpaca rows with an empty input: the prompt, "
+                                                                       "with {instruction}.",
+                                             show_default="--prompt-format, else the Alpaca one")]
+SeparatorOpt = Annotated[str | None, Opt("--separator", help="prompt_completion: text between prompt and completion "
+                                                             "(not supervised).", show_default="none")]
+MessageFieldsOpt = Annotated[str | None, Opt("--message-fields", help="Messages whose keys differ, e.g. "
+                                                                      "role=speaker,content=text.",
+                                             show_default="role/content or from/value")]
 MaxDroppedOpt = Annotated[float | None, _setting("--max-dropped", "Largest share of samples the scan may drop; "
                                                                   "more is an error.")]
 SeqOpt = Annotated[int | None, _setting("--sequence-len", "Max tokens per sample / per row.")]
@@ -92,6 +105,18 @@ _RECIPE_HELP = ("\n\nSeveral SOURCEs (or a --config listing `datasets`, then no 
                 "a seeded half) or NAME=W (weight: its share of the epoch's samples).")
 
 
+def config_note(config: Path | None, config_format: str, quiet: bool) -> None:
+    """Say, on stderr, which keys of an Axolotl or TRL config plancc does not use."""
+    if config is None or quiet:
+        return
+    from plancc import config_import
+    from plancc.config import read_config_file
+
+    note = config_import.translate(read_config_file(config), config, config_format).note(config)
+    if note:
+        typer.echo(note, err=True)
+
+
 @app.command("compile", help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan."
              + _RECIPE_HELP + _EXAMPLE + "\n\n    plancc compile chat.jsonl alpaca.json -o plans/mix --tokenizer "
              "tok/ --mix chat=2x,alpaca=0.5x")
@@ -104,11 +129,16 @@ def compile_cmd(
                                                          show_default="the config's datasets")] = None,
     overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
+    config_format: ConfigFormatOpt = "auto",
     format: FormatOpt = None,
     tokenizer: TokenizerOpt = None,
     chat_template: TemplateOpt = None,
     columns: ColumnsOpt = None,
     split: SplitOpt = None,
+    prompt_format: PromptFormatOpt = None,
+    no_input_format: NoInputFormatOpt = None,
+    separator: SeparatorOpt = None,
+    message_fields: MessageFieldsOpt = None,
     sequence_len: SeqOpt = None,
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
@@ -155,13 +185,16 @@ def compile_cmd(
     from plancc import api
 
     with fail_on_errors(output, "plan"):
+        config_note(config, config_format, quiet or json)
         with reporter(quiet or json) as progress:
             plan = api.compile(
                 sources[0] if sources and len(sources) == 1 else sources or None, output, overwrite=overwrite,
-                config=config, num_proc=num_proc, cache_dir=cache_dir, progress=progress, mix=mix,
+                config=config, config_format=config_format, num_proc=num_proc, cache_dir=cache_dir, progress=progress,
+                mix=mix,
                 samples_per_epoch=samples_per_epoch,
                 format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns, split=split,
-                sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift, mode=mode,
+                prompt_format=prompt_format, no_input_format=no_input_format, separator=separator,
+                message_fields=message_fields, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift, mode=mode,
                 micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
                 world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
                 balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
@@ -186,11 +219,16 @@ def scan_cmd(
                                                         "replace atomically with --overwrite.")],
     overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
+    config_format: ConfigFormatOpt = "auto",
     format: FormatOpt = None,
     tokenizer: TokenizerOpt = None,
     chat_template: TemplateOpt = None,
     columns: ColumnsOpt = None,
     split: SplitOpt = None,
+    prompt_format: PromptFormatOpt = None,
+    no_input_format: NoInputFormatOpt = None,
+    separator: SeparatorOpt = None,
+    message_fields: MessageFieldsOpt = None,
     sequence_len: SeqOpt = None,
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
@@ -223,11 +261,15 @@ def scan_cmd(
     from plancc import api
 
     with fail_on_errors(output, "scan"), reporter(quiet or json) as progress:
-        report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
+        config_note(config, config_format, quiet or json)
+        report = api.scan(source, output, overwrite=overwrite, config=config, config_format=config_format,
+                          num_proc=num_proc,
                           cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
                           engine=engine, ray_address=ray_address,
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
                           split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift,
+                          prompt_format=prompt_format, no_input_format=no_input_format, separator=separator,
+                          message_fields=message_fields,
                           roles_to_train=roles_to_train, train_on_eos=train_on_eos,
                           train_on_inputs=train_on_inputs, train_on=train_on, drop_eos_only=drop_eos_only,
                           template_date=template_date)

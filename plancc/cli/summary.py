@@ -49,6 +49,9 @@ def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
     lines.append(f"tokenizer  {tokenizer}" + (f", format {fmt}" if fmt else ""))
     if template:
         lines.append(f"template   {template}")
+    shaped = report.get("text_format") or {}
+    if "separator" in shaped:
+        lines.append(f"joined     prompt + {shaped['separator']!r} + completion (--separator)")
     return lines
 
 

@@ -22,6 +22,7 @@ Rendering is sandboxed (no code runs from the template).
 from __future__ import annotations
 
 import functools
+import json
 import re
 import threading
 from datetime import datetime
@@ -48,8 +49,6 @@ def _raise(message: str):
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
             sort_keys: bool = False) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -143,7 +142,8 @@ class Renderer:
         return "".join(self._blocks(messages, add_generation_prompt))
 
     def generation_spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-        """Full rendering and the [start, end) character spans of its `{% generation %}` blocks, in order."""
+        """Full rendering and the [start, end) character spans of its `{% generation %}` blocks, in order, less
+        those starting inside a turn with `training` false (a prompt's turn, `detect`)."""
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
         ext = next(e for e in self.template.environment.extensions.values() if isinstance(e, _Generation))
@@ -153,7 +153,14 @@ class Renderer:
                 blocks.append(block)
         finally:
             ext.state.tracked = None
-        return "".join(blocks), sorted(spans)
+        untrained = self._untrained(messages)
+        return "".join(blocks), sorted(s for s in spans if not any(a <= s[0] < b for a, b in untrained))
+
+    def _untrained(self, messages: list[dict[str, str]]) -> list[tuple[int, int]]:
+        """The [start, end) character spans of the turns with `training` false: what each one adds to the
+        rendering of the turns before it."""
+        return [(len(self.render(messages[:i])), len(self.render(messages[: i + 1])))
+                for i, m in enumerate(messages) if m.get("training") is False]
 
     def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Full rendering and the [start, end) character spans of every assistant turn (content + end of turn)."""
@@ -168,7 +175,7 @@ class Renderer:
         out: list[Turn] = []
         cursor = 0
         for i, m in enumerate(messages):
-            if m["role"] in roles:
+            if m["role"] in roles and m.get("training") is not False:  # False: a prompt's turn (`detect`)
                 out.append(self._turn(messages, i, full, cursor, split))
                 cursor = out[-1].end
         return full, out
@@ -215,24 +222,54 @@ def _common(a: str, b: str) -> int:
     return next((j for j in range(n) if a[j] != b[j]), n)
 
 
-def normalize(conversation: Any) -> list[dict[str, str]]:
+MESSAGE_EXTRAS = ("tool_calls", "tool_call_id", "name", "training")  # kept for the template (`training`: spans)
+
+
+def normalize(conversation: Any, fields: tuple[tuple[str, str], ...] = ()) -> list[dict[str, Any]]:
     """`[{role, content}]` or ShareGPT `[{from, value}]` into `[{role, content}]` with standard role names.
 
-    Every turn must have a string `content` (or `value`): a turn without one is an error, not an empty turn."""
+    `fields` maps `role`/`content` onto other message keys (`--message-fields role=speaker`). Every turn must have
+    a string `content` (or `value`), or a list of OpenAI content parts whose text parts are joined in order: a turn
+    without one is an error, not an empty turn, unless it calls tools (`tool_calls`). `tool_calls` (a JSON string
+    in a canonical table, see `detect`), `tool_call_id`, `name` and `training` are kept when set."""
     if not isinstance(conversation, list):
         raise TemplateProblem(f"expected a list of messages, got {type(conversation).__name__}")
+    names = dict(fields)
     out = []
     for j, m in enumerate(conversation):
         if not isinstance(m, dict):
             raise TemplateProblem(f"message {j} is {type(m).__name__}, expected an object with role and content")
-        key = "content" if m.get("content") is not None or "value" not in m else "value"
-        role = m.get("role", m.get("from"))
+        key = names["content"] if names.get("content") in m else (
+            "content" if m.get("content") is not None or "value" not in m else "value")
+        role = m[names["role"]] if names.get("role") in m else m.get("role", m.get("from"))
         if not isinstance(role, str):
-            raise TemplateProblem(f"message {j}: field 'role' (or 'from') is "
+            raise TemplateProblem(f"message {j}: field '{names.get('role', 'role')}' (or 'from') is "
                                   f"{'missing' if role is None else type(role).__name__}, expected a string")
-        content = m.get(key)
-        if not isinstance(content, str):
-            got = "missing" if content is None else f"{type(content).__name__} {clip(content, 60)}"
-            raise TemplateProblem(f"message {j} ({role}): field '{key}' is {got}, expected a string")
-        out.append({"role": ROLE_MAP.get(role, role), "content": content})
+        message = {"role": ROLE_MAP.get(role, role), "content": _content(m.get(key), j, role, key, m)}
+        for extra in MESSAGE_EXTRAS:
+            if m.get(extra) is not None:
+                value = m[extra]
+                message[extra] = json.loads(value) if extra == "tool_calls" and isinstance(value, str) else value
+        out.append(message)
     return out
+
+
+def _content(content: Any, j: int, role: str, key: str, message: dict) -> str:
+    """A message's text: a string, the text parts of a content list joined in order, or "" beside tool calls."""
+    if isinstance(content, str):
+        return content
+    if content is None and message.get("tool_calls"):
+        return ""
+    if isinstance(content, list) and content:
+        texts = []
+        for k, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                what = f"type {kind!r}" if kind is not None else f"{type(part).__name__} {clip(part, 40)}"
+                raise TemplateProblem(f"message {j} ({role}): content part {k} has {what}; plancc reads text "
+                                      "only (parts {type: text, text}); drop the other parts from the row")
+            texts.append(part["text"])
+        return "".join(texts)
+    got = "missing" if content is None else f"{type(content).__name__} {clip(content, 60)}"
+    raise TemplateProblem(f"message {j} ({role}): field '{key}' is {got}, expected a string (or a list of "
+                          "{type: text, text} parts)")

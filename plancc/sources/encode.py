@@ -40,6 +40,15 @@ ALPACA_NO_INPUT = (
 )
 
 
+def alpaca_prompts(table: pa.Table, with_input: str = ALPACA_WITH_INPUT, no_input: str = ALPACA_NO_INPUT
+                   ) -> list[str]:
+    """Each alpaca row's prompt: `with_input` filled with its instruction and input, `no_input` when the input is
+    empty."""
+    return [(with_input if inp else no_input).format(instruction=ins, input=inp)
+            for ins, inp in zip(table.column("instruction").to_pylist(), table.column("input").to_pylist(),
+                                strict=True)]
+
+
 CHARS_PER_TOKEN = 16  # first guess at the text `keep` tokens need; doubled where a text is sparser in tokens
 MARGIN = 64  # tokens past `keep` that a cut text must still give: a cut changes only the last few before it
 
@@ -245,7 +254,7 @@ def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Super
     """Rendered text, the `{% generation %}` blocks' spans (tokens overlapping one are supervised) and whether
     the assistant turns they train have empty content."""
     text, spans = renderer.generation_spans(messages)
-    replies = [m for m in messages if m["role"] == "assistant"]
+    replies = [m for m in messages if m["role"] == "assistant" and m.get("training") is not False]
     if sup.last_turn:
         spans, replies = spans[-1:], replies[-1:]
     return text, spans, all(not m["content"].strip() for m in replies)
@@ -308,12 +317,7 @@ def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: in
         return _pair(tok, table.column("prompt").to_pylist(), table.column("completion").to_pylist(), add_eos, keep,
                      sup)
     if fmt == "alpaca":
-        prompts = [
-            (ALPACA_WITH_INPUT if inp else ALPACA_NO_INPUT).format(instruction=ins, input=inp)
-            for ins, inp in zip(table.column("instruction").to_pylist(), table.column("input").to_pylist(),
-                                strict=True)
-        ]
-        return _pair(tok, prompts, table.column("output").to_pylist(), add_eos, keep, sup)
+        return _pair(tok, alpaca_prompts(table), table.column("output").to_pylist(), add_eos, keep, sup)
     if fmt == "messages":
         if template is None:
             raise ValueError("messages need a chat template")

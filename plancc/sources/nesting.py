@@ -18,8 +18,9 @@ MAX_DEPTH = 100
 
 @numba.njit(cache=True, nogil=True)
 def _too_deep(buf, limit, lines):  # pragma: no cover (compiled)
-    """Offset of the first bracket nesting deeper than `limit`, or -1; `lines`: each line is its own text (JSON
-    lines), so a malformed line's unclosed string or bracket does not carry into the next."""
+    """Offset in `buf` (the text's bytes, uint8) of the first bracket nesting deeper than `limit`, or -1;
+    `lines`: each line is its own text (JSON lines), so a malformed line's unclosed string or bracket does not carry
+    into the next."""
     depth = 0
     in_string = False
     escaped = False

@@ -11,6 +11,8 @@ changes token ids: the tokenizer JSON and the eos/bos tokens; the chat template 
 from __future__ import annotations
 
 import functools
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,13 +85,48 @@ def _template_from(config: dict, config_path: Path) -> tuple[str | None, str | N
 
 
 def load_tokenizer(spec: str) -> Tok:
-    """`spec` is `builtin`, a tokenizer.json file, or a directory with tokenizer.json (+ tokenizer_config.json)."""
-    return _load_tokenizer(spec, spec if spec == BUILTIN else str(Path(spec).expanduser().absolute()))
+    """`spec` is `builtin`, a tokenizer.json file, a directory with tokenizer.json (+ tokenizer_config.json), or a
+    Hugging Face Hub id whose tokenizer is in the local Hub cache (`hub_snapshot`)."""
+    if spec == BUILTIN:
+        return _load_tokenizer(spec, spec)
+    path = Path(spec).expanduser()
+    if not path.exists() and HUB_ID.fullmatch(spec) and not spec.endswith(".json"):
+        path = hub_snapshot(spec)
+    return _load_tokenizer(spec, str(path.absolute()))
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
+
+
+def hub_cache() -> Path:
+    """The Hugging Face Hub cache, read from the environment now (huggingface_hub reads it once, at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or str(Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The cached snapshot directory holding Hub model `repo_id`'s tokenizer.json. Never downloads (a scan is
+    offline, and `HF_HUB_OFFLINE` is honoured by not asking): a tokenizer not in the cache is an error saying how
+    to fetch it."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "tokenizer.json", cache_dir=hub_cache())
+    except ValueError:  # not a valid repo id after all (huggingface_hub's HFValidationError)
+        found = None
+    if isinstance(found, str):
+        return Path(found).parent
+    raise InputError(f"--tokenizer {repo_id}: not a local path, and Hub model {repo_id} has no tokenizer.json in the "
+                     f"Hugging Face cache ({hub_cache()}); download it with `hf download {repo_id} tokenizer.json "
+                     "tokenizer_config.json` (or give the tokenizer directory's path)")
 
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(spec: str, absolute: str) -> Tok:
-    """Cached by absolute path too: one relative `spec` names different files from different folders."""
+    """Cached by absolute path too: one relative `spec` names different files from different folders (and a Hub id
+    its snapshot's)."""
     if spec == BUILTIN:
         tok = _builtin()
         return Tok(tok, BUILTIN_NAME, None, None, "<|eos|>", tok.token_to_id("<|eos|>"), "<|bos|>",

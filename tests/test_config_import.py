@@ -1,0 +1,220 @@
+"""Configs as users bring them: every unknown key reported at once with the plancc spelling of Axolotl's and Hugging
+Face's names, paths read beside the config file, and an Axolotl or TRL YAML compiled as it is into the plan its
+settings describe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import plancc
+from plancc.config import SettingsError, load_config_file
+from tests.sources_fixtures import alpaca_rows, write_rows
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _cli(*args, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-m", "plancc", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def test_every_unknown_key_is_reported_at_once_with_its_plancc_name(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("gradient_accumulation_steps: 4\nnum_epochs: 2\nsample_packing: true\nmax_seq_length: 2048\n"
+                      "micro_batch_sise: 2\nseed: 3\n")
+    with pytest.raises(SettingsError) as err:
+        load_config_file(config)
+    message = str(err.value)
+    assert "\n" not in message
+    for part in ("'gradient_accumulation_steps' (plancc: grad_accum)", "'num_epochs' (plancc: epochs)",
+                 "'sample_packing' (plancc: mode = \"packed\")", "'max_seq_length' (plancc: sequence_len)",
+                 "'micro_batch_sise' (did you mean 'micro_batch_size'?)", "--config-format axolotl or trl"):
+        assert part in message
+
+
+def test_relative_paths_resolve_beside_the_config_file(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    write_rows(project / "data" / "chat.jsonl", [{"messages": [{"role": "user", "content": f"hi {i}"},
+                                                               {"role": "assistant", "content": "yo"}]}
+                                                 for i in range(6)])
+    (project / "chat.jinja").write_text(CHATML)
+    (project / "plancc.toml").write_text('tokenizer = "builtin"\nchat_template = "chat.jinja"\nsequence_len = 128\n'
+                                         '[[datasets]]\npath = "data/chat.jsonl"\nchat_template = "chat.jinja"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert load_config_file(project / "plancc.toml")["chat_template"] == str(project / "chat.jinja")
+    plan = plancc.compile(None, tmp_path / "plan", config=project / "plancc.toml", cache_dir=tmp_path / "cache")
+    assert plan.scan["chat_template"]["name"] == str((project / "chat.jinja").resolve())
+
+
+def _axolotl(tmp_path: Path) -> Path:
+    """A realistic Axolotl config: an alpaca dataset and a chat dataset with its own field names."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_rows(data / "alpaca.jsonl", alpaca_rows(20))
+    write_rows(data / "chat.jsonl", [{"conversation": [{"speaker": "user", "text": f"question {i}"},
+                                                       {"speaker": "assistant", "text": "answer " * (1 + i % 5)}]}
+                                     for i in range(16)])
+    config = {
+        "base_model": "builtin", "load_in_8bit": False, "adapter": "lora", "lora_r": 16,
+        "datasets": [
+            {"path": "data/alpaca.jsonl", "type": "alpaca", "ds_type": "json"},
+            {"path": "data/chat.jsonl", "type": "chat_template", "field_messages": "conversation",
+             "message_property_mappings": {"role": "speaker", "content": "text"}},
+        ],
+        "chat_template": "chatml", "dataset_prepared_path": "last_run_prepared", "output_dir": "./outputs/out",
+        "sequence_len": 256, "sample_packing": True, "pad_to_sequence_len": True,
+        "micro_batch_size": 2, "gradient_accumulation_steps": 3, "num_epochs": 2, "seed": 7,
+        "learning_rate": 2e-4, "optimizer": "adamw_torch", "lr_scheduler": "cosine", "bf16": "auto",
+    }
+    path = tmp_path / "axolotl.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _plancc_equivalent(tmp_path: Path) -> Path:
+    path = tmp_path / "recipe.toml"
+    path.write_text('tokenizer = "builtin"\nchat_template = "chatml"\nsequence_len = 256\nmode = "packed"\n'
+                    'micro_batch_size = 2\ngrad_accum = 3\nepochs = 2\nseed = 7\n'
+                    '[[datasets]]\npath = "data/alpaca.jsonl"\nformat = "alpaca"\n'
+                    '[[datasets]]\npath = "data/chat.jsonl"\nformat = "messages"\n'
+                    'columns = {messages = "conversation"}\nmessage_fields = {role = "speaker", content = "text"}\n')
+    return path
+
+
+def test_an_axolotl_config_compiles_to_the_plan_its_settings_describe(tmp_path):
+    res = _cli("compile", "--config", "axolotl.yml", "-o", "plan", "--cache-dir", "cache", cwd=_axolotl(tmp_path).parent)
+    assert res.returncode == 0, res.stderr
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note: read axolotl.yml as an Axolotl")]
+    assert len(notes) == 1
+    ignored = notes[0].split("keys plancc does not use: ")[1].split(", ")
+    assert sorted(ignored) == sorted(["load_in_8bit", "adapter", "lora_r", "dataset_prepared_path", "output_dir",
+                                      "pad_to_sequence_len", "learning_rate", "optimizer", "lr_scheduler", "bf16"])
+    manifest = json.loads((tmp_path / "plan" / "manifest.json").read_text())
+    settings = manifest["settings"]
+    assert (settings["sequence_len"], settings["micro_batch_size"], settings["grad_accum"], settings["epochs"],
+            settings["seed"], settings["mode"]) == (256, 2, 3, 2, 7, "packed")
+    assert [(e[0], e[2], e[3]) for e in settings["mixture"]] == [("alpaca", "repeat", 1.0), ("chat", "repeat", 1.0)]
+    # the same plan, byte for byte, as the plancc recipe saying the same
+    plancc.compile(None, tmp_path / "same", config=_plancc_equivalent(tmp_path), cache_dir=tmp_path / "cache")
+    same = json.loads((tmp_path / "same" / "manifest.json").read_text())
+    assert manifest["fingerprints"]["dataset"]
+    assert same["fingerprints"] == manifest["fingerprints"]
+
+
+def test_axolotl_entries_map_types_and_fields(tmp_path):
+    config = tmp_path / "a.yml"
+    config.write_text(yaml.safe_dump({
+        "base_model": "org/model", "sample_packing": False,
+        "datasets": [{"path": "a.jsonl", "type": {"field_instruction": "q", "field_output": "a",
+                                                  "format": "### Q: {instruction}\n### A: ", "no_input_format":
+                                                  "### Q: {instruction}\n### A: "}},
+                     {"path": "b.jsonl", "type": "completion", "field": "body", "split": "train"}],
+        "test_datasets": [{"path": "c.jsonl", "type": "alpaca"}],
+        "chat_template": "jinja", "chat_template_jinja": "templates/chat.jinja"}))
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "chat.jinja").write_text(CHATML)
+    got = load_config_file(config)
+    assert got["tokenizer"] == "org/model" and got["mode"] == "padded"
+    assert got["chat_template"] == str(tmp_path / "templates" / "chat.jinja")  # beside the config
+    assert got["datasets"] == [
+        {"path": "a.jsonl", "format": "alpaca", "columns": {"instruction": "q", "output": "a"},
+         "prompt_format": "### Q: {instruction}\n### A: ", "no_input_format": "### Q: {instruction}\n### A: "},
+        {"path": "b.jsonl", "split": "train", "format": "text", "columns": {"text": "body"}}]
+    assert got["eval_datasets"] == [{"path": "c.jsonl", "format": "alpaca"}]
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"base_model": "m", "datasets": [{"path": "a.jsonl", "type": "input_output"}]},
+     "datasets[0] has type 'input_output', which plancc does not read; types: alpaca, chat_template, completion"),
+    ({"base_model": "m", "chat_template": "gemma3", "datasets": []}, "chat_template 'gemma3' is not one plancc knows"),
+    ({"base_model": "m", "datasets": [{"type": "alpaca"}]}, "datasets[0] needs a path"),
+    ({"base_model": "m", "chat_template_jinja": "{{ messages }}", "datasets": []},
+     "chat_template_jinja holds the template's text; save it as a file and give its path"),
+])
+def test_axolotl_values_plancc_cannot_read_are_one_line(tmp_path, config, message):
+    path = tmp_path / "a.yml"
+    path.write_text(yaml.safe_dump(config))
+    res = _cli("compile", "--config", path, "-o", tmp_path / "plan", cwd=tmp_path)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_trl_sft_config_maps_its_keys(tmp_path):
+    config = tmp_path / "sft.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_name_or_path": "Qwen/Qwen2.5-0.5B", "dataset_name": "trl-lib/Capybara", "output_dir": "out",
+        "max_length": 1024, "packing": True, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 8,
+        "num_train_epochs": 3.0, "dataset_text_field": "body", "learning_rate": 2e-5, "seed": 42}))
+    got = load_config_file(config)
+    assert {k: got[k] for k in ("tokenizer", "sequence_len", "mode", "micro_batch_size", "grad_accum", "epochs",
+                                "seed", "columns")} == {
+        "tokenizer": "Qwen/Qwen2.5-0.5B", "sequence_len": 1024, "mode": "packed", "micro_batch_size": 4,
+        "grad_accum": 8, "epochs": 3, "seed": 42, "columns": {"text": "body"}}
+    assert got["datasets"] == [{"path": "trl-lib/Capybara"}]
+    assert "learning_rate" not in got
+
+
+def test_axolotl_masking_keys_map_onto_the_what_is_trained_settings(tmp_path):
+    """train_on_inputs, roles_to_train and train_on_eos keep their names (an entry's its own); val_set_size, which
+    this plancc lacks, is in the note rather than dropped silently."""
+    from plancc.config_import import translate
+
+    data = {"base_model": "m", "train_on_inputs": True, "val_set_size": 0.05, "train_on_eos": "last",
+            "datasets": [{"path": "a.jsonl", "type": "chat_template", "roles_to_train": ["assistant", "user"],
+                          "train_on_eos": "all"}]}
+    got = translate(data, tmp_path / "a.yml")
+    assert got.settings["train_on_inputs"] is True and got.settings["train_on_eos"] == "last"
+    assert got.settings["datasets"] == [{"path": "a.jsonl", "format": "messages",
+                                         "roles_to_train": ["assistant", "user"], "train_on_eos": "all"}]
+    assert "val_set_size (no such plancc setting yet)" in got.ignored
+    assert not any(k.startswith(("train_on", "roles_to_train", "datasets[0].")) for k in got.ignored), got.ignored
+
+
+def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
+    """completion_only_loss is not train_on_inputs; assistant_only_loss true trains the assistant turns, false
+    (TRL's whole-conversation loss, which plancc has no setting for) is in the note."""
+    from plancc.config_import import translate
+
+    for value in (True, False):
+        trl = translate({"output_dir": "o", "completion_only_loss": value}, tmp_path / "sft.yaml")
+        assert trl.kind == "trl" and trl.settings["train_on_inputs"] is (not value)
+    only = translate({"output_dir": "o", "assistant_only_loss": True}, tmp_path / "sft.yaml")
+    assert only.settings["roles_to_train"] == ["assistant"] and only.ignored == ["output_dir"]
+    whole = translate({"output_dir": "o", "assistant_only_loss": False}, tmp_path / "sft.yaml")
+    assert "roles_to_train" not in whole.settings
+    assert any(k.startswith("assistant_only_loss false") for k in whole.ignored), whole.ignored
+
+
+def test_axolotl_datasets_each_train_by_their_own_keys(tmp_path):
+    """Two entries with different train_on_eos/roles_to_train each keep theirs through the recipe (Axolotl sets
+    them per dataset); the top level's applies to an entry without its own."""
+    from plancc.config import ScanOptions
+    from plancc.config_import import translate
+    from plancc.recipe import dataset_spec
+
+    entries = [{"path": "a.jsonl", "type": "chat_template", "train_on_eos": "turn"},
+               {"path": "b.jsonl", "type": "chat_template", "train_on_eos": "all", "roles_to_train": ["user"]},
+               {"path": "c.jsonl", "type": "chat_template"}]
+    got = translate({"base_model": "m", "train_on_eos": "none", "datasets": entries}, tmp_path / "a.yml")
+    base = ScanOptions(train_on_eos=got.settings["train_on_eos"])
+    opts = [dataset_spec(e).scan_options(base) for e in got.settings["datasets"]]
+    assert [(o.train_on_eos, o.roles_to_train) for o in opts] == [
+        ("turn", ("assistant",)), ("all", ("user",)), ("none", ("assistant",))]
+
+
+def test_config_format_without_a_config_is_an_error(tmp_path):
+    src = write_rows(tmp_path / "d.jsonl", [{"text": "hi"}])
+    res = _cli("scan", src, "-o", tmp_path / "s", "--tokenizer", "builtin", "--config-format", "axolotl", cwd=tmp_path)
+    assert res.returncode == 2 and "--config-format axolotl describes a --config file" in res.stderr, res.stderr
