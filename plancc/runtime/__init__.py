@@ -11,6 +11,7 @@ only by `plancc.runtime.hf`, TRL only by `plancc.runtime.trl`.
         token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world).backward()
         if batch["plan"]["last_in_update"]:
             optimizer.step(); optimizer.zero_grad()
+    evaluate_plan(model, plan).loss           # plan compiled with --val-set-size: exact eval token mean
 """
 
 from plancc.runtime.checkpoint import (
@@ -23,17 +24,20 @@ from plancc.runtime.checkpoint import (
 )
 from plancc.runtime.collator import PlanCollator, block_causal_mask, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
-from plancc.runtime.loader import PlanDataLoader, PlanDataset
+from plancc.runtime.evaluate import EvalResult, evaluate_plan
+from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss, token_loss_sum
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan
-from plancc.runtime.sampler import Microbatch, PlanSampler
+from plancc.runtime.sampler import Microbatch, PlanEvalSampler, PlanSampler
 
 __all__ = [
     "CheckpointError",
+    "EvalResult",
     "Microbatch",
     "PlanCollator",
     "PlanDataLoader",
     "PlanDataset",
+    "PlanEvalSampler",
     "PlanMismatchError",
     "PlanSampler",
     "Resumed",
@@ -41,6 +45,8 @@ __all__ = [
     "TokenStore",
     "block_causal_mask",
     "checkpoint_state",
+    "eval_loader",
+    "evaluate_plan",
     "load_checkpoint",
     "load_tokens",
     "model_inputs",
