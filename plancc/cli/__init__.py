@@ -108,6 +108,9 @@ def compile_cmd(
     cost: Annotated[str | None, _setting("--cost", "What rank ordering and within-update trades even out: tokens "
                                                    "(padded slots) or attention (sum of squared sample lengths).")
                     ] = None,
+    val_set_size: Annotated[float | None, _setting("--val-set-size", "Hold out samples for evaluation: a fraction "
+                                                   "in (0, 1) or a count; a seeded draw, never trained on, "
+                                                   "planned once as the eval plan.", shown="0: none")] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
@@ -126,6 +129,7 @@ def compile_cmd(
                 micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
                 world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
                 balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
+                val_set_size=val_set_size,
             )
         warn(plan.warnings)
         if json:
