@@ -3,7 +3,8 @@
 `hold_out(sample_ids, val_set_size, seed, datasets=None)` draws `--val-set-size` of the samples (a fraction or a
 count), per dataset in proportion to its size when dataset labels are given. It depends on the ids (and labels)
 only, never on lengths or order, so the same data and seed hold out the same samples whatever the layout, and
-`validate` redraws it to check the eval plan. The training plan is compiled from the rest (`split`); the eval
+`validate` redraws it to check the eval plan. Each dataset's samples are drawn in one seeded order and its first
+ones held out, so raising `--val-set-size` only adds samples (to each dataset whose share grows). The training plan is compiled from the rest (`split`); the eval
 plan (`plancc.evaluation`) from the held-out ones, or from any other set of eval ids (eval datasets).
 """
 
@@ -58,7 +59,7 @@ def hold_out(sample_ids: np.ndarray, val_set_size: int | float, seed: int,
     taken = []
     for g, share in enumerate(_proportional(np.bincount(group_of, minlength=groups.shape[0]), k).tolist()):
         members = ids[group_of == g]
-        taken.append(members[rng.choice(members.shape[0], share, replace=False)])
+        taken.append(members[rng.permutation(members.shape[0])[:share]])  # a larger size only adds samples
     return np.sort(np.concatenate(taken))
 
 
