@@ -142,6 +142,19 @@ def test_trainer_evaluate_and_eval_strategy_log_the_exact_eval_loss(plan, tmp_pa
     assert metrics["eval_targets"] == RuntimePlan(plan).eval_label_count
 
 
+def test_trainer_evaluates_at_the_end_of_each_plan_epoch(tmp_path):
+    plan = build_plan(tmp_path / "p", n=60, data_seed=6, max_len=24, mode="packed", sequence_len=32, world_size=2,
+                      grad_accum=1, epochs=2, val_set_size=10)
+    rec = EvalRecorder(plan)
+    trainer = PlanTrainer(model=tiny_model(seed=3), plan=plan, callbacks=[rec],
+                          args=args_for(tmp_path / "o", gradient_accumulation_steps=2, num_train_epochs=2,
+                                        eval_strategy="epoch"))
+    trainer.train()
+    ends = [trainer._update_bounds()[1], trainer._update_bounds()[2]]
+    assert [step for step, _, _ in rec.seen] == ends  # once per plan epoch, not again at the stream's end
+    assert all(rel(got, want) < RTOL for _, got, want in rec.seen)
+
+
 def test_trainer_refuses_an_eval_dataset_that_is_not_a_plan(plan, tmp_path):
     tokens = load_tokens(plan)
     with pytest.raises(PlanMismatchError, match="not a TokenStore: compile the plan with --val-set-size"):

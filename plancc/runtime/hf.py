@@ -25,7 +25,7 @@ What it changes in `Trainer` (transformers is imported only here, and only when 
   refused, naming each rank's step) before the Trainer skips the consumed batches; a checkpoint without them is
   refused. `resume_from_checkpoint=True` takes the newest checkpoint complete on every rank (a warning says
   which newer ones it skipped). The skip itself goes through the sampler only (no batch is collated).
-- `evaluate()` (and `eval_strategy`/`eval_steps` during training) runs the plan's eval plan (a plan compiled with
+- `evaluate()` (and `eval_strategy`/`eval_steps` during training; "epoch" means each plan epoch) runs the plan's eval plan (a plan compiled with
   `--val-set-size`): each rank its share, one all-reduce of (sum of CE, targets), logged as `eval_loss`, the
   exact token mean over the whole eval set (`plancc.runtime.evaluate`). `eval_dataset` defaults to it; another
   plan directory evaluates that plan's eval plan; any other dataset is refused (its batches are not planned).
@@ -44,7 +44,12 @@ from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, speed_metrics
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    IntervalStrategy,
+    rotate_checkpoints,
+    speed_metrics,
+)
 
 from plancc import layout
 from plancc.runtime.checkpoint import (
@@ -105,13 +110,26 @@ def _checkpoint_step(ckpt: Path) -> int | None:
 
 
 class _PlanEpoch(TrainerCallback):
-    """The Trainer runs the plan's epochs as its one epoch (see `_EpochStream`): report the plan's epochs instead."""
+    """The Trainer runs the plan's epochs as its one epoch (see `_EpochStream`): report the plan's epochs instead,
+    and under `eval_strategy="epoch"` evaluate at the end of each plan epoch (once: not again when the stream ends
+    with one)."""
 
     def __init__(self, trainer: PlanTrainer):
         self.trainer = trainer
 
+    def _ends_plan_epoch(self, args, state) -> bool:
+        return (args.eval_strategy == IntervalStrategy.EPOCH and args.eval_delay <= state.epoch
+                and state.global_step in self.trainer._update_bounds()[1:])
+
     def on_step_end(self, args, state, control, **kwargs):
         state.epoch = self.trainer.plan_epoch_progress(state.global_step)
+        if self._ends_plan_epoch(args, state):
+            control.should_evaluate = True
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self._ends_plan_epoch(args, state):  # evaluated at this step's end already
+            control.should_evaluate = False
         return control
 
 
