@@ -157,6 +157,23 @@ def test_too_large_or_too_small_val_set_size_is_one_line_exit_2(tmp_path):
         assert not (tmp_path / "out").exists()
 
 
+def test_val_set_size_from_a_config_file_and_the_api(tmp_path):
+    import plancc
+
+    table, _ = _samples(2, 50)
+    source = tmp_path / "samples.parquet"
+    pq.write_table(table, source)
+    (tmp_path / "c.toml").write_text("val-set-size = 12\nsequence_len = 64\n")
+    res = runner.invoke(app, ["compile", str(source), "-o", str(tmp_path / "cli"), "--config",
+                              str(tmp_path / "c.toml")])
+    assert res.exit_code == 0, res.output
+    assert "eval       12 samples held out (--val-set-size 12)" in res.output
+    plan = plancc.compile(str(source), tmp_path / "api", sequence_len=64, val_set_size=0.24)
+    for path in (tmp_path / "cli", tmp_path / "api"):
+        assert store.PlanDir(path).meta["eval"]["samples"] == 12
+    assert plan.manifest["settings"]["val_set_size"] == 0.24
+
+
 # ---------------------------------------------------------------- validate, runtime, inspect, diff
 
 

@@ -72,7 +72,7 @@ def eval_totals(model: torch.nn.Module, batches, *, explicit_mask: bool = False)
     return totals
 
 
-def finish(totals: torch.Tensor, plan: RuntimePlan, *, distributed: bool) -> EvalResult:
+def eval_result(totals: torch.Tensor, plan: RuntimePlan, *, distributed: bool) -> EvalResult:
     """All-reduce the (sum, targets) pair once when `distributed`, check the count against the plan's, and
     divide: the exact token mean."""
     if distributed:
@@ -96,14 +96,15 @@ def evaluate_plan(model: torch.nn.Module, plan: str | Path | RuntimePlan, tokens
                   rank: int | None = None, world_size: int | None = None, pad_token_id: int = 0,
                   explicit_mask: bool = False, **loader_kwargs: Any) -> EvalResult:
     """The eval loss of `model` over `plan`'s eval plan (see module docstring): this rank's share, then one
-    all-reduce when torch.distributed runs with more than one process. `tokens` default to the plan's data."""
+    all-reduce when torch.distributed runs with more than one process. `tokens` default to the plan's data.
+    Without torch.distributed, `rank`/`world_size` pick one share and the result covers that share only."""
     plan = open_plan(plan)
     tokens = load_tokens(plan) if tokens is None else tokens
     sampler = PlanEvalSampler(plan, rank=rank, world_size=world_size)
     loader = eval_loader(PlanDataset(tokens, PlanCollator.from_plan(plan, pad_token_id=pad_token_id)), sampler,
                          **loader_kwargs)
     totals = eval_totals(model, loader, explicit_mask=explicit_mask)
-    return finish(totals, plan, distributed=_distributed() and sampler.world_size > 1)
+    return eval_result(totals, plan, distributed=_distributed() and sampler.world_size > 1)
 
 
-__all__ = ["EvalResult", "batch_loss_sum", "eval_totals", "evaluate_plan", "finish", "plan_forward"]
+__all__ = ["EvalResult", "batch_loss_sum", "eval_result", "eval_totals", "evaluate_plan", "plan_forward"]

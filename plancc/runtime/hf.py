@@ -63,7 +63,7 @@ from plancc.runtime.checkpoint import (
 )
 from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore, load_tokens
-from plancc.runtime.evaluate import eval_totals, finish, plan_forward
+from plancc.runtime.evaluate import eval_result, eval_totals, plan_forward
 from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
@@ -286,7 +286,7 @@ class PlanTrainer(Trainer):
         was_training = self.model.training
         self.model.eval()  # while logging too: what TRL's `log` reads to tell eval logs from training ones
         try:
-            result = finish(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
+            result = eval_result(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
                             distributed=self.args.world_size > 1)
             metrics = {f"{metric_key_prefix}_loss": result.loss, f"{metric_key_prefix}_targets": result.targets,
                        **speed_metrics(metric_key_prefix, start, num_samples=plan.dir.meta["eval"]["samples"],
