@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_OUT ?= out/chat-plan
+RECIPE_OUT ?= out/recipe-plan
 
 .PHONY: install demo test lint bench clean
 
@@ -20,6 +21,9 @@ demo: $(BIN)/plancc
 	$(BIN)/plancc inspect metrics $(DEMO_OUT) --epoch 0 --compact
 	$(BIN)/plancc show $(DEMO_OUT) --sample 1 --no-color
 	$(BIN)/plancc validate $(DEMO_OUT)
+	$(BIN)/plancc compile -o $(RECIPE_OUT) --config examples/recipe.toml --overwrite
+	$(BIN)/plancc inspect metrics $(RECIPE_OUT) --by dataset --epoch 0
+	$(BIN)/plancc validate $(RECIPE_OUT)
 
 test: $(BIN)/plancc
 	$(BIN)/ruff check plancc tests benchmarks examples

@@ -116,7 +116,7 @@ def seed_stats(n: int, mbs: int, seeds: list[int]) -> dict[str, list[float]]:
         out["rows_over"].append(after["packed_rows"] / after["rows_lower_bound"] - 1)
         out["update_cv"].append(after["update_label_cv"])
         cost = batch_cost(p.batches, s, settings.pad_multiple)
-        out["rank_cv"].append(rank_cost_cv(cost, after["updates"], settings.world_size, settings.grad_accum))
+        out["rank_cv"].append(rank_cost_cv(cost, after["complete_updates"], settings.world_size, settings.grad_accum))
     return out
 
 
@@ -200,7 +200,7 @@ def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
     m = summarize(b, s, settings)
     m["cost_cv"] = m["std_batch_cost"] / m["mean_batch_cost"]
     m["padding_tokens"] = m["padding_tokens"] / 1e6
-    span = m["updates"] * settings.batches_per_update  # the tail after it is left as drawn, by both tools
+    span = m["complete_updates"] * settings.batches_per_update  # the tail after it is left as drawn, by both tools
     m["span_peak"] = int(batch_cost(b, s, settings.pad_multiple)[:span].max()) if span else 0
     return {key: float(m[key]) for key, _, _ in FIXED_METRICS}
 

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from typing import NoReturn
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
+from plancc.errors import PlanccError
 from plancc.runtime import RuntimePlan, load_tokens
 from plancc.runtime.hf import PlanTrainer
 
@@ -40,13 +43,22 @@ def arguments(output_dir: str, description: str | None = __doc__) -> argparse.Ar
     return ap
 
 
+def fail(message: str) -> NoReturn:
+    """Stop with one line and exit status 2: a setting that does not fit the plan is no reason for a traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def open_run(plan_dir: str):
     """The plan, this run's process count (checked against the plan's microbatches per update) and its tokens."""
-    plan = RuntimePlan(plan_dir)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if plan.batches_per_update % world:
-        raise SystemExit(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
-    return plan, world, load_tokens(plan)
+    try:
+        plan = RuntimePlan(plan_dir)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if plan.batches_per_update % world:
+            fail(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
+        return plan, world, load_tokens(plan)
+    except PlanccError as e:
+        fail(str(e))
 
 
 def tiny_llama(vocab: int) -> LlamaForCausalLM:

@@ -1,8 +1,10 @@
-"""Write the bundled example `examples/data/chat.jsonl`: 800 synthetic multi-turn chats, seeded.
+"""Write the bundled examples: `examples/data/chat.jsonl`, 800 synthetic multi-turn chats, and
+`examples/data/instructions.jsonl`, 300 alpaca-style records (instruction, optional input, output) for the
+two-dataset recipe `examples/recipe.toml`; each from its own seed.
 
 The mix mimics what makes batching hard in SFT: prompts and answers of very different lengths (one-word answers
 next to long step-by-step ones), a system prompt on some conversations, and one to three assistant turns.
-Run `python examples/make_example_data.py` to regenerate it byte for byte.
+Run `python examples/make_example_data.py` to regenerate both byte for byte.
 """
 
 from __future__ import annotations
@@ -51,13 +53,29 @@ def conversation(rng: random.Random) -> dict:
     return {"messages": messages}
 
 
+def instruction(rng: random.Random) -> dict:
+    """One alpaca-style record: the task in `instruction`, its data (when it has any) in `input`."""
+    if rng.random() < 0.5:
+        words = [rng.choice(ITEMS) for _ in range(rng.randint(2, 30))]
+        return {"instruction": "Sort these words alphabetically and remove duplicates.", "input": " ".join(words),
+                "output": ", ".join(sorted(set(words)))}
+    a, b = rng.randint(2, 99), rng.randint(2, 99)
+    return {"instruction": f"Multiply {a} by {b}.", "input": "", "output": str(a * b)}
+
+
+def write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
 def main() -> None:
+    data = Path(__file__).parent / "data"
     rng = random.Random(20261129)
-    out = Path(__file__).parent / "data" / "chat.jsonl"
-    out.parent.mkdir(exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
-        for _ in range(800):
-            f.write(json.dumps(conversation(rng), ensure_ascii=False) + "\n")
+    write(data / "chat.jsonl", [conversation(rng) for _ in range(800)])
+    rng = random.Random(20261201)
+    write(data / "instructions.jsonl", [instruction(rng) for _ in range(300)])
 
 
 if __name__ == "__main__":

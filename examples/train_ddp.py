@@ -22,10 +22,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
+from plancc.errors import PlanccError
+from plancc.layout import elastic_grad_accum
 from plancc.runtime import (
     CheckpointError,
     PlanCollator,
@@ -65,6 +68,29 @@ def tiny_llama(vocab_size: int, seed: int) -> torch.nn.Module:
     return LlamaForCausalLM(cfg)
 
 
+def fail(message: str) -> NoReturn:
+    """One line and exit status 2: a setting that does not fit the plan is no reason for a traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_shape(plan: RuntimePlan, world: int, grad_accum: int | None) -> None:
+    """Refuse, in this script's own flags, a process count and --grad-accum that do not replay the plan's updates."""
+    per_update = plan.batches_per_update
+    if grad_accum is None and world == plan.world_size:
+        return
+    fits = elastic_grad_accum(per_update, world)
+    compiled = (f"plan {plan.path} was compiled for world size {plan.world_size} x grad_accum {plan.grad_accum} "
+                f"({per_update} microbatches per update)")
+    if fits is None:
+        fail(f"{compiled}: {world} processes cannot replay it ({world} does not divide {per_update}); run on a "
+             f"number of processes that does, or recompile with --world-size {world}")
+    if grad_accum != fits:
+        given = "without --grad-accum" if grad_accum is None else f"with --grad-accum {grad_accum}"
+        fail(f"{compiled}; this run has {world} process(es) {given}: pass --grad-accum {fits} ({world} x {fits} = "
+             f"{per_update}), or recompile with --world-size {world}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", required=True, help="a plan directory from `plancc compile`")
@@ -88,15 +114,24 @@ def main() -> None:
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        plan = RuntimePlan(args.plan)
+    except PlanccError as e:
+        fail(str(e))
+    check_shape(plan, world, args.grad_accum)
+    if args.resume and args.checkpoint is None:
+        fail("--resume needs --checkpoint DIR")
     if world > 1:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank() if world > 1 else 0
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
-    plan = RuntimePlan(args.plan)
     sampler = PlanSampler(plan, rank=rank, world_size=world, grad_accum=args.grad_accum)
-    tokens = load_tokens(plan, verify=args.verify, allow_dataset_change=args.allow_dataset_change)
+    try:
+        tokens = load_tokens(plan, verify=args.verify, allow_dataset_change=args.allow_dataset_change)
+    except PlanccError as e:  # every rank reads the same data and fails alike
+        fail(str(e))
     loader = PlanDataLoader(PlanDataset(tokens, PlanCollator.from_plan(plan)), sampler,
                             num_workers=args.num_workers)
 
@@ -112,8 +147,6 @@ def main() -> None:
 
     step = 0
     if args.resume:
-        if args.checkpoint is None:
-            raise SystemExit("--resume needs --checkpoint DIR")
         try:
             resumed = load_checkpoint(args.checkpoint, sampler=sampler, model=model, map_location=device,
                                       allow_dataset_change=args.allow_dataset_change)

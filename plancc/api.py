@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from plancc import store
+from plancc import atomic, store
 from plancc.config import PlanSettings, SettingsError, resolve_settings
 from plancc.errors import InputError
 from plancc.store import EpochMicrobatches
@@ -81,12 +81,13 @@ def open_plan(path: str | Path) -> Plan:
 
 
 def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> list[str]:
-    """Settings that make a plan useless for training: no update at all, or fewer microbatches than one update."""
+    """Settings that make a plan useless for training: an epoch without one complete update (at most a partial
+    tail, which balancing cannot even out)."""
     per_update = settings.batches_per_update
     out = []
     for e in manifest.get("epochs", []):
-        if e["updates"] == 0 or e["batches"] < per_update:
-            out.append(f"epoch {e['epoch']}: {e['batches']} microbatches, {e['updates']} updates, but one update "
+        if e["batches"] < per_update:
+            out.append(f"epoch {e['epoch']}: {e['batches']} microbatches, no complete update: one update "
                        f"takes world_size x grad_accum = {settings.world_size} x {settings.grad_accum} = "
                        f"{per_update} microbatches; lower --world-size or --grad-accum (or --micro-batch-size)")
     return out
@@ -159,6 +160,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
                                    num_proc=procs, progress=progress)
     result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
                            shard_rows=default_rows if shard_rows is None else shard_rows, engine=runner)
+    atomic.fault("prepared")
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report
 
@@ -188,20 +190,67 @@ def merge(parts: list[str | Path], output: str | Path, *, overwrite: bool = Fals
 
 def compile(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
             num_proc: int | None = None, cache_dir: str | Path | None = None, progress: Progress | None = None,
-            **settings: Any) -> Plan:
+            mix: str | list[str] | dict[str, tuple[str, float]] | None = None, **settings: Any) -> Plan:
     """Scan `source` (or reuse its scan), plan every epoch and write the plan directory `output`.
 
     `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
-    directory) or an in-memory `datasets.Dataset` (written once into the cache as Parquet). `settings` are the
-    flags' names with underscores (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML
-    file under them. `output` must be absent, empty, or (with `overwrite`) a plan to replace. Errors are `plancc.errors.PlanccError` with a message naming the setting to change.
+    directory) or an in-memory `datasets.Dataset` (written once into the cache as Parquet). A list of them (or of
+    dataset entries, dicts with a config entry's keys: `path`, `name`, `format`, `repeat`, `weight`, ...) is a
+    recipe (`plancc.recipe`), as is a config file listing `datasets` (then `source` is None). `mix` is `--mix`:
+    "chat=2x,alpaca=0.5" (a repeat with x, else a weight). `settings` are the flags' names with underscores
+    (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML file under them. `output` must be
+    absent, empty, or (with `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else
+    there is refused, `store.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
+    naming the setting to change.
     """
-    from plancc.build import compile_to_dir
+    from plancc.build import compile_recipe, compile_to_dir
 
     cache = Path(cache_dir) if cache_dir is not None else None
     scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, **settings)
-    if not isinstance(source, str | os.PathLike):
-        source = _materialize(source, cache)
-    compile_to_dir(str(source), scan_options, plan_settings, output, num_proc=procs, cache_dir=cache,
-                   progress=progress, given=given, overwrite=overwrite)
+    specs = _recipe(source, config, mix, cache)
+    if specs is None:
+        if plan_settings.samples_per_epoch is not None:
+            raise SettingsError("--samples-per-epoch sizes a recipe's weighted datasets: give several sources (or a "
+                                "config listing datasets) with weights", "samples_per_epoch")
+        if not isinstance(source, str | os.PathLike):
+            source = _materialize(source, cache)
+        compile_to_dir(str(source), scan_options, plan_settings, output, num_proc=procs, cache_dir=cache,
+                       progress=progress, given=given, overwrite=overwrite)
+    else:
+        scan_options, plan_settings, given = _recipe_settings(specs, scan_options, plan_settings, given)
+        compile_recipe(specs, scan_options, plan_settings, output, num_proc=procs, cache_dir=cache,
+                       progress=progress, given=given, overwrite=overwrite)
     return open_plan(output)
+
+
+def _recipe(source: Any, config: str | Path | None, mix: Any, cache: Path | None) -> tuple | None:
+    """The recipe's datasets when `source` is several sources or entries, or the config lists datasets (or `mix`
+    is given); None for one plain source."""
+    from plancc import recipe
+    from plancc.config import load_config_file
+
+    train, evals = recipe.from_config(load_config_file(config), Path(config).parent) if config else ([], [])
+    sources = list(source) if isinstance(source, list | tuple) else [] if source is None else [source]
+    if sources and train:
+        raise SettingsError(f"config file {config} lists datasets and sources were given too: give one or the other")
+    if not sources and not train:
+        raise SettingsError("no source: give SOURCE, several sources, or a config file listing datasets")
+    mixes = mix if isinstance(mix, dict) else recipe.parse_mix(mix)
+    if len(sources) == 1 and not isinstance(sources[0], dict) and not evals and not mixes:
+        return None
+    sources = [s if isinstance(s, str | os.PathLike | dict) else _materialize(s, cache) for s in sources]
+    return recipe.build(train or sources, evals, mixes)
+
+
+def _recipe_settings(specs: tuple, scan_options: Any, plan_settings: PlanSettings, given: set[str]
+                     ) -> tuple[Any, PlanSettings, set[str]]:
+    """The recipe-wide settings its entries set (checked against each other and the given ones) applied."""
+    import dataclasses
+
+    from plancc.recipe import SHARED_KEYS, shared_settings
+
+    shared = shared_settings(specs, {k: getattr(scan_options, k) for k in SHARED_KEYS if k in given})
+    scan_options = dataclasses.replace(scan_options, **shared)
+    plan_settings = dataclasses.replace(plan_settings, **{k: v for k, v in shared.items()
+                                                          if k in ("sequence_len", "shift")})
+    return scan_options, plan_settings, given | set(shared)

@@ -6,7 +6,8 @@ The protocol, for a target `D/NAME` (all names hidden, beside the target, never 
    never blocks) and unlinked by its holder when done (no litter). A second live writer is refused.
 2. Recover (also run by every reader of a plan or scan directory, see `recover`): leftovers of dead writers
    beside the target are reclaimed, see the crash states below.
-3. Write the new directory as `D/.NAME.plancc-tmp-PID-HEX`, fsync every file and the directory.
+3. Write the new directory as `D/.NAME.plancc-tmp-PID-HEX`, fsync every file and the directory. The caller's
+   check of the target (`store.check_output`: nothing in it that plancc did not write) runs before and after.
 4. Commit: `renameat2(tmp, D/NAME, RENAME_EXCHANGE)` swaps the two paths in one step (the old directory now sits
    under the temporary name), or `rename(tmp, D/NAME)` when there is no old one. Where the filesystem has no
    exchange, two renames: `D/NAME -> D/.NAME.plancc-old-PID-HEX`, then `tmp -> D/NAME`. Then fsync `D`.
@@ -26,8 +27,14 @@ Crash states (SIGKILL or power loss at each step) and what the next command does
 | any step               | as above                 | its `.NAME.lock` file      | removed (it blocks nothing meanwhile)  |
 
 Only leftovers whose lock can be taken are touched, so a live writer's temporaries are never reclaimed.
-`PLANCC_FAULT=POINT:kill|int|term` (tests only) sends the process SIGKILL, SIGINT or SIGTERM at a named point
-of this sequence: `written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`.
+`PLANCC_FAULT=POINT:kill|int|term|stop` (tests only) sends the process SIGKILL, SIGINT, SIGTERM or SIGSTOP at a
+named point of this sequence: `written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`;
+or before it: `startup` (`plancc.__main__`, before the CLI is imported), `prepared` (the work done, nothing
+written yet).
+
+Step 3 fails as a whole: an OSError while writing (a full disk, whichever file a copy read) is `WriteFailed`,
+naming the target and saying that what was there is unchanged.
+
 `PLANCC_REPLACE=rename` forces the two-rename fallback (to test it on a filesystem that has the exchange).
 """
 
@@ -41,6 +48,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,13 +58,19 @@ from plancc.errors import PlanccError
 
 _FAULT = os.environ.get("PLANCC_FAULT", "")
 _EXCHANGE = os.environ.get("PLANCC_REPLACE", "exchange") != "rename"
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.plancc-(?:tmp|old)-\d+-[0-9a-f]+$")
-_LOCK = re.compile(r"^\.(?P<name>.+)\.lock$")
+# DOTALL and fullmatch: a name may hold any character but "/" and NUL, a newline too
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.plancc-(?:tmp|old)-\d+-[0-9a-f]+", re.DOTALL)
+_LOCK = re.compile(r"\.(?P<name>.+)\.lock", re.DOTALL)
 _LOCK_MARK = b"plancc pid "
 
 
 class OutputBusy(PlanccError):
     """Another live plancc process is writing the same output directory."""
+
+
+class WriteFailed(PlanccError):
+    """Writing the new directory failed (no space, no permission, ...); the message names the target and says
+    that what was there is unchanged."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -68,13 +82,32 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def _fault(point: str) -> None:
+def fault(point: str) -> None:
     """Deterministic crash injection for the tests (see the module docstring); a no-op unless PLANCC_FAULT names
     this point."""
     if not _FAULT or _FAULT.split(":")[0] != point:
         return
     how = _FAULT.split(":")[1] if ":" in _FAULT else "kill"
-    os.kill(os.getpid(), {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}[how])
+    os.kill(os.getpid(), {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM,
+                          "stop": signal.SIGSTOP}[how])
+
+
+def read_regular(path: Path) -> bytes | None:
+    """The bytes of `path` when it is a regular file (not followed through a link), else None: a FIFO, device or
+    socket where plancc expects its own file is never opened for reading, which could block forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- locks
@@ -89,7 +122,10 @@ def _lock(parent: Path, name: str, *, wait: bool = False) -> Iterator[bool]:
     """
     path = parent / f".{name}.lock"
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OutputBusy(f"{path} is not a plancc lock file (not a regular file): remove it, or choose another -o")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
@@ -123,10 +159,9 @@ def exclusive(parent: Path, name: str) -> Iterator[None]:
 
 
 def _lock_owner(parent: Path, name: str) -> str:
-    with contextlib.suppress(OSError):
-        raw = (parent / f".{name}.lock").read_bytes()
-        if raw.startswith(_LOCK_MARK):
-            return f" (pid {raw[len(_LOCK_MARK):].strip().decode(errors='replace')})"
+    raw = read_regular(parent / f".{name}.lock") or b""
+    if raw.startswith(_LOCK_MARK):
+        return f" (pid {raw[len(_LOCK_MARK):].strip().decode(errors='replace')})"
     return ""
 
 
@@ -163,25 +198,21 @@ def recover(target: str | Path) -> None:
         return
     names: dict[str, list[Path]] = {}
     for entry in entries:
-        m = _LEFTOVER.match(entry)
+        m = _LEFTOVER.fullmatch(entry)
         if m:
             names.setdefault(m["name"], []).append(parent / entry)
         else:
-            m = _LOCK.match(entry)
+            m = _LOCK.fullmatch(entry)
             if m and _is_our_lock(parent / entry):
                 names.setdefault(m["name"], [])
     for name, leftovers in names.items():
-        with contextlib.suppress(OSError), _lock(parent, name) as held:
+        with contextlib.suppress(OSError, OutputBusy), _lock(parent, name) as held:
             if held:
                 _recover_name(parent, name, leftovers)
 
 
 def _is_our_lock(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(_LOCK_MARK)) == _LOCK_MARK
-    except OSError:
-        return False
+    return (read_regular(path) or b"").startswith(_LOCK_MARK)
 
 
 # ---------------------------------------------------------------- durability and the swap
@@ -255,29 +286,64 @@ def _commit(tmp: Path, target: Path, stamp: str) -> Path | None:
     """Put `tmp` at `target`; returns where the old directory now is (None when there was none)."""
     if not os.path.lexists(target):
         os.rename(tmp, target)
-        _fault("swapped")
+        fault("swapped")
         return None
     if exchange(tmp, target):
-        _fault("swapped")
+        fault("swapped")
         return tmp
     old = target.parent / f".{target.name}.plancc-old-{stamp}"
     os.rename(target, old)
-    _fault("moved_old")
+    fault("moved_old")
     try:
         os.rename(tmp, target)
     except OSError:
         os.rename(old, target)  # put the old directory back before reporting the error
         raise
-    _fault("swapped")
+    fault("swapped")
     return old
+
+
+_replaced: set[Path] = set()  # targets this process has replaced (committed), for `interrupted_message`
+
+
+def interrupted_message(target: str | Path, what: str) -> str:
+    """What an interrupt outside a replace (during the work before it, or the summary after it) leaves at
+    `target`, truthfully: the new directory when this process replaced it, else whatever was there."""
+    target = Path(os.path.realpath(target))
+    if target in _replaced:
+        return f"interrupted after the new {what} was written: the new {what} is in place at {target}"
+    return f"interrupted before the {what} was written: {untouched(target, what)}"
+
+
+def untouched(target: Path, what: str) -> str:
+    """What is at `target` when a replace did not happen: the old directory, or nothing plancc wrote."""
+    try:
+        kept = target.is_dir() and any(os.scandir(target))
+    except OSError:
+        kept = False
+    return f"the old {what} is unchanged at {target}" if kept else f"nothing was written at {target}"
+
+
+def _reason(exc: OSError, tmp: Path, target: Path) -> str:
+    """An OSError of the write as the user's paths: a full disk is the target's, whichever file the copy read
+    (a copy's error names its source first); other errors name their file, under `target` not the temporary."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not exc.filename:
+        return reason
+    where = os.fsdecode(exc.filename)
+    if where.startswith(f"{tmp}{os.sep}"):
+        where = str(target / os.path.relpath(where, tmp))
+    return f"{reason} ({where})"
 
 
 @contextlib.contextmanager
 def replace_directory(target: str | Path, check: Callable[[Path], None] | None = None, *,
                       what: str = "output") -> Iterator[Path]:
     """Yield a fresh temporary directory beside `target`; when the block ends without error it replaces
-    `target` whole (see the module docstring). `check(target)` runs under the lock, before anything is created,
-    and raises to refuse the target. On error or interrupt `target` is left as it was."""
+    `target` whole (see the module docstring). `check(target)` runs under the lock, before anything is created
+    and again just before the commit (what was added to `target` meanwhile is not lost), and raises to refuse the
+    target. On error or interrupt `target` is left as it was; a failed write (`WriteFailed`) and an interrupt
+    (`Interrupted`) name `target` and say so."""
     target = Path(os.path.realpath(target))
     parent, name = target.parent, target.name
     parent.mkdir(parents=True, exist_ok=True)
@@ -287,10 +353,9 @@ def replace_directory(target: str | Path, check: Callable[[Path], None] | None =
                              "for it or choose another -o")
         recover(target)  # the lock on NAME is ours: other names' leftovers are reclaimed, NAME's below
         _recover_name(parent, name, [parent / e for e in os.listdir(parent)
-                                     if (m := _LEFTOVER.match(e)) and m["name"] == name])
+                                     if (m := _LEFTOVER.fullmatch(e)) and m["name"] == name])
         if check is not None:
             check(target)
-        existed = os.path.lexists(target)
         stamp = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         tmp = parent / f".{name}.plancc-tmp-{stamp}"
         tmp.mkdir()
@@ -298,23 +363,31 @@ def replace_directory(target: str | Path, check: Callable[[Path], None] | None =
         committed = False
         try:
             yield tmp
-            _fault("written")
+            fault("written")
             _fsync_tree(tmp)
-            _fault("synced")
+            fault("synced")
+            if check is not None:
+                check(target)
             with _signals_held() as caught:
                 old = _commit(tmp, target, stamp)
                 committed = True
+                _replaced.add(target)
                 _fsync_dir(parent)
             for signum in caught[:1]:
                 signal.raise_signal(signum)  # the held-back interrupt, now that the new directory is in place
-            _fault("cleanup")
+            fault("cleanup")
         except KeyboardInterrupt as exc:
             signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
             if committed:
                 raise Interrupted(f"interrupted after the new {what} was written: the new {what} is in place at "
                                   f"{target}", signum) from None
-            kept = f"the old {what} is unchanged" if existed else "nothing was written"
-            raise Interrupted(f"interrupted before the {what} was replaced: {kept} at {target}", signum) from None
+            raise Interrupted(f"interrupted before the {what} was replaced: {untouched(target, what)}", signum
+                              ) from None
+        except OSError as exc:
+            if committed:
+                raise
+            raise WriteFailed(f"cannot write the {what} at {target}: {_reason(exc, tmp, target)}; "
+                              f"{untouched(target, what)}") from None
         finally:
             if not committed:
                 _remove(tmp)

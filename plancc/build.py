@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc import __version__, store, token_store
+from plancc import __version__, atomic, store, token_store
 from plancc.carry import carry
 from plancc.config import PlanSettings, ScanOptions
 from plancc.errors import InputError
@@ -31,6 +31,7 @@ from plancc.fingerprint import (
 from plancc.metrics import SourceDrops
 from plancc.pipeline import EpochPlan, Progress, compile_run, plan_columns
 from plancc.plan import SampleArrays
+from plancc.recipe import DatasetSpec
 
 
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
@@ -71,12 +72,41 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     samples_table, scan_info, tokenized = load_samples(
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
+    if store.DATASET_COLUMN in samples_table.column_names:
+        raise InputError(f"{source} holds a recipe's samples (several datasets): compile the recipe again (its config "
+                         "or sources), or list it as one dataset of a recipe")
     settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
     s = store.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
     run = compile_run(s, settings, progress=progress, drops=drops)
+    atomic.fault("prepared")
     return write_plan_dir(out_dir, samples_table, run.train, settings, run.epochs, scan_info, tokenized, progress,
                           overwrite=overwrite, evaluation=run.evaluation)
+
+
+def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: PlanSettings,
+                   out_dir: str | Path, *, num_proc: int = 1, cache_dir: Path | None = None,
+                   progress: Progress | None = None, given: Collection[str] = (), overwrite: bool = False
+                   ) -> dict[str, Any]:
+    """`compile_to_dir` for a recipe: each dataset scanned (or reused) on its own, joined into one samples table and
+    token store (`plancc.recipe_data`), planned as the recipe's mixture; returns the manifest."""
+    from plancc import recipe_data
+
+    store.check_output(out_dir, overwrite=overwrite)
+    joined = recipe_data.load(specs, scan_options, settings, given, num_proc=num_proc, cache_dir=cache_dir,
+                              progress=progress)
+    settings = joined.settings
+    s = store.sample_arrays(joined.table)
+    drops = SourceDrops(joined.report["dropped_samples"], joined.report["truncated_samples"])
+    run = compile_run(s, settings, progress=progress, drops=drops, index=joined.index)
+    recipe = {"datasets": joined.datasets, "metrics": recipe_data.epoch_metrics(run.epochs, joined, settings.shift)}
+    return write_plan_dir(out_dir, joined.table, run.train, settings, run.epochs, joined.report, joined.tokens,
+                          progress, overwrite=overwrite, recipe=recipe, evaluation=run.evaluation)
+
+
+# scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
+# took (a cold and a warm cache must give the same plan bytes)
+NOT_PLANNED = ("source_paths", "seconds")
 
 
 def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool) -> dict[str, Any]:
@@ -94,10 +124,10 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
-                   evaluation: EvalPlan | None = None) -> dict[str, Any]:
+                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> dict[str, Any]:
     """Write PLAN_DIR atomically from planned epochs (over the training samples `s`) and the eval plan, if any:
     plan, samples (all of `samples_table`), metrics, before and eval tables, the manifest (and the token store,
-    hard-linked); returns the manifest."""
+    hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
     if progress:
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
@@ -107,6 +137,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,
     }
+    if tokenized is not None:  # binds the token store: a reader compares its digest at open
+        fingerprints["tokens"] = token_store.open_store(tokenized).digest
     tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
     for p in epochs:
         cols = plan_columns(p, s, settings)
@@ -132,7 +164,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "schema": store.SCHEMA_VERSION,
         "fingerprints": fingerprints,
         "settings": settings_dict,
-        "scan": {k: v for k, v in scan_info.items() if k != "source_paths"},
+        "scan": {k: v for k, v in scan_info.items() if k not in NOT_PLANNED},
         "data": data,
         "epochs": epoch_info,
         "samples": samples_table.num_rows,
@@ -149,11 +181,16 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     }
     if eval_info is not None:
         manifest["eval"] = eval_info
+    if recipe is not None:
+        manifest["recipe"] = recipe
     with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
         store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest,
                                eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
+            if token_store.open_store(tmp / store.TOKENS_DIR).digest != fingerprints["tokens"]:
+                raise token_store.TokenStoreError(f"token store {tokenized} changed while the plan was written; "
+                                                  "compile again")
     if progress:
         progress("writing plan", 1, 1)
     return manifest

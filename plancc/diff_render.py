@@ -57,12 +57,29 @@ def _after_rows(report: dict[str, Any]) -> list[tuple[int, str, Any, Any]]:
     return sorted(out, key=lambda r: (r[0], order[r[1]]))
 
 
+def _mix(side: dict[str, Any] | None) -> str:
+    if side is None:
+        return "-"
+    mix = f"repeat {side['repeat']:g}x" if side.get("repeat") is not None else f"weight {side['weight']:g}"
+    return f"{side['role']}, {mix}, {side['retained']:,} samples"
+
+
+def dataset_lines(report: dict[str, Any]) -> list[str]:
+    """A recipe's changed datasets: name, what changed, old -> new mix."""
+    changed = [d for d in report.get("datasets", []) if d["status"] != "unchanged"]
+    if not changed:
+        return []
+    return ["dataset changes:", *(f"  {d['name']}: {d['status'].replace('_', ' ')} ({_mix(d['old'])} -> "
+                                  f"{_mix(d['new'])})" for d in changed)]
+
+
 def render_text(report: dict[str, Any], failed: list[str] | None = None) -> str:
     """The terminal report: changes, fingerprints, metric deltas, regressions, churn and what failed."""
     lines = [f"old: {report['old']}", f"new: {report['new']}", summary_line(report)]
     if report["config"]:
         lines.append("config changes:")
         lines += [f"  {c['setting']}: {format_number(c['old'])} -> {format_number(c['new'])}" for c in report["config"]]
+    lines += dataset_lines(report)
     changed_fp = [f for f in report["fingerprints"] if f["changed"]]
     if changed_fp:
         lines.append("fingerprint changes:")
@@ -143,6 +160,9 @@ def render_markdown(report: dict[str, Any], failed: list[str] | None = None) -> 
     rows: list[tuple[str, str, str, str]] = []
     for c in report["config"]:
         rows.append(("setting", f"`{c['setting']}`", format_number(c["old"]), format_number(c["new"])))
+    for d in report.get("datasets", []):
+        if d["status"] != "unchanged":
+            rows.append(("dataset", f"`{d['name']}` {d['status'].replace('_', ' ')}", _mix(d["old"]), _mix(d["new"])))
     for f in report["fingerprints"]:
         if f["changed"] and f["name"] in ("dataset", "metadata", "plancc", "schema"):
             rows.append(("fingerprint", f["name"], f"`{_short(f['old'])}`", f"`{_short(f['new'])}`"))

@@ -10,6 +10,7 @@ a plan's digests without loading the compile side.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,35 @@ def scan_identity(report: dict[str, Any]) -> dict[str, str | None]:
     return {"tokenizer": report.get("tokenizer_fingerprint"), "chat_template": template.get("fingerprint")}
 
 
+# eos tokens a tokenizer directory without `eos_token` in its tokenizer_config.json is searched for, in this order
+EOS_GUESSES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|im_end|>", "<eos>")
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def tokenizer_specials(config: dict[str, Any], has_token: Callable[[str], bool]) -> tuple[str | None, str | None]:
+    """(eos, bos) of a tokenizer directory: its tokenizer_config.json's, the eos else the first of `EOS_GUESSES`
+    in the vocabulary. Compile appends that eos, and the runtime fingerprints a trainer's tokenizer alike."""
+    eos = _token_text(config.get("eos_token"))
+    if eos is None:
+        eos = next((t for t in EOS_GUESSES if has_token(t)), None)
+    return eos, _token_text(config.get("bos_token"))
+
+
+def tokenizer_fingerprint(tokenizer_json: bytes, eos: str | None, bos: str | None) -> str:
+    """Digest of what changes token ids: the tokenizer JSON and the eos/bos tokens. Compile records it in the plan;
+    the runtime compares the tokenizer a trainer is given with it."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in (tokenizer_json, (eos or "").encode(), (bos or "").encode()):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
 def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
     """Digest of one epoch's plan rows in global order: order, membership, mapping and counts (`num_items` too).
 
@@ -103,6 +133,7 @@ def metrics_checksum(rows: list[dict[str, Any]]) -> str:
 
 
 __all__ = [
+    "EOS_GUESSES",
     "EVAL_FINGERPRINT_COLUMNS",
     "PLAN_FINGERPRINT_COLUMNS",
     "array_digest",
@@ -115,4 +146,6 @@ __all__ = [
     "plan_fingerprint",
     "scan_identity",
     "token_hashes",
+    "tokenizer_fingerprint",
+    "tokenizer_specials",
 ]

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from plancc import store
 from plancc.errors import PlanccError
-from plancc.layout import complete_updates
+from plancc.layout import complete_updates, optimizer_updates
 from plancc.metric_columns import METRIC_COLUMNS
 from plancc.numbers import format_number, padding_ratio
 
@@ -93,6 +93,42 @@ def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
     return tables
 
 
+DATASET_METRICS = ("samples", "sample_share", "tokens", "token_share", "label_tokens", "label_share")
+
+
+def read_dataset_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
+    """A recipe plan's per-dataset metrics `{epoch, stage, dataset, samples, tokens, label_tokens, *_share}`
+    (stages `before`: the mixture as drawn, `after`: what the plan holds); an error for a one-source plan."""
+    plan = store.PlanDir(plan_dir)
+    recipe = plan.meta.get("recipe")
+    if not recipe:
+        raise PlanccError(f"{plan_dir} was compiled from one source: --by dataset needs a recipe (several sources "
+                          "or a config listing datasets)")
+    rows = [r for r in recipe["metrics"] if epoch is None or r["epoch"] == epoch]
+    if epoch is not None and not rows:
+        raise PlanccError(f"--epoch {epoch}: the plan has no such epoch (epochs: {plan.settings.epochs})")
+    return rows
+
+
+def dataset_tables(rows: list[dict[str, Any]]):
+    """One rich Table per epoch: datasets down, each metric before -> after across."""
+    from rich.table import Table
+
+    tables = []
+    for e in sorted({r["epoch"] for r in rows}):
+        by = {(r["dataset"], r["stage"]): r for r in rows if r["epoch"] == e}
+        t = Table(title=f"epoch {e} by dataset", title_justify="left")
+        t.add_column("dataset")
+        for name in DATASET_METRICS:
+            t.add_column(name, justify="right")
+        for dataset in dict.fromkeys(r["dataset"] for r in rows if r["epoch"] == e):
+            before, after = by[(dataset, "before")], by[(dataset, "after")]
+            t.add_row(dataset, *(format_number(after[n]) if before[n] == after[n] else
+                                 f"{format_number(before[n])} → {format_number(after[n])}" for n in DATASET_METRICS))
+        tables.append(t)
+    return tables
+
+
 # ---------------------------------------------------------------- plan layout
 
 
@@ -116,15 +152,17 @@ class PlanView:
 
 def _filters(plan: store.PlanDir, epoch: int | None, update: int | None, rank: int | None,
              micro_step: int | None) -> list[tuple]:
-    """Parquet filters for the given values; a value outside the plan's range is an error naming the range."""
+    """Parquet filters for the given values; a value outside the plan's range is an error naming the range. The
+    updates are the optimizer steps a trainer runs (the incomplete tail included), from each epoch's microbatches."""
     epochs = sorted(int(e) for e in plan.fingerprints.get("plan", {}))
-    updates = [e["updates"] for e in plan.meta.get("epochs", [])
-               if epoch is None or e["epoch"] == epoch] if update is not None else []
+    W, G = plan.settings.world_size, plan.settings.grad_accum
+    updates = [optimizer_updates(e["batches"], W, G) for e in plan.meta.get("epochs", [])
+               if epoch is None or e["epoch"] == epoch]
     ranges = {  # name: (value, how many there are, what has that many)
         "epoch": (epoch, None, f"epochs {epochs}"),
         "update": (update, max(updates, default=0), "updates" + ("" if epoch is None else f" in epoch {epoch}")),
-        "rank": (rank, plan.settings.world_size, "ranks (world size)"),
-        "micro_step": (micro_step, plan.settings.grad_accum, "micro-steps (grad accum)"),
+        "rank": (rank, W, "ranks (world size)"),
+        "micro_step": (micro_step, G, "micro-steps (grad accum)"),
     }
     f = []
     for name, (v, count, what) in ranges.items():

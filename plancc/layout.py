@@ -35,6 +35,12 @@ def complete_updates(num_batches: int, world_size: int, grad_accum: int) -> int:
     return num_batches // (world_size * grad_accum)
 
 
+def optimizer_updates(num_batches: int, world_size: int, grad_accum: int) -> int:
+    """The optimizer steps a trainer runs over `num_batches`: the complete updates plus the incomplete tail (kept
+    without `--drop-last`; a `--drop-last` plan has none). What plancc calls an epoch's `updates` everywhere."""
+    return -(-num_batches // (world_size * grad_accum))
+
+
 def rank_indices(num_batches: int, world_size: int, rank: int) -> np.ndarray:
     """Global indices of the microbatches `rank` of `world_size` runs, in order (every `W`-th, from `rank`)."""
     return np.arange(rank, num_batches, world_size, dtype=np.int64)
@@ -55,7 +61,7 @@ class RankWalk(NamedTuple):
 
     @property
     def updates(self) -> int:
-        """Updates the rank steps through, the tail included."""
+        """Updates the rank steps through, the tail included (`optimizer_updates` of the epoch)."""
         return self.complete + (1 if self.tail_steps else 0)
 
 

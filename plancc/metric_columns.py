@@ -30,6 +30,7 @@ METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("packing_efficiency", "float"),
     ("rows_lower_bound", "int"),
     ("updates", "int"),
+    ("complete_updates", "int"),
     ("mean_global_update_labels", "float"),
     ("std_global_update_labels", "float"),
     ("update_label_cv", "float"),

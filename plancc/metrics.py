@@ -1,7 +1,9 @@
 """Stage summaries from plan arrays (SPEC 6): what a plan does to labels, tokens, padding and updates.
 
-Microbatch statistics cover every microbatch of the epoch, the partial tail included. Update statistics cover
-complete updates only (`W*G` microbatches); the tail's microbatches are counted in `excluded_tail_microbatches`.
+Microbatch statistics cover every microbatch of the epoch, the partial tail included. `updates` is the optimizer
+steps a trainer runs (the tail update included, `layout.optimizer_updates`). Update statistics (label totals, rank
+spreads) cover the `complete_updates` only (`W*G` microbatches each): a tail's smaller total is not imbalance; its
+microbatches are counted in `excluded_tail_microbatches`.
 Standard deviations are population deviations. Every value is a plain int or float (None where it does not
 apply: `rows_lower_bound` outside packed mode) so the table is JSON-able. `label_cv` and `update_label_cv` are
 std/mean, the figures balancing is judged by.
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plancc.config import Mode, PlanSettings
-from plancc.layout import complete_updates
+from plancc.layout import complete_updates, optimizer_updates
 from plancc.plan import Batches, SampleArrays, batch_sums
 
 
@@ -107,7 +109,8 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "padding_tokens": int(cost.sum()) - total_tokens,
         "packing_efficiency": total_tokens / slots if slots else 0.0,
         "rows_lower_bound": math.ceil(total_tokens / capacity) if settings.mode == Mode.PACKED else None,
-        "updates": n_upd,
+        "updates": optimizer_updates(b.num_batches, W, G),
+        "complete_updates": n_upd,
         "mean_global_update_labels": mean_u,
         "std_global_update_labels": std_u,
         "update_label_cv": _cv(mean_u, std_u),
@@ -123,3 +126,32 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "rank_attention_cv": rank_cv[1],
         "max_naive_weight_skew": skew,
     }
+
+
+def entry_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+    """Supervised targets of each entry of `b.samples`, as the collator counts them (SPEC 3): under `row` shift
+    only a row's first sample loses its first label."""
+    from plancc.config import Shift
+
+    count, first_label = s.label_count[b.samples], s.first_label_supervised[b.samples]
+    if shift == Shift.NONE:
+        return count
+    if shift == Shift.ROW:
+        starts = np.zeros(b.samples.shape[0], dtype=bool)
+        starts[b.row_bounds[:-1][np.diff(b.row_bounds) > 0]] = True
+        first_label = first_label & starts
+    return count - first_label
+
+
+def dataset_rows(epoch: int, stage: str, names: list[str], dataset: np.ndarray, length: np.ndarray,
+                 targets: np.ndarray) -> list[dict[str, int | float | str]]:
+    """A recipe's per-dataset metrics of one epoch and stage: samples, tokens and label tokens of each dataset
+    (entries given by their `dataset` index, `length` and `targets`) and its share of the epoch's."""
+    k = len(names)
+    totals = [np.bincount(dataset, weights=w, minlength=k) for w in (None, length, targets)]
+    whole = [float(t.sum()) for t in totals]
+    return [{"epoch": epoch, "stage": stage, "dataset": name, "samples": int(totals[0][d]),
+             "tokens": int(totals[1][d]), "label_tokens": int(totals[2][d]),
+             **{f"{what}_share": (float(totals[i][d]) / whole[i] if whole[i] else 0.0)
+                for i, what in enumerate(("sample", "token", "label"))}}
+            for d, name in enumerate(names)]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc import balance, evaluation, holdout, jit, pack
+from plancc import balance, evaluation, holdout, jit, mixture, pack
 from plancc.config import PlanSettings, SettingsError
 from plancc.layout import complete_updates, update_mapping
 from plancc.metrics import NO_DROPS, SourceDrops, summarize
@@ -28,6 +28,9 @@ class EpochPlan:
     batches: Batches
     metrics: list[tuple[str, dict]]  # (stage, metrics row) in pipeline order, ending with "after"
     before_labels: np.ndarray  # int64 supervised targets per microbatch of the `before` stage (inspect's histograms)
+    # a recipe's epoch: the samples it holds (`batches` index these) and their positions in the samples table
+    samples: SampleArrays | None = None
+    positions: np.ndarray | None = None
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -72,8 +75,14 @@ def before_batches(s: SampleArrays, settings: PlanSettings, epoch: int) -> tuple
 
 
 def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None,
-               drops: SourceDrops = NO_DROPS) -> EpochPlan:
-    """Pack `epoch`, then run every balancing stage in turn, summarizing the plan after each."""
+               drops: SourceDrops = NO_DROPS, index: np.ndarray | None = None) -> EpochPlan:
+    """Pack `epoch` (a recipe's: its mixture, `index` each sample's dataset), then run every balancing stage in
+    turn, summarizing the plan after each."""
+    positions = mixture.plan_positions(index, settings, epoch)
+    if positions is not None:
+        if positions.size == 0:
+            raise SettingsError(f"epoch {epoch} of the recipe holds no training sample")
+        s = s.take(positions)
     b, rng = before_batches(s, settings, epoch)
     before_labels = batch_targets(b, s, settings.shift)
     metrics = [("before", summarize(b, s, settings, drops))]
@@ -84,12 +93,13 @@ def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Pr
         if progress:
             progress(f"balancing epoch {epoch}", done, len(passes))
     metrics.append(("after", metrics[-1][1]))
-    return EpochPlan(epoch, b, metrics, before_labels)
+    return EpochPlan(epoch, b, metrics, before_labels, s if positions is not None else None, positions)
 
 
 def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None,
-                 drops: SourceDrops = NO_DROPS) -> list[EpochPlan]:
-    """Plan every epoch of `settings.epochs`; `drops` (what the scan left out) goes into the metrics."""
+                 drops: SourceDrops = NO_DROPS, index: np.ndarray | None = None) -> list[EpochPlan]:
+    """Plan every epoch of `settings.epochs`; `drops` (what the scan left out) goes into the metrics; `index`: a
+    recipe's dataset of each sample (its position in `settings.mixture`)."""
     if len(s) == 0:
         raise SettingsError("the samples table is empty: nothing to plan")
     check_fits(s, settings)
@@ -98,7 +108,7 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
         for epoch in range(settings.epochs):
             if progress:
                 progress("planning epochs", epoch, settings.epochs)
-            plans.append(plan_epoch(s, settings, epoch, progress, drops))
+            plans.append(plan_epoch(s, settings, epoch, progress, drops, index))
         if progress:
             progress("planning epochs", settings.epochs, settings.epochs)
     return plans
@@ -114,20 +124,27 @@ class CompiledRun:
 
 
 def compile_run(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None,
-                drops: SourceDrops = NO_DROPS, eval_ids: np.ndarray | None = None) -> CompiledRun:
-    """Hold out the eval samples (`eval_ids`, else `--val-set-size`'s draw), plan training on the rest and build
-    the eval plan of the held-out ones; without either, the plain `compile_plan` of every sample."""
-    if eval_ids is None and settings.val_set_size and len(s):
-        eval_ids = holdout.hold_out(s.sample_id, settings.val_set_size, settings.seed)
+                drops: SourceDrops = NO_DROPS, eval_ids: np.ndarray | None = None,
+                index: np.ndarray | None = None) -> CompiledRun:
+    """Hold out the eval samples (`eval_ids`, else `holdout.eval_ids`: a recipe's eval datasets and
+    `--val-set-size`'s draw), plan training on the rest and build the eval plan of the held-out ones; without
+    either, the plain `compile_plan` of every sample. `index`: a recipe's dataset of each sample, whose held-out
+    samples leave the mixture (index -1), so each dataset's counts apply to the samples it trains on."""
+    if eval_ids is None and len(s):
+        eval_ids = holdout.eval_ids(s.sample_id, settings, index)
     if eval_ids is None:
-        return CompiledRun(s, compile_plan(s, settings, progress, drops), None)
+        return CompiledRun(s, compile_plan(s, settings, progress, drops, index), None)
     train, held = holdout.split(s, eval_ids)
-    return CompiledRun(train, compile_plan(train, settings, progress, drops), evaluation.eval_plan(held, settings))
+    if index is not None:  # a recipe plans over the whole table (positions), its held-out samples in no dataset
+        train, index = s, holdout.without(index, s.sample_id, eval_ids)
+    return CompiledRun(train, compile_plan(train, settings, progress, drops, index),
+                       evaluation.eval_plan(held, settings))
 
 
 def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[str, np.ndarray]:
     """One row per microbatch: the plan table's columns as arrays (store turns them into Parquet)."""
     b = p.batches
+    s = p.samples if p.samples is not None else s
     n = b.num_batches
     update, rank, micro_step = update_mapping(n, settings.world_size, settings.grad_accum)
     sums = batch_sums(b, s, settings.shift, settings.mode, settings.pad_multiple)

@@ -34,6 +34,12 @@ class SampleArrays:
     def __len__(self) -> int:
         return int(self.length.shape[0])
 
+    def take(self, positions: np.ndarray) -> SampleArrays:
+        """The samples at `positions` (a multiset: a recipe's epoch, `plancc.mixture`; a position twice is the
+        sample twice)."""
+        return SampleArrays(self.sample_id[positions], self.length[positions], self.label_count[positions],
+                            self.first_label_supervised[positions])
+
     def targets(self, shift: str) -> np.ndarray:
         """Supervised targets each sample contributes when it starts its own sequence (SPEC 3).
 

@@ -123,8 +123,9 @@ def test_a_path_that_exists_is_taken_literally_before_glob_expansion(tmp_path, m
 
 
 def test_a_glob_the_shell_expanded_says_to_quote_it(tmp_path):
+    """`scan` takes one SOURCE (`compile` takes several: a recipe, see tests/test_recipes.py)."""
     a, b = _tokenized(tmp_path / "a.jsonl", 2), _tokenized(tmp_path / "b.jsonl", 2)
-    res = runner.invoke(app, ["compile", str(a), str(b), "-o", str(tmp_path / "plan")])
+    res = runner.invoke(app, ["scan", str(a), str(b), "-o", str(tmp_path / "plan")])
     assert res.exit_code == 2
     assert "unexpected extra argument" in res.output and "quote" in res.output.replace("\n", " ")
     assert not (tmp_path / "plan").exists()

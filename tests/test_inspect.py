@@ -84,7 +84,7 @@ def test_before_counts_match_stored_before_metrics(plan):
         assert ba.before.label_counts.size == before["batches"]
         assert int(ba.before.label_counts.sum()) == before["total_label_count"]
         assert np.isclose(ba.before.label_counts.std(), before["std_label_count"])
-        assert ba.before.update_totals.size == before["updates"]
+        assert ba.before.update_totals.size == before["complete_updates"]
         assert ba.after.label_counts.size == after["batches"]
         assert np.isclose(ba.after.update_totals.std(), after["std_global_update_labels"])
 

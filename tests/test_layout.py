@@ -16,6 +16,7 @@ def test_a_ranks_walk_visits_its_microbatches_in_mapping_order(n, W, G, full):
     update, rank, micro_step = layout.update_mapping(n, W, G)
     walk = layout.rank_walk(n, W, G, full_updates=full)
     assert walk.complete == layout.complete_updates(n, W, G)
+    assert walk.updates == layout.optimizer_updates(n, W, G)  # what the plan's metrics and manifest call updates
     for r in range(W):
         mine = layout.rank_indices(n, W, r)
         assert (rank[mine] == r).all() and mine.size <= walk.length

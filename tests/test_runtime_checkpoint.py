@@ -17,6 +17,7 @@ from benchmarks.synthetic import build_plan
 from plancc.runtime import (
     CheckpointError,
     PlanCollator,
+    PlanMismatchError,
     PlanSampler,
     load_checkpoint,
     load_tokens,
@@ -225,3 +226,155 @@ def test_two_ranks_with_different_steps_fall_back_or_refuse(tmp_path):
     for r in results:
         assert "rank 0: step 4, rank 1: step 2" in r["refuse"]["error"]
         assert "no step is complete on every rank" in r["refuse"]["error"]
+
+
+# ---------------------------------------------------------------- malformed and hostile files
+
+
+class _RunsCode:
+    """Unpickling this would run `touch <marker>`."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _one_step(setup, directory, *, rank=0, world_size=1):
+    """A checkpoint of step 1 (the sampler at the first update boundary): no older step to fall back to."""
+    plan = setup[0]
+    sampler = PlanSampler(plan, rank=rank, world_size=world_size, grad_accum=4 // world_size)
+    for mb in sampler:
+        if mb.last_in_update:
+            break
+    torch.manual_seed(0)
+    save_checkpoint(directory, 1, {"model": torch.nn.Linear(2, 2).state_dict()}, sampler=sampler)
+    return step_dir(directory, 1)
+
+
+def _edit(path, change, *, reseal=True):
+    """Apply `change` to a checkpoint JSON file; `reseal` recomputes its checksum (a careful hand edit)."""
+    from plancc.runtime.checkpoint import write_sealed_json
+
+    meta = json.loads(path.read_text())
+    change(meta)
+    if reseal:
+        meta.pop("checksum", None)
+        write_sealed_json(path, meta)
+    else:
+        path.write_text(json.dumps(meta))
+
+
+def _refused(setup, directory, match):
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(directory, sampler=PlanSampler(setup[0]))
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda m: m.pop("tensors"), r"rank0.json: tensors: missing"),
+    (lambda m: m["sampler"].pop("fingerprints"), r"rank0.json: sampler.fingerprints: missing"),
+    (lambda m: m["sampler"].update(epoch="x"), r"rank0.json: sampler.epoch: 'x' is not an integer"),
+    (lambda m: m["sampler"].update(position=-1), r"rank0.json: sampler.position: -1 is not a count"),
+    (lambda m: m.update(step="1"), r"rank0.json: step: '1' is not step 1"),
+    (lambda m: m["tensors"].update(file="../../../outside.pt"), r"rank0.json: tensors.file: '../../../outside.pt'"),
+    (lambda m: m["tensors"].update(file="/etc/passwd"), r"rank0.json: tensors.file: '/etc/passwd' is not rank0.pt"),
+    (lambda m: m.update(sampler=[]), r"rank0.json: sampler: \[\] is not dict"),
+])
+def test_a_malformed_checkpoint_file_is_refused_naming_the_file_and_field(setup, tmp_path, change, match):
+    _edit(_one_step(setup, tmp_path) / "rank0.json", change)
+    _refused(setup, tmp_path, match)
+
+
+def test_an_edited_position_is_found_by_the_checksum(setup, tmp_path):
+    """Moving the position back (4 -> 1) would replay 3 microbatches: the file no longer matches its checksum."""
+    d = _one_step(setup, tmp_path)
+    assert json.loads((d / "rank0.json").read_text())["sampler"]["position"] == 4
+    _edit(d / "rank0.json", lambda m: m["sampler"].update(position=1), reseal=False)
+    _refused(setup, tmp_path, r"rank0.json: checksum: its content does not match it")
+    _edit(d / "rank0.json", lambda m: m.pop("checksum"), reseal=False)
+    _refused(setup, tmp_path, r"rank0.json: checksum: missing")
+
+
+def test_another_ranks_state_is_refused(setup, tmp_path):
+    """Rank 3's files of a 4-rank save copied over rank 0's: rank 0 refuses them."""
+    for rank in (3, 0):
+        d = _one_step(setup, tmp_path, rank=rank, world_size=4)
+    (d / "rank0.json").write_bytes((d / "rank3.json").read_bytes())
+    (d / "rank0.pt").write_bytes((d / "rank3.pt").read_bytes())
+    with pytest.raises(CheckpointError, match=r"rank0.json: rank: 3 is not rank 0"):
+        load_checkpoint(tmp_path, sampler=PlanSampler(setup[0], rank=0, world_size=4, grad_accum=1))
+    # the sampler too refuses another rank's state of the same shape, wherever it comes from
+    state = PlanSampler(setup[0], rank=3, world_size=4, grad_accum=1).state_dict()
+    with pytest.raises(PlanMismatchError, match="rank 3's; this is rank 0"):
+        PlanSampler(setup[0], rank=0, world_size=4, grad_accum=1).load_state_dict(state)
+
+
+def test_a_pickle_that_runs_code_is_refused_never_run(setup, tmp_path):
+    import hashlib
+    import pickle
+
+    d = _one_step(setup, tmp_path)
+    marker = tmp_path / "ran"
+    evil = pickle.dumps({"state": _RunsCode(marker), "grads": None})
+    (d / "rank0.pt").write_bytes(evil)
+    _edit(d / "rank0.json", lambda m: m["tensors"].update(bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest()))
+    _refused(setup, tmp_path, r"rank0.pt: not a readable tensor checkpoint")
+    assert not marker.exists()
+    tensors = {"not": torch.zeros(1)}  # loadable tensors, not a checkpoint's
+    torch.save(tensors, d / "rank0.pt")
+    data = (d / "rank0.pt").read_bytes()
+    _edit(d / "rank0.json", lambda m: m["tensors"].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    _refused(setup, tmp_path, r"rank0.pt: not a plancc checkpoint's tensors")
+
+
+def _hostile_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> None:
+    """One step saved on both ranks; rank 0's files then made malformed, then hostile: every rank must refuse."""
+    import hashlib
+    import pickle
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    results = {}
+    try:
+        sampler = PlanSampler(plan)
+        model = torch.nn.Linear(2, 2)
+        save_checkpoint(ckpt, 1, {"model": model.state_dict()}, sampler=sampler)
+        d = step_dir(ckpt, 1)
+        dist.barrier()
+        if rank == 0:
+            _edit(d / "rank0.json", lambda m: m["sampler"].update(epoch="x"))
+        dist.barrier()
+        results["malformed"] = _resume(ckpt, sampler, model)
+        dist.barrier()
+        if rank == 0:
+            evil = pickle.dumps({"state": _RunsCode(os.path.join(out, "ran")), "grads": None})
+            (d / "rank0.pt").write_bytes(evil)
+            _edit(d / "rank0.json", lambda m: (m["sampler"].update(epoch=0), m["tensors"].update(
+                bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest())))
+        dist.barrier()
+        results["pickle"] = _resume(ckpt, sampler, model)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+def test_two_ranks_both_refuse_malformed_and_hostile_files(tmp_path):
+    plan = build_plan(tmp_path / "p", n=16, data_seed=1, max_len=16, mode="packed", micro_batch_size=2,
+                      sequence_len=16, world_size=2, grad_accum=2)
+    ctx = mp.spawn(_hostile_worker, args=(str(plan), str(tmp_path / "ckpt"), str(tmp_path / "store"),
+                                          str(tmp_path)), nprocs=2, join=False)
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the ranks hung")
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert "rank0.json: sampler.epoch: 'x' is not an integer" in r0["malformed"]["error"]
+    assert "no step is complete on every rank" in r1["malformed"]["error"]
+    assert "rank0.pt: not a readable tensor checkpoint" in r0["pickle"]["error"]
+    assert "rank(s) [0] could not resume from step 1" in r1["pickle"]["error"]
+    assert not (tmp_path / "ran").exists()

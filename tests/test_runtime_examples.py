@@ -84,3 +84,14 @@ def test_hf_trainer_example_accelerate_two_cpu_processes(tmp_path):
     two = load_file(tmp_path / "two" / "checkpoint-2" / "model.safetensors")
     one = load_file(tmp_path / "one" / "checkpoint-2" / "model.safetensors")
     assert max(rel_err(two[k], one[k]) for k in one) < 1e-5
+
+
+def test_train_ddp_world_size_mismatch_is_one_line_naming_the_flag(tmp_path):
+    plan = build_plan(tmp_path / "p", n=12, data_seed=1, max_len=20, mode="packed", micro_batch_size=2,
+                      sequence_len=24, world_size=2, grad_accum=2)
+    cmd = [sys.executable, str(ROOT / "examples" / "train_ddp.py"), "--plan", str(plan), "--model", "bigram"]
+    for extra, said in (([], "without --grad-accum"), (["--grad-accum", "3"], "with --grad-accum 3")):
+        proc = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert said in proc.stderr and "1 process(es)" in proc.stderr and "pass --grad-accum 4" in proc.stderr

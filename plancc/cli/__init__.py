@@ -65,19 +65,43 @@ LongOpt = Annotated[str | None, _setting("--long", "Over-long samples: truncate|
 ShiftOpt = Annotated[str | None, _setting("--shift", "Label shift: sample|row|none.")]
 ProcOpt = Annotated[int | None, Opt("--num-proc", help="Tokenizer processes (results identical for any count).",
                                     show_default="1")]
+RolesOpt = Annotated[str | None, _setting("--roles-to-train", "Chat: roles whose turns are trained, comma-separated "
+                                                               "(system, user, assistant, tool).", "assistant")]
+EosOpt = Annotated[str | None, _setting("--train-on-eos", "End of turn / EOS trained: turn (each trained turn's), "
+                                                          "last (the last trained turn's), all (every turn's), none.")]
+InputsOpt = Annotated[bool | None, _setting("--train-on-inputs/--no-train-on-inputs", "Alpaca, prompt_completion: "
+                                            "train on the prompt too.", "no-train-on-inputs")]
+TrainOnOpt = Annotated[str | None, _setting("--train-on", "Chat: all_turns, or last_turn (only the last trained "
+                                                          "turn).")]
+EosOnlyOpt = Annotated[bool | None, _setting("--drop-eos-only/--keep-eos-only", "Drop samples whose supervised part "
+                                             "is only the end of turn (an empty completion or reply).",
+                                             "keep-eos-only")]
+DateOpt = Annotated[str | None, _setting("--template-date", "YYYY-MM-DD the chat template's strftime_now reads "
+                                                            "(never the clock: same inputs, same plan any day).")]
 CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache.",
                                       show_default="$PLANCC_CACHE or ~/.cache/plancc")]
 
 
-OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plancc plan/scan at -o (a folder holding "
-                                                       "anything else is never touched).")]
+OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plancc plan/scan at -o whole (one holding "
+                                                       "anything plancc did not write, and any other folder, is "
+                                                       "never touched).")]
 
 
-@app.command("compile", cls=SourceCommand, help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan." + _EXAMPLE)
+_RECIPE_HELP = ("\n\nSeveral SOURCEs (or a --config listing `datasets`, then no SOURCE) make a recipe: each source is "
+                "a dataset named by its file stem, mixed per epoch by --mix NAME=Nx (repeat: N times an epoch, 0.5x "
+                "a seeded half) or NAME=W (weight: its share of the epoch's samples).")
+
+
+@app.command("compile", help="Tokenize + scan SOURCE (or reuse the cache), pack, balance and write a plan."
+             + _RECIPE_HELP + _EXAMPLE + "\n\n    plancc compile chat.jsonl alpaca.json -o plans/mix --tokenizer "
+             "tok/ --mix chat=2x,alpaca=0.5x")
 def compile_cmd(
-    source: Annotated[str, typer.Argument(help="File, glob, save_to_disk dir, Hub id, or a samples table.")],
     output: Annotated[Path, Opt("--output", "-o", help="Plan directory to write: absent, empty, or a plan to "
                                                         "replace atomically with --overwrite.")],
+    sources: Annotated[list[str] | None, typer.Argument(metavar="SOURCE",
+                                                        help="File, glob, save_to_disk dir, Hub id, or a samples "
+                                                              "table; several make a recipe.",
+                                                         show_default="the config's datasets")] = None,
     overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
     format: FormatOpt = None,
@@ -89,6 +113,12 @@ def compile_cmd(
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
+    roles_to_train: RolesOpt = None,
+    train_on_eos: EosOpt = None,
+    train_on_inputs: InputsOpt = None,
+    train_on: TrainOnOpt = None,
+    drop_eos_only: EosOnlyOpt = None,
+    template_date: DateOpt = None,
     mode: Annotated[str | None, _setting("--mode", "packed|padded|flattened.")] = None,
     micro_batch_size: Annotated[int | None, _setting("--micro-batch-size", "Samples (or packed sequences) per "
                                                                           "microbatch.")] = None,
@@ -111,6 +141,14 @@ def compile_cmd(
     val_set_size: Annotated[float | None, _setting("--val-set-size", "Hold out samples for evaluation: a fraction "
                                                    "in (0, 1) or a count; a seeded draw, never trained on, "
                                                    "planned once as the eval plan.", shown="0: none")] = None,
+    mix: Annotated[list[str] | None, Opt("--mix", help="A recipe's mixture (repeatable, comma-separated): NAME=Nx "
+                                                       "repeats dataset NAME N times an epoch (2x twice, 0.5x a "
+                                                       "seeded half), NAME=W gives it weight W (its share of the "
+                                                       "weighted datasets' samples).",
+                                         show_default="each dataset once (repeat 1x)")] = None,
+    samples_per_epoch: Annotated[int | None, Opt("--samples-per-epoch", help="Samples an epoch draws from the "
+                                                                             "weighted datasets.",
+                                                 show_default="the largest weighted dataset's size")] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
@@ -119,17 +157,21 @@ def compile_cmd(
     """`plancc compile`: flags to settings by name, `plancc.api.compile`, the summary."""
     from plancc import api
 
-    with fail_on_errors():
+    with fail_on_errors(output, "plan"):
         with reporter(quiet or json) as progress:
             plan = api.compile(
-                source, output, overwrite=overwrite, config=config, num_proc=num_proc, cache_dir=cache_dir,
-                progress=progress,
+                sources[0] if sources and len(sources) == 1 else sources or None, output, overwrite=overwrite,
+                config=config, num_proc=num_proc, cache_dir=cache_dir, progress=progress, mix=mix,
+                samples_per_epoch=samples_per_epoch,
                 format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns, split=split,
                 sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift, mode=mode,
                 micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
                 world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
                 balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
                 val_set_size=val_set_size,
+                roles_to_train=roles_to_train, train_on_eos=train_on_eos,
+                train_on_inputs=train_on_inputs, train_on=train_on, drop_eos_only=drop_eos_only,
+                template_date=template_date,
             )
         warn(plan.warnings)
         if json:
@@ -157,6 +199,12 @@ def scan_cmd(
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
+    roles_to_train: RolesOpt = None,
+    train_on_eos: EosOpt = None,
+    train_on_inputs: InputsOpt = None,
+    train_on: TrainOnOpt = None,
+    drop_eos_only: EosOnlyOpt = None,
+    template_date: DateOpt = None,
     num_proc: ProcOpt = None,
     engine: Annotated[str, Opt("--engine", help="local (this process and --num-proc tokenizer processes) or ray "
                                                 "(Ray Data: a local Ray of --num-proc CPUs, or a cluster's); "
@@ -178,12 +226,15 @@ def scan_cmd(
     """`plancc scan`: flags to scan options by name, `plancc.api.scan`, the summary."""
     from plancc import api
 
-    with fail_on_errors(), reporter(quiet or json) as progress:
+    with fail_on_errors(output, "scan"), reporter(quiet or json) as progress:
         report = api.scan(source, output, overwrite=overwrite, config=config, num_proc=num_proc,
                           cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
                           engine=engine, ray_address=ray_address,
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
-                          split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift)
+                          split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift,
+                          roles_to_train=roles_to_train, train_on_eos=train_on_eos,
+                          train_on_inputs=train_on_inputs, train_on=train_on, drop_eos_only=drop_eos_only,
+                          template_date=template_date)
     warn(report.get("warnings") or [])
     if json:
         print_json({"scan_dir": str(output), **report})
@@ -208,7 +259,7 @@ def merge_cmd(
     """`plancc merge`: join partial scans (`plancc scan --shard I/N`) into one scan directory."""
     from plancc import api
 
-    with fail_on_errors():
+    with fail_on_errors(output, "scan"):
         report = api.merge(parts, output, overwrite=overwrite)
     warn(report.get("warnings") or [])
     if json:
@@ -249,6 +300,10 @@ def validate_cmd(
                 tokens_dir = candidate  # a plan, scan or token store folder: check its store, no rescan
         if dataset is not None and tokens_dir is None:
             from plancc import scan as scan_mod
+            from plancc.errors import InputError
+            if store.PlanDir(plan_dir).settings.mixture:
+                raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source "
+                                 "cannot be rescanned for it; give a plan, scan or token store folder")
             options = scan_mod.options_from_report(store.PlanDir(plan_dir).meta["scan"], tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
             dataset_fp = store.samples_fingerprints(result.samples)["dataset"]

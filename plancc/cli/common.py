@@ -9,8 +9,10 @@ import gc
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
@@ -85,14 +87,24 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 _default_show_warning = warnings.showwarning
 
 
+def _takes_over(handler: Any) -> bool:
+    """Whether a command may install its own handler over `handler`: Python's default, or the start-up one of
+    `plancc.__main__` (which exits at once: nothing is written before a command starts)."""
+    return handler is signal.SIG_DFL or getattr(handler, "plancc_startup", False)
+
+
 @contextlib.contextmanager
-def fail_on_errors() -> Iterator[None]:
+def fail_on_errors(output: str | Path | None = None, what: str = "plan") -> Iterator[None]:
     """Bad input, usage or files: a one-line message on stderr and exit code 2, never a traceback.
 
-    SIGTERM is handled like Ctrl-C, so both end with a message saying what is on disk (`plancc.atomic`).
+    SIGTERM is handled like Ctrl-C, so both end with a message saying what is on disk at `output` (the command's
+    `-o`, a `what`): the old one, nothing, or the new one (`plancc.atomic`).
     """
-    term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    if term is signal.SIG_DFL:
+    main_thread = threading.current_thread() is threading.main_thread()
+    term = signal.getsignal(signal.SIGTERM) if main_thread else None
+    if main_thread and _takes_over(signal.getsignal(signal.SIGINT)):
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises KeyboardInterrupt again
+    if _takes_over(term):
         signal.signal(signal.SIGTERM, _terminated)
     warnings.showwarning = _show_warning
     try:
@@ -107,14 +119,34 @@ def fail_on_errors() -> Iterator[None]:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         typer.echo(f"error:{where} {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from None
+    except MemoryError as exc:
+        typer.echo(f"error: out of memory while {_doing(exc)}; free memory or raise the limit (`ulimit -v`), "
+                   "lower --num-proc, or scan in shards (`plancc scan --shard I/N`)", err=True)
+        raise typer.Exit(2) from None
     except KeyboardInterrupt as exc:
-        typer.echo(getattr(exc, "message", "interrupted: nothing was written"), err=True)
+        typer.echo(getattr(exc, "message", None) or _interrupted(output, what), err=True)
         signum = getattr(exc, "signum", exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT)
         raise typer.Exit(128 + signum) from None
     finally:
         warnings.showwarning = _default_show_warning
-        if term is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
+        if _takes_over(term):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _interrupted(output: str | Path | None, what: str) -> str:
+    if output is None:
+        return "interrupted: nothing was written"
+    from plancc import atomic
+
+    return atomic.interrupted_message(output, what)
+
+
+def _doing(exc: BaseException) -> str:
+    """The plancc module that ran out of memory (the innermost frame of plancc's own), so that the message says
+    whether reading, tokenizing or planning did; nothing is imported here, memory being short."""
+    modules = [frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    ours = [m for m in modules if m.startswith("plancc.") and not m.startswith("plancc.cli")]
+    return f"running {ours[-1]}" if ours else "starting"
 
 
 class SourceCommand(TyperCommand):

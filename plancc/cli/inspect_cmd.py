@@ -35,12 +35,18 @@ def metrics_cmd(
                                               show_default="none")] = None,
     compact: Annotated[bool, typer.Option("--compact", help="Only the headline metrics, before and after.")
                        ] = False,
+    by: Annotated[str | None, typer.Option("--by", help="dataset: a recipe's samples, tokens and label tokens per "
+                                                        "dataset and their shares of each epoch, before -> after.",
+                                           show_default="none: the whole plan")] = None,
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
     """`plancc inspect metrics`: the stored metrics as tables or JSON, and the optional before/after plot."""
     from plancc import inspect
 
+    if by is not None:
+        _by_dataset(plan_dir, by, epoch, quiet, json)
+        return
     with fail_on_errors():
         rows = inspect.read_metrics(plan_dir, epoch)
         sizes = inspect.eval_sizes(plan_dir)
@@ -68,6 +74,23 @@ def metrics_cmd(
             console.print(f"  {n}")
 
 
+def _by_dataset(plan_dir: Path, by: str, epoch: int | None, quiet: bool, json: bool) -> None:
+    """`inspect metrics --by dataset`: a recipe's per-dataset metrics."""
+    from plancc import inspect
+    from plancc.config import SettingsError
+
+    with fail_on_errors():
+        if by != "dataset":
+            raise SettingsError(f"--by {by}: expected dataset")
+        rows = inspect.read_dataset_metrics(plan_dir, epoch)
+    if json:
+        print_json({"plan_dir": str(plan_dir), "by": "dataset", "metrics": rows})
+    elif not quiet:
+        console = inspect.console()
+        for table in inspect.dataset_tables(rows):
+            console.print(table)
+
+
 @inspect_app.command(
     "plan",
     help="The plan's layout in global order (update, micro-step, rank): rows, sample ids, tokens, labels, cost "
@@ -79,8 +102,9 @@ def metrics_cmd(
 def plan_cmd(
     plan_dir: PlanArg,
     epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.", show_default="all")] = None,
-    update: Annotated[int | None, typer.Option("--update", help="Only this optimizer update.", show_default="all")
-                      ] = None,
+    update: Annotated[int | None, typer.Option("--update", help="Only this optimizer update (the last may be the "
+                                                "incomplete final update: it trains too unless --drop-last).",
+                                               show_default="all")] = None,
     rank: Annotated[int | None, typer.Option("--rank", help="Only what this data-parallel rank sees.",
                                              show_default="all")] = None,
     micro_step: Annotated[int | None, typer.Option("--micro-step", help="Only this accumulation step of each "

@@ -56,8 +56,26 @@ def _eval_lines(ev: dict[str, Any] | None, size: Any) -> list[str]:
     """The eval plan's line: held-out samples (never trained on), their targets and microbatches."""
     if ev is None:
         return []
-    return [f"eval       {ev['samples']:,} samples held out (--val-set-size {size}), {ev['label_count']:,} targets in "
+    why = f"--val-set-size {size}" if size else "eval datasets"
+    return [f"eval       {ev['samples']:,} samples held out ({why}), {ev['label_count']:,} targets in "
             f"{ev['batches']:,} microbatches ({ev['batches_per_rank']:,} per rank)"]
+
+
+def _dataset_lines(recipe: dict[str, Any] | None) -> list[str]:
+    """A recipe's datasets: role and mix, what its scan kept and dropped, and its share of epoch 0 after planning."""
+    if not recipe:
+        return []
+    after = {m["dataset"]: m for m in recipe.get("metrics", []) if m["epoch"] == 0 and m["stage"] == "after"}
+    lines = []
+    for d in recipe["datasets"]:
+        mix = f"repeat {d['repeat']:g}x" if "repeat" in d else f"weight {d['weight']:g}"
+        row = after.get(d["name"])
+        share = (f"; epoch 0: {row['samples']:,} samples, {100 * row['label_share']:.1f}% of label tokens"
+                 if row and d["role"] == "train" else "")
+        lines.append(f"dataset    {d['name']} ({d['role']}, {mix if d['role'] == 'train' else 'not trained on'}): "
+                     f"{d['retained']:,} kept, {d['dropped_samples']:,} dropped, {d['truncated_samples']:,} "
+                     f"truncated{share}")
+    return lines
 
 
 def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[str, Any]]) -> list[str]:
@@ -71,6 +89,7 @@ def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[st
              f"layout     {s['mode']}, {s['micro_batch_size']} x {s['sequence_len']} tokens, world {s['world_size']} "
              f"x accum {s['grad_accum']}, {len(manifest['epochs'])} epoch(s)",
              *_eval_lines(manifest.get("eval"), s.get("val_set_size")),
+             *_dataset_lines(manifest.get("recipe")),
              "epoch  microbatches  updates  label CV       update CV      efficiency"]
     for e in manifest["epochs"][:MAX_EPOCH_ROWS]:
         before, after = by[(e["epoch"], "before")], by[(e["epoch"], "after")]

@@ -1,7 +1,7 @@
 """Replay a compiled plan in training: sampler, collator, token-mean loss, checkpoints, Hugging Face glue.
 
-Imports only torch, pyarrow, numpy and xxhash (and plancc.store, plancc.token_store); transformers is imported
-only by `plancc.runtime.hf`, TRL only by `plancc.runtime.trl`.
+Imports only torch, pyarrow, numpy and xxhash (and plancc.store, plancc.token_store); `tokenizers` is imported only
+by `check_tokenizer`, transformers only by `plancc.runtime.hf`, TRL only by `plancc.runtime.trl`.
 
     plan = RuntimePlan(plan_dir)
     sampler = PlanSampler(plan, rank=rank, world_size=world)       # + grad_accum=... for an elastic replay
@@ -29,6 +29,7 @@ from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss, token_loss_sum
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan
 from plancc.runtime.sampler import Microbatch, PlanEvalSampler, PlanSampler
+from plancc.runtime.tokenizer import check_tokenizer, plan_tokenizer
 
 __all__ = [
     "CheckpointError",
@@ -44,12 +45,14 @@ __all__ = [
     "RuntimePlan",
     "TokenStore",
     "block_causal_mask",
+    "check_tokenizer",
     "checkpoint_state",
     "eval_loader",
     "evaluate_plan",
     "load_checkpoint",
     "load_tokens",
     "model_inputs",
+    "plan_tokenizer",
     "restore_checkpoint_state",
     "save_checkpoint",
     "token_loss",

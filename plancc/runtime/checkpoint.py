@@ -17,8 +17,14 @@ update.
 Layout, and why a kill at any instant leaves a usable checkpoint::
 
     ckpt_dir/step-00000004/rank0.pt     tensors only (torch.save; loaded with weights_only=True)
-    ckpt_dir/step-00000004/rank0.json   step, sampler state (JSON), size and sha256 of rank0.pt
+    ckpt_dir/step-00000004/rank0.json   step, rank, sampler state (JSON), size and sha256 of rank0.pt
     ckpt_dir/latest                     {"step": 4, ...}: written by rank 0 once every rank's files are complete
+
+Each JSON file carries the sha256 of the rest of its content (`checksum`), so an edit (a sampler position moved
+back) or damage is found like a damaged tensor file. Loading trusts nothing in the files: every field is checked
+(a malformed one is a CheckpointError naming the file and the field), `tensors.file` must be the rank's own
+`rank<r>.pt` beside it, a rank's file must be that rank's (rank 3's state copied over rank 0's is refused), and
+the tensors are read with `weights_only=True`, so no pickled code runs.
 
 Every file is written to a temporary sibling, fsynced, renamed over its name and the directory fsynced, so a
 name never points at a partial file; a rank's `.json` is written after its `.pt` and vouches for its bytes.
@@ -50,9 +56,9 @@ from typing import IO, Any
 import torch
 
 from plancc.runtime.plan_reader import PlanMismatchError
-from plancc.runtime.sampler import PlanSampler
+from plancc.runtime.sampler import PlanSampler, state_problem
 
-FORMAT = "plancc.checkpoint/1"
+FORMAT = "plancc.checkpoint/2"  # /1 had no checksum
 LATEST = "latest"
 FAULT_ENV = "PLANCC_CHECKPOINT_FAULT"
 FAULT_POINTS = (
@@ -171,14 +177,43 @@ def write_json_atomic(path: str | Path, obj: Any, **kwargs: Any) -> None:
     atomic_write(path, lambda f: f.write(json.dumps(obj, indent=1).encode() + b"\n"), **kwargs)
 
 
+def _checksum(obj: dict[str, Any]) -> str:
+    """sha256 of `obj`'s canonical JSON without its `checksum` field."""
+    rest = {k: v for k, v in obj.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_sealed_json(path: str | Path, obj: dict[str, Any], **kwargs: Any) -> None:
+    """`write_json_atomic` of `obj` plus its `checksum` (what `read_sealed_json` checks)."""
+    write_json_atomic(path, {**obj, "checksum": _checksum(obj)}, **kwargs)
+
+
+def read_sealed_json(path: str | Path) -> dict[str, Any]:
+    """A JSON object written by `write_sealed_json`; CheckpointError when it is unreadable, not an object, or its
+    content does not match its checksum (edited or damaged)."""
+    try:
+        obj = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is unreadable ({e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    if "checksum" not in obj:
+        raise CheckpointError(f"{path}: checksum: missing (written by an older plancc, or edited)")
+    if obj["checksum"] != _checksum(obj):
+        raise CheckpointError(f"{path}: checksum: its content does not match it (the file was edited or damaged)")
+    return obj
+
+
 def load_tensors(path: str | Path, map_location: Any = None) -> Any:
-    """`torch.load(weights_only=True)` with a clear error for a truncated or damaged file."""
+    """`torch.load(weights_only=True)` with a clear error for a truncated, damaged or hostile file (a pickle that
+    would run code is refused, never run)."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
+    except Exception as e:  # hostile bytes fail in many ways (pickle.UnpicklingError for code); all are damage
         size = os.path.getsize(path) if os.path.exists(path) else None
+        first = (str(e).splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"{path}: not a readable tensor checkpoint ({size} bytes; truncated or damaged?): "
-                              f"{str(e).splitlines()[0]}") from None
+                              f"{first}") from None
 
 
 # ---------------------------------------------------------------- collectives (no-ops without a process group)
@@ -210,11 +245,12 @@ def _all_gather_rows(row: list[int]) -> list[list[int]]:
 
 def together(fn: Callable[[], Any], what: str) -> Any:
     """`fn()` on every rank; if it raises on any rank, every rank raises (its own error, or one naming the ranks
-    that failed), so no rank goes on to wait in a collective for a rank that left."""
+    that failed), so no rank goes on to wait in a collective for a rank that left. Any exception counts: one rank
+    leaving on an unforeseen one would leave the others in their next collective until the connection drops."""
     failure: Exception | None = None
     try:
         result = fn()
-    except (CheckpointError, PlanMismatchError) as e:
+    except Exception as e:  # re-raised below, after the ranks agree
         failure = e
     failed = [r for r, (flag,) in enumerate(_all_gather_rows([int(failure is not None)])) if flag]
     if failure is not None:
@@ -269,11 +305,11 @@ def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], *, 
     fault("tensors_written", step, rank)
     meta = {"format": FORMAT, "step": step, "rank": rank, "world_size": sampler.world_size,
             "tensors": {"file": f"rank{rank}.pt", **digest}, "sampler": data["sampler"]}
-    write_json_atomic(out / f"rank{rank}.json", meta)
+    write_sealed_json(out / f"rank{rank}.json", meta)
     fault("rank_saved", step, rank)
     _barrier()  # every rank's files are complete
     if rank == 0:
-        write_json_atomic(directory / LATEST, {"step": step, "dir": out.name, "world_size": sampler.world_size},
+        write_sealed_json(directory / LATEST, {"step": step, "dir": out.name, "world_size": sampler.world_size},
                           before_rename=lambda: fault("latest_temp", step, rank))
     fault("saved", step, rank)
     _barrier()  # `latest` has moved: older steps may go
@@ -311,23 +347,56 @@ class Resumed:
     path: Path
 
 
+def _field(obj: dict[str, Any], path: Path, name: str, kind: type, check: Callable[[Any], bool] = lambda v: True,
+           what: str = "") -> Any:
+    """`obj[key]` (`name` is `key` or `parent.key`) when it is a `kind` passing `check`; else CheckpointError naming
+    the file and the field."""
+    key = name.rpartition(".")[2]
+    if key not in obj:
+        raise CheckpointError(f"{path}: {name}: missing")
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)) or not check(value):
+        raise CheckpointError(f"{path}: {name}: {value!r} is not {what or kind.__name__}")
+    return value
+
+
+def _checked_meta(path: Path, rank: int, step: int) -> dict[str, Any]:
+    """The metadata of `rank{rank}.json` (`path`) of step `step`, every field checked (see module docstring)."""
+    meta = read_sealed_json(path)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format: {meta.get('format')!r}, expected {FORMAT!r} (not a checkpoint of "
+                              "this plancc version)")
+    _field(meta, path, "step", int, lambda v: v == step, f"step {step} (its directory's)")
+    _field(meta, path, "rank", int, lambda v: v == rank, f"rank {rank}: another rank's file")
+    world = _field(meta, path, "world_size", int, lambda v: v > rank, f"a world size above rank {rank}")
+    tensors = _field(meta, path, "tensors", dict)
+    _field(tensors, path, "tensors.file", str, lambda v: v == f"rank{rank}.pt",
+           f"rank{rank}.pt (the rank's own tensor file beside it)")
+    _field(tensors, path, "tensors.bytes", int, lambda v: v >= 0, "a size")
+    _field(tensors, path, "tensors.sha256", str, lambda v: re.fullmatch(r"[0-9a-f]{64}", v) is not None, "a sha256")
+    sampler = _field(meta, path, "sampler", dict)
+    problem = state_problem(sampler)
+    if problem is not None:
+        raise CheckpointError(f"{path}: sampler.{problem}")
+    if (sampler["rank"], sampler["world_size"]) != (rank, world):
+        raise CheckpointError(f"{path}: sampler.rank: rank {sampler['rank']} of {sampler['world_size']}, expected "
+                              f"rank {rank} of {world} (another rank's state)")
+    return meta
+
+
 def _read_meta(d: Path, rank: int, step: int) -> dict[str, Any]:
     """This rank's metadata of step dir `d` (rank 0's when this rank has none: a run of another world size),
-    after checking that the tensor file it vouches for has its size. Raises CheckpointError saying what is wrong."""
+    after checking every field and that the tensor file it vouches for has its size. Raises CheckpointError saying
+    what is wrong: the file and the field."""
     own = d / f"rank{rank}.json"
     meta_path = own if own.exists() or rank == 0 else d / "rank0.json"
     if not meta_path.exists():
         raise CheckpointError(f"{own} is missing (the save of step {step} did not finish)")
-    try:
-        meta = json.loads(meta_path.read_bytes())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{meta_path}: unreadable ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("step") != step:
-        raise CheckpointError(f"{meta_path}: not a {FORMAT} file of step {step}")
+    meta = _checked_meta(meta_path, 0 if meta_path != own else rank, step)
     if meta_path != own and meta["world_size"] > rank:  # that run had a rank `rank`: its files are unfinished
         raise CheckpointError(f"{own} is missing (the save of step {step} did not finish)")
     tensors = d / meta["tensors"]["file"]
-    if not tensors.exists():
+    if not tensors.is_file():
         raise CheckpointError(f"{tensors} is missing")
     size = tensors.stat().st_size
     if size != meta["tensors"]["bytes"]:
@@ -341,9 +410,12 @@ def _verify(meta: dict[str, Any]) -> None:
     if meta.get("_verified"):
         return
     sha = hashlib.sha256()
-    with open(meta["_tensors_path"], "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            sha.update(block)
+    try:
+        with open(meta["_tensors_path"], "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                sha.update(block)
+    except OSError as e:
+        raise CheckpointError(f"{meta['_tensors_path']}: unreadable ({e})") from None
     if sha.hexdigest() != meta["tensors"]["sha256"]:
         raise CheckpointError(f"{meta['_tensors_path']} is damaged (its sha256 differs from the one saved in "
                               f"{meta['_meta_name']})")
@@ -355,9 +427,9 @@ def _latest(directory: Path) -> int | None:
     if not path.exists():
         return None
     try:
-        return int(json.loads(path.read_bytes())["step"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        warnings.warn(f"{path} is unreadable ({e}); looking for the newest complete step instead", stacklevel=3)
+        return _field(read_sealed_json(path), path, "step", int, lambda v: v >= 0, "a step")
+    except CheckpointError as e:
+        warnings.warn(f"{e}; looking for the newest complete step instead", stacklevel=3)
         return None
 
 
@@ -400,6 +472,18 @@ def agree_on_step(newest_first: list[list[int]]) -> tuple[int | None, str | None
     return step, f"the ranks' newest complete checkpoints differ ({names}); step {step} is the newest every rank has"
 
 
+def _checked_tensors(path: str, map_location: Any) -> dict[str, Any]:
+    """The saved `{"state": ..., "grads": None or {name: tensor or None}}` of a rank's tensor file."""
+    saved = load_tensors(path, map_location)
+    if not isinstance(saved, dict) or "state" not in saved or "grads" not in saved:
+        raise CheckpointError(f"{path}: not a plancc checkpoint's tensors (no 'state' and 'grads' entries)")
+    grads = saved["grads"]
+    if grads is not None and not (isinstance(grads, dict) and all(
+            isinstance(k, str) and (v is None or torch.is_tensor(v)) for k, v in grads.items())):
+        raise CheckpointError(f"{path}: grads: not a mapping of parameter names to tensors")
+    return saved
+
+
 def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch.nn.Module | None = None,
                     map_location: Any = "cpu", allow_dataset_change: bool = False) -> Resumed:
     """Resume from the newest step that is complete on every rank; every rank must call it.
@@ -411,7 +495,7 @@ def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch
     than the checkpoint's reads rank 0's files (exact at update boundaries; the sampler refuses otherwise).
     """
     directory, rank = Path(directory), sampler.rank
-    good, bad = complete_steps(directory, rank)
+    good, bad = together(lambda: complete_steps(directory, rank), f"read {directory}")
     row = [s for s, _ in good[:_AGREE_SLOTS]]
     rows = _all_gather_rows(row + [-1] * (_AGREE_SLOTS - len(row)))
     step, why = agree_on_step([[s for s in r if s >= 0] for r in rows])
@@ -428,7 +512,7 @@ def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch
 
     def restore() -> dict[str, Any]:
         _verify(meta)
-        saved = load_tensors(meta["_tensors_path"], map_location)
+        saved = _checked_tensors(meta["_tensors_path"], map_location)
         restore_checkpoint_state({"sampler": meta["sampler"], "grads": saved["grads"]}, sampler, model=model,
                                  allow_dataset_change=allow_dataset_change)
         return saved

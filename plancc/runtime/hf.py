@@ -53,13 +53,15 @@ from transformers.trainer_utils import (
 
 from plancc import layout
 from plancc.runtime.checkpoint import (
+    CheckpointError,
     _all_gather_rows,
     _barrier,
     _fault_from_env,
     agree_on_step,
     fsync_dir,
+    read_sealed_json,
     together,
-    write_json_atomic,
+    write_sealed_json,
 )
 from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore, load_tokens
@@ -68,6 +70,7 @@ from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import PlanEvalSampler, PlanSampler
+from plancc.runtime.tokenizer import check_tokenizer
 
 STATE_FILE = "plancc_sampler.json"
 
@@ -136,12 +139,15 @@ class _PlanEpoch(TrainerCallback):
 class PlanTrainer(Trainer):
     """A `Trainer` that replays a plancc plan (see module docstring). Extra keyword arguments: `plan` (a plan
     directory or `RuntimePlan`), `tokens` (a `TokenStore`; default: the plan's data, verified), `verify`,
-    `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`)."""
+    `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`). A
+    `processing_class` must be the tokenizer the plan was compiled with (`plancc.runtime.check_tokenizer`)."""
 
     def __init__(self, *args: Any, plan: str | Path | RuntimePlan, tokens: TokenStore | None = None,
                  verify: str = "chunks", allow_dataset_change: bool = False, pad_token_id: int = 0,
                  explicit_mask: bool = False, **kwargs: Any):
         self.plan = open_plan(plan)
+        if kwargs.get("processing_class") is not None:  # saved with every checkpoint: it must be the plan's
+            check_tokenizer(self.plan, kwargs["processing_class"])
         self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask
         self.plan_tokens = tokens if tokens is not None else load_tokens(
             self.plan, verify=verify, allow_dataset_change=allow_dataset_change)
@@ -340,7 +346,7 @@ class PlanTrainer(Trainer):
                         os.fsync(f.fileno())
             fsync_dir(ckpt)
         _barrier()
-        write_json_atomic(ckpt / state_file(rank), {**self.plan_state(step), "global_step": step})
+        write_sealed_json(ckpt / state_file(rank), {**self.plan_state(step), "global_step": step})
         _fault_from_env("rank_saved", step, rank)
         _barrier()  # the checkpoint is complete on every rank
         if self.args.should_save:
@@ -353,13 +359,20 @@ class PlanTrainer(Trainer):
             resume_from_checkpoint = str(self.resume_checkpoint(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
+    def _read_state(self, ckpt: Path) -> dict[str, Any]:
+        """This rank's sampler state in `ckpt`, checked against its checksum (CheckpointError when edited or
+        damaged: an edited position would otherwise resume silently at another microbatch)."""
+        state = read_sealed_json(ckpt / state_file(self.args.process_index))
+        state.pop("checksum")
+        return state
+
     def _state_step(self, ckpt: Path) -> int | None:
         """The step this rank's sampler state in `ckpt` was saved at; None when it is missing or unreadable."""
         try:
-            step = json.loads((ckpt / state_file(self.args.process_index)).read_bytes()).get("global_step")
-            return step if isinstance(step, int) and (ckpt / "trainer_state.json").exists() else None
-        except (OSError, ValueError, AttributeError):
+            step = self._read_state(ckpt).get("global_step")
+        except CheckpointError:
             return None
+        return step if isinstance(step, int) and (ckpt / "trainer_state.json").exists() else None
 
     def resume_checkpoint(self, ckpt: str | os.PathLike | bool) -> Path:
         """The checkpoint to resume from, checked on every rank (see `check_checkpoint`); for `True`, the newest
@@ -393,7 +406,7 @@ class PlanTrainer(Trainer):
         path = ckpt / state_file(self.args.process_index)
         step = self._state_step(ckpt) if path.exists() else -1
         steps = [r[0] for r in _all_gather_rows([-2 if step is None else step])]
-        names = ", ".join(f"rank {r}: " + {-1: "no state", -2: "unreadable"}.get(s, f"step {s}")
+        names = ", ".join(f"rank {r}: " + {-1: "no state", -2: "unreadable, edited or damaged"}.get(s, f"step {s}")
                           for r, s in enumerate(steps))
         if -1 in steps:
             raise PlanMismatchError(f"{ckpt} lacks a plancc sampler state ({names}): it was not saved by "
@@ -402,7 +415,7 @@ class PlanTrainer(Trainer):
         if len(set(steps)) > 1 or -2 in steps:
             raise PlanMismatchError(f"{ckpt}: the ranks' sampler states disagree ({names}); resume from a "
                                     "checkpoint every rank saved completely (resume_from_checkpoint=True finds one)")
-        together(lambda: self._check_state(ckpt, json.loads(path.read_text())), f"resume from {ckpt}")
+        together(lambda: self._check_state(ckpt, self._read_state(ckpt)), f"resume from {ckpt}")
 
     def _check_state(self, ckpt: Path, saved: dict[str, Any]) -> None:
         probe = self._make_sampler()

@@ -30,6 +30,38 @@ from plancc.runtime.plan_reader import PlanMismatchError, RankEpoch, RuntimePlan
 
 STATE_FORMAT = "plancc.sampler/1"
 STRICT_FINGERPRINTS = ("config", "metadata", "plan", "schema")
+# the fields of a saved state and their types; counts are non-negative, world_size and grad_accum positive
+_STATE_FIELDS: dict[str, type] = {
+    "fingerprints": dict, "plan_world_size": int, "plan_grad_accum": int, "world_size": int, "grad_accum": int,
+    "rank": int, "epoch": int, "position": int, "update": int, "micro_step": int, "at_update_boundary": bool,
+    "valid": bool,
+}
+_POSITIVE = ("plan_world_size", "plan_grad_accum", "world_size", "grad_accum")
+
+
+def state_problem(state: Any) -> str | None:
+    """What makes `state` no sampler state (`field: why`), or None: a saved file may be damaged or hand-edited, and
+    a loader should name the field rather than fail on it with a KeyError or a ValueError."""
+    if not isinstance(state, dict):
+        return f"not an object but {type(state).__name__}"
+    if state.get("format") != STATE_FORMAT:
+        return f"format: {state.get('format')!r}, expected {STATE_FORMAT!r}"
+    for key, kind in _STATE_FIELDS.items():
+        if key not in state:
+            return f"{key}: missing"
+        value = state[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"{key}: {value!r} is not {'an integer' if kind is int else f'a {kind.__name__}'}"
+        if kind is int and value < (1 if key in _POSITIVE else 0):
+            return f"{key}: {value} is not {'positive' if key in _POSITIVE else 'a count (negative)'}"
+    if not isinstance(state.get("full_updates", False), bool):
+        return f"full_updates: {state['full_updates']!r} is not a bool"
+    missing = [k for k in ("dataset", *STRICT_FINGERPRINTS) if k not in state["fingerprints"]]
+    if missing:
+        return f"fingerprints.{missing[0]}: missing"
+    if not isinstance(state.get("invalid_reason"), str | None):
+        return f"invalid_reason: {state['invalid_reason']!r} is not text"
+    return None
 
 
 class Microbatch(list):
@@ -231,9 +263,11 @@ class PlanSampler:
         }
 
     def load_state_dict(self, state: dict[str, Any], *, allow_dataset_change: bool = False) -> None:
-        """Resume where `state` left off; refuses another plan, an invalid position or a mid-update elastic change."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise PlanMismatchError(f"not a plancc sampler state (format {state.get('format') if isinstance(state, dict) else type(state).__name__!r}, expected {STATE_FORMAT!r})")
+        """Resume where `state` left off; refuses a malformed state (naming the field), another plan, another rank's
+        state, an invalid position or a mid-update elastic change."""
+        problem = state_problem(state)
+        if problem is not None:
+            raise PlanMismatchError(f"not a plancc sampler state: {problem}")
         saved, ours = state["fingerprints"], self.plan.fingerprints
         for key in STRICT_FINGERPRINTS:
             if saved.get(key) != ours.get(key):
@@ -256,6 +290,9 @@ class PlanSampler:
         self.plan._check_epoch(epoch)
         shape = (int(state["world_size"]), int(state["grad_accum"]), bool(state.get("full_updates", False)))
         if shape == (self.world_size, self.grad_accum, self.full_updates):
+            if state["rank"] != self.rank:  # same shape: each rank walks its own positions
+                raise PlanMismatchError(f"the saved sampler state is rank {state['rank']}'s; this is rank {self.rank}: "
+                                        "each rank resumes from its own state")
             position = int(state["position"])
         elif state.get("at_update_boundary"):
             self.epoch = epoch  # needed for the shape below
@@ -315,4 +352,4 @@ class PlanEvalSampler:
             yield self.microbatch(position)
 
 
-__all__ = ["Microbatch", "PlanEvalSampler", "PlanMismatchError", "PlanSampler"]
+__all__ = ["Microbatch", "PlanEvalSampler", "PlanMismatchError", "PlanSampler", "state_problem"]

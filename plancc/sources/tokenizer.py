@@ -11,7 +11,6 @@ changes token ids: the tokenizer JSON and the eos/bos tokens; the chat template 
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +18,11 @@ import orjson
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from plancc.errors import InputError
+from plancc.fingerprint import tokenizer_fingerprint, tokenizer_specials
 
 BUILTIN = "builtin"  # the --tokenizer value that selects the built-in byte-level tokenizer
 BUILTIN_NAME = "plancc-byte-level"
 BUILTIN_SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>", "<|im_end|>")
-_EOS_GUESSES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|im_end|>", "<eos>")
 
 
 @dataclass(frozen=True)
@@ -65,12 +64,6 @@ def _builtin() -> Tokenizer:
     return tok
 
 
-def _token_text(value) -> str | None:
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
 def _template_from(config: dict, config_path: Path) -> tuple[str | None, str | None]:
     """(template text, the file it came from) of a tokenizer directory, or (None, None)."""
     template = config.get("chat_template")
@@ -81,16 +74,12 @@ def _template_from(config: dict, config_path: Path) -> tuple[str | None, str | N
         return template, str(config_path)
     jinja_file = config_path.parent / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        try:
+            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{jinja_file}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start}); save the chat template as UTF-8") from None
     return None, None
-
-
-def _fingerprint(tokenizer_bytes: bytes, eos: str | None, bos: str | None) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for part in (tokenizer_bytes, (eos or "").encode(), (bos or "").encode()):
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.hexdigest()
 
 
 def load_tokenizer(spec: str) -> Tok:
@@ -105,7 +94,7 @@ def _load_tokenizer(spec: str, absolute: str) -> Tok:
         tok = _builtin()
         return Tok(tok, BUILTIN_NAME, None, None, "<|eos|>", tok.token_to_id("<|eos|>"), "<|bos|>",
                    tok.get_vocab_size(with_added_tokens=True),
-                   _fingerprint(tok.to_str().encode(), "<|eos|>", "<|bos|>"), byte_ids=True)
+                   tokenizer_fingerprint(tok.to_str().encode(), "<|eos|>", "<|bos|>"), byte_ids=True)
     path = Path(absolute)
     directory = path if path.is_dir() else path.parent
     json_path = path / "tokenizer.json" if path.is_dir() else path
@@ -125,11 +114,11 @@ def _load_tokenizer(spec: str, absolute: str) -> Tok:
             config = orjson.loads(config_path.read_bytes())
         except orjson.JSONDecodeError as exc:
             raise InputError(f"--tokenizer {spec}: {config_path} is not valid JSON ({exc})") from None
+        if not isinstance(config, dict):
+            raise InputError(f"--tokenizer {spec}: {config_path} holds a JSON {type(config).__name__}, expected an "
+                             "object of settings (eos_token, chat_template, ...)")
     template, template_source = _template_from(config, config_path)
-    eos = _token_text(config.get("eos_token"))
-    if eos is None:
-        eos = next((t for t in _EOS_GUESSES if tok.token_to_id(t) is not None), None)
-    bos = _token_text(config.get("bos_token"))
+    eos, bos = tokenizer_specials(config, lambda t: tok.token_to_id(t) is not None)
     eos_id = tok.token_to_id(eos) if eos is not None else None
     return Tok(tok, str(path.resolve()), template, template_source, eos, eos_id, bos,
-               tok.get_vocab_size(with_added_tokens=True), _fingerprint(raw, eos, bos))
+               tok.get_vocab_size(with_added_tokens=True), tokenizer_fingerprint(raw, eos, bos))

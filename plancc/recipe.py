@@ -1,0 +1,179 @@
+"""A recipe: several datasets, each scanned on its own, planned as one mixture (`plancc.mixture`).
+
+Datasets come from a config file's `datasets` (training) and `eval_datasets` lists, or from several sources given
+to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of a config entry). An entry::
+
+    [[datasets]]
+    path = "data/chat.jsonl"      # file, glob, save_to_disk dir, scan dir, Hub id
+    name = "chat"                 # default: the file stem; unique in the recipe
+    format = "messages"           # format, columns, split, chat_template: this dataset's own
+    train_on_inputs = true        # and what is trained (roles_to_train, train_on_eos, train_on, ...)
+    repeat = 2                    # or weight = 0.3 (one of them; default repeat 1)
+
+A relative `path` is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
+an entry and the top-level settings) that disagree are an error naming both. `--mix NAME=2x` sets a repeat,
+`--mix NAME=0.3` a weight (the `x` says "times"); it overrides the entry's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from plancc.config import CONFIG_DATASETS, SUPERVISION, ScanOptions, SettingsError, did_you_mean, flag
+
+ENTRY_KEYS = ("path", "name", "format", "columns", "split", "chat_template", *SUPERVISION, "repeat", "weight")
+SHARED_KEYS = ("tokenizer", "sequence_len", "shift", "long")  # one value for the whole recipe
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset of a recipe: where it is, how to read it, how it mixes, and whether it trains or evaluates."""
+
+    name: str
+    path: str
+    role: str = "train"
+    format: str | None = None
+    columns: Any = None
+    split: str | None = None
+    chat_template: str | None = None
+    supervision: tuple[tuple[str, Any], ...] = ()  # its own what-is-trained settings (`config.SUPERVISION`)
+    repeat: float | None = None
+    weight: float | None = None
+    shared: tuple[tuple[str, Any], ...] = ()  # recipe-wide settings this entry repeats (checked, not per dataset)
+
+    def mix(self) -> tuple[str, str, str, float]:
+        """Its `PlanSettings.mixture` entry."""
+        if self.weight is not None:
+            return (self.name, self.role, "weight", self.weight)
+        return (self.name, self.role, "repeat", 1.0 if self.repeat is None else self.repeat)
+
+    def scan_options(self, base: ScanOptions) -> ScanOptions:
+        """The recipe's scan options with this dataset's format, columns, split, chat template and what is
+        trained."""
+        own = {k: getattr(self, k) for k in ("format", "columns", "split", "chat_template")
+               if getattr(self, k) is not None}
+        try:
+            return dataclasses.replace(base, **own, **dict(self.supervision))
+        except SettingsError as exc:
+            raise SettingsError(f"dataset {self.name!r}: {str(exc).replace(flag(exc.setting or ''), exc.setting or '', 1)}",
+                                exc.setting) from None
+
+
+def _number(name: str, key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise SettingsError(f"dataset {name!r}: {key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def dataset_spec(entry: Any, role: str = "train") -> DatasetSpec:
+    """One entry (a path, or a mapping of `ENTRY_KEYS` and `SHARED_KEYS`) as a DatasetSpec."""
+    if isinstance(entry, str | Path):
+        entry = {"path": str(entry)}
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str | Path) or not str(entry["path"]):
+        raise SettingsError(f"a dataset entry needs a path, got {entry!r}")
+    entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
+    for key in entry:
+        if key not in ENTRY_KEYS + SHARED_KEYS:
+            raise SettingsError(f"dataset {entry['path']}: unknown key {key!r}"
+                                f"{did_you_mean(key, ENTRY_KEYS + SHARED_KEYS)}; keys: "
+                                f"{', '.join(ENTRY_KEYS + SHARED_KEYS)}")
+    path = str(entry["path"])
+    name = str(entry.get("name") or default_name(path))
+    if entry.get("repeat") is not None and entry.get("weight") is not None:
+        raise SettingsError(f"dataset {name!r}: give repeat or weight, not both")
+    return DatasetSpec(name=name, path=path, role=role, format=entry.get("format"), columns=entry.get("columns"),
+                       split=entry.get("split"), chat_template=entry.get("chat_template"),
+                       supervision=tuple((k, entry[k]) for k in SUPERVISION if entry.get(k) is not None),
+                       repeat=_number(name, "repeat", entry.get("repeat")),
+                       weight=_number(name, "weight", entry.get("weight")),
+                       shared=tuple((k, entry[k]) for k in SHARED_KEYS if entry.get(k) is not None))
+
+
+def default_name(path: str) -> str:
+    """A dataset's default name: its file stem (`data/chat.jsonl` -> `chat`), or its directory's name."""
+    p = Path(path.rstrip("/"))
+    while p.suffix and p.stem:
+        p = p.with_suffix("")
+    return p.name or path
+
+
+def parse_mix(values: list[str] | str | None) -> dict[str, tuple[str, float]]:
+    """`--mix a=2x,b=0.5` (repeatable): NAME=Nx is a repeat, NAME=W a weight; {name: (kind, value)}."""
+    if isinstance(values, str):
+        values = [values]
+    out: dict[str, tuple[str, float]] = {}
+    for value in values or []:
+        for part in str(value).split(","):
+            name, eq, amount = (x.strip() for x in part.partition("="))
+            kind = "repeat" if amount.lower().endswith("x") else "weight"
+            try:
+                number = float(amount[:-1] if kind == "repeat" else amount)
+            except ValueError:
+                number = -1.0
+            if not eq or not name or not 0 < number < float("inf"):
+                raise SettingsError(f"--mix {value!r}: expected NAME=Nx (repeat N times an epoch) or NAME=W (weight "
+                                    "W), e.g. --mix chat=2x,alpaca=0.5x or --mix chat=3,alpaca=1", "mix")
+            out[name] = (kind, number)
+    return out
+
+
+def build(train: list[Any], evals: list[Any] = (), mix: dict[str, tuple[str, float]] | None = None
+          ) -> tuple[DatasetSpec, ...]:
+    """The recipe's datasets in order (training, then eval), with `mix` applied; names unique."""
+    specs = [dataset_spec(e, "train") for e in train] + [dataset_spec(e, "eval") for e in evals]
+    names = [s.name for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        paths = [s.path for s in specs if s.name == twice[0]]
+        raise SettingsError(f"dataset name {twice[0]!r} is used twice ({paths[0]} and {paths[1]}); give each a "
+                            "unique `name`")
+    for name, (kind, value) in (mix or {}).items():
+        if name not in names:
+            raise SettingsError(f"--mix {name}=...: no dataset named {name!r}{did_you_mean(name, names)}; datasets: "
+                                f"{', '.join(names)}", "mix")
+        i = names.index(name)
+        specs[i] = dataclasses.replace(specs[i], repeat=value if kind == "repeat" else None,
+                                       weight=value if kind == "weight" else None)
+    return tuple(specs)
+
+
+def shared_settings(specs: tuple[DatasetSpec, ...], top: dict[str, Any]) -> dict[str, Any]:
+    """The recipe-wide settings its entries set, checked: two entries, or an entry and `top` (the settings given
+    outside the entries), that disagree are an error naming both."""
+    seen: dict[str, tuple[Any, str]] = {k: (v, "the recipe's settings") for k, v in top.items()
+                                        if k in SHARED_KEYS and v is not None}
+    for spec in specs:
+        for key, value in spec.shared:
+            if key in seen and seen[key][0] != value:
+                raise SettingsError(f"dataset {spec.name!r} sets {key} {value!r} but {seen[key][1]} {seen[key][0]!r}; "
+                                    f"a recipe has one {key} ({flag(key)}) for all its datasets")
+            seen.setdefault(key, (value, f"dataset {spec.name!r} sets {key}"))
+    return {k: v for k, (v, _) in seen.items()}
+
+
+def beside(folder: Path, path: str) -> str:
+    """A config entry's path: relative to the config file's folder when something is there (a file, directory or
+    glob match), so a recipe travels with its data; else as written (a Hub id, or a path from the working folder)."""
+    import glob
+
+    candidate = folder / path
+    if Path(path).is_absolute() or not (candidate.exists() or glob.glob(str(candidate), recursive=True)):
+        return path
+    return str(candidate)
+
+
+def from_config(config: dict[str, Any], folder: Path) -> tuple[list[Any], list[Any]]:
+    """The training and eval entries a config file (in `folder`) lists (each must be a list), paths resolved."""
+    lists = []
+    for key in CONFIG_DATASETS:
+        value = config.get(key, [])
+        if not isinstance(value, list):
+            raise SettingsError(f"config {key} must be a list of datasets ([[{key}]] tables in TOML), got {value!r}")
+        lists.append([{**e, "path": beside(folder, str(e["path"]))} if isinstance(e, dict) and "path" in e else
+                      beside(folder, e) if isinstance(e, str) else e for e in value])
+    return lists[0], lists[1]
