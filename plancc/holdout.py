@@ -4,8 +4,11 @@
 count), per dataset in proportion to its size when dataset labels are given. It depends on the ids (and labels)
 only, never on lengths or order, so the same data and seed hold out the same samples whatever the layout, and
 `validate` redraws it to check the eval plan. Each dataset's samples are drawn in one seeded order and its first
-ones held out, so raising `--val-set-size` only adds samples (to each dataset whose share grows). The training plan is compiled from the rest (`split`); the eval
-plan (`plancc.evaluation`) from the held-out ones, or from any other set of eval ids (eval datasets).
+ones held out, so raising `--val-set-size` only adds samples (to each dataset whose share grows).
+
+`eval_ids` is what a plan evaluates on: that draw, and for a recipe its eval datasets' samples plus the draw from
+its training datasets in proportion (their held-out samples then leave the mixture: `without`). The training plan
+is compiled from the rest (`split`), the eval plan (`plancc.evaluation`) from the eval ids.
 """
 
 from __future__ import annotations

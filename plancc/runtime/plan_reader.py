@@ -223,7 +223,7 @@ class RuntimePlan:
     # ------------------------------------------------------------ eval plan
     @property
     def has_eval(self) -> bool:
-        """Whether the plan holds an eval plan (compiled with `--val-set-size`)."""
+        """Whether the plan holds an eval plan (compiled with `--val-set-size` or a recipe's eval datasets)."""
         return self.dir.has_eval
 
     @property
