@@ -28,7 +28,8 @@ What it changes in `Trainer` (transformers is imported only here, and only when 
 - `evaluate()` (and `eval_strategy`/`eval_steps` during training; "epoch" means each plan epoch) runs the plan's
   eval plan (a plan compiled with `--val-set-size` or with a recipe's eval datasets): each rank its share, one
   all-reduce of (sum of CE, targets), logged as `eval_loss`, the exact token mean over the whole eval set
-  (`plancc.runtime.evaluate`). `eval_dataset` defaults to it; another plan directory evaluates that plan's eval plan; any other dataset is refused (its batches are not planned).
+  (`plancc.runtime.evaluate`). `eval_dataset` defaults to it; another plan directory evaluates that plan's eval
+  plan; any other dataset is refused (its batches are not planned).
 Label smoothing and `compute_loss_func` are not supported (they would change the objective the plan counts for).
 """
 
