@@ -79,8 +79,17 @@ def eval_ids(sample_ids: np.ndarray, settings: PlanSettings, index: np.ndarray |
     out = ids[is_eval]
     if settings.val_set_size:
         train = ~is_eval & (index >= 0)
-        out = np.union1d(out, hold_out(ids[train], settings.val_set_size, settings.seed, datasets=index[train]))
+        drawn = hold_out(ids[train], settings.val_set_size, settings.seed, datasets=index[train])
+        _check_left(index[train & ~np.isin(ids, drawn)], index[train], settings)
+        out = np.union1d(out, drawn)
     return out if out.size else None
+
+
+def _check_left(left: np.ndarray, before: np.ndarray, settings: PlanSettings) -> None:
+    """A training dataset the draw takes whole would silently leave the mixture: refused, naming it."""
+    for d in np.setdiff1d(before, left).tolist():
+        raise SettingsError(f"--val-set-size {settings.val_set_size} holds out every sample of dataset "
+                            f"{settings.mixture[d][0]!r}, leaving it nothing to train on: lower it", "val_set_size")
 
 
 def without(index: np.ndarray, sample_ids: np.ndarray, held: np.ndarray) -> np.ndarray:

@@ -308,6 +308,14 @@ def test_a_recipe_evaluates_its_eval_datasets_and_held_out_share_and_trains_on_t
     assert np.array_equal(holdout.eval_ids(s.sample_id, cfg, index), expected)  # what validate redraws
 
 
+def test_a_draw_that_takes_a_whole_recipe_dataset_is_refused_naming_it():
+    s = _samples(3, 41)[1]
+    index = np.repeat([0, 1], [40, 1])
+    mix = (("big", "train", "repeat", 1.0), ("tiny", "train", "weight", 1.0))
+    with pytest.raises(SettingsError, match="holds out every sample of dataset 'tiny'"):
+        compile_run(s, PlanSettings(sequence_len=64, mixture=mix, val_set_size=0.9), index=index)
+
+
 @pytest.fixture(scope="module")
 def recipe_eval(tmp_path_factory) -> Path:
     """A compiled recipe: two training datasets (one repeated 2x) with --val-set-size 6, plus an eval dataset."""
