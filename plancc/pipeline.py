@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc import balance, jit, mixture, pack
+from plancc import balance, evaluation, holdout, jit, mixture, pack
 from plancc.config import PlanSettings, SettingsError
 from plancc.layout import complete_updates, update_mapping
 from plancc.metrics import NO_DROPS, SourceDrops, summarize
@@ -112,6 +112,33 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
         if progress:
             progress("planning epochs", settings.epochs, settings.epochs)
     return plans
+
+
+@dataclass(frozen=True)
+class CompiledRun:
+    """A whole run planned: the training samples (the retained ones not held out), their epochs, the eval plan."""
+
+    train: SampleArrays
+    epochs: list[EpochPlan]
+    evaluation: evaluation.EvalPlan | None
+
+
+def compile_run(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None,
+                drops: SourceDrops = NO_DROPS, eval_ids: np.ndarray | None = None,
+                index: np.ndarray | None = None) -> CompiledRun:
+    """Hold out the eval samples (`eval_ids`, else `holdout.eval_ids`: a recipe's eval datasets and
+    `--val-set-size`'s draw), plan training on the rest and build the eval plan of the held-out ones; without
+    either, the plain `compile_plan` of every sample. `index`: a recipe's dataset of each sample, whose held-out
+    samples leave the mixture (index -1), so each dataset's counts apply to the samples it trains on."""
+    if eval_ids is None and len(s):
+        eval_ids = holdout.eval_ids(s.sample_id, settings, index)
+    if eval_ids is None:
+        return CompiledRun(s, compile_plan(s, settings, progress, drops, index), None)
+    train, held = holdout.split(s, eval_ids)
+    if index is not None:  # a recipe plans over the whole table (positions), its held-out samples in no dataset
+        train, index = s, holdout.without(index, s.sample_id, eval_ids)
+    return CompiledRun(train, compile_plan(train, settings, progress, drops, index),
+                       evaluation.eval_plan(held, settings))
 
 
 def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[str, np.ndarray]:

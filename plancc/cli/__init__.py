@@ -168,6 +168,9 @@ def compile_cmd(
     cost: Annotated[str | None, _setting("--cost", "What rank ordering and within-update trades even out: tokens "
                                                    "(padded slots) or attention (sum of squared sample lengths).")
                     ] = None,
+    val_set_size: Annotated[float | None, _setting("--val-set-size", "Hold out samples for evaluation: a fraction "
+                                                   "in (0, 1) or a count; a seeded draw, never trained on, "
+                                                   "planned once as the eval plan.", shown="0: none")] = None,
     mix: Annotated[list[str] | None, Opt("--mix", help="A recipe's mixture (repeatable, comma-separated): NAME=Nx "
                                                        "repeats dataset NAME N times an epoch (2x twice, 0.5x a "
                                                        "seeded half), NAME=W gives it weight W (its share of the "
@@ -198,6 +201,7 @@ def compile_cmd(
                 micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
                 world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
                 balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
+                val_set_size=val_set_size,
                 roles_to_train=roles_to_train, train_on_eos=train_on_eos,
                 train_on_inputs=train_on_inputs, train_on=train_on, drop_eos_only=drop_eos_only,
                 template_date=template_date,
@@ -345,7 +349,7 @@ def validate_cmd(
             options = scan_mod.options_from_report(store.PlanDir(plan_dir).meta["scan"], tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
             dataset_fp = store.samples_fingerprints(result.samples)["dataset"]
-        problems, _ = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
+        problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
     if json:
         print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
     elif problems:
@@ -354,7 +358,8 @@ def validate_cmd(
     elif not quiet:
         checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, token data "
                    + ("metadata" if fast else "content")
-                   + (f", dataset content of {dataset}" if dataset else ""))
+                   + (f", dataset content of {dataset}" if dataset else "")
+                   + (", eval plan (held-out set once each, none trained on)" if "eval" in meta else ""))
         typer.echo(f"{plan_dir}: ok ({checked})")
     raise typer.Exit(1 if problems else 0)
 
