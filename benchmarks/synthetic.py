@@ -17,7 +17,7 @@ import pyarrow as pa
 from plancc import build, store, token_store
 from plancc.config import PlanSettings
 from plancc.fingerprint import token_hashes
-from plancc.pipeline import compile_plan
+from plancc.pipeline import compile_run
 from plancc.plan import SampleArrays
 
 
@@ -94,9 +94,9 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     path = write_tokens(tmp / "tokens", tok, table, shift)
     s = store.sample_arrays(table)
     ps = PlanSettings(seed=seed, **settings)
-    epochs = compile_plan(s, ps)
+    run = compile_run(s, ps)
     out = tmp / "plan"
-    build.write_plan_dir(out, table, s, ps, epochs, {}, path)
+    build.write_plan_dir(out, table, run.train, ps, run.epochs, {}, path, evaluation=run.evaluation)
     return out
 
 

@@ -19,15 +19,17 @@ from plancc import __version__, atomic, store, token_store
 from plancc.carry import carry
 from plancc.config import PlanSettings, ScanOptions
 from plancc.errors import InputError
+from plancc.evaluation import EvalPlan, eval_columns
 from plancc.fingerprint import (
     before_checksum,
     config_fingerprint,
+    eval_fingerprint,
     metrics_checksum,
     plan_fingerprint,
     scan_identity,
 )
 from plancc.metrics import SourceDrops
-from plancc.pipeline import EpochPlan, Progress, compile_plan, plan_columns
+from plancc.pipeline import EpochPlan, Progress, compile_run, plan_columns
 from plancc.plan import SampleArrays
 from plancc.recipe import DatasetSpec
 
@@ -76,10 +78,10 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
     s = store.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
-    epochs = compile_plan(s, settings, progress=progress, drops=drops)
+    run = compile_run(s, settings, progress=progress, drops=drops)
     atomic.fault("prepared")
-    return write_plan_dir(out_dir, samples_table, s, settings, epochs, scan_info, tokenized, progress,
-                          overwrite=overwrite)
+    return write_plan_dir(out_dir, samples_table, run.train, settings, run.epochs, scan_info, tokenized, progress,
+                          overwrite=overwrite, evaluation=run.evaluation)
 
 
 def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: PlanSettings,
@@ -96,10 +98,13 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
     settings = joined.settings
     s = store.sample_arrays(joined.table)
     drops = SourceDrops(joined.report["dropped_samples"], joined.report["truncated_samples"])
-    epochs = compile_plan(s, settings, progress=progress, drops=drops, index=joined.index)
-    recipe = {"datasets": joined.datasets, "metrics": recipe_data.epoch_metrics(epochs, joined, settings.shift)}
-    return write_plan_dir(out_dir, joined.table, s, settings, epochs, joined.report, joined.tokens, progress,
-                          overwrite=overwrite, recipe=recipe)
+    eval_ids = recipe_data.eval_sample_ids(joined.table, settings.mixture)
+    run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids if eval_ids.size else None,
+                      index=joined.index)
+    recipe = {"datasets": joined.datasets,
+              "metrics": recipe_data.epoch_metrics(run.epochs, run.index, joined.datasets, settings.shift)}
+    return write_plan_dir(out_dir, joined.table, run.train, settings, run.epochs, joined.report, joined.tokens,
+                          progress, overwrite=overwrite, evaluation=run.evaluation, recipe=recipe)
 
 
 # scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
@@ -122,9 +127,10 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
-                   recipe: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write PLAN_DIR atomically from planned epochs: plan, samples, metrics and before tables, the manifest
-    (and the token store, hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
+                   evaluation: EvalPlan | None = None, recipe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write PLAN_DIR atomically from planned epochs (over the training samples `s`) and the eval plan, if any:
+    plan, samples (all of `samples_table`), metrics, before and eval tables, the manifest (and the token store,
+    hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
     if progress:
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
@@ -144,6 +150,11 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
                            "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
     fingerprints["plan"] = plan_fps
+    eval_table, eval_info = None, None
+    if evaluation is not None:
+        cols = eval_columns(evaluation, settings)
+        fingerprints["eval"] = eval_fingerprint(cols)
+        eval_table, eval_info = store.eval_table(cols), store.eval_summary(cols, settings.world_size)
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
     data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
@@ -157,7 +168,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "scan": {k: v for k, v in scan_info.items() if k not in NOT_PLANNED},
         "data": data,
         "epochs": epoch_info,
-        "samples": len(s),
+        "samples": samples_table.num_rows,
         # what the summary must say: every source sample dropped or cut, and what tokenized them
         "rows_read": scan_info.get("rows_read", len(s)),
         "dropped_samples": scan_info.get("dropped_samples", 0),
@@ -171,8 +182,11 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     }
     if recipe is not None:
         manifest["recipe"] = recipe
+    if eval_info is not None:
+        manifest["eval"] = eval_info
     with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest)
+        store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest,
+                               eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
     if progress:

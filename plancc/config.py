@@ -206,6 +206,7 @@ class PlanSettings:
     # source (`plancc.mixture`). Both are left out of `to_dict` when unset, so a one-source plan hashes as before.
     mixture: tuple[tuple[str, str, str, float], ...] = ()
     samples_per_epoch: int | None = None
+    val_set_size: float = 0  # held out for evaluation: a fraction in (0, 1), a count >= 1, or 0 (none)
 
     def __post_init__(self) -> None:
         _typed(self, "mode", Mode)
@@ -227,6 +228,7 @@ class PlanSettings:
             raise SettingsError(f"--balance-window must be at most 64, got {self.balance_window}", "balance_window")
         if self.real_batches and self.mode != Mode.PACKED:
             raise SettingsError("--real-batches only applies to --mode packed", "real_batches")
+        object.__setattr__(self, "val_set_size", _val_set_size(self.val_set_size))
 
     @property
     def row_capacity(self) -> int:
@@ -247,16 +249,19 @@ class PlanSettings:
         return self.world_size * self.grad_accum
 
     def to_dict(self) -> dict[str, Any]:
-        """Every setting by name, plain JSON values (what the manifest stores and the config fingerprint hashes);
-        the recipe's settings only when set."""
+        """Every setting by name, plain JSON values (what the manifest stores and the config fingerprint hashes).
+
+        A setting newer than the plan schema is left out at its default (the recipe's settings, `val_set_size`), so
+        a plan that does not use it keeps the bytes and config fingerprint older plancc gave it (and reads back with
+        the default)."""
         out = {k: str(v) if isinstance(v, Choice) else v for k, v in dataclasses.asdict(self).items()}
-        for name in RECIPE_SETTINGS:
-            if out[name] in ((), None):
+        for name, default in OMITTED_AT_DEFAULT.items():
+            if out[name] == default:
                 del out[name]
         return out
 
 
-RECIPE_SETTINGS = ("mixture", "samples_per_epoch")
+OMITTED_AT_DEFAULT = {"mixture": (), "samples_per_epoch": None, "val_set_size": 0}  # `PlanSettings.to_dict`
 CONFIG_DATASETS = ("datasets", "eval_datasets")  # config keys listing a recipe's datasets (`plancc.recipe`)
 MIX_KINDS = ("repeat", "weight")
 DATASET_ROLES = ("train", "eval")
@@ -282,6 +287,18 @@ def _mixture(value: Any) -> tuple[tuple[str, str, str, float], ...]:
     if len(set(names)) != len(names):
         raise SettingsError(f"mixture: dataset names must be unique, got {names}", "mixture")
     return tuple(out)
+
+
+def _val_set_size(value: Any) -> int | float:
+    """`--val-set-size` as a count (int >= 1), a fraction (float in (0, 1)) or 0 (nothing held out)."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and value >= 0
+    if ok and (value == 0 or value >= 1):
+        ok = float(value).is_integer()
+        value = int(value) if ok else value
+    if not ok:
+        raise SettingsError(f"--val-set-size must be a fraction in (0, 1) or a whole count >= 1 of samples to hold "
+                            f"out for evaluation (0: none), got {value!r}", "val_set_size")
+    return value
 
 
 SHARED_SETTINGS = ("sequence_len", "shift")  # in both: what a samples table means, and what a plan is hashed with

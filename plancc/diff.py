@@ -6,6 +6,7 @@
 * fingerprints: dataset, metadata, config, plancc version and the plan digest of every epoch, old vs new;
 * metrics: per (epoch, stage) the metrics whose value changed, with the delta;
 * regressions: after-stage metrics that got worse beyond the tolerance (the rule: `plancc.diff_rules`);
+* eval: whether either plan has an eval plan, how its sizes moved and which held-out samples came and went;
 * churn: per epoch, the share of common samples whose update / rank changed, the share of microbatches that are
   identical (same sample ids in the same rows, at the same global index) and the first differing microbatch.
 
@@ -239,6 +240,36 @@ def _load_rows(info: PlanInfo, epochs: list[int]) -> dict[int, EpochRows]:
     return {e: EpochRows(slices[e]) for e in epochs if e in slices}
 
 
+# ---------------------------------------------------------------- the eval plan
+
+
+EVAL_SIZES = ("samples", "tokens", "label_count", "batches", "cost")
+
+
+def _eval_ids(info: PlanInfo) -> np.ndarray:
+    return np.unique(store.nested_arrays(info.dir.read_eval().column("sample_ids"))[0])
+
+
+def eval_changes(old: PlanInfo, new: PlanInfo) -> dict[str, Any]:
+    """How the eval plans differ: which plan has one, its sizes (old, new, delta) and the held-out samples added
+    and removed. Equal eval fingerprints mean equal eval plans: nothing is read."""
+    has = (old.dir.has_eval, new.dir.has_eval)
+    status = {(True, True): "both", (True, False): "old_only", (False, True): "new_only"}.get(has, "none")
+    out: dict[str, Any] = {"status": status, "changed": old.fingerprints.get("eval") != new.fingerprints.get("eval"),
+                           "sizes": [], "added_samples": 0, "removed_samples": 0}
+    if status == "none" or not out["changed"]:
+        return out
+    so, sn = (info.dir.meta["eval"] if h else {} for info, h in zip((old, new), has, strict=True))
+    out["sizes"] = [{"metric": m, "old": so.get(m), "new": sn.get(m),
+                     "delta": sn[m] - so[m] if m in so and m in sn else None}
+                    for m in EVAL_SIZES if so.get(m) != sn.get(m)]
+    ids_o, ids_n = (_eval_ids(info) if h else np.zeros(0, dtype=np.int64)
+                    for info, h in zip((old, new), has, strict=True))
+    out["added_samples"] = int(np.setdiff1d(ids_n, ids_o).size)
+    out["removed_samples"] = int(np.setdiff1d(ids_o, ids_n).size)
+    return out
+
+
 # ---------------------------------------------------------------- the report
 
 
@@ -280,6 +311,9 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
     for e in epochs:
         a, b = plan_o.get(str(e)), plan_n.get(str(e))
         fingerprints.append({"name": f"plan[{e}]", "old": a, "new": b, "changed": a != b})
+    if "eval" in fo or "eval" in fn:
+        fingerprints.append({"name": "eval", "old": fo.get("eval"), "new": fn.get("eval"),
+                             "changed": fo.get("eval") != fn.get("eval")})
 
     metrics = []
     for e in epochs:
@@ -312,6 +346,8 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
                 regressions.append({"epoch": e, "metric": name, "old": a, "new": b, "delta": b - a,
                                     "allowed": allowed})
 
+    evaluation = eval_changes(old, new)
+
     changed_epochs = [e for e in epochs if plan_o.get(str(e)) != plan_n.get(str(e))
                       and str(e) in plan_o and str(e) in plan_n]
     churn = []
@@ -342,10 +378,12 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
         "dataset": fo.get("dataset") != fn.get("dataset"),
         "metadata": fo.get("metadata") != fn.get("metadata"),
         "plan": plan_o != plan_n,
+        "eval": fo.get("eval") != fn.get("eval"),
         "plancc": fo.get("plancc") != fn.get("plancc") or fo.get("schema") != fn.get("schema"),
         "metrics_regression": bool(regressions),
     }
-    identical = not (changes["config"] or changes["dataset"] or changes["metadata"] or changes["plan"])
+    identical = not (changes["config"] or changes["dataset"] or changes["metadata"] or changes["plan"]
+                     or changes["eval"])
     return {
         "old": str(old.path),
         "new": str(new.path),
@@ -358,6 +396,7 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
         "tolerance": tolerance,
         "regressions": regressions,
         "churn": churn,
+        "eval": evaluation,
     }
 
 

@@ -35,7 +35,7 @@ def summary_line(report: dict[str, Any]) -> str:
     if report["identical"]:
         return "plans are identical (dataset, metadata, config and every epoch's plan fingerprint match)"
     ch = report["changes"]
-    what = [k for k in ("config", "dataset", "metadata", "plan") if ch[k]]
+    what = [k for k in ("config", "dataset", "metadata", "plan", "eval") if ch.get(k)]
     line = f"plans differ: {', '.join(what)} changed"
     if ch["config"] and report["config"]:
         line += " (settings: " + ", ".join(c["setting"] for c in report["config"]) + ")"
@@ -123,9 +123,21 @@ def render_text(report: dict[str, Any], failed: list[str] | None = None) -> str:
     if churn_lines:
         lines.append("membership churn:")
         lines += churn_lines
+    lines += _eval_lines(report["eval"])
     if failed:
         lines.append("FAILED: " + "; ".join(failed))
     return "\n".join(lines) + "\n"
+
+
+def _eval_lines(ev: dict[str, Any]) -> list[str]:
+    """The eval plan's changes: which plan has one, size deltas, held-out samples added and removed."""
+    if not ev["changed"]:
+        return []
+    where = {"old_only": " (only the old plan has one)", "new_only": " (only the new plan has one)"}
+    lines = [f"eval plan changed{where.get(ev['status'], '')}: held-out samples +{ev['added_samples']} "
+             f"-{ev['removed_samples']}"]
+    return lines + [f"  {s['metric']:<28} {format_number(s['old']):>12} -> {format_number(s['new']):<12} "
+                    f"({_delta(s['delta'])})" for s in ev["sizes"]]
 
 
 def _ids(rows: list[list[int]], total: int) -> str:
@@ -169,6 +181,11 @@ def render_markdown(report: dict[str, Any], failed: list[str] | None = None) -> 
                          f"update {_pct(c['update_changed_share'])}, rank {_pct(c['rank_changed_share'])}, "
                          f"identical microbatches {_pct(c['identical_microbatch_share'])}, first diff "
                          f"#{c['first_differing_microbatch']}"))
+    ev = report["eval"]
+    if ev["changed"]:
+        rows.append(("eval", "held-out samples", "", f"+{ev['added_samples']} -{ev['removed_samples']}"))
+        rows += [("eval", s["metric"], format_number(s["old"]), f"{format_number(s['new'])} ({_delta(s['delta'])})")
+                 for s in ev["sizes"]]
     if rows:
         out.append("| where | what | old | new |")
         out.append("|---|---|---|---|")

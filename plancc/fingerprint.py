@@ -20,6 +20,8 @@ from plancc.config import canonical_hash
 PLAN_FINGERPRINT_COLUMNS = ("index", "update", "rank", "micro_step", "batch_bounds", "row_bounds", "sample_ids",
                             "tokens", "label_count", "cost", "num_items")
 
+EVAL_FINGERPRINT_COLUMNS = ("index", "rank", "batch_bounds", "row_bounds", "sample_ids", "tokens", "label_count", "cost")
+
 
 def token_hashes(ids: np.ndarray, ids_offsets: np.ndarray, labels: np.ndarray, labels_offsets: np.ndarray) -> np.ndarray:
     """64-bit content hash per sample of (input_ids, labels), given flat values and CSR offsets (n+1 each)."""
@@ -107,6 +109,12 @@ def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
     return array_digest(*(cols[k] for k in PLAN_FINGERPRINT_COLUMNS))
 
 
+def eval_fingerprint(cols: dict[str, np.ndarray]) -> str:
+    """Digest of the eval plan's rows (`evaluation.eval_columns`, CSR like `plan_fingerprint`'s): membership,
+    order, ranks and counts."""
+    return array_digest(*(cols[k] for k in EVAL_FINGERPRINT_COLUMNS))
+
+
 def config_fingerprint(settings: dict[str, Any]) -> str:
     """Digest of every plan setting (`PlanSettings.to_dict()`)."""
     return canonical_hash(settings)
@@ -126,11 +134,13 @@ def metrics_checksum(rows: list[dict[str, Any]]) -> str:
 
 __all__ = [
     "EOS_GUESSES",
+    "EVAL_FINGERPRINT_COLUMNS",
     "PLAN_FINGERPRINT_COLUMNS",
     "array_digest",
     "before_checksum",
     "config_fingerprint",
     "dataset_fingerprint",
+    "eval_fingerprint",
     "metadata_fingerprint",
     "metrics_checksum",
     "plan_fingerprint",

@@ -9,6 +9,7 @@
   next to the `after` ones, read from what compile stored (`before.parquet`; nothing is recomputed). A plan of an
   older plancc that did not store them shows `after` only and says so.
 * `metrics_tables(rows)`: rich tables, one per epoch, metrics down, stages across.
+* `eval_sizes(plan_dir)`: the eval plan's samples, tokens, label tokens and batches (None without one).
 """
 
 from __future__ import annotations
@@ -49,6 +50,25 @@ def read_metrics(plan_dir: str | Path | store.PlanDir, epoch: int | None = None)
         raise PlanccError(f"--epoch {epoch}: the plan has no such epoch "
                           f"(epochs: {sorted({r['epoch'] for r in rows})})")
     return out
+
+
+def eval_sizes(plan_dir: str | Path | store.PlanDir) -> dict[str, Any] | None:
+    """The eval plan's sizes as compile recorded them (samples, tokens, label_count: the targets the eval loss
+    divides by, batches, batches_per_rank, cost), or None for a plan without one."""
+    plan = plan_dir if isinstance(plan_dir, store.PlanDir) else store.PlanDir(plan_dir)
+    return {"val_set_size": plan.settings.val_set_size, **plan.meta["eval"]} if plan.has_eval else None
+
+
+def eval_table(sizes: dict[str, Any]):
+    """A rich Table of `eval_sizes`."""
+    from rich.table import Table
+
+    t = Table(title="eval plan (held out, seen once per evaluation)", title_justify="left")
+    t.add_column("metric")
+    t.add_column("eval", justify="right")
+    for name in ("val_set_size", "samples", "tokens", "label_count", "batches", "batches_per_rank", "cost"):
+        t.add_row(name, format_number(sizes[name]))
+    return t
 
 
 def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):

@@ -35,6 +35,7 @@ from plancc.fingerprint import (
     before_checksum,
     config_fingerprint,
     dataset_fingerprint,
+    eval_fingerprint,
     metadata_fingerprint,
     metrics_checksum,
     plan_fingerprint,
@@ -50,6 +51,7 @@ PLAN_FILE = "plan.parquet"
 SAMPLES_FILE = "samples.parquet"
 METRICS_FILE = "metrics.parquet"
 BEFORE_FILE = "before.parquet"  # the `before` stage's label count per microbatch: what inspect plots against `after`
+EVAL_FILE = "eval.parquet"  # the eval plan (`plancc.evaluation`), in plans compiled with held-out samples
 MANIFEST_FILE = "manifest.json"
 TOKENS_DIR = "tokens"  # the token store (plancc.token_store), in scan and plan directories
 TOKENIZED_FILE = "tokenized.parquet"  # what older plans shipped instead; the runtime still reads it
@@ -98,6 +100,17 @@ BEFORE_SCHEMA = pa.schema(
         pa.field("epoch", pa.int32(), nullable=False),
         pa.field("index", pa.int64(), nullable=False),
         pa.field("label_count", pa.int64(), nullable=False),
+    ]
+)
+
+EVAL_SCHEMA = pa.schema(
+    [
+        pa.field("index", pa.int64(), nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("sample_ids", pa.list_(pa.list_(pa.int64())), nullable=False),
+        pa.field("tokens", pa.int64(), nullable=False),
+        pa.field("label_count", pa.int64(), nullable=False),
+        pa.field("cost", pa.int64(), nullable=False),
     ]
 )
 
@@ -431,12 +444,30 @@ def metrics_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def plan_table(cols: dict[str, Any]) -> pa.Table:
+def plan_table(cols: dict[str, Any], schema: pa.Schema = PLAN_SCHEMA) -> pa.Table:
     """Arrow plan table from `pipeline.plan_columns` arrays: the CSR bounds become the nested `sample_ids` lists."""
     rows = pa.ListArray.from_arrays(arrow_array(cols["row_bounds"], pa.int32()), arrow_array(cols["sample_ids"], pa.int64()))
     nested = pa.ListArray.from_arrays(arrow_array(cols["batch_bounds"], pa.int32()), rows)
-    arrays = [nested if f.name == "sample_ids" else arrow_array(cols[f.name], f.type) for f in PLAN_SCHEMA]
-    return pa.Table.from_arrays(arrays, schema=PLAN_SCHEMA)
+    arrays = [nested if f.name == "sample_ids" else arrow_array(cols[f.name], f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def eval_table(cols: dict[str, Any]) -> pa.Table:
+    """Arrow eval plan table from `evaluation.eval_columns` arrays."""
+    return plan_table(cols, EVAL_SCHEMA)
+
+
+def eval_summary(cols: dict[str, np.ndarray], world_size: int) -> dict[str, int]:
+    """What the manifest records of the eval plan: its sizes and the global target count the loss divides by."""
+    n = int(cols["index"].shape[0])
+    return {
+        "samples": int(cols["sample_ids"].shape[0]),
+        "batches": n,
+        "batches_per_rank": -(-n // world_size),
+        "tokens": int(cols["tokens"].sum()),
+        "label_count": int(cols["label_count"].sum()),
+        "cost": int(cols["cost"].sum()),
+    }
 
 
 def before_table(epochs: list[int], label_counts: list[np.ndarray]) -> pa.Table:
@@ -449,7 +480,8 @@ def before_table(epochs: list[int], label_counts: list[np.ndarray]) -> pa.Table:
 
 
 def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics: pa.Table, before: pa.Table,
-                     fingerprints: dict[str, Any], settings: dict[str, Any], manifest: dict[str, Any]) -> None:
+                     fingerprints: dict[str, Any], settings: dict[str, Any], manifest: dict[str, Any],
+                     evaluation: pa.Table | None = None) -> None:
     """Write the plan directory's files into `directory` (a temporary one from `atomic_directory`).
 
     The plan file's metadata is the whole manifest (plus its kind): `manifest.json` is its human-readable mirror,
@@ -462,6 +494,8 @@ def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics
                   file_metadata("samples", fingerprints, settings))
     write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
     write_parquet(before, directory / BEFORE_FILE, file_metadata("before", fingerprints, settings))
+    if evaluation is not None:
+        write_parquet(evaluation, directory / EVAL_FILE, file_metadata("eval", fingerprints, settings))
     write_json(manifest, directory / MANIFEST_FILE)
 
 
@@ -840,6 +874,38 @@ class PlanDir:
         table = self.read_before() if table is None else table
         epochs = column(table, "epoch")
         return column(table, "label_count")[epochs == epoch]
+
+    # ------------------------------------------------------------ eval plan
+    @property
+    def has_eval(self) -> bool:
+        """Whether the plan holds an eval plan (compiled with held-out samples)."""
+        return "eval" in self.fingerprints
+
+    def read_eval(self) -> pa.Table:
+        """The eval plan's rows in file (= index) order (check them with `eval_problems`)."""
+        return read_table(self.path / EVAL_FILE, EVAL_SCHEMA, columns=EVAL_SCHEMA.names)
+
+    def eval_problems(self, table: pa.Table) -> list[str]:
+        """The eval rows against their layout (index, rank = index % world_size), the eval fingerprint and the
+        manifest's eval summary (its global target count is what the eval loss divides by)."""
+        path, n, W = self.path / EVAL_FILE, table.num_rows, self.settings.world_size
+        cols = {name: column(table, name) for name in EVAL_SCHEMA.names if name != "sample_ids"}
+        ids, row_bounds, batch_bounds = nested_arrays(table.column("sample_ids"))
+        cols.update(sample_ids=ids, row_bounds=row_bounds, batch_bounds=batch_bounds)
+        problems = []
+        for name, want, why in (("index", np.arange(n), "the row's position"),
+                                ("rank", np.arange(n) % W, f"index % world_size = index % {W}")):
+            bad = cols[name] != want
+            if bad.any():
+                i = _first_row(bad)
+                problems.append(f"{path} row {i}: {name} is {cols[name][i]}, but {why} gives {want[i]}")
+        if eval_fingerprint(cols) != self.fingerprints.get("eval"):
+            problems.append(f"{path}: its {n} rows do not hash to the plan's eval fingerprint (rows edited, deleted, "
+                            "reordered or samples exchanged)")
+        found = first_difference(self.meta.get("eval"), eval_summary(cols, W))
+        if found:
+            problems.append(f"{self.plan_file} metadata: eval.{found} (recomputed from {EVAL_FILE})")
+        return problems
 
     # ------------------------------------------------------------ plan rows
     def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:

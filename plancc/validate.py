@@ -5,7 +5,9 @@ the config fingerprint, each epoch's rows against the layout and its plan finger
 dataset and metadata fingerprints, metrics against their checksum, every file's metadata and `manifest.json`
 against the plan file's). On top, this module recomputes from the samples table what a plan must satisfy
 (coverage, capacity, per-microbatch tokens, targets and cost), recomputes each epoch's final metrics from its rows,
-checks that the settings the plan shares with its scan (`sequence_len`, `shift`) are the scan's, and checks the
+checks the eval plan (the held-out samples `--val-set-size` draws, each exactly once, none of them in training,
+in the training layout, counted right, against the eval fingerprint), checks that the settings the plan shares
+with its scan (`sequence_len`, `shift`) are the scan's, and checks the
 tokenized data the trainer will load: every header value against its `header_hash`, present, complete and, unless
 `fast`, equal in content to the dataset fingerprint (each planned sample's hash against the samples table). The result is a list of
 violations, each naming its file and row or field (empty when the plan is sound).
@@ -13,6 +15,7 @@ violations, each naming its file and row or field (empty when the plan is sound)
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc import mixture, store, token_store
-from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, Shift
+from plancc import holdout, mixture, store, token_store
+from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, SettingsError, Shift
 from plancc.layout import complete_updates
 from plancc.metrics import SourceDrops, dataset_rows, entry_targets, summarize
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
@@ -36,12 +39,12 @@ def _shared_problems(plan: store.PlanDir) -> list[str]:
             for name in SHARED_SETTINGS if name in recorded and recorded[name] != plan.meta["settings"].get(name)]
 
 
-def _mismatch(name: str, epoch: int, got: np.ndarray, want: np.ndarray) -> str | None:
+def _mismatch(name: str, where: str, got: np.ndarray, want: np.ndarray) -> str | None:
     bad = np.flatnonzero(got != want)
     if bad.size == 0:
         return None
     i = int(bad[0])
-    return (f"{store.PLAN_FILE} epoch {epoch} row {i}: {name} is {got[i]}, recomputed from {store.SAMPLES_FILE} "
+    return (f"{where} row {i}: {name} is {got[i]}, recomputed from {store.SAMPLES_FILE} "
             f"{want[i]} ({bad.size} rows differ)")
 
 
@@ -58,12 +61,19 @@ def mixture_counts(sample_id: np.ndarray) -> np.ndarray:
 def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
     """Coverage (each sample exactly its mixture count: once, for one source), capacity, microbatch shape and
     per-microbatch counts of one epoch against the epoch's samples (`mixture.plan_positions`)."""
+    return check_rows(f"{store.PLAN_FILE} epoch {epoch}", table, s, settings)
+
+
+def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
+    """`check_epoch` of any plan rows (an epoch's, or the eval plan's) named `where` in the messages: they must
+    hold each sample of `s` its mixture count (once, for one source; all of them unless --drop-last), fit the
+    layout, and count what `s` says."""
     problems: list[str] = []
     ids, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
     unknown = s.sample_id[pos] != ids
     if unknown.any():
-        return [f"{store.PLAN_FILE} epoch {epoch}: {int(unknown.sum())} sample ids are not in {store.SAMPLES_FILE} "
+        return [f"{where}: {int(unknown.sum())} sample ids are not in {store.SAMPLES_FILE} "
                 f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None
     b = Batches(pos, row_bounds, batch_bounds)
     n = b.num_batches
@@ -72,33 +82,33 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
     over = np.flatnonzero(counts > want)
     if over.size and not settings.mixture:
         row, sid, first = store.repeated_sample(ids, b.row_bounds[b.batch_bounds])
-        problems.append(f"{store.PLAN_FILE} epoch {epoch} row {row}: sample_id {sid} again (already in row {first}); "
+        problems.append(f"{where} row {row}: sample_id {sid} again (already in row {first}); "
                         f"{int((counts > 1).sum())} samples appear more than once")
     elif over.size:
-        problems.append(f"{store.PLAN_FILE} epoch {epoch}: sample_id {int(s.sample_id[over[0]])} appears "
+        problems.append(f"{where}: sample_id {int(s.sample_id[over[0]])} appears "
                         f"{int(counts[over[0]])} times, its mixture count is {int(want[over[0]])} ({over.size} "
                         "samples appear more often than the mixture says)")
     short = np.flatnonzero(counts < want)
     if short.size and not settings.drop_last:
-        problems.append(f"{store.PLAN_FILE} epoch {epoch}: {int((want - counts)[short].sum())} retained samples are "
+        problems.append(f"{where}: {int((want - counts)[short].sum())} retained samples are "
                         f"missing (first: sample_id {int(s.sample_id[short[0]])})")
     full = complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update
     if settings.drop_last and n != full:
-        problems.append(f"{store.PLAN_FILE} epoch {epoch}: --drop-last plan ends with an incomplete update")
+        problems.append(f"{where}: --drop-last plan ends with an incomplete update")
 
     over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
     if over.size:
-        problems.append(f"{store.PLAN_FILE} epoch {epoch}: {over.size} rows exceed capacity {settings.row_capacity} "
+        problems.append(f"{where}: {over.size} rows exceed capacity {settings.row_capacity} "
                         f"(first: row {over[0]})")
     if settings.mode == Mode.PACKED:
         too_many = np.flatnonzero(b.rows_per_batch() > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
-            problems.append(f"{store.PLAN_FILE} epoch {epoch} row {too_many[0]}: the microbatch has too many rows")
+            problems.append(f"{where} row {too_many[0]}: the microbatch has too many rows")
     else:
         per_batch = segment_sum(b.samples_per_row(), b.batch_bounds)
         wrong = np.flatnonzero(per_batch[:-1] != settings.micro_batch_size) if n else np.array([])
         if wrong.size or (n and per_batch[-1] > settings.micro_batch_size):
-            problems.append(f"{store.PLAN_FILE} epoch {epoch}: microbatches do not hold exactly "
+            problems.append(f"{where}: microbatches do not hold exactly "
                             f"{settings.micro_batch_size} samples")
     expect = {
         "tokens": batch_tokens(b, s),
@@ -106,7 +116,7 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
         "cost": batch_cost(b, s, settings.pad_multiple),
     }
     for name, want in expect.items():
-        msg = _mismatch(name, epoch, store.column(table, name), want)
+        msg = _mismatch(name, where, store.column(table, name), want)
         if msg:
             problems.append(msg)
     return problems, b
@@ -149,6 +159,58 @@ def _recipe_metrics_problems(plan: store.PlanDir, recomputed: list[dict[str, Any
             return [f"{store.PLAN_FILE} metadata: recipe metrics of dataset {row['dataset']!r} epoch {row['epoch']} "
                     f"after: {found} (recomputed from the rows)"]
     return []
+
+
+def _recipe_eval_ids(plan: store.PlanDir, s, index: np.ndarray | None) -> np.ndarray:
+    """The sample ids of a recipe's eval datasets (none for one source)."""
+    if index is None:
+        return np.zeros(0, dtype=np.int64)
+    return s.sample_id[mixture.eval_positions(index, plan.settings.mixture)]
+
+
+def _eval_problems(plan: store.PlanDir, s, index: np.ndarray | None = None) -> tuple[list[str], np.ndarray]:
+    """(violations of the eval plan, the held-out sample ids training must not hold). The eval rows must hold the
+    samples `--val-set-size` draws (`plancc.holdout`, redrawn here; a recipe's per dataset `index`), or a recipe's
+    eval datasets, each exactly once, fit the training layout and count what the samples table says; layout, eval
+    fingerprint and manifest summary: `PlanDir.eval_problems`."""
+    size, path = plan.settings.val_set_size, plan.path / store.EVAL_FILE
+    try:
+        expected = (holdout.hold_out(s.sample_id, size, plan.settings.seed, index) if size
+                    else _recipe_eval_ids(plan, s, index))
+    except SettingsError as exc:
+        return [f"{plan.plan_file} metadata: {exc}"], np.zeros(0, dtype=np.int64)
+    if not plan.has_eval:
+        if expected.size:
+            held = f"settings.val_set_size is {size}" if size else "the recipe has eval datasets"
+            return [f"{plan.plan_file} metadata: {held} but fingerprints.eval is missing (no eval plan)"], expected
+        return ([f"{path}: an eval plan, but {plan.plan_file} has no eval fingerprint"] if path.exists() else []), expected
+    problems = [*store.schema_problems(path, store.EVAL_SCHEMA), *store.statistics_problems(path),
+                *plan.companion_problems(store.EVAL_FILE, "eval")]
+    try:
+        table = plan.read_eval()
+    except store.StoreError as exc:
+        return [*problems, str(exc)], expected
+    problems += plan.eval_problems(table)
+    ids = np.unique(store.nested_arrays(table.column("sample_ids"))[0])
+    if not size and index is None:  # held out by eval datasets the plan does not name: its ids are the eval set
+        expected = ids
+    extra, lacking = np.setdiff1d(ids, expected), np.setdiff1d(expected, ids)
+    if extra.size or lacking.size:
+        first = int(extra[0]) if extra.size else int(lacking[0])
+        problems.append(f"{path}: holds {extra.size} samples the held-out draw (val_set_size {size}, seed "
+                        f"{plan.settings.seed}) does not and lacks {lacking.size} it does (first: sample_id {first})")
+        return problems, expected
+    found, _ = check_rows(str(path), table, holdout.subset(s, np.isin(s.sample_id, expected)),
+                          replace(plan.settings, drop_last=False))
+    return problems + found, expected
+
+
+def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> list[str]:
+    """Held-out samples must never be trained on."""
+    ids = store.nested_arrays(table.column("sample_ids"))[0]
+    leaked = np.intersect1d(ids, eval_ids)
+    return [f"{store.PLAN_FILE} epoch {epoch}: {leaked.size} held-out eval samples are in the training plan "
+            f"(first: sample_id {int(leaked[0])})"] if leaked.size else []
 
 
 def _metrics_problems(plan: store.PlanDir, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
@@ -298,6 +360,10 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     index, recipe_problems = _recipe_index(plan, samples)
     problems += recipe_problems
     recipe_rows: list[dict[str, Any]] = []
+    found, eval_ids = _eval_problems(plan, s, index)
+    problems += found
+    kept = ~np.isin(s.sample_id, eval_ids)
+    train, train_index = holdout.subset(s, kept), None if index is None else index[kept]
     after: dict[int, dict[str, Any]] = {}
     drops = SourceDrops(plan.meta.get("dropped_samples", 0), plan.meta.get("truncated_samples", 0))
     rows = 0
@@ -307,15 +373,15 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         except store.StoreError as exc:
             return [*problems, str(exc)], plan.meta
         rows += table.num_rows
-        found = plan.epoch_problems(e, table)
-        positions = mixture.plan_positions(index, plan.settings, e)
-        s_e = s.take(positions) if positions is not None else s
+        found = plan.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
+        positions = mixture.plan_positions(train_index, plan.settings, e)
+        s_e = train.take(positions) if positions is not None else train
         more, b = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
         if b is not None:
             after[e] = summarize(b, s_e, plan.settings, drops)
             if positions is not None:
-                recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
+                recipe_rows += _dataset_after(e, b, s_e, train_index[positions], plan)
     total = pq.ParquetFile(plan.plan_file).metadata.num_rows
     if total != rows:
         problems.append(f"{store.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "plancc"
 
-COMPILE_SIDE = ("plancc.pipeline", "plancc.build", "plancc.pack", "plancc.balance", "plancc.scan", "plancc.sources",
+COMPILE_SIDE = ("plancc.pipeline", "plancc.build", "plancc.evaluation", "plancc.pack", "plancc.balance", "plancc.scan", "plancc.sources",
                 "plancc.carry", "plancc.jit")
 READ_SIDE = ("plancc.inspect", "plancc.diff", "plancc.diff_render", "plancc.diff_rules", "plancc.validate",
              "plancc.plot")
@@ -37,6 +37,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plancc.row_sums", ALGORITHM_FORBIDDEN),
     ("plancc.balance", ALGORITHM_FORBIDDEN),
     ("plancc.plan", ALGORITHM_FORBIDDEN),
+    ("plancc.holdout", ALGORITHM_FORBIDDEN),
     ("plancc.metrics", ALGORITHM_FORBIDDEN),
     ("plancc.pipeline", ("pyarrow", "torch", "typer", "plancc.store", "plancc.build", "plancc.runtime", *READ_SIDE,
                          *FRONT)),

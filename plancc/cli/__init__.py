@@ -127,6 +127,9 @@ def compile_cmd(
     samples_per_epoch: Annotated[int | None, Opt("--samples-per-epoch", help="Samples an epoch draws from the "
                                                                              "weighted datasets.",
                                                  show_default="the largest weighted dataset's size")] = None,
+    val_set_size: Annotated[float | None, _setting("--val-set-size", "Hold out samples for evaluation: a fraction "
+                                                   "in (0, 1) or a count; a seeded draw, never trained on, "
+                                                   "planned once as the eval plan.", shown="0: none")] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
@@ -146,6 +149,7 @@ def compile_cmd(
                 micro_batch_size=micro_batch_size, real_batches=real_batches, pad_multiple=pad_multiple,
                 world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
                 balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
+                val_set_size=val_set_size,
             )
         warn(plan.warnings)
         if json:

@@ -23,7 +23,7 @@ PlanArg = Annotated[Path, typer.Argument(help="Plan directory (written by `planc
 @inspect_app.command(
     "metrics",
     help="Before/after metrics per epoch and stage (label CV, update CV, packing efficiency, padding, rank "
-         "spread, naive weight skew...). --plot FILE.png draws histograms of labels per microbatch and per update, "
+         "spread, naive weight skew...), and the eval plan's sizes (samples, tokens, label tokens, batches). --plot FILE.png draws histograms of labels per microbatch and per update, "
          "before vs after balancing, both as compile stored them (before.parquet)."
          "\n\nExample:\n\n    plancc inspect metrics plans/chat --epoch 0 --plot chat.png",
 )
@@ -49,13 +49,14 @@ def metrics_cmd(
         return
     with fail_on_errors():
         rows = inspect.read_metrics(plan_dir, epoch)
+        sizes = inspect.eval_sizes(plan_dir)
         notes: list[str] = []
         if plot is not None:
             from plancc.plot import plot_metrics
 
             notes = plot_metrics(plan_dir, plot, None if epoch is None else [epoch])
     if json:
-        out: dict = {"plan_dir": str(plan_dir), "metrics": rows}
+        out: dict = {"plan_dir": str(plan_dir), "metrics": rows, "eval": sizes}
         if plot is not None:
             out["plot"] = {"file": str(plot), "notes": notes}
         print_json(out)
@@ -65,6 +66,8 @@ def metrics_cmd(
     console = inspect.console()
     for table in inspect.metrics_tables(rows, compact=compact):
         console.print(table)
+    if sizes is not None:
+        console.print(inspect.eval_table(sizes))
     if plot is not None:
         console.print(f"wrote {plot}")
         for n in notes:

@@ -67,6 +67,12 @@ def _dataset_lines(recipe: dict[str, Any] | None) -> list[str]:
                      f"{d['retained']:,} kept, {d['dropped_samples']:,} dropped, {d['truncated_samples']:,} "
                      f"truncated{share}")
     return lines
+def _eval_lines(ev: dict[str, Any] | None, size: Any) -> list[str]:
+    """The eval plan's line: held-out samples (never trained on), their targets and microbatches."""
+    if ev is None:
+        return []
+    return [f"eval       {ev['samples']:,} samples held out (--val-set-size {size}), {ev['label_count']:,} targets in "
+            f"{ev['batches']:,} microbatches ({ev['batches_per_rank']:,} per rank)"]
 
 
 def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[str, Any]]) -> list[str]:
@@ -80,6 +86,7 @@ def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[st
              f"layout     {s['mode']}, {s['micro_batch_size']} x {s['sequence_len']} tokens, world {s['world_size']} "
              f"x accum {s['grad_accum']}, {len(manifest['epochs'])} epoch(s)",
              *_dataset_lines(manifest.get("recipe")),
+             *_eval_lines(manifest.get("eval"), s.get("val_set_size")),
              "epoch  microbatches  updates  label CV       update CV      efficiency"]
     for e in manifest["epochs"][:MAX_EPOCH_ROWS]:
         before, after = by[(e["epoch"], "before")], by[(e["epoch"], "after")]

@@ -11,6 +11,7 @@ by `check_tokenizer`, transformers only by `plancc.runtime.hf`, TRL only by `pla
         token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world).backward()
         if batch["plan"]["last_in_update"]:
             optimizer.step(); optimizer.zero_grad()
+    evaluate_plan(model, plan).loss           # plan compiled with --val-set-size: exact eval token mean
 """
 
 from plancc.runtime.checkpoint import (
@@ -23,18 +24,21 @@ from plancc.runtime.checkpoint import (
 )
 from plancc.runtime.collator import PlanCollator, block_causal_mask, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
-from plancc.runtime.loader import PlanDataLoader, PlanDataset
+from plancc.runtime.evaluate import EvalResult, evaluate_plan
+from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss, token_loss_sum
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan
-from plancc.runtime.sampler import Microbatch, PlanSampler
+from plancc.runtime.sampler import Microbatch, PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer, plan_tokenizer
 
 __all__ = [
     "CheckpointError",
+    "EvalResult",
     "Microbatch",
     "PlanCollator",
     "PlanDataLoader",
     "PlanDataset",
+    "PlanEvalSampler",
     "PlanMismatchError",
     "PlanSampler",
     "Resumed",
@@ -43,6 +47,8 @@ __all__ = [
     "block_causal_mask",
     "check_tokenizer",
     "checkpoint_state",
+    "eval_loader",
+    "evaluate_plan",
     "load_checkpoint",
     "load_tokens",
     "model_inputs",

@@ -25,6 +25,10 @@ What it changes in `Trainer` (transformers is imported only here, and only when 
   refused, naming each rank's step) before the Trainer skips the consumed batches; a checkpoint without them is
   refused. `resume_from_checkpoint=True` takes the newest checkpoint complete on every rank (a warning says
   which newer ones it skipped). The skip itself goes through the sampler only (no batch is collated).
+- `evaluate()` (and `eval_strategy`/`eval_steps` during training; "epoch" means each plan epoch) runs the plan's eval plan (a plan compiled with
+  `--val-set-size`): each rank its share, one all-reduce of (sum of CE, targets), logged as `eval_loss`, the
+  exact token mean over the whole eval set (`plancc.runtime.evaluate`). `eval_dataset` defaults to it; another
+  plan directory evaluates that plan's eval plan; any other dataset is refused (its batches are not planned).
 Label smoothing and `compute_loss_func` are not supported (they would change the objective the plan counts for).
 """
 
@@ -33,13 +37,19 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    IntervalStrategy,
+    rotate_checkpoints,
+    speed_metrics,
+)
 
 from plancc import layout
 from plancc.runtime.checkpoint import (
@@ -51,12 +61,13 @@ from plancc.runtime.checkpoint import (
     together,
     write_json_atomic,
 )
-from plancc.runtime.collator import PlanCollator, model_inputs
+from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore, load_tokens
-from plancc.runtime.loader import PlanDataLoader, PlanDataset
+from plancc.runtime.evaluate import eval_result, eval_totals, plan_forward
+from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
-from plancc.runtime.sampler import PlanSampler
+from plancc.runtime.sampler import PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer
 
 STATE_FILE = "plancc_sampler.json"
@@ -100,13 +111,26 @@ def _checkpoint_step(ckpt: Path) -> int | None:
 
 
 class _PlanEpoch(TrainerCallback):
-    """The Trainer runs the plan's epochs as its one epoch (see `_EpochStream`): report the plan's epochs instead."""
+    """The Trainer runs the plan's epochs as its one epoch (see `_EpochStream`): report the plan's epochs instead,
+    and under `eval_strategy="epoch"` evaluate at the end of each plan epoch (once: not again when the stream ends
+    with one)."""
 
     def __init__(self, trainer: PlanTrainer):
         self.trainer = trainer
 
+    def _ends_plan_epoch(self, args, state) -> bool:
+        return (args.eval_strategy == IntervalStrategy.EPOCH and args.eval_delay <= state.epoch
+                and state.global_step in self.trainer._update_bounds()[1:])
+
     def on_step_end(self, args, state, control, **kwargs):
         state.epoch = self.trainer.plan_epoch_progress(state.global_step)
+        if self._ends_plan_epoch(args, state):
+            control.should_evaluate = True
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self._ends_plan_epoch(args, state):  # evaluated at this step's end already
+            control.should_evaluate = False
         return control
 
 
@@ -127,6 +151,11 @@ class PlanTrainer(Trainer):
             self.plan, verify=verify, allow_dataset_change=allow_dataset_change)
         self.plan_collator = PlanCollator.from_plan(self.plan, pad_token_id=pad_token_id)
         kwargs.setdefault("train_dataset", PlanDataset(self.plan_tokens, self.plan_collator))
+        self.eval_plan = self._eval_plan_of(kwargs.get("eval_dataset"))
+        if self.eval_plan is None and getattr(kwargs.get("args", args[1] if len(args) > 1 else None),
+                                              "eval_strategy", "no") != "no":
+            self.plan.require_eval()  # the Trainer's own message would ask for an eval_dataset
+        kwargs["eval_dataset"] = None if self.eval_plan is None else self._eval_stand_in()
         super().__init__(*args, **kwargs)
         if self.compute_loss_func is not None or self.args.label_smoothing_factor:
             raise PlanMismatchError("PlanTrainer computes the plan's token-mean loss itself: compute_loss_func and "
@@ -223,17 +252,63 @@ class PlanTrainer(Trainer):
         num_items = int(batches[0]["num_items_in_batch"])
         return batches, torch.tensor(num_items, dtype=torch.int64, device=device)
 
+    # ------------------------------------------------------------ evaluation
+    def _eval_plan_of(self, eval_dataset: Any) -> RuntimePlan | None:
+        """The plan whose eval plan `evaluate` runs: this plan's by default (None when it has none), or the plan
+        given as `eval_dataset`; anything else is refused (its batches would not be the plan's)."""
+        if eval_dataset is None:
+            return self.plan if self.plan.has_eval else None
+        if isinstance(eval_dataset, str | os.PathLike | RuntimePlan):
+            plan = open_plan(eval_dataset)
+            plan.require_eval()
+            return plan
+        raise PlanMismatchError(
+            f"PlanTrainer evaluates the plan's eval plan, not a {type(eval_dataset).__name__}: compile the plan with "
+            "--val-set-size (a fraction such as 0.05, or a count of samples) to hold out an eval set, and leave "
+            "eval_dataset unset (or pass a plan directory compiled that way)")
+
+    def _eval_stand_in(self) -> Any:
+        """What the Trainer holds as `eval_dataset` (it only checks that there is one): the plan's dataset."""
+        return PlanDataset(self.plan_tokens, self.plan_collator)
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """The exact token-mean loss over the eval plan on every rank (`plancc.runtime.evaluate`), logged as
+        `<prefix>_loss` with `<prefix>_targets` (the global count it divides by) and the Trainer's speed metrics."""
+        plan = self.eval_plan if eval_dataset is None else self._eval_plan_of(eval_dataset)
+        if plan is None:
+            self.plan.require_eval()
+        self._memory_tracker.start()
+        start = time.time()
+        tokens = self.plan_tokens if plan is self.plan else load_tokens(
+            plan, allow_dataset_change=self.allow_dataset_change)
+        sampler = PlanEvalSampler(plan, rank=self.args.process_index, world_size=self.args.world_size)
+        collator = PlanCollator.from_plan(plan, pad_token_id=self.plan_collator.pad_token_id)
+        loader = eval_loader(PlanDataset(tokens, collator), sampler, num_workers=self.args.dataloader_num_workers,
+                             pin_memory=self.args.dataloader_pin_memory)
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        was_training = self.model.training
+        self.model.eval()  # while logging too: what TRL's `log` reads to tell eval logs from training ones
+        try:
+            result = eval_result(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
+                            distributed=self.args.world_size > 1)
+            metrics = {f"{metric_key_prefix}_loss": result.loss, f"{metric_key_prefix}_targets": result.targets,
+                       **speed_metrics(metric_key_prefix, start, num_samples=plan.dir.meta["eval"]["samples"],
+                                       num_steps=len(sampler))}
+            self.log(metrics)
+        finally:
+            self.model.train(was_training)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        self._memory_tracker.stop_and_update_metrics(metrics)
+        return metrics
+
     # ------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """plancc's token-mean loss for one microbatch, normalized by the update's global count from the
         plan."""
         if num_items_in_batch is None:
             num_items_in_batch = inputs["num_items_in_batch"]
-        inner = getattr(model, "module", model)
-        attn = getattr(getattr(inner, "config", None), "_attn_implementation", None)
-        outputs = model(**model_inputs(inputs, attn, explicit_mask=self.explicit_mask,
-                                       dtype=getattr(inner, "dtype", torch.float32)))
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        outputs, logits = plan_forward(model, inputs, explicit_mask=self.explicit_mask)
         loss = token_loss(logits, inputs["shift_labels"], num_items_in_batch, world_size=self.args.world_size)
         return (loss, outputs) if return_outputs else loss
 

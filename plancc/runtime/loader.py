@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore
-from plancc.runtime.sampler import Microbatch, PlanSampler
+from plancc.runtime.sampler import Microbatch, PlanEvalSampler, PlanSampler
 
 
 class PlanDataset(Dataset):
@@ -66,3 +66,9 @@ class PlanDataLoader(DataLoader):
     def load_state_dict(self, state: dict[str, Any], **kwargs: Any) -> None:
         """Resume the sampler from `state` (see `PlanSampler.load_state_dict`)."""
         self.plan_sampler.load_state_dict(state, **kwargs)
+
+
+def eval_loader(dataset: PlanDataset, sampler: PlanEvalSampler, **kwargs: Any) -> DataLoader:
+    """A DataLoader over this rank's eval microbatches (`PlanEvalSampler`), collated like training's."""
+    kwargs.setdefault("collate_fn", _identity)
+    return DataLoader(dataset, batch_sampler=sampler, **kwargs)

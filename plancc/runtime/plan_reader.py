@@ -53,6 +53,22 @@ class RankEpoch:
         return int(self.index.shape[0])
 
 
+@dataclass(frozen=True)
+class RankEval:
+    """One rank's share of the eval plan under a `world_size` split, in plan order."""
+
+    index: np.ndarray  # int64, global eval microbatch index
+    samples: np.ndarray  # int64 sample ids
+    row_bounds: np.ndarray  # int64
+    batch_bounds: np.ndarray  # int64
+    label_count: np.ndarray  # int64 supervised targets per microbatch
+    total_batches: int  # eval microbatches on all ranks
+    total_label_count: int  # eval targets on all ranks
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+
 class RuntimePlan:
     """A plan directory opened for training, verified before step 1 (`store.PlanDir` does the checks).
 
@@ -81,6 +97,7 @@ class RuntimePlan:
         self.settings: PlanSettings = self.dir.settings
         self._verified: tuple[int, pa.Table] | None = None  # the last epoch read and verified
         self._epoch_batches: dict[int, int] = {}
+        self._eval: pa.Table | None = None  # the eval plan, once read and verified
 
     # ------------------------------------------------------------ settings
     @property
@@ -187,6 +204,48 @@ class RuntimePlan:
             total_batches=total,
             tail_num_items=int(store.column(table, "num_items")[tail_start]) if tail_start < total else 0,
         )
+
+    # ------------------------------------------------------------ eval plan
+    @property
+    def has_eval(self) -> bool:
+        """Whether the plan holds an eval plan (compiled with `--val-set-size`)."""
+        return self.dir.has_eval
+
+    @property
+    def eval_label_count(self) -> int:
+        """Supervised targets of the whole eval plan (all ranks): what the eval loss divides its sum of CE by."""
+        self.require_eval()
+        return int(self.dir.meta["eval"]["label_count"])
+
+    def require_eval(self) -> None:
+        """Refuse a plan without an eval plan, saying how to compile one."""
+        if not self.has_eval:
+            raise PlanMismatchError(f"the plan {self.path} has no eval plan: compile it with --val-set-size "
+                                    "(e.g. 0.05, or a count of samples) to hold out an eval set")
+
+    def eval_rows(self) -> pa.Table:
+        """The eval plan's rows in index order, verified (layout, eval fingerprint, manifest summary) once."""
+        self.require_eval()
+        if self._eval is None:
+            try:
+                table = self.dir.read_eval()
+            except store.StoreError as exc:
+                raise PlanMismatchError(str(exc)) from None
+            _refuse([*self.dir.companion_problems(store.EVAL_FILE, "eval"), *self.dir.eval_problems(table)])
+            self._eval = table
+        return self._eval
+
+    def read_rank_eval(self, rank: int, world_size: int) -> RankEval:
+        """Rank `rank`'s eval microbatches when evaluated on `world_size` ranks (every `world_size`-th, from
+        `rank`): any world size splits the eval plan so that each sample is seen once."""
+        if not 0 <= rank < world_size:
+            raise PlanMismatchError(f"rank {rank} is outside world_size {world_size}")
+        table = self.eval_rows()
+        keep = layout.rank_indices(table.num_rows, world_size, rank)
+        mine = table.select(["sample_ids", "label_count"]).take(pa.array(keep))
+        ids, row_bounds, batch_bounds = store.nested_arrays(mine.column("sample_ids"))
+        return RankEval(keep, ids, row_bounds, batch_bounds, store.column(mine, "label_count"), table.num_rows,
+                        self.eval_label_count)
 
     def samples_table(self) -> pa.Table:
         """The plan's samples table, checked against the dataset and metadata fingerprints."""

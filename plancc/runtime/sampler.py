@@ -314,4 +314,42 @@ class PlanSampler:
         self._pending_resume = True
 
 
-__all__ = ["Microbatch", "PlanMismatchError", "PlanSampler", "state_problem"]
+class PlanEvalSampler:
+    """Yields rank `rank`'s microbatches of the plan's eval plan, in its one fixed order (`plancc.evaluation`).
+
+    Eval microbatch `i` runs on rank `i % world_size`, so every eval sample is seen exactly once across the ranks
+    whatever the world size; every rank yields `ceil(batches / world_size)` microbatches, placeholders (no
+    samples, zero targets) where it runs short, so ranks stay in lockstep. Each carries the global eval target
+    count as `num_items`: the sum of CE over every rank divided by it is the eval set's token-mean loss.
+    `epoch` is -1 and `update` 0 (an eval pass has no updates). `rank`/`world_size` default as `PlanSampler`'s.
+    """
+
+    def __init__(self, plan: str | Path | RuntimePlan, *, rank: int | None = None, world_size: int | None = None):
+        self.plan = open_plan(plan)
+        d_rank, d_world = _dist_defaults()
+        self.world_size = int(d_world if world_size is None else world_size)
+        self.rank = int(d_rank if rank is None else rank)
+        self.share = self.plan.read_rank_eval(self.rank, self.world_size)
+
+    def __len__(self) -> int:
+        """Microbatches (placeholders included) each rank yields."""
+        return -(-self.share.total_batches // self.world_size)
+
+    def microbatch(self, position: int) -> Microbatch:
+        """This rank's eval microbatch (or placeholder) at `position`."""
+        share, last = self.share, position == len(self) - 1
+        common = dict(epoch=-1, update=0, micro_step=position, position=position, last_in_update=last,
+                      num_items=share.total_label_count)
+        if position >= len(share):
+            return Microbatch([], index=-1, rows=np.zeros(1, dtype=np.int64), label_count=0, **common)
+        r0, r1 = int(share.batch_bounds[position]), int(share.batch_bounds[position + 1])
+        rows = share.row_bounds[r0:r1 + 1]
+        return Microbatch(share.samples[rows[0]:rows[-1]].tolist(), index=int(share.index[position]),
+                          rows=rows - rows[0], label_count=int(share.label_count[position]), **common)
+
+    def __iter__(self) -> Iterator[Microbatch]:
+        for position in range(len(self)):
+            yield self.microbatch(position)
+
+
+__all__ = ["Microbatch", "PlanEvalSampler", "PlanMismatchError", "PlanSampler", "state_problem"]

@@ -17,6 +17,8 @@ and loss comes from the plan. What differs from a plain `SFTTrainer`:
   only for the checks SFTTrainer makes at start-up; training reads the plan;
 - the loss is plancc's (fp32 cross entropy over the full logits, sum / the update's plan count x world size), not
   TRL's fused-LM-head loss: `loss_type="nll"` only, and TRL's token-accuracy and entropy metrics are not logged;
+- evaluation is `PlanTrainer.evaluate`: the exact token-mean loss over the plan's eval plan (compile with
+  `--val-set-size`), logged as `eval_loss`; an `eval_dataset` that is not a plan is refused;
 - `processing_class` is required: the tokenizer the plan was compiled with (another one is refused, see
   `plancc.runtime.check_tokenizer`); it is saved with checkpoints, and its pad token, else its eos token, pads
   the rows unless `pad_token_id` is given.
@@ -70,6 +72,10 @@ class PlanSFTTrainer(PlanTrainer, SFTTrainer):
         kwargs.setdefault("train_dataset", _preview(tokens))
         super().__init__(*args, plan=plan, tokens=tokens, verify=verify, allow_dataset_change=allow_dataset_change,
                          pad_token_id=pad_token_id, processing_class=processing_class, **kwargs)
+
+    def _eval_stand_in(self) -> Dataset:
+        """SFTTrainer inspects the eval dataset's columns at start-up: the same preview as for training."""
+        return _preview(self.plan_tokens)
 
 
 __all__ = ["PlanSFTTrainer"]

@@ -1,0 +1,257 @@
+"""The eval plan (`--val-set-size`): a seeded held-out draw that training never sees, planned once in the training
+layout and split over the ranks so each eval sample is seen exactly once; its file is bound by its own fingerprint,
+and validate, inspect, diff and the runtime read it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from plancc import store
+from plancc.build import write_plan_dir
+from plancc.cli import app
+from plancc.config import OMITTED_AT_DEFAULT, PlanSettings, SettingsError
+from plancc.evaluation import eval_columns
+from plancc.holdout import hold_out
+from plancc.pipeline import compile_plan, compile_run
+from plancc.runtime import PlanMismatchError, RuntimePlan
+from plancc.validate import validate_plan
+from tests.plan_helpers import random_dataset, samples_table
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMAS = ROOT / "schemas"
+SIZES = st.one_of(st.floats(0.02, 0.6), st.integers(1, 30))
+
+
+def _samples(seed: int, n: int):
+    ids, labels = random_dataset(np.random.default_rng(seed), n, 40)
+    table = samples_table(ids, labels)
+    return table, store.sample_arrays(table)
+
+
+def _write(path: Path, seed: int = 1, n: int = 120, **kw) -> Path:
+    table, s = _samples(seed, n)
+    ps = PlanSettings(sequence_len=64, world_size=2, grad_accum=2, epochs=2, **kw)
+    run = compile_run(s, ps)
+    write_plan_dir(path, table, run.train, ps, run.epochs, {}, None, evaluation=run.evaluation)
+    return path
+
+
+# ---------------------------------------------------------------- the held-out draw
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 300), size=SIZES, seed=st.integers(0, 2**63 - 1), shuffle=st.integers(0, 2**32 - 1))
+def test_hold_out_draws_the_asked_count_of_distinct_ids_whatever_their_order(n, size, seed, shuffle):
+    ids = np.random.default_rng(shuffle).choice(10 * n, n, replace=False).astype(np.int64)
+    want = size if isinstance(size, int) else round(size * n)
+    if not 1 <= want < n:
+        with pytest.raises(SettingsError, match="--val-set-size"):
+            hold_out(ids, size, seed)
+        return
+    held = hold_out(ids, size, seed)
+    assert held.shape[0] == want and np.unique(held).shape[0] == want and np.isin(held, ids).all()
+    np.testing.assert_array_equal(hold_out(np.random.default_rng(shuffle + 1).permutation(ids), size, seed), held)
+    if want + 1 < n:  # a larger size only adds samples
+        assert np.isin(held, hold_out(ids, want + 1, seed)).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 80), min_size=1, max_size=4), size=st.floats(0.05, 0.5),
+       seed=st.integers(0, 1000))
+def test_hold_out_is_proportional_per_dataset(sizes, size, seed):
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    ids = np.arange(labels.shape[0], dtype=np.int64)
+    k = round(size * ids.shape[0])
+    if not 1 <= k < ids.shape[0]:
+        return
+    held = hold_out(ids, size, seed, labels)
+    per = np.bincount(labels[held], minlength=len(sizes))
+    assert per.sum() == k
+    assert (np.abs(per - np.asarray(sizes) * k / ids.shape[0]) < 1).all()
+
+
+def test_val_set_size_setting_is_a_fraction_or_a_count():
+    assert PlanSettings(val_set_size=200.0).val_set_size == 200
+    assert isinstance(PlanSettings(val_set_size=200.0).val_set_size, int)
+    assert PlanSettings(val_set_size=0.05).val_set_size == 0.05
+    for bad in (-1, 1.5, True, "0.1", float("nan"), float("inf")):
+        with pytest.raises(SettingsError, match="--val-set-size must be a fraction in \\(0, 1\\) or a whole count"):
+            PlanSettings(val_set_size=bad)
+    # unset, it is not in the settings: a plan without an eval plan keeps its bytes and config fingerprint (the
+    # golden plans prove it byte for byte)
+    documented = json.loads((SCHEMAS / "manifest.schema.json").read_text())["properties"]["settings"]["properties"]
+    assert set(PlanSettings(val_set_size=0).to_dict()) == set(documented) - set(OMITTED_AT_DEFAULT)
+    assert PlanSettings(val_set_size=3).to_dict()["val_set_size"] == 3
+
+
+# ---------------------------------------------------------------- the compiled run
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), size=SIZES, mode=st.sampled_from(["packed", "padded", "flattened"]),
+       world=st.integers(1, 4), drop_last=st.booleans())
+def test_held_out_samples_are_never_trained_on_and_evaluated_exactly_once(seed, size, mode, world, drop_last):
+    _, s = _samples(seed % 7, 90)
+    ps = PlanSettings(mode=mode, sequence_len=64, micro_batch_size=2, world_size=world, grad_accum=2, epochs=2,
+                      seed=seed, drop_last=drop_last, val_set_size=size)
+    try:
+        run = compile_run(s, ps)
+    except SettingsError as exc:  # --drop-last leaving nothing of a small training set is its own error
+        assert "--drop-last" in str(exc)
+        return
+    held = hold_out(s.sample_id, size, seed)
+    cols = eval_columns(run.evaluation, ps)
+    np.testing.assert_array_equal(np.sort(cols["sample_ids"]), held)  # each once
+    for p in run.epochs:
+        trained = run.train.sample_id[p.batches.samples]
+        assert not np.isin(trained, held).any()
+        if not drop_last:
+            np.testing.assert_array_equal(np.sort(trained), np.setdiff1d(s.sample_id, held))
+    np.testing.assert_array_equal(cols["rank"], np.arange(cols["index"].shape[0]) % world)
+    rows = cols["row_bounds"]
+    lengths = s.length[np.searchsorted(s.sample_id, cols["sample_ids"])]
+    row_tokens = np.add.reduceat(lengths, rows[:-1]) if lengths.size else lengths
+    assert (row_tokens <= ps.row_capacity).all()
+    assert int(cols["label_count"].sum()) == int(s.targets(ps.shift)[np.isin(s.sample_id, held)].sum())
+
+
+def test_training_metrics_count_only_the_training_samples(tmp_path):
+    plan = store.PlanDir(_write(tmp_path / "p", val_set_size=0.25))
+    after = [r for r in plan.read_metrics().to_pylist() if r["stage"] == "after"]
+    assert all(r["samples"] == 90 and r["dropped_samples"] == 0 for r in after)
+    assert plan.meta["samples"] == 120 and plan.meta["eval"]["samples"] == 30
+
+
+def test_an_eval_plan_is_bound_by_its_fingerprint_and_documented(tmp_path):
+    path = _write(tmp_path / "p", val_set_size=0.25)
+    plan = store.PlanDir(path)
+    assert plan.has_eval and plan.eval_problems(plan.read_eval()) == []
+    manifest = json.loads((path / store.MANIFEST_FILE).read_text())
+    jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
+    doc = json.loads((SCHEMAS / "eval.arrow.json").read_text())
+    assert [c["name"] for c in doc["columns"]] == store.EVAL_SCHEMA.names
+    assert validate_plan(str(path))[0] == []
+
+
+def test_too_large_or_too_small_val_set_size_is_one_line_exit_2(tmp_path):
+    table, _ = _samples(1, 50)
+    source = tmp_path / "samples.parquet"
+    pq.write_table(table, source)
+    for size, want in (("60", "leaving nothing to train on"), ("0.001", "holds out no sample of the 50")):
+        res = runner.invoke(app, ["compile", str(source), "-o", str(tmp_path / "out"), "--val-set-size", size,
+                                  "--sequence-len", "64", "--quiet"])
+        assert res.exit_code == 2 and want in res.output and "Traceback" not in res.output, res.output
+        assert not (tmp_path / "out").exists()
+
+
+def test_val_set_size_from_a_config_file_and_the_api(tmp_path):
+    import plancc
+
+    table, _ = _samples(2, 50)
+    source = tmp_path / "samples.parquet"
+    pq.write_table(table, source)
+    (tmp_path / "c.toml").write_text("val-set-size = 12\nsequence_len = 64\n")
+    res = runner.invoke(app, ["compile", str(source), "-o", str(tmp_path / "cli"), "--config",
+                              str(tmp_path / "c.toml")])
+    assert res.exit_code == 0, res.output
+    assert "eval       12 samples held out (--val-set-size 12)" in res.output
+    plan = plancc.compile(str(source), tmp_path / "api", sequence_len=64, val_set_size=0.24)
+    for path in (tmp_path / "cli", tmp_path / "api"):
+        assert store.PlanDir(path).meta["eval"]["samples"] == 12
+    assert plan.manifest["settings"]["val_set_size"] == 0.24
+
+
+# ---------------------------------------------------------------- validate, runtime, inspect, diff
+
+
+def _rewrite_eval(path: Path, edit) -> None:
+    """Rewrite eval.parquet with `edit(rows)` applied, keeping its plancc metadata (a consistent forgery)."""
+    f = path / store.EVAL_FILE
+    meta = pq.ParquetFile(f).metadata.metadata[store.META_KEY]
+    rows = store.read_table(f, store.EVAL_SCHEMA).to_pylist()
+    edit(rows)
+    cols = {name: [r[name] for r in rows] for name in store.EVAL_SCHEMA.names}
+    store.write_parquet(pa.table(cols, schema=store.EVAL_SCHEMA), f, {store.META_KEY: meta})
+
+
+@pytest.fixture(scope="module")
+def sound(tmp_path_factory) -> Path:
+    return _write(tmp_path_factory.mktemp("sound") / "p", val_set_size=0.25, mode="padded", micro_batch_size=2)
+
+
+def test_validate_and_the_runtime_refuse_an_eval_sample_exchanged_for_a_training_one(sound, tmp_path):
+    plan = shutil.copytree(sound, tmp_path / "p")
+    trained = int(store.PlanDir(plan).read_epoch(0).column("sample_ids")[0].as_py()[0][0])
+
+    def swap(rows):
+        rows[0]["sample_ids"] = [[trained], *rows[0]["sample_ids"][1:]]
+
+    _rewrite_eval(plan, swap)
+    problems, _ = validate_plan(str(plan))
+    assert any("do not hash to the plan's eval fingerprint" in p for p in problems), problems
+    assert any("the held-out draw" in p and "lacks 1" in p for p in problems), problems
+    with pytest.raises(PlanMismatchError, match="eval fingerprint"):
+        RuntimePlan(plan).eval_rows()
+
+
+def test_validate_reports_a_missing_eval_file_and_held_out_samples_in_training(sound, tmp_path):
+    plan = shutil.copytree(sound, tmp_path / "p")
+    (plan / store.EVAL_FILE).unlink()
+    assert any(f"{store.EVAL_FILE} does not exist" in p for p in validate_plan(str(plan))[0])
+    # an eval plan next to a training plan of every sample (what a planner that forgot to hold out would write)
+    table, s = _samples(1, 120)
+    ps = PlanSettings(sequence_len=64, world_size=2, grad_accum=2, epochs=2, val_set_size=0.25)
+    leaky = tmp_path / "leaky"
+    write_plan_dir(leaky, table, s, ps, compile_plan(s, ps), {}, None, evaluation=compile_run(s, ps).evaluation)
+    problems = validate_plan(str(leaky))[0]
+    assert any("30 held-out eval samples are in the training plan" in p for p in problems), problems
+
+
+def test_inspect_metrics_reports_eval_sizes(sound):
+    res = runner.invoke(app, ["inspect", "metrics", str(sound), "--json"])
+    assert res.exit_code == 0, res.output
+    ev = orjson.loads(res.output)["eval"]
+    plan = store.PlanDir(sound)
+    table = plan.read_eval()
+    assert ev["samples"] == 30 and ev["val_set_size"] == 0.25
+    assert ev["label_count"] == int(store.column(table, "label_count").sum())
+    assert ev["tokens"] == int(store.column(table, "tokens").sum()) and ev["batches"] == table.num_rows
+    text = runner.invoke(app, ["inspect", "metrics", str(sound)]).output
+    assert "eval plan" in text and "label_count" in text
+
+
+def test_diff_reports_eval_plan_changes(sound, tmp_path):
+    bigger = _write(tmp_path / "big", val_set_size=40, mode="padded", micro_batch_size=2)
+    res = runner.invoke(app, ["diff", str(sound), str(bigger), "--format", "json"])
+    report = orjson.loads(res.output)
+    jsonschema.validate(report, json.loads((SCHEMAS / "diff.schema.json").read_text()))
+    ev = report["eval"]
+    assert report["changes"]["eval"] and ev["status"] == "both"
+    assert (ev["added_samples"], ev["removed_samples"]) == (10, 0)  # the larger draw holds the smaller one
+    assert {"metric": "samples", "old": 30, "new": 40, "delta": 10} in ev["sizes"]
+    assert "eval plan changed: held-out samples +10 -0" in runner.invoke(app, ["diff", str(sound), str(bigger)]).output
+    none = _write(tmp_path / "none", mode="padded", micro_batch_size=2)
+    same = runner.invoke(app, ["diff", str(none), str(none), "--format", "json"])
+    assert orjson.loads(same.output)["eval"]["status"] == "none"
+    gone = orjson.loads(runner.invoke(app, ["diff", str(sound), str(none), "--format", "json"]).output)["eval"]
+    assert gone["status"] == "old_only" and gone["removed_samples"] == 30
+
+
+def test_settings_other_than_val_set_size_do_not_change_the_held_out_set(tmp_path):
+    a = _write(tmp_path / "a", val_set_size=0.25, mode="packed")
+    b = _write(tmp_path / "b", val_set_size=0.25, mode="flattened", micro_batch_size=3)
+    ids = [np.sort(store.nested_arrays(store.PlanDir(p).read_eval().column("sample_ids"))[0]) for p in (a, b)]
+    np.testing.assert_array_equal(*ids)
