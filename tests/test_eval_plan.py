@@ -28,6 +28,7 @@ from plancc.pipeline import compile_plan, compile_run
 from plancc.runtime import PlanMismatchError, RuntimePlan
 from plancc.validate import validate_plan
 from tests.plan_helpers import random_dataset, samples_table
+from tests.test_store import _actual, _described
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,9 +142,10 @@ def test_an_eval_plan_is_bound_by_its_fingerprint_and_documented(tmp_path):
     assert plan.has_eval and plan.eval_problems(plan.read_eval()) == []
     manifest = json.loads((path / store.MANIFEST_FILE).read_text())
     jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
-    doc = json.loads((SCHEMAS / "eval.arrow.json").read_text())
-    assert [c["name"] for c in doc["columns"]] == store.EVAL_SCHEMA.names
+    assert _described("eval") == _actual(store.EVAL_SCHEMA)  # schemas/eval.arrow.json documents the file
     assert validate_plan(str(path))[0] == []
+    res = runner.invoke(app, ["validate", str(path)])
+    assert res.exit_code == 0 and "eval plan (held-out set once each, none trained on)" in res.output, res.output
 
 
 def test_too_large_or_too_small_val_set_size_is_one_line_exit_2(tmp_path):

@@ -276,7 +276,7 @@ def validate_cmd(
             options = scan_mod.options_from_report(store.PlanDir(plan_dir).meta["scan"], tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
             dataset_fp = store.samples_fingerprints(result.samples)["dataset"]
-        problems, _ = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
+        problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
     if json:
         print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
     elif problems:
@@ -285,7 +285,8 @@ def validate_cmd(
     elif not quiet:
         checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, token data "
                    + ("metadata" if fast else "content")
-                   + (f", dataset content of {dataset}" if dataset else ""))
+                   + (f", dataset content of {dataset}" if dataset else "")
+                   + (", eval plan (held-out set once each, none trained on)" if "eval" in meta else ""))
         typer.echo(f"{plan_dir}: ok ({checked})")
     raise typer.Exit(1 if problems else 0)
 
