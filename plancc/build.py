@@ -98,13 +98,10 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
     settings = joined.settings
     s = store.sample_arrays(joined.table)
     drops = SourceDrops(joined.report["dropped_samples"], joined.report["truncated_samples"])
-    eval_ids = recipe_data.eval_sample_ids(joined.table, settings.mixture)
-    run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids if eval_ids.size else None,
-                      index=joined.index)
-    recipe = {"datasets": joined.datasets,
-              "metrics": recipe_data.epoch_metrics(run.epochs, run.index, joined.datasets, settings.shift)}
+    run = compile_run(s, settings, progress=progress, drops=drops, index=joined.index)
+    recipe = {"datasets": joined.datasets, "metrics": recipe_data.epoch_metrics(run.epochs, joined, settings.shift)}
     return write_plan_dir(out_dir, joined.table, run.train, settings, run.epochs, joined.report, joined.tokens,
-                          progress, overwrite=overwrite, evaluation=run.evaluation, recipe=recipe)
+                          progress, overwrite=overwrite, recipe=recipe, evaluation=run.evaluation)
 
 
 # scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
@@ -127,7 +124,7 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
-                   evaluation: EvalPlan | None = None, recipe: dict[str, Any] | None = None) -> dict[str, Any]:
+                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> dict[str, Any]:
     """Write PLAN_DIR atomically from planned epochs (over the training samples `s`) and the eval plan, if any:
     plan, samples (all of `samples_table`), metrics, before and eval tables, the manifest (and the token store,
     hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
@@ -140,6 +137,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "plancc": __version__,
         "schema": store.SCHEMA_VERSION,
     }
+    if tokenized is not None:  # binds the token store: a reader compares its digest at open
+        fingerprints["tokens"] = token_store.open_store(tokenized).digest
     tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
     for p in epochs:
         cols = plan_columns(p, s, settings)
@@ -180,15 +179,18 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
                       "before": before_checksum(store.column(before, "epoch"), store.column(before, "label_count"))},
     }
-    if recipe is not None:
-        manifest["recipe"] = recipe
     if eval_info is not None:
         manifest["eval"] = eval_info
+    if recipe is not None:
+        manifest["recipe"] = recipe
     with store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
         store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest,
                                eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_store.link_store(tokenized, tmp / store.TOKENS_DIR)
+            if token_store.open_store(tmp / store.TOKENS_DIR).digest != fingerprints["tokens"]:
+                raise token_store.TokenStoreError(f"token store {tokenized} changed while the plan was written; "
+                                                  "compile again")
     if progress:
         progress("writing plan", 1, 1)
     return manifest

@@ -13,6 +13,7 @@ metadata records them), and refuses a flag that contradicts them.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import difflib
 import hashlib
 import os
@@ -87,9 +88,18 @@ def flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+# the largest value each integer setting takes: beyond these, arrays sized by them overflow or exhaust memory
+MOST = {"sequence_len": 2**24, "micro_batch_size": 2**16, "pad_multiple": 2**16, "world_size": 2**20,
+        "grad_accum": 2**20, "epochs": 2**10, "balance_window": 2**31, "balance_passes": 2**10, "num_proc": 2**10,
+        "samples_per_epoch": 2**40}
+ROW_TOKENS = 2**31 - 1  # tokens of one row: int32 offsets
+
+
 def _positive(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SettingsError(f"{flag(name)} must be a positive integer, got {value!r}", name)
+    if value > MOST[name]:
+        raise SettingsError(f"{flag(name)} must be an integer in [1, {MOST[name]:,}], got {value:,}", name)
 
 
 def _boolean(obj: Any, names: tuple[str, ...]) -> None:
@@ -147,6 +157,48 @@ def did_you_mean(word: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+DEFAULT_TEMPLATE_DATE = "2024-01-01"  # the date `strftime_now` gives chat templates unless `template_date` is set
+ROLES_TO_TRAIN = ("system", "user", "assistant", "tool")
+TRAIN_ON_EOS = ("turn", "last", "all", "none")
+TRAIN_ON = ("all_turns", "last_turn")
+SUPERVISION = ("roles_to_train", "train_on_eos", "train_on_inputs", "train_on", "drop_eos_only", "template_date")
+
+
+def _roles(value: Any) -> tuple[str, ...]:
+    """`roles_to_train` as a tuple in `ROLES_TO_TRAIN` order (a list, or a comma-separated string from a flag)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items or not all(isinstance(r, str) for r in items):
+        raise SettingsError(f"{flag('roles_to_train')} must be a non-empty list of {', '.join(ROLES_TO_TRAIN)}; "
+                            f"got {value!r}", "roles_to_train")
+    roles = {r.strip() for r in items}
+    for role in sorted(roles - set(ROLES_TO_TRAIN)):
+        raise SettingsError(f"{flag('roles_to_train')}: unknown role {role!r}{did_you_mean(role, ROLES_TO_TRAIN)}; "
+                            f"roles are {', '.join(ROLES_TO_TRAIN)}", "roles_to_train")
+    return tuple(r for r in ROLES_TO_TRAIN if r in roles)
+
+
+def _date(value: Any) -> str:
+    """`template_date` as YYYY-MM-DD (a TOML date value, or a string)."""
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return value.isoformat()
+    try:
+        return dt.datetime.strptime(value, "%Y-%m-%d").date().isoformat()
+    except (TypeError, ValueError):
+        raise SettingsError(f"{flag('template_date')} must be a date YYYY-MM-DD (e.g. 2024-07-26), got {value!r}",
+                            "template_date") from None
+
+
+def _supervision(options: Any) -> None:
+    """Check and normalize the what-is-trained block of ScanOptions."""
+    object.__setattr__(options, "roles_to_train", _roles(options.roles_to_train))
+    for name, choices in (("train_on_eos", TRAIN_ON_EOS), ("train_on", TRAIN_ON)):
+        value = getattr(options, name)
+        if not isinstance(value, str):
+            raise SettingsError(f"{flag(name)} must be one of {', '.join(choices)}; got {value!r}", name)
+        _choice(name, value, choices)
+    object.__setattr__(options, "template_date", _date(options.template_date))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScanOptions:
     """What turns a source into a samples table.
@@ -165,6 +217,13 @@ class ScanOptions:
     shift: Shift = Shift.SAMPLE
     add_eos: bool = True
     max_dropped: float = 0.05
+    # what is trained (`plancc.sources.encode.Supervise`); left out of the scan key at their defaults
+    roles_to_train: tuple[str, ...] = ("assistant",)
+    train_on_eos: str = "turn"
+    train_on_inputs: bool = False
+    train_on: str = "all_turns"
+    drop_eos_only: bool = False
+    template_date: str = DEFAULT_TEMPLATE_DATE
 
     def __post_init__(self) -> None:
         _choice("format", self.format, FORMATS)
@@ -172,7 +231,8 @@ class ScanOptions:
         _typed(self, "shift", Shift)
         _positive("sequence_len", self.sequence_len)
         object.__setattr__(self, "columns", parse_columns(self.columns))
-        _boolean(self, ("add_eos",))
+        _boolean(self, ("add_eos", "train_on_inputs", "drop_eos_only"))
+        _supervision(self)
         if isinstance(self.max_dropped, bool) or not isinstance(self.max_dropped, int | float) or not (
             0 <= self.max_dropped <= 1
         ):
@@ -202,11 +262,11 @@ class PlanSettings:
     balance_window: int = 64
     balance_passes: int = 4
     cost: CostMode = CostMode.TOKENS
+    val_set_size: float = 0  # held out for evaluation: a fraction in (0, 1), a count >= 1, or 0 (none)
     # a recipe's datasets in recipe order: (name, role "train"/"eval", "repeat"/"weight", value); empty for one
-    # source (`plancc.mixture`). Both are left out of `to_dict` when unset, so a one-source plan hashes as before.
+    # source (`plancc.mixture`)
     mixture: tuple[tuple[str, str, str, float], ...] = ()
     samples_per_epoch: int | None = None
-    val_set_size: float = 0  # held out for evaluation: a fraction in (0, 1), a count >= 1, or 0 (none)
 
     def __post_init__(self) -> None:
         _typed(self, "mode", Mode)
@@ -224,6 +284,9 @@ class PlanSettings:
         _boolean(self, ("real_batches", "drop_last", "balance"))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise SettingsError(f"--seed must be an integer in [0, 2**63), got {self.seed!r}", "seed")
+        if self.micro_batch_size * self.sequence_len > ROW_TOKENS:
+            raise SettingsError(f"--micro-batch-size x --sequence-len must be at most {ROW_TOKENS:,} tokens, got "
+                                f"{self.micro_batch_size} x {self.sequence_len}")
         if self.balance_window > 64:
             raise SettingsError(f"--balance-window must be at most 64, got {self.balance_window}", "balance_window")
         if self.real_batches and self.mode != Mode.PACKED:
@@ -251,17 +314,32 @@ class PlanSettings:
     def to_dict(self) -> dict[str, Any]:
         """Every setting by name, plain JSON values (what the manifest stores and the config fingerprint hashes).
 
-        A setting newer than the plan schema is left out at its default (the recipe's settings, `val_set_size`), so
-        a plan that does not use it keeps the bytes and config fingerprint older plancc gave it (and reads back with
-        the default)."""
+        A setting newer than the plan schema is left out at its default, so a plan that does not use it keeps the
+        bytes and config fingerprint older plancc gave it (and reads back with the default)."""
         out = {k: str(v) if isinstance(v, Choice) else v for k, v in dataclasses.asdict(self).items()}
-        for name, default in OMITTED_AT_DEFAULT.items():
-            if out[name] == default:
+        for name in OMITTED_AT_DEFAULT:
+            if out[name] == _DEFAULTS[name]:
                 del out[name]
         return out
 
 
-OMITTED_AT_DEFAULT = {"mixture": (), "samples_per_epoch": None, "val_set_size": 0}  # `PlanSettings.to_dict`
+RECIPE_SETTINGS = ("mixture", "samples_per_epoch")
+OMITTED_AT_DEFAULT = ("val_set_size", *RECIPE_SETTINGS)  # settings newer than the plan schema (`to_dict`)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PlanSettings)}
+
+
+def _val_set_size(value: Any) -> int | float:
+    """`--val-set-size` as a count (int >= 1), a fraction (float in (0, 1)) or 0 (nothing held out)."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and value >= 0
+    if ok and (value == 0 or value >= 1):
+        ok = float(value).is_integer()
+        value = int(value) if ok else value
+    if not ok:
+        raise SettingsError(f"--val-set-size must be a fraction in (0, 1) or a whole count >= 1 of samples to hold "
+                            f"out for evaluation (0: none), got {value!r}", "val_set_size")
+    return value
+
+
 CONFIG_DATASETS = ("datasets", "eval_datasets")  # config keys listing a recipe's datasets (`plancc.recipe`)
 MIX_KINDS = ("repeat", "weight")
 DATASET_ROLES = ("train", "eval")
@@ -289,18 +367,6 @@ def _mixture(value: Any) -> tuple[tuple[str, str, str, float], ...]:
     return tuple(out)
 
 
-def _val_set_size(value: Any) -> int | float:
-    """`--val-set-size` as a count (int >= 1), a fraction (float in (0, 1)) or 0 (nothing held out)."""
-    ok = not isinstance(value, bool) and isinstance(value, int | float) and value >= 0
-    if ok and (value == 0 or value >= 1):
-        ok = float(value).is_integer()
-        value = int(value) if ok else value
-    if not ok:
-        raise SettingsError(f"--val-set-size must be a fraction in (0, 1) or a whole count >= 1 of samples to hold "
-                            f"out for evaluation (0: none), got {value!r}", "val_set_size")
-    return value
-
-
 SHARED_SETTINGS = ("sequence_len", "shift")  # in both: what a samples table means, and what a plan is hashed with
 SETTING_NAMES = frozenset({f.name for f in fields(ScanOptions)} | {f.name for f in fields(PlanSettings)})
 
@@ -326,6 +392,22 @@ def canonical_hash(obj: dict[str, Any]) -> str:
     return hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS), digest_size=16).hexdigest()
 
 
+def _load_yaml(text: str, path: Path) -> Any:
+    """YAML without aliases: settings are flat values, and a kilobyte of nested aliases (an "alias bomb") expands
+    to gigabytes wherever the values are walked or printed."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise SettingsError(f"config file {path} line {mark.line + 1}: YAML aliases (*name) are not "
+                                    "allowed in a plancc config; write the value out")
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=NoAliases) or {}  # a SafeLoader: builds plain values only
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML or YAML config file into a flat mapping of setting names (dashes or underscores)."""
     p = Path(path)
@@ -333,18 +415,21 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SettingsError(f"cannot read config file {p}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"config file {p} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                            f"{exc.start})") from None
     try:
         if p.suffix.lower() == ".toml":
             data = tomllib.loads(text)
         elif p.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
+            data = _load_yaml(text, p)
         else:
             raise SettingsError(f"config file {p} must end in .toml, .yaml or .yml")
+    except SettingsError:
+        raise
+    except RecursionError:
+        raise SettingsError(f"config file {p} nests values too deeply (settings are plain values)") from None
     except (tomllib.TOMLDecodeError, ValueError) as exc:
-        if isinstance(exc, SettingsError):
-            raise
         raise SettingsError(f"config file {p} is not valid: {exc}") from None
     except Exception as exc:  # yaml.YAMLError has no common base we import eagerly
         raise SettingsError(f"config file {p} is not valid YAML: {exc}") from None

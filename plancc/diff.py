@@ -296,25 +296,66 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
         raise SettingsError(f"--tolerance must be a non-negative number, got {tolerance}")
     old, new = PlanInfo(old_path), PlanInfo(new_path)
     fo, fn = old.fingerprints, new.fingerprints
+    plan_o, plan_n = fo.get("plan", {}), fn.get("plan", {})
+    epochs = sorted({int(e) for e in plan_o} | {int(e) for e in plan_n})
+    config = _config_changes(old, new)
+    regressions = _regressions(old, new, epochs, tolerance)
+    datasets = dataset_changes(old.dir.meta.get("recipe"), new.dir.meta.get("recipe"))
+    changes = {
+        "datasets": any(d["status"] != "unchanged" for d in datasets),
+        "config": fo.get("config") != fn.get("config") or bool(config),
+        "dataset": fo.get("dataset") != fn.get("dataset"),
+        "metadata": fo.get("metadata") != fn.get("metadata"),
+        "plan": plan_o != plan_n,
+        "eval": fo.get("eval") != fn.get("eval"),
+        "plancc": fo.get("plancc") != fn.get("plancc") or fo.get("schema") != fn.get("schema"),
+        "metrics_regression": bool(regressions),
+    }
+    identical = not (changes["config"] or changes["dataset"] or changes["metadata"] or changes["plan"]
+                     or changes["eval"])
+    return {
+        "old": str(old.path),
+        "new": str(new.path),
+        "identical": identical,
+        "changes": changes,
+        "config": config,
+        "datasets": datasets,
+        "fingerprints": _fingerprint_rows(fo, fn, epochs),
+        "metrics": _metric_changes(old, new, epochs),
+        "tolerance": tolerance,
+        "regressions": regressions,
+        "churn": _churn(old, new, epochs, show_ids),
+        "eval": eval_changes(old, new),
+    }
 
-    config = [
+
+def _config_changes(old: PlanInfo, new: PlanInfo) -> list[dict[str, Any]]:
+    """Each setting that differs (or is set in one plan only), by name."""
+    return [
         {"setting": k, "old": old.settings.get(k), "new": new.settings.get(k)}
         for k in sorted(set(old.settings) | set(new.settings))
         if old.settings.get(k) != new.settings.get(k) or (k in old.settings) != (k in new.settings)
     ]
-    fingerprints = [
+
+
+def _fingerprint_rows(fo: dict[str, Any], fn: dict[str, Any], epochs: list[int]) -> list[dict[str, Any]]:
+    """Old and new fingerprint of every part, then of every epoch's plan, each marked changed or not."""
+    rows = [
         {"name": name, "old": fo.get(name), "new": fn.get(name), "changed": fo.get(name) != fn.get(name)}
         for name in ("dataset", "metadata", "config", "plancc", "schema")
     ]
     plan_o, plan_n = fo.get("plan", {}), fn.get("plan", {})
-    epochs = sorted({int(e) for e in plan_o} | {int(e) for e in plan_n})
     for e in epochs:
         a, b = plan_o.get(str(e)), plan_n.get(str(e))
-        fingerprints.append({"name": f"plan[{e}]", "old": a, "new": b, "changed": a != b})
+        rows.append({"name": f"plan[{e}]", "old": a, "new": b, "changed": a != b})
     if "eval" in fo or "eval" in fn:
-        fingerprints.append({"name": "eval", "old": fo.get("eval"), "new": fn.get("eval"),
-                             "changed": fo.get("eval") != fn.get("eval")})
+        rows.append({"name": "eval", "old": fo.get("eval"), "new": fn.get("eval"),
+                     "changed": fo.get("eval") != fn.get("eval")})
+    return rows
 
+
+def _metric_changes(old: PlanInfo, new: PlanInfo, epochs: list[int]) -> list[dict[str, Any]]:
+    """Per epoch and stage (of either plan): where it exists, and each metric that changed."""
     metrics = []
     for e in epochs:
         stages = list(dict.fromkeys(old.stages.get(e, []) + new.stages.get(e, [])))
@@ -331,7 +372,11 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
                         entry["changes"].append({"metric": name, "old": _jsonable(a), "new": _jsonable(b),
                                                  "delta": _jsonable(delta)})
             metrics.append(entry)
+    return metrics
 
+
+def _regressions(old: PlanInfo, new: PlanInfo, epochs: list[int], tolerance: float) -> list[dict[str, Any]]:
+    """The final-stage metrics that got worse by more than `tolerance` (relative, at least ABS_FLOOR)."""
     regressions = []
     for e in epochs:
         mo, mn = old.metrics.get((e, "after")), new.metrics.get((e, "after"))
@@ -345,9 +390,13 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
             if (b - a) * worse > allowed:
                 regressions.append({"epoch": e, "metric": name, "old": a, "new": b, "delta": b - a,
                                     "allowed": allowed})
+    return regressions
 
-    evaluation = eval_changes(old, new)
 
+
+def _churn(old: PlanInfo, new: PlanInfo, epochs: list[int], show_ids: int) -> list[dict[str, Any]]:
+    """Per epoch: in one plan only, or compared (rows of the epochs whose plans differ are read and diffed)."""
+    plan_o, plan_n = old.fingerprints.get("plan", {}), new.fingerprints.get("plan", {})
     changed_epochs = [e for e in epochs if plan_o.get(str(e)) != plan_n.get(str(e))
                       and str(e) in plan_o and str(e) in plan_n]
     churn = []
@@ -370,34 +419,7 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
         else:
             c = _identical_churn(old, e)
         churn.append({"epoch": e, "status": "compared", **c})
-
-    datasets = dataset_changes(old.dir.meta.get("recipe"), new.dir.meta.get("recipe"))
-    changes = {
-        "datasets": any(d["status"] != "unchanged" for d in datasets),
-        "config": fo.get("config") != fn.get("config") or bool(config),
-        "dataset": fo.get("dataset") != fn.get("dataset"),
-        "metadata": fo.get("metadata") != fn.get("metadata"),
-        "plan": plan_o != plan_n,
-        "eval": fo.get("eval") != fn.get("eval"),
-        "plancc": fo.get("plancc") != fn.get("plancc") or fo.get("schema") != fn.get("schema"),
-        "metrics_regression": bool(regressions),
-    }
-    identical = not (changes["config"] or changes["dataset"] or changes["metadata"] or changes["plan"]
-                     or changes["eval"])
-    return {
-        "old": str(old.path),
-        "new": str(new.path),
-        "identical": identical,
-        "changes": changes,
-        "config": config,
-        "datasets": datasets,
-        "fingerprints": fingerprints,
-        "metrics": metrics,
-        "tolerance": tolerance,
-        "regressions": regressions,
-        "churn": churn,
-        "eval": evaluation,
-    }
+    return churn
 
 
 MIX_KEYS = ("role", "repeat", "weight")

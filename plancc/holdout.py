@@ -4,15 +4,19 @@
 count), per dataset in proportion to its size when dataset labels are given. It depends on the ids (and labels)
 only, never on lengths or order, so the same data and seed hold out the same samples whatever the layout, and
 `validate` redraws it to check the eval plan. Each dataset's samples are drawn in one seeded order and its first
-ones held out, so raising `--val-set-size` only adds samples (to each dataset whose share grows). The training plan is compiled from the rest (`split`); the eval
-plan (`plancc.evaluation`) from the held-out ones, or from any other set of eval ids (eval datasets).
+ones held out, so raising `--val-set-size` only adds samples (to each dataset whose share grows).
+
+`eval_ids` is what a plan evaluates on: that draw, and for a recipe its eval datasets' samples plus the draw from
+its training datasets in proportion (their held-out samples then leave the mixture: `without`). The training plan
+is compiled from the rest (`split`), the eval plan (`plancc.evaluation`) from the eval ids.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import SettingsError
+from plancc.config import PlanSettings, SettingsError
+from plancc.mixture import eval_positions
 from plancc.plan import SampleArrays
 
 HOLDOUT_STREAM = 1  # spawn keys of the two random streams next to the epochs' (seed, epoch) ones
@@ -63,6 +67,27 @@ def hold_out(sample_ids: np.ndarray, val_set_size: int | float, seed: int,
     return np.sort(np.concatenate(taken))
 
 
+def eval_ids(sample_ids: np.ndarray, settings: PlanSettings, index: np.ndarray | None = None) -> np.ndarray | None:
+    """The sample ids a plan evaluates on and never trains on (None: no eval plan): a recipe's eval datasets'
+    samples (`index`: each sample's mixture entry) and `--val-set-size`'s draw from the rest, per training dataset
+    in proportion. The same samples and settings give the same ids: `validate` redraws them."""
+    ids = np.asarray(sample_ids, dtype=np.int64)
+    if index is None:
+        return hold_out(ids, settings.val_set_size, settings.seed) if settings.val_set_size else None
+    is_eval = np.zeros(ids.shape[0], dtype=bool)
+    is_eval[eval_positions(index, settings.mixture)] = True
+    out = ids[is_eval]
+    if settings.val_set_size:
+        train = ~is_eval & (index >= 0)
+        out = np.union1d(out, hold_out(ids[train], settings.val_set_size, settings.seed, datasets=index[train]))
+    return out if out.size else None
+
+
+def without(index: np.ndarray, sample_ids: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """A recipe's `index` with the held-out samples in no dataset (-1: `mixture.epoch_positions` skips them)."""
+    return np.where(np.isin(sample_ids, held), -1, index)
+
+
 def split(s: SampleArrays, eval_ids: np.ndarray) -> tuple[SampleArrays, SampleArrays]:
     """(training samples, eval samples): `s` without and with `eval_ids` (each in samples-table order)."""
     held = np.isin(s.sample_id, eval_ids)
@@ -71,6 +96,4 @@ def split(s: SampleArrays, eval_ids: np.ndarray) -> tuple[SampleArrays, SampleAr
 
 def subset(s: SampleArrays, keep: np.ndarray) -> SampleArrays:
     """The samples where `keep` is true, in table order."""
-    return SampleArrays(s.sample_id[keep], s.length[keep], s.label_count[keep], s.first_label_supervised[keep])
-
-
+    return s.take(np.flatnonzero(keep))

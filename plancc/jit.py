@@ -2,8 +2,8 @@
 
 Kernel modules import numba from here, so numba's cache is pointed before numba loads: compiled kernels then
 outlive a reinstall or a read-only package dir, and a warm run never compiles. A user's own `NUMBA_CACHE_DIR`
-wins. Compiling every kernel takes 30-50 s on a cold start, so `compile_notice` has the pipeline say so once, from
-numba's own compile events (what it loads from the disk cache is no compile).
+wins. Compiling every kernel takes tens of seconds on a cold start, so `compile_notice` has the pipeline say so
+once, from numba's own compile events (what it loads from the disk cache is no compile).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from plancc.config import default_cache_dir
 
 # every module holding @numba.njit(cache=True) kernels (a test checks the list against the sources)
 KERNEL_MODULES = ("plancc.token_hash", "plancc.sort", "plancc.row_sums", "plancc.pack.best_fit",
-                  "plancc.pack.exact_fill", "plancc.balance._cost_spread", "plancc.balance._exchange",
-                  "plancc.balance._redeal", "plancc.balance.accumulation")
+                  "plancc.pack._rows", "plancc.pack.exact_fill", "plancc.balance._cost_spread",
+                  "plancc.balance._exchange", "plancc.balance._redeal", "plancc.balance.accumulation",
+                  "plancc.sources.nesting")
 COMPILING = "compiling kernels (first run only)"
 
 
@@ -59,7 +60,7 @@ class _Notice(numba.core.event.Listener):
 @contextlib.contextmanager
 def compile_notice(progress: Callable[[str, int, int], None] | None) -> Iterator[None]:
     """While inside, the first kernel numba has to compile says COMPILING on `progress` (done on exit): a cold start
-    takes 30-50 s and says why, once; a warm run, whose kernels all come from the disk cache, says nothing."""
+    takes long and says why, once; a warm run, whose kernels all come from the disk cache, says nothing."""
     notice = _Notice(progress)
     with numba.core.event.install_listener("numba:compile", notice):
         yield

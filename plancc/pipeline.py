@@ -116,40 +116,29 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
 
 @dataclass(frozen=True)
 class CompiledRun:
-    """A whole run planned: the training samples (the retained ones not held out), their epochs, the eval plan, and
-    a recipe's dataset of each training sample (None for one source)."""
+    """A whole run planned: the training samples (the retained ones not held out), their epochs, the eval plan."""
 
     train: SampleArrays
     epochs: list[EpochPlan]
     evaluation: evaluation.EvalPlan | None
-    index: np.ndarray | None = None
-
-
-def held_out_ids(s: SampleArrays, settings: PlanSettings, index: np.ndarray | None = None) -> np.ndarray | None:
-    """`--val-set-size`'s draw (a recipe's: per dataset `index`, in proportion), None when nothing is held out."""
-    if not settings.val_set_size or not len(s):
-        return None
-    return holdout.hold_out(s.sample_id, settings.val_set_size, settings.seed, index)
 
 
 def compile_run(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None,
                 drops: SourceDrops = NO_DROPS, eval_ids: np.ndarray | None = None,
                 index: np.ndarray | None = None) -> CompiledRun:
-    """Hold out the eval samples (`eval_ids`, a recipe's eval datasets; else `--val-set-size`'s draw), plan training
-    on the rest and build the eval plan of the held-out ones; without either, the plain `compile_plan` of every
-    sample. `index`: a recipe's dataset of each sample of `s`."""
-    if eval_ids is not None and settings.val_set_size:
-        raise SettingsError("the recipe holds out its eval_datasets already: drop --val-set-size (val_set_size), or "
-                            "list those datasets under datasets to draw the eval set from all of them",
-                            "val_set_size")
+    """Hold out the eval samples (`eval_ids`, else `holdout.eval_ids`: a recipe's eval datasets and
+    `--val-set-size`'s draw), plan training on the rest and build the eval plan of the held-out ones; without
+    either, the plain `compile_plan` of every sample. `index`: a recipe's dataset of each sample, whose held-out
+    samples leave the mixture (index -1), so each dataset's counts apply to the samples it trains on."""
+    if eval_ids is None and len(s):
+        eval_ids = holdout.eval_ids(s.sample_id, settings, index)
     if eval_ids is None:
-        eval_ids = held_out_ids(s, settings, index)
-    if eval_ids is None:
-        return CompiledRun(s, compile_plan(s, settings, progress, drops, index), None, index)
+        return CompiledRun(s, compile_plan(s, settings, progress, drops, index), None)
     train, held = holdout.split(s, eval_ids)
-    train_index = None if index is None else index[~np.isin(s.sample_id, eval_ids)]
-    return CompiledRun(train, compile_plan(train, settings, progress, drops, train_index),
-                       evaluation.eval_plan(held, settings), train_index)
+    if index is not None:  # a recipe plans over the whole table (positions), its held-out samples in no dataset
+        train, index = s, holdout.without(index, s.sample_id, eval_ids)
+    return CompiledRun(train, compile_plan(train, settings, progress, drops, index),
+                       evaluation.eval_plan(held, settings))
 
 
 def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[str, np.ndarray]:

@@ -7,6 +7,7 @@ to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of 
     path = "data/chat.jsonl"      # file, glob, save_to_disk dir, scan dir, Hub id
     name = "chat"                 # default: the file stem; unique in the recipe
     format = "messages"           # format, columns, split, chat_template: this dataset's own
+    train_on_inputs = true        # and what is trained (roles_to_train, train_on_eos, train_on, ...)
     repeat = 2                    # or weight = 0.3 (one of them; default repeat 1)
 
 A relative `path` is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plancc.config import CONFIG_DATASETS, ScanOptions, SettingsError, did_you_mean, flag
+from plancc.config import CONFIG_DATASETS, SUPERVISION, ScanOptions, SettingsError, did_you_mean, flag
 
-ENTRY_KEYS = ("path", "name", "format", "columns", "split", "chat_template", "repeat", "weight")
+ENTRY_KEYS = ("path", "name", "format", "columns", "split", "chat_template", *SUPERVISION, "repeat", "weight")
 SHARED_KEYS = ("tokenizer", "sequence_len", "shift", "long")  # one value for the whole recipe
 
 
@@ -38,6 +39,7 @@ class DatasetSpec:
     columns: Any = None
     split: str | None = None
     chat_template: str | None = None
+    supervision: tuple[tuple[str, Any], ...] = ()  # its own what-is-trained settings (`config.SUPERVISION`)
     repeat: float | None = None
     weight: float | None = None
     shared: tuple[tuple[str, Any], ...] = ()  # recipe-wide settings this entry repeats (checked, not per dataset)
@@ -49,10 +51,15 @@ class DatasetSpec:
         return (self.name, self.role, "repeat", 1.0 if self.repeat is None else self.repeat)
 
     def scan_options(self, base: ScanOptions) -> ScanOptions:
-        """The recipe's scan options with this dataset's format, columns, split and chat template."""
+        """The recipe's scan options with this dataset's format, columns, split, chat template and what is
+        trained."""
         own = {k: getattr(self, k) for k in ("format", "columns", "split", "chat_template")
                if getattr(self, k) is not None}
-        return dataclasses.replace(base, **own)
+        try:
+            return dataclasses.replace(base, **own, **dict(self.supervision))
+        except SettingsError as exc:
+            raise SettingsError(f"dataset {self.name!r}: {str(exc).replace(flag(exc.setting or ''), exc.setting or '', 1)}",
+                                exc.setting) from None
 
 
 def _number(name: str, key: str, value: Any) -> float | None:
@@ -81,6 +88,7 @@ def dataset_spec(entry: Any, role: str = "train") -> DatasetSpec:
         raise SettingsError(f"dataset {name!r}: give repeat or weight, not both")
     return DatasetSpec(name=name, path=path, role=role, format=entry.get("format"), columns=entry.get("columns"),
                        split=entry.get("split"), chat_template=entry.get("chat_template"),
+                       supervision=tuple((k, entry[k]) for k in SUPERVISION if entry.get(k) is not None),
                        repeat=_number(name, "repeat", entry.get("repeat")),
                        weight=_number(name, "weight", entry.get("weight")),
                        shared=tuple((k, entry[k]) for k in SHARED_KEYS if entry.get(k) is not None))

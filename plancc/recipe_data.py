@@ -226,17 +226,15 @@ def load(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: Pl
     return Joined(table, report, tokens, settings, datasets, dataset_index(codes, names, settings.mixture))
 
 
-def epoch_metrics(epochs: list[Any], train_index: np.ndarray, datasets: list[dict[str, Any]], shift: str
-                  ) -> list[dict[str, Any]]:
+def epoch_metrics(epochs: list[Any], joined: Joined, shift: str) -> list[dict[str, Any]]:
     """Per dataset per epoch: samples, tokens, label tokens and shares, `before` (the mixture as drawn, label tokens
-    as each sample counts alone) and `after` (what the plan holds, label tokens as the collator counts them).
-    `train_index`: the dataset of each training sample (the epochs' positions index these)."""
+    as each sample counts alone) and `after` (what the plan holds, label tokens as the collator counts them)."""
     from plancc.metrics import dataset_rows, entry_targets
 
-    names = [d["name"] for d in datasets]
+    names = [d["name"] for d in joined.datasets]
     rows: list[dict[str, Any]] = []
     for p in epochs:
-        s, index = p.samples, train_index[p.positions]
+        s, index = p.samples, joined.index[p.positions]
         rows += dataset_rows(p.epoch, "before", names, index, s.length, s.targets(shift))
         b = p.batches
         rows += dataset_rows(p.epoch, "after", names, index[b.samples], s.length[b.samples],

@@ -34,7 +34,9 @@ needs an `if __name__ == "__main__":` guard (the `plancc` command has one).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import resource
 import shutil
 import signal
 import time
@@ -176,13 +178,26 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
                               started=started, engine=engine)
                 done = _load_cached(entry, key)
     except OSError as exc:
-        raise PlanccError(f"cannot write the scan cache {entry.parent}: {exc.strerror or exc}; "
-                          "set PLANCC_CACHE to a writable directory") from None
+        raise _system_error(exc, entry.parent) from None
     finally:
         reader.close()
     report = {**done.report, "source": str(source), "tokenizer": tok.name if tok else None}
     check_drops(report, options.max_dropped)  # an entry another process filled meanwhile: this call's threshold
     return dataclasses.replace(done, report=report)
+
+
+def _system_error(exc: OSError, cache: Path) -> PlanccError:
+    """What an OSError during a scan means: a resource limit is named as such, and only a file of the cache that
+    cannot be written is blamed on the cache."""
+    what = exc.strerror or str(exc)
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return PlanccError(f"too many open files while scanning ({what}; this process may open {soft}, see "
+                           "`ulimit -n`): raise the limit (e.g. `ulimit -n 4096`) or lower --num-proc")
+    if exc.filename is not None and not str(exc.filename).startswith(str(cache)):
+        return PlanccError(f"{exc.filename}: {what}")
+    hint = "; set PLANCC_CACHE to a writable directory" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
+    return PlanccError(f"cannot write the scan cache {cache}: {what}{hint}")
 
 
 def _fill(entry: Path, job: shard.ScanJob, reader: RowReader, *, shard_rows: int, num_proc: int,

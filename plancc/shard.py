@@ -27,34 +27,68 @@ from typing import Any
 import pyarrow as pa
 
 from plancc import store, token_store
-from plancc.config import ScanOptions, canonical_hash
+from plancc.config import SUPERVISION, ScanOptions, SettingsError, canonical_hash
 from plancc.errors import InputError
 from plancc.fingerprint import scan_identity
 from plancc.sources import detect, templates
-from plancc.sources.encode import Encoded, RowError
+from plancc.sources.chat import has_generation_tags, reads_clock
+from plancc.sources.encode import Encoded, RowError, Supervise
 from plancc.sources.parallel import encode_rows
 from plancc.sources.read import Located, locate
 from plancc.sources.rows import Manifest, RowReader
 from plancc.sources.samples import finish, from_tokenized
 from plancc.sources.tokenizer import BUILTIN, Tok, load_tokenizer
 
-SCAN_VERSION = 5  # 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
+SCAN_VERSION = 6  # 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
 # when several); 3: the token store
 SHARD_ROWS = 65_536  # rows per shard of a local scan: memory per shard and resume granularity, never the result
 PROBE_ROWS = 1_000  # rows the format is detected from (the first of the source, the same for every shard)
-COUNTS = ("truncated", "dropped_long", "dropped_all_masked")  # report entries {count, first_rows}
+COUNTS = ("truncated", "dropped_long", "dropped_all_masked", "end_only")  # report entries {count, first_rows}
 Progress = Callable[[str, int, int], None] | None
 
 
 def options_dict(options: ScanOptions, tok: Tok | None, template: templates.ChatTemplate | None) -> dict[str, Any]:
     """The options that decide the samples table; the tokenizer's and template's content matter, not where they
-    were found. `max_dropped` checks the result and is left out."""
+    were found. `max_dropped` checks the result and is left out; so is each what-is-trained setting at its default
+    (scans made before they existed keep their keys), and `template_date` unless the template reads the date."""
     d = dataclasses.asdict(options)
     d["tokenizer"] = tok.fingerprint if tok else None
     d["chat_template"] = template.fingerprint if template else None
     d["columns"] = [list(pair) for pair in options.columns]  # as JSON reads it back from a cached report
+    d["roles_to_train"] = list(options.roles_to_train)
     del d["max_dropped"]
+    defaults = ScanOptions()
+    for name in SUPERVISION:
+        if getattr(options, name) == getattr(defaults, name):
+            del d[name]
+    if template and reads_clock(template.text):
+        d["template_date"] = options.template_date
+    else:
+        d.pop("template_date", None)
     return d
+
+
+TAG_FIXED = ("roles_to_train", "train_on_eos")  # what a template's {% generation %} blocks decide themselves
+
+
+def _check_tagged(chat: templates.ChatTemplate, options: ScanOptions) -> None:
+    """A template whose `{% generation %}` blocks mark what is trained leaves no room for roles_to_train or
+    train_on_eos: one set anyway is an error rather than a setting silently ignored."""
+    if not has_generation_tags(chat.text):
+        return
+    defaults = ScanOptions()
+    for name in TAG_FIXED:
+        if getattr(options, name) != getattr(defaults, name):
+            raise SettingsError(f"{name} cannot apply: chat template {chat.name} marks what is trained with "
+                                "{% generation %} blocks (leave it unset, or use a template without them)", name)
+
+
+def _clock_note(chat: templates.ChatTemplate, options: ScanOptions) -> list[str]:
+    """The note for a template that reads the date: which one it was given."""
+    if not reads_clock(chat.text):
+        return []
+    return [f"chat template {chat.name} reads the date (strftime_now): rendered with template_date "
+            f"{options.template_date}, not today's (set template_date to change it)"]
 
 
 def scan_key(source_fingerprint: str, opts: dict[str, Any]) -> str:
@@ -128,7 +162,9 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
             raise needs_tokenizer(str(source), fmt)
         if fmt == "messages":
             chat = templates.require(template, tok)
+            _check_tagged(chat, options)
             warnings += filter(None, [templates.marker_warning(chat, tok)])
+            warnings += _clock_note(chat, options)
     opts = options_dict(options, tok, template)
     key = scan_key(reader.fingerprint, opts)
     report = {
@@ -176,8 +212,10 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
             options.shift == "none", src.where
     shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
     try:
+        keep = options.sequence_len if options.long in ("truncate", "drop") else None  # error: exact lengths
         enc = encode_rows(work, job.format, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
-                          progress=shifted, template=job.template, pool=pool)
+                          progress=shifted, template=job.template, pool=pool, keep=keep,
+                          sup=Supervise.of(options))
     except RowError as exc:
         raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
     return enc, False, src.where

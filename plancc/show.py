@@ -35,16 +35,43 @@ class SampleView:
     tokenizer: str
     dataset: str | None = None  # a recipe's: the sample's dataset and its row there (`plancc.recipe_data`)
     row: int | None = None
+    trained: str = ""  # what the scan trained (`trained_summary`)
 
     def to_json(self) -> dict[str, Any]:
         """The view as `show --json` prints it."""
         return {"sample_id": self.sample_id, "dataset": self.dataset, "row": self.row,
                 "length": self.length, "label_count": self.label_count,
                 "first_label_supervised": self.first_label_supervised, "tokenizer": self.tokenizer,
+                "trained": self.trained,
                 "supervised_tokens": int(self.supervised.sum()),
                 "segments": [{"text": t, "supervised": s} for t, s in self.segments],
                 "input_ids": self.input_ids.tolist(), "labels": self.labels.tolist(),
                 "supervised": self.supervised.tolist()}
+
+
+def trained_summary(report: dict[str, Any]) -> str:
+    """What the scan supervised, in one line: the what-is-trained settings (`ScanOptions`) that apply to its
+    format, defaults included."""
+    from plancc.config import ScanOptions
+
+    options = report.get("options") or {}
+    default = ScanOptions()
+
+    def get(name: str) -> Any:
+        return options.get(name, getattr(default, name))
+
+    fmt = report.get("format")
+    eos = f"train_on_eos {get('train_on_eos')}"
+    if fmt == "messages":
+        template = report.get("chat_template") or {}
+        if template.get("generation"):
+            return f"the chat template's {{% generation %}} blocks, train_on {get('train_on')}"
+        return f"roles_to_train {','.join(get('roles_to_train'))}, {eos}, train_on {get('train_on')}"
+    if fmt in ("alpaca", "prompt_completion"):
+        return f"train_on_inputs {str(get('train_on_inputs')).lower()}, {eos}"
+    if fmt == "text":
+        return eos
+    return "the source's own labels" if fmt == "tokenized" else ""
 
 
 def _report(directory: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -117,4 +144,73 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     return SampleView(int(sample_id), int(store.column(table, "length")[at]),
                       int(store.column(table, "label_count")[at]),
                       bool(store.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
-                      segments, pieces, tok.name, *_dataset_row(d, table, at, int(sample_id)))
+                      segments, pieces, tok.name, *_dataset_row(d, table, at, int(sample_id)),
+                      trained_summary(report))
+
+
+def _targets(labels: np.ndarray, offsets: np.ndarray, shifted: bool) -> np.ndarray:
+    """Targets of each row: its labels != -100, less a supervised first label (never a target) unless shifted."""
+    from plancc.token_store import IGNORE_INDEX
+
+    sup = np.zeros(len(labels) + 1, np.int64)
+    np.cumsum(np.asarray(labels) != IGNORE_INDEX, out=sup[1:])
+    counts = sup[offsets[1:]] - sup[offsets[:-1]]
+    if shifted:
+        return counts
+    nonempty = np.diff(offsets) > 0
+    first = np.zeros(len(counts), bool)
+    first[nonempty] = np.asarray(labels)[offsets[:-1][nonempty]] != IGNORE_INDEX
+    return counts - first
+
+
+def dropped_rows(directory: str | Path) -> dict[str, Any]:
+    """Every source row a plan or scan directory's scan dropped, with why, and its truncated rows (count and the
+    first the report names; a recipe's report has the count only): derived from its token store (one row per source row, dropped ones included), its
+    samples table (the kept ones) and its scan report, so nothing extra is stored or fingerprinted."""
+    from plancc import token_store
+
+    d = Path(directory)
+    given = store.read_samples_source(d) if d.is_dir() else None
+    if given is None or not given[1].get("tokenized_path"):
+        raise InputError(f"{directory} is not a plan or scan directory with its {store.TOKENS_DIR}/")
+    table, info = given
+    report = _report(d, info)
+    try:
+        m = token_store.open_store(Path(info["tokenized_path"]))
+    except token_store.TokenStoreError as exc:
+        raise InputError(str(exc)) from None
+    offsets = np.asarray(m.offsets, dtype=np.int64)
+    first_row = int((report.get("part") or {}).get("lo", 0))
+    kept = np.zeros(len(offsets) - 1, bool)
+    kept[store.column(table, "sample_id").astype(np.int64) - first_row] = True
+    lengths = np.diff(offsets)
+    targets = _targets(m.labels, offsets, bool(m.header["labels_shifted"]))
+    seq = int((report.get("options") or {}).get("sequence_len", 0)) or None
+    names = _dataset_starts(d)
+    rows = []
+    for r in np.flatnonzero(~kept).tolist():
+        if seq is not None and lengths[r] > seq:
+            why = f"longer than sequence_len {seq}"
+        elif targets[r] <= 0:
+            why = "no supervised target"
+        else:
+            why = "trains on the end of turn alone (drop_eos_only)"
+        rows.append({"row": first_row + r, **names(first_row + r), "reason": why, "tokens": int(lengths[r])})
+    truncated = report.get("truncated") or {"count": int(report.get("truncated_samples", 0)), "first_rows": []}
+    return {"dropped": rows, "truncated": {"count": truncated["count"], "first_rows": truncated["first_rows"]}}
+
+
+def _dataset_starts(directory: Path):
+    """A function naming a recipe plan's row: {dataset, dataset_row}; {} for one source."""
+    recipe = (store.read_manifest(directory).get("recipe") or {}) if (directory / store.MANIFEST_FILE).is_file() \
+        else {}
+    starts = sorted((d["first_id"], d["name"]) for d in recipe.get("datasets", []))
+    if not starts:
+        return lambda row: {}
+    firsts = np.array([s for s, _ in starts], np.int64)
+
+    def name(row: int) -> dict[str, Any]:
+        at = int(np.searchsorted(firsts, row, side="right")) - 1
+        return {"dataset": starts[at][1], "dataset_row": row - starts[at][0]}
+
+    return name

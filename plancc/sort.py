@@ -14,19 +14,25 @@ from plancc.jit import numba
 
 @numba.njit(cache=True)
 def stable_order(keys, n_keys, descending=False):
-    """Positions of `keys` (integers in [0, n_keys)) in ascending key order (descending with `descending`), ties in
-    position order."""
+    """Positions of `keys` in ascending key order (descending with `descending`), ties in position order.
+
+    Args:
+        keys: int64 (n,) — integers in [0, n_keys).
+        n_keys: int — one past the largest key.
+        descending: bool — largest key first.
+    Returns: int64 (n,).
+    """
     start = np.zeros(n_keys + 1, dtype=np.int64)
     top = n_keys - 1
-    for k in keys:
-        start[(top - k if descending else k) + 1] += 1
-    for k in range(n_keys):
-        start[k + 1] += start[k]
+    for key in keys:
+        start[(top - key if descending else key) + 1] += 1
+    for key in range(n_keys):
+        start[key + 1] += start[key]
     out = np.empty(keys.shape[0], dtype=np.int64)
     for i in range(keys.shape[0]):
-        k = top - keys[i] if descending else keys[i]
-        out[start[k]] = i
-        start[k] += 1
+        key = top - keys[i] if descending else keys[i]
+        out[start[key]] = i
+        start[key] += 1
     return out
 
 

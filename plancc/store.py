@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import mmap
 import os
 import re
 import stat
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,7 @@ BEFORE_FILE = "before.parquet"  # the `before` stage's label count per microbatc
 EVAL_FILE = "eval.parquet"  # the eval plan (`plancc.evaluation`), in plans compiled with held-out samples
 MANIFEST_FILE = "manifest.json"
 TOKENS_DIR = "tokens"  # the token store (plancc.token_store), in scan and plan directories
-TOKENIZED_FILE = "tokenized.parquet"  # what older plans shipped instead; the runtime still reads it
+TOKENIZED_FILE = "tokenized.parquet"  # what older plans shipped instead; read only when given as data=
 SCAN_MANIFEST_FILE = "scan.json"
 
 ARROW_SCHEMA_KEY = b"ARROW:schema"  # pyarrow's serialized Arrow schema (store_schema=True)
@@ -279,23 +281,54 @@ def atomic_directory(target: str | Path, *, overwrite: bool = False, owned: bool
 # ---------------------------------------------------------------- reading
 
 
-def _open(path: Path) -> pq.ParquetFile:
-    if not path.exists():
-        raise StoreError(f"{path} does not exist")
+@dataclass(frozen=True)
+class Held:
+    """A file opened once and memory-mapped: every later read of it sees these bytes, even after its path is
+    replaced (a plan recompiled with --overwrite under a running job keeps serving the job the plan it opened)."""
+
+    path: Path  # for messages
+    buffer: pa.Buffer
+
+    def parquet(self) -> pq.ParquetFile:
+        """The file as Parquet (refused naming the file when it is not)."""
+        try:
+            return pq.ParquetFile(pa.BufferReader(self.buffer))
+        except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: e.g. a column name that is not UTF-8
+            raise StoreError(f"{self.path} is not a readable Parquet file ({exc})") from None
+
+
+def hold(path: str | Path, *, dir_fd: int | None = None, name: str | None = None) -> Held:
+    """Open `path` (or `name` inside the directory `dir_fd`) once, refusing anything but a regular file by its type
+    before reading (`token_store.open_file`), and map it."""
+    path = Path(path)
     try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: e.g. a column name that is not UTF-8
-        raise StoreError(f"{path} is not a readable Parquet file ({exc})") from None
+        f = token_store.open_file(path if name is None else name, dir_fd=dir_fd, shown=path)
+    except FileNotFoundError:
+        raise StoreError(f"{path} does not exist") from None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    with f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return Held(path, pa.py_buffer(b""))
+        return Held(path, pa.py_buffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)))
 
 
-def read_file_meta(path: str | Path) -> dict[str, Any]:
+def _held(source: str | Path | Held) -> Held:
+    return source if isinstance(source, Held) else hold(source)
+
+
+def _open(source: str | Path | Held) -> pq.ParquetFile:
+    return _held(source).parquet()
+
+
+def read_file_meta(source: str | Path | Held) -> dict[str, Any]:
     """The plancc key-value metadata of one Parquet file; refuses foreign files and other schema versions.
 
     A file written with its Arrow schema holds the metadata twice (the footer's key-value pairs, which a table read
     returns, and inside the serialized Arrow schema); they must agree, or one of them was edited.
     """
-    path = Path(path)
-    pf = _open(path)
+    held = _held(source)
+    path, pf = held.path, held.parquet()
     pairs = pf.metadata.metadata or {}
     raw = pairs.get(META_KEY)
     if raw is None:
@@ -324,15 +357,16 @@ def _check_columns(table_schema: pa.Schema, expected: pa.Schema, path: Path) -> 
             raise StoreError(f"{path}: column '{field.name}' has type {got}, expected {field.type}")
 
 
-def read_table(path: str | Path, expected: pa.Schema, *, columns: list[str] | None = None, filters=None) -> pa.Table:
+def read_table(source: str | Path | Held, expected: pa.Schema, *, columns: list[str] | None = None,
+               filters=None) -> pa.Table:
     """Read a Parquet table after checking it has the expected columns and types."""
-    path = Path(path)
-    pf = _open(path)
+    held = _held(source)
+    path, pf = held.path, held.parquet()
     _check_columns(pf.schema_arrow, expected, path)
     try:
         if filters is None:  # the plain reader: skips importing pyarrow.dataset (half a second per process)
             return pf.read(columns=columns, use_threads=True)
-        return pq.read_table(path, columns=columns, filters=filters, use_threads=True)
+        return pq.read_table(pa.BufferReader(held.buffer), columns=columns, filters=filters, use_threads=True)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreError(f"{path} is corrupt: {exc}") from None
 
@@ -388,11 +422,13 @@ def read_arrow(path: str | Path) -> pa.Table:
             return pa.ipc.open_stream(source).read_all()
 
 
-def read_samples(path: str | Path) -> pa.Table:
+def read_samples(source: str | Path | Held) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types and nulls are refused
     (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it)."""
-    names = SAMPLES_SCHEMA.names + ([DATASET_COLUMN] if DATASET_COLUMN in _open(Path(path)).schema_arrow.names else [])
-    table = read_table(path, SAMPLES_SCHEMA, columns=names)
+    held = _held(source)
+    path = held.path
+    names = SAMPLES_SCHEMA.names + ([DATASET_COLUMN] if DATASET_COLUMN in held.parquet().schema_arrow.names else [])
+    table = read_table(held, SAMPLES_SCHEMA, columns=names)
     for name in table.column_names:
         values = table.column(name)
         if values.null_count:
@@ -616,6 +652,30 @@ class PlanIntegrityError(StoreError):
     """A plan file's content or metadata does not match what the plan's fingerprints and checksums bind."""
 
 
+_META_TYPES = {"checksums": dict, "data": dict, "epochs": list, "fingerprints": dict, "scan": dict, "settings": dict,
+               "samples": int}
+
+
+def meta_shape_problem(meta: dict[str, Any]) -> str | None:
+    """What in a plan file's metadata has the wrong shape (`data = []`, `data.tokens = 5`, `fingerprints.plan =
+    "x"`), else None: readers index into these values, so a wrong type would be a traceback, not a message."""
+    for key, type_ in _META_TYPES.items():
+        if not isinstance(meta[key], type_) or isinstance(meta[key], bool):
+            return f"{key} is {meta[key]!r}, expected {'an object' if type_ is dict else 'a ' + type_.__name__}"
+    data, fingerprints = meta["data"], meta["fingerprints"]
+    if "tokens" in data and data["tokens"] != TOKENS_DIR:
+        return (f"data.tokens is {data['tokens']!r}; a plan's token store is always its {TOKENS_DIR!r} folder (plancc "
+                "reads no other path from a plan)")
+    for key in ("source", "source_relative"):
+        if key in data and not (isinstance(data[key], list) and all(isinstance(p, str) for p in data[key])):
+            return f"data.{key} is {data[key]!r}, expected a list of paths"
+    if not isinstance(fingerprints.get("plan"), dict):
+        return f"fingerprints.plan is {fingerprints.get('plan')!r}, expected an object (epoch: fingerprint)"
+    if "tokens" in fingerprints and not isinstance(fingerprints["tokens"], str):
+        return f"fingerprints.tokens is {fingerprints['tokens']!r}, expected the token store's digest (a string)"
+    return None
+
+
 def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None = None) -> dict[str, str]:
     """`dataset` and `metadata` fingerprints of a samples table made with `identity` (`fingerprint.scan_identity`)."""
     col = {name: column(table, name) for name in SAMPLES_SCHEMA.names}
@@ -665,10 +725,11 @@ def first_difference(got: Any, want: Any, where: str = "") -> str | None:
     return f"{where.rstrip('.')} ({got!r}, expected {want!r})"
 
 
-def schema_problems(path: Path, expected: pa.Schema) -> list[str]:
+def schema_problems(source: Path | Held, expected: pa.Schema) -> list[str]:
     """Columns, types and nullability of a Parquet file against its schema (stricter than `read_table`)."""
     try:
-        got = _open(path).schema_arrow
+        held = _held(source)
+        path, got = held.path, held.parquet().schema_arrow
     except StoreError as exc:
         return [str(exc)]
     if got.names != expected.names:
@@ -677,15 +738,16 @@ def schema_problems(path: Path, expected: pa.Schema) -> list[str]:
             for f, g in zip(expected, got, strict=True) if not (g.type.equals(f.type) and g.nullable == f.nullable)]
 
 
-def statistics_problems(path: Path) -> list[str]:
+def statistics_problems(source: Path | Held) -> list[str]:
     """Row-group statistics of every column against the values they describe.
 
     Filtered reads (one epoch, one rank) skip row groups on their min/max, so a wrong statistic would hide rows
     from some reader while a full read looks sound. plancc writes statistics for every column; a column with
     values but without min/max was changed too.
     """
+    path = source.path if isinstance(source, Held) else source
     try:
-        pf = _open(path)
+        pf = _open(source)
         md = pf.metadata
         problems = []
         for i in range(md.num_row_groups):
@@ -753,8 +815,10 @@ def _first_row(bad: np.ndarray) -> int:
 class PlanDir:
     """A plan directory opened for reading, with the checks that bind its files together (see above).
 
-    Opening reads only the plan file's footer: refuses a missing, foreign or other-schema plan file and metadata
-    without the manifest's keys, and types the settings (`PlanSettings`). The `*_problems` methods check one file
+    Opening opens the directory and each of its files once (`Held`: every later read comes from what was opened, so
+    a plan replaced under a reader changes nothing for it) and reads only the plan file's footer: refuses a
+    missing, foreign or other-schema plan file, a file that is not a regular file, metadata without the manifest's
+    keys or of the wrong shape, and types the settings (`PlanSettings`). The `*_problems` methods check one file
     each; `read_epoch` + `epoch_problems` check one epoch's rows against the layout and the plan fingerprint.
     """
 
@@ -770,24 +834,91 @@ class PlanDir:
                              "`plancc compile SOURCE -o PLAN_DIR`")
         self.path = p
         self.plan_file = p / PLAN_FILE
-        self.meta: dict[str, Any] = read_file_meta(self.plan_file)
+        self._dir_fd = token_store.open_dir(p, StoreError)
+        weakref.finalize(self, os.close, self._dir_fd)
+        self._files = {name: self._hold(name) for name in (PLAN_FILE, SAMPLES_FILE, METRICS_FILE, BEFORE_FILE,
+                                                           MANIFEST_FILE, EVAL_FILE)}
+        self.meta: dict[str, Any] = read_file_meta(self.held(PLAN_FILE))
         if self.meta.get("kind") != "plan":
             raise PlanIntegrityError(f"{self.plan_file} is a plancc '{self.meta.get('kind')}' file, not a plan")
         missing = sorted(set(PLAN_META_KEYS) - set(self.meta))
         if missing:
             raise PlanIntegrityError(f"{self.plan_file}: metadata lacks {missing} (written by an older plancc, or "
                                      "edited); recompile the plan")
+        shape = meta_shape_problem(self.meta)
+        if shape:
+            raise PlanIntegrityError(f"{self.plan_file} metadata: {shape}; recompile the plan")
         self.fingerprints: dict[str, Any] = self.meta["fingerprints"]
         try:
             self.settings = PlanSettings(**self.meta["settings"])
         except (TypeError, SettingsError) as exc:
             raise PlanIntegrityError(f"{self.plan_file}: settings this plancc cannot use ({exc})") from None
 
+    def _hold(self, name: str) -> Held | None:
+        """`name` opened through the directory opened at init (None when it is absent)."""
+        try:
+            return hold(self.path / name, dir_fd=self._dir_fd, name=name)
+        except StoreError:
+            if os.path.lexists(self.path / name):
+                raise
+            return None
+
+    def held(self, name: str) -> Held:
+        """One of the plan's files as opened at init; refused when it was absent."""
+        found = self._files.get(name)
+        if found is None:
+            raise StoreError(f"{self.path / name} does not exist")
+        return found
+
+    def source(self, name: str) -> Held | Path:
+        """One of the plan's files as opened at init, or its path when it was absent (a reader then names it)."""
+        return self._files.get(name) or self.path / name
+
     @property
     def data(self) -> dict[str, Any]:
-        """Where the trainer's tokenized rows live: {"tokens": the token store folder in this directory, "source":
-        [paths], "source_relative": [paths]}, or without "tokens" for a tokenized source read in place."""
+        """What compile recorded of the trainer's data, for people: {"tokens": "tokens" (the token store folder in
+        this directory), "source": [paths], "source_relative": [paths]}. Readers never follow these paths: the token
+        store is `tokens/` (bound by `fingerprints.tokens`) or what the caller gives."""
         return self.meta["data"]
+
+    @property
+    def binds_tokens(self) -> bool:
+        """Whether the plan ships a token store (its digest is `fingerprints.tokens`)."""
+        return "tokens" in self.fingerprints
+
+    def data_problems(self) -> list[str]:
+        """`data.tokens` and `fingerprints.tokens` must agree: a plan either ships and binds `tokens/`, or neither."""
+        if ("tokens" in self.data) == self.binds_tokens:
+            return []
+        if self.binds_tokens:
+            return [f"{self.plan_file} metadata: fingerprints.tokens binds a token store but data.tokens is missing"]
+        return [f"{self.plan_file} metadata: data.tokens names a token store that no fingerprints.tokens binds "
+                "(written by an older plancc, or edited); recompile the plan"]
+
+    def open_tokens(self) -> token_store.MappedTokens:
+        """The plan's token store, `tokens/` in the directory opened at init, refused (`PlanIntegrityError`) unless
+        it is the one the plan was compiled with: its digest (constant work: a header hash over its chunk hashes)
+        must be `fingerprints.tokens`."""
+        problems = self.data_problems()
+        if problems or not self.binds_tokens:
+            raise PlanIntegrityError(problems[0] if problems else f"{self.path} ships no token store")
+        where = self.path / TOKENS_DIR
+        try:
+            fd = token_store.open_dir(TOKENS_DIR, token_store.TokenStoreError, dir_fd=self._dir_fd,
+                                      shown=f"token store {where}")
+        except FileNotFoundError:
+            raise PlanIntegrityError(f"{where} does not exist: the plan's token store was deleted or moved") from None
+        try:
+            m = token_store.open_store(where, fd)
+        except token_store.TokenStoreError as exc:
+            raise PlanIntegrityError(str(exc)) from None
+        finally:
+            os.close(fd)
+        if m.digest != self.fingerprints["tokens"]:
+            raise PlanIntegrityError(f"{where} is not the token store this plan was compiled with (its digest "
+                                     f"{m.digest}, the plan binds {self.fingerprints['tokens']}): its tokens were "
+                                     "changed and rehashed, or another store was put in its place")
+        return m
 
     def header_problems(self) -> list[str]:
         """The settings hash to the config fingerprint and the plan fingerprints name exactly the plan's epochs."""
@@ -804,10 +935,10 @@ class PlanDir:
     def manifest_problems(self, *, required: bool = True) -> list[str]:
         """`manifest.json` must equal the plan file's metadata (it is its mirror, never read for settings)."""
         path = self.path / MANIFEST_FILE
-        try:
-            manifest = orjson.loads(path.read_bytes())
-        except FileNotFoundError:
+        if self._files[MANIFEST_FILE] is None:
             return [f"{path} is missing (it mirrors {PLAN_FILE}'s metadata)"] if required else []
+        try:
+            manifest = orjson.loads(self.held(MANIFEST_FILE).buffer.to_pybytes())
         except orjson.JSONDecodeError as exc:
             return [f"{path} is not valid JSON: {exc}"]
         found = first_difference(manifest, {k: v for k, v in self.meta.items() if k != "kind"})
@@ -817,7 +948,7 @@ class PlanDir:
         """A sibling Parquet file's metadata: its kind, and the plan's schema version, fingerprints and settings."""
         path = self.path / name
         try:
-            meta = read_file_meta(path)
+            meta = read_file_meta(self.held(name))
         except StoreError as exc:
             return [str(exc)]
         want = {"fingerprints": self.fingerprints, "kind": kind, "schema": SCHEMA_VERSION,
@@ -828,7 +959,7 @@ class PlanDir:
     # ------------------------------------------------------------ samples and metrics
     def read_samples(self) -> pa.Table:
         """The plan's samples table (check it with `samples_problems`)."""
-        return read_samples(self.path / SAMPLES_FILE)
+        return read_samples(self.held(SAMPLES_FILE))
 
     def samples_problems(self, table: pa.Table) -> list[str]:
         """The samples' content against the dataset and metadata fingerprints."""
@@ -839,7 +970,7 @@ class PlanDir:
 
     def read_metrics(self) -> pa.Table:
         """The plan's metrics table (check it with `metrics_problems`)."""
-        return read_table(self.path / METRICS_FILE, metrics_schema())
+        return read_table(self.held(METRICS_FILE), metrics_schema())
 
     def metrics_problems(self, table: pa.Table) -> list[str]:
         """The metrics rows against the checksum the plan file records."""
@@ -854,7 +985,7 @@ class PlanDir:
 
     def read_before(self) -> pa.Table:
         """The before stage's label count per microbatch of every epoch, as compile stored it."""
-        return read_table(self.path / BEFORE_FILE, BEFORE_SCHEMA)
+        return read_table(self.held(BEFORE_FILE), BEFORE_SCHEMA)
 
     def before_problems(self, table: pa.Table) -> list[str]:
         """The before rows against the checksum the plan file records, and their (epoch, index) order."""
@@ -883,7 +1014,7 @@ class PlanDir:
 
     def read_eval(self) -> pa.Table:
         """The eval plan's rows in file (= index) order (check them with `eval_problems`)."""
-        return read_table(self.path / EVAL_FILE, EVAL_SCHEMA, columns=EVAL_SCHEMA.names)
+        return read_table(self.source(EVAL_FILE), EVAL_SCHEMA, columns=EVAL_SCHEMA.names)
 
     def eval_problems(self, table: pa.Table) -> list[str]:
         """The eval rows against their layout (index, rank = index % world_size), the eval fingerprint and the
@@ -911,7 +1042,7 @@ class PlanDir:
     def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
         """Plan rows matching Parquet `filters` on the plan columns (row groups skipped on their statistics), in
         file order: (epoch, rank, index)."""
-        return read_table(self.plan_file, PLAN_SCHEMA, columns=columns, filters=filters)
+        return read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns, filters=filters)
 
     def read_share(self, epoch: int, rank: int | None = None) -> EpochMicrobatches:
         """The microbatches of `epoch` (only those of `rank` when given) in global order, as flat CSR arrays."""
@@ -924,7 +1055,7 @@ class PlanDir:
 
     def read_epoch(self, epoch: int, columns: list[str] | None = None) -> pa.Table:
         """One epoch's rows in global order (a filtered read: the same one the runtime verifies and replays)."""
-        table = read_table(self.plan_file, PLAN_SCHEMA, columns=columns or EPOCH_COLUMNS,
+        table = read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns or EPOCH_COLUMNS,
                            filters=[("epoch", "=", int(epoch))])
         index = column(table, "index")
         if index.shape[0] > 1 and not bool(np.all(index[1:] > index[:-1])):

@@ -43,9 +43,10 @@ samples table's per-sample `token_hash`, which the store records at write and a 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import orjson
@@ -75,6 +76,10 @@ OLD_FORMATS = ("plancc.tokens/1", "plancc.tokens-parts/1")
 
 class TokenStoreError(PlanccError):
     """A token store is missing, truncated, foreign or changed; the message names the file (and the row)."""
+
+
+class FileTypeError(PlanccError):
+    """A path where plancc reads a file holds a FIFO, device, socket or directory: refused before any read."""
 
 
 class Concat:
@@ -122,12 +127,6 @@ class Concat:
         """Largest value over all parts (the vocabulary bound)."""
         return max(int(p.max()) for p in self.parts if p.size)
 
-    def pread(self, a: int, b: int) -> bytes:
-        """Elements [a, b) read through the parts' files (see `_pread`)."""
-        k, last = self._part(a), self._part(max(b - 1, a))
-        return b"".join(_pread(self.parts[j], max(a - int(self.starts[j]), 0),
-                               min(b, int(self.starts[j + 1])) - int(self.starts[j])) for j in range(k, last + 1))
-
 
 @dataclass(frozen=True)
 class MappedTokens:
@@ -142,11 +141,84 @@ class MappedTokens:
     chunk_hashes: np.ndarray
     header: dict[str, Any]
     parts: tuple[MappedTokens, ...] = ()
+    files: dict[str, Reader] = field(default_factory=dict)  # input_ids/labels: their open files, for `verify_chunk`
 
     @property
     def num_chunks(self) -> int:
         """Hash chunks in the store."""
         return int(self.chunk_hashes.shape[0])
+
+    @property
+    def digest(self) -> str:
+        """The store's content digest: its header's `header_hash`, which covers the chunk index hash (every chunk's
+        hash) of the store or of each part; a plan records it and compares it at open (constant work)."""
+        return self.header["header_hash"]
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_file(path: str | Path, *, dir_fd: int | None = None, shown: str | Path | None = None) -> BinaryIO:
+    """`path` (relative to `dir_fd` when given) opened read-only, refused unless it is a regular file.
+
+    The type is checked on the open descriptor before anything is read: the open does not block (O_NONBLOCK) and a
+    FIFO, device or socket would stall or stream forever, a directory is not the file asked for (`FileTypeError`).
+    The file object stays valid when the path is later replaced (a plan recompiled with --overwrite): readers keep
+    what they opened. The message names `shown` (default `path`); a failed open raises its OSError (the caller
+    names the file its way).
+    """
+    shown = path if shown is None else shown
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise FileTypeError(f"{shown} is {kind}, not a regular file; plancc reads only regular files there")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def open_dir(path: str | Path, error: type[PlanccError], *, dir_fd: int | None = None,
+             shown: str | Path | None = None) -> int:
+    """A directory descriptor for `path` (relative to `dir_fd`): files opened through it all come from this one
+    directory even when its path is swapped for another meanwhile. Refuses anything but a directory."""
+    shown = path if shown is None else shown
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except NotADirectoryError:
+        raise error(f"{shown} is not a directory") from None
+    except OSError as exc:
+        raise error(f"{shown}: cannot open it ({exc.strerror or exc})") from None
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Reads elements of a mapped array through its open file (or, joined, through each part's in row order)."""
+
+    files: tuple[BinaryIO, ...]
+    offsets: tuple[int, ...]  # each file's array offset (its .npy header size)
+    starts: tuple[int, ...]  # first element of each file (len(files) + 1 entries)
+    itemsize: int
+
+    def pread(self, a: int, b: int) -> bytes:
+        """Elements [a, b) read through the files, not the maps: the pages land in the shared page cache without
+        joining this process's resident set (a reader maps only the pages of the rows it uses)."""
+        out = []
+        for f, off, lo, hi in zip(self.files, self.offsets, self.starts, self.starts[1:], strict=False):
+            x, y = max(a, lo), min(b, hi)
+            if x < y:
+                out.append(os.pread(f.fileno(), (y - x) * self.itemsize, off + (x - lo) * self.itemsize))
+        return b"".join(out)
+
+    @staticmethod
+    def join(readers: list[Reader]) -> Reader:
+        """The parts' readers as one, in row order."""
+        starts = np.cumsum([0] + [r.starts[-1] for r in readers]).tolist()
+        return Reader(tuple(r.files[0] for r in readers), tuple(r.offsets[0] for r in readers), tuple(starts),
+                      readers[0].itemsize)
 
 
 # ---------------------------------------------------------------- writing
@@ -290,30 +362,40 @@ def is_store(path: str | Path) -> bool:
     return (Path(path) / HEADER_FILE).is_file()
 
 
-def _map(path: Path, name: str, length: int) -> np.ndarray:
-    f = path / f"{name}.npy"
-    if not f.is_file():
-        raise TokenStoreError(f"token store {path}: {f.name} is missing")
+def _map(path: Path, dir_fd: int, name: str, length: int) -> tuple[np.memmap, Reader]:
+    """Array `name` of the store opened through `dir_fd`: its map, and a reader over the same open file."""
+    where = f"token store {path}: {name}.npy"
     try:
-        arr = np.load(f, mmap_mode="r", allow_pickle=False)
+        f = open_file(f"{name}.npy", dir_fd=dir_fd, shown=path / f"{name}.npy")
+    except FileNotFoundError:
+        raise TokenStoreError(f"{where} is missing") from None
+    except OSError as exc:
+        raise TokenStoreError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
+        shape, _, dtype = read(f)  # 1-D: Fortran order is the same layout
     except Exception as exc:  # a damaged header reaches numpy's literal parser: SyntaxError, TokenError, ...
-        raise TokenStoreError(f"token store {path}: {f.name} is not a readable .npy file "
-                              f"({type(exc).__name__}: {exc or 'empty'})") from None
-    if arr.dtype != ARRAYS[name] or arr.ndim != 1 or arr.shape[0] != length:
-        raise TokenStoreError(f"token store {path}: {f.name} holds {arr.dtype}[{arr.shape}], its header says "
-                              f"{ARRAYS[name]}[{length}] (a file was replaced or truncated)")
-    if arr.offset + arr.nbytes != f.stat().st_size:
-        raise TokenStoreError(f"token store {path}: {f.name} has {f.stat().st_size - arr.offset - arr.nbytes} "
-                              "bytes beyond its array (a file was appended to or replaced)")
-    return arr
+        raise TokenStoreError(f"{where} is not a readable .npy file ({type(exc).__name__}: {exc or 'empty'})") from None
+    if dtype != ARRAYS[name] or len(shape) != 1 or shape[0] != length:
+        raise TokenStoreError(f"{where} holds {dtype}[{shape}], its header says {ARRAYS[name]}[{length}] (a file was "
+                              "replaced or truncated)")
+    offset, size = f.tell(), os.fstat(f.fileno()).st_size
+    if offset + length * dtype.itemsize != size:
+        raise TokenStoreError(f"{where} has {size - offset - length * dtype.itemsize} bytes beyond its array (a file "
+                              "was appended to or replaced)")
+    arr = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
+    return arr, Reader((f,), (offset,), (0, length), dtype.itemsize)
 
 
-def read_header(path: str | Path) -> dict[str, Any]:
-    """A store's header (single or multi-part), refused unless it is this plancc's format and unedited: its values
-    must hash to its `header_hash`."""
+def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
+    """A store's header (single or multi-part; read through `dir_fd` when given), refused unless it is this
+    plancc's format and unedited: its values must hash to its `header_hash`."""
     path = Path(path)
     try:
-        header = orjson.loads((path / HEADER_FILE).read_bytes())
+        with open_file(HEADER_FILE if dir_fd is not None else path / HEADER_FILE, dir_fd=dir_fd,
+                       shown=path / HEADER_FILE) as f:
+            header = orjson.loads(f.read())
     except FileNotFoundError:
         raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
     except OSError as exc:
@@ -337,21 +419,39 @@ def _counts(header: dict[str, Any], names: tuple[str, ...]) -> bool:
     return all(type(header.get(n)) is int and header[n] >= 0 for n in names)
 
 
-def open_store(path: str | Path) -> MappedTokens:
-    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash)."""
+def open_store(path: str | Path, dir_fd: int | None = None) -> MappedTokens:
+    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash).
+
+    Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened), so
+    the store is read whole from the directory that was there at open, whatever later replaces its path."""
     path = Path(path)
-    header = read_header(path)
+    own = dir_fd is None
+    if own:
+        try:
+            dir_fd = open_dir(path, TokenStoreError, shown=f"token store {path}")
+        except FileNotFoundError:
+            raise TokenStoreError(f"{path} is not a token store (it does not exist)") from None
+    try:
+        return _open_single(path, dir_fd)
+    finally:
+        if own:
+            os.close(dir_fd)
+
+
+def _open_single(path: Path, dir_fd: int) -> MappedTokens:
+    header = read_header(path, dir_fd)
     if header["format"] == PARTS_FORMAT:
-        return _open_parts(path, header)
+        return _open_parts(path, dir_fd, header)
     if (sorted(header) != HEADER_KEYS or not _counts(header, ("rows", "tokens", "chunks", "chunk_tokens"))
             or header["chunk_tokens"] < 1 or type(header["max_id"]) is not int
             or type(header["labels_shifted"]) is not bool or not isinstance(header["fingerprints"], dict)):
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)} or values of the wrong "
                               f"type; a store's header holds exactly {HEADER_KEYS}")
     rows, tokens, chunks = header["rows"], header["tokens"], header["chunks"]
-    m = MappedTokens(path, _map(path, "input_ids", tokens), _map(path, "labels", tokens),
-                     _map(path, "offsets", rows + 1), _map(path, "chunks", chunks + 1),
-                     _map(path, "chunk_hashes", chunks), header)
+    lengths = {"input_ids": tokens, "labels": tokens, "offsets": rows + 1, "chunks": chunks + 1, "chunk_hashes": chunks}
+    maps = {name: _map(path, dir_fd, name, n) for name, n in lengths.items()}
+    m = MappedTokens(path, *(maps[n][0] for n in lengths), header,
+                     files={n: maps[n][1] for n in ("input_ids", "labels")})
     if int(m.offsets[0]) != 0 or int(m.offsets[-1]) != tokens or int(m.chunks[0]) != 0 or int(m.chunks[-1]) != rows:
         raise TokenStoreError(f"token store {path}: offsets.npy or chunks.npy does not span the store's "
                               f"{rows} rows and {tokens} tokens (a file was changed)")
@@ -360,7 +460,7 @@ def open_store(path: str | Path) -> MappedTokens:
     return m
 
 
-def _open_parts(path: Path, header: dict[str, Any]) -> MappedTokens:
+def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens:
     """A multi-part store as one: every part opened (constant-cost checks) and bound to the header's record."""
     if (sorted(header) != PARTS_KEYS or not isinstance(header["parts"], list) or not header["parts"]
             or not _counts(header, ("rows", "tokens")) or type(header["labels_shifted"]) is not bool):
@@ -373,7 +473,14 @@ def _open_parts(path: Path, header: dict[str, Any]) -> MappedTokens:
             raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it "
                                   f"with exactly {PART_KEYS}")
         where = path / p["dir"]
-        m = open_store(where)
+        try:
+            part_fd = open_dir(p["dir"], TokenStoreError, dir_fd=dir_fd, shown=f"token store {where}")
+        except FileNotFoundError:
+            raise TokenStoreError(f"token store {path}: its part {p['dir']} is missing") from None
+        try:
+            m = _open_single(where, part_fd)
+        finally:
+            os.close(part_fd)
         if m.parts:
             raise TokenStoreError(f"token store {where}: a part is itself multi-part")
         got = {k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}
@@ -394,7 +501,7 @@ def _open_parts(path: Path, header: dict[str, Any]) -> MappedTokens:
     full = {**header, "chunk_tokens": parts[0].header["chunk_tokens"]}
     return MappedTokens(path, Concat([m.input_ids for m in parts]), Concat([m.labels for m in parts]),
                         offsets.astype(np.int64), chunks.astype(np.int64), hashes.astype(np.uint64), full,
-                        tuple(parts))
+                        tuple(parts), {n: Reader.join([m.files[n] for m in parts]) for n in ("input_ids", "labels")})
 
 
 def layout_problem(m: MappedTokens) -> str | None:
@@ -404,15 +511,6 @@ def layout_problem(m: MappedTokens) -> str | None:
             return (f"{part.path}: chunks.npy does not split the rows at chunk_tokens={part.header['chunk_tokens']} "
                     f"({HEADER_FILE} or the offsets changed)")
     return None
-
-
-def _pread(arr: np.memmap | Concat, a: int, b: int) -> bytes:
-    """Elements [a, b) of a mapped array read through the file, not the map: the pages land in the shared page
-    cache without joining this process's resident set (a reader maps only the pages of the rows it uses)."""
-    if isinstance(arr, Concat):
-        return arr.pread(a, b)
-    with open(arr.filename, "rb", buffering=0) as f:
-        return os.pread(f.fileno(), (b - a) * arr.itemsize, arr.offset + a * arr.itemsize)
 
 
 def verify_chunk(m: MappedTokens, k: int) -> bool:
@@ -425,8 +523,8 @@ def verify_chunk(m: MappedTokens, k: int) -> bool:
         return False
     h = xxhash.xxh3_64()
     h.update(np.ascontiguousarray(np.diff(m.offsets[lo:hi + 1]), dtype="<i8").data)
-    h.update(_pread(m.input_ids, a, b))
-    h.update(_pread(m.labels, a, b))
+    h.update(m.files["input_ids"].pread(a, b))
+    h.update(m.files["labels"].pread(a, b))
     return h.intdigest() == int(m.chunk_hashes[k])
 
 

@@ -15,13 +15,13 @@ violations, each naming its file and row or field (empty when the plan is sound)
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from plancc import holdout, mixture, store, token_store
 from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, SettingsError, Shift
@@ -66,8 +66,8 @@ def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple
 
 def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
     """`check_epoch` of any plan rows (an epoch's, or the eval plan's) named `where` in the messages: they must
-    hold each sample of `s` its mixture count (once, for one source; all of them unless --drop-last), fit the
-    layout, and count what `s` says."""
+    hold each sample of the multiset `s` as often as it is in it (all unless --drop-last), fit the layout, and
+    count what `s` says."""
     problems: list[str] = []
     ids, row_bounds, batch_bounds = store.nested_arrays(table.column("sample_ids"))
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
@@ -122,6 +122,51 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     return problems, b
 
 
+def _eval_problems(plan: store.PlanDir, s, index: np.ndarray | None) -> tuple[list[str], np.ndarray]:
+    """(violations of the eval plan, the eval sample ids training must not hold). The eval rows must hold the
+    samples compile held out (`holdout.eval_ids`, redrawn here: a recipe's eval datasets, `--val-set-size`'s draw)
+    each exactly once, fit the training layout and count what the samples table says; layout, eval fingerprint and
+    manifest summary: `PlanDir.eval_problems`."""
+    size, path, none = plan.settings.val_set_size, plan.path / store.EVAL_FILE, np.zeros(0, dtype=np.int64)
+    try:
+        drawn = holdout.eval_ids(s.sample_id, plan.settings, index) if len(s) else None
+    except SettingsError as exc:
+        return [f"{plan.plan_file} metadata: {exc}"], none
+    expected = none if drawn is None else drawn
+    if not plan.has_eval:
+        if expected.size:
+            return [f"{plan.plan_file} metadata: the settings hold out {expected.size} eval samples (val_set_size "
+                    f"{size}, eval datasets) but fingerprints.eval is missing (no eval plan)"], expected
+        return ([f"{path}: an eval plan, but {plan.plan_file} has no eval fingerprint"] if path.exists() else []), expected
+    held = plan.source(store.EVAL_FILE)
+    problems = [*store.schema_problems(held, store.EVAL_SCHEMA), *store.statistics_problems(held),
+                *plan.companion_problems(store.EVAL_FILE, "eval")]
+    try:
+        table = plan.read_eval()
+    except store.StoreError as exc:
+        return [*problems, str(exc)], expected
+    problems += plan.eval_problems(table)
+    ids = np.unique(store.nested_arrays(table.column("sample_ids"))[0])
+    extra, lacking = np.setdiff1d(ids, expected), np.setdiff1d(expected, ids)
+    if extra.size or lacking.size:
+        first = int(extra[0]) if extra.size else int(lacking[0])
+        problems.append(f"{path}: holds {extra.size} samples the eval set (eval datasets and the held-out draw of "
+                        f"val_set_size {size}, seed {plan.settings.seed}) does not and lacks {lacking.size} it does "
+                        f"(first: sample_id {first})")
+        return problems, expected
+    found, _ = check_rows(str(path), table, holdout.subset(s, np.isin(s.sample_id, expected)),
+                          replace(plan.settings, drop_last=False, mixture=(), samples_per_epoch=None))
+    return problems + found, expected
+
+
+def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> list[str]:
+    """Held-out samples must never be trained on."""
+    ids = store.nested_arrays(table.column("sample_ids"))[0]
+    leaked = np.intersect1d(ids, eval_ids)
+    return [f"{store.PLAN_FILE} epoch {epoch}: {leaked.size} held-out eval samples are in the training plan "
+            f"(first: sample_id {int(leaked[0])})"] if leaked.size else []
+
+
 def _recipe_index(plan: store.PlanDir, samples: pa.Table) -> tuple[np.ndarray | None, list[str]]:
     """A recipe plan's dataset of each sample (its position in the mixture), and what is wrong with the column."""
     if not plan.settings.mixture:
@@ -159,58 +204,6 @@ def _recipe_metrics_problems(plan: store.PlanDir, recomputed: list[dict[str, Any
             return [f"{store.PLAN_FILE} metadata: recipe metrics of dataset {row['dataset']!r} epoch {row['epoch']} "
                     f"after: {found} (recomputed from the rows)"]
     return []
-
-
-def _recipe_eval_ids(plan: store.PlanDir, s, index: np.ndarray | None) -> np.ndarray:
-    """The sample ids of a recipe's eval datasets (none for one source)."""
-    if index is None:
-        return np.zeros(0, dtype=np.int64)
-    return s.sample_id[mixture.eval_positions(index, plan.settings.mixture)]
-
-
-def _eval_problems(plan: store.PlanDir, s, index: np.ndarray | None = None) -> tuple[list[str], np.ndarray]:
-    """(violations of the eval plan, the held-out sample ids training must not hold). The eval rows must hold the
-    samples `--val-set-size` draws (`plancc.holdout`, redrawn here; a recipe's per dataset `index`), or a recipe's
-    eval datasets, each exactly once, fit the training layout and count what the samples table says; layout, eval
-    fingerprint and manifest summary: `PlanDir.eval_problems`."""
-    size, path = plan.settings.val_set_size, plan.path / store.EVAL_FILE
-    try:
-        expected = (holdout.hold_out(s.sample_id, size, plan.settings.seed, index) if size
-                    else _recipe_eval_ids(plan, s, index))
-    except SettingsError as exc:
-        return [f"{plan.plan_file} metadata: {exc}"], np.zeros(0, dtype=np.int64)
-    if not plan.has_eval:
-        if expected.size:
-            held = f"settings.val_set_size is {size}" if size else "the recipe has eval datasets"
-            return [f"{plan.plan_file} metadata: {held} but fingerprints.eval is missing (no eval plan)"], expected
-        return ([f"{path}: an eval plan, but {plan.plan_file} has no eval fingerprint"] if path.exists() else []), expected
-    problems = [*store.schema_problems(path, store.EVAL_SCHEMA), *store.statistics_problems(path),
-                *plan.companion_problems(store.EVAL_FILE, "eval")]
-    try:
-        table = plan.read_eval()
-    except store.StoreError as exc:
-        return [*problems, str(exc)], expected
-    problems += plan.eval_problems(table)
-    ids = np.unique(store.nested_arrays(table.column("sample_ids"))[0])
-    if not size and index is None:  # held out by eval datasets the plan does not name: its ids are the eval set
-        expected = ids
-    extra, lacking = np.setdiff1d(ids, expected), np.setdiff1d(expected, ids)
-    if extra.size or lacking.size:
-        first = int(extra[0]) if extra.size else int(lacking[0])
-        problems.append(f"{path}: holds {extra.size} samples the held-out draw (val_set_size {size}, seed "
-                        f"{plan.settings.seed}) does not and lacks {lacking.size} it does (first: sample_id {first})")
-        return problems, expected
-    found, _ = check_rows(str(path), table, holdout.subset(s, np.isin(s.sample_id, expected)),
-                          replace(plan.settings, drop_last=False))
-    return problems + found, expected
-
-
-def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> list[str]:
-    """Held-out samples must never be trained on."""
-    ids = store.nested_arrays(table.column("sample_ids"))[0]
-    leaked = np.intersect1d(ids, eval_ids)
-    return [f"{store.PLAN_FILE} epoch {epoch}: {leaked.size} held-out eval samples are in the training plan "
-            f"(first: sample_id {int(leaked[0])})"] if leaked.size else []
 
 
 def _metrics_problems(plan: store.PlanDir, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
@@ -256,32 +249,40 @@ def _before_problems(plan: store.PlanDir, before: pa.Table, metrics: pa.Table) -
 
 def tokenized_problems(plan: store.PlanDir, samples: pa.Table, *, fast: bool,
                        tokens_dir: Path | None = None) -> list[str]:
-    """The token data the trainer loads (the plan's `tokens/`, or `tokens_dir` when repointed): see
-    `check_token_data`. A plan compiled from a bare samples table ships none; one whose data is its source files
-    needs them present."""
-    data = plan.data
-    if tokens_dir is None and "tokens" not in data:
-        if "tokenized" in data:
-            return [f"{plan.path}: ships {data['tokenized']} (an older plancc's tokenized data), which this plancc no "
-                    "longer checks; recompile the plan to get a token store"]
-        missing = [p for p in data.get("source", []) if not Path(p).exists()]
-        return [f"the plan's source data {p} does not exist" for p in missing[:1]]
-    if tokens_dir is None:
-        if data["tokens"] != store.TOKENS_DIR:
-            return [f"{plan.plan_file} metadata: data.tokens is {data['tokens']!r}, expected {store.TOKENS_DIR!r}"]
-        tokens_dir = plan.path / store.TOKENS_DIR
-    return check_token_data(tokens_dir, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
-
-
-def check_token_data(tokens_dir: Path, samples: pa.Table, fingerprints: dict[str, Any], *, shift: str,
-                     fast: bool = False) -> list[str]:
-    """A token store against the plan. Always the open-time checks (header, every file's size and dtype, chunk
-    index hash), its dataset/metadata fingerprints, label layout and row count; unless `fast`, also every chunk
-    hash, the chunk layout, and every planned sample's length, label count and content hash (reads the store)."""
+    """The token data the trainer loads, found as the runtime finds it: the plan's own `tokens/` (which must be the
+    store the plan binds: `fingerprints.tokens`), or `tokens_dir` when repointed (`--dataset`); see
+    `check_token_data`. No path is read from the metadata: a plan compiled from a bare samples table ships no data,
+    and its trainer passes data=."""
+    if tokens_dir is not None:
+        try:
+            return check_token_data(token_store.open_store(tokens_dir), samples, plan.fingerprints,
+                                    shift=plan.settings.shift, fast=fast)
+        except token_store.TokenStoreError as exc:
+            return [str(exc)]
+    if "tokenized" in plan.data:
+        return [f"{plan.path}: ships {plan.data['tokenized']} (an older plancc's tokenized data), which this plancc no "
+                "longer checks; recompile the plan to get a token store"]
+    problems = plan.data_problems()
+    if problems:
+        return problems
+    if not plan.binds_tokens:
+        own = plan.path / store.TOKENS_DIR
+        return [f"{own} is there but the plan binds no token store (its metadata was edited)"] \
+            if os.path.lexists(own) else []
     try:
-        m = token_store.open_store(tokens_dir)
-    except token_store.TokenStoreError as exc:
+        m = plan.open_tokens()
+    except store.PlanIntegrityError as exc:
         return [str(exc)]
+    return check_token_data(m, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
+
+
+def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprints: dict[str, Any], *, shift: str,
+                     fast: bool = False) -> list[str]:
+    """An opened token store (the open-time checks passed: header, every file's size and dtype, chunk index hash)
+    against the plan: its dataset/metadata fingerprints, label layout and row count; unless `fast`, also every
+    chunk hash, the chunk layout, and every planned sample's length, label count and content hash (reads the
+    store)."""
+    tokens_dir = m.path
     for key in ("dataset", "metadata"):
         got = m.header["fingerprints"].get(key)
         if got != fingerprints[key]:
@@ -315,7 +316,8 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
     """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
     `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
 
-    Raises `StoreError` only when PLAN_DIR is not a plan directory at all; a plan file that cannot be read or
+    Raises `StoreError` only when PLAN_DIR is not a plan directory at all, and `token_store.FileTypeError` when a
+    file of it is a FIFO, device or directory (refused before reading); a plan file that cannot be read or
     trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
     """
     problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
@@ -336,7 +338,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     if plan.has_before:
         files.append((store.BEFORE_FILE, "before", store.BEFORE_SCHEMA))
     for name, kind, schema in files:
-        problems += store.schema_problems(plan.path / name, schema) + store.statistics_problems(plan.path / name)
+        problems += store.schema_problems(plan.source(name), schema) + store.statistics_problems(plan.source(name))
         if kind != "plan":
             problems += plan.companion_problems(name, kind)
     if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
@@ -362,8 +364,9 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     recipe_rows: list[dict[str, Any]] = []
     found, eval_ids = _eval_problems(plan, s, index)
     problems += found
-    kept = ~np.isin(s.sample_id, eval_ids)
-    train, train_index = holdout.subset(s, kept), None if index is None else index[kept]
+    train = s if index is not None else holdout.subset(s, ~np.isin(s.sample_id, eval_ids))
+    if index is not None:  # a recipe's held-out samples are in no dataset (`pipeline.compile_run`)
+        index = holdout.without(index, s.sample_id, eval_ids)
     after: dict[int, dict[str, Any]] = {}
     drops = SourceDrops(plan.meta.get("dropped_samples", 0), plan.meta.get("truncated_samples", 0))
     rows = 0
@@ -374,15 +377,15 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
             return [*problems, str(exc)], plan.meta
         rows += table.num_rows
         found = plan.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
-        positions = mixture.plan_positions(train_index, plan.settings, e)
+        positions = mixture.plan_positions(index, plan.settings, e)
         s_e = train.take(positions) if positions is not None else train
         more, b = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
         if b is not None:
             after[e] = summarize(b, s_e, plan.settings, drops)
             if positions is not None:
-                recipe_rows += _dataset_after(e, b, s_e, train_index[positions], plan)
-    total = pq.ParquetFile(plan.plan_file).metadata.num_rows
+                recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
+    total = plan.held(store.PLAN_FILE).parquet().metadata.num_rows
     if total != rows:
         problems.append(f"{store.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
     problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)

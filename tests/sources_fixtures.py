@@ -48,6 +48,31 @@ TEMPLATES = {
 }
 
 
+# ChatML whose {% generation %} blocks mark what is trained (as current HF and TRL templates do): each assistant
+# reply and its end marker, not the newline after it.
+GENERATION_CHATML = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Llama 3.2 style: a system header dated by strftime_now
+DATED_CHATML = ("{{ '<|im_start|>system\nToday Date: ' + strftime_now('%d %b %Y') + '<|im_end|>\n' }}"
+                "{% for message in messages %}"
+                "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+                "{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def write_template(tmp_path: Path, name: str, text: str) -> Path:
+    """A chat template file for --chat-template."""
+    path = tmp_path / f"{name}.jinja"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 def deepseek_dir(tmp_path: Path, template: str) -> Path:
     """A Hugging Face style tokenizer directory: the real DeepSeek tokenizer.json + a config with a chat template."""
     d = tmp_path / f"tok-{template}"

@@ -257,3 +257,123 @@ def test_settings_other_than_val_set_size_do_not_change_the_held_out_set(tmp_pat
     b = _write(tmp_path / "b", val_set_size=0.25, mode="flattened", micro_batch_size=3)
     ids = [np.sort(store.nested_arrays(store.PlanDir(p).read_eval().column("sample_ids"))[0]) for p in (a, b)]
     np.testing.assert_array_equal(*ids)
+
+
+# ---------------------------------------------------------------- recipes: eval datasets and per-dataset hold-out
+
+
+def _eval_ids(plan_dir: Path) -> np.ndarray:
+    """Every sample id of the eval plan, as often as it is in it."""
+    return store.nested_arrays(store.PlanDir(plan_dir).read_eval().column("sample_ids"))[0]
+
+
+def _trained(plan_dir: Path, epoch: int) -> np.ndarray:
+    return store.nested_arrays(store.PlanDir(plan_dir).read_epoch(epoch).column("sample_ids"))[0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.integers(3, 40), min_size=1, max_size=3), evals=st.integers(0, 6),
+       size=st.sampled_from([0, 0.2, 0.5, 2]), repeat=st.sampled_from([0.5, 1.0, 2.5]), seed=st.integers(0, 2**31),
+       epoch_count=st.integers(1, 3))
+def test_a_recipe_evaluates_its_eval_datasets_and_held_out_share_and_trains_on_the_rest_at_exact_counts(
+        sizes, evals, size, repeat, seed, epoch_count):
+    """(1) an eval dataset's samples and (2) `--val-set-size`'s per-dataset draw are the eval plan, each once, never
+    in a training epoch; every training dataset's epoch count is its mixture count over the samples it keeps."""
+    from plancc import holdout, mixture
+
+    groups = [*sizes, evals] if evals else sizes
+    s = _samples(seed, sum(groups))[1]
+    index = np.repeat(np.arange(len(groups)), groups)
+    mix = tuple((f"d{i}", "train", "repeat", repeat) for i in range(len(sizes)))
+    mix += (("ev", "eval", "repeat", 1.0),) if evals else ()
+    if size and size >= 1 and size >= sum(sizes):
+        size = 1
+    cfg = PlanSettings(sequence_len=64, micro_batch_size=2, world_size=2, epochs=epoch_count, seed=seed,
+                       mixture=mix, val_set_size=size)
+    run = compile_run(s, cfg, index=index)
+    drawn = hold_out(s.sample_id[index < len(sizes)], size, seed, datasets=index[index < len(sizes)]) if size else []
+    expected = np.union1d(s.sample_id[index == len(sizes)], drawn)
+    if not expected.size:
+        assert run.evaluation is None
+        return
+    ev = run.evaluation
+    assert np.array_equal(np.sort(ev.samples.sample_id[ev.batches.samples]), expected)  # each once
+    kept = np.bincount(index[~np.isin(s.sample_id, expected)], minlength=len(groups))[:len(sizes)]
+    want = mixture.epoch_counts(kept, mix[:len(sizes)], None)
+    for p in run.epochs:
+        ids = p.samples.sample_id[p.batches.samples]
+        assert not np.isin(ids, expected).any()
+        got = np.bincount(index[np.searchsorted(s.sample_id, ids)], minlength=len(groups))[:len(sizes)]
+        assert got.tolist() == want.tolist()
+    assert np.array_equal(holdout.eval_ids(s.sample_id, cfg, index), expected)  # what validate redraws
+
+
+@pytest.fixture(scope="module")
+def recipe_eval(tmp_path_factory) -> Path:
+    """A compiled recipe: two training datasets (one repeated 2x) with --val-set-size 6, plus an eval dataset."""
+    from tests.sources_fixtures import write_rows
+
+    tmp = tmp_path_factory.mktemp("recipe_eval")
+    paths = [write_rows(tmp / f"{tag}.jsonl", [{"prompt": f"{tag} q {i}: " + "why? " * (i % 5),
+                                                "completion": f"{tag} " * (1 + i % 7)} for i in range(n)])
+             for tag, n in (("big", 30), ("small", 12), ("held", 5))]
+    config = tmp / "recipe.toml"
+    config.write_text(f'tokenizer = "builtin"\nsequence_len = 512\nworld_size = 2\nepochs = 2\nval_set_size = 6\n'
+                      f'[[datasets]]\npath = "{paths[0]}"\n[[datasets]]\npath = "{paths[1]}"\nrepeat = 2\n'
+                      f'[[eval_datasets]]\npath = "{paths[2]}"\nname = "heldout"\n')
+    res = CliRunner().invoke(app, ["compile", "-o", str(tmp / "p"), "--config", str(config), "--cache-dir",
+                                   str(tmp / "cache")])
+    assert res.exit_code == 0, res.output
+    assert "eval       11 samples held out (--val-set-size 6)" in res.output
+    return tmp / "p"
+
+
+def test_a_compiled_recipe_evaluates_its_eval_dataset_and_its_held_out_share_once(recipe_eval):
+    from plancc.recipe_data import plan_eval_sample_ids
+    from plancc.runtime import PlanEvalSampler
+
+    ev = _eval_ids(recipe_eval)
+    dataset_eval = plan_eval_sample_ids(recipe_eval)
+    assert dataset_eval.tolist() == list(range(42, 47))
+    assert np.unique(ev).size == ev.size == 11 and np.isin(dataset_eval, ev).all()
+    drawn = np.setdiff1d(ev, dataset_eval)
+    assert (drawn < 30).sum() == 4 and ((drawn >= 30) & (drawn < 42)).sum() == 2  # 6 in proportion 30:12
+    for e in (0, 1):
+        trained = _trained(recipe_eval, e)
+        assert not np.isin(trained, ev).any()
+        counts = np.bincount(trained, minlength=47)
+        kept = np.setdiff1d(np.arange(42), drawn)
+        assert set(counts[kept[kept < 30]]) == {1} and set(counts[kept[kept >= 30]]) == {2}  # exact counts
+    seen = [i for r in range(2) for mb in PlanEvalSampler(recipe_eval, rank=r, world_size=2) for i in mb]
+    assert sorted(seen) == sorted(ev.tolist())
+    assert validate_plan(str(recipe_eval))[0] == []
+    res = CliRunner().invoke(app, ["inspect", "metrics", str(recipe_eval), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["eval"]["samples"] == 11
+
+
+def test_validate_refuses_a_recipe_eval_plan_with_an_eval_dataset_sample_exchanged(recipe_eval, tmp_path):
+    plan = shutil.copytree(recipe_eval, tmp_path / "p")
+    trained = int(_trained(plan, 0)[0])
+
+    def swap(rows):
+        for r in rows:
+            r["sample_ids"] = [[trained if i == 46 else i for i in row] for row in r["sample_ids"]]
+
+    _rewrite_eval(plan, swap)
+    problems, _ = validate_plan(str(plan))
+    assert any("holds 1 samples the eval set" in p and "lacks 1 it does" in p and f"sample_id {trained})" in p
+               for p in problems), problems
+
+
+def test_diff_of_recipes_reports_an_eval_plan_change(recipe_eval, tmp_path):
+    tmp = recipe_eval.parent
+    res = CliRunner().invoke(app, ["compile", "-o", str(tmp_path / "p8"), "--config", str(tmp / "recipe.toml"),
+                                   "--cache-dir", str(tmp / "cache"), "--val-set-size", "8", "--quiet"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(app, ["diff", str(recipe_eval), str(tmp_path / "p8"), "--json"])
+    report = json.loads(res.output)
+    assert report["changes"]["eval"] and report["changes"]["plan"] and not report["identical"]
+    sizes = {row["metric"]: (row["old"], row["new"]) for row in report["eval"]["sizes"]}
+    assert sizes["samples"] == (11, 13)  # a larger size only adds samples (per dataset: 4+2, then 6+2)
+    assert (report["eval"]["added_samples"], report["eval"]["removed_samples"]) == (2, 0)
+    assert {d["status"] for d in report["datasets"]} == {"unchanged"}

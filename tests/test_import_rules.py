@@ -132,3 +132,46 @@ def test_every_public_function_and_class_has_a_docstring():
                     if isinstance(n, ast.ClassDef):
                         stack.append((n, f"{prefix}{n.name}."))
     assert not missing, "no docstring: " + ", ".join(missing)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """plancc module -> the plancc modules it imports (at module level or inside a function), without the
+    packages above it, which importing any module of a package runs first anyway."""
+    modules = {module_name(p): p for p in FILES}
+    return {name: {n for n in imports(path) if n in modules and n != name and not matches(name, n)}
+            for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of `graph` found by a depth-first walk, each as the modules along it."""
+    found, state, path = [], dict.fromkeys(graph, 0), []  # 0 unseen, 1 on the walk, 2 done
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state[nxt] == 1:
+                found.append([*path[path.index(nxt):], nxt])
+            elif state[nxt] == 0:
+                walk(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if state[node] == 0:
+            walk(node)
+    return found
+
+
+def test_the_kernel_modules_import_one_way():
+    """Packing and balancing import in one direction: no circle among them, not even through an import inside a
+    function (best_fit and exact_fill once reached each other that way)."""
+    graph = import_graph()
+    kernels = {n: {m for m in out if matches(m, "plancc.pack") or matches(m, "plancc.balance")}
+               for n, out in graph.items() if matches(n, "plancc.pack") or matches(n, "plancc.balance")}
+    assert circles(kernels) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c", "a"]]

@@ -10,9 +10,11 @@ from plancc.balance import _common as c
 from plancc.balance.microbatch import repack_label_aware
 from plancc.config import PlanSettings
 from plancc.pack import CANDIDATES, ordinary_tail, shuffled_batches
-from plancc.pack.best_fit import best_fit, close_left_out, pack_best_fit
+from plancc.pack.best_fit import best_fit
 from plancc.pack.exact_fill import fill_exactly
 from plancc.pack.label_aware import pack_label_aware
+from plancc.pack.left_out import close_left_out
+from plancc.pack.plain import pack_best_fit
 from plancc.pipeline import before_batches, plan_epoch
 from plancc.plan import SampleArrays, batch_cost, batch_targets, row_tokens
 from tests.test_balance import cases, check_stage

@@ -299,39 +299,6 @@ def test_eval_datasets_are_scanned_into_the_samples_table_but_never_trained_on(t
     assert eval_sample_ids(samples, plan.settings.mixture).tolist() == eval_ids.tolist()
     assert [d["role"] for d in plan.manifest["recipe"]["datasets"]] == ["train", "train", "eval"]
     assert validate_plan(str(tmp_path / "p"))[0] == []
-    # the eval datasets are the eval plan, each sample once
-    held = store.nested_arrays(store.PlanDir(tmp_path / "p").read_eval().column("sample_ids"))[0]
-    assert sorted(held.tolist()) == eval_ids.tolist()
-
-
-def _eval_ids(plan_dir: Path) -> np.ndarray:
-    return np.sort(store.nested_arrays(store.PlanDir(plan_dir).read_eval().column("sample_ids"))[0])
-
-
-def test_val_set_size_holds_out_of_each_dataset_in_proportion_and_the_mixture_draws_from_the_rest(mixed, tmp_path):
-    tmp, _, (a, b, ev) = mixed
-    plan = plancc.compile([str(a), {"path": str(b), "repeat": 2}], tmp_path / "p", cache_dir=tmp / "cache",
-                          epochs=2, val_set_size=0.25, **BASE)
-    held = _eval_ids(plan.path)
-    assert held.size == len(set(held.tolist())) == round(0.25 * 42)
-    assert (held < 30).sum() == 7 and (held >= 30).sum() == 3  # 10 split 30 : 12 = 7.1 : 2.9 (largest remainder)
-    for e in plan.epochs:  # big once, small twice: only the samples not held out
-        ids = np.concatenate([np.concatenate(plan.epoch(e)[i]) for i in range(len(plan.epoch(e)))])
-        counts = np.bincount(ids, minlength=42)
-        assert (counts[held] == 0).all()
-        train = np.setdiff1d(np.arange(42), held)
-        assert (counts[train[train < 30]] == 1).all() and (counts[train[train >= 30]] == 2).all()
-    assert validate_plan(str(plan.path))[0] == []
-    with pytest.raises(SettingsError, match="eval_datasets already"):
-        plancc.compile(None, tmp_path / "q", config=_eval_config(tmp_path, a, ev), cache_dir=tmp / "cache",
-                       val_set_size=3)
-
-
-def _eval_config(tmp_path: Path, train: Path, ev: Path) -> Path:
-    config = tmp_path / "with-eval.toml"
-    config.write_text(f'tokenizer = "builtin"\nsequence_len = 512\n[[datasets]]\npath = "{train}"\n'
-                      f'[[eval_datasets]]\npath = "{ev}"\n')
-    return config
 
 
 def test_changing_one_dataset_rescans_only_that_one(tmp_path):

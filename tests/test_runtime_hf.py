@@ -12,6 +12,7 @@ from transformers import TrainerCallback, TrainingArguments
 
 from benchmarks.synthetic import build_plan
 from plancc.runtime import PlanMismatchError, PlanSampler
+from plancc.runtime.checkpoint import write_sealed_json
 from plancc.runtime.hf import STATE_FILE, PlanTrainer
 from tests.runtime_helpers import build_uneven_plan, grads_of, plain_loop_grads, rel_err, tiny_model
 
@@ -79,8 +80,14 @@ def test_trainer_resume_from_checkpoint_is_exact(plan, tmp_path):
     with pytest.raises(PlanMismatchError, match="not saved by PlanTrainer"):
         PlanTrainer(model=tiny_model(), args=args_for(out, num_train_epochs=2), plan=plan).train(
             resume_from_checkpoint=str(bare))
+    # an edited state (its position moved back a microbatch) fails its checksum: never resumed silently
+    edited = {**state, "position": state["position"] - 1}
+    (bare / STATE_FILE).write_text(json.dumps(edited))
+    with pytest.raises(PlanMismatchError, match=r"rank 0: unreadable, edited or damaged"):
+        PlanTrainer(model=tiny_model(), args=args_for(out, num_train_epochs=2), plan=plan).train(
+            resume_from_checkpoint=str(bare))
     state["fingerprints"]["config"] = "0" * 32
-    (bare / STATE_FILE).write_text(json.dumps(state))
+    write_sealed_json(bare / STATE_FILE, {k: v for k, v in state.items() if k != "checksum"})
     with pytest.raises(PlanMismatchError, match="another plan"):
         PlanTrainer(model=tiny_model(), args=args_for(out, num_train_epochs=2), plan=plan).train(
             resume_from_checkpoint=str(bare))
@@ -142,7 +149,8 @@ def _hf_worker(rank: int, plan: str, root: str, port: int, phase: str) -> None:
     torch.distributed.barrier()
     if rank == 1:
         path = Path(root) / "run" / "checkpoint-4" / "plancc_sampler.rank1.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), "global_step": 2}))
+        saved = {k: v for k, v in json.loads(path.read_text()).items() if k != "checksum"}
+        write_sealed_json(path, {**saved, "global_step": 2})
     torch.distributed.barrier()
     try:
         trainer.check_checkpoint(f"{root}/run/checkpoint-4")

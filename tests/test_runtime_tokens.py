@@ -120,7 +120,7 @@ def test_open_refuses_a_damaged_or_foreign_store_at_constant_cost(tmp_path, dama
         other = make_tokenized(30, seed=99, max_len=20)
         shutil.rmtree(tokens)
         write_tokens(tokens, other, samples_table(other))
-        match = "dataset fingerprint .* the plan was compiled from"
+        match = "is not the token store this plan was compiled with"
     with pytest.raises(PlanMismatchError, match=match):
         load_tokens(plan)
 
@@ -167,7 +167,7 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
         RuntimePlan(plan, data=tmp_path / "data")
     other = make_tokenized(40, seed=8, max_len=20)
     write_tokens(tmp_path / "other", other, samples_table(other))
-    with pytest.raises(PlanMismatchError, match=r"other does not match the plan .*dataset fingerprint"):
+    with pytest.raises(PlanMismatchError, match=r"other does not match the plan .*changed"):
         load_tokens(RuntimePlan(plan, data=tmp_path / "other"))
     runner = CliRunner()
     res = runner.invoke(app, ["validate", str(plan), "--dataset", str(tmp_path / "moved")])
@@ -176,8 +176,9 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
     assert res.exit_code == 1 and "dataset fingerprint" in res.output
 
 
-def test_plan_and_tokenized_source_moved_together_are_found_relative_to_the_plan(tmp_path):
-    """A plan without a store (bare samples table) keeps its source's path relative to itself too."""
+def test_a_plan_without_a_store_never_follows_the_source_paths_it_records(tmp_path):
+    """A plan without a store (bare samples table) records its source's paths for people; the runtime reads no path
+    from a plan's metadata (an edited one could name any file): it asks for data=, and trains on the file given."""
     tok = make_tokenized(25, seed=4, max_len=20)
     table = samples_table(tok)
     (tmp_path / "job").mkdir()
@@ -188,8 +189,9 @@ def test_plan_and_tokenized_source_moved_together_are_found_relative_to_the_plan
 
     build.write_plan_dir(tmp_path / "job" / "plan", table, s, ps, compile_plan(s, ps),
                        {"source_paths": [str(tmp_path / "job" / "train.parquet")]}, None)
-    shutil.move(tmp_path / "job", tmp_path / "moved-job")
-    tokens = load_tokens(tmp_path / "moved-job" / "plan")  # absolute path gone; relative one still holds
+    with pytest.raises(PlanMismatchError, match=r"holds no tokenized data .* pass data="):
+        load_tokens(tmp_path / "job" / "plan")
+    tokens = load_tokens(tmp_path / "job" / "plan", data=tmp_path / "job" / "train.parquet")
     assert np.array_equal(tokens.input_ids, TokenStore.from_table(tok).input_ids)
 
 
@@ -253,3 +255,28 @@ def test_a_change_in_a_row_the_plan_does_not_use_is_a_warning(tmp_path):
     with pytest.warns(UserWarning, match="not in any sample of the plan"):
         batches = [collator(mb, tokens) for mb in PlanSampler(plan)]
     assert len(batches) == len(PlanSampler(plan)) and tokens.guard.pending == 0
+
+
+def test_a_plan_whose_store_was_moved_away_trains_on_it_given_as_data(tmp_path):
+    """The plan's tokens/ moved elsewhere: the plan still opens, load_tokens says where it looked and what to pass,
+    and the moved store (the one the plan binds: its digest matches) is accepted with the open-time checks."""
+    plan = build_plan(tmp_path, n=30, mode="packed", micro_batch_size=2, sequence_len=24)
+    shutil.move(plan / store.TOKENS_DIR, tmp_path / "moved")
+    with pytest.raises(PlanMismatchError, match=r"tokens does not exist.* pass data="):
+        load_tokens(plan)
+    tokens = load_tokens(plan, data=tmp_path / "moved")
+    assert tokens.guard.pending == tokens.guard.mapped.num_chunks  # chunks checked on first read, not all at open
+    assert sum(1 for _ in _batches(plan, tokens, world=1)) == len(PlanSampler(plan))
+
+
+def test_a_worker_copy_refuses_a_store_replaced_since_the_parent_opened_it(tmp_path):
+    """A DataLoader worker (spawn) reopens the store by path: if the plan was recompiled meanwhile it would read
+    other tokens than the parent's batches expect, so it refuses them."""
+    plan = build_plan(tmp_path / "a", n=30, mode="packed", micro_batch_size=2, sequence_len=24)
+    other = build_plan(tmp_path / "b", n=30, seed=1, data_seed=9, mode="packed", micro_batch_size=2, sequence_len=24)
+    tokens = load_tokens(plan)
+    shutil.rmtree(plan / store.TOKENS_DIR)
+    shutil.copytree(other / store.TOKENS_DIR, plan / store.TOKENS_DIR)
+    assert len(tokens) == 30 and tokens.input_ids.size  # the parent keeps what it opened
+    with pytest.raises(PlanMismatchError, match="was replaced since this run opened it"):
+        pickle.loads(pickle.dumps(tokens))

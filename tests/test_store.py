@@ -140,3 +140,82 @@ def test_arrow_files_and_streams_read_alike(tmp_path, writer):
     with pa.OSFile(str(path), "wb") as sink, writer(sink, table.schema) as w:
         w.write_table(table)
     assert store.read_arrow(path).equals(table)
+
+
+# ---------------------------------------------------------------- files opened once, refused by type
+
+
+def _jsonl(path: Path, n: int, word: str) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"{word} {i}: " + "why? " * (i % 5),
+                                        "completion": f"{word} " * (1 + i % 7)}) + "\n" for i in range(n)))
+    return path
+
+
+def _compile(source: Path, out: Path, *extra: str) -> None:
+    from typer.testing import CliRunner
+
+    from plancc.cli import app
+
+    r = CliRunner().invoke(app, ["compile", str(source), "-o", str(out), "--tokenizer", "builtin", "--sequence-len",
+                                 "128", "--epochs", "2", "--cache-dir", str(out.parent / "cache"), "-q", *extra])
+    assert r.exit_code == 0, r.output
+
+
+def _everything(plan, tokens) -> list[tuple[int, list[list[int]], bytes]]:
+    """Every microbatch of every epoch with its tokens, as a running job reads them (chunks verified first)."""
+    from plancc.runtime import PlanSampler
+
+    sampler, seen = PlanSampler(plan, rank=0, world_size=1), []
+    for epoch in range(plan.epochs):
+        sampler.set_epoch(epoch)
+        for mb in sampler:
+            rows = np.asarray([i for i in mb], dtype=np.int64)
+            tokens.check(rows)
+            seen.append((epoch, list(mb), b"".join(tokens.input_ids[tokens.offsets[r]:tokens.offsets[r + 1]].tobytes()
+                                                    for r in rows)))
+    return seen
+
+
+def test_a_plan_recompiled_under_an_open_run_changes_nothing_for_it(tmp_path):
+    """`compile --overwrite` replaces the directory by rename while a job holds the plan: the job keeps reading the
+    plan and tokens it opened (no error, the old data); a process opening afterwards gets the new plan, whole."""
+    from plancc.runtime import RuntimePlan, load_tokens
+
+    plan_dir = tmp_path / "plan"
+    _compile(_jsonl(tmp_path / "a.jsonl", 60, "alpha"), plan_dir)
+    job = RuntimePlan(plan_dir)
+    tokens = load_tokens(job)
+    before = [(e, ids) for e, ids, _ in _everything(job, tokens)]
+    old_tokens = np.array(tokens.input_ids)
+    _compile(_jsonl(tmp_path / "b.jsonl", 90, "beta gamma"), plan_dir, "--overwrite")
+    again = _everything(job, tokens)  # every epoch re-read and re-verified, every chunk hashed through held files
+    assert [(e, ids) for e, ids, _ in again] == before
+    assert np.array_equal(np.array(tokens.input_ids), old_tokens)
+    assert load_tokens(job, verify="hash") is not None  # the held store still proves against the held plan
+    fresh = RuntimePlan(plan_dir)
+    assert fresh.fingerprints != job.fingerprints and fresh.dir.meta["samples"] == 90
+    assert len(load_tokens(fresh)) == 90
+
+
+@pytest.mark.parametrize("name", [store.PLAN_FILE, store.SAMPLES_FILE, store.MANIFEST_FILE,
+                                  f"{store.TOKENS_DIR}/{token_store.HEADER_FILE}"])
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_file_that_is_not_a_regular_file_is_refused_by_type_without_reading(tmp_path, name, kind):
+    import os
+    import subprocess
+    import sys
+
+    from plancc.runtime import PlanMismatchError, RuntimePlan, load_tokens
+
+    plan_dir = tmp_path / "plan"
+    _compile(_jsonl(tmp_path / "a.jsonl", 30, "alpha"), plan_dir)
+    target = plan_dir / name
+    target.unlink()
+    {"fifo": os.mkfifo, "device": lambda p: os.symlink("/dev/zero", p), "directory": os.mkdir}[kind](target)
+    shown = {"fifo": "a FIFO", "device": "a character device", "directory": "a directory"}[kind]
+    r = subprocess.run([sys.executable, "-m", "plancc", "validate", str(plan_dir)], capture_output=True, text=True,
+                       timeout=120)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and f"{target} is {shown}" in lines[0], r.stdout + r.stderr
+    with pytest.raises(PlanMismatchError, match=f"{re.escape(str(target))} is {shown}"):
+        load_tokens(RuntimePlan(plan_dir))

@@ -10,6 +10,7 @@ multi-part store). Each test tampers with a private copy (real files: a plan's s
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,7 +230,7 @@ def test_every_file_of_a_plan_damaged_is_reported_naming_it(plan, how):
 def test_a_deleted_part_folder_is_reported(parts, tmp_path):
     plan_dir = Path(shutil.copytree(parts, tmp_path / "plan"))
     shutil.rmtree(plan_dir / store.TOKENS_DIR / "part-00001")
-    assert "part-00001 is not a token store" in validate(plan_dir, "--fast")
+    assert "part-00001 is missing" in validate(plan_dir, "--fast")
     refused_by_runtime(plan_dir)
 
 
@@ -316,3 +317,100 @@ def test_an_edited_samples_table_in_the_scan_cache_is_scanned_again(tmp_path):
     pq.write_table(table.set_column(2, "label_count", pa.array(counts, pa.int32())), cached)
     _cli(*args, "-o", str(tmp_path / "b"))
     assert store.PlanDir(tmp_path / "b").fingerprints == store.PlanDir(tmp_path / "a").fingerprints
+
+
+# ---------------------------------------------------------------- the store bound to the plan
+
+
+def _rewrite_ids_and_rehash(plan_dir: Path, value: int) -> None:
+    """Every supervised id of the plan's store set to `value`, then every chunk hash, `index_hash` and `header_hash`
+    recomputed (and a multi-part header's record of its parts): a store consistent in itself, with other tokens."""
+    top = plan_dir / store.TOKENS_DIR
+    header = token_store.read_header(top)
+    singles = [top / p["dir"] for p in header["parts"]] if header["format"] == token_store.PARTS_FORMAT else [top]
+    for k, d in enumerate(singles):
+        m = token_store.open_store(d)
+        ids, labels, offsets = np.array(m.input_ids), np.array(m.labels), np.array(m.offsets)
+        ids[labels != token_store.IGNORE_INDEX] = value
+        kept = {key: m.header[key] for key in ("fingerprints", "labels_shifted", "chunk_tokens")}
+        del m
+        shutil.rmtree(d)  # never write through a hard link into the scan cache
+        token_store.write_store(d, ids, labels, offsets, **kept)
+        if d != top:
+            new = token_store.read_header(d)
+            header["parts"][k].update({key: new[key] for key in ("index_hash", "header_hash")})
+            header["max_id"] = max(header["max_id"], new["max_id"])
+    if singles != [top]:
+        (top / token_store.HEADER_FILE).unlink()
+        token_store._write_header(top, {k: v for k, v in header.items() if k != "header_hash"})
+    assert token_store.open_store(top)  # consistent in itself: every open-time check of the store passes
+
+
+@pytest.mark.parametrize("verify", ["chunks", "counts"])
+def test_tokens_rewritten_and_rehashed_are_refused_at_open_by_the_default_checks(plan, verify):
+    _rewrite_ids_and_rehash(plan, 666)
+    with pytest.raises(PlanMismatchError, match="is not the token store this plan was compiled with"):
+        load_tokens(plan, verify=verify)
+    assert "is not the token store this plan was compiled with" in validate(plan, "--fast")
+
+
+def _edit_plan_meta(plan_dir: Path, change, *, everywhere: bool = False) -> None:
+    """Change the plan file's metadata (the whole manifest) and `manifest.json` consistently; `everywhere` also
+    applies `change` to the sibling files' metadata (their fingerprints), as a thorough forger would."""
+    names = [store.PLAN_FILE] + ([store.SAMPLES_FILE, store.METRICS_FILE, store.BEFORE_FILE] if everywhere else [])
+    for name in names:
+        table = pq.read_table(plan_dir / name)
+        meta = orjson.loads(table.schema.metadata[store.META_KEY])
+        change(meta)
+        store.write_parquet(table, plan_dir / name, {store.META_KEY: orjson.dumps(meta, option=orjson.OPT_SORT_KEYS)},
+                            store.PLAN_ROW_GROUP)
+        if name == store.PLAN_FILE:
+            store.write_json({k: v for k, v in meta.items() if k != "kind"}, plan_dir / store.MANIFEST_FILE)
+
+
+@pytest.mark.parametrize("where", ["/etc", "../elsewhere", "tokens/../tokens"])
+def test_a_token_path_in_the_metadata_is_never_followed(single, tmp_path, where):
+    plan_dir = Path(shutil.copytree(single, tmp_path / "plan"))
+    shutil.copytree(plan_dir / store.TOKENS_DIR, tmp_path / "elsewhere")
+    _edit_plan_meta(plan_dir, lambda m: m["data"].update(tokens=where))
+    out = validate(plan_dir)
+    assert out.count("\n") == 1 and f"data.tokens is {where!r}" in out, out
+    with pytest.raises(PlanMismatchError, match=r"data\.tokens is"):
+        load_tokens(plan_dir)
+
+
+def test_a_plan_naming_another_source_is_not_ok(single, tmp_path):
+    """data.tokens removed and data.source pointed at /etc/passwd: the plan still binds tokens/, so validate reports
+    the inconsistency; with the binding removed from every file too, tokens/ is unbound and the runtime asks for
+    data= (it never opens /etc/passwd)."""
+    plan_dir = Path(shutil.copytree(single, tmp_path / "plan"))
+
+    def to_passwd(meta):
+        meta["data"].pop("tokens")
+        meta["data"].update(source=["/etc/passwd"], source_relative=["/etc/passwd"])
+
+    _edit_plan_meta(plan_dir, to_passwd)
+    assert "data.tokens is missing" in validate(plan_dir)
+    with pytest.raises(PlanMismatchError, match=r"data\.tokens is missing"):
+        load_tokens(plan_dir)
+    _edit_plan_meta(plan_dir, lambda m: m["fingerprints"].pop("tokens"), everywhere=True)
+    assert "plan binds no token store" in validate(plan_dir)
+    with pytest.raises(PlanMismatchError, match="holds no tokenized data"):
+        load_tokens(plan_dir)
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (lambda m: m.update(data=[]), "data is []"),
+    (lambda m: m["data"].update(tokens=5), "data.tokens is 5"),
+    (lambda m: m["data"].update(source="x"), "data.source is 'x'"),
+    (lambda m: m.update(fingerprints=[]), "fingerprints is []"),
+    (lambda m: m["fingerprints"].update(plan="x"), "fingerprints.plan is 'x'"),
+    (lambda m: m["fingerprints"].update(tokens=5), "fingerprints.tokens is 5"),
+])
+def test_metadata_of_the_wrong_shape_is_one_line_naming_it(single, tmp_path, change, named):
+    plan_dir = Path(shutil.copytree(single, tmp_path / "plan"))
+    _edit_plan_meta(plan_dir, change)
+    out = validate(plan_dir)
+    assert out.count("\n") == 1 and named in out and store.PLAN_FILE in out, out
+    with pytest.raises(PlanMismatchError, match=re.escape(named)):
+        load_tokens(plan_dir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from plancc.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, exchange_windows
 from plancc.config import PlanSettings
 from plancc.layout import complete_updates
 from plancc.plan import (
@@ -24,16 +25,16 @@ from plancc.sort import stable_order
 SCAN = 32  # partner subsets examined per subset (the length-sorted candidates nearest in length)
 
 
-def span(b: Batches, settings: PlanSettings) -> int:
+def span(batches: Batches, settings: PlanSettings) -> int:
     """Number of leading microbatches that belong to complete updates (the rest is the untouched tail)."""
-    return complete_updates(b.num_batches, settings.world_size, settings.grad_accum) * settings.batches_per_update
+    return complete_updates(batches.num_batches, settings.world_size, settings.grad_accum) * settings.batches_per_update
 
 
-def item_values(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
+def item_values(batches: Batches, samples: SampleArrays, shift: str) -> np.ndarray:
     """Per plan position, the targets its sample adds to a row it does not start (row shift) or always."""
     if shift == "row":
-        return s.label_count[b.samples].astype(np.int64, copy=False)
-    return s.targets(shift)[b.samples].astype(np.int64, copy=False)
+        return samples.label_count[batches.samples].astype(np.int64, copy=False)
+    return samples.targets(shift)[batches.samples].astype(np.int64, copy=False)
 
 
 def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -69,12 +70,12 @@ def csr_by(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
     return bounds, order
 
 
-def split(b: Batches, n_span: int) -> tuple[Batches, np.ndarray, np.ndarray, np.ndarray]:
+def split(batches: Batches, n_span: int) -> tuple[Batches, np.ndarray, np.ndarray, np.ndarray]:
     """(the span's Batches, tail samples, tail row sizes, tail rows per batch)."""
-    r_end = int(b.batch_bounds[n_span])
-    p_end = int(b.row_bounds[r_end])
-    head = Batches(b.samples[:p_end], b.row_bounds[: r_end + 1], b.batch_bounds[: n_span + 1])
-    return head, b.samples[p_end:], np.diff(b.row_bounds[r_end:]), np.diff(b.batch_bounds[n_span:])
+    r_end = int(batches.batch_bounds[n_span])
+    p_end = int(batches.row_bounds[r_end])
+    head = Batches(batches.samples[:p_end], batches.row_bounds[: r_end + 1], batches.batch_bounds[: n_span + 1])
+    return head, batches.samples[p_end:], np.diff(batches.row_bounds[r_end:]), np.diff(batches.batch_bounds[n_span:])
 
 
 def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_batches: np.ndarray) -> Batches:
@@ -120,28 +121,28 @@ __all__ = [
 ]
 
 
-def exchange(b: Batches, s: SampleArrays, settings: PlanSettings, *, windows, passes: int, rounds: int,
+def exchange(batches: Batches, samples: SampleArrays, settings: PlanSettings, *, windows, passes: int, rounds: int,
              tol_share: float = 0.0, square: bool = False) -> Batches:
-    """Subset exchanges over the complete updates of `b` (the tail copied through), never above today's peak cost.
+    """Subset exchanges over the complete updates of `batches` (the tail copied through), never above today's peak cost.
 
     `windows(pass, mb_labels)` groups the span's microbatches; see `_exchange_span`. With `square` (packed and
     flattened) the trades' secondary gap, weighed and never widened, is the attention work (sum of squared
     lengths) instead of flattened's tokens.
     """
-    n_span = span(b, settings)
+    n_span = span(batches, settings)
     if n_span < 2:
-        return b
-    peak = int(batch_cost(b, s, settings.pad_multiple).max())
-    head, *tail = split(b, n_span)
-    weight = attention_weight(head, s, settings) if square else token_weight(head, s, settings)
-    new = _exchange_span(head, s, settings, windows=windows, passes=passes, rounds=rounds, tol_share=tol_share,
+        return batches
+    peak = int(batch_cost(batches, samples, settings.pad_multiple).max())
+    head, *tail = split(batches, n_span)
+    weight = attention_weight(head, samples, settings) if square else token_weight(head, samples, settings)
+    new = _exchange_span(head, samples, settings, windows=windows, passes=passes, rounds=rounds, tol_share=tol_share,
                          max_sub=max_sub(settings), tok_weight=weight, peak=peak, square=square)
     return join(new, *tail)
 
 
 def _exchange_span(
     head: Batches,
-    s: SampleArrays,
+    samples: SampleArrays,
     settings: PlanSettings,
     *,
     windows,
@@ -157,14 +158,12 @@ def _exchange_span(
 
     `cost_mode` follows the layout: packed rows, flattened rows with exact counts, padded groups with exact counts.
     """
-    from plancc.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, exchange_windows
-
     mode = {"packed": PACKED, "flattened": FLATTENED, "padded": PADDED}[settings.mode]
     n_items = head.samples.shape[0]
     if head.num_batches < 2 or n_items == 0:
         return head
-    lengths = s.length[head.samples].astype(np.int64, copy=False)
-    values = item_values(head, s, settings.shift)
+    lengths = samples.length[head.samples].astype(np.int64, copy=False)
+    values = item_values(head, samples, settings.shift)
     row_of = head.row_of_sample()
     if mode == PADDED:  # one kernel row per microbatch holding its samples
         row_of = head.batch_of_row()[row_of]
@@ -176,9 +175,11 @@ def _exchange_span(
     pinned = np.zeros(n_items, dtype=np.bool_)
     if settings.shift == "row" and mode != PADDED:
         pinned[head.row_bounds[:-1][head.samples_per_row() > 0]] = True
-    rows = row_sums(head, s, settings.shift)  # exact targets per row (row shift: minus the first sample's first label)
+    # exact targets per row (row shift: minus the first sample's first label)
+    rows = row_sums(head, samples, settings.shift)
     if mode == PADDED:  # kernel rows are microbatches
-        row_tok, row_val, row_sq = (segment_sum(x, head.batch_bounds) for x in (rows.tokens, rows.targets, rows.squares))
+        row_tok, row_val, row_sq = (segment_sum(x, head.batch_bounds)
+                                    for x in (rows.tokens, rows.targets, rows.squares))
     else:
         row_tok, row_val, row_sq = rows.tokens.copy(), rows.targets.copy(), rows.squares  # the kernel changes both
     del rows
@@ -191,7 +192,7 @@ def _exchange_span(
     else:
         row_cap = np.full(n_rows, peak if mode == FLATTENED else 1 << 60, dtype=np.int64)
     mean = float(mb_val.mean()) if mb_val.size else 0.0
-    rules = Rules(pm=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
+    rules = Rules(pad_multiple=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
                   tok_weight=float(tok_weight), square=bool(square), rounds=int(rounds), scan_limit=SCAN,
                   tol=int(tol_share * mean))  # label gaps this small are not worth a trade
     for p in range(passes):
@@ -218,21 +219,21 @@ def max_sub(settings: PlanSettings) -> int:
     return 3 if settings.mode == "packed" else 2
 
 
-def attention_weight(head: Batches, s: SampleArrays, settings: PlanSettings) -> float:
+def attention_weight(head: Batches, samples: SampleArrays, settings: PlanSettings) -> float:
     """Weight of the squared attention gap against the squared label gap: (labels / attention work)^2."""
     if head.num_batches == 0:
         return 0.0
-    length = s.length[head.samples].astype(np.float64)
-    labels = float(row_targets(head, s, settings.shift).sum())
+    length = samples.length[head.samples].astype(np.float64)
+    labels = float(row_targets(head, samples, settings.shift).sum())
     work = float((length * length).sum())
     return (labels / work) ** 2 if work > 0 else 0.0
 
 
-def token_weight(head: Batches, s: SampleArrays, settings: PlanSettings) -> float:
+def token_weight(head: Batches, samples: SampleArrays, settings: PlanSettings) -> float:
     """Weight of the squared token gap against the squared label gap (flattened only): (mean labels / tokens)^2."""
     if settings.mode != "flattened" or head.num_batches == 0:
         return 0.0
-    tokens = float(s.length[head.samples].sum())
-    labels = float(row_targets(head, s, settings.shift).sum())
+    tokens = float(samples.length[head.samples].sum())
+    labels = float(row_targets(head, samples, settings.shift).sum())
     return (labels / tokens) ** 2 if tokens > 0 else 0.0
 

@@ -10,11 +10,10 @@ trades the subsets of samples (up to three a side) that bring their label counts
 
 Rows filled to 99.99% by first-fit-decreasing leave almost no free space, so a trade needs subsets of (nearly)
 equal length: single swaps rarely find one, subsets of two and three samples multiply the candidates (a row of 27
-samples has 378 subsets of size <= 2; the first SUB_CAP are kept: a table of 128 trades as well as one of 1024 at
-capacity 16384, and at 4096 reaches label CV 0.191 instead of 0.189 with 256 in two thirds of the time), and the
-feasible ones are found by a merge join of the two rows' length-sorted tables (cached per row, rebuilt only after
-the row trades). Rotating partners matters as much: a heavy row of a few long samples shares equal-length subsets
-with only some rows, and meets a new one every round.
+samples has 378 subsets of size <= 2; only the first SUB_CAP are kept: a longer table finds barely better trades
+for much more time), and the feasible ones are found by a merge join of the two rows' length-sorted tables (cached
+per row, rebuilt only after the row trades). Rotating partners matters as much: a heavy row of a few long samples
+shares equal-length subsets with only some rows, and meets a new one every round.
 
 A trade is taken only if it strictly narrows the pair's label gap (for `flattened`, neither the label gap nor the
 token gap may widen), and only if neither microbatch's padded cost grows past the plan's peak nor the pair's cost
@@ -25,8 +24,8 @@ It stops on its own: a window ends after `rounds` pairing rounds, or after IDLE 
 spread by under MIN_GAIN; a pass ends when its windows do; the caller runs at most `balance_passes` passes and
 stops after one that makes no trade. Cost per round and pair: the two rows' subset tables (at most SUB_CAP
 subsets, rebuilt only after their row traded: O(SUB_CAP log) each) and a merge join of at most SUB_CAP x
-`scan_limit` candidates, so O(microbatches x rounds x passes) with a constant of ~4k candidate checks, in
-parallel over windows.
+`scan_limit` candidates, so O(microbatches x rounds x passes) with a constant of SUB_CAP x `scan_limit`
+candidate checks, in parallel over windows.
 
 The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the
 scalars that bound a trade and a window) and `Tables` (one window's subset tables).
@@ -56,26 +55,26 @@ PACKED, FLATTENED, PADDED = 0, 1, 2
 
 class State(NamedTuple):
     """The plan as the trades see it, over kernel rows (packed/flattened: plan rows; padded: one a microbatch).
-    Trades change `row_of` and the four totals in place; the rest is read only."""
+    Trades change `row_of` and the four totals in place; the rest is read only. Every array is int64 but `pinned`."""
 
-    row_items_bounds: np.ndarray  # CSR over kernel rows of the items each holds at the start
-    row_items: np.ndarray
-    row_of: np.ndarray  # kernel row of each item
-    pinned: np.ndarray  # items that never move (row shift: a row's first sample)
-    item_len: np.ndarray
-    item_val: np.ndarray  # labels an item brings (see `_common.item_values`)
-    row_tok: np.ndarray  # tokens and labels per kernel row
-    row_val: np.ndarray
-    mb_val: np.ndarray  # labels and the secondary value (tokens, or attention with `Rules.square`) per microbatch
-    mb_tok: np.ndarray
-    row_cap: np.ndarray  # tokens a kernel row may hold
-    batch_bounds: np.ndarray  # CSR of kernel rows per microbatch
+    row_items_bounds: np.ndarray  # (kernel rows + 1,) CSR over kernel rows of the items each holds at the start
+    row_items: np.ndarray  # (items,) the items of each kernel row, by that CSR
+    row_of: np.ndarray  # (items,) kernel row of each item
+    pinned: np.ndarray  # bool (items,) items that never move (row shift: a row's first sample)
+    item_len: np.ndarray  # (items,) tokens of each item
+    item_val: np.ndarray  # (items,) labels an item brings (see `_common.item_values`)
+    row_tok: np.ndarray  # (kernel rows,) tokens per kernel row
+    row_val: np.ndarray  # (kernel rows,) labels per kernel row
+    mb_val: np.ndarray  # (microbatches,) labels per microbatch
+    mb_tok: np.ndarray  # (microbatches,) the secondary value (tokens, or attention with `Rules.square`)
+    row_cap: np.ndarray  # (kernel rows,) tokens a kernel row may hold
+    batch_bounds: np.ndarray  # (microbatches + 1,) CSR of kernel rows per microbatch
 
 
 class Rules(NamedTuple):
     """What a trade may do and when a window stops (scalars)."""
 
-    pm: int  # pad multiple
+    pad_multiple: int  # costs round lengths up to this
     peak: int  # no microbatch's padded cost above this
     cost_mode: int  # PACKED, FLATTENED or PADDED (module docstring)
     max_sub: int  # items a side of a trade
@@ -87,280 +86,358 @@ class Rules(NamedTuple):
 
 
 class Tables(NamedTuple):
-    """One window's subset tables, a slot per kernel row of the window (`slot_of`), rebuilt after a trade."""
+    """One window's subset tables, a slot per kernel row of the window (`slot_of`), rebuilt after a trade.
+    Every array is int64 but `valid`."""
 
-    slot_of: np.ndarray  # kernel row -> slot (shared by all windows; each writes its own rows)
-    valid: np.ndarray  # slot's table is up to date
-    n: np.ndarray  # items of the slot (at most LOCAL, unpinned)
-    items: np.ndarray  # (slots, LOCAL)
-    k: np.ndarray  # subsets of the slot
-    sub_len: np.ndarray  # (slots, SUB_CAP): each subset's tokens, labels, item bit mask
-    sub_val: np.ndarray
-    sub_mask: np.ndarray
-    order: np.ndarray  # subsets by length
-    sorted_len: np.ndarray  # their lengths in that order
-    tmp: np.ndarray  # scratch for sorting
-    keep_a: np.ndarray  # scratch for a trade's item lists
-    keep_b: np.ndarray
+    slot_of: np.ndarray  # (kernel rows,) kernel row -> slot (shared by all windows; each writes its own rows)
+    valid: np.ndarray  # bool (slots,) the slot's table is up to date
+    n_items: np.ndarray  # (slots,) items of the slot (at most LOCAL, unpinned)
+    items: np.ndarray  # (slots, LOCAL) the slot's items
+    n_subsets: np.ndarray  # (slots,) subsets of the slot
+    sub_len: np.ndarray  # (slots, SUB_CAP) each subset's tokens
+    sub_val: np.ndarray  # (slots, SUB_CAP) each subset's labels
+    sub_mask: np.ndarray  # (slots, SUB_CAP) each subset's items, a bit per position in `items`
+    by_len: np.ndarray  # (slots, SUB_CAP) subsets by length
+    sorted_len: np.ndarray  # (slots, SUB_CAP) their lengths in that order
+    sort_scratch: np.ndarray  # (SUB_CAP,) scratch for sorting
+    keep_a: np.ndarray  # (LOCAL,) scratch for a trade's item lists
+    keep_b: np.ndarray  # (LOCAL,)
 
 
 @numba.njit(cache=True, inline="always")
-def _padded(x, pm):
-    return -(-x // pm) * pm
+def _padded(tokens, pad_multiple):
+    """`tokens` rounded up to a multiple of `pad_multiple` (ints)."""
+    return -(-tokens // pad_multiple) * pad_multiple
 
 
 @numba.njit(cache=True)
-def _mb_cost(mb, row_a, new_a, row_b, new_b, batch_bounds, row_tok, pm, cost_mode):
-    """Cost of microbatch `mb` if rows row_a/row_b took new token totals (packed and flattened)."""
+def _mb_cost(mb, row_a, new_a, row_b, new_b, batch_bounds, row_tok, pad_multiple, cost_mode):
+    """Cost of microbatch `mb` if kernel rows `row_a`/`row_b` held `new_a`/`new_b` tokens (packed, flattened).
+
+    Args:
+        mb: int — the microbatch.
+        row_a, row_b: int — kernel rows whose tokens change (-1: none).
+        new_a, new_b: int — their token totals after the trade.
+        batch_bounds, row_tok: `State` arrays.
+        pad_multiple, cost_mode: `Rules` scalars.
+    """
     longest = 0
-    for r in range(batch_bounds[mb], batch_bounds[mb + 1]):
-        t = row_tok[r]
-        if r == row_a:
-            t = new_a
-        elif r == row_b:
-            t = new_b
-        if t > longest:
-            longest = t
+    for row in range(batch_bounds[mb], batch_bounds[mb + 1]):
+        tokens = row_tok[row]
+        if row == row_a:
+            tokens = new_a
+        elif row == row_b:
+            tokens = new_b
+        if tokens > longest:
+            longest = tokens
     if cost_mode == FLATTENED:
-        return _padded(longest, pm)
-    return (batch_bounds[mb + 1] - batch_bounds[mb]) * _padded(longest, pm)
+        return _padded(longest, pad_multiple)
+    return (batch_bounds[mb + 1] - batch_bounds[mb]) * _padded(longest, pad_multiple)
 
 
 @numba.njit(cache=True)
-def _subsets(items, n, item_len, item_val, max_sub, exact, out_len, out_val, out_mask):
-    """Subsets of `items[:n]` of size 0 (unless `exact`), 1, 2, 3 (up to `max_sub`), at most SUB_CAP of them."""
-    k = 0
+def _subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, out_val, out_mask):
+    """Fill a subset table: subsets of `items[:n_items]` of size 0 (unless `exact`), 1, 2, 3 (up to `max_sub`; triples
+    only for rows of at most 16 items), at most SUB_CAP of them; returns how many.
+
+    Args:
+        items: int64 (LOCAL,) — a slot's items.
+        n_items: int — how many of them count.
+        item_len, item_val: `State` arrays.
+        max_sub: int — largest subset.
+        exact: bool — no empty subset (trades keep item counts).
+        out_len, out_val, out_mask: int64 (SUB_CAP,) — each subset's tokens, labels and item bit mask, written.
+    """
+    count = 0
     if not exact:
         out_len[0] = 0
         out_val[0] = 0
         out_mask[0] = 0
-        k = 1
-    for x in range(n):
-        if k >= SUB_CAP:
-            return k
-        out_len[k] = item_len[items[x]]
-        out_val[k] = item_val[items[x]]
-        out_mask[k] = np.int64(1) << x
-        k += 1
+        count = 1
+    for x in range(n_items):
+        if count >= SUB_CAP:
+            return count
+        out_len[count] = item_len[items[x]]
+        out_val[count] = item_val[items[x]]
+        out_mask[count] = np.int64(1) << x
+        count += 1
     if max_sub >= 2:
-        for x in range(n):
-            lx = item_len[items[x]]
-            vx = item_val[items[x]]
-            for y in range(x + 1, n):
-                if k >= SUB_CAP:
-                    return k
-                out_len[k] = lx + item_len[items[y]]
-                out_val[k] = vx + item_val[items[y]]
-                out_mask[k] = (np.int64(1) << x) | (np.int64(1) << y)
-                k += 1
-    if max_sub >= 3 and n <= 16:
-        for x in range(n):
-            lx = item_len[items[x]]
-            vx = item_val[items[x]]
-            for y in range(x + 1, n):
-                lxy = lx + item_len[items[y]]
-                vxy = vx + item_val[items[y]]
-                for z in range(y + 1, n):
-                    if k >= SUB_CAP:
-                        return k
-                    out_len[k] = lxy + item_len[items[z]]
-                    out_val[k] = vxy + item_val[items[z]]
-                    out_mask[k] = (np.int64(1) << x) | (np.int64(1) << y) | (np.int64(1) << z)
-                    k += 1
-    return k
+        for x in range(n_items):
+            len_x = item_len[items[x]]
+            val_x = item_val[items[x]]
+            for y in range(x + 1, n_items):
+                if count >= SUB_CAP:
+                    return count
+                out_len[count] = len_x + item_len[items[y]]
+                out_val[count] = val_x + item_val[items[y]]
+                out_mask[count] = (np.int64(1) << x) | (np.int64(1) << y)
+                count += 1
+    if max_sub >= 3 and n_items <= 16:
+        for x in range(n_items):
+            len_x = item_len[items[x]]
+            val_x = item_val[items[x]]
+            for y in range(x + 1, n_items):
+                len_xy = len_x + item_len[items[y]]
+                val_xy = val_x + item_val[items[y]]
+                for z in range(y + 1, n_items):
+                    if count >= SUB_CAP:
+                        return count
+                    out_len[count] = len_xy + item_len[items[z]]
+                    out_val[count] = val_xy + item_val[items[z]]
+                    out_mask[count] = (np.int64(1) << x) | (np.int64(1) << y) | (np.int64(1) << z)
+                    count += 1
+    return count
 
 
 @numba.njit(cache=True, inline="always")
-def _popcount(m):
-    c = 0
-    while m:
-        m &= m - 1
-        c += 1
-    return c
+def _popcount(mask):
+    """Items in a subset bit mask (int64)."""
+    count = 0
+    while mask:
+        mask &= mask - 1
+        count += 1
+    return count
 
 
 @numba.njit(cache=True, inline="always")
-def _secondary(items, sl, mask, item_len, length, square):
-    """A subset's secondary value: its `length`, or the sum of its items' squared lengths."""
+def _secondary(items, slot, mask, item_len, length, square):
+    """A subset's secondary value: its `length`, or with `square` the sum of its items' squared lengths.
+
+    Args:
+        items: int64 (slots, LOCAL) — `Tables.items`.
+        slot: int — the subset's slot.
+        mask: int64 — the subset's items, a bit per position in `items[slot]`.
+        item_len: `State.item_len`.
+        length: int — the subset's tokens.
+        square: bool — `Rules.square`.
+    """
     if not square:
         return length
     out = 0
     for x in range(LOCAL):
         if (mask >> x) & 1:
-            out += item_len[items[sl, x]] * item_len[items[sl, x]]
+            out += item_len[items[slot, x]] * item_len[items[slot, x]]
     return out
 
 
 @numba.njit(cache=True)
-def _max_len_after(c_items, sl, n, item_len, out_mask, sl_in, in_mask):
-    """Longest item of table row `sl` after removing its `out_mask` items and adding `in_mask` of row `sl_in`."""
-    m = 0
-    for x in range(n):
+def _max_len_after(items, slot, n_items, item_len, out_mask, slot_in, in_mask):
+    """Longest item of slot `slot` after it gives up its `out_mask` items and takes the `in_mask` items of `slot_in`.
+
+    Args:
+        items: int64 (slots, LOCAL) — `Tables.items`.
+        slot: int — the slot whose longest item is asked for.
+        n_items: int — its items.
+        item_len: `State.item_len`.
+        out_mask: int64 — bit mask of the items it gives up (0: none).
+        slot_in: int — the slot it takes items from.
+        in_mask: int64 — bit mask of those items (0: none).
+    """
+    longest = 0
+    for x in range(n_items):
         if (out_mask >> x) & 1:
             continue
-        m = max(m, item_len[c_items[sl, x]])
+        longest = max(longest, item_len[items[slot, x]])
     for x in range(LOCAL):
         if (in_mask >> x) & 1:
-            m = max(m, item_len[c_items[sl_in, x]])
-    return m
+            longest = max(longest, item_len[items[slot_in, x]])
+    return longest
 
 
 @numba.njit(cache=True)
-def _stable_order(keys, k, order, tmp):
-    """Stable ascending order of the non-negative `keys[:k]` into `order[:k]`: LSD radix sort, 8 bits a pass.
+def _stable_order(keys, count, order, scratch):
+    """Stable ascending order of the non-negative `keys[:count]` into `order[:count]`: LSD radix sort, 8 bits a pass.
 
-    A subset table is re-sorted after every trade of its row; this is three times faster there than argsort.
+    A subset table is re-sorted after every trade of its row; there this beats argsort, which allocates.
+
+    Args:
+        keys: int64 (>= count,) — the keys.
+        count: int — how many to sort.
+        order: int64 (>= count,) — written: positions of `keys` in ascending order, ties in position order.
+        scratch: int64 (>= count,) — scratch.
     """
     top = 0
-    for i in range(k):
+    for i in range(count):
         order[i] = i
         top = max(top, keys[i])
-    count = np.empty(257, dtype=np.int64)
-    src, dst = order, tmp
+    digits = np.empty(257, dtype=np.int64)
+    src, dst = order, scratch
     flipped = False
     shift = 0
     while (top >> shift) > 0:
-        count[:] = 0
-        for i in range(k):
-            count[((keys[src[i]] >> shift) & 255) + 1] += 1
+        digits[:] = 0
+        for i in range(count):
+            digits[((keys[src[i]] >> shift) & 255) + 1] += 1
         for d in range(256):
-            count[d + 1] += count[d]
-        for i in range(k):
+            digits[d + 1] += digits[d]
+        for i in range(count):
             d = (keys[src[i]] >> shift) & 255
-            dst[count[d]] = src[i]
-            count[d] += 1
+            dst[digits[d]] = src[i]
+            digits[d] += 1
         src, dst = dst, src
         flipped = not flipped
         shift += 8
     if flipped:
-        order[:k] = tmp[:k]
+        order[:count] = scratch[:count]
 
 
 @numba.njit(cache=True, inline="always")
-def _rebuild(sl, t, item_len, item_val, max_sub, exact):
-    """Rebuild the subset table of slot `sl` after its row changed (callers check `t.valid` first)."""
-    k = _subsets(t.items[sl], t.n[sl], item_len, item_val, max_sub, exact, t.sub_len[sl], t.sub_val[sl],
-                 t.sub_mask[sl])
-    order = t.order[sl]
-    _stable_order(t.sub_len[sl], k, order, t.tmp)
-    for i in range(k):
-        t.sorted_len[sl, i] = t.sub_len[sl, order[i]]
-    t.k[sl] = k
-    t.valid[sl] = True
+def _fresh_slot(row, state, rules, tables):
+    """The slot of kernel `row`, its subset table rebuilt first if its row traded since (`Tables.valid`).
+
+    Args:
+        row: int — a kernel row of the window.
+        state, rules, tables: `State`, `Rules`, the window's `Tables` (the slot's table written if stale).
+    """
+    slot = tables.slot_of[row]
+    if not tables.valid[slot]:
+        count = _subsets(tables.items[slot], tables.n_items[slot], state.item_len, state.item_val, rules.max_sub,
+                         rules.cost_mode != PACKED, tables.sub_len[slot], tables.sub_val[slot], tables.sub_mask[slot])
+        by_len = tables.by_len[slot]
+        _stable_order(tables.sub_len[slot], count, by_len, tables.sort_scratch)
+        for i in range(count):
+            tables.sorted_len[slot, i] = tables.sub_len[slot, by_len[i]]
+        tables.n_subsets[slot] = count
+        tables.valid[slot] = True
+    return slot
 
 
 @numba.njit(cache=True)
-def _trade_round(mbs, order, rnd, s, r, t):
-    """One pairing round of a window (`order`: its microbatches by label count, heaviest first; see
-    `exchange_windows`). Each pair makes its best trade, if any, in place; returns the number made.
+def _cost_before(mb_a, mb_b, slot_a, slot_b, items, n_items, item_len, row_tok, batch_bounds, rules):
+    """The pair's cost total before a trade between the kernel rows of slots `slot_a` (of `mb_a`) and `slot_b`
+    (of `mb_b`). Args as `_cost_allowed`."""
+    if rules.cost_mode == PADDED:
+        n_a, n_b = n_items[slot_a], n_items[slot_b]
+        cost_a = n_a * _padded(_max_len_after(items, slot_a, n_a, item_len, 0, slot_b, 0), rules.pad_multiple)
+        cost_b = n_b * _padded(_max_len_after(items, slot_b, n_b, item_len, 0, slot_a, 0), rules.pad_multiple)
+        return cost_a + cost_b
+    return (_mb_cost(mb_a, -1, 0, -1, 0, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
+            + _mb_cost(mb_b, -1, 0, -1, 0, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode))
 
-    A pair's best trade leaves the smallest label gap (plus weighted token gap) within the rules; the first one
+
+@numba.njit(cache=True)
+def _cost_allowed(mb_a, mb_b, row_a, row_b, trade, before, items, n_items, item_len, row_tok, batch_bounds, rules):
+    """Whether a trade keeps both microbatches' costs within the peak and the pair's total within `before`.
+
+    Args:
+        mb_a, mb_b, row_a, row_b: int — the microbatches and their kernel rows that trade.
+        trade: (slot_a, slot_b, mask_a, mask_b, len_a, len_b) — row_a (in slot_a) gives its `mask_a` items
+            (`len_a` tokens) to row_b for row_b's `mask_b` items (`len_b`).
+        before: int — the pair's cost total before (`_cost_before`).
+        items, n_items: `Tables` arrays; item_len, row_tok, batch_bounds: `State` arrays (only these: every
+            array passed stays live through the caller's hot loop).
+        rules: `Rules`.
+    """
+    slot_a, slot_b, mask_a, mask_b, len_a, len_b = trade
+    if rules.cost_mode == PADDED:
+        n_a, n_b = n_items[slot_a], n_items[slot_b]
+        cost_a = n_a * _padded(_max_len_after(items, slot_a, n_a, item_len, mask_a, slot_b, mask_b), rules.pad_multiple)
+        cost_b = n_b * _padded(_max_len_after(items, slot_b, n_b, item_len, mask_b, slot_a, mask_a), rules.pad_multiple)
+    else:
+        new_a = row_tok[row_a] - len_a + len_b
+        new_b = row_tok[row_b] - len_b + len_a
+        cost_a = _mb_cost(mb_a, row_a, new_a, row_b, new_b, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
+        cost_b = _mb_cost(mb_b, row_a, new_a, row_b, new_b, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
+    return cost_a <= rules.peak and cost_b <= rules.peak and cost_a + cost_b <= before
+
+
+@numba.njit(cache=True)
+def _trade_round(window_mbs, order, round_index, pairs, state, rules, tables):
+    """One pairing round of a window: each pair makes its best trade (`_trade_pairs`), if any, in place; returns
+    the number made.
+
+    Args:
+        window_mbs: int64 (window,) — the window's microbatches.
+        order: int64 (window,) — positions in `window_mbs` by label count, heaviest first (`_by_labels`).
+        round_index: int — the round: the light partners rotate by it (`exchange_windows`).
+        pairs: int64 (window // 2, 2) — scratch for the round's pairs (one allocation a window, not a round).
+        state, rules, tables: `State` (changed in place), `Rules`, the window's `Tables`.
+    """
+    size = window_mbs.shape[0]
+    half = size // 2
+    n_pairs = 0
+    for q in range(half):  # the pairs share no microbatch, so a trade never changes whether another pair trades
+        mb_a = window_mbs[order[q]]  # more labels
+        mb_b = window_mbs[order[size - 1 - (q + round_index) % half]]
+        if state.mb_val[mb_a] - state.mb_val[mb_b] > rules.tol or rules.tok_weight != 0.0:
+            pairs[n_pairs, 0], pairs[n_pairs, 1] = mb_a, mb_b
+            n_pairs += 1
+    return _trade_pairs(pairs[:n_pairs], state, rules, tables)
+
+
+NO_TRADE = (-1, -1, 0, 0, 0, 0, 0, 0, 0, 0)  # `_trade_pairs`' best trade before it finds one
+
+
+@numba.njit(cache=True)
+def _trade_pairs(pairs, state, rules, tables):
+    """Each pair (mb_a with more labels, mb_b) makes its best trade, if any, in place; returns the number made.
+
+    A pair's best trade leaves the smallest label gap (plus weighted secondary gap) within the rules; the first one
     leaving a gap within `tol` is good enough. For each subset of an A row, by length, B's subsets that keep both
     rows within their capacity form a window of lengths that only moves up: a merge join of the two length-sorted
-    tables, `scan_limit` candidates each. The search is written inline, in one call per round: a call per pair
-    pays reference counting on every array it is given, and as an inlined function with early returns it ran
-    12-15% slower (capacity 4096, one thread, interleaved).
+    tables, `scan_limit` candidates each. The pairs' searches are written out in one call: a call per pair (even
+    inlined) passes and reference-counts every array of `state` and `tables`, which measured slower.
+
+    Args:
+        pairs: int64 (pairs, 2) — (mb_a, mb_b) per pair.
+        state, rules, tables: `State` (changed in place), `Rules`, the window's `Tables` (rebuilt where stale).
     """
-    k = mbs.shape[0]
-    half = k // 2
+    bounds = state.batch_bounds
+    exact = rules.cost_mode != PACKED
     made = 0
-    for q in range(half):
-        mb_a = mbs[order[q]]  # more labels
-        mb_b = mbs[order[k - 1 - (q + rnd) % half]]
-        if s.mb_val[mb_a] - s.mb_val[mb_b] <= r.tol and r.tok_weight == 0.0:
-            continue
-        bb = s.batch_bounds
-        done = False
-        sorted_len, sub_order, sub_len, sub_mask, sub_val = t.sorted_len, t.order, t.sub_len, t.sub_mask, t.sub_val
-        exact = r.cost_mode != PACKED
-        gap0 = s.mb_val[mb_a] - s.mb_val[mb_b]
-        tgap0 = abs(s.mb_tok[mb_a] - s.mb_tok[mb_b])
-        best_score = float(gap0) * gap0 + r.tok_weight * float(tgap0) * tgap0
-        best = (np.int64(-1), np.int64(-1), np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(0),
-                np.int64(0), np.int64(0), np.int64(0))
-        simple_cost = r.cost_mode == PACKED and r.pm == 1 and bb[mb_a + 1] - bb[mb_a] == 1 and bb[mb_b + 1] - bb[mb_b] == 1
-        for ra in range(bb[mb_a], bb[mb_a + 1]):
-            sl_a = t.slot_of[ra]
-            if not t.valid[sl_a]:
-                _rebuild(sl_a, t, s.item_len, s.item_val, r.max_sub, exact)
-            na = t.n[sl_a]
-            ka = t.k[sl_a]
-            for rb in range(bb[mb_b], bb[mb_b + 1]):
-                sl_b = t.slot_of[rb]
-                if not t.valid[sl_b]:
-                    _rebuild(sl_b, t, s.item_len, s.item_val, r.max_sub, exact)
-                nb = t.n[sl_b]
-                kb = t.k[sl_b]
-                if ka == 0 or kb == 0:
-                    continue
-                free_a = s.row_cap[ra] - s.row_tok[ra]
-                free_b = s.row_cap[rb] - s.row_tok[rb]
-                old_a = 0
-                old_b = 0
-                if r.cost_mode == PADDED:
-                    old_a = na * _padded(_max_len_after(t.items, sl_a, na, s.item_len, 0, sl_b, 0), r.pm)
-                    old_b = nb * _padded(_max_len_after(t.items, sl_b, nb, s.item_len, 0, sl_a, 0), r.pm)
-                elif not simple_cost:
-                    old_a = _mb_cost(mb_a, -1, 0, -1, 0, bb, s.row_tok, r.pm, r.cost_mode)
-                    old_b = _mb_cost(mb_b, -1, 0, -1, 0, bb, s.row_tok, r.pm, r.cost_mode)
-                start = 0
-                for i in range(ka):
-                    x = sub_order[sl_a, i]
-                    la = sub_len[sl_a, x]
-                    mask_a = sub_mask[sl_a, x]
-                    sza = _popcount(mask_a)
-                    # B's subset length lb: row_a ends at tok_a - la + lb <= cap_a, row_b at tok_b - lb + la <= cap_b
-                    lo = la - free_b
-                    hi = la + free_a
-                    while start < kb and sorted_len[sl_b, start] < lo:
-                        start += 1
-                    scanned = 0
-                    for y in range(start, kb):
-                        if sorted_len[sl_b, y] > hi or scanned >= r.scan_limit:
-                            break
-                        scanned += 1
-                        z = sub_order[sl_b, y]
-                        mask_b = sub_mask[sl_b, z]
-                        if sza == 0 and mask_b == 0:
+    for pair in range(pairs.shape[0]):
+        mb_a, mb_b = pairs[pair, 0], pairs[pair, 1]
+        gap0 = state.mb_val[mb_a] - state.mb_val[mb_b]
+        tgap0 = abs(state.mb_tok[mb_a] - state.mb_tok[mb_b])
+        best_score = float(gap0) * gap0 + rules.tok_weight * float(tgap0) * tgap0
+        best, done = NO_TRADE, False
+        rows_a, rows_b = bounds[mb_a + 1] - bounds[mb_a], bounds[mb_b + 1] - bounds[mb_b]
+        simple_cost = rules.cost_mode == PACKED and rules.pad_multiple == 1 and rows_a == 1 and rows_b == 1
+        for row_pair in range(rows_a * rows_b):  # a row each, unpadded (simple_cost): capacity bounds the cost
+            row_a, row_b = bounds[mb_a] + row_pair // rows_b, bounds[mb_b] + row_pair % rows_b
+            slot_a, slot_b = _fresh_slot(row_a, state, rules, tables), _fresh_slot(row_b, state, rules, tables)
+            n_sub_a, n_sub_b = tables.n_subsets[slot_a], tables.n_subsets[slot_b]
+            if n_sub_a == 0 or n_sub_b == 0:
+                continue
+            free_a, free_b = state.row_cap[row_a] - state.row_tok[row_a], state.row_cap[row_b] - state.row_tok[row_b]
+            before = 0 if simple_cost else _cost_before(mb_a, mb_b, slot_a, slot_b, tables.items, tables.n_items,
+                                                        state.item_len, state.row_tok, bounds, rules)
+            start = 0
+            for i in range(n_sub_a):
+                sub_a = tables.by_len[slot_a, i]
+                len_a, mask_a = tables.sub_len[slot_a, sub_a], tables.sub_mask[slot_a, sub_a]
+                size_a = _popcount(mask_a)
+                # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a, row_b at tok_b + len_a - len_b
+                low, high = len_a - free_b, len_a + free_a
+                while start < n_sub_b and tables.sorted_len[slot_b, start] < low:
+                    start += 1
+                for j in range(start, min(start + rules.scan_limit, n_sub_b)):
+                    if tables.sorted_len[slot_b, j] > high:
+                        break
+                    sub_b = tables.by_len[slot_b, j]
+                    mask_b = tables.sub_mask[slot_b, sub_b]
+                    if (size_a == 0 and mask_b == 0) or (exact and _popcount(mask_b) != size_a):
+                        continue
+                    len_b = tables.sub_len[slot_b, sub_b]
+                    val_a, val_b = tables.sub_val[slot_a, sub_a], tables.sub_val[slot_b, sub_b]
+                    gap = gap0 - 2 * (val_a - val_b)  # val_a - val_b labels move from A to B
+                    if abs(gap) >= abs(gap0):
+                        continue
+                    tgap, sec_a, sec_b = 0, len_a, len_b
+                    if rules.cost_mode == FLATTENED or rules.tok_weight > 0.0:  # the secondary gap may not widen
+                        sec_a = _secondary(tables.items, slot_a, mask_a, state.item_len, len_a, rules.square)
+                        sec_b = _secondary(tables.items, slot_b, mask_b, state.item_len, len_b, rules.square)
+                        tgap = abs((state.mb_tok[mb_a] - sec_a + sec_b) - (state.mb_tok[mb_b] - sec_b + sec_a))
+                        if tgap > tgap0:
                             continue
-                        if exact and _popcount(mask_b) != sza:
-                            continue
-                        lb = sub_len[sl_b, z]
-                        va = sub_val[sl_a, x]
-                        vb = sub_val[sl_b, z]
-                        gap = gap0 - 2 * (va - vb)  # va - vb labels move from A to B
-                        if abs(gap) >= abs(gap0):
-                            continue
-                        tgap = 0
-                        sa = la
-                        sb = lb
-                        if r.cost_mode == FLATTENED or r.tok_weight > 0.0:  # the secondary gap may not widen either
-                            sa = _secondary(t.items, sl_a, mask_a, s.item_len, la, r.square)
-                            sb = _secondary(t.items, sl_b, mask_b, s.item_len, lb, r.square)
-                            tgap = abs((s.mb_tok[mb_a] - sa + sb) - (s.mb_tok[mb_b] - sb + sa))
-                            if tgap > tgap0:
-                                continue
-                        score = float(gap) * gap + r.tok_weight * float(tgap) * tgap
-                        if score >= best_score:
-                            continue
-                        if not simple_cost:  # neither microbatch above the peak, the pair's total not above before
-                            if r.cost_mode == PADDED:
-                                ca = na * _padded(_max_len_after(t.items, sl_a, na, s.item_len, mask_a, sl_b, mask_b),
-                                                  r.pm)
-                                cb = nb * _padded(_max_len_after(t.items, sl_b, nb, s.item_len, mask_b, sl_a, mask_a),
-                                                  r.pm)
-                            else:
-                                new_a = s.row_tok[ra] - la + lb
-                                new_b = s.row_tok[rb] - lb + la
-                                ca = _mb_cost(mb_a, ra, new_a, rb, new_b, bb, s.row_tok, r.pm, r.cost_mode)
-                                cb = _mb_cost(mb_b, ra, new_a, rb, new_b, bb, s.row_tok, r.pm, r.cost_mode)
-                            if ca > r.peak or cb > r.peak or ca + cb > old_a + old_b:
-                                continue
-                        best_score = score
-                        best = (np.int64(ra), np.int64(rb), mask_a, mask_b, la, lb, va, vb, sa, sb)
-                        if abs(gap) <= r.tol and r.tok_weight == 0.0:
-                            done = True
-                            break
+                    score = float(gap) * gap + rules.tok_weight * float(tgap) * tgap
+                    if score >= best_score or not (simple_cost or _cost_allowed(
+                            mb_a, mb_b, row_a, row_b, (slot_a, slot_b, mask_a, mask_b, len_a, len_b), before,
+                            tables.items, tables.n_items, state.item_len, state.row_tok, bounds, rules)):
+                        continue
+                    best_score = score
+                    best = (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b)
+                    done = abs(gap) <= rules.tol and rules.tok_weight == 0.0
                     if done:
                         break
                 if done:
@@ -368,125 +445,169 @@ def _trade_round(mbs, order, rnd, s, r, t):
             if done:
                 break
         if best[0] >= 0:
-            _apply_trade(mb_a, mb_b, best, s, t)
+            _apply_trade(mb_a, mb_b, best, state, tables)
             made += 1
     return made
 
 
 @numba.njit(cache=True)
-def _refill(items, sl, incoming, n_in, in_mask, own, n_own, own_mask):
-    """Table slot `sl`'s items after a trade: those it receives, then those it keeps (at most LOCAL); returns the
-    count."""
-    n = 0
+def _refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
+    """Write slot `slot`'s items after a trade: those it receives, then those it keeps (at most LOCAL); returns
+    the count.
+
+    Args:
+        items: int64 (slots, LOCAL) — `Tables.items`, row `slot` written.
+        incoming: int64 (LOCAL,) — the partner slot's items before the trade; `n_in` of them count.
+        in_mask: int64 — bit mask of those the slot receives.
+        own: int64 (LOCAL,) — the slot's items before the trade; `n_own` of them count.
+        own_mask: int64 — bit mask of those it gives up.
+    """
+    count = 0
     for x in range(n_in):
-        if (in_mask >> x) & 1 and n < LOCAL:
-            items[sl, n] = incoming[x]
-            n += 1
+        if (in_mask >> x) & 1 and count < LOCAL:
+            items[slot, count] = incoming[x]
+            count += 1
     for x in range(n_own):
-        if not (own_mask >> x) & 1 and n < LOCAL:
-            items[sl, n] = own[x]
-            n += 1
-    return n
+        if not (own_mask >> x) & 1 and count < LOCAL:
+            items[slot, count] = own[x]
+            count += 1
+    return count
 
 
 @numba.njit(cache=True, inline="always")
-def _apply_trade(mb_a, mb_b, trade, s, t):
-    """Row ra gives its `mask_a` items (la tokens, va labels) to rb for rb's `mask_b` items (lb, vb): the items'
-    rows, both subset tables' item lists (marked for rebuilding) and the row and microbatch totals."""
-    ra, rb, mask_a, mask_b, la, lb, va, vb, sa, sb = trade
-    sl_a = t.slot_of[ra]
-    sl_b = t.slot_of[rb]
-    n_a = t.n[sl_a]
-    n_b = t.n[sl_b]
-    t.keep_a[:n_a] = t.items[sl_a, :n_a]
-    t.keep_b[:n_b] = t.items[sl_b, :n_b]
+def _apply_trade(mb_a, mb_b, trade, state, tables):
+    """Make `trade`: row_a gives its `mask_a` items (len_a tokens, val_a labels, sec_a secondary) to row_b for row_b's
+    `mask_b` items. Changes the items' rows, both slots' item lists (marked for rebuilding) and the row and
+    microbatch totals.
+
+    Args:
+        mb_a, mb_b: int — the microbatches of row_a and row_b.
+        trade: 10 int64 — (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b), as
+            `_trade_pairs` finds it.
+        state, tables: `State` and the window's `Tables`, changed in place.
+    """
+    row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b = trade
+    slot_a = tables.slot_of[row_a]
+    slot_b = tables.slot_of[row_b]
+    n_a = tables.n_items[slot_a]
+    n_b = tables.n_items[slot_b]
+    tables.keep_a[:n_a] = tables.items[slot_a, :n_a]
+    tables.keep_b[:n_b] = tables.items[slot_b, :n_b]
     for x in range(n_a):
         if (mask_a >> x) & 1:
-            s.row_of[t.keep_a[x]] = rb
+            state.row_of[tables.keep_a[x]] = row_b
     for x in range(n_b):
         if (mask_b >> x) & 1:
-            s.row_of[t.keep_b[x]] = ra
-    t.n[sl_a] = _refill(t.items, sl_a, t.keep_b, n_b, mask_b, t.keep_a, n_a, mask_a)
-    t.n[sl_b] = _refill(t.items, sl_b, t.keep_a, n_a, mask_a, t.keep_b, n_b, mask_b)
-    t.valid[sl_a] = False
-    t.valid[sl_b] = False
-    s.row_tok[ra] += lb - la
-    s.row_tok[rb] += la - lb
-    s.row_val[ra] += vb - va
-    s.row_val[rb] += va - vb
-    s.mb_val[mb_a] += vb - va
-    s.mb_val[mb_b] += va - vb
-    s.mb_tok[mb_a] += sb - sa
-    s.mb_tok[mb_b] += sa - sb
+            state.row_of[tables.keep_b[x]] = row_a
+    tables.n_items[slot_a] = _refill(tables.items, slot_a, tables.keep_b, n_b, mask_b, tables.keep_a, n_a, mask_a)
+    tables.n_items[slot_b] = _refill(tables.items, slot_b, tables.keep_a, n_a, mask_a, tables.keep_b, n_b, mask_b)
+    tables.valid[slot_a] = False
+    tables.valid[slot_b] = False
+    state.row_tok[row_a] += len_b - len_a
+    state.row_tok[row_b] += len_a - len_b
+    state.row_val[row_a] += val_b - val_a
+    state.row_val[row_b] += val_a - val_b
+    state.mb_val[mb_a] += val_b - val_a
+    state.mb_val[mb_b] += val_a - val_b
+    state.mb_tok[mb_a] += sec_b - sec_a
+    state.mb_tok[mb_b] += sec_a - sec_b
 
 
 @numba.njit(cache=True)
-def _spread(mbs, mb_val, mb_tok, tok_weight):
-    """What the trades of a window lower: the sum of squared label deviations (plus weighted token deviations)."""
-    k = mbs.shape[0]
-    mv = 0.0
-    mt = 0.0
-    for m in mbs:
-        mv += mb_val[m]
-        mt += mb_tok[m]
-    mv /= k
-    mt /= k
+def _spread(window_mbs, mb_val, mb_tok, tok_weight):
+    """What the trades of a window lower: the sum of squared label deviations (plus weighted secondary ones).
+
+    Args:
+        window_mbs: int64 (window,) — the window's microbatches.
+        mb_val, mb_tok: `State` arrays.
+        tok_weight: float — `Rules.tok_weight`.
+    """
+    size = window_mbs.shape[0]
+    mean_val = 0.0
+    mean_tok = 0.0
+    for mb in window_mbs:
+        mean_val += mb_val[mb]
+        mean_tok += mb_tok[mb]
+    mean_val /= size
+    mean_tok /= size
     out = 0.0
-    for m in mbs:
-        out += (mb_val[m] - mv) ** 2 + tok_weight * (mb_tok[m] - mt) ** 2
+    for mb in window_mbs:
+        out += (mb_val[mb] - mean_val) ** 2 + tok_weight * (mb_tok[mb] - mean_tok) ** 2
     return out
 
 
 @numba.njit(cache=True)
-def _by_labels(order, mbs, mb_val):
-    """Sort `order` (positions in `mbs`) by label count, heaviest first, ties by position: insertion sort, as a
-    round changes only the few microbatches that traded (an argsort per round cost a sixth of the kernel)."""
+def _by_labels(order, window_mbs, mb_val):
+    """Sort `order` in place by label count, heaviest first, ties by position: insertion sort, since a round
+    changes only the few microbatches that traded (an argsort per round would sort from scratch).
+
+    Args:
+        order: int64 (window,) — positions in `window_mbs`, in last round's order.
+        window_mbs: int64 (window,) — the window's microbatches.
+        mb_val: `State.mb_val`.
+    """
     for i in range(1, order.shape[0]):
-        x = order[i]
-        v = mb_val[mbs[x]]
+        pos = order[i]
+        val = mb_val[window_mbs[pos]]
         j = i - 1
-        while j >= 0 and (mb_val[mbs[order[j]]] < v or (mb_val[mbs[order[j]]] == v and order[j] > x)):
+        while j >= 0 and (mb_val[window_mbs[order[j]]] < val or (mb_val[window_mbs[order[j]]] == val
+                                                                  and order[j] > pos)):
             order[j + 1] = order[j]
             j -= 1
-        order[j + 1] = x
+        order[j + 1] = pos
 
 
 @numba.njit(cache=True)
-def _tables(mbs, s, slot_of):
-    """Subset tables for the kernel rows of microbatches `mbs` (item lists filled, tables to be built)."""
-    nr = 0
-    for m in mbs:
-        nr += s.batch_bounds[m + 1] - s.batch_bounds[m]
-    t = Tables(slot_of, np.zeros(nr, dtype=np.bool_), np.zeros(nr, dtype=np.int64), np.empty((nr, LOCAL), np.int64),
-               np.zeros(nr, dtype=np.int64), np.empty((nr, SUB_CAP), np.int64), np.empty((nr, SUB_CAP), np.int64),
-               np.empty((nr, SUB_CAP), np.int64), np.empty((nr, SUB_CAP), np.int64),
-               np.empty((nr, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(LOCAL, np.int64),
-               np.empty(LOCAL, np.int64))
-    nr = 0
-    for m in mbs:
-        for row in range(s.batch_bounds[m], s.batch_bounds[m + 1]):
-            slot_of[row] = nr
-            for x in range(s.row_items_bounds[row], s.row_items_bounds[row + 1]):
-                p = s.row_items[x]
-                if not s.pinned[p] and t.n[nr] < LOCAL:
-                    t.items[nr, t.n[nr]] = p
-                    t.n[nr] += 1
-            nr += 1
-    return t
+def _tables(window_mbs, state, slot_of):
+    """Subset tables for the kernel rows of the window's microbatches: item lists filled, every table stale.
+
+    Args:
+        window_mbs: int64 (window,) — the window's microbatches.
+        state: `State`.
+        slot_of: int64 (kernel rows,) — written for the window's rows: each one's slot.
+    """
+    n_slots = 0
+    for mb in window_mbs:
+        n_slots += state.batch_bounds[mb + 1] - state.batch_bounds[mb]
+    tables = Tables(slot_of, np.zeros(n_slots, dtype=np.bool_), np.zeros(n_slots, dtype=np.int64),
+                    np.empty((n_slots, LOCAL), np.int64), np.zeros(n_slots, dtype=np.int64),
+                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
+                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
+                    np.empty((n_slots, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(LOCAL, np.int64),
+                    np.empty(LOCAL, np.int64))
+    slot = 0
+    for mb in window_mbs:
+        for row in range(state.batch_bounds[mb], state.batch_bounds[mb + 1]):
+            slot_of[row] = slot
+            for x in range(state.row_items_bounds[row], state.row_items_bounds[row + 1]):
+                item = state.row_items[x]
+                if not state.pinned[item] and tables.n_items[slot] < LOCAL:
+                    tables.items[slot, tables.n_items[slot]] = item
+                    tables.n_items[slot] += 1
+            slot += 1
+    return tables
 
 
 @numba.njit(cache=True)
-def _window(mbs, s, r, slot_of):
-    """Pairing rounds of one window (see `exchange_windows`); touches only the window's rows and samples."""
-    t = _tables(mbs, s, slot_of)
+def _window(window_mbs, state, rules, slot_of):
+    """Pairing rounds of one window (see `exchange_windows`); touches only the window's rows and samples.
+
+    Args:
+        window_mbs: int64 (window,) — the window's microbatches.
+        state, rules: `State` (changed in place), `Rules`.
+        slot_of: int64 (kernel rows,) — `Tables.slot_of`.
+    Returns: int, the trades made.
+    """
+    tables = _tables(window_mbs, state, slot_of)
     idle = 0
     trades = 0
-    order = np.arange(mbs.shape[0])
-    spread = _spread(mbs, s.mb_val, s.mb_tok, r.tok_weight)
-    for rnd in range(r.rounds):
-        _by_labels(order, mbs, s.mb_val)
-        trades += _trade_round(mbs, order, rnd, s, r, t)
-        before, spread = spread, _spread(mbs, s.mb_val, s.mb_tok, r.tok_weight)
+    order = np.arange(window_mbs.shape[0])
+    pairs = np.empty((window_mbs.shape[0] // 2, 2), dtype=np.int64)
+    spread = _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
+    for round_index in range(rules.rounds):
+        _by_labels(order, window_mbs, state.mb_val)
+        trades += _trade_round(window_mbs, order, round_index, pairs, state, rules, tables)
+        before, spread = spread, _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
         idle = 0 if before - spread > MIN_GAIN * before else idle + 1
         if idle >= IDLE:
             break
@@ -494,21 +615,27 @@ def _window(mbs, s, r, slot_of):
 
 
 @numba.njit(cache=True, parallel=True)
-def exchange_windows(win_bounds, win_mbs, s, r):
-    """Pairing rounds inside every window (CSR `win_bounds` over `win_mbs`) of the plan `s` (a `State`, changed
-    in place) under `r` (`Rules`); returns the number of trades made.
+def exchange_windows(win_bounds, win_mbs, state, rules):
+    """Pairing rounds inside every window of the plan `state` (changed in place) under `rules`; returns the
+    number of trades made.
 
     Round 0 pairs the heaviest microbatch with the lightest, the second with the second lightest, ...; round r
     rotates the light partners by r, so a heavy microbatch meets a new partner (and new exact-length subsets) each
     round. Pairs whose label gap is at most `tol` are left alone. A window stops after IDLE idle rounds in a row
     (rounds that lower its spread by under MIN_GAIN: at small capacities trades go on finding crumbs for long).
     Windows share no microbatch, row or sample, so they run in parallel with the same result on any thread count.
+
+    Args:
+        win_bounds: int64 (windows + 1,) — CSR bounds of the windows over `win_mbs`.
+        win_mbs: int64 (microbatches in windows,) — each window's microbatches.
+        state: `State`.
+        rules: `Rules`.
     """
-    n_win = win_bounds.shape[0] - 1
-    slot_of = np.zeros(s.row_tok.shape[0], dtype=np.int64)
-    made = np.zeros(n_win, dtype=np.int64)
-    for w in numba.prange(n_win):
-        mbs = win_mbs[win_bounds[w]:win_bounds[w + 1]]
-        if mbs.shape[0] >= 2:
-            made[w] = _window(mbs, s, r, slot_of)
+    n_windows = win_bounds.shape[0] - 1
+    slot_of = np.zeros(state.row_tok.shape[0], dtype=np.int64)
+    made = np.zeros(n_windows, dtype=np.int64)
+    for w in numba.prange(n_windows):
+        window_mbs = win_mbs[win_bounds[w]:win_bounds[w + 1]]
+        if window_mbs.shape[0] >= 2:
+            made[w] = _window(window_mbs, state, rules, slot_of)
     return made.sum()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.balance import _common as c
+from plancc.balance import _common as common
 from plancc.config import PlanSettings
 from plancc.jit import numba
 from plancc.plan import Batches, SampleArrays, batch_targets, permute_batches
@@ -26,65 +26,69 @@ PASSES = 2  # contiguous blocks, then stratified groups of updates
 
 
 @numba.njit(cache=True)
-def _assign_block(values, n_upd, per_update):
-    """New order (positions into `values`) grouping them into `n_upd` updates of `per_update` with even totals."""
+def _assign_block(values, n_updates, per_update):
+    """New order (positions into `values`) grouping them into `n_updates` updates of `per_update` with even totals:
+    largest first into the lightest update with a free slot, then trades between the heaviest and the lightest.
+
+    Args:
+        values: int64 (n_updates * per_update,) — label count of each microbatch of the block.
+        n_updates: int — updates of the block.
+        per_update: int — microbatches an update.
+    Returns: int64 (n_updates * per_update,) — positions into `values`, update by update.
+    """
     n = values.shape[0]
     order = np.argsort(-values, kind="mergesort")
-    total = np.zeros(n_upd, dtype=np.int64)
-    filled = np.zeros(n_upd, dtype=np.int64)
-    upd = np.empty(n, dtype=np.int64)
+    total = np.zeros(n_updates, dtype=np.int64)
+    filled = np.zeros(n_updates, dtype=np.int64)
+    update_of = np.empty(n, dtype=np.int64)
     for x in range(n):
-        p = order[x]
+        mb = order[x]
         best = -1
-        for u in range(n_upd):
-            if filled[u] < per_update and (best < 0 or total[u] < total[best]):
-                best = u
-        upd[p] = best
-        total[best] += values[p]
+        for update in range(n_updates):
+            if filled[update] < per_update and (best < 0 or total[update] < total[best]):
+                best = update
+        update_of[mb] = best
+        total[best] += values[mb]
         filled[best] += 1
     for _ in range(MAX_TRADES):
-        hi = np.argmax(total)
-        lo = np.argmin(total)
-        gap = total[hi] - total[lo]
+        heavy = np.argmax(total)
+        light = np.argmin(total)
+        gap = total[heavy] - total[light]
         if gap <= 0:
             break
-        best_new = gap
-        bp = -1
-        bq = -1
-        for p in range(n):
-            if upd[p] != hi:
+        best_gap, best_from, best_to = gap, -1, -1
+        for give in range(n):
+            if update_of[give] != heavy:
                 continue
-            for q in range(n):
-                if upd[q] != lo:
+            for take in range(n):
+                if update_of[take] != light:
                     continue
-                d = values[p] - values[q]
-                new_gap = abs(gap - 2 * d)
-                if d > 0 and new_gap < best_new:
-                    best_new = new_gap
-                    bp = p
-                    bq = q
-        if bp < 0:
+                moved = values[give] - values[take]
+                new_gap = abs(gap - 2 * moved)
+                if moved > 0 and new_gap < best_gap:
+                    best_gap, best_from, best_to = new_gap, give, take
+        if best_from < 0:
             break
-        d = values[bp] - values[bq]
-        upd[bp] = lo
-        upd[bq] = hi
-        total[hi] -= d
-        total[lo] += d
-    return np.argsort(upd, kind="mergesort")
+        moved = values[best_from] - values[best_to]
+        update_of[best_from] = light
+        update_of[best_to] = heavy
+        total[heavy] -= moved
+        total[light] += moved
+    return np.argsort(update_of, kind="mergesort")
 
 
-def order_for_accumulation(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
-    """The stage: `b`'s complete updates reordered by `update_order` on their microbatch label counts."""
+def order_for_accumulation(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> Batches:
+    """The stage: `batches`'s complete updates reordered by `update_order` on their microbatch label counts."""
     per_update = settings.batches_per_update
-    n_span = c.span(b, settings)
+    n_span = common.span(batches, settings)
     if per_update < 2 or n_span // per_update < 2:
-        return b
-    order = update_order(batch_targets(b, s, settings.shift)[:n_span].astype(np.int64), per_update)
+        return batches
+    order = update_order(batch_targets(batches, samples, settings.shift)[:n_span].astype(np.int64), per_update)
     if order is None:
-        return b
-    perm = np.arange(b.num_batches, dtype=np.int64)
+        return batches
+    perm = np.arange(batches.num_batches, dtype=np.int64)
     perm[:n_span] = order
-    return permute_batches(b, perm)
+    return permute_batches(batches, perm)
 
 
 def update_order(labels: np.ndarray, per_update: int) -> np.ndarray | None:
@@ -96,41 +100,48 @@ def update_order(labels: np.ndarray, per_update: int) -> np.ndarray | None:
     for p in range(PASSES):
         totals = labels[slots].sum(axis=1)
         if p == 0:  # neighbouring updates first
-            bounds, members = c.contiguous_windows(n_upd, BLOCK_UPDATES)
+            bounds, members = common.contiguous_windows(n_upd, BLOCK_UPDATES)
         else:  # then groups of updates spanning the whole range of totals, so every group's mean is the global one
-            bounds, members = c.stratified_windows(totals, BLOCK_UPDATES)
+            bounds, members = common.stratified_windows(totals, BLOCK_UPDATES)
         changed |= _reorder_groups(labels, slots, bounds, members, per_update)
     return slots.reshape(-1) if changed else None
 
 
 @numba.njit(cache=True)
 def _reorder_groups(labels, slots, bounds, members, per_update):
-    """Each group of updates (CSR `bounds` over `members`) reassigned by `_assign_block`, in place in `slots`, where
-    its update totals' variance drops; True if any did. A group's label total is fixed, so the variance drops
-    exactly when the sum of squared totals does (integers: no rounding decides)."""
+    """Each group of updates reassigned by `_assign_block`, in place in `slots`, where its update totals' variance
+    drops; True if any did. A group's label total is fixed, so the variance drops exactly when the sum of squared
+    totals does (integers: no rounding decides).
+
+    Args:
+        labels: int64 (microbatches,) — label count of each microbatch.
+        slots: int64 (updates, per_update) — the microbatch in each slot of each update, changed in place.
+        bounds, members: int64 — CSR of the groups (bounds per group over `members`, update indices).
+        per_update: int — microbatches an update.
+    """
     changed = False
-    for g in range(bounds.shape[0] - 1):
-        upd = np.sort(members[bounds[g]:bounds[g + 1]])
-        k = upd.shape[0]
+    for group in range(bounds.shape[0] - 1):
+        updates = np.sort(members[bounds[group]:bounds[group + 1]])
+        k = updates.shape[0]
         if k < 2:
             continue
         held = np.empty(k * per_update, dtype=np.int64)
         for i in range(k):
-            held[i * per_update:(i + 1) * per_update] = slots[upd[i]]
-        vals = labels[held]
-        new = _assign_block(vals, k, per_update)
+            held[i * per_update:(i + 1) * per_update] = slots[updates[i]]
+        values = labels[held]
+        new = _assign_block(values, k, per_update)
         before = 0
         after = 0
         for i in range(k):
-            tb = 0
-            ta = 0
+            total_before = 0
+            total_after = 0
             for j in range(i * per_update, (i + 1) * per_update):
-                tb += vals[j]
-                ta += vals[new[j]]
-            before += tb * tb
-            after += ta * ta
+                total_before += values[j]
+                total_after += values[new[j]]
+            before += total_before * total_before
+            after += total_after * total_after
         if after < before:
             for i in range(k):
-                slots[upd[i]] = held[new[i * per_update:(i + 1) * per_update]]
+                slots[updates[i]] = held[new[i * per_update:(i + 1) * per_update]]
             changed = True
     return changed

@@ -24,20 +24,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.balance import _common as c
+from plancc.balance import _common as common
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_attention, batch_cost, batch_targets, permute_batches
 
 
-def order_ranks(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
-    """`b` with each complete update's microbatches reordered over (micro-step, rank); see the module docstring."""
+def order_ranks(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> Batches:
+    """`batches` with each complete update's microbatches reordered over (micro-step, rank) (module docstring)."""
     W, P = settings.world_size, settings.batches_per_update
-    n_span = c.span(b, settings)
+    n_span = common.span(batches, settings)
     if W < 2 or n_span == 0:
-        return b
+        return batches
     n_upd = n_span // P
-    work = rank_work(b, s, settings)[:n_span].reshape(n_upd, P)
-    labels = batch_targets(b, s, settings.shift)[:n_span].reshape(n_upd, P)
+    work = rank_work(batches, samples, settings)[:n_span].reshape(n_upd, P)
+    labels = batch_targets(batches, samples, settings.shift)[:n_span].reshape(n_upd, P)
     rows = np.arange(n_upd)[:, None]
     keep_own = np.arange(P)[None, :].repeat(n_upd, axis=0)
     grouped = deal_to_ranks(np.lexsort((-labels, -work), axis=1), work, W)  # most work first, ties keep order
@@ -55,18 +55,18 @@ def order_ranks(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
     take_new = not_worse & (better | tie_better)
     take_own = ~take_new & (own[2] < base[2])
     if not (take_new.any() or take_own.any()):
-        return b
+        return batches
     local = np.where(take_new[:, None], grouped, np.where(take_own[:, None], dealt, keep_own))
-    perm = np.arange(b.num_batches, dtype=np.int64)
+    perm = np.arange(batches.num_batches, dtype=np.int64)
     perm[:n_span] = (local + rows * P).reshape(-1)
-    return permute_batches(b, perm)
+    return permute_batches(batches, perm)
 
 
-def rank_work(b: Batches, s: SampleArrays, settings: PlanSettings) -> np.ndarray:
+def rank_work(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> np.ndarray:
     """Per microbatch, the work rank ordering evens out: token slots or attention work (`settings.cost`)."""
     if settings.cost == "attention":
-        return batch_attention(b, s, settings.mode, settings.pad_multiple)
-    return batch_cost(b, s, settings.pad_multiple)
+        return batch_attention(batches, samples, settings.mode, settings.pad_multiple)
+    return batch_cost(batches, samples, settings.pad_multiple)
 
 
 def deal_to_ranks(order: np.ndarray, work: np.ndarray, W: int) -> np.ndarray:

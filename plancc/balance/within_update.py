@@ -8,9 +8,9 @@ label variance drops; rows, capacity, padded cost and peak obey the same rules a
 `--cost attention` (packed, flattened): a trade must also not widen the pair's attention gap (sum of squared
 sample lengths, what varlen attention spends), and its score weighs that gap by (labels / attention)^2, so the
 microbatches of an update even out in attention work too (at capacity a long sample trades for two or three
-shorter ones of the same total length), and the stage raises neither label nor attention variance. 20k SFT mix,
-packed 4 x 4096, W=8, G=4, seeds 0/1: attention CV 0.2128/0.2546 with `tokens` -> 0.2042/0.2498, label CV
-0.0258/0.0400 -> 0.0259/0.0400. (Flattened's token gap rule gives way to it there.)
+shorter ones of the same total length), and the stage raises neither label nor attention variance: the
+attention CV drops at a label CV all but unchanged (docs/benchmarks.md). (Flattened's token gap rule gives way to
+it there.)
 
 Flattened then trims the peak again (`_redeal.trim_peak`, see `fixed_count`): trades may lift a microbatch up to
 the plan's peak, which the untouched tail can set.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.balance import _common as c
+from plancc.balance import _common as common
 from plancc.balance._redeal import trim_peak
 from plancc.balance.fixed_count import exchange_within_cost_cv
 from plancc.config import PlanSettings
@@ -43,16 +43,18 @@ def update_windows(n_span: int, per_update: int, window: int) -> tuple[np.ndarra
     return np.append(starts, n_span).astype(np.int64), np.arange(n_span, dtype=np.int64)
 
 
-def refine_updates(b: Batches, s: SampleArrays, settings: PlanSettings) -> Batches:
+def refine_updates(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> Batches:
     """Stage 4: pair trades inside each complete update's windows (module docstring)."""
     per_update = settings.batches_per_update
     if per_update < 2:
-        return b
+        return batches
     window = settings.balance_window
     if settings.mode == "padded":
-        return exchange_within_cost_cv(b, s, settings, lambda v, cost: update_windows(v.shape[0], per_update, window),
+        return exchange_within_cost_cv(batches, samples, settings,
+                                       lambda labels, cost: update_windows(labels.shape[0], per_update, window),
                                        passes=1, rounds=ROUNDS)
     attention = settings.cost == "attention"
-    new = c.exchange(b, s, settings, windows=lambda p, v: update_windows(v.shape[0], per_update, window),
-                     passes=1, rounds=ROUNDS_ATTENTION if attention else ROUNDS, square=attention)
-    return trim_peak(new, s, settings) if settings.mode == "flattened" else new
+    new = common.exchange(batches, samples, settings,
+                          windows=lambda pass_index, labels: update_windows(labels.shape[0], per_update, window),
+                          passes=1, rounds=ROUNDS_ATTENTION if attention else ROUNDS, square=attention)
+    return trim_peak(new, samples, settings) if settings.mode == "flattened" else new

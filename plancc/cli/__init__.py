@@ -65,6 +65,19 @@ LongOpt = Annotated[str | None, _setting("--long", "Over-long samples: truncate|
 ShiftOpt = Annotated[str | None, _setting("--shift", "Label shift: sample|row|none.")]
 ProcOpt = Annotated[int | None, Opt("--num-proc", help="Tokenizer processes (results identical for any count).",
                                     show_default="1")]
+RolesOpt = Annotated[str | None, _setting("--roles-to-train", "Chat: roles whose turns are trained, comma-separated "
+                                                               "(system, user, assistant, tool).", "assistant")]
+EosOpt = Annotated[str | None, _setting("--train-on-eos", "End of turn / EOS trained: turn (each trained turn's), "
+                                                          "last (the last trained turn's), all (every turn's), none.")]
+InputsOpt = Annotated[bool | None, _setting("--train-on-inputs/--no-train-on-inputs", "Alpaca, prompt_completion: "
+                                            "train on the prompt too.", "no-train-on-inputs")]
+TrainOnOpt = Annotated[str | None, _setting("--train-on", "Chat: all_turns, or last_turn (only the last trained "
+                                                          "turn).")]
+EosOnlyOpt = Annotated[bool | None, _setting("--drop-eos-only/--keep-eos-only", "Drop samples whose supervised part "
+                                             "is only the end of turn (an empty completion or reply).",
+                                             "keep-eos-only")]
+DateOpt = Annotated[str | None, _setting("--template-date", "YYYY-MM-DD the chat template's strftime_now reads "
+                                                            "(never the clock: same inputs, same plan any day).")]
 CacheOpt = Annotated[Path | None, Opt("--cache-dir", help="Scan cache.",
                                       show_default="$PLANCC_CACHE or ~/.cache/plancc")]
 
@@ -100,6 +113,12 @@ def compile_cmd(
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
+    roles_to_train: RolesOpt = None,
+    train_on_eos: EosOpt = None,
+    train_on_inputs: InputsOpt = None,
+    train_on: TrainOnOpt = None,
+    drop_eos_only: EosOnlyOpt = None,
+    template_date: DateOpt = None,
     mode: Annotated[str | None, _setting("--mode", "packed|padded|flattened.")] = None,
     micro_batch_size: Annotated[int | None, _setting("--micro-batch-size", "Samples (or packed sequences) per "
                                                                           "microbatch.")] = None,
@@ -119,6 +138,9 @@ def compile_cmd(
     cost: Annotated[str | None, _setting("--cost", "What rank ordering and within-update trades even out: tokens "
                                                    "(padded slots) or attention (sum of squared sample lengths).")
                     ] = None,
+    val_set_size: Annotated[float | None, _setting("--val-set-size", "Hold out samples for evaluation: a fraction "
+                                                   "in (0, 1) or a count; a seeded draw, never trained on, "
+                                                   "planned once as the eval plan.", shown="0: none")] = None,
     mix: Annotated[list[str] | None, Opt("--mix", help="A recipe's mixture (repeatable, comma-separated): NAME=Nx "
                                                        "repeats dataset NAME N times an epoch (2x twice, 0.5x a "
                                                        "seeded half), NAME=W gives it weight W (its share of the "
@@ -127,9 +149,6 @@ def compile_cmd(
     samples_per_epoch: Annotated[int | None, Opt("--samples-per-epoch", help="Samples an epoch draws from the "
                                                                              "weighted datasets.",
                                                  show_default="the largest weighted dataset's size")] = None,
-    val_set_size: Annotated[float | None, _setting("--val-set-size", "Hold out samples for evaluation: a fraction "
-                                                   "in (0, 1) or a count; a seeded draw, never trained on, "
-                                                   "planned once as the eval plan.", shown="0: none")] = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
@@ -150,6 +169,9 @@ def compile_cmd(
                 world_size=world_size, grad_accum=grad_accum, drop_last=drop_last, seed=seed, epochs=epochs,
                 balance=balance, balance_window=balance_window, balance_passes=balance_passes, cost=cost,
                 val_set_size=val_set_size,
+                roles_to_train=roles_to_train, train_on_eos=train_on_eos,
+                train_on_inputs=train_on_inputs, train_on=train_on, drop_eos_only=drop_eos_only,
+                template_date=template_date,
             )
         warn(plan.warnings)
         if json:
@@ -177,6 +199,12 @@ def scan_cmd(
     long: LongOpt = None,
     max_dropped: MaxDroppedOpt = None,
     shift: ShiftOpt = None,
+    roles_to_train: RolesOpt = None,
+    train_on_eos: EosOpt = None,
+    train_on_inputs: InputsOpt = None,
+    train_on: TrainOnOpt = None,
+    drop_eos_only: EosOnlyOpt = None,
+    template_date: DateOpt = None,
     num_proc: ProcOpt = None,
     engine: Annotated[str, Opt("--engine", help="local (this process and --num-proc tokenizer processes) or ray "
                                                 "(Ray Data: a local Ray of --num-proc CPUs, or a cluster's); "
@@ -203,7 +231,10 @@ def scan_cmd(
                           cache_dir=cache_dir, progress=progress, shard=shard, shard_rows=shard_rows,
                           engine=engine, ray_address=ray_address,
                           format=format, tokenizer=tokenizer, chat_template=chat_template, columns=columns,
-                          split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift)
+                          split=split, sequence_len=sequence_len, long=long, max_dropped=max_dropped, shift=shift,
+                          roles_to_train=roles_to_train, train_on_eos=train_on_eos,
+                          train_on_inputs=train_on_inputs, train_on=train_on, drop_eos_only=drop_eos_only,
+                          template_date=template_date)
     warn(report.get("warnings") or [])
     if json:
         print_json({"scan_dir": str(output), **report})

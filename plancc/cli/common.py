@@ -9,6 +9,7 @@ import gc
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -118,6 +119,10 @@ def fail_on_errors(output: str | Path | None = None, what: str = "plan") -> Iter
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
         typer.echo(f"error:{where} {exc.strerror or exc}", err=True)
         raise typer.Exit(2) from None
+    except MemoryError as exc:
+        typer.echo(f"error: out of memory while {_doing(exc)}; free memory or raise the limit (`ulimit -v`), "
+                   "lower --num-proc, or scan in shards (`plancc scan --shard I/N`)", err=True)
+        raise typer.Exit(2) from None
     except KeyboardInterrupt as exc:
         typer.echo(getattr(exc, "message", None) or _interrupted(output, what), err=True)
         signum = getattr(exc, "signum", exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT)
@@ -134,6 +139,14 @@ def _interrupted(output: str | Path | None, what: str) -> str:
     from plancc import atomic
 
     return atomic.interrupted_message(output, what)
+
+
+def _doing(exc: BaseException) -> str:
+    """The plancc module that ran out of memory (the innermost frame of plancc's own), so that the message says
+    whether reading, tokenizing or planning did; nothing is imported here, memory being short."""
+    modules = [frame.f_globals.get("__name__", "") for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    ours = [m for m in modules if m.startswith("plancc.") and not m.startswith("plancc.cli")]
+    return f"running {ours[-1]}" if ours else "starting"
 
 
 class SourceCommand(TyperCommand):

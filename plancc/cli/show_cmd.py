@@ -1,4 +1,5 @@
-"""`plancc show PLAN_OR_SCAN --sample ID`: parse, call `plancc.show.sample_view`, print."""
+"""`plancc show PLAN_OR_SCAN --sample ID` (`plancc.show.sample_view`) or `--dropped` (`plancc.show.dropped_rows`):
+parse, call, print."""
 
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ STYLE = "bold green"
     help="One sample as the model will see it: the decoded text with the supervised tokens (the targets of the "
          f"loss) highlighted, or between {OPEN} {CLOSE} when not a terminal or with --no-color; its length, label "
          "count and first-label flag; --ids lists token ids, pieces and labels side by side. Decodes with the "
-         "tokenizer the scan recorded.\n\nExample:\n\n    plancc show plans/chat --sample 3 --ids",
+         "tokenizer the scan recorded. --dropped lists every row the scan dropped, with why, and the rows it "
+         "truncated.\n\nExample:\n\n    plancc show plans/chat --sample 3 --ids",
 )
 def show_cmd(
     directory: Annotated[Path, typer.Argument(help="Plan or scan directory.")],
-    sample: Annotated[int, typer.Option("--sample", help="Sample id (the source row).")],
+    sample: Annotated[int | None, typer.Option("--sample", help="Sample id (the source row).",
+                                               show_default="none: give --sample or --dropped")] = None,
+    dropped: Annotated[bool, typer.Option("--dropped", help="List the rows the scan dropped (with why) and "
+                                                            "truncated, instead of a sample.")] = False,
     ids: Annotated[bool, typer.Option("--ids", help="Also a table: position, id, piece, label.")] = False,
     no_color: Annotated[bool, typer.Option("--no-color", help=f"Mark supervised text with {OPEN} {CLOSE}, no "
                                                               "colours.")] = False,
@@ -34,7 +39,14 @@ def show_cmd(
     """`plancc show`: one sample decoded, supervised text marked, optionally token by token."""
     from plancc.show import sample_view
 
+    if dropped:
+        _dropped(directory, quiet, json)
+        return
     with fail_on_errors():
+        if sample is None:
+            from plancc.errors import InputError
+
+            raise InputError("plancc show: give --sample ID (one sample) or --dropped (the dropped rows)")
         view = sample_view(directory, sample, tokenizer)
     if json:
         print_json({"dir": str(directory), **view.to_json()})
@@ -56,7 +68,8 @@ def show_cmd(
     origin = f" (dataset {view.dataset}, row {view.row})" if view.dataset is not None else ""
     console.print(f"sample {view.sample_id}{origin}: {view.length:,} tokens, {view.label_count:,} labels, "
                   f"{int(view.supervised.sum()):,} supervised tokens, first label supervised: "
-                  f"{'yes' if view.first_label_supervised else 'no'}\ntokenizer {view.tokenizer}", markup=False,
+                  f"{'yes' if view.first_label_supervised else 'no'}\ntokenizer {view.tokenizer}"
+                  + (f"\ntrained: {view.trained}" if view.trained else ""), markup=False,
                   soft_wrap=True)
     console.print(text, soft_wrap=True)
     if ids:
@@ -66,3 +79,23 @@ def show_cmd(
             t.add_row(str(i), str(tid), Text(repr(piece)[1:-1]), str(label),
                       "yes" if sup else "", style=STYLE if sup and styled else None)
         console.print(t)
+
+
+def _dropped(directory: Path, quiet: bool, json: bool) -> None:
+    """`show --dropped`: one line a dropped row, then the truncated count."""
+    from plancc.show import dropped_rows
+
+    with fail_on_errors():
+        listed = dropped_rows(directory)
+    if json:
+        print_json({"dir": str(directory), **listed})
+        return
+    if quiet:
+        return
+    for r in listed["dropped"]:
+        where = f" (dataset {r['dataset']}, row {r['dataset_row']})" if "dataset" in r else ""
+        typer.echo(f"row {r['row']}{where}: {r['reason']} ({r['tokens']:,} tokens)")
+    t = listed["truncated"]
+    firsts = ", ".join(map(str, t["first_rows"])) + (", ..." if t["count"] > len(t["first_rows"]) else "")
+    typer.echo(f"{len(listed['dropped']):,} rows dropped; {t['count']:,} truncated" + (f" (rows {firsts})"
+                                                                                      if t["count"] else ""))

@@ -52,6 +52,15 @@ def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
     return lines
 
 
+def _eval_lines(ev: dict[str, Any] | None, size: Any) -> list[str]:
+    """The eval plan's line: held-out samples (never trained on), their targets and microbatches."""
+    if ev is None:
+        return []
+    why = f"--val-set-size {size}" if size else "eval datasets"
+    return [f"eval       {ev['samples']:,} samples held out ({why}), {ev['label_count']:,} targets in "
+            f"{ev['batches']:,} microbatches ({ev['batches_per_rank']:,} per rank)"]
+
+
 def _dataset_lines(recipe: dict[str, Any] | None) -> list[str]:
     """A recipe's datasets: role and mix, what its scan kept and dropped, and its share of epoch 0 after planning."""
     if not recipe:
@@ -67,12 +76,6 @@ def _dataset_lines(recipe: dict[str, Any] | None) -> list[str]:
                      f"{d['retained']:,} kept, {d['dropped_samples']:,} dropped, {d['truncated_samples']:,} "
                      f"truncated{share}")
     return lines
-def _eval_lines(ev: dict[str, Any] | None, size: Any) -> list[str]:
-    """The eval plan's line: held-out samples (never trained on), their targets and microbatches."""
-    if ev is None:
-        return []
-    return [f"eval       {ev['samples']:,} samples held out (--val-set-size {size}), {ev['label_count']:,} targets in "
-            f"{ev['batches']:,} microbatches ({ev['batches_per_rank']:,} per rank)"]
 
 
 def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[str, Any]]) -> list[str]:
@@ -85,8 +88,8 @@ def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[st
     lines = [f"plan       {output}", *_sample_lines(scan, int(manifest["samples"])),
              f"layout     {s['mode']}, {s['micro_batch_size']} x {s['sequence_len']} tokens, world {s['world_size']} "
              f"x accum {s['grad_accum']}, {len(manifest['epochs'])} epoch(s)",
-             *_dataset_lines(manifest.get("recipe")),
              *_eval_lines(manifest.get("eval"), s.get("val_set_size")),
+             *_dataset_lines(manifest.get("recipe")),
              "epoch  microbatches  updates  label CV       update CV      efficiency"]
     for e in manifest["epochs"][:MAX_EPOCH_ROWS]:
         before, after = by[(e["epoch"], "before")], by[(e["epoch"], "after")]

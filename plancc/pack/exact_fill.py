@@ -1,14 +1,13 @@
-"""Closing rows with almost no free space by filling them exactly: the last resort of `best_fit.close_left_out`.
+"""Closing rows with almost no free space by filling them exactly: the last resort of `left_out.close_left_out`.
 
-When the rows must hold every item with only a few tokens to spare (rows at the lower bound `ceil(tokens / C)`:
-200k samples of the SFT mix, data seed 5, have 1,943 spare tokens over 7,413 rows of 16384), best fit leaves the
-shortest items out (there 109 of 35-51 tokens, while 94% of the rows have no gap and the rest gaps of a few
-tokens), and repacking a stride of rows by best fit (`close_left_out`) ends the same way on every seeded order.
-Filling rows exactly closes them:
+When the rows must hold every item with only a few tokens to spare (rows at the lower bound `ceil(tokens / C)`,
+a handful of spare tokens over thousands of rows), best fit leaves the shortest items out while nearly every row
+has no gap and the rest gaps of a few tokens, and repacking a stride of rows by best fit ends the same way on
+every seeded order. Filling rows exactly closes them:
 
 1. The pool (the rows with a gap and every STRIDE-th other row) gives up its items. Items of at least T tokens
    go back longest first by best fit into rows of C - T, so every pool row keeps at least T tokens of space; T is
-   the shortest length whose shorter items hold twice the space kept (enough to fill it), at most C / 4.
+   the shortest length whose shorter items hold SHORT_SPACE times the space kept (enough to fill it), at most C / 4.
 2. Each pool row, smallest space first, takes the short items whose total comes closest to its space from below
    (a bounded subset sum over the short lengths). With many short items of many lengths that is an exact fill,
    so the spare tokens collect in the last rows.
@@ -22,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.jit import numba
-from plancc.pack.best_fit import _pool_items, _row_fill, best_fit
+from plancc.pack._rows import pool_items, row_fill
+from plancc.pack.best_fit import best_fit
 from plancc.sort import longest_first
 
 STRIDE = 64  # every STRIDE-th row without a gap joins the pool too
@@ -34,10 +34,10 @@ def fill_exactly(lengths: np.ndarray, assign: np.ndarray, start_tok: np.ndarray,
     """Steps 1-2 of the module docstring, in place; False (and `assign` as it was) if they do not close."""
     lengths = lengths.astype(np.int64)
     rows = start_tok.shape[0]
-    row_tok = _row_fill(assign, lengths, start_tok)
+    row_tok = row_fill(assign, lengths, start_tok)
     pool = (row_tok < capacity) | (np.arange(rows) % STRIDE == 0)
     pool_rows = rng.permutation(np.flatnonzero(pool))
-    items = _pool_items(assign, pool)
+    items = pool_items(assign, pool)
     short = _threshold(lengths[items], pool_rows.shape[0], capacity)
     long_items = items[lengths[items] >= short]
     long_items = long_items[longest_first(lengths[long_items])]
@@ -62,7 +62,8 @@ def fill_exactly(lengths: np.ndarray, assign: np.ndarray, start_tok: np.ndarray,
 
 
 def _threshold(lengths: np.ndarray, rows: int, capacity: int) -> int:
-    """The shortest T whose items shorter than T hold at least 2 * rows * T tokens (at most capacity // 4)."""
+    """The shortest T whose items shorter than T hold at least SHORT_SPACE * rows * T tokens (at most
+    capacity // 4)."""
     counts = np.bincount(lengths, minlength=capacity // 4 + 1)[: capacity // 4 + 1]
     below = np.concatenate([[0], np.cumsum(counts * np.arange(counts.shape[0]))])  # tokens of items < T
     ok = np.flatnonzero(below[1:] >= SHORT_SPACE * rows * np.arange(1, counts.shape[0] + 1))
@@ -70,48 +71,78 @@ def _threshold(lengths: np.ndarray, rows: int, capacity: int) -> int:
 
 
 @numba.njit(cache=True)
-def _fill_rows(lengths, short, space):
-    """Row of each item (all shorter than `short`): rows smallest `space` first, each taking the subset whose
-    total comes closest to its space from below; -1 for items left over."""
-    n = lengths.shape[0]
+def _items_by_length(lengths, short):
+    """The items grouped by length (a counting sort): (CSR start per length, items, count per length).
+
+    Args:
+        lengths: int64 (items,) — tokens of each item, each below `short`.
+        short: int — one past the longest length.
+    Returns: (int64 (short + 1,), int64 (items,), int64 (short,)).
+    """
+    n_items = lengths.shape[0]
     count = np.zeros(short, dtype=np.int64)
-    for i in range(n):
-        count[lengths[i]] += 1
-    start = np.zeros(short + 1, dtype=np.int64)  # items by length (CSR), taken from the end
-    for v in range(short):
-        start[v + 1] = start[v] + count[v]
-    by_len = np.empty(n, dtype=np.int64)
+    for item in range(n_items):
+        count[lengths[item]] += 1
+    start = np.zeros(short + 1, dtype=np.int64)
+    for length in range(short):
+        start[length + 1] = start[length] + count[length]
+    by_length = np.empty(n_items, dtype=np.int64)
     fill = start[:short].copy()
-    for i in range(n):
-        by_len[fill[lengths[i]]] = i
-        fill[lengths[i]] += 1
-    left = count.copy()
-    out = np.full(n, -1, dtype=np.int64)
-    for r in np.argsort(space, kind="mergesort"):
-        target = space[r]
-        if target <= 0:
+    for item in range(n_items):
+        by_length[fill[lengths[item]]] = item
+        fill[lengths[item]] += 1
+    return start, by_length, count
+
+
+@numba.njit(cache=True)
+def _closest_subset(left, short, target):
+    """A bounded subset sum: the largest total <= `target` made of the lengths still left, and how to reach it.
+
+    Args:
+        left: int64 (short,) — items of each length still to place.
+        short: int — one past the longest length.
+        target: int — the row's free space (> 0).
+    Returns: (int best total, int64 (target + 1,) per total the length whose copy last reached it, 0: unreached).
+    """
+    reach = np.zeros(target + 1, dtype=np.int64)
+    used = np.zeros(target + 1, dtype=np.int64)  # copies of the current length in the way to each total
+    reach[0] = -1
+    best = 0
+    for length in range(1, short):
+        if left[length] == 0:
             continue
-        # bounded subset sum: reach[t] is the length whose copy last reached total t (0: unreached)
-        reach = np.zeros(target + 1, dtype=np.int64)
-        used = np.zeros(target + 1, dtype=np.int64)
-        reach[0] = -1
-        best = 0
-        for v in range(1, short):
-            if left[v] == 0:
-                continue
-            used[:] = 0
-            for t in range(v, target + 1):
-                if reach[t] == 0 and reach[t - v] != 0 and used[t - v] < left[v]:
-                    reach[t] = v
-                    used[t] = used[t - v] + 1
-                    if t > best:
-                        best = t
-            if best == target:
-                break
-        t = best
-        while t > 0:
-            v = reach[t]
-            left[v] -= 1
-            out[by_len[start[v] + left[v]]] = r
-            t -= v
+        used[:] = 0
+        for total in range(length, target + 1):
+            if reach[total] == 0 and reach[total - length] != 0 and used[total - length] < left[length]:
+                reach[total] = length
+                used[total] = used[total - length] + 1
+                if total > best:
+                    best = total
+        if best == target:
+            break
+    return best, reach
+
+
+@numba.njit(cache=True)
+def _fill_rows(lengths, short, space):
+    """Row of each item: rows smallest space first, each taking the subset of what is left whose total comes
+    closest to its space from below; -1 for items left over.
+
+    Args:
+        lengths: int64 (items,) — tokens of each short item, each below `short`.
+        short: int — the threshold T of the module docstring.
+        space: int64 (rows,) — free tokens of each pool row.
+    Returns: int64 (items,).
+    """
+    start, by_length, left = _items_by_length(lengths, short)
+    out = np.full(lengths.shape[0], -1, dtype=np.int64)
+    for row in np.argsort(space, kind="mergesort"):
+        if space[row] <= 0:
+            continue
+        total, reach = _closest_subset(left, short, space[row])
+        while total > 0:  # walk the subset back, taking the last item of each length it uses
+            length = reach[total]
+            left[length] -= 1
+            out[by_length[start[length] + left[length]]] = row
+            total -= length
     return out

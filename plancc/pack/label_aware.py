@@ -10,9 +10,9 @@ its row on the deal joins the rest). Every row then mixes long and short samples
 
 Rows as full as first-fit-decreasing leaves them (often under one token of slack a row, the rows lower bound)
 must close almost exactly. Best fit of the short rest gets most of the way, but can end with a few items of ~40
-tokens that fit no gap while hundreds of rows keep gaps of 1-38 tokens; `best_fit.close_left_out` then repacks the
-rows with gaps and a stride of others. Without it, the repacking failed on many draws (200k data seed 1; 1M seeds
-1-3; every 2M+ draw) and balance fell off a cliff (label CV 0.13-0.15 instead of ~0.01).
+tokens that fit no gap while hundreds of rows keep gaps of 1-38 tokens; `left_out.close_left_out` then repacks the
+rows with gaps and a stride of others. Without it, the repacking failed on many draws, more of them the larger
+the plan, and balance fell off a cliff (label CV an order of magnitude higher).
 
 `small` climbs a ladder until everything fits; when no rung fits (rows of one long sample, as at small
 capacities), there is no label-aware packing and balancing starts from the plain one.
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.pack.best_fit import best_fit, close_left_out
+from plancc.pack.best_fit import best_fit
+from plancc.pack.left_out import close_left_out
 from plancc.sort import longest_first
 
 LADDER = (0.3, 0.5, 0.7)  # shares of tokens left to best fit, tried in turn

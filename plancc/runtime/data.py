@@ -14,12 +14,16 @@ reads (the store's `labels`, already shifted under shift `none`). Other data (`d
 lines file, a `datasets.save_to_disk` folder, an Arrow table, or an older plan's `tokenized.parquet`) is read into
 memory, as before the store existed.
 
+The data is the plan's own `tokens/` (opened with the plan, its digest compared with the `fingerprints.tokens` the
+plan binds) or what the caller gives (`data=`); no path is ever read from the plan's metadata.
+
 Checks (`verify`): "chunks" (default) checks at open what costs nothing (the store's files, sizes and chunk index,
-and that it holds the plan's dataset fingerprint), then each chunk's hash the first time the collator reads a
+and that it is the store the plan binds: its digest), then each chunk's hash the first time the collator reads a
 sample of it, before any of its tokens reach a batch; a changed chunk is refused naming the first planned sample
 that differs. "hash" rehashes everything at open (every chunk, and every planned sample against the plan's
 `token_hash`: the dataset fingerprint, proven); "counts" compares every planned sample's length and label count;
-"none" checks nothing. Data without chunk hashes (not a store) gets the full "hash" check under "chunks". A
+"none" checks nothing. Data that is not the bound store (a store of another digest, or files) gets the full
+"hash" check under "chunks" and "counts": only the bound store's digest vouches for its chunk hashes. A
 mismatch is a `PlanMismatchError` unless `allow_dataset_change` (then a warning).
 """
 
@@ -77,7 +81,7 @@ class TokenStore:
         if self.guard is None:
             return (TokenStore, (self.input_ids, self.targets, self.offsets))
         g = self.guard
-        return (_reopen, (str(g.mapped.path), str(g.plan.path), g.allow_dataset_change))
+        return (_reopen, (str(g.mapped.path), str(g.plan_path), g.mapped.digest, g.allow_dataset_change))
 
     @classmethod
     def from_table(cls, table: pa.Table, *, shift: str = "sample", where: str = "dataset") -> TokenStore:
@@ -104,11 +108,24 @@ class TokenStore:
 class ChunkGuard:
     """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk."""
 
-    def __init__(self, mapped: token_store.MappedTokens, plan: RuntimePlan, allow_dataset_change: bool):
-        self.mapped, self.plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
+    def __init__(self, mapped: token_store.MappedTokens, plan: RuntimePlan | Path, allow_dataset_change: bool):
+        self.mapped, self._plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
         self.bounds = np.asarray(mapped.chunks)  # a plain view: cheaper to search than the memmap object
         self.verified = np.zeros(mapped.num_chunks, dtype=bool)
         self.pending = mapped.num_chunks
+
+    @property
+    def plan_path(self) -> Path:
+        """The plan directory."""
+        return self._plan.path if isinstance(self._plan, RuntimePlan) else self._plan
+
+    @property
+    def plan(self) -> RuntimePlan:
+        """The plan; a worker's copy (given its path) opens it only to name the sample of a changed chunk, so that
+        starting a worker does not verify every epoch again."""
+        if not isinstance(self._plan, RuntimePlan):
+            self._plan = RuntimePlan(self._plan)
+        return self._plan
 
     def check(self, rows: np.ndarray) -> None:
         """Hash each not yet verified chunk that `rows` touch; refuse a changed one naming its first planned
@@ -188,34 +205,37 @@ def _read_any(path: Path) -> pa.Table:
     raise PlanMismatchError(f"cannot read tokenized data {path}: unsupported file type '{suffix}'")
 
 
-def data_location(plan: RuntimePlan, data: str | Path | None = None) -> Path | list[Path]:
-    """The plan's data: a token store folder, or tokenized files. `data` (or `RuntimePlan(..., data=)`) repoints."""
+def data_location(plan: RuntimePlan, data: str | Path | None = None) -> Path | None:
+    """The data the caller gives (`data`, or `RuntimePlan(..., data=)`): a token store folder (that of a plan or
+    scan folder) or a tokenized file; None for the plan's own token store (`RuntimePlan.tokens`)."""
     data = data if data is not None else plan.data
-    if data is not None:
-        p = Path(data)
-        if not p.exists():
-            raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) does not exist")
-        if not token_store.is_store(p) and token_store.is_store(p / store.TOKENS_DIR):
-            return p / store.TOKENS_DIR  # a plan or scan directory: its store
-        return p
-    d = plan.dir.data
-    for key in ("tokens", "tokenized"):  # the store; or an older plan's tokenized.parquet
-        if key in d:
-            p = plan.path / d[key]
-            if not p.exists():
-                raise PlanMismatchError(f"the plan's tokenized data {p} does not exist; pass data= (a plan, scan or "
-                                        "token store folder, or a tokenized file) to RuntimePlan or load_tokens")
-            return p
-    sources = [Path(a) if Path(a).exists() else plan.path / r
-               for a, r in zip(d.get("source", []), d.get("source_relative", d.get("source", [])), strict=False)]
-    if not sources:
-        raise PlanMismatchError(f"{plan.path}: the plan holds no tokenized data (compiled from a bare samples "
-                                "table); pass data= to RuntimePlan or load_tokens")
-    missing = [p for p in sources if not p.exists()]
-    if missing:
-        raise PlanMismatchError(f"the plan's tokenized source {d['source'][sources.index(missing[0])]} does not "
-                                "exist (nor relative to the plan); pass data= to RuntimePlan or load_tokens")
-    return sources
+    if data is None:
+        return None
+    p = Path(data)
+    if not p.exists():
+        raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) does not exist")
+    if not (p.is_dir() or p.is_file()):
+        raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) is neither a regular file nor a folder")
+    if not token_store.is_store(p) and token_store.is_store(p / store.TOKENS_DIR):
+        return p / store.TOKENS_DIR  # a plan or scan directory: its store
+    return p
+
+
+def _own_tokens(plan: RuntimePlan) -> token_store.MappedTokens:
+    """The plan's token store as opened with the plan; refused for a plan that ships none or does not bind it."""
+    if plan.tokens is not None:
+        return plan.tokens
+    problems = plan.dir.data_problems()
+    if problems or plan.dir.binds_tokens:
+        try:
+            return plan.dir.open_tokens()  # raises: tokens/ gone (moved away; the caller may give it as data=)
+        except (store.PlanIntegrityError, token_store.FileTypeError) as exc:
+            problems = [str(exc)]
+    if problems:
+        raise PlanMismatchError(f"{problems[0]}; or pass data= (a plan, scan or token store folder, or a tokenized "
+                                "file) to RuntimePlan or load_tokens")
+    raise PlanMismatchError(f"{plan.path}: the plan holds no tokenized data (compiled from a bare samples table); "
+                            "pass data= to RuntimePlan or load_tokens")
 
 
 def load_tokens(plan: str | Path | RuntimePlan, *, data: str | Path | pa.Table | None = None,
@@ -228,20 +248,20 @@ def load_tokens(plan: str | Path | RuntimePlan, *, data: str | Path | pa.Table |
         return _checked(plan, TokenStore.from_table(data, shift=plan.shift, where="the given dataset"),
                         "the given dataset", verify, allow_dataset_change)
     where = data_location(plan, data)
-    if isinstance(where, Path) and token_store.is_store(where):
-        return _mapped(plan, where, verify, allow_dataset_change)
-    paths = where if isinstance(where, list) else [where]
-    table = pa.concat_tables([_read_any(p) for p in paths]) if len(paths) > 1 else _read_any(paths[0])
-    name = ", ".join(str(p) for p in paths)
-    return _checked(plan, TokenStore.from_table(table, shift=plan.shift, where=name), name, verify,
-                    allow_dataset_change)
+    if where is None:
+        return _mapped(plan, _own_tokens(plan), verify, allow_dataset_change)
+    if token_store.is_store(where):
+        try:
+            m = token_store.open_store(where)
+        except (token_store.TokenStoreError, token_store.FileTypeError) as exc:
+            raise PlanMismatchError(f"{exc}; recompile the plan (or rescan the data)") from None
+        return _mapped(plan, m, verify, allow_dataset_change)
+    return _checked(plan, TokenStore.from_table(_read_any(where), shift=plan.shift, where=str(where)), str(where),
+                    verify, allow_dataset_change)
 
 
-def _mapped(plan: RuntimePlan, path: Path, verify: str, allow: bool) -> TokenStore:
-    try:
-        m = token_store.open_store(path)
-    except token_store.TokenStoreError as exc:
-        raise PlanMismatchError(f"{exc}; recompile the plan (or rescan the data)") from None
+def _mapped(plan: RuntimePlan, m: token_store.MappedTokens, verify: str, allow: bool) -> TokenStore:
+    path = m.path
     guard = ChunkGuard(m, plan, allow) if verify != "none" else None
     tokens = _over_maps(m, guard)
     if verify == "none":
@@ -250,7 +270,7 @@ def _mapped(plan: RuntimePlan, path: Path, verify: str, allow: bool) -> TokenSto
         _refuse(plan, str(path), f"it holds {'shifted' if plan.shift != 'none' else 'unshifted'} labels but the "
                                  f"plan has shift {plan.shift!r}", allow)
     fp, want = m.header.get("fingerprints", {}).get("dataset"), plan.fingerprints.get("dataset")
-    if verify == "hash":  # every chunk now (a changed one is named by its first differing sample), then the proof
+    if verify == "hash" or m.digest != plan.fingerprints.get("tokens"):  # every chunk now, then the proof
         guard.check(np.asarray(m.chunks[:-1]))
         return _checked(plan, tokens, str(path), "hash", allow)
     if fp != want:
@@ -261,10 +281,14 @@ def _mapped(plan: RuntimePlan, path: Path, verify: str, allow: bool) -> TokenSto
     return tokens
 
 
-def _reopen(path: str, plan_path: str, allow: bool) -> TokenStore:
-    plan = RuntimePlan(plan_path)
+def _reopen(path: str, plan_path: str, digest: str, allow: bool) -> TokenStore:
+    """A worker's copy: the store reopened, refused unless it is the one the parent opened (a plan recompiled
+    meanwhile would give this worker other tokens than the parent's batches expect)."""
     m = token_store.open_store(path)
-    return _over_maps(m, ChunkGuard(m, plan, allow))
+    if m.digest != digest:
+        raise PlanMismatchError(f"token store {path} was replaced since this run opened it (digest {m.digest}, the "
+                                f"run opened {digest}): restart the run")
+    return _over_maps(m, ChunkGuard(m, Path(plan_path), allow))
 
 
 def _over_maps(m: token_store.MappedTokens, guard: ChunkGuard | None) -> TokenStore:

@@ -25,10 +25,11 @@ What it changes in `Trainer` (transformers is imported only here, and only when 
   refused, naming each rank's step) before the Trainer skips the consumed batches; a checkpoint without them is
   refused. `resume_from_checkpoint=True` takes the newest checkpoint complete on every rank (a warning says
   which newer ones it skipped). The skip itself goes through the sampler only (no batch is collated).
-- `evaluate()` (and `eval_strategy`/`eval_steps` during training; "epoch" means each plan epoch) runs the plan's eval plan (a plan compiled with
-  `--val-set-size`): each rank its share, one all-reduce of (sum of CE, targets), logged as `eval_loss`, the
-  exact token mean over the whole eval set (`plancc.runtime.evaluate`). `eval_dataset` defaults to it; another
-  plan directory evaluates that plan's eval plan; any other dataset is refused (its batches are not planned).
+- `evaluate()` (and `eval_strategy`/`eval_steps` during training; "epoch" means each plan epoch) runs the plan's
+  eval plan (a plan compiled with `--val-set-size` or with a recipe's eval datasets): each rank its share, one
+  all-reduce of (sum of CE, targets), logged as `eval_loss`, the exact token mean over the whole eval set
+  (`plancc.runtime.evaluate`). `eval_dataset` defaults to it; another plan directory evaluates that plan's eval
+  plan; any other dataset is refused (its batches are not planned).
 Label smoothing and `compute_loss_func` are not supported (they would change the objective the plan counts for).
 """
 
@@ -53,13 +54,15 @@ from transformers.trainer_utils import (
 
 from plancc import layout
 from plancc.runtime.checkpoint import (
+    CheckpointError,
     _all_gather_rows,
     _barrier,
     _fault_from_env,
     agree_on_step,
     fsync_dir,
+    read_sealed_json,
     together,
-    write_json_atomic,
+    write_sealed_json,
 )
 from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore, load_tokens
@@ -344,7 +347,7 @@ class PlanTrainer(Trainer):
                         os.fsync(f.fileno())
             fsync_dir(ckpt)
         _barrier()
-        write_json_atomic(ckpt / state_file(rank), {**self.plan_state(step), "global_step": step})
+        write_sealed_json(ckpt / state_file(rank), {**self.plan_state(step), "global_step": step})
         _fault_from_env("rank_saved", step, rank)
         _barrier()  # the checkpoint is complete on every rank
         if self.args.should_save:
@@ -357,13 +360,20 @@ class PlanTrainer(Trainer):
             resume_from_checkpoint = str(self.resume_checkpoint(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
+    def _read_state(self, ckpt: Path) -> dict[str, Any]:
+        """This rank's sampler state in `ckpt`, checked against its checksum (CheckpointError when edited or
+        damaged: an edited position would otherwise resume silently at another microbatch)."""
+        state = read_sealed_json(ckpt / state_file(self.args.process_index))
+        state.pop("checksum")
+        return state
+
     def _state_step(self, ckpt: Path) -> int | None:
         """The step this rank's sampler state in `ckpt` was saved at; None when it is missing or unreadable."""
         try:
-            step = json.loads((ckpt / state_file(self.args.process_index)).read_bytes()).get("global_step")
-            return step if isinstance(step, int) and (ckpt / "trainer_state.json").exists() else None
-        except (OSError, ValueError, AttributeError):
+            step = self._read_state(ckpt).get("global_step")
+        except CheckpointError:
             return None
+        return step if isinstance(step, int) and (ckpt / "trainer_state.json").exists() else None
 
     def resume_checkpoint(self, ckpt: str | os.PathLike | bool) -> Path:
         """The checkpoint to resume from, checked on every rank (see `check_checkpoint`); for `True`, the newest
@@ -397,7 +407,7 @@ class PlanTrainer(Trainer):
         path = ckpt / state_file(self.args.process_index)
         step = self._state_step(ckpt) if path.exists() else -1
         steps = [r[0] for r in _all_gather_rows([-2 if step is None else step])]
-        names = ", ".join(f"rank {r}: " + {-1: "no state", -2: "unreadable"}.get(s, f"step {s}")
+        names = ", ".join(f"rank {r}: " + {-1: "no state", -2: "unreadable, edited or damaged"}.get(s, f"step {s}")
                           for r, s in enumerate(steps))
         if -1 in steps:
             raise PlanMismatchError(f"{ckpt} lacks a plancc sampler state ({names}): it was not saved by "
@@ -406,7 +416,7 @@ class PlanTrainer(Trainer):
         if len(set(steps)) > 1 or -2 in steps:
             raise PlanMismatchError(f"{ckpt}: the ranks' sampler states disagree ({names}); resume from a "
                                     "checkpoint every rank saved completely (resume_from_checkpoint=True finds one)")
-        together(lambda: self._check_state(ckpt, json.loads(path.read_text())), f"resume from {ckpt}")
+        together(lambda: self._check_state(ckpt, self._read_state(ckpt)), f"resume from {ckpt}")
 
     def _check_state(self, ckpt: Path, saved: dict[str, Any]) -> None:
         probe = self._make_sampler()

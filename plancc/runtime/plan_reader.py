@@ -15,6 +15,7 @@ rank r' takes every W'-th microbatch (`plancc.layout`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc import layout, store
+from plancc import layout, store, token_store
 from plancc.config import PlanSettings
 from plancc.errors import PlanccError
 
@@ -74,9 +75,15 @@ class RuntimePlan:
 
     Opening refuses a plan whose settings do not hash to the config fingerprint, whose samples or metrics file
     belongs to another plan, or whose `manifest.json` differs from the plan file's metadata (settings and
-    fingerprints are read from the Parquet metadata the fingerprints cover, never from the manifest). Reading an
-    epoch verifies all of that epoch's rows (layout, `num_items`, plan fingerprint) before any is replayed; the
-    samples table is checked against the dataset and metadata fingerprints when it is read.
+    fingerprints are read from the Parquet metadata the fingerprints cover, never from the manifest), and
+    verifies every epoch's rows (layout, `num_items`, plan fingerprint), so that a changed last epoch is refused
+    before step 1, not when it starts; reading an epoch verifies its rows again before any is replayed. The plan's
+    token store (`tokens/`) is opened and its digest compared with the one the plan binds. The samples table is
+    checked against the dataset and metadata fingerprints when it is read.
+
+    Every file is opened once (`store.PlanDir`, `token_store.open_store`): a plan recompiled into the same
+    directory (`--overwrite`) while this run trains changes nothing for it; a process that opens afterwards gets
+    the new plan, whole.
 
     `data` repoints the plan at its tokenized data elsewhere (a plan, scan or token store folder, or tokenized
     files); `load_tokens` checks it against the plan's samples.
@@ -85,7 +92,7 @@ class RuntimePlan:
     def __init__(self, plan_dir: str | Path, *, data: str | Path | None = None):
         try:
             self.dir = store.PlanDir(plan_dir)
-        except store.PlanIntegrityError as exc:
+        except (store.PlanIntegrityError, token_store.FileTypeError) as exc:
             raise PlanMismatchError(str(exc)) from None
         self.path = self.dir.path
         self.data = Path(data) if data is not None else None
@@ -98,6 +105,14 @@ class RuntimePlan:
         self._verified: tuple[int, pa.Table] | None = None  # the last epoch read and verified
         self._epoch_batches: dict[int, int] = {}
         self._eval: pa.Table | None = None  # the eval plan, once read and verified
+        for epoch in reversed(range(self.epochs)):  # every epoch now; the first stays cached for step 1
+            self.epoch_rows(epoch)
+        self.tokens: token_store.MappedTokens | None = None  # the plan's own token store, opened with the plan
+        if self.data is None and self.dir.binds_tokens and os.path.lexists(self.path / store.TOKENS_DIR):
+            try:
+                self.tokens = self.dir.open_tokens()
+            except (store.PlanIntegrityError, token_store.FileTypeError) as exc:
+                raise PlanMismatchError(f"{exc}; recompile the plan") from None
 
     # ------------------------------------------------------------ settings
     @property
@@ -208,7 +223,7 @@ class RuntimePlan:
     # ------------------------------------------------------------ eval plan
     @property
     def has_eval(self) -> bool:
-        """Whether the plan holds an eval plan (compiled with `--val-set-size`)."""
+        """Whether the plan holds an eval plan (compiled with `--val-set-size` or a recipe's eval datasets)."""
         return self.dir.has_eval
 
     @property

@@ -18,7 +18,8 @@ and loss comes from the plan. What differs from a plain `SFTTrainer`:
 - the loss is plancc's (fp32 cross entropy over the full logits, sum / the update's plan count x world size), not
   TRL's fused-LM-head loss: `loss_type="nll"` only, and TRL's token-accuracy and entropy metrics are not logged;
 - evaluation is `PlanTrainer.evaluate`: the exact token-mean loss over the plan's eval plan (compile with
-  `--val-set-size`), logged as `eval_loss`; an `eval_dataset` that is not a plan is refused;
+  `--val-set-size` or a recipe's `eval_datasets`), logged as `eval_loss`; an `eval_dataset` that is not a plan is
+  refused;
 - `processing_class` is required: the tokenizer the plan was compiled with (another one is refused, see
   `plancc.runtime.check_tokenizer`); it is saved with checkpoints, and its pad token, else its eos token, pads
   the rows unless `pad_token_id` is given.

@@ -8,18 +8,30 @@ Masks come from prefix differences, so they are exact for any template without k
 
 The full rendering is tokenized once with offsets and exactly the tokens starting inside a span are supervised.
 Templates that rewrite earlier turns (so `upto` is not a prefix of the full text) fall back to locating the turn's
-content in the full text after the previous span. Rendering is sandboxed (no code runs from the template).
+content in the full text after the previous span. Other roles' turns (`roles_to_train`) are found the same way from
+`render(messages[:i])`, without the generation prompt, starting where their content starts.
+
+A template with `{% generation %}...{% endgeneration %}` blocks says itself what is trained: its spans are the
+blocks' output, recorded while rendering exactly as Hugging Face's `return_assistant_tokens_mask` does, and every
+token overlapping one is supervised (`generation_spans`).
+
+`strftime_now` reads a pinned date (`template_date`), never the clock: the same rows render the same text on any day.
+Rendering is sandboxed (no code runs from the template).
 """
 
 from __future__ import annotations
 
 import functools
+import re
+import threading
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from plancc.config import DEFAULT_TEMPLATE_DATE
 from plancc.errors import clip
 
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
@@ -41,63 +53,166 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_tags(template: str) -> bool:
+    """Whether the template marks what is trained with `{% generation %}` blocks (the test Hugging Face uses)."""
+    return _GENERATION_TAG.search(template) is not None
+
+
+def reads_clock(template: str) -> bool:
+    """Whether the template calls `strftime_now` (so its text depends on `template_date`)."""
+    return "strftime_now" in template
+
+
+class _Generation(Extension):
+    """`{% generation %}...{% endgeneration %}`: renders its body and records where that output lands in the
+    text rendered so far (per thread: two threads render with one compiled template)."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def __init__(self, environment):
+        super().__init__(environment)
+        self.state = threading.local()
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(lineno)
+
+    def _mark(self, caller) -> str:
+        text = caller()
+        tracked = getattr(self.state, "tracked", None)
+        if tracked is not None:
+            blocks, spans = tracked
+            start = sum(map(len, blocks))
+            spans.append((start, start + len(text)))
+        return text
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(template: str):
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_Generation, "jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         return env.from_string(template)
     except TemplateError as exc:
         raise TemplateProblem(f"chat template does not compile: {exc}") from None
 
 
+def _clock(date: str):
+    """`strftime_now` reading `date` (YYYY-MM-DD, midnight) instead of the clock."""
+    pinned = datetime.strptime(date, "%Y-%m-%d")
+    return lambda fmt: pinned.strftime(fmt)
+
+
+class Turn(NamedTuple):
+    """Where turn `index` lies in the rendered text: its supervised part [start, content_end) and the end-of-turn
+    markup after it, [content_end, end)."""
+
+    index: int
+    role: str
+    start: int
+    content_end: int
+    end: int
+
+
 class Renderer:
-    """Renders message lists for one (template, bos, eos)."""
+    """Renders message lists for one (template, bos, eos, template date)."""
 
-    def __init__(self, template: str, bos_token: str | None, eos_token: str | None):
+    def __init__(self, template: str, bos_token: str | None, eos_token: str | None,
+                 date: str = DEFAULT_TEMPLATE_DATE):
         self.template = _compile(template)
-        self.extra = {"bos_token": bos_token or "", "eos_token": eos_token or ""}
+        self.tagged = has_generation_tags(template)
+        self.extra = {"bos_token": bos_token or "", "eos_token": eos_token or "", "strftime_now": _clock(date)}
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
-        """The template applied to `messages`; a template error is a `TemplateProblem` naming the template."""
+    def _blocks(self, messages: list[dict[str, str]], add_generation_prompt: bool):
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        **self.extra)
+            yield from self.template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                              **self.extra)
         except TemplateProblem:
             raise
         except Exception as exc:  # jinja surfaces template bugs as many exception types
             raise TemplateProblem(f"chat template failed: {type(exc).__name__}: {exc}") from None
 
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        """The template applied to `messages`; a template error is a `TemplateProblem` naming the template."""
+        return "".join(self._blocks(messages, add_generation_prompt))
+
+    def generation_spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+        """Full rendering and the [start, end) character spans of its `{% generation %}` blocks, in order."""
+        blocks: list[str] = []
+        spans: list[tuple[int, int]] = []
+        ext = next(e for e in self.template.environment.extensions.values() if isinstance(e, _Generation))
+        ext.state.tracked = (blocks, spans)
+        try:
+            for block in self._blocks(messages, False):
+                blocks.append(block)
+        finally:
+            ext.state.tracked = None
+        return "".join(blocks), sorted(spans)
+
     def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Full rendering and the [start, end) character spans of every assistant turn (content + end of turn)."""
+        full, turns = self.turns(messages, {"assistant"}, split=False)
+        return full, [(t.start, t.end) for t in turns if t.end > t.start]
+
+    def turns(self, messages: list[dict[str, str]], roles: set[str] | frozenset[str], split: bool = True
+              ) -> tuple[str, list[Turn]]:
+        """Full rendering and where each turn of one of `roles` lies in it (`split`: where its content ends and
+        its end-of-turn markup starts, one more rendering a turn; else `content_end` is its end)."""
         full = self.render(messages)
-        spans: list[tuple[int, int]] = []
+        out: list[Turn] = []
         cursor = 0
         for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            prefix = self.render(messages[:i], add_generation_prompt=True)
-            upto = self.render(messages[: i + 1])
-            if upto.startswith(prefix) and full.startswith(upto) and len(prefix) >= cursor:
-                a, b = len(prefix), len(upto)
-            else:
-                base = self.render(messages[:i])
-                gen = prefix[len(base):] if prefix.startswith(base) else ""  # the generation prompt
-                k = full.find(gen + m["content"], cursor) if gen else -1
-                a = k + len(gen) if k >= 0 else full.find(m["content"], cursor)
-                if a < 0 or not m["content"]:
-                    raise TemplateProblem(f"chat template renders assistant turn {i} inconsistently across prefixes")
-                b = a + len(m["content"])
-                end = upto.rfind(m["content"])  # upto ends with this turn: what follows its content ends the turn
-                tail = upto[end + len(m["content"]):] if end >= 0 else ""
-                if tail and full.startswith(tail, b):
-                    b += len(tail)
-            if b > a:
-                spans.append((a, b))
-            cursor = b
-        return full, spans
+            if m["role"] in roles:
+                out.append(self._turn(messages, i, full, cursor, split))
+                cursor = out[-1].end
+        return full, out
+
+    def _markup(self, messages: list[dict[str, str]], i: int, turn: str, prefix: str) -> tuple[int, int]:
+        """(header, end) lengths of turn i's markup around its content in `turn` (the turn's text after
+        `prefix`): what the same turn with empty content keeps at each end. A content that ends as the header does
+        (or starts as the end does) lends those characters to the markup."""
+        probe = self.render([*messages[:i], {**messages[i], "content": ""}])
+        if not probe.startswith(prefix):
+            return 0, 0
+        probe = probe[len(prefix):]
+        tail = min(_common(turn[::-1], probe[::-1]), len(probe))
+        head = min(_common(turn, probe), len(probe) - tail)
+        return head, tail
+
+    def _turn(self, messages: list[dict[str, str]], i: int, full: str, cursor: int, split: bool) -> Turn:
+        """Turn i: an assistant turn from its generation prompt on, any other from its content on."""
+        m = messages[i]
+        content, assistant = m["content"], m["role"] == "assistant"
+        prefix = self.render(messages[:i], add_generation_prompt=assistant)
+        upto = self.render(messages[: i + 1])
+        if upto.startswith(prefix) and full.startswith(upto) and len(prefix) >= cursor:
+            a, b = len(prefix), len(upto)
+            head, tail = self._markup(messages, i, upto[a:], prefix) if split else (0, 0)
+            return Turn(i, m["role"], a if assistant else a + head, b - tail, b)
+        base = self.render(messages[:i])
+        gen = prefix[len(base):] if assistant and prefix.startswith(base) else ""  # the generation prompt
+        k = full.find(gen + content, cursor) if gen else -1
+        a = k + len(gen) if k >= 0 else full.find(content, cursor)
+        if a < 0 or not content:
+            raise TemplateProblem(f"chat template renders {m['role']} turn {i} inconsistently across prefixes")
+        c = b = a + len(content)
+        end = upto.rfind(content)  # upto ends with this turn: what follows its content ends the turn
+        tail = upto[end + len(content):] if end >= 0 else ""
+        if tail and full.startswith(tail, b):
+            b += len(tail)
+        return Turn(i, m["role"], a, c, b)
+
+
+def _common(a: str, b: str) -> int:
+    """Length of the common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    return next((j for j in range(n) if a[j] != b[j]), n)
 
 
 def normalize(conversation: Any) -> list[dict[str, str]]:

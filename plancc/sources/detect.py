@@ -94,6 +94,27 @@ def _first_null(src: Source, name: str, arr: pa.ChunkedArray, expected: str) -> 
         raise InputError(f"{src.where(i)}: column '{name}' is missing a value (null), expected {expected}")
 
 
+def _valid_strings(src: Source, name: str, arr: pa.ChunkedArray) -> None:
+    """Strings must be UTF-8: Parquet and Arrow files may hold any bytes in a string column, which fail only when
+    a row is turned into Python text, far from its file. Names the first bad row."""
+    start = 0
+    for chunk in arr.chunks:
+        try:
+            chunk.validate(full=True)
+        except pa.ArrowInvalid:
+            bad = next((i for i in range(len(chunk)) if not _decodes(chunk[i])), 0)
+            raise InputError(f"{src.where(start + bad)}: column '{name}' holds text that is not valid UTF-8") from None
+        start += len(chunk)
+
+
+def _decodes(value: pa.Scalar) -> bool:
+    try:
+        value.as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _string_column(src: Source, name: str, *, allow_null: bool = False) -> pa.ChunkedArray:
     if name in src.loose:
         values = src.loose[name]
@@ -105,10 +126,21 @@ def _string_column(src: Source, name: str, *, allow_null: bool = False) -> pa.Ch
         valid = pc.is_valid(arr)
         i = pc.index(valid, True).as_py() if arr.null_count < len(arr) else 0
         raise InputError(f"{src.where(max(i, 0))}: column '{name}' has type {clip(arr.type)}, expected string")
+    _valid_strings(src, name, arr)
     if allow_null:
         return pc.fill_null(arr, "")
     _first_null(src, name, arr, "a string")
     return arr
+
+
+def _first_fraction(src: Source, name: str, arr: pa.ChunkedArray) -> None:
+    """Name the first value of a list column that is not a whole number: Arrow reads a JSON column holding one
+    `1.5` as floats in every row, so the column's first row is not the one to blame."""
+    for i, values in enumerate(arr.to_pylist()):
+        k = next((k for k, x in enumerate(values or ()) if x is not None and not float(x).is_integer()), None)
+        if k is not None:
+            raise InputError(f"{src.where(i)}: column '{name}' has a list holding float {clip(repr(values[k]), 40)} "
+                             f"at position {k}, expected a list of integers")
 
 
 def _int_list_column(src: Source, name: str) -> pa.ChunkedArray:
@@ -116,8 +148,10 @@ def _int_list_column(src: Source, name: str) -> pa.ChunkedArray:
         _loose_check(src, name, src.loose[name], _is_int_list, "a list of integers")
     arr = src.table.column(name)
     t = arr.type
-    if not ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
-            and (pa.types.is_integer(t.value_type) or pa.types.is_null(t.value_type))):
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    if not (is_list and (pa.types.is_integer(t.value_type) or pa.types.is_null(t.value_type))):
+        if is_list and pa.types.is_floating(t.value_type):
+            _first_fraction(src, name, arr)
         valid = pc.is_valid(arr)
         i = pc.index(valid, True).as_py() if arr.null_count < len(arr) else 0
         raise InputError(f"{src.where(max(i, 0))}: column '{name}' has type {clip(t)}, expected a list of integers")
@@ -153,6 +187,7 @@ def canonical(src: Source, fmt: str) -> pa.Table:
             raise InputError(f"{src.where(0)}: column '{name}' messages have fields {clip(sorted(fields))}, expected "
                              "role+content or from+value")
         _first_null(src, name, arr, "a list of messages")
+        _valid_strings(src, name, arr)
         return pa.table({"messages": arr})
     if fmt == "tokenized":
         for name in REQUIRED[fmt]:

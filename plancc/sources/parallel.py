@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from plancc.errors import PlanccError
-from plancc.sources.encode import Encoded, RowError, encode_table
+from plancc.sources.encode import TRAIN_DEFAULT, Encoded, RowError, Supervise, encode_table
 from plancc.sources.tokenizer import load_tokenizer
 
 Progress = Callable[[str, int, int], None] | None
@@ -37,7 +37,8 @@ def _from_table(table: pa.Table) -> Encoded:
     offsets = np.asarray(ids.offsets, dtype=np.int64)
     # copies: the arrays must outlive the memory-mapped file they were read from
     return Encoded(np.array(ids.flatten().to_numpy(), dtype=np.int32),
-                   np.array(labels.flatten().to_numpy(), dtype=np.int32), offsets - offsets[0])
+                   np.array(labels.flatten().to_numpy(), dtype=np.int32), offsets - offsets[0],
+                   np.array(table.column("end_only").to_numpy(), dtype=bool))
 
 
 def _init_worker(threads: int) -> None:
@@ -47,11 +48,12 @@ def _init_worker(threads: int) -> None:
 
 def _work(args: tuple) -> tuple[str, int, str]:
     """Encode rows [a, b) of the memory-mapped input; returns ("ok", a, out_path) or ("error", row, message)."""
-    in_path, out_path, a, b, fmt, spec, add_eos, template = args
+    in_path, out_path, a, b, fmt, spec, add_eos, template, keep, sup = args
     with pa.memory_map(in_path) as source:
         table = pa.ipc.open_file(source).read_all().slice(a, b - a)
         try:
-            enc = encode_table(table, fmt, load_tokenizer(spec), add_eos=add_eos, row0=a, template=template)
+            enc = encode_table(table, fmt, load_tokenizer(spec), add_eos=add_eos, row0=a, template=template,
+                               keep=keep, sup=sup)
         except RowError as exc:
             return "error", exc.row, exc.message
     with pa.OSFile(out_path, "wb") as sink:
@@ -78,14 +80,15 @@ def workers(num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
 
 def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc: int = 1,
                 progress: Progress = None, template: str | None = None,
-                pool: ProcessPoolExecutor | None = None) -> Encoded:
-    """Encode all rows of a canonical table (`template`: the chat template's text); raises RowError for a row that
-    cannot be rendered. `pool` (from `workers`) encodes in its processes; else `num_proc > 1` starts one for
-    this call."""
+                pool: ProcessPoolExecutor | None = None, keep: int | None = None,
+                sup: Supervise = TRAIN_DEFAULT) -> Encoded:
+    """Encode all rows of a canonical table (`template`: the chat template's text; `keep`, `sup`: see
+    `encode_table`); raises RowError for a row that cannot be rendered. `pool` (from `workers`) encodes in its processes; else
+    `num_proc > 1` starts one for this call."""
     if pool is None and num_proc > 1:
         with workers(num_proc) as own:
             return encode_rows(work, fmt, spec, add_eos=add_eos, num_proc=num_proc, progress=progress,
-                               template=template, pool=own)
+                               template=template, pool=own, keep=keep, sup=sup)
     n = work.num_rows
     size = _chunk_size(n, num_proc if pool is not None else 1)
     bounds = [(a, min(n, a + size)) for a in range(0, n, size)]
@@ -96,7 +99,8 @@ def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc:
         tok = load_tokenizer(spec)
         with ThreadPoolExecutor(2) as threads:
             chunks = threads.map(lambda ab: encode_table(work.slice(ab[0], ab[1] - ab[0]), fmt, tok,
-                                                         add_eos=add_eos, row0=ab[0], template=template),
+                                                         add_eos=add_eos, row0=ab[0], template=template,
+                                                         keep=keep, sup=sup),
                                  bounds)
             for (_, b), enc in zip(bounds, chunks, strict=True):
                 parts.append(enc)
@@ -107,7 +111,8 @@ def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc:
         in_path = str(Path(tmp) / "input.arrow")
         with pa.OSFile(in_path, "wb") as sink, pa.ipc.new_file(sink, work.schema) as writer:
             writer.write_table(work)
-        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos, template) for a, b in bounds]
+        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos, template, keep, sup)
+                for a, b in bounds]
         try:
             for status, where, payload in pool.map(_work, jobs):
                 if status == "error":

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from plancc import store
 from plancc.errors import InputError, PlanccWarning
+from plancc.sources.nesting import check_depth
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
 
@@ -134,12 +135,14 @@ class JsonlRows:
     def read(self, a: int, b: int) -> tuple[pa.Table, dict[str, list[Any]]]:
         """Rows [a, b) of the file and their line numbers (a range behind the cursor reopens the file)."""
         self._skip_to(a)
-        lines, numbers = [], []
+        first, lines, numbers = self.row, [], []
         while self.row < b and (line := self._next_row()) is not None:
             lines.append(line if line.endswith(b"\n") else line + b"\n")
             numbers.append(self.lineno)
+        data = b"".join(lines)
+        check_depth(data, self.path, numbers, first)  # before Arrow, which crashes on deep nesting
         try:
-            table = pajson.read_json(pa.BufferReader(b"".join(lines)),
+            table = pajson.read_json(pa.BufferReader(data),
                                      read_options=pajson.ReadOptions(block_size=1 << 26))
             if table.num_rows == len(lines):
                 return table, {}
@@ -176,6 +179,7 @@ def _count_nonblank(path: str) -> int:
 def _read_json(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
     data = Path(path).read_bytes()
     head = data.lstrip()[:1]
+    check_depth(data, path)
     if head == b"[":
         try:
             rows = orjson.loads(data)
@@ -304,13 +308,20 @@ def _glob(pattern: str) -> list[str]:
     pattern spells the dot). `**` walks the tree itself: a directory reached twice (a symlink loop, or a second
     link to a searched directory) is skipped with a warning instead of searched again, forever."""
     if "**" not in pattern:
+        _listable(os.path.dirname(pattern), pattern)
         return globlib.glob(pattern)
     parts = pattern.split("/")
     fixed = next(i for i, part in enumerate(parts) if globlib.has_magic(part))
     root = "/".join(parts[:fixed]) or ("/" if pattern.startswith("/") else ".")
     pats = parts[fixed:]
     found, visited = [], set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+
+    def unreadable(exc: OSError) -> None:
+        rel = os.path.relpath(exc.filename, root).split(os.sep)
+        if not any(name.startswith(".") and name != "." for name in rel):  # hidden: the pattern never looks in it
+            raise _unreadable(exc.filename, exc, pattern)
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=True):
         st = os.stat(dirpath)
         visited.add((st.st_dev, st.st_ino))
         keep = []
@@ -330,6 +341,26 @@ def _glob(pattern: str) -> list[str]:
         rel = [] if dirpath == root else os.path.relpath(dirpath, root).split(os.sep)
         found += [os.path.join(dirpath, f) for f in filenames if _match([*rel, f], pats)]
     return found
+
+
+def _unreadable(directory: str, exc: OSError, pattern: str) -> InputError:
+    return InputError(f"{directory}: cannot read directory ({exc.strerror}): {pattern} would miss the files in it; "
+                      "make it readable or narrow the pattern")
+
+
+def _listable(parent: str, pattern: str) -> None:
+    """Every directory `pattern` searches can be listed: `glob` skips one it cannot read, and its files with it."""
+    if not globlib.has_magic(parent):
+        return
+    _listable(os.path.dirname(parent), pattern)
+    for d in globlib.glob(parent):
+        try:
+            with os.scandir(d):
+                pass
+        except NotADirectoryError:
+            continue
+        except OSError as exc:
+            raise _unreadable(d, exc, pattern) from None
 
 
 def _match(names: list[str], pats: list[str]) -> bool:

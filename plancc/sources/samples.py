@@ -94,7 +94,7 @@ def _truncate(enc: Encoded, limit: int) -> Encoded:
     keep = pos < limit
     offsets = np.zeros_like(enc.offsets)
     np.cumsum(new_len, out=offsets[1:])
-    return Encoded(enc.ids[keep], enc.labels[keep], offsets)
+    return Encoded(enc.ids[keep], enc.labels[keep], offsets, enc.end_only)
 
 
 def _shift_left(enc: Encoded) -> Encoded:
@@ -103,7 +103,7 @@ def _shift_left(enc: Encoded) -> Encoded:
     out[:-1] = enc.labels[1:]
     ends = enc.offsets[1:][np.diff(enc.offsets) > 0] - 1
     out[ends] = IGNORE_INDEX
-    return Encoded(enc.ids, out, enc.offsets)
+    return Encoded(enc.ids, out, enc.offsets, enc.end_only)
 
 
 @dataclass
@@ -142,7 +142,9 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     targets = label_count - first
     masked = (targets <= 0) & ~(over & (options.long == "drop"))
     report["dropped_all_masked"] = _first_rows(masked)
-    keep = ~masked & ~(over & (options.long == "drop"))
+    end_only = enc.end_only_rows() & ~masked & ~(over & (options.long == "drop"))
+    report["end_only"] = _first_rows(end_only)
+    keep = ~masked & ~(over & (options.long == "drop")) & ~(end_only & options.drop_eos_only)
     report["retained"] = int(keep.sum())
     report["dropped_samples"] = len(lengths) - report["retained"]
     report["truncated_samples"] = report["truncated"]["count"]
@@ -172,22 +174,42 @@ def check_retained(report: dict) -> None:
         )
 
 
+def _end_only(report: dict) -> tuple[int, bool]:
+    """(samples training on an end of turn alone, whether they were dropped)."""
+    entry = report.get("end_only") or {}
+    return int(entry.get("count", 0)), bool(report.get("options", {}).get("drop_eos_only", False))
+
+
 def _drop_parts(report: dict) -> tuple[int, int, str]:
     rows, dropped = report["rows_read"], report["dropped_samples"]
     share = dropped / rows if rows else 0.0
     seq = report.get("options", {}).get("sequence_len")
     why = (f"{report['dropped_long']['count']} longer than --sequence-len {seq}, "
            f"{report['dropped_all_masked']['count']} without a supervised target")
+    ends, gone = _end_only(report)
+    if ends and gone:
+        why += f", {ends} training on the end of turn alone (drop_eos_only)"
     return dropped, rows, f"{dropped} of {rows} samples ({share:.1%}): {why}"
 
 
+def _end_only_warning(report: dict) -> list[str]:
+    """The line for kept samples whose supervised part is only an end of turn (an empty completion or reply)."""
+    ends, gone = _end_only(report)
+    if not ends or gone:
+        return []
+    rows = ", ".join(map(str, report["end_only"]["first_rows"][:5]))
+    return [f"{ends} samples have an empty completion or reply and train on the end of turn (EOS) alone "
+            f"(rows {rows}{', ...' if ends > 5 else ''}); drop them with drop_eos_only = true"]
+
+
 def drop_warning(report: dict) -> str | None:
-    """One line saying how many samples the scan dropped or truncated, and why; None when it kept them all."""
+    """One line saying how many samples the scan dropped or truncated, why, and how many train on an end of turn
+    alone; None when none of these happened."""
     dropped, _, text = _drop_parts(report)
     truncated = report.get("truncated_samples", 0)
     parts = ([f"dropped {text}"] if dropped else []) + (
         [f"truncated {truncated} samples to --sequence-len {report.get('options', {}).get('sequence_len')}"]
-        if truncated else [])
+        if truncated else []) + _end_only_warning(report)
     return "; ".join(parts) or None
 
 

@@ -16,8 +16,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from plancc.errors import InputError
+from plancc.sources.chat import has_generation_tags
 from plancc.sources.tokenizer import Tok
 
 BUILTIN_TEMPLATES = {
@@ -54,9 +56,11 @@ class ChatTemplate:
         """BLAKE2b-128 of the template text (folds into the metadata fingerprint)."""
         return hashlib.blake2b(self.text.encode(), digest_size=16).hexdigest()
 
-    def describe(self) -> dict[str, str]:
-        """Name, origin and fingerprint, as the scan report and manifest record them."""
-        return {"name": self.name, "origin": self.origin, "fingerprint": self.fingerprint}
+    def describe(self) -> dict[str, Any]:
+        """Name, origin and fingerprint, as the scan report and manifest record them (and `generation`: true for a
+        template whose `{% generation %}` blocks mark what is trained)."""
+        tagged = {"generation": True} if has_generation_tags(self.text) else {}
+        return {"name": self.name, "origin": self.origin, "fingerprint": self.fingerprint, **tagged}
 
 
 def resolve(spec: str | None, tok: Tok | None) -> ChatTemplate | None:

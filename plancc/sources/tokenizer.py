@@ -74,7 +74,11 @@ def _template_from(config: dict, config_path: Path) -> tuple[str | None, str | N
         return template, str(config_path)
     jinja_file = config_path.parent / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        try:
+            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{jinja_file}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
+                             f"{exc.start}); save the chat template as UTF-8") from None
     return None, None
 
 
@@ -110,6 +114,9 @@ def _load_tokenizer(spec: str, absolute: str) -> Tok:
             config = orjson.loads(config_path.read_bytes())
         except orjson.JSONDecodeError as exc:
             raise InputError(f"--tokenizer {spec}: {config_path} is not valid JSON ({exc})") from None
+        if not isinstance(config, dict):
+            raise InputError(f"--tokenizer {spec}: {config_path} holds a JSON {type(config).__name__}, expected an "
+                             "object of settings (eos_token, chat_template, ...)")
     template, template_source = _template_from(config, config_path)
     eos, bos = tokenizer_specials(config, lambda t: tok.token_to_id(t) is not None)
     eos_id = tok.token_to_id(eos) if eos is not None else None
