@@ -324,7 +324,7 @@ def recipe_eval(tmp_path_factory) -> Path:
     res = CliRunner().invoke(app, ["compile", "-o", str(tmp / "p"), "--config", str(config), "--cache-dir",
                                    str(tmp / "cache")])
     assert res.exit_code == 0, res.output
-    assert "eval       11 samples held out (--val-set-size 6)" in res.output
+    assert "eval       11 samples held out (eval datasets, --val-set-size 6)" in res.output
     return tmp / "p"
 
 

@@ -52,11 +52,13 @@ def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
     return lines
 
 
-def _eval_lines(ev: dict[str, Any] | None, size: Any) -> list[str]:
-    """The eval plan's line: held-out samples (never trained on), their targets and microbatches."""
+def _eval_lines(ev: dict[str, Any] | None, size: Any, recipe: dict[str, Any] | None) -> list[str]:
+    """The eval plan's line: held-out samples (never trained on), why (a recipe's eval datasets, `--val-set-size`),
+    their targets and microbatches."""
     if ev is None:
         return []
-    why = f"--val-set-size {size}" if size else "eval datasets"
+    evals = any(d["role"] == "eval" for d in (recipe or {}).get("datasets", []))
+    why = ", ".join([*(["eval datasets"] if evals else []), *([f"--val-set-size {size}"] if size else [])])
     return [f"eval       {ev['samples']:,} samples held out ({why}), {ev['label_count']:,} targets in "
             f"{ev['batches']:,} microbatches ({ev['batches_per_rank']:,} per rank)"]
 
@@ -88,7 +90,7 @@ def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[st
     lines = [f"plan       {output}", *_sample_lines(scan, int(manifest["samples"])),
              f"layout     {s['mode']}, {s['micro_batch_size']} x {s['sequence_len']} tokens, world {s['world_size']} "
              f"x accum {s['grad_accum']}, {len(manifest['epochs'])} epoch(s)",
-             *_eval_lines(manifest.get("eval"), s.get("val_set_size")),
+             *_eval_lines(manifest.get("eval"), s.get("val_set_size"), manifest.get("recipe")),
              *_dataset_lines(manifest.get("recipe")),
              "epoch  microbatches  updates  label CV       update CV      efficiency"]
     for e in manifest["epochs"][:MAX_EPOCH_ROWS]:
