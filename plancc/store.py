@@ -165,7 +165,7 @@ class OutputError(PlanccError):
 
 
 # what plancc writes at the top of a plan or scan directory (besides TOKENS_DIR); TOKENIZED_FILE: older plans
-OWN_FILES = {"plan": {PLAN_FILE, SAMPLES_FILE, METRICS_FILE, BEFORE_FILE, MANIFEST_FILE, TOKENIZED_FILE},
+OWN_FILES = {"plan": {PLAN_FILE, SAMPLES_FILE, METRICS_FILE, BEFORE_FILE, MANIFEST_FILE, EVAL_FILE, TOKENIZED_FILE},
              "scan": {SAMPLES_FILE, SCAN_MANIFEST_FILE}}
 SHOWN_FOREIGN = 10  # an `-o` refusal names this many of the paths plancc did not write
 _PART_DIR = re.compile(r"part-\d+")  # a multi-part token store's part folders (`token_store.write_parts`)

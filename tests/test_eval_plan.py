@@ -174,6 +174,9 @@ def test_val_set_size_from_a_config_file_and_the_api(tmp_path):
     for path in (tmp_path / "cli", tmp_path / "api"):
         assert store.PlanDir(path).meta["eval"]["samples"] == 12
     assert plan.manifest["settings"]["val_set_size"] == 0.24
+    # eval.parquet is plancc's own: --overwrite replaces a plan holding one (and keeps refusing foreign files)
+    again = plancc.compile(str(source), tmp_path / "api", sequence_len=64, val_set_size=12, overwrite=True)
+    assert again.manifest["eval"]["samples"] == 12
 
 
 # ---------------------------------------------------------------- validate, runtime, inspect, diff
