@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,11 +204,11 @@ def _rank_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> None:
         json.dump(results, f)
 
 
-@pytest.mark.slow  # a 2-rank gloo process group
-def test_two_ranks_with_different_steps_fall_back_or_refuse(tmp_path):
-    plan = build_plan(tmp_path / "p", n=24, data_seed=1, max_len=16, mode="packed", micro_batch_size=2,
+def _two_ranks(worker, tmp_path: Path, n: int) -> list[dict]:
+    """Run `worker` on 2 gloo ranks over a small plan (failing the test if they hang); each rank's results."""
+    plan = build_plan(tmp_path / "p", n=n, data_seed=1, max_len=16, mode="packed", micro_batch_size=2,
                       sequence_len=16, world_size=2, grad_accum=2)
-    ctx = mp.spawn(_rank_worker, args=(str(plan), str(tmp_path / "ckpt"), str(tmp_path / "store"), str(tmp_path)),
+    ctx = mp.spawn(worker, args=(str(plan), str(tmp_path / "ckpt"), str(tmp_path / "store"), str(tmp_path)),
                    nprocs=2, join=False)
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=5):
@@ -215,7 +216,12 @@ def test_two_ranks_with_different_steps_fall_back_or_refuse(tmp_path):
             for p in ctx.processes:
                 p.kill()
             pytest.fail("the ranks hung")
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.slow  # a 2-rank gloo process group
+def test_two_ranks_with_different_steps_fall_back_or_refuse(tmp_path):
+    results = _two_ranks(_rank_worker, tmp_path, n=24)
     for r in results:
         assert r["agree"] == {"step": 4, "warnings": []}
         assert r["fallback"]["step"] == 2
@@ -364,17 +370,7 @@ def _hostile_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> No
 
 @pytest.mark.slow  # a 2-rank gloo process group
 def test_two_ranks_both_refuse_malformed_and_hostile_files(tmp_path):
-    plan = build_plan(tmp_path / "p", n=16, data_seed=1, max_len=16, mode="packed", micro_batch_size=2,
-                      sequence_len=16, world_size=2, grad_accum=2)
-    ctx = mp.spawn(_hostile_worker, args=(str(plan), str(tmp_path / "ckpt"), str(tmp_path / "store"),
-                                          str(tmp_path)), nprocs=2, join=False)
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the ranks hung")
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    r0, r1 = _two_ranks(_hostile_worker, tmp_path, n=16)
     assert "rank0.json: sampler.epoch: 'x' is not an integer" in r0["malformed"]["error"]
     assert "no step is complete on every rank" in r1["malformed"]["error"]
     assert "rank0.pt: not a readable tensor checkpoint" in r0["pickle"]["error"]
