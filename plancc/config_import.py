@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plancc.config import SETTING_NAMES, SettingsError
+from plancc.config import SettingsError
 
 CONFIG_FORMATS = ("auto", "plancc", "axolotl", "trl")
 BUILTIN_TEMPLATES = ("chatml", "llama3")  # Axolotl chat_template names that are plancc built-ins too
@@ -78,11 +78,9 @@ def translate(data: dict[str, Any], path: Path, config_format: str = "auto") -> 
 
 
 def _mapped(out: Imported, name: str, value: Any, key: str) -> None:
-    """Set plancc setting `name` from their `key`; a setting this plancc lacks goes to the note instead."""
-    if name in SETTING_NAMES or name == "num_proc":
-        out.settings[name] = value
-    else:
-        out.ignored.append(f"{key} (no such plancc setting yet)")
+    """Set plancc setting `name` from their `key` (every name the key tables map to is a plancc setting, a test
+    holds them to that)."""
+    out.settings[name] = value
 
 
 def _tokenizer(data: dict[str, Any], keys: tuple[str, ...]) -> str | None:

@@ -167,8 +167,7 @@ def test_a_trl_sft_config_maps_its_keys(tmp_path):
 
 
 def test_axolotl_masking_keys_map_onto_the_what_is_trained_settings(tmp_path):
-    """train_on_inputs, roles_to_train and train_on_eos keep their names (an entry's its own); val_set_size, which
-    this plancc lacks, is in the note rather than dropped silently."""
+    """train_on_inputs, roles_to_train, train_on_eos and val_set_size keep their names (an entry's its own)."""
     from plancc.config_import import translate
 
     data = {"base_model": "m", "train_on_inputs": True, "val_set_size": 0.05, "train_on_eos": "last",
@@ -178,7 +177,7 @@ def test_axolotl_masking_keys_map_onto_the_what_is_trained_settings(tmp_path):
     assert got.settings["train_on_inputs"] is True and got.settings["train_on_eos"] == "last"
     assert got.settings["datasets"] == [{"path": "a.jsonl", "format": "messages",
                                          "roles_to_train": ["assistant", "user"], "train_on_eos": "all"}]
-    assert "val_set_size (no such plancc setting yet)" in got.ignored
+    assert got.settings["val_set_size"] == 0.05 and not any(k.startswith("val_set_size") for k in got.ignored)
     assert not any(k.startswith(("train_on", "roles_to_train", "datasets[0].")) for k in got.ignored), got.ignored
 
 
@@ -218,3 +217,11 @@ def test_config_format_without_a_config_is_an_error(tmp_path):
     src = write_rows(tmp_path / "d.jsonl", [{"text": "hi"}])
     res = _cli("scan", src, "-o", tmp_path / "s", "--tokenizer", "builtin", "--config-format", "axolotl", cwd=tmp_path)
     assert res.returncode == 2 and "--config-format axolotl describes a --config file" in res.stderr, res.stderr
+
+
+def test_every_key_they_map_is_a_plancc_setting():
+    """The key tables name only settings plancc has (a mapped key can never vanish into an unknown setting)."""
+    from plancc.config import SETTING_NAMES
+    from plancc.config_import import AXOLOTL_KEYS, TRL_KEYS
+
+    assert {*AXOLOTL_KEYS.values(), *TRL_KEYS.values()} <= {*SETTING_NAMES, "num_proc"}
