@@ -135,3 +135,18 @@ def pc_rows(n: int = 12) -> list[dict]:
 def alpaca_rows(n: int = 12) -> list[dict]:
     return [{"instruction": f"Add {i} and {i}.", "input": "" if i % 2 else f"numbers {i}", "output": str(2 * i)}
             for i in range(n)]
+
+
+def supervised_runs(ids: list[int], labels: list[int]) -> list[list[int]]:
+    """The maximal runs of supervised tokens of a row (each label equal to its token)."""
+    runs, cur = [], []
+    for t, lab in zip(ids, labels, strict=True):
+        if lab != -100:
+            assert lab == t
+            cur.append(t)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return runs

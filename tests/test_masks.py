@@ -24,6 +24,7 @@ from tests.sources_fixtures import (
     DEEPSEEK_JSON,
     GENERATION_CHATML,
     chatterbot_conversations,
+    supervised_runs,
     write_rows,
     write_template,
 )
@@ -38,17 +39,7 @@ def _rows(result) -> list[dict]:
 
 def _trained(tok, row: dict) -> list[str]:
     """The supervised runs of a row, decoded."""
-    runs, cur = [], []
-    for t, lab in zip(row["input_ids"], row["labels"], strict=True):
-        if lab != -100:
-            assert lab == t
-            cur.append(t)
-        elif cur:
-            runs.append(cur)
-            cur = []
-    if cur:
-        runs.append(cur)
-    return [tok.decode(r, skip_special_tokens=False) for r in runs]
+    return [tok.decode(r, skip_special_tokens=False) for r in supervised_runs(row["input_ids"], row["labels"])]
 
 
 # ---------------------------------------------------------------- {% generation %} masks, against transformers

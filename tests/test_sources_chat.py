@@ -13,23 +13,15 @@ from plancc.scan import scan
 from plancc.sources.chat import Renderer
 from plancc.sources.templates import BUILTIN_TEMPLATES
 from plancc.sources.tokenizer import load_tokenizer
-from tests.sources_fixtures import TEMPLATES, chatterbot_conversations, deepseek_dir, write_rows
+from tests.sources_fixtures import (
+    TEMPLATES,
+    chatterbot_conversations,
+    deepseek_dir,
+    supervised_runs,
+    write_rows,
+)
 
 BUILTIN_CHAT = ScanOptions(tokenizer="builtin", chat_template="chatml")
-
-
-def _runs(ids: list[int], labels: list[int]) -> list[list[int]]:
-    runs, cur = [], []
-    for t, lab in zip(ids, labels, strict=True):
-        if lab != -100:
-            assert lab == t
-            cur.append(t)
-        elif cur:
-            runs.append(cur)
-            cur = []
-    if cur:
-        runs.append(cur)
-    return runs
 
 
 @pytest.mark.parametrize("template", sorted(TEMPLATES))
@@ -45,7 +37,7 @@ def test_masks_exact_real_tokenizer(tmp_path, template):
     trim = template == "llama3"
     for conv, row in zip(convs, table, strict=True):
         expected = [(m["content"].strip() if trim else m["content"]) + eot for m in conv if m["role"] == "assistant"]
-        decoded = [tok.decode(r, skip_special_tokens=False) for r in _runs(row["input_ids"], row["labels"])]
+        decoded = [tok.decode(r, skip_special_tokens=False) for r in supervised_runs(row["input_ids"], row["labels"])]
         assert decoded == expected
 
 
@@ -102,4 +94,4 @@ def test_template_not_prefix_stable_falls_back_to_content(tmp_path):
     tok = load_tokenizer(str(tok_dir)).tokenizer
     for conv, row in zip(convs, token_store.to_table(result.tokenized_path).to_pylist(), strict=True):
         expected = [m["content"] + "<|im_end|>\n" for m in conv if m["role"] == "assistant"]
-        assert [tok.decode(r, skip_special_tokens=False) for r in _runs(row["input_ids"], row["labels"])] == expected
+        assert [tok.decode(r, skip_special_tokens=False) for r in supervised_runs(row["input_ids"], row["labels"])] == expected
