@@ -167,49 +167,55 @@ def _resume(ckpt: str, sampler: PlanSampler, model) -> dict:
     return {**out, "warnings": [str(w.message) for w in caught]}
 
 
-def _rank_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> None:
-    """Save steps 2 and 4 on both ranks, then resume three times, damaging files in between (rank 0 does)."""
+def _in_group(rank: int, scenario, plan: str, ckpt: str, store: str, out: str) -> None:
+    """mp.spawn's target: `scenario(rank, plan, ckpt, out, results)` inside a 2-rank gloo group, then this rank's
+    results written to `out/rank<r>.json`."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     torch.set_num_threads(1)
-    results = {}
+    results: dict = {}
     try:
-        sampler = PlanSampler(plan)
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 4)
-        for step in (2, 4):
-            save_checkpoint(ckpt, step, {"model": model.state_dict()}, sampler=sampler, keep=3)
-        results["agree"] = _resume(ckpt, sampler, model)
-        dist.barrier()
-        if rank == 0:  # rank 1's step 4 never finished (a kill between the ranks' saves; `latest` still at 4)
-            (step_dir(ckpt, 4) / "rank1.json").unlink()
-        dist.barrier()
-        results["fallback"] = _resume(ckpt, sampler, model)
-        dist.barrier()
-        if rank == 0:  # rank 0's step 2 damaged (same size): found only when loading it, after the ranks agreed
-            pt = step_dir(ckpt, 2) / "rank0.pt"
-            data = bytearray(pt.read_bytes())
-            data[-100] ^= 0xFF
-            pt.write_bytes(bytes(data))
-        dist.barrier()
-        results["damaged"] = _resume(ckpt, sampler, model)
-        dist.barrier()
-        if rank == 0:  # and rank 0's step 2 is gone: no step in common
-            (step_dir(ckpt, 2) / "rank0.pt").unlink()
-        dist.barrier()
-        results["refuse"] = _resume(ckpt, sampler, model)
-        dist.barrier()
+        scenario(rank, plan, ckpt, out, results)
     finally:
         dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
 
 
+def _rank_worker(rank: int, plan: str, ckpt: str, out: str, results: dict) -> None:
+    """Save steps 2 and 4 on both ranks, then resume three times, damaging files in between (rank 0 does)."""
+    sampler = PlanSampler(plan)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    for step in (2, 4):
+        save_checkpoint(ckpt, step, {"model": model.state_dict()}, sampler=sampler, keep=3)
+    results["agree"] = _resume(ckpt, sampler, model)
+    dist.barrier()
+    if rank == 0:  # rank 1's step 4 never finished (a kill between the ranks' saves; `latest` still at 4)
+        (step_dir(ckpt, 4) / "rank1.json").unlink()
+    dist.barrier()
+    results["fallback"] = _resume(ckpt, sampler, model)
+    dist.barrier()
+    if rank == 0:  # rank 0's step 2 damaged (same size): found only when loading it, after the ranks agreed
+        pt = step_dir(ckpt, 2) / "rank0.pt"
+        data = bytearray(pt.read_bytes())
+        data[-100] ^= 0xFF
+        pt.write_bytes(bytes(data))
+    dist.barrier()
+    results["damaged"] = _resume(ckpt, sampler, model)
+    dist.barrier()
+    if rank == 0:  # and rank 0's step 2 is gone: no step in common
+        (step_dir(ckpt, 2) / "rank0.pt").unlink()
+    dist.barrier()
+    results["refuse"] = _resume(ckpt, sampler, model)
+    dist.barrier()
+
+
 def _two_ranks(worker, tmp_path: Path, n: int) -> list[dict]:
     """Run `worker` on 2 gloo ranks over a small plan (failing the test if they hang); each rank's results."""
     plan = build_plan(tmp_path / "p", n=n, data_seed=1, max_len=16, mode="packed", micro_batch_size=2,
                       sequence_len=16, world_size=2, grad_accum=2)
-    ctx = mp.spawn(worker, args=(str(plan), str(tmp_path / "ckpt"), str(tmp_path / "store"), str(tmp_path)),
-                   nprocs=2, join=False)
+    ctx = mp.spawn(_in_group, args=(worker, str(plan), str(tmp_path / "ckpt"), str(tmp_path / "store"),
+                                    str(tmp_path)), nprocs=2, join=False)
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
@@ -335,37 +341,29 @@ def test_a_pickle_that_runs_code_is_refused_never_run(setup, tmp_path):
     _refused(setup, tmp_path, r"rank0.pt: not a plancc checkpoint's tensors")
 
 
-def _hostile_worker(rank: int, plan: str, ckpt: str, store: str, out: str) -> None:
+def _hostile_worker(rank: int, plan: str, ckpt: str, out: str, results: dict) -> None:
     """One step saved on both ranks; rank 0's files then made malformed, then hostile: every rank must refuse."""
     import hashlib
     import pickle
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    results = {}
-    try:
-        sampler = PlanSampler(plan)
-        model = torch.nn.Linear(2, 2)
-        save_checkpoint(ckpt, 1, {"model": model.state_dict()}, sampler=sampler)
-        d = step_dir(ckpt, 1)
-        dist.barrier()
-        if rank == 0:
-            _edit(d / "rank0.json", lambda m: m["sampler"].update(epoch="x"))
-        dist.barrier()
-        results["malformed"] = _resume(ckpt, sampler, model)
-        dist.barrier()
-        if rank == 0:
-            evil = pickle.dumps({"state": _RunsCode(os.path.join(out, "ran")), "grads": None})
-            (d / "rank0.pt").write_bytes(evil)
-            _edit(d / "rank0.json", lambda m: (m["sampler"].update(epoch=0), m["tensors"].update(
-                bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest())))
-        dist.barrier()
-        results["pickle"] = _resume(ckpt, sampler, model)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
+    sampler = PlanSampler(plan)
+    model = torch.nn.Linear(2, 2)
+    save_checkpoint(ckpt, 1, {"model": model.state_dict()}, sampler=sampler)
+    d = step_dir(ckpt, 1)
+    dist.barrier()
+    if rank == 0:
+        _edit(d / "rank0.json", lambda m: m["sampler"].update(epoch="x"))
+    dist.barrier()
+    results["malformed"] = _resume(ckpt, sampler, model)
+    dist.barrier()
+    if rank == 0:
+        evil = pickle.dumps({"state": _RunsCode(os.path.join(out, "ran")), "grads": None})
+        (d / "rank0.pt").write_bytes(evil)
+        _edit(d / "rank0.json", lambda m: (m["sampler"].update(epoch=0), m["tensors"].update(
+            bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest())))
+    dist.barrier()
+    results["pickle"] = _resume(ckpt, sampler, model)
+    dist.barrier()
 
 
 @pytest.mark.slow  # a 2-rank gloo process group
