@@ -39,7 +39,7 @@ from bench_compile import WORK, samples_file
 from synthetic import sft_mix
 
 from plancc.config import PlanSettings
-from plancc.pipeline import plan_epoch
+from plancc.planner.pipeline import plan_epoch
 
 # (n, micro_batch_size) -> rows, label CV before, after, update CV after, seconds (median)
 REFERENCE = {
@@ -140,7 +140,7 @@ def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> 
     """Packed microbatches: plancc vs the reference's packing + balance_labels on the same draws."""
     import reference
 
-    from plancc.metrics import summarize
+    from plancc.planner.metrics import summarize
 
     sampler_cls, balanced = reference.microbatch_sampler(path)
     what = ("its packing + balance_labels (microbatch stage; no accumulation or rank ordering)" if balanced else
@@ -194,8 +194,8 @@ FIXED_METRICS = (  # (metrics key or derived name, header, format); lower is bet
 
 def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
     """The FIXED_METRICS of one plan (plancc's or the reference's), by plancc's metric definitions."""
-    from plancc.metrics import summarize
     from plancc.plan import batch_cost
+    from plancc.planner.metrics import summarize
 
     m = summarize(b, s, settings)
     m["cost_cv"] = m["std_batch_cost"] / m["mean_batch_cost"]
@@ -259,7 +259,7 @@ def cost_table(sizes: list[int], seeds: list[int]) -> None:
     print("| layout, samples | rank attention CV | mean rank attention spread (M) | attention CV | "
           f"rank cost CV | draws of {len(seeds)} where attention is not above tokens |")
     print("|---|---|---|---|---|---|")
-    from plancc.metrics import summarize
+    from plancc.planner.metrics import summarize
 
     for mode, mbs in (("packed", 4), ("flattened", 4), ("padded", 4)):
         for n in sizes:

@@ -37,8 +37,8 @@ def samples_table(n: int, seed: int = 0) -> pa.Table:
 def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
     from plancc.build import write_plan_dir
     from plancc.config import PlanSettings
-    from plancc.pipeline import compile_plan
-    from plancc.store import sample_arrays
+    from plancc.planner.pipeline import compile_plan
+    from plancc.store.plan_store import sample_arrays
 
     t0 = time.perf_counter()
     settings = PlanSettings(sequence_len=4096, world_size=8, grad_accum=4, seed=seed, balance=balance)
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/plancc-bench-diff"))
     args = ap.parse_args()
 
-    from plancc.diff import diff_plans
+    from plancc.review.diff import diff_plans
 
     root = args.cache / f"n{args.samples}{'-balanced' if args.balance else ''}"
     old, new = root / "old", root / "new"

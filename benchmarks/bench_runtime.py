@@ -1,7 +1,7 @@
 """Runtime: load one rank's epoch of a 10M-sample plan, and the per-microbatch sampler + collator overhead.
 
 1. Load: a 10M-sample plan (synthetic SFT mix, packed 4 x 4096 tokens per microbatch, W=8, G=4), built once with
-   plancc.pipeline + plancc.build.write_plan_dir and cached under $PLANCC_BENCH_DIR (/tmp/plancc-bench). Each run is a
+   plancc.planner.pipeline + plancc.build.write_plan_dir and cached under $PLANCC_BENCH_DIR (/tmp/plancc-bench). Each run is a
    fresh process that opens the plan and reads rank 0's epoch 0 (`PlanSampler(...)._epoch_data()`): the time of
    that read (median of runs) and the process's peak RSS, also net of the imports. Goal: <= 1 s, <= 500 MB.
 2. Overhead: on a 20k-sample plan with real tokens, the time per microbatch of `sampler.microbatch(p)` +
@@ -52,7 +52,7 @@ def big_plan(n: int) -> Path:
 
     from plancc import build
     from plancc.config import PlanSettings
-    from plancc.pipeline import compile_plan
+    from plancc.planner.pipeline import compile_plan
 
     t0 = time.perf_counter()
     s = sft_mix(n, seed=0)

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from plancc import build, store, token_store
+from plancc import build
 from plancc.config import PlanSettings
-from plancc.fingerprint import token_hashes
-from plancc.pipeline import compile_run
 from plancc.plan import SampleArrays
+from plancc.planner.pipeline import compile_run
+from plancc.store import plan_store, token_store
+from plancc.store.fingerprint import token_hashes
 
 
 def sft_mix(n: int, seed: int = 0, sequence_len: int = 4096) -> SampleArrays:
@@ -92,7 +93,7 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     tmp.mkdir(parents=True, exist_ok=True)
     table = samples_table(tok, shift)
     path = write_tokens(tmp / "tokens", tok, table, shift)
-    s = store.sample_arrays(table)
+    s = plan_store.sample_arrays(table)
     ps = PlanSettings(seed=seed, **settings)
     run = compile_run(s, ps)
     out = tmp / "plan"
@@ -105,6 +106,6 @@ def write_tokens(path: Path, tok: pa.Table, samples: pa.Table, shift: str = "sam
     ids = tok.column("input_ids").combine_chunks()
     lab = tok.column("shift_labels" if shift == "none" else "labels").combine_chunks()
     token_store.write_store(path, ids.flatten().to_numpy(), lab.flatten().to_numpy(),
-                            np.asarray(ids.offsets, dtype=np.int64), fingerprints=store.samples_fingerprints(samples),
+                            np.asarray(ids.offsets, dtype=np.int64), fingerprints=plan_store.samples_fingerprints(samples),
                             labels_shifted=shift == "none", chunk_tokens=64)
     return path

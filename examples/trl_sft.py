@@ -55,7 +55,7 @@ def tokenizer_for(path: str | None, plan: RuntimePlan):
 
 def builtin_tokenizer() -> PreTrainedTokenizerFast:
     """plancc's built-in byte-level tokenizer (what `tokenizer = "builtin"` compiles with) for transformers."""
-    from plancc.sources.tokenizer import BUILTIN, load_tokenizer
+    from plancc.scan.sources.tokenizer import BUILTIN, load_tokenizer
 
     tok = load_tokenizer(BUILTIN)
     return PreTrainedTokenizerFast(tokenizer_object=tok.tokenizer, eos_token=tok.eos_token, pad_token="<|pad|>",

@@ -20,8 +20,8 @@ def main() -> None:
     """Install the start-up interrupt handler, then import and run the CLI."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _startup_interrupt)
-    if os.environ.get("PLANCC_FAULT"):  # tests only; plancc.atomic is not imported for nothing
-        from plancc import atomic
+    if os.environ.get("PLANCC_FAULT"):  # tests only; plancc.store.atomic is not imported for nothing
+        from plancc.store import atomic
 
         atomic.fault("startup")
     from plancc.cli import app

@@ -21,10 +21,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from plancc import atomic, store
 from plancc.config import PlanSettings, SettingsError, resolve_settings
 from plancc.errors import InputError
-from plancc.store import EpochMicrobatches
+from plancc.store import atomic, plan_store
+from plancc.store.plan_store import EpochMicrobatches
 
 Progress = Callable[[str, int, int], None]
 
@@ -58,7 +58,7 @@ class Plan:
 
     def metrics(self, epoch: int | None = None) -> list[dict[str, Any]]:
         """Metric rows `{epoch, stage, metric...}` (stages `before` ... `after`), as `plancc inspect metrics`."""
-        from plancc.inspect import read_metrics
+        from plancc.review.inspect import read_metrics
 
         return read_metrics(self.path, epoch)
 
@@ -68,13 +68,13 @@ class Plan:
             raise SettingsError(f"epoch {epoch}: the plan has epochs {self.epochs}")
         if rank is not None and not 0 <= rank < self.settings.world_size:
             raise SettingsError(f"rank {rank}: the plan has ranks 0..{self.settings.world_size - 1}")
-        return store.PlanDir(self.path).read_share(epoch, rank)
+        return plan_store.PlanDir(self.path).read_share(epoch, rank)
 
 
 def open_plan(path: str | Path) -> Plan:
     """Open a plan directory written by `compile` (or `plancc compile`); nothing is read but the plan file's
-    metadata (`store.PlanDir`: the manifest, of which `manifest.json` is only the mirror)."""
-    plan = store.PlanDir(path)
+    metadata (`plan_store.PlanDir`: the manifest, of which `manifest.json` is only the mirror)."""
+    plan = plan_store.PlanDir(path)
     manifest = {k: v for k, v in plan.meta.items() if k != "kind"}
     warnings = [*manifest.get("warnings", []), *degenerate_warnings(manifest, plan.settings)]
     return Plan(plan.path, plan.settings, plan.fingerprints, manifest.get("scan", {}), manifest, tuple(warnings))
@@ -99,7 +99,7 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
 
     if not isinstance(dataset, Dataset):
         raise SettingsError(f"source must be a path, glob, Hub id or datasets.Dataset, got {type(dataset).__name__}")
-    from plancc.scan import default_cache_dir
+    from plancc.scan.scanner import default_cache_dir
 
     folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "datasets"
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
 def _engine(engine: str, ray_address: str | None, num_proc: int | None, progress: Progress | None
             ) -> tuple[Callable[..., Any] | None, int]:
     """The scan's shard runner (None: the local engine, `num_proc` processes) and its default shard rows."""
-    from plancc.shard import SHARD_ROWS
+    from plancc.scan.shard import SHARD_ROWS
 
     if engine == "local":
         if ray_address is not None:
@@ -125,9 +125,9 @@ def _engine(engine: str, ray_address: str | None, num_proc: int | None, progress
         return None, SHARD_ROWS
     if engine != "ray":
         raise SettingsError(f"--engine {engine}: expected local or ray")
-    from plancc import ray_scan
+    from plancc.scan import ray_engine
 
-    return ray_scan.ray_engine(address=ray_address, num_cpus=num_proc, progress=progress), ray_scan.SHARD_ROWS
+    return ray_engine.ray_engine(address=ray_address, num_cpus=num_proc, progress=progress), ray_engine.SHARD_ROWS
 
 
 def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
@@ -140,10 +140,10 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
     `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`) scans only shard I of N of the source's rows into
     a partial scan, for `merge` to join with the others; `shard_rows` is the scan's shard size (memory, resume
     granularity and, on Ray, the unit of work; the result is the same for any value). `engine="ray"` scans on
-    Ray (`plancc.ray_scan`): a local Ray of `num_proc` CPUs (default all) started for the call, or the cluster at
+    Ray (`plancc.scan.ray_engine`): a local Ray of `num_proc` CPUs (default all) started for the call, or the cluster at
     `ray_address` (`"auto"`: the one this machine belongs to); the result is the local engine's, byte for byte.
     """
-    from plancc import scan as scan_mod
+    from plancc.scan import scanner as scan_mod
 
     cache = Path(cache_dir) if cache_dir is not None else None
     options, _, procs, _ = resolve_settings(config, num_proc, config_format, **settings)
@@ -152,7 +152,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
     if runner is not None and index_count is not None:
         raise SettingsError("--shard scans one part in this process (a job runner runs the others): use "
                             "--engine local, or --engine ray without --shard for the whole source")
-    store.check_output(output, overwrite=overwrite)  # before any work
+    plan_store.check_output(output, overwrite=overwrite)  # before any work
     if not isinstance(source, str | os.PathLike):
         source = _materialize(source, cache)
     if index_count is not None:
@@ -174,7 +174,7 @@ def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
             index, count = (int(x) for x in str(spec).split("/"))
         except ValueError:
             raise InputError(f"--shard {spec}: expected I/N, e.g. --shard 0/8 (shard I from 0 of N)") from None
-    from plancc.shard import shard_range
+    from plancc.scan.shard import shard_range
 
     shard_range(0, index, count)  # checks 0 <= I < N
     return index, count
@@ -183,7 +183,7 @@ def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
 def merge(parts: list[str | Path], output: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """Join the partial scans `parts` (`scan(..., shard="I/N")`) into the scan directory `output` after checking
     they fit (same source, options, tokenizer, template; disjoint and complete rows); returns its report."""
-    from plancc import merge as merge_mod
+    from plancc.scan import merge as merge_mod
 
     return merge_mod.merge([Path(p) for p in parts], output, overwrite=overwrite)
 
@@ -201,7 +201,7 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML file under them (an Axolotl or
     TRL config too: `config_format`, `plancc.config_import`). `output` must be absent, empty, or (with
     `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else there is refused,
-    `store.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
+    `plan_store.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
     naming the setting to change.
     """
     from plancc.build import compile_recipe, compile_to_dir

@@ -5,7 +5,7 @@ scan cache key); `PlanSettings` decide the plan given a samples table (and so th
 Settings that cannot change a plan (`num_proc`, `quiet`, output paths) live in neither.
 
 `sequence_len` and `shift` are the two that both hold: the samples table means what it means under them (lengths
-cut or dropped, label counts), and the plan is hashed with them. The scan's values win: `plancc.carry` copies
+cut or dropped, label counts), and the plan is hashed with them. The scan's values win: `plancc.scan.carry` copies
 them into `PlanSettings` for a scan or plan directory given as source (or a scan's samples.parquet alone, whose
 metadata records them), and refuses a flag that contradicts them.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from plancc.errors import PlanccError
+from plancc.errors import SettingsError
 
 
 class Choice(StrEnum):
@@ -72,15 +72,6 @@ FORMATS = ("auto", "tokenized", "prompt_completion", "alpaca", "messages", "text
 # what --columns may map a source field onto: every column name some format reads
 ROLES = ("input_ids", "labels", "shift_labels", "prompt", "completion", "instruction", "input", "output", "messages",
          "conversations", "text")
-
-
-class SettingsError(PlanccError):
-    """A setting is missing, out of range or inconsistent; the message names it (`setting`: its name, when one
-    setting alone is wrong, so that `resolve_settings` can say which config file set it)."""
-
-    def __init__(self, message: str, setting: str | None = None):
-        super().__init__(message)
-        self.setting = setting
 
 
 def flag(name: str) -> str:
@@ -223,12 +214,12 @@ class ScanOptions:
     shift: Shift = Shift.SAMPLE
     add_eos: bool = True
     max_dropped: float = 0.05
-    # how a format's fields become text (`plancc.sources.detect.shape`); left out of the scan key at their defaults
+    # how a format's fields become text (`plancc.scan.sources.detect.shape`); left out of the scan key at their defaults
     prompt_format: str | None = None  # alpaca: the prompt, with {instruction} and {input}
     no_input_format: str | None = None  # alpaca rows with an empty input: the prompt, with {instruction}
     separator: str = ""  # prompt_completion: text between prompt and completion (not supervised)
     message_fields: tuple[tuple[str, str], ...] = ()  # messages: role=FIELD,content=FIELD of each message
-    # what is trained (`plancc.sources.encode.Supervise`); left out of the scan key at their defaults
+    # what is trained (`plancc.scan.sources.encode.Supervise`); left out of the scan key at their defaults
     roles_to_train: tuple[str, ...] = ("assistant",)
     train_on_eos: str = "turn"
     train_on_inputs: bool = False
@@ -310,7 +301,7 @@ class PlanSettings:
     cost: CostMode = CostMode.TOKENS
     val_set_size: float = 0  # held out for evaluation: a fraction in (0, 1), a count >= 1, or 0 (none)
     # a recipe's datasets in recipe order: (name, role "train"/"eval", "repeat"/"weight", value); empty for one
-    # source (`plancc.mixture`)
+    # source (`plancc.planner.mixture`)
     mixture: tuple[tuple[str, str, str, float], ...] = ()
     samples_per_epoch: int | None = None
 
@@ -557,7 +548,7 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
                      **settings: Any) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
     """Defaults < `config` file (TOML/YAML; `config_format`: see `load_config_file`) < keyword settings (None
     means "not given"); also `num_proc` and the names set on purpose (which a scan directory's carried options
-    must not contradict: `plancc.carry`)."""
+    must not contradict: `plancc.scan.carry`)."""
     if not config and config_format != "auto":
         raise SettingsError(f"--config-format {config_format} describes a --config file; none was given",
                             "config_format")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plancc.config import SettingsError
+from plancc.errors import SettingsError
 
 CONFIG_FORMATS = ("auto", "plancc", "axolotl", "trl")
 BUILTIN_TEMPLATES = ("chatml", "llama3")  # Axolotl chat_template names that are plancc built-ins too

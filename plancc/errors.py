@@ -9,6 +9,15 @@ class InputError(PlanccError):
     """A source file, row or column cannot be used."""
 
 
+class SettingsError(PlanccError):
+    """A setting is missing, out of range or inconsistent; the message names it (`setting`: its name, when one
+    setting alone is wrong, so that `resolve_settings` can say which config file set it)."""
+
+    def __init__(self, message: str, setting: str | None = None):
+        super().__init__(message)
+        self.setting = setting
+
+
 def clip(value: object, limit: int = 120) -> str:
     """`str(value)` cut to `limit` characters on one line, so a deeply nested type or value cannot flood a message."""
     text = " ".join(str(value).split())

@@ -1,4 +1,4 @@
-"""The metrics table's columns (docs/spec.md §6): name and kind of every value `plancc.metrics.summarize` returns.
+"""The metrics table's columns (docs/spec.md §6): name and kind of every value `plancc.planner.metrics.summarize` returns.
 
 Data only, so the store types the table (`store.metrics_schema`) and the read side lists it without importing the
 pipeline's code; `schemas/metrics.arrow.json` documents each column and a test holds the two together.

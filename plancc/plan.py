@@ -35,7 +35,7 @@ class SampleArrays:
         return int(self.length.shape[0])
 
     def take(self, positions: np.ndarray) -> SampleArrays:
-        """The samples at `positions` (a multiset: a recipe's epoch, `plancc.mixture`; a position twice is the
+        """The samples at `positions` (a multiset: a recipe's epoch, `plancc.planner.mixture`; a position twice is the
         sample twice)."""
         return SampleArrays(self.sample_id[positions], self.length[positions], self.label_count[positions],
                             self.first_label_supervised[positions])

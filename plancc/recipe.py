@@ -1,4 +1,4 @@
-"""A recipe: several datasets, each scanned on its own, planned as one mixture (`plancc.mixture`).
+"""A recipe: several datasets, each scanned on its own, planned as one mixture (`plancc.planner.mixture`).
 
 Datasets come from a config file's `datasets` (training) and `eval_datasets` lists, or from several sources given
 to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of a config entry). An entry::

@@ -1,6 +1,6 @@
 """A recipe's datasets as one samples table and one token store.
 
-Each dataset is loaded as a single source would be (`build.load_samples`: scanned into the scan cache under its
+Each dataset is loaded as a single source would be (`plancc.scan.load.load_samples`: scanned into the scan cache under its
 own key, or reused, so changing one dataset rescans only that one; a scan or plan directory is read as is), with
 its own `--max-dropped` check (an error names the dataset). Then, in recipe order:
 
@@ -26,8 +26,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc import store, token_store
-from plancc.carry import carry
 from plancc.config import (
     SHARED_SETTINGS,
     PlanSettings,
@@ -37,9 +35,11 @@ from plancc.config import (
     default_cache_dir,
 )
 from plancc.errors import InputError, PlanccError
-from plancc.fingerprint import scan_identity
-from plancc.mixture import dataset_index
+from plancc.planner.mixture import dataset_index
 from plancc.recipe import DatasetSpec
+from plancc.scan.carry import carry
+from plancc.store import plan_store, token_store
+from plancc.store.fingerprint import scan_identity
 
 COUNTED = ("rows_read", "retained", "dropped_samples", "truncated_samples")
 
@@ -59,7 +59,7 @@ class Loaded:
         """Rows its sample ids address: the token store's, else one past the largest id."""
         if self.tokens is not None:
             return int(token_store.read_header(self.tokens)["rows"])
-        return int(store.column(self.table, "sample_id")[-1]) + 1
+        return int(plan_store.column(self.table, "sample_id")[-1]) + 1
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Joined:
 
 
 def _load_one(spec: DatasetSpec, scan_options: ScanOptions, settings: PlanSettings, given: Any, **kw: Any) -> Loaded:
-    from plancc.build import load_samples
+    from plancc.scan.load import load_samples
 
     options = spec.scan_options(scan_options)
     try:
@@ -92,9 +92,9 @@ def _is_stored(path: str) -> bool:
     """Whether a dataset's path is a scan or plan directory or a samples table (its options are what they are)."""
     p = Path(path)
     if p.is_dir():
-        return (p / store.SAMPLES_FILE).is_file()
+        return (p / plan_store.SAMPLES_FILE).is_file()
     try:
-        return p.suffix == ".parquet" and set(pq.read_schema(p).names) == set(store.SAMPLES_SCHEMA.names)
+        return p.suffix == ".parquet" and set(pq.read_schema(p).names) == set(plan_store.SAMPLES_SCHEMA.names)
     except (OSError, pa.ArrowException):
         return False
 
@@ -132,10 +132,10 @@ def _agree(loaded: list[Loaded]) -> None:
 
 
 def _with_ids(d: Loaded, first_id: int) -> pa.Table:
-    table = d.table.select(store.SAMPLES_SCHEMA.names).cast(store.SAMPLES_SCHEMA)
-    ids = store.column(table, "sample_id") + first_id
-    table = table.set_column(0, store.SAMPLES_SCHEMA.field(0), store.arrow_array(ids, pa.int64()))
-    return table.append_column(store.RECIPE_SAMPLES_SCHEMA.field(store.DATASET_COLUMN),
+    table = d.table.select(plan_store.SAMPLES_SCHEMA.names).cast(plan_store.SAMPLES_SCHEMA)
+    ids = plan_store.column(table, "sample_id") + first_id
+    table = table.set_column(0, plan_store.SAMPLES_SCHEMA.field(0), plan_store.arrow_array(ids, pa.int64()))
+    return table.append_column(plan_store.RECIPE_SAMPLES_SCHEMA.field(plan_store.DATASET_COLUMN),
                                _repeated(d.spec.name, table.num_rows))
 
 
@@ -149,7 +149,7 @@ def _repeated(text: str, n: int) -> pa.Array:
 
 def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
     """What the manifest says of one dataset: where it is, how it mixes, its scan's counts and fingerprints."""
-    length, labels = store.column(d.table, "length"), store.column(d.table, "label_count")
+    length, labels = plan_store.column(d.table, "length"), plan_store.column(d.table, "label_count")
     kind, value = d.spec.mix()[2:]
     report = d.report
     return {
@@ -160,7 +160,7 @@ def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
         "truncated_samples": int(report.get("truncated_samples", 0)),
         "tokens": int(length.sum()), "label_tokens": int(labels.sum()),
         "format": report.get("format"), "chat_template": (report.get("chat_template") or {}).get("name"),
-        "fingerprints": store.samples_fingerprints(d.table, scan_identity(report)),
+        "fingerprints": plan_store.samples_fingerprints(d.table, scan_identity(report)),
     }
 
 
@@ -189,19 +189,19 @@ def _token_store(loaded: list[Loaded], table: pa.Table, report: dict[str, Any], 
             raise InputError(f"dataset {missing[0]!r} has no token store (a bare samples table) while others do: a "
                              "recipe's datasets are all scanned sources (or all bare tables)")
         return None
-    fingerprints = store.samples_fingerprints(table, scan_identity(report))
+    fingerprints = plan_store.samples_fingerprints(table, scan_identity(report))
     key = canonical_hash({"fingerprints": fingerprints, "stores": [token_store.read_header(d.tokens)["fingerprints"]
                                                                    for d in loaded]})
     entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "recipes" / key
-    tokens = entry / store.TOKENS_DIR
+    tokens = entry / plan_store.TOKENS_DIR
     try:
         if token_store.open_store(tokens).header["fingerprints"] == fingerprints:
             return tokens
     except token_store.TokenStoreError:
         pass
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with store.atomic_directory(entry, owned=True, what="scan") as tmp:
-        token_store.write_parts(tmp / store.TOKENS_DIR, [d.tokens for d in loaded], fingerprints=fingerprints,
+    with plan_store.atomic_directory(entry, owned=True, what="scan") as tmp:
+        token_store.write_parts(tmp / plan_store.TOKENS_DIR, [d.tokens for d in loaded], fingerprints=fingerprints,
                                 labels_shifted=shift == "none")
     return tokens
 
@@ -222,14 +222,14 @@ def load(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: Pl
     settings = dataclasses.replace(loaded[0].settings, mixture=tuple(spec.mix() for spec in specs))
     report = _report(loaded, datasets)
     tokens = _token_store(loaded, table, report, settings.shift, cache_dir)
-    codes, names = store.dataset_codes(table)
+    codes, names = plan_store.dataset_codes(table)
     return Joined(table, report, tokens, settings, datasets, dataset_index(codes, names, settings.mixture))
 
 
 def epoch_metrics(epochs: list[Any], joined: Joined, shift: str) -> list[dict[str, Any]]:
     """Per dataset per epoch: samples, tokens, label tokens and shares, `before` (the mixture as drawn, label tokens
     as each sample counts alone) and `after` (what the plan holds, label tokens as the collator counts them)."""
-    from plancc.metrics import dataset_rows, entry_targets
+    from plancc.planner.metrics import dataset_rows, entry_targets
 
     names = [d["name"] for d in joined.datasets]
     rows: list[dict[str, Any]] = []
@@ -245,16 +245,16 @@ def epoch_metrics(epochs: list[Any], joined: Joined, shift: str) -> list[dict[st
 def eval_sample_ids(samples: pa.Table, mixture: tuple) -> np.ndarray:
     """The sample ids of a recipe's eval datasets (`eval_datasets`): in the samples table, never in a training
     epoch; the eval plan draws on them. Empty for a recipe without eval datasets or a one-source table."""
-    if store.DATASET_COLUMN not in samples.column_names:
+    if plan_store.DATASET_COLUMN not in samples.column_names:
         return np.zeros(0, dtype=np.int64)
-    from plancc.mixture import eval_positions
+    from plancc.planner.mixture import eval_positions
 
-    codes, names = store.dataset_codes(samples)
+    codes, names = plan_store.dataset_codes(samples)
     positions = eval_positions(dataset_index(codes, names, mixture), mixture)
-    return store.column(samples, "sample_id")[positions]
+    return plan_store.column(samples, "sample_id")[positions]
 
 
 def plan_eval_sample_ids(plan_dir: str | Path) -> np.ndarray:
     """`eval_sample_ids` of a plan directory (its samples table and its settings' mixture)."""
-    plan = store.PlanDir(plan_dir)
+    plan = plan_store.PlanDir(plan_dir)
     return eval_sample_ids(plan.read_samples(), plan.settings.mixture)

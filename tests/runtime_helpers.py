@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from benchmarks.synthetic import VOCAB, make_tokenized, samples_table, write_tokens
-from plancc import build, store
+from plancc import build
 from plancc.config import PlanSettings
+from plancc.store import plan_store
 
 
 def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), n: int = 24, data_seed: int = 3,
@@ -21,13 +22,13 @@ def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), 
     today keep one count for every epoch, but the runtime must not assume it."""
     from dataclasses import replace
 
-    from plancc.pipeline import plan_epoch
+    from plancc.planner.pipeline import plan_epoch
 
     tok = make_tokenized(n, seed=data_seed, min_len=3, max_len=min(capacities))
     tmp.mkdir(parents=True, exist_ok=True)
     table = samples_table(tok)
     path = write_tokens(tmp / "tokens", tok, table)
-    s = store.sample_arrays(table)
+    s = plan_store.sample_arrays(table)
     ps = PlanSettings(mode="packed", sequence_len=max(capacities), epochs=len(capacities), **settings)
     epochs = [plan_epoch(s, replace(ps, sequence_len=c), e) for e, c in enumerate(capacities)]
     out = tmp / "plan"

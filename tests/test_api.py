@@ -123,5 +123,5 @@ def test_compiling_imports_no_torch(tmp_path):
             f"plancc.compile({str(src)!r}, {str(tmp_path / 'q')!r}, sequence_len=128, tokenizer='builtin', "
             f"cache_dir={str(tmp_path / 'c')!r})")
     loaded = _modules_after(code)
-    assert {"plancc.pipeline", "plancc.api"} <= loaded and "torch" not in loaded
+    assert {"plancc.planner.pipeline", "plancc.api"} <= loaded and "torch" not in loaded
     assert (tmp_path / "p" / "plan.parquet").is_file() and (tmp_path / "q" / "plan.parquet").is_file()

@@ -9,15 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc import balance, pack
-from plancc.balance import _common as c
-from plancc.balance.accumulation import order_for_accumulation
-from plancc.balance.microbatch import balance_microbatches
-from plancc.balance.rank_order import deal_to_ranks, order_ranks
-from plancc.balance.within_update import update_windows
 from plancc.config import PlanSettings, SettingsError
-from plancc.metrics import summarize
-from plancc.pipeline import drop_tail, epoch_rng, plan_epoch
 from plancc.plan import (
     Batches,
     SampleArrays,
@@ -27,6 +19,14 @@ from plancc.plan import (
     batch_tokens,
     row_tokens,
 )
+from plancc.planner import balance, pack
+from plancc.planner.balance import _common as c
+from plancc.planner.balance.accumulation import order_for_accumulation
+from plancc.planner.balance.microbatch import balance_microbatches
+from plancc.planner.balance.rank_order import deal_to_ranks, order_ranks
+from plancc.planner.balance.within_update import update_windows
+from plancc.planner.metrics import summarize
+from plancc.planner.pipeline import drop_tail, epoch_rng, plan_epoch
 from tests.plan_helpers import direct_targets, random_dataset
 
 LAYOUTS = [("packed", False), ("packed", True), ("padded", False), ("flattened", False)]
@@ -399,7 +399,7 @@ def test_attention_trades_never_widen_label_or_attention_spread(case):
 
 @given(cases())
 def test_evening_padded_costs_lowers_cost_cv_and_raises_neither_labels_attention_nor_padding_past_its_budget(case):
-    from plancc.balance._cost_spread import SPEND, even_padded_costs
+    from plancc.planner.balance._cost_spread import SPEND, even_padded_costs
 
     s, settings = case
     settings = dataclasses.replace(settings, mode="padded", real_batches=False)

@@ -8,12 +8,12 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc import store
 from plancc.build import write_plan_dir
 from plancc.config import PlanSettings, SettingsError
-from plancc.pipeline import compile_plan, plan_columns
-from plancc.store import sample_arrays
-from plancc.validate import validate_plan
+from plancc.planner.pipeline import compile_plan, plan_columns
+from plancc.review.validate import validate_plan
+from plancc.store import plan_store
+from plancc.store.plan_store import sample_arrays
 from tests.plan_helpers import direct_targets, random_dataset, samples_table
 
 ANY_DROP_LAST = st.booleans()
@@ -111,7 +111,7 @@ def test_identical_inputs_give_byte_identical_plans(tmp_path_factory, case):
         d = tmp_path_factory.mktemp(f"plan{k}")
         write_plan_dir(d / "p", table, s, settings, compile_plan(s, settings), {}, None)
         dirs.append(d / "p")
-    for name in (store.PLAN_FILE, store.SAMPLES_FILE, store.METRICS_FILE, store.MANIFEST_FILE):
+    for name in (plan_store.PLAN_FILE, plan_store.SAMPLES_FILE, plan_store.METRICS_FILE, plan_store.MANIFEST_FILE):
         assert (dirs[0] / name).read_bytes() == (dirs[1] / name).read_bytes()
     problems, _ = validate_plan(str(dirs[0]))
     assert problems == []
@@ -126,13 +126,13 @@ def test_plan_on_disk_reads_back_per_rank(tmp_path_factory, case):
     plans = compile_plan(s, settings)
     write_plan_dir(d, table, s, settings, plans, {}, None)
     for plan in plans:
-        full = store.PlanDir(d).read_share(plan.epoch)
+        full = plan_store.PlanDir(d).read_share(plan.epoch)
         assert full.index.tolist() == list(range(plan.batches.num_batches))
         assert (full.sample_ids == s.sample_id[plan.batches.samples]).all()
         assert (full.row_bounds == plan.batches.row_bounds).all()
         assert (full.batch_bounds == plan.batches.batch_bounds).all()
         for r in range(settings.world_size):
-            part = store.PlanDir(d).read_share(plan.epoch, rank=r)
+            part = plan_store.PlanDir(d).read_share(plan.epoch, rank=r)
             assert part.index.tolist() == list(range(r, plan.batches.num_batches, settings.world_size))
             assert [part[i] for i in range(len(part))] == [full[i] for i in part.index.tolist()]
 

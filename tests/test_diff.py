@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 from plancc.build import write_plan_dir
 from plancc.cli import app
 from plancc.config import PlanSettings
-from plancc.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
-from plancc.diff_render import render_markdown
-from plancc.pipeline import compile_plan
-from plancc.store import sample_arrays
+from plancc.planner.pipeline import compile_plan
+from plancc.review.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
+from plancc.review.diff_render import render_markdown
+from plancc.store.plan_store import sample_arrays
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "diff.schema.json").read_text())
@@ -244,7 +244,7 @@ def test_markdown_golden(name, plans):
              "diff_regression": ("base", "padded", ["metrics-regression", "dataset"])}
     old, new, fail_on = pairs[name]
     if os.environ.get("PLANCC_UPDATE_GOLDEN"):
-        from plancc.diff import failures
+        from plancc.review.diff import failures
 
         report = diff_plans(plans[old], plans[new])
         report.update(old=f"plans/{old}", new=f"plans/{new}", fail_on=fail_on)

@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from plancc import store
 from plancc.build import write_plan_dir
 from plancc.cli import app
 from plancc.config import OMITTED_AT_DEFAULT, PlanSettings, SettingsError
-from plancc.evaluation import eval_columns
-from plancc.holdout import hold_out
-from plancc.pipeline import compile_plan, compile_run
+from plancc.planner.evaluation import eval_columns
+from plancc.planner.holdout import hold_out
+from plancc.planner.pipeline import compile_plan, compile_run
+from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, RuntimePlan
-from plancc.validate import validate_plan
+from plancc.store import plan_store
 from tests.plan_helpers import random_dataset, samples_table
 from tests.test_store import _actual, _described
 
@@ -39,7 +39,7 @@ SIZES = st.one_of(st.floats(0.02, 0.6), st.integers(1, 30))
 def _samples(seed: int, n: int):
     ids, labels = random_dataset(np.random.default_rng(seed), n, 40)
     table = samples_table(ids, labels)
-    return table, store.sample_arrays(table)
+    return table, plan_store.sample_arrays(table)
 
 
 def _write(path: Path, seed: int = 1, n: int = 120, **kw) -> Path:
@@ -130,7 +130,7 @@ def test_held_out_samples_are_never_trained_on_and_evaluated_exactly_once(seed, 
 
 
 def test_training_metrics_count_only_the_training_samples(tmp_path):
-    plan = store.PlanDir(_write(tmp_path / "p", val_set_size=0.25))
+    plan = plan_store.PlanDir(_write(tmp_path / "p", val_set_size=0.25))
     after = [r for r in plan.read_metrics().to_pylist() if r["stage"] == "after"]
     assert all(r["samples"] == 90 and r["dropped_samples"] == 0 for r in after)
     assert plan.meta["samples"] == 120 and plan.meta["eval"]["samples"] == 30
@@ -138,11 +138,11 @@ def test_training_metrics_count_only_the_training_samples(tmp_path):
 
 def test_an_eval_plan_is_bound_by_its_fingerprint_and_documented(tmp_path):
     path = _write(tmp_path / "p", val_set_size=0.25)
-    plan = store.PlanDir(path)
+    plan = plan_store.PlanDir(path)
     assert plan.has_eval and plan.eval_problems(plan.read_eval()) == []
-    manifest = json.loads((path / store.MANIFEST_FILE).read_text())
+    manifest = json.loads((path / plan_store.MANIFEST_FILE).read_text())
     jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
-    assert _described("eval") == _actual(store.EVAL_SCHEMA)  # schemas/eval.arrow.json documents the file
+    assert _described("eval") == _actual(plan_store.EVAL_SCHEMA)  # schemas/eval.arrow.json documents the file
     assert validate_plan(str(path))[0] == []
     res = runner.invoke(app, ["validate", str(path)])
     assert res.exit_code == 0 and "eval plan (held-out set once each, none trained on)" in res.output, res.output
@@ -172,7 +172,7 @@ def test_val_set_size_from_a_config_file_and_the_api(tmp_path):
     assert "eval       12 samples held out (--val-set-size 12)" in res.output
     plan = plancc.compile(str(source), tmp_path / "api", sequence_len=64, val_set_size=0.24)
     for path in (tmp_path / "cli", tmp_path / "api"):
-        assert store.PlanDir(path).meta["eval"]["samples"] == 12
+        assert plan_store.PlanDir(path).meta["eval"]["samples"] == 12
     assert plan.manifest["settings"]["val_set_size"] == 0.24
     # eval.parquet is plancc's own: --overwrite replaces a plan holding one (and keeps refusing foreign files)
     again = plancc.compile(str(source), tmp_path / "api", sequence_len=64, val_set_size=12, overwrite=True)
@@ -184,12 +184,12 @@ def test_val_set_size_from_a_config_file_and_the_api(tmp_path):
 
 def _rewrite_eval(path: Path, edit) -> None:
     """Rewrite eval.parquet with `edit(rows)` applied, keeping its plancc metadata (a consistent forgery)."""
-    f = path / store.EVAL_FILE
-    meta = pq.ParquetFile(f).metadata.metadata[store.META_KEY]
-    rows = store.read_table(f, store.EVAL_SCHEMA).to_pylist()
+    f = path / plan_store.EVAL_FILE
+    meta = pq.ParquetFile(f).metadata.metadata[plan_store.META_KEY]
+    rows = plan_store.read_table(f, plan_store.EVAL_SCHEMA).to_pylist()
     edit(rows)
-    cols = {name: [r[name] for r in rows] for name in store.EVAL_SCHEMA.names}
-    store.write_parquet(pa.table(cols, schema=store.EVAL_SCHEMA), f, {store.META_KEY: meta})
+    cols = {name: [r[name] for r in rows] for name in plan_store.EVAL_SCHEMA.names}
+    plan_store.write_parquet(pa.table(cols, schema=plan_store.EVAL_SCHEMA), f, {plan_store.META_KEY: meta})
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +199,7 @@ def sound(tmp_path_factory) -> Path:
 
 def test_validate_and_the_runtime_refuse_an_eval_sample_exchanged_for_a_training_one(sound, tmp_path):
     plan = shutil.copytree(sound, tmp_path / "p")
-    trained = int(store.PlanDir(plan).read_epoch(0).column("sample_ids")[0].as_py()[0][0])
+    trained = int(plan_store.PlanDir(plan).read_epoch(0).column("sample_ids")[0].as_py()[0][0])
 
     def swap(rows):
         rows[0]["sample_ids"] = [[trained], *rows[0]["sample_ids"][1:]]
@@ -214,8 +214,8 @@ def test_validate_and_the_runtime_refuse_an_eval_sample_exchanged_for_a_training
 
 def test_validate_reports_a_missing_eval_file_and_held_out_samples_in_training(sound, tmp_path):
     plan = shutil.copytree(sound, tmp_path / "p")
-    (plan / store.EVAL_FILE).unlink()
-    assert any(f"{store.EVAL_FILE} does not exist" in p for p in validate_plan(str(plan))[0])
+    (plan / plan_store.EVAL_FILE).unlink()
+    assert any(f"{plan_store.EVAL_FILE} does not exist" in p for p in validate_plan(str(plan))[0])
     # an eval plan next to a training plan of every sample (what a planner that forgot to hold out would write)
     table, s = _samples(1, 120)
     ps = PlanSettings(sequence_len=64, world_size=2, grad_accum=2, epochs=2, val_set_size=0.25)
@@ -229,11 +229,11 @@ def test_inspect_metrics_reports_eval_sizes(sound):
     res = runner.invoke(app, ["inspect", "metrics", str(sound), "--json"])
     assert res.exit_code == 0, res.output
     ev = orjson.loads(res.output)["eval"]
-    plan = store.PlanDir(sound)
+    plan = plan_store.PlanDir(sound)
     table = plan.read_eval()
     assert ev["samples"] == 30 and ev["val_set_size"] == 0.25
-    assert ev["label_count"] == int(store.column(table, "label_count").sum())
-    assert ev["tokens"] == int(store.column(table, "tokens").sum()) and ev["batches"] == table.num_rows
+    assert ev["label_count"] == int(plan_store.column(table, "label_count").sum())
+    assert ev["tokens"] == int(plan_store.column(table, "tokens").sum()) and ev["batches"] == table.num_rows
     text = runner.invoke(app, ["inspect", "metrics", str(sound)]).output
     assert "eval plan" in text and "label_count" in text
 
@@ -258,7 +258,7 @@ def test_diff_reports_eval_plan_changes(sound, tmp_path):
 def test_settings_other_than_val_set_size_do_not_change_the_held_out_set(tmp_path):
     a = _write(tmp_path / "a", val_set_size=0.25, mode="packed")
     b = _write(tmp_path / "b", val_set_size=0.25, mode="flattened", micro_batch_size=3)
-    ids = [np.sort(store.nested_arrays(store.PlanDir(p).read_eval().column("sample_ids"))[0]) for p in (a, b)]
+    ids = [np.sort(plan_store.nested_arrays(plan_store.PlanDir(p).read_eval().column("sample_ids"))[0]) for p in (a, b)]
     np.testing.assert_array_equal(*ids)
 
 
@@ -267,11 +267,11 @@ def test_settings_other_than_val_set_size_do_not_change_the_held_out_set(tmp_pat
 
 def _eval_ids(plan_dir: Path) -> np.ndarray:
     """Every sample id of the eval plan, as often as it is in it."""
-    return store.nested_arrays(store.PlanDir(plan_dir).read_eval().column("sample_ids"))[0]
+    return plan_store.nested_arrays(plan_store.PlanDir(plan_dir).read_eval().column("sample_ids"))[0]
 
 
 def _trained(plan_dir: Path, epoch: int) -> np.ndarray:
-    return store.nested_arrays(store.PlanDir(plan_dir).read_epoch(epoch).column("sample_ids"))[0]
+    return plan_store.nested_arrays(plan_store.PlanDir(plan_dir).read_epoch(epoch).column("sample_ids"))[0]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -282,7 +282,7 @@ def test_a_recipe_evaluates_its_eval_datasets_and_held_out_share_and_trains_on_t
         sizes, evals, size, repeat, seed, epoch_count):
     """(1) an eval dataset's samples and (2) `--val-set-size`'s per-dataset draw are the eval plan, each once, never
     in a training epoch; every training dataset's epoch count is its mixture count over the samples it keeps."""
-    from plancc import holdout, mixture
+    from plancc.planner import holdout, mixture
 
     groups = [*sizes, evals] if evals else sizes
     s = _samples(seed, sum(groups))[1]

@@ -91,7 +91,7 @@ def chat_source(tmp_path) -> Path:
 
 
 def _tokenizer_dir(tmp_path: Path) -> Path:
-    from plancc.sources.tokenizer import _builtin
+    from plancc.scan.sources.tokenizer import _builtin
 
     d = tmp_path / "tok"
     d.mkdir()
@@ -262,8 +262,8 @@ _UNDER_A_MEMORY_LIMIT = """
 import resource, sys
 import numpy as np
 from plancc.cli import app
-from plancc.sources.nesting import _too_deep
-import plancc.scan, plancc.token_hash, pyarrow.json  # loaded, and the kernels compiled, before the limit
+from plancc.scan.sources.nesting import _too_deep
+import plancc.scan.scanner, plancc.store.token_hash, pyarrow.json  # loaded, and the kernels compiled, before the limit
 _too_deep(np.zeros(1, np.uint8), 1, True)
 size = int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (size + (100 << 20),) * 2)

@@ -13,12 +13,12 @@ from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 import plancc
-from plancc import token_store
 from plancc.cli import app
 from plancc.config import ScanOptions, SettingsError
-from plancc.scan import scan
-from plancc.sources import chat
-from plancc.sources.tokenizer import load_tokenizer
+from plancc.scan.scanner import scan
+from plancc.scan.sources import chat
+from plancc.scan.sources.tokenizer import load_tokenizer
+from plancc.store import token_store
 from tests.sources_fixtures import (
     DATED_CHATML,
     DEEPSEEK_JSON,

@@ -1,4 +1,4 @@
-"""`-o` never touches a foreign folder, and replacing a plan never loses it (docs/spec.md §1, 9; `plancc.atomic`).
+"""`-o` never touches a foreign folder, and replacing a plan never loses it (docs/spec.md §1, 9; `plancc.store.atomic`).
 
 The crash tests run real `python -m plancc compile` processes that SIGKILL, SIGINT or SIGTERM themselves at each
 named step of the write/replace sequence (`PLANCC_FAULT`), then check with `plancc validate` that the path holds
@@ -22,8 +22,9 @@ import pytest
 from typer.testing import CliRunner
 
 import plancc
-from plancc import api, atomic, store
+from plancc import api
 from plancc.cli import app
+from plancc.store import atomic, plan_store
 from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
@@ -52,7 +53,7 @@ def _tree(path: Path) -> dict[str, str]:
 
 
 def _plan_fp(plan: Path) -> dict[str, str]:
-    return json.loads((plan / store.MANIFEST_FILE).read_text())["fingerprints"]["plan"]
+    return json.loads((plan / plan_store.MANIFEST_FILE).read_text())["fingerprints"]["plan"]
 
 
 # ---------------------------------------------------------------- foreign folders
@@ -121,7 +122,7 @@ def test_an_empty_folder_is_written_and_a_scan_is_replaced_only_with_overwrite(t
     (tmp_path / "scan").mkdir()
     args = ["scan", str(text), "-o", str(tmp_path / "scan"), "-q"]
     assert runner.invoke(app, args).exit_code == 0
-    assert store.output_kind(tmp_path / "scan") == "scan"
+    assert plan_store.output_kind(tmp_path / "scan") == "scan"
     res = runner.invoke(app, args)
     assert res.exit_code == 2 and "--overwrite" in res.output
     assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
@@ -144,7 +145,7 @@ def test_the_scan_cache_keeps_working_without_litter(tmp_path):
 
 
 def _hold_lock(parent: Path, name: str) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from plancc import atomic\n"
+    code = ("import sys, time; from pathlib import Path; from plancc.store import atomic\n"
             f"with atomic._lock(Path({str(parent)!r}), {name!r}) as held:\n"
             "    print(held, flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -289,7 +290,7 @@ def _overwrite(interface: str, command: str, source: Path, out: Path) -> tuple[i
         return res.exit_code, res.output
     try:
         (plancc.compile if command == "compile" else api.scan)(str(source), out, overwrite=True)
-    except store.OutputError as exc:
+    except plan_store.OutputError as exc:
         return 2, str(exc)
     return 0, ""
 
@@ -318,7 +319,7 @@ def test_a_refusal_names_ten_paths_and_counts_the_rest(tmp_path, made):
     shutil.copytree(made["compile"], proj)
     for k in range(13):
         (proj / f"note-{k:02d}.txt").write_text("x")
-    (proj / store.TOKENS_DIR / "mine.txt").write_text("x")  # inside the token store too
+    (proj / plan_store.TOKENS_DIR / "mine.txt").write_text("x")  # inside the token store too
     res = runner.invoke(app, ["compile", str(made["text"]), "-o", str(proj), "-q", "--overwrite"])
     assert res.exit_code == 2
     assert "note-00.txt, note-01.txt," in res.output and "note-09.txt and 4 more;" in res.output
@@ -330,9 +331,9 @@ def test_a_scan_with_a_multi_part_token_store_is_still_replaced(tmp_path, made):
     for k, part in enumerate(parts):
         api.scan(str(made["text"]), part, shard=(k, 2))
     api.merge(parts, tmp_path / "scan")
-    assert (tmp_path / "scan" / store.TOKENS_DIR / "part-00001").is_dir()
+    assert (tmp_path / "scan" / plan_store.TOKENS_DIR / "part-00001").is_dir()
     api.merge(parts, tmp_path / "scan", overwrite=True)  # only what plancc wrote: replaced
-    assert store.output_kind(tmp_path / "scan") == "scan"
+    assert plan_store.output_kind(tmp_path / "scan") == "scan"
 
 
 def _python_plancc(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -445,9 +446,9 @@ def test_cold_and_warm_scan_caches_give_byte_identical_plans(tmp_path, made):
         res = runner.invoke(app, ["compile", str(made["text"]), "-o", str(tmp_path / f"plan{k}"), "-q",
                                   "--cache-dir", str(tmp_path / cache)])
         assert res.exit_code == 0, res.output
-    plans = [(tmp_path / f"plan{k}" / store.PLAN_FILE).read_bytes() for k in range(3)]
+    plans = [(tmp_path / f"plan{k}" / plan_store.PLAN_FILE).read_bytes() for k in range(3)]
     assert plans[0] == plans[1] == plans[2]
-    assert "seconds" not in json.loads((tmp_path / "plan0" / store.MANIFEST_FILE).read_text())["scan"]
+    assert "seconds" not in json.loads((tmp_path / "plan0" / plan_store.MANIFEST_FILE).read_text())["scan"]
 
 
 def test_an_interrupt_message_says_what_is_at_the_output_before_and_after_this_process_replaced_it(tmp_path):

@@ -6,17 +6,17 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc.balance import _common as c
-from plancc.balance.microbatch import repack_label_aware
 from plancc.config import PlanSettings
-from plancc.pack import CANDIDATES, ordinary_tail, shuffled_batches
-from plancc.pack.best_fit import best_fit
-from plancc.pack.exact_fill import fill_exactly
-from plancc.pack.label_aware import pack_label_aware
-from plancc.pack.left_out import close_left_out
-from plancc.pack.plain import pack_best_fit
-from plancc.pipeline import before_batches, plan_epoch
 from plancc.plan import SampleArrays, batch_cost, batch_targets, row_tokens
+from plancc.planner.balance import _common as c
+from plancc.planner.balance.microbatch import repack_label_aware
+from plancc.planner.pack import CANDIDATES, ordinary_tail, shuffled_batches
+from plancc.planner.pack.best_fit import best_fit
+from plancc.planner.pack.exact_fill import fill_exactly
+from plancc.planner.pack.label_aware import pack_label_aware
+from plancc.planner.pack.left_out import close_left_out
+from plancc.planner.pack.plain import pack_best_fit
+from plancc.planner.pipeline import before_batches, plan_epoch
 from tests.test_balance import cases, check_stage
 
 
@@ -128,7 +128,7 @@ def test_a_draw_whose_global_deal_leaves_items_out_still_balances():
     40-57 tokens out on every rung (rows sit at one token of slack each); closing them through a stride of rows
     keeps the label-aware start, and the stage ends far below the reference's CV of 0.10 (was 0.13)."""
     from benchmarks.synthetic import sft_mix
-    from plancc.balance.microbatch import balance_microbatches
+    from plancc.planner.balance.microbatch import balance_microbatches
 
     s = sft_mix(200_000, seed=1)
     settings = PlanSettings(micro_batch_size=4, sequence_len=4096, world_size=8, grad_accum=4)

@@ -10,8 +10,10 @@ import sys
 import orjson
 import pytest
 
-from plancc import api, shard, store, token_store
+from plancc import api
 from plancc.config import ScanOptions
+from plancc.scan import shard
+from plancc.store import plan_store, token_store
 from tests.sources_fixtures import (
     DEEPSEEK_JSON,
     alpaca_rows,
@@ -21,17 +23,17 @@ from tests.sources_fixtures import (
 )
 
 ray = pytest.importorskip("ray")
-from plancc import ray_scan  # noqa: E402  (after the skip: imports nothing of Ray by itself)
+from plancc.scan import ray_engine  # noqa: E402  (after the skip: imports nothing of Ray by itself)
 
 pytestmark = pytest.mark.slow  # starts a local Ray
 
 
 def _assert_same_scan(a, b) -> None:
     """Two scan directories hold the same samples table (bytes), token store content and fingerprints."""
-    assert (a / store.SAMPLES_FILE).read_bytes() == (b / store.SAMPLES_FILE).read_bytes()
-    ra, rb = (orjson.loads((d / store.SCAN_MANIFEST_FILE).read_bytes()) for d in (a, b))
+    assert (a / plan_store.SAMPLES_FILE).read_bytes() == (b / plan_store.SAMPLES_FILE).read_bytes()
+    ra, rb = (orjson.loads((d / plan_store.SCAN_MANIFEST_FILE).read_bytes()) for d in (a, b))
     assert ra["fingerprints"] == rb["fingerprints"]
-    sa, sb = token_store.open_store(a / store.TOKENS_DIR), token_store.open_store(b / store.TOKENS_DIR)
+    sa, sb = token_store.open_store(a / plan_store.TOKENS_DIR), token_store.open_store(b / plan_store.TOKENS_DIR)
     assert sa.header["fingerprints"] == sb.header["fingerprints"]
     assert token_store.verify_all(sb) is None
 
@@ -55,7 +57,7 @@ def test_cli_bad_row_under_ray_names_file_row_column(tmp_path):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    with ray_scan.session(None, 2) as r:  # scans below join it instead of starting one each
+    with ray_engine.session(None, 2) as r:  # scans below join it instead of starting one each
         yield r
 
 
@@ -91,9 +93,9 @@ def test_ray_scan_reuses_finished_parts(tmp_path, local_ray):
     job = shard.prepare(str(src), options)
     part = tmp_path / "c" / "scans" / f"{job.key}.parts" / shard.part_name(0, 38)
     shard.scan_part(job, 0, 38, part, owned=True)
-    ids = (part / store.TOKENS_DIR / "input_ids.npy").stat().st_ino
+    ids = (part / plan_store.TOKENS_DIR / "input_ids.npy").stat().st_ino
     api.scan(str(src), tmp_path / "ray", engine="ray", shard_rows=38, cache_dir=tmp_path / "c",
              tokenizer=str(DEEPSEEK_JSON))
-    assert (tmp_path / "ray" / store.TOKENS_DIR / "part-00000" / "input_ids.npy").stat().st_ino == ids
+    assert (tmp_path / "ray" / plan_store.TOKENS_DIR / "part-00000" / "input_ids.npy").stat().st_ino == ids
     api.scan(str(src), tmp_path / "local", cache_dir=tmp_path / "c-local", tokenizer=str(DEEPSEEK_JSON))
     _assert_same_scan(tmp_path / "local", tmp_path / "ray")

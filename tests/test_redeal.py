@@ -8,11 +8,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc import pack
-from plancc.balance import _common as c
-from plancc.balance._redeal import deal_equal_labels, deal_equal_lengths, trim_peak
 from plancc.config import PlanSettings
-from plancc.pipeline import before_batches, drop_tail, epoch_rng
 from plancc.plan import (
     Batches,
     SampleArrays,
@@ -22,6 +18,10 @@ from plancc.plan import (
     row_targets,
     row_tokens,
 )
+from plancc.planner import pack
+from plancc.planner.balance import _common as c
+from plancc.planner.balance._redeal import deal_equal_labels, deal_equal_lengths, trim_peak
+from plancc.planner.pipeline import before_batches, drop_tail, epoch_rng
 from tests.test_balance import cases, check_stage
 from tests.test_pack import sft_like
 
@@ -118,7 +118,7 @@ def test_peak_trim_swaps_a_long_sample_out_of_the_heaviest_microbatch():
 
 def _position_keys(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
     """What a position's sample adds to its row's targets (row shift: depends on being the row's first)."""
-    from plancc.balance._redeal import _position_targets
+    from plancc.planner.balance._redeal import _position_targets
 
     return _position_targets(b, s, shift)[0]
 

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from transformers import TrainerCallback
 
 from benchmarks.synthetic import build_plan
-from plancc import store
 from plancc.runtime import (
     PlanCollator,
     PlanEvalSampler,
@@ -28,6 +27,7 @@ from plancc.runtime import (
     model_inputs,
 )
 from plancc.runtime.hf import PlanTrainer
+from plancc.store import plan_store
 from tests.runtime_helpers import tiny_model
 from tests.test_runtime_hf import args_for
 
@@ -42,7 +42,7 @@ def plan(tmp_path_factory) -> Path:
 
 
 def eval_ids(plan) -> np.ndarray:
-    return store.nested_arrays(store.PlanDir(plan).read_eval().column("sample_ids"))[0]
+    return plan_store.nested_arrays(plan_store.PlanDir(plan).read_eval().column("sample_ids"))[0]
 
 
 def reference_loss(model, plan) -> float:

@@ -12,7 +12,6 @@ import pyarrow as pa
 import pytest
 
 from benchmarks.synthetic import build_plan, make_tokenized
-from plancc import store
 from plancc.runtime import (
     PlanCollator,
     PlanDataLoader,
@@ -23,6 +22,7 @@ from plancc.runtime import (
     load_tokens,
     restore_checkpoint_state,
 )
+from plancc.store import plan_store
 
 PACKED = dict(mode="packed", micro_batch_size=2, sequence_len=24)
 
@@ -42,15 +42,15 @@ def _loaded_after(module: str, names: tuple[str, ...]) -> list[str]:
 
 
 def test_import_loads_no_cli_or_datasets():
-    """plancc.runtime imports only torch, pyarrow, numpy (+ plancc.store); the HF glue adds transformers only."""
-    compile_side = ("typer", "plancc.cli", "plancc.scan", "plancc.pipeline", "plancc.sources", "plancc.pack")
+    """plancc.runtime imports only torch, pyarrow, numpy (+ plancc.store.plan_store); the HF glue adds transformers only."""
+    compile_side = ("typer", "plancc.cli", "plancc.scan.scanner", "plancc.planner.pipeline", "plancc.scan.sources", "plancc.planner.pack")
     assert _loaded_after("plancc.runtime", (*compile_side, "datasets", "transformers", "numba")) == []
     assert _loaded_after("plancc.runtime.hf", compile_side) == []
     assert _loaded_after("plancc.runtime.trl", compile_side) == []
 
 
 def test_plan_order_coverage_and_lockstep(plan):
-    table = store.PlanDir(plan).read_epoch(1)
+    table = plan_store.PlanDir(plan).read_epoch(1)
     total = len(table)
     assert total == 19
     seqs = {r: list(PlanSampler(plan, rank=r, world_size=2, epoch=1)) for r in range(2)}
@@ -202,10 +202,10 @@ def test_corrupt_or_foreign_plan_file(plan, tmp_path):
 
     bad = tmp_path / "bad"
     shutil.copytree(plan, bad)
-    (bad / store.PLAN_FILE).write_bytes(b"not parquet")
-    with pytest.raises(store.StoreError, match="not a readable Parquet"):
+    (bad / plan_store.PLAN_FILE).write_bytes(b"not parquet")
+    with pytest.raises(plan_store.StoreError, match="not a readable Parquet"):
         PlanSampler(bad, rank=0, world_size=2)
-    shutil.copyfile(plan / store.METRICS_FILE, bad / store.PLAN_FILE)
+    shutil.copyfile(plan / plan_store.METRICS_FILE, bad / plan_store.PLAN_FILE)
     with pytest.raises(PlanMismatchError, match="not a plan"):
         PlanSampler(bad, rank=0, world_size=2)
 

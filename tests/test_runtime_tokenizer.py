@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from benchmarks.synthetic import build_plan
 from plancc import api
 from plancc.runtime import PlanMismatchError, check_tokenizer, plan_tokenizer
-from plancc.sources.tokenizer import BUILTIN, BUILTIN_NAME, load_tokenizer
+from plancc.scan.sources.tokenizer import BUILTIN, BUILTIN_NAME, load_tokenizer
 from tests.sources_fixtures import DEEPSEEK_JSON, pc_rows, write_rows
 
 

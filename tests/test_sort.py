@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc.sort import longest_first, stable_order
+from plancc.planner.sort import longest_first, stable_order
 
 
 @given(st.lists(st.integers(0, 40), max_size=200), st.integers(0, 5))

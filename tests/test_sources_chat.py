@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plancc import token_store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
-from plancc.scan import scan
-from plancc.sources.chat import Renderer
-from plancc.sources.templates import BUILTIN_TEMPLATES
-from plancc.sources.tokenizer import load_tokenizer
+from plancc.scan.scanner import scan
+from plancc.scan.sources.chat import Renderer
+from plancc.scan.sources.templates import BUILTIN_TEMPLATES
+from plancc.scan.sources.tokenizer import load_tokenizer
+from plancc.store import token_store
 from tests.sources_fixtures import (
     TEMPLATES,
     chatterbot_conversations,

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc import token_store
 from plancc.config import ScanOptions
 from plancc.errors import InputError
-from plancc.scan import scan
-from plancc.sources.encode import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
-from plancc.sources.tokenizer import load_tokenizer
+from plancc.scan.scanner import scan
+from plancc.scan.sources.encode import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
+from plancc.scan.sources.tokenizer import load_tokenizer
+from plancc.store import token_store
 from tests.sources_fixtures import DEEPSEEK_JSON, alpaca_rows, pc_rows, write_rows
 
 TOK = load_tokenizer("builtin")
@@ -214,7 +214,7 @@ def test_label_counts_text_sources_each_shift(tmp_path):
 
 @given(texts=st.lists(st.text(max_size=30), min_size=1, max_size=6))
 def test_builtin_byte_fast_path_equals_tokenizer(texts):
-    from plancc.sources.encode import _ids
+    from plancc.scan.sources.encode import _ids
 
     ids, offsets = _ids(TOK, texts, True)
     expected = [TOK.tokenizer.encode(t).ids for t in texts]

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plancc.sources.chat import normalize
-from plancc.sources.encode import CHARS_PER_TOKEN, MARGIN, encode_table
-from plancc.sources.templates import BUILTIN_TEMPLATES
-from plancc.sources.tokenizer import load_tokenizer
+from plancc.scan.sources.chat import normalize
+from plancc.scan.sources.encode import CHARS_PER_TOKEN, MARGIN, encode_table
+from plancc.scan.sources.templates import BUILTIN_TEMPLATES
+from plancc.scan.sources.tokenizer import load_tokenizer
 from tests.sources_fixtures import DEEPSEEK_JSON, chatterbot_conversations
 
 KEEP = 40

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from plancc import token_store
 from plancc.cli import app
 from plancc.config import ScanOptions, SettingsError
 from plancc.errors import InputError
-from plancc.scan import scan
-from plancc.sources.tokenizer import load_tokenizer
+from plancc.scan.scanner import scan
+from plancc.scan.sources.tokenizer import load_tokenizer
+from plancc.store import token_store
 from tests.sources_fixtures import DEEPSEEK_JSON, GENERATION_CHATML, write_rows, write_template
 
 TOK = load_tokenizer("builtin")
@@ -166,7 +166,7 @@ def test_prompt_completion_separator_is_used_and_reported(tmp_path):
 
 
 def test_default_settings_keep_the_scan_key():
-    from plancc.shard import options_dict
+    from plancc.scan.shard import options_dict
 
     assert "separator" not in options_dict(ScanOptions(tokenizer="builtin"), None, None)
 
@@ -248,8 +248,8 @@ def test_shaped_rows_are_the_prompt_then_the_supervised_completion(prompt, compl
     exactly the completion and eos are supervised."""
     import pyarrow as pa
 
-    from plancc.sources.detect import shape
-    from plancc.sources.encode import encode_table
+    from plancc.scan.sources.detect import shape
+    from plancc.scan.sources.encode import encode_table
 
     pc_table, fmt = shape(pa.table({"prompt": [prompt], "completion": [completion]}), "prompt_completion",
                           ScanOptions(separator=separator))

@@ -7,7 +7,7 @@ import pytest
 
 from plancc.config import ScanOptions
 from plancc.errors import InputError
-from plancc.scan import scan
+from plancc.scan.scanner import scan
 from tests.sources_fixtures import alpaca_rows, pc_rows, write_rows
 
 

@@ -24,10 +24,10 @@ from plancc.cli import app
 from plancc.cli.summary import compile_summary
 from plancc.config import PlanSettings
 from plancc.errors import PlanccError
-from plancc.inspect import plan_view, read_metrics
-from plancc.pipeline import compile_plan
+from plancc.planner.pipeline import compile_plan
+from plancc.review.inspect import plan_view, read_metrics
 from plancc.runtime import PlanSampler
-from plancc.store import sample_arrays
+from plancc.store.plan_store import sample_arrays
 from tests.plan_helpers import write_samples_file
 
 

@@ -1,4 +1,4 @@
-"""`plancc diff OLD NEW`: parse, call `plancc.diff.diff_plans`, render (`plancc.diff_render`), choose the exit code."""
+"""`plancc diff OLD NEW`: parse, call `plancc.review.diff.diff_plans`, render (`plancc.review.diff_render`), choose the exit code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from plancc.cli.common import QuietOpt, app, fail_on_errors, print_json
-from plancc.diff_rules import DEFAULT_TOLERANCE, REGRESSION_RULE
+from plancc.review.diff_rules import DEFAULT_TOLERANCE, REGRESSION_RULE
 
 _HELP = (
     "Compare two plan directories: config changes setting by setting, fingerprint changes (dataset, metadata, "
@@ -40,9 +40,9 @@ def diff_cmd(
     json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> None:
     """`plancc diff`: compare, render in the chosen format, exit 1 on a `--fail-on` change."""
-    from plancc import diff as d
-    from plancc import diff_render
     from plancc.errors import PlanccError
+    from plancc.review import diff as d
+    from plancc.review import diff_render
 
     format = "json" if json else format
     with fail_on_errors():

@@ -1,4 +1,4 @@
-"""`plancc inspect metrics|plan PLAN_DIR`: parse, call `plancc.inspect`, print."""
+"""`plancc inspect metrics|plan PLAN_DIR`: parse, call `plancc.review.inspect`, print."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def metrics_cmd(
     json: JsonOpt = False,
 ) -> None:
     """`plancc inspect metrics`: the stored metrics as tables or JSON, and the optional before/after plot."""
-    from plancc import inspect
+    from plancc.review import inspect
 
     if by is not None:
         _by_dataset(plan_dir, by, epoch, quiet, json)
@@ -52,7 +52,7 @@ def metrics_cmd(
         sizes = inspect.eval_sizes(plan_dir)
         notes: list[str] = []
         if plot is not None:
-            from plancc.plot import plot_metrics
+            from plancc.review.plot import plot_metrics
 
             notes = plot_metrics(plan_dir, plot, None if epoch is None else [epoch])
     if json:
@@ -76,8 +76,8 @@ def metrics_cmd(
 
 def _by_dataset(plan_dir: Path, by: str, epoch: int | None, quiet: bool, json: bool) -> None:
     """`inspect metrics --by dataset`: a recipe's per-dataset metrics."""
-    from plancc import inspect
     from plancc.config import SettingsError
+    from plancc.review import inspect
 
     with fail_on_errors():
         if by != "dataset":
@@ -116,7 +116,7 @@ def plan_cmd(
     json: JsonOpt = False,
 ) -> None:
     """`plancc inspect plan`: the filtered microbatches as a table or JSON."""
-    from plancc import inspect
+    from plancc.review import inspect
 
     with fail_on_errors():
         view = inspect.plan_view(plan_dir, epoch=epoch, update=update, rank=rank, micro_step=micro_step, limit=limit)

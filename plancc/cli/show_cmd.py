@@ -1,4 +1,4 @@
-"""`plancc show PLAN_OR_SCAN --sample ID` (`plancc.show.sample_view`) or `--dropped` (`plancc.show.dropped_rows`):
+"""`plancc show PLAN_OR_SCAN --sample ID` (`plancc.review.show.sample_view`) or `--dropped` (`plancc.review.show.dropped_rows`):
 parse, call, print."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def show_cmd(
     json: JsonOpt = False,
 ) -> None:
     """`plancc show`: one sample decoded, supervised text marked, optionally token by token."""
-    from plancc.show import sample_view
+    from plancc.review.show import sample_view
 
     if dropped:
         _dropped(directory, quiet, json)
@@ -83,7 +83,7 @@ def show_cmd(
 
 def _dropped(directory: Path, quiet: bool, json: bool) -> None:
     """`show --dropped`: one line a dropped row, then the truncated count."""
-    from plancc.show import dropped_rows
+    from plancc.review.show import dropped_rows
 
     with fail_on_errors():
         listed = dropped_rows(directory)

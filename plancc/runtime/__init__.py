@@ -1,6 +1,6 @@
 """Replay a compiled plan in training: sampler, collator, token-mean loss, checkpoints, Hugging Face glue.
 
-Imports only torch, pyarrow, numpy and xxhash (and plancc.store, plancc.token_store); `tokenizers` is imported only
+Imports only torch, pyarrow, numpy and xxhash (and plancc.store.plan_store, plancc.store.token_store); `tokenizers` is imported only
 by `check_tokenizer`, transformers only by `plancc.runtime.hf`, TRL only by `plancc.runtime.trl`.
 
     plan = RuntimePlan(plan_dir)

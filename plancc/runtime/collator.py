@@ -34,7 +34,7 @@ from plancc.config import Mode, Shift
 from plancc.runtime.data import TokenStore
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import Microbatch
-from plancc.token_store import IGNORE_INDEX
+from plancc.store.token_store import IGNORE_INDEX
 
 
 class PlanCollator:

@@ -6,7 +6,7 @@ microbatch's tokens is one vectorized gather, whatever the number of samples::
     input_ids = [5, 6, 7, 8, 9, 1, 2]      all samples' tokens, concatenated
     offsets   = [0, 3, 5, 7]               sample 1 = input_ids[3:5]
 
-A plan's data is its token store (`plancc.token_store`, the `tokens/` folder a compile writes; one store or the
+A plan's data is its token store (`plancc.store.token_store`, the `tokens/` folder a compile writes; one store or the
 parts of a sharded scan, mapped as one dataset): the arrays are
 memory maps, so opening costs the same for 1M or 10B tokens, the ranks of a node share the pages through the OS
 page cache, and a process's memory grows only with what it reads. `targets` is the label column the plan's shift
@@ -37,9 +37,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc import store, token_store
 from plancc.config import Shift
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
+from plancc.store import plan_store, token_store
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
 
@@ -195,7 +195,7 @@ def _read_any(path: Path) -> pa.Table:
         if suffix == ".parquet":
             return pq.read_table(path)
         if suffix == ".arrow":
-            return store.read_arrow(path)
+            return plan_store.read_arrow(path)
         if suffix in (".jsonl", ".json"):
             import pyarrow.json as pj
 
@@ -216,8 +216,8 @@ def data_location(plan: RuntimePlan, data: str | Path | None = None) -> Path | N
         raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) does not exist")
     if not (p.is_dir() or p.is_file()):
         raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) is neither a regular file nor a folder")
-    if not token_store.is_store(p) and token_store.is_store(p / store.TOKENS_DIR):
-        return p / store.TOKENS_DIR  # a plan or scan directory: its store
+    if not token_store.is_store(p) and token_store.is_store(p / plan_store.TOKENS_DIR):
+        return p / plan_store.TOKENS_DIR  # a plan or scan directory: its store
     return p
 
 
@@ -229,7 +229,7 @@ def _own_tokens(plan: RuntimePlan) -> token_store.MappedTokens:
     if problems or plan.dir.binds_tokens:
         try:
             return plan.dir.open_tokens()  # raises: tokens/ gone (moved away; the caller may give it as data=)
-        except (store.PlanIntegrityError, token_store.FileTypeError) as exc:
+        except (plan_store.PlanIntegrityError, token_store.FileTypeError) as exc:
             problems = [str(exc)]
     if problems:
         raise PlanMismatchError(f"{problems[0]}; or pass data= (a plan, scan or token store folder, or a tokenized "

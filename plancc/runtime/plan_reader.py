@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc import layout, store, token_store
+from plancc import layout
 from plancc.config import PlanSettings
 from plancc.errors import PlanccError
+from plancc.store import plan_store, token_store
 
 
 class PlanMismatchError(PlanccError):
@@ -71,7 +72,7 @@ class RankEval:
 
 
 class RuntimePlan:
-    """A plan directory opened for training, verified before step 1 (`store.PlanDir` does the checks).
+    """A plan directory opened for training, verified before step 1 (`plan_store.PlanDir` does the checks).
 
     Opening refuses a plan whose settings do not hash to the config fingerprint, whose samples or metrics file
     belongs to another plan, or whose `manifest.json` differs from the plan file's metadata (settings and
@@ -81,7 +82,7 @@ class RuntimePlan:
     token store (`tokens/`) is opened and its digest compared with the one the plan binds. The samples table is
     checked against the dataset and metadata fingerprints when it is read.
 
-    Every file is opened once (`store.PlanDir`, `token_store.open_store`): a plan recompiled into the same
+    Every file is opened once (`plan_store.PlanDir`, `token_store.open_store`): a plan recompiled into the same
     directory (`--overwrite`) while this run trains changes nothing for it; a process that opens afterwards gets
     the new plan, whole.
 
@@ -91,15 +92,15 @@ class RuntimePlan:
 
     def __init__(self, plan_dir: str | Path, *, data: str | Path | None = None):
         try:
-            self.dir = store.PlanDir(plan_dir)
-        except (store.PlanIntegrityError, token_store.FileTypeError) as exc:
+            self.dir = plan_store.PlanDir(plan_dir)
+        except (plan_store.PlanIntegrityError, token_store.FileTypeError) as exc:
             raise PlanMismatchError(str(exc)) from None
         self.path = self.dir.path
         self.data = Path(data) if data is not None else None
         if self.data is not None and not self.data.exists():
             raise PlanMismatchError(f"the data given for plan {self.path} ({self.data}) does not exist")
         _refuse([*self.dir.header_problems(), *self.dir.manifest_problems(required=False),
-                 *self.dir.companion_problems(store.SAMPLES_FILE, "samples")])
+                 *self.dir.companion_problems(plan_store.SAMPLES_FILE, "samples")])
         self.fingerprints: dict[str, Any] = self.dir.fingerprints
         self.settings: PlanSettings = self.dir.settings
         self._verified: tuple[int, pa.Table] | None = None  # the last epoch read and verified
@@ -108,10 +109,10 @@ class RuntimePlan:
         for epoch in reversed(range(self.epochs)):  # every epoch now; the first stays cached for step 1
             self.epoch_rows(epoch)
         self.tokens: token_store.MappedTokens | None = None  # the plan's own token store, opened with the plan
-        if self.data is None and self.dir.binds_tokens and os.path.lexists(self.path / store.TOKENS_DIR):
+        if self.data is None and self.dir.binds_tokens and os.path.lexists(self.path / plan_store.TOKENS_DIR):
             try:
                 self.tokens = self.dir.open_tokens()
-            except (store.PlanIntegrityError, token_store.FileTypeError) as exc:
+            except (plan_store.PlanIntegrityError, token_store.FileTypeError) as exc:
                 raise PlanMismatchError(f"{exc}; recompile the plan") from None
 
     # ------------------------------------------------------------ settings
@@ -205,7 +206,7 @@ class RuntimePlan:
         total = table.num_rows
         keep = layout.rank_indices(total, world_size, rank)  # rows are the verified epoch in index order
         mine = table.select(PLAN_COLUMNS).take(pa.array(keep))
-        ids, row_bounds, batch_bounds = store.nested_arrays(mine.column("sample_ids"))
+        ids, row_bounds, batch_bounds = plan_store.nested_arrays(mine.column("sample_ids"))
         tail_start = layout.complete_updates(total, self.world_size, self.grad_accum) * self.batches_per_update
         return RankEpoch(
             epoch=int(epoch),
@@ -213,11 +214,11 @@ class RuntimePlan:
             samples=ids,
             row_bounds=row_bounds,
             batch_bounds=batch_bounds,
-            tokens=store.column(mine, "tokens"),
-            label_count=store.column(mine, "label_count"),
-            num_items=store.column(mine, "num_items"),
+            tokens=plan_store.column(mine, "tokens"),
+            label_count=plan_store.column(mine, "label_count"),
+            num_items=plan_store.column(mine, "num_items"),
             total_batches=total,
-            tail_num_items=int(store.column(table, "num_items")[tail_start]) if tail_start < total else 0,
+            tail_num_items=int(plan_store.column(table, "num_items")[tail_start]) if tail_start < total else 0,
         )
 
     # ------------------------------------------------------------ eval plan
@@ -244,9 +245,9 @@ class RuntimePlan:
         if self._eval is None:
             try:
                 table = self.dir.read_eval()
-            except store.StoreError as exc:
+            except plan_store.StoreError as exc:
                 raise PlanMismatchError(str(exc)) from None
-            _refuse([*self.dir.companion_problems(store.EVAL_FILE, "eval"), *self.dir.eval_problems(table)])
+            _refuse([*self.dir.companion_problems(plan_store.EVAL_FILE, "eval"), *self.dir.eval_problems(table)])
             self._eval = table
         return self._eval
 
@@ -258,8 +259,8 @@ class RuntimePlan:
         table = self.eval_rows()
         keep = layout.rank_indices(table.num_rows, world_size, rank)
         mine = table.select(["sample_ids", "label_count"]).take(pa.array(keep))
-        ids, row_bounds, batch_bounds = store.nested_arrays(mine.column("sample_ids"))
-        return RankEval(keep, ids, row_bounds, batch_bounds, store.column(mine, "label_count"), table.num_rows,
+        ids, row_bounds, batch_bounds = plan_store.nested_arrays(mine.column("sample_ids"))
+        return RankEval(keep, ids, row_bounds, batch_bounds, plan_store.column(mine, "label_count"), table.num_rows,
                         self.eval_label_count)
 
     def samples_table(self) -> pa.Table:

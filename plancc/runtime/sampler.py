@@ -315,7 +315,7 @@ class PlanSampler:
 
 
 class PlanEvalSampler:
-    """Yields rank `rank`'s microbatches of the plan's eval plan, in its one fixed order (`plancc.evaluation`).
+    """Yields rank `rank`'s microbatches of the plan's eval plan, in its one fixed order (`plancc.planner.evaluation`).
 
     Eval microbatch `i` runs on rank `i % world_size`, so every eval sample is seen exactly once across the ranks
     whatever the world size; every rank yields `ceil(batches / world_size)` microbatches, placeholders (no

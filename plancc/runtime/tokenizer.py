@@ -3,12 +3,12 @@
 A plan's token ids mean something only under the tokenizer that made them: training with another one (another
 vocabulary, another eos) runs without an error and learns the wrong thing, and a Trainer saves that tokenizer beside
 the model. The plan records the tokenizer's name (its resolved path, or `plancc-byte-level` for the built-in one)
-and its fingerprint (`plancc.fingerprint.tokenizer_fingerprint`), bound by the plan's metadata fingerprint;
+and its fingerprint (`plancc.store.fingerprint.tokenizer_fingerprint`), bound by the plan's metadata fingerprint;
 `check_tokenizer` computes the same fingerprint of the tokenizer given to training and refuses another one.
 
 How a tokenizer object is fingerprinted, as compile did: one loaded from a local directory or `tokenizer.json`
 (`name_or_path`, what `AutoTokenizer.from_pretrained(path)` records) by those files: the file's bytes, the eos and
-bos of its `tokenizer_config.json` (`plancc.fingerprint.tokenizer_specials`). One built in memory (the built-in
+bos of its `tokenizer_config.json` (`plancc.store.fingerprint.tokenizer_specials`). One built in memory (the built-in
 tokenizer wrapped in a `PreTrainedTokenizerFast`, a `tokenizers.Tokenizer`) by its JSON and its eos and bos tokens,
 less the empty post-processor transformers adds (it changes no id). `tokenizers` is imported only here, and only
 when a tokenizer object is checked.
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plancc.fingerprint import tokenizer_fingerprint, tokenizer_specials
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
+from plancc.store.fingerprint import tokenizer_fingerprint, tokenizer_specials
 
 BUILTIN_NAME = "plancc-byte-level"  # the name a plan records for `--tokenizer builtin`
 

@@ -1,0 +1,1 @@
+"""Planning: the samples table becomes per-epoch plan arrays."""

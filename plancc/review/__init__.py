@@ -1,0 +1,1 @@
+"""Review: reading stored plans back."""

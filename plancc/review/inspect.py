@@ -1,0 +1,294 @@
+"""The read side for humans: a plan's metrics per epoch and stage, and its layout as a trainer rank will see it.
+
+* `read_metrics(plan_dir)`: the metrics table as rows `{epoch, stage, metric...}` (plus `padding_ratio`).
+* `plan_view(plan_dir, epoch=, update=, rank=, micro_step=, limit=)`: microbatches in global order (epoch, index) - which is
+  (update, micro_step, rank) order - with their rows' sample ids, tokens, labels, cost and the update's global
+  label total. Filters are pushed into the Parquet read (row groups are skipped on their statistics) and only
+  the first `limit` matching microbatches have their sample ids decoded, so a 10M-sample plan answers fast.
+* `before_counts(plan_dir, epoch)`: per-microbatch label counts and per-update totals of the `before` stage
+  next to the `after` ones, read from what compile stored (`before.parquet`; nothing is recomputed). A plan of an
+  older plancc that did not store them shows `after` only and says so.
+* `metrics_tables(rows)`: rich tables, one per epoch, metrics down, stages across.
+* `eval_sizes(plan_dir)`: the eval plan's samples, tokens, label tokens and batches (None without one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from plancc.errors import PlanccError
+from plancc.layout import complete_updates, optimizer_updates
+from plancc.metric_columns import METRIC_COLUMNS
+from plancc.numbers import format_number, padding_ratio
+from plancc.store import plan_store
+
+SCALAR_COLUMNS = ["epoch", "index", "update", "rank", "micro_step", "tokens", "label_count", "cost", "num_items",
+                  "complete_update"]
+
+# metrics shown first (and in this order) in the human table; the rest follow in METRIC_COLUMNS order
+HEADLINE = ("samples", "batches", "updates", "label_cv", "update_label_cv", "packing_efficiency", "padding_ratio",
+            "max_naive_weight_skew")
+
+
+def read_metrics(plan_dir: str | Path | plan_store.PlanDir, epoch: int | None = None) -> list[dict[str, Any]]:
+    """The metrics rows `{epoch, stage, metric..., padding_ratio}` of every epoch (or one), as stored."""
+    plan = plan_dir if isinstance(plan_dir, plan_store.PlanDir) else plan_store.PlanDir(plan_dir)
+    rows = plan.read_metrics().to_pylist()
+    out = []
+    for r in rows:
+        if epoch is not None and r["epoch"] != epoch:
+            continue
+        r["padding_ratio"] = padding_ratio(r)
+        out.append(r)
+    if epoch is not None and not out:
+        raise PlanccError(f"--epoch {epoch}: the plan has no such epoch "
+                          f"(epochs: {sorted({r['epoch'] for r in rows})})")
+    return out
+
+
+def eval_sizes(plan_dir: str | Path | plan_store.PlanDir) -> dict[str, Any] | None:
+    """The eval plan's sizes as compile recorded them (samples, tokens, label_count: the targets the eval loss
+    divides by, batches, batches_per_rank, cost), or None for a plan without one."""
+    plan = plan_dir if isinstance(plan_dir, plan_store.PlanDir) else plan_store.PlanDir(plan_dir)
+    return {"val_set_size": plan.settings.val_set_size, **plan.meta["eval"]} if plan.has_eval else None
+
+
+def eval_table(sizes: dict[str, Any]):
+    """A rich Table of `eval_sizes`."""
+    from rich.table import Table
+
+    t = Table(title="eval plan (held out, seen once per evaluation)", title_justify="left")
+    t.add_column("metric")
+    t.add_column("eval", justify="right")
+    for name in ("val_set_size", "samples", "tokens", "label_count", "batches", "batches_per_rank", "cost"):
+        t.add_row(name, format_number(sizes[name]))
+    return t
+
+
+def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
+    """One rich Table per epoch: metrics down, stages across (before, balancing stages, after); `compact`: only
+    the headline metrics and the before and after stages (fits 80 columns)."""
+    from rich.table import Table
+
+    names = list(HEADLINE) + ([] if compact else [n for n, _ in METRIC_COLUMNS if n not in HEADLINE])
+    tables = []
+    for e in sorted({r["epoch"] for r in rows}):
+        stages = [r for r in rows if r["epoch"] == e and (not compact or r["stage"] in ("before", "after"))]
+        t = Table(title=f"epoch {e}", title_justify="left")
+        t.add_column("metric")
+        for r in stages:
+            t.add_column(r["stage"], justify="right")
+        for n in names:
+            values = [r.get(n) for r in stages]
+            if all(v is None for v in values):
+                continue
+            t.add_row(n, *(format_number(v) for v in values))
+        tables.append(t)
+    return tables
+
+
+DATASET_METRICS = ("samples", "sample_share", "tokens", "token_share", "label_tokens", "label_share")
+
+
+def read_dataset_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
+    """A recipe plan's per-dataset metrics `{epoch, stage, dataset, samples, tokens, label_tokens, *_share}`
+    (stages `before`: the mixture as drawn, `after`: what the plan holds); an error for a one-source plan."""
+    plan = plan_store.PlanDir(plan_dir)
+    recipe = plan.meta.get("recipe")
+    if not recipe:
+        raise PlanccError(f"{plan_dir} was compiled from one source: --by dataset needs a recipe (several sources "
+                          "or a config listing datasets)")
+    rows = [r for r in recipe["metrics"] if epoch is None or r["epoch"] == epoch]
+    if epoch is not None and not rows:
+        raise PlanccError(f"--epoch {epoch}: the plan has no such epoch (epochs: {plan.settings.epochs})")
+    return rows
+
+
+def dataset_tables(rows: list[dict[str, Any]]):
+    """One rich Table per epoch: datasets down, each metric before -> after across."""
+    from rich.table import Table
+
+    tables = []
+    for e in sorted({r["epoch"] for r in rows}):
+        by = {(r["dataset"], r["stage"]): r for r in rows if r["epoch"] == e}
+        t = Table(title=f"epoch {e} by dataset", title_justify="left")
+        t.add_column("dataset")
+        for name in DATASET_METRICS:
+            t.add_column(name, justify="right")
+        for dataset in dict.fromkeys(r["dataset"] for r in rows if r["epoch"] == e):
+            before, after = by[(dataset, "before")], by[(dataset, "after")]
+            t.add_row(dataset, *(format_number(after[n]) if before[n] == after[n] else
+                                 f"{format_number(before[n])} → {format_number(after[n])}" for n in DATASET_METRICS))
+        tables.append(t)
+    return tables
+
+
+# ---------------------------------------------------------------- plan layout
+
+
+@dataclass
+class PlanView:
+    """What `plancc inspect plan` shows: the matching microbatches (the first `limit` with their sample ids) and
+    totals over all of them."""
+
+    settings: dict[str, Any]
+    fingerprints: dict[str, Any]
+    matching: int  # microbatches matching the filters
+    tokens: int
+    labels: int
+    rows: list[dict[str, Any]]  # the first `limit` of them
+
+    def to_json(self) -> dict[str, Any]:
+        """The view as `inspect plan --json` prints it."""
+        return {"settings": self.settings, "fingerprints": self.fingerprints, "matching_microbatches": self.matching,
+                "shown": len(self.rows), "tokens": self.tokens, "labels": self.labels, "microbatches": self.rows}
+
+
+def _filters(plan: plan_store.PlanDir, epoch: int | None, update: int | None, rank: int | None,
+             micro_step: int | None) -> list[tuple]:
+    """Parquet filters for the given values; a value outside the plan's range is an error naming the range. The
+    updates are the optimizer steps a trainer runs (the incomplete tail included), from each epoch's microbatches."""
+    epochs = sorted(int(e) for e in plan.fingerprints.get("plan", {}))
+    W, G = plan.settings.world_size, plan.settings.grad_accum
+    updates = [optimizer_updates(e["batches"], W, G) for e in plan.meta.get("epochs", [])
+               if epoch is None or e["epoch"] == epoch]
+    ranges = {  # name: (value, how many there are, what has that many)
+        "epoch": (epoch, None, f"epochs {epochs}"),
+        "update": (update, max(updates, default=0), "updates" + ("" if epoch is None else f" in epoch {epoch}")),
+        "rank": (rank, W, "ranks (world size)"),
+        "micro_step": (micro_step, G, "micro-steps (grad accum)"),
+    }
+    f = []
+    for name, (v, count, what) in ranges.items():
+        if v is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "epoch" and v not in epochs:
+            raise PlanccError(f"{flag} {v}: the plan has {what}")
+        if count is not None and not 0 <= v < count:
+            valid = f"0..{count - 1}" if count else "none"
+            raise PlanccError(f"{flag} {v} is out of range: the plan has {count:,} {what} ({valid})")
+        f.append((name, "=", int(v)))
+    return f
+
+
+def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | None = None,
+              rank: int | None = None, micro_step: int | None = None, limit: int = 20) -> PlanView:
+    """The matching microbatches in global order; only the first `limit` (0: all) carry their sample ids."""
+    plan = plan_store.PlanDir(plan_dir)
+    if limit < 0:
+        raise PlanccError(f"--limit must be >= 0, got {limit}")
+    filters = _filters(plan, epoch, update, rank, micro_step) or None
+    head = plan.read_rows(SCALAR_COLUMNS, filters)
+    head = head.take(pc.sort_indices(head, [("epoch", "ascending"), ("index", "ascending")]))
+    matching = head.num_rows
+    tokens = int(pc.sum(head.column("tokens")).as_py() or 0)
+    labels = int(pc.sum(head.column("label_count")).as_py() or 0)
+    shown = head if limit == 0 else head.slice(0, limit)
+    rows: list[dict[str, Any]] = []
+    if shown.num_rows:
+        ep = shown.column("epoch").to_numpy().astype(np.int64)
+        ix = shown.column("index").to_numpy()
+        wanted = ep * (1 << 40) + ix
+        f2 = [*(filters or []), ("epoch", ">=", int(ep.min())), ("epoch", "<=", int(ep.max())),
+              ("index", ">=", int(ix.min())), ("index", "<=", int(ix.max()))]
+        full = plan.read_rows(["epoch", "index", "sample_ids"], f2)
+        key = full.column("epoch").to_numpy().astype(np.int64) * (1 << 40) + full.column("index").to_numpy()
+        order = np.argsort(key, kind="stable")
+        at = order[np.searchsorted(key[order], wanted)]
+        ids_col = full.column("sample_ids").take(pa.array(at))
+        flat, row_bounds, batch_bounds = plan_store.nested_arrays(ids_col)
+        scalars = shown.to_pydict()
+        for i in range(shown.num_rows):
+            r0, r1 = int(batch_bounds[i]), int(batch_bounds[i + 1])
+            sample_rows = [flat[row_bounds[r]: row_bounds[r + 1]].tolist() for r in range(r0, r1)]
+            rows.append({**{k: scalars[k][i] for k in SCALAR_COLUMNS}, "rows": r1 - r0,
+                         "samples": int(row_bounds[r1] - row_bounds[r0]), "sample_ids": sample_rows})
+    return PlanView(plan.settings.to_dict(), plan.fingerprints, matching, tokens, labels, rows)
+
+
+def format_ids(sample_rows: list[list[int]], max_ids: int) -> str:
+    """Rows separated by ' | ', at most `max_ids` ids in all (0: all), ' …' when cut."""
+    out: list[str] = []
+    left = max_ids if max_ids > 0 else None
+    cut = False
+    for row in sample_rows:
+        if left is not None and left <= 0:
+            cut = True
+            break
+        part = row if left is None else row[:left]
+        if left is not None:
+            left -= len(part)
+        cut = cut or len(part) < len(row)
+        out.append(",".join(str(i) for i in part))
+    return " | ".join(out) + (" …" if cut else "")
+
+
+def console():
+    """A rich console on stdout; when piped (CI logs, files) wide enough that tables do not wrap."""
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=200)
+
+
+def plan_table(view: PlanView, max_ids: int = 8):
+    """A rich Table of the view's microbatches, at most `max_ids` sample ids each (0: all)."""
+    from rich.table import Table
+
+    t = Table()
+    for name in ("epoch", "update", "step", "rank", "index", "rows", "samples", "tokens", "labels", "cost",
+                 "upd labels"):
+        t.add_column(name, justify="right", no_wrap=True)
+    t.add_column("sample ids (rows split by |)", overflow="fold")
+    for r in view.rows:
+        t.add_row(*(str(r[k]) for k in ("epoch", "update", "micro_step", "rank", "index", "rows", "samples",
+                                         "tokens", "label_count", "cost", "num_items")),
+                  format_ids(r["sample_ids"], max_ids))
+    return t
+
+
+# ---------------------------------------------------------------- before vs after counts
+
+
+@dataclass
+class StageCounts:
+    """Supervised targets per microbatch of one stage, and their totals per complete update."""
+
+    label_counts: np.ndarray  # per microbatch
+    update_totals: np.ndarray  # per complete update
+
+
+@dataclass
+class BeforeAfter:
+    """One epoch's counts before and after balancing (what `inspect metrics --plot` draws)."""
+
+    epoch: int
+    before: StageCounts | None  # None for a plan that did not store its before stage
+    after: StageCounts
+    note: str
+
+
+def _stage(labels: np.ndarray, world_size: int, grad_accum: int) -> StageCounts:
+    full = complete_updates(labels.shape[0], world_size, grad_accum)
+    return StageCounts(labels, labels[: full * world_size * grad_accum].reshape(full, -1).sum(axis=1))
+
+
+def before_counts(plan_dir: str | Path | plan_store.PlanDir, epoch: int) -> BeforeAfter:
+    """The `before` and `after` label counts of `epoch`, as compile stored them (see module doc)."""
+    plan = plan_dir if isinstance(plan_dir, plan_store.PlanDir) else plan_store.PlanDir(plan_dir)
+    if str(epoch) not in plan.fingerprints.get("plan", {}):
+        raise PlanccError(f"--epoch {epoch}: the plan has epochs "
+                          f"{sorted(int(e) for e in plan.fingerprints.get('plan', {}))}")
+    W, G = plan.settings.world_size, plan.settings.grad_accum
+    after = _stage(plan_store.column(plan.read_epoch(epoch, ["index", "label_count"]), "label_count"), W, G)
+    labels = plan.before_labels(epoch)
+    if labels is None:
+        return BeforeAfter(epoch, None, after, "before stage not stored (a plan of an older plancc): after only")
+    return BeforeAfter(epoch, _stage(labels, W, G), after, f"before as compiled ({plan_store.BEFORE_FILE})")

@@ -1,0 +1,216 @@
+"""One sample as the model will see it: its token ids, which of them are supervised, and the decoded text.
+
+`sample_view(DIR, sample_id)` reads a plan or scan directory's samples table (the counts the plan used) and its
+token store row (`tokens/`, `sample_id` is the row), and decodes with the tokenizer the scan recorded. A token is
+supervised when it is some position's target: `labels != -100`, or, when the stored labels are already shifted
+(`--shift none`), the token after such a label. `segments` are runs of equal supervision, decoded run by run so
+that multi-byte characters stay whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from plancc.errors import InputError
+from plancc.store import plan_store
+
+
+@dataclass(frozen=True)
+class SampleView:
+    """One sample as `plancc show` prints it: its recorded counts, its tokens and the decoded, marked text."""
+
+    sample_id: int
+    length: int  # tokens, as recorded in the samples table
+    label_count: int  # labels the loss counts, as recorded
+    first_label_supervised: bool
+    input_ids: np.ndarray
+    labels: np.ndarray
+    supervised: np.ndarray  # bool per token
+    segments: list[tuple[str, bool]]  # (decoded text, supervised) runs
+    pieces: list[str]  # each token decoded alone
+    tokenizer: str
+    dataset: str | None = None  # a recipe's: the sample's dataset and its row there (`plancc.recipe_data`)
+    row: int | None = None
+    trained: str = ""  # what the scan trained (`trained_summary`)
+
+    def to_json(self) -> dict[str, Any]:
+        """The view as `show --json` prints it."""
+        return {"sample_id": self.sample_id, "dataset": self.dataset, "row": self.row,
+                "length": self.length, "label_count": self.label_count,
+                "first_label_supervised": self.first_label_supervised, "tokenizer": self.tokenizer,
+                "trained": self.trained,
+                "supervised_tokens": int(self.supervised.sum()),
+                "segments": [{"text": t, "supervised": s} for t, s in self.segments],
+                "input_ids": self.input_ids.tolist(), "labels": self.labels.tolist(),
+                "supervised": self.supervised.tolist()}
+
+
+def trained_summary(report: dict[str, Any]) -> str:
+    """What the scan supervised, in one line: the what-is-trained settings (`ScanOptions`) that apply to its
+    format, defaults included."""
+    from plancc.config import ScanOptions
+
+    options = report.get("options") or {}
+    default = ScanOptions()
+
+    def get(name: str) -> Any:
+        return options.get(name, getattr(default, name))
+
+    fmt = report.get("format")
+    eos = f"train_on_eos {get('train_on_eos')}"
+    if fmt == "messages":
+        template = report.get("chat_template") or {}
+        if template.get("generation"):
+            return f"the chat template's {{% generation %}} blocks, train_on {get('train_on')}"
+        return f"roles_to_train {','.join(get('roles_to_train'))}, {eos}, train_on {get('train_on')}"
+    if fmt in ("alpaca", "prompt_completion"):
+        return f"train_on_inputs {str(get('train_on_inputs')).lower()}, {eos}"
+    if fmt == "text":
+        return eos
+    return "the source's own labels" if fmt == "tokenized" else ""
+
+
+def _report(directory: Path, info: dict[str, Any]) -> dict[str, Any]:
+    if info.get("report"):
+        return info["report"]
+    if (directory / plan_store.MANIFEST_FILE).is_file():
+        return plan_store.read_manifest(directory).get("scan", {})
+    return {}
+
+
+def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Row `row` of a token store (ids, stored labels, whether those labels are already shifted): two small slices
+    of its memory maps, nothing else read."""
+    from plancc.store import token_store
+
+    try:
+        m = token_store.open_store(path)
+    except token_store.TokenStoreError as exc:
+        raise InputError(str(exc)) from None
+    if not 0 <= row < len(m.offsets) - 1:
+        raise InputError(f"{path}: no row {row} ({len(m.offsets) - 1} rows)")
+    a, b = int(m.offsets[row]), int(m.offsets[row + 1])
+    return (np.asarray(m.input_ids[a:b], dtype=np.int64), np.asarray(m.labels[a:b], dtype=np.int64),
+            bool(m.header["labels_shifted"]))
+
+
+def _dataset_row(directory: Path, table: Any, at: int, sample_id: int) -> tuple[str | None, int | None]:
+    """A recipe plan's sample: (its dataset's name, its row in that dataset); (None, None) for one source."""
+    if plan_store.DATASET_COLUMN not in table.column_names:
+        return None, None
+    name = table.column(plan_store.DATASET_COLUMN)[at].as_py()
+    recipe = plan_store.read_manifest(directory).get("recipe") or {} if (directory / plan_store.MANIFEST_FILE).is_file() else {}
+    first = {d["name"]: d["first_id"] for d in recipe.get("datasets", [])}
+    return name, (sample_id - first[name] if name in first else None)
+
+
+def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
+    """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now."""
+    from plancc.scan.scanner import options_from_report
+    from plancc.scan.sources.tokenizer import load_tokenizer
+    from plancc.store.token_store import IGNORE_INDEX
+
+    d = Path(directory)
+    given = plan_store.read_samples_source(d) if d.is_dir() else None
+    if given is None:
+        raise InputError(f"{directory} is not a plan or scan directory (no {plan_store.SAMPLES_FILE})")
+    table, info = given
+    ids = plan_store.column(table, "sample_id")
+    at = int(np.searchsorted(ids, sample_id))
+    report = _report(d, info)
+    if at == len(ids) or ids[at] != sample_id:
+        dropped = " (the scan dropped it: see `plancc scan` or the manifest's scan report)" if (
+            0 <= sample_id <= ids[-1]) else ""
+        raise InputError(f"--sample {sample_id}: no such sample in {directory}{dropped}; sample ids run "
+                         f"{int(ids[0])}..{int(ids[-1])} ({len(ids):,} samples)")
+    if not info.get("tokenized_path"):
+        raise InputError(f"{directory} has no {plan_store.TOKENS_DIR}/ (it was compiled from a bare samples table): "
+                         "nothing to decode")
+    first_row = int((report.get("part") or {}).get("lo", 0))  # a partial scan's store starts at its first row
+    input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id - first_row)
+    supervised = labels != IGNORE_INDEX
+    if shifted:
+        supervised = np.concatenate([[False], supervised[:-1]])
+    tok = load_tokenizer(options_from_report(report, tokenizer).tokenizer)
+    decode = tok.tokenizer.decode
+    bounds = np.flatnonzero(np.diff(supervised.astype(np.int8))) + 1
+    runs = zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(input_ids)]]), strict=True)
+    segments = [(decode(input_ids[a:b].tolist(), skip_special_tokens=False), bool(supervised[a])) for a, b in runs]
+    pieces = [decode([int(i)], skip_special_tokens=False) for i in input_ids]
+    return SampleView(int(sample_id), int(plan_store.column(table, "length")[at]),
+                      int(plan_store.column(table, "label_count")[at]),
+                      bool(plan_store.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
+                      segments, pieces, tok.name, *_dataset_row(d, table, at, int(sample_id)),
+                      trained_summary(report))
+
+
+def _targets(labels: np.ndarray, offsets: np.ndarray, shifted: bool) -> np.ndarray:
+    """Targets of each row: its labels != -100, less a supervised first label (never a target) unless shifted."""
+    from plancc.store.token_store import IGNORE_INDEX
+
+    sup = np.zeros(len(labels) + 1, np.int64)
+    np.cumsum(np.asarray(labels) != IGNORE_INDEX, out=sup[1:])
+    counts = sup[offsets[1:]] - sup[offsets[:-1]]
+    if shifted:
+        return counts
+    nonempty = np.diff(offsets) > 0
+    first = np.zeros(len(counts), bool)
+    first[nonempty] = np.asarray(labels)[offsets[:-1][nonempty]] != IGNORE_INDEX
+    return counts - first
+
+
+def dropped_rows(directory: str | Path) -> dict[str, Any]:
+    """Every source row a plan or scan directory's scan dropped, with why, and its truncated rows (count and the
+    first the report names; a recipe's report has the count only): derived from its token store (one row per source row, dropped ones included), its
+    samples table (the kept ones) and its scan report, so nothing extra is stored or fingerprinted."""
+    from plancc.store import token_store
+
+    d = Path(directory)
+    given = plan_store.read_samples_source(d) if d.is_dir() else None
+    if given is None or not given[1].get("tokenized_path"):
+        raise InputError(f"{directory} is not a plan or scan directory with its {plan_store.TOKENS_DIR}/")
+    table, info = given
+    report = _report(d, info)
+    try:
+        m = token_store.open_store(Path(info["tokenized_path"]))
+    except token_store.TokenStoreError as exc:
+        raise InputError(str(exc)) from None
+    offsets = np.asarray(m.offsets, dtype=np.int64)
+    first_row = int((report.get("part") or {}).get("lo", 0))
+    kept = np.zeros(len(offsets) - 1, bool)
+    kept[plan_store.column(table, "sample_id").astype(np.int64) - first_row] = True
+    lengths = np.diff(offsets)
+    targets = _targets(m.labels, offsets, bool(m.header["labels_shifted"]))
+    seq = int((report.get("options") or {}).get("sequence_len", 0)) or None
+    names = _dataset_starts(d)
+    rows = []
+    for r in np.flatnonzero(~kept).tolist():
+        if seq is not None and lengths[r] > seq:
+            why = f"longer than sequence_len {seq}"
+        elif targets[r] <= 0:
+            why = "no supervised target"
+        else:
+            why = "trains on the end of turn alone (drop_eos_only)"
+        rows.append({"row": first_row + r, **names(first_row + r), "reason": why, "tokens": int(lengths[r])})
+    truncated = report.get("truncated") or {"count": int(report.get("truncated_samples", 0)), "first_rows": []}
+    return {"dropped": rows, "truncated": {"count": truncated["count"], "first_rows": truncated["first_rows"]}}
+
+
+def _dataset_starts(directory: Path):
+    """A function naming a recipe plan's row: {dataset, dataset_row}; {} for one source."""
+    recipe = (plan_store.read_manifest(directory).get("recipe") or {}) if (directory / plan_store.MANIFEST_FILE).is_file() \
+        else {}
+    starts = sorted((d["first_id"], d["name"]) for d in recipe.get("datasets", []))
+    if not starts:
+        return lambda row: {}
+    firsts = np.array([s for s, _ in starts], np.int64)
+
+    def name(row: int) -> dict[str, Any]:
+        at = int(np.searchsorted(firsts, row, side="right")) - 1
+        return {"dataset": starts[at][1], "dataset_row": row - starts[at][0]}
+
+    return name

@@ -1,0 +1,395 @@
+"""Re-check a plan on disk, every file it ships: invariants of docs/spec.md §4-6, fingerprints, checksums and the mirror.
+
+Nothing is trusted from the writer. `plan_store.PlanDir` checks how the files vouch for each other (settings against
+the config fingerprint, each epoch's rows against the layout and its plan fingerprint, samples against the
+dataset and metadata fingerprints, metrics against their checksum, every file's metadata and `manifest.json`
+against the plan file's). On top, this module recomputes from the samples table what a plan must satisfy
+(coverage, capacity, per-microbatch tokens, targets and cost), recomputes each epoch's final metrics from its rows,
+checks the eval plan (the held-out samples `--val-set-size` draws, each exactly once, none of them in training,
+in the training layout, counted right, against the eval fingerprint), checks that the settings the plan shares
+with its scan (`sequence_len`, `shift`) are the scan's, and checks the
+tokenized data the trainer will load: every header value against its `header_hash`, present, complete and, unless
+`fast`, equal in content to the dataset fingerprint (each planned sample's hash against the samples table). The result is a list of
+violations, each naming its file and row or field (empty when the plan is sound).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, SettingsError, Shift
+from plancc.layout import complete_updates
+from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
+from plancc.planner import holdout, mixture
+from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
+from plancc.store import plan_store, token_store
+
+
+def _shared_problems(plan: plan_store.PlanDir) -> list[str]:
+    """A plan compiled from a scan holds the scan's sequence_len and shift (`plancc.scan.carry`): its samples were cut,
+    dropped and counted under them. A plan whose settings say otherwise was edited (or built by hand)."""
+    recorded = (plan.meta.get("scan") or {}).get("options") or {}
+    return [f"{plan.plan_file} metadata: settings.{name} is {plan.meta['settings'][name]!r}, but its samples were "
+            f"scanned with {name} {recorded[name]!r} (scan.options.{name})"
+            for name in SHARED_SETTINGS if name in recorded and recorded[name] != plan.meta["settings"].get(name)]
+
+
+def _mismatch(name: str, where: str, got: np.ndarray, want: np.ndarray) -> str | None:
+    bad = np.flatnonzero(got != want)
+    if bad.size == 0:
+        return None
+    i = int(bad[0])
+    return (f"{where} row {i}: {name} is {got[i]}, recomputed from {plan_store.SAMPLES_FILE} "
+            f"{want[i]} ({bad.size} rows differ)")
+
+
+def mixture_counts(sample_id: np.ndarray) -> np.ndarray:
+    """How often the epoch must hold each sample of a sorted multiset of ids, at its first occurrence (0 at the
+    others): a plain epoch holds every sample once, a recipe's its mixture count."""
+    first = np.r_[True, sample_id[1:] != sample_id[:-1]] if sample_id.size else np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(first)
+    want = np.zeros(sample_id.shape[0], dtype=np.int64)
+    want[starts] = np.diff(np.append(starts, sample_id.shape[0]))
+    return want
+
+
+def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
+    """Coverage (each sample exactly its mixture count: once, for one source), capacity, microbatch shape and
+    per-microbatch counts of one epoch against the epoch's samples (`mixture.plan_positions`)."""
+    return check_rows(f"{plan_store.PLAN_FILE} epoch {epoch}", table, s, settings)
+
+
+def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
+    """`check_epoch` of any plan rows (an epoch's, or the eval plan's) named `where` in the messages: they must
+    hold each sample of the multiset `s` as often as it is in it (all unless --drop-last), fit the layout, and
+    count what `s` says."""
+    problems: list[str] = []
+    ids, row_bounds, batch_bounds = plan_store.nested_arrays(table.column("sample_ids"))
+    pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
+    unknown = s.sample_id[pos] != ids
+    if unknown.any():
+        return [f"{where}: {int(unknown.sum())} sample ids are not in {plan_store.SAMPLES_FILE} "
+                f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None
+    b = Batches(pos, row_bounds, batch_bounds)
+    n = b.num_batches
+
+    counts, want = np.bincount(pos, minlength=len(s)), mixture_counts(s.sample_id)
+    over = np.flatnonzero(counts > want)
+    if over.size and not settings.mixture:
+        row, sid, first = plan_store.repeated_sample(ids, b.row_bounds[b.batch_bounds])
+        problems.append(f"{where} row {row}: sample_id {sid} again (already in row {first}); "
+                        f"{int((counts > 1).sum())} samples appear more than once")
+    elif over.size:
+        problems.append(f"{where}: sample_id {int(s.sample_id[over[0]])} appears "
+                        f"{int(counts[over[0]])} times, its mixture count is {int(want[over[0]])} ({over.size} "
+                        "samples appear more often than the mixture says)")
+    short = np.flatnonzero(counts < want)
+    if short.size and not settings.drop_last:
+        problems.append(f"{where}: {int((want - counts)[short].sum())} retained samples are "
+                        f"missing (first: sample_id {int(s.sample_id[short[0]])})")
+    full = complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update
+    if settings.drop_last and n != full:
+        problems.append(f"{where}: --drop-last plan ends with an incomplete update")
+
+    over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
+    if over.size:
+        problems.append(f"{where}: {over.size} rows exceed capacity {settings.row_capacity} "
+                        f"(first: row {over[0]})")
+    if settings.mode == Mode.PACKED:
+        too_many = np.flatnonzero(b.rows_per_batch() > (settings.micro_batch_size if settings.real_batches else 1))
+        if too_many.size:
+            problems.append(f"{where} row {too_many[0]}: the microbatch has too many rows")
+    else:
+        per_batch = segment_sum(b.samples_per_row(), b.batch_bounds)
+        wrong = np.flatnonzero(per_batch[:-1] != settings.micro_batch_size) if n else np.array([])
+        if wrong.size or (n and per_batch[-1] > settings.micro_batch_size):
+            problems.append(f"{where}: microbatches do not hold exactly "
+                            f"{settings.micro_batch_size} samples")
+    expect = {
+        "tokens": batch_tokens(b, s),
+        "label_count": batch_targets(b, s, settings.shift),
+        "cost": batch_cost(b, s, settings.pad_multiple),
+    }
+    for name, want in expect.items():
+        msg = _mismatch(name, where, plan_store.column(table, name), want)
+        if msg:
+            problems.append(msg)
+    return problems, b
+
+
+def _eval_problems(plan: plan_store.PlanDir, s, index: np.ndarray | None) -> tuple[list[str], np.ndarray]:
+    """(violations of the eval plan, the eval sample ids training must not hold). The eval rows must hold the
+    samples compile held out (`holdout.eval_ids`, redrawn here: a recipe's eval datasets, `--val-set-size`'s draw)
+    each exactly once, fit the training layout and count what the samples table says; layout, eval fingerprint and
+    manifest summary: `PlanDir.eval_problems`."""
+    size, path, none = plan.settings.val_set_size, plan.path / plan_store.EVAL_FILE, np.zeros(0, dtype=np.int64)
+    try:
+        drawn = holdout.eval_ids(s.sample_id, plan.settings, index) if len(s) else None
+    except SettingsError as exc:
+        return [f"{plan.plan_file} metadata: {exc}"], none
+    expected = none if drawn is None else drawn
+    if not plan.has_eval:
+        if expected.size:
+            return [f"{plan.plan_file} metadata: the settings hold out {expected.size} eval samples (val_set_size "
+                    f"{size}, eval datasets) but fingerprints.eval is missing (no eval plan)"], expected
+        return ([f"{path}: an eval plan, but {plan.plan_file} has no eval fingerprint"] if path.exists() else []), expected
+    held = plan.source(plan_store.EVAL_FILE)
+    problems = [*plan_store.schema_problems(held, plan_store.EVAL_SCHEMA), *plan_store.statistics_problems(held),
+                *plan.companion_problems(plan_store.EVAL_FILE, "eval")]
+    try:
+        table = plan.read_eval()
+    except plan_store.StoreError as exc:
+        return [*problems, str(exc)], expected
+    problems += plan.eval_problems(table)
+    ids = np.unique(plan_store.nested_arrays(table.column("sample_ids"))[0])
+    extra, lacking = np.setdiff1d(ids, expected), np.setdiff1d(expected, ids)
+    if extra.size or lacking.size:
+        first = int(extra[0]) if extra.size else int(lacking[0])
+        problems.append(f"{path}: holds {extra.size} samples the eval set (eval datasets and the held-out draw of "
+                        f"val_set_size {size}, seed {plan.settings.seed}) does not and lacks {lacking.size} it does "
+                        f"(first: sample_id {first})")
+        return problems, expected
+    found, _ = check_rows(str(path), table, holdout.subset(s, np.isin(s.sample_id, expected)),
+                          replace(plan.settings, drop_last=False, mixture=(), samples_per_epoch=None))
+    return problems + found, expected
+
+
+def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> list[str]:
+    """Held-out samples must never be trained on."""
+    ids = plan_store.nested_arrays(table.column("sample_ids"))[0]
+    leaked = np.intersect1d(ids, eval_ids)
+    return [f"{plan_store.PLAN_FILE} epoch {epoch}: {leaked.size} held-out eval samples are in the training plan "
+            f"(first: sample_id {int(leaked[0])})"] if leaked.size else []
+
+
+def _recipe_index(plan: plan_store.PlanDir, samples: pa.Table) -> tuple[np.ndarray | None, list[str]]:
+    """A recipe plan's dataset of each sample (its position in the mixture), and what is wrong with the column."""
+    if not plan.settings.mixture:
+        return None, []
+    if plan_store.DATASET_COLUMN not in samples.column_names:
+        return None, [f"{plan_store.SAMPLES_FILE}: a recipe's samples table lacks its '{plan_store.DATASET_COLUMN}' column"]
+    codes, names = plan_store.dataset_codes(samples)
+    index = mixture.dataset_index(codes, names, plan.settings.mixture)
+    if (index < 0).any():
+        row = int(np.flatnonzero(index < 0)[0])
+        return index, [f"{plan_store.SAMPLES_FILE} row {row}: dataset {names[codes[row]]!r} is not one of the recipe's "
+                       f"({', '.join(m[0] for m in plan.settings.mixture)})"]
+    return index, []
+
+
+def _dataset_after(epoch: int, b: Batches, s_e, index: np.ndarray, plan: plan_store.PlanDir) -> list[dict[str, Any]]:
+    """One epoch's per-dataset `after` metrics recomputed from its rows (`b` indexes the epoch's samples `s_e`,
+    whose datasets `index` gives)."""
+    names = [m[0] for m in plan.settings.mixture]
+    return dataset_rows(epoch, "after", names, index[b.samples], s_e.length[b.samples],
+                        entry_targets(b, s_e, plan.settings.shift))
+
+
+def _recipe_metrics_problems(plan: plan_store.PlanDir, recomputed: list[dict[str, Any]]) -> list[str]:
+    """The manifest's per-dataset `after` metrics against those recomputed from the plan's rows."""
+    if not plan.settings.mixture:
+        return []
+    stored = [r for r in (plan.meta.get("recipe") or {}).get("metrics", []) if r.get("stage") == "after"]
+    key = ("epoch", "dataset")
+    stored_by = {tuple(r[k] for k in key): r for r in stored}
+    for row in recomputed:
+        got = stored_by.get(tuple(row[k] for k in key))
+        found = plan_store.first_difference(got, row) if got is not None else "the row is missing"
+        if found:
+            return [f"{plan_store.PLAN_FILE} metadata: recipe metrics of dataset {row['dataset']!r} epoch {row['epoch']} "
+                    f"after: {found} (recomputed from the rows)"]
+    return []
+
+
+def _metrics_problems(plan: plan_store.PlanDir, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
+    """Each epoch's stored `after` row against the one recomputed from its rows; the manifest's epoch summary."""
+    problems = []
+    stored = {(int(r["epoch"]), r["stage"]): r for r in metrics.to_pylist()}
+    for epoch, again in after.items():
+        row = stored.get((epoch, "after"))
+        if row is None:
+            problems.append(f"{plan_store.METRICS_FILE}: no 'after' row for epoch {epoch}")
+            continue
+        for name, value in again.items():
+            if row[name] != value:
+                problems.append(f"{plan_store.METRICS_FILE} epoch {epoch} stage after: {name} is {row[name]}, recomputed "
+                                f"from {plan_store.PLAN_FILE} {value}")
+                break
+    epochs = [{"epoch": e, **{k: a[k] for k in ("batches", "updates", "samples", "dropped_samples")}}
+              for e, a in sorted(after.items())]
+    found = plan_store.first_difference(plan.meta["epochs"], epochs)
+    if found:
+        problems.append(f"{plan_store.PLAN_FILE} metadata: epochs {found} (recomputed from the rows)")
+    return problems
+
+
+def _before_problems(plan: plan_store.PlanDir, before: pa.Table, metrics: pa.Table) -> list[str]:
+    """Each epoch's stored before counts against its stored `before` metrics row (count, total, spread)."""
+    stored = {int(r["epoch"]): r for r in metrics.to_pylist() if r["stage"] == "before"}
+    problems = []
+    for epoch in range(plan.settings.epochs):
+        labels, row = plan.before_labels(epoch, before), stored.get(epoch)
+        if row is None:
+            problems.append(f"{plan_store.METRICS_FILE}: no 'before' row for epoch {epoch}")
+            continue
+        again = {"batches": labels.size, "total_label_count": int(labels.sum()),
+                 "std_label_count": float(labels.std()) if labels.size else 0.0}
+        for name, value in again.items():
+            if not np.isclose(row[name], value, rtol=1e-12, atol=0):
+                problems.append(f"{plan_store.BEFORE_FILE} epoch {epoch}: {name} of its rows is {value}, the stored "
+                                f"before metrics say {row[name]}")
+                break
+    return problems
+
+
+def tokenized_problems(plan: plan_store.PlanDir, samples: pa.Table, *, fast: bool,
+                       tokens_dir: Path | None = None) -> list[str]:
+    """The token data the trainer loads, found as the runtime finds it: the plan's own `tokens/` (which must be the
+    store the plan binds: `fingerprints.tokens`), or `tokens_dir` when repointed (`--dataset`); see
+    `check_token_data`. No path is read from the metadata: a plan compiled from a bare samples table ships no data,
+    and its trainer passes data=."""
+    if tokens_dir is not None:
+        try:
+            return check_token_data(token_store.open_store(tokens_dir), samples, plan.fingerprints,
+                                    shift=plan.settings.shift, fast=fast)
+        except token_store.TokenStoreError as exc:
+            return [str(exc)]
+    if "tokenized" in plan.data:
+        return [f"{plan.path}: ships {plan.data['tokenized']} (an older plancc's tokenized data), which this plancc no "
+                "longer checks; recompile the plan to get a token store"]
+    problems = plan.data_problems()
+    if problems:
+        return problems
+    if not plan.binds_tokens:
+        own = plan.path / plan_store.TOKENS_DIR
+        return [f"{own} is there but the plan binds no token store (its metadata was edited)"] \
+            if os.path.lexists(own) else []
+    try:
+        m = plan.open_tokens()
+    except plan_store.PlanIntegrityError as exc:
+        return [str(exc)]
+    return check_token_data(m, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
+
+
+def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprints: dict[str, Any], *, shift: str,
+                     fast: bool = False) -> list[str]:
+    """An opened token store (the open-time checks passed: header, every file's size and dtype, chunk index hash)
+    against the plan: its dataset/metadata fingerprints, label layout and row count; unless `fast`, also every
+    chunk hash, the chunk layout, and every planned sample's length, label count and content hash (reads the
+    store)."""
+    tokens_dir = m.path
+    for key in ("dataset", "metadata"):
+        got = m.header["fingerprints"].get(key)
+        if got != fingerprints[key]:
+            return [f"{tokens_dir}: its {key} fingerprint {got} is not the plan's {fingerprints[key]}: the store "
+                    "was swapped in from another plan or scan (or rebuilt from changed data)"]
+    if m.header["labels_shifted"] != (shift == Shift.NONE):
+        return [f"{tokens_dir}: labels_shifted is {m.header['labels_shifted']}, but the plan's shift is {shift!r}"]
+    sid = plan_store.column(samples, "sample_id")
+    rows = int(m.offsets.shape[0] - 1)
+    if sid.size and int(sid[-1]) >= rows:
+        return [f"{tokens_dir} has {rows} rows but the plan uses sample_id {int(sid[-1])}: the store is incomplete"]
+    if fast:
+        return []
+    layout = token_store.layout_problem(m)
+    if layout:
+        return [layout]
+    problems = []
+    bad = token_store.verify_all(m)
+    if bad is not None:
+        problems.append(f"{token_store.chunk_where(m, bad)} changed since it was written")
+    else:  # a multi-part store's own max_id is its parts' largest (checked at open)
+        problems += [f"{part.path}: {token_store.HEADER_FILE} max_id {part.header['max_id']} is not the largest id"
+                     for part in m.parts or (m,)
+                     if part.header["max_id"] != (int(part.input_ids.max()) if part.input_ids.size else -1)][:1]
+    problem = token_store.compare_samples(m.input_ids, m.labels, m.offsets, samples)  # names the changed sample
+    return [*problems, f"{tokens_dir} does not match the plan: {problem}"] if problem else problems
+
+
+def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast: bool = False,
+                  tokens_dir: str | Path | None = None) -> tuple[list[str], dict[str, Any]]:
+    """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
+    `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
+
+    Raises `StoreError` only when PLAN_DIR is not a plan directory at all, and `token_store.FileTypeError` when a
+    file of it is a FIFO, device or directory (refused before reading); a plan file that cannot be read or
+    trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
+    """
+    problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
+    return list(dict.fromkeys(problems)), meta
+
+
+def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
+                tokens_dir: str | Path | None) -> tuple[list[str], dict[str, Any]]:
+    if not (Path(plan_dir) / plan_store.PLAN_FILE).exists():
+        plan_store.PlanDir(plan_dir)  # raises the "not a plan directory" error
+    try:
+        plan = plan_store.PlanDir(plan_dir)
+    except plan_store.StoreError as exc:
+        return [str(exc)], {}
+    problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
+    files = [(plan_store.SAMPLES_FILE, "samples", plan_store.samples_schema(bool(plan.settings.mixture))), (plan_store.METRICS_FILE, "metrics", plan_store.metrics_schema()),
+             (plan_store.PLAN_FILE, "plan", plan_store.PLAN_SCHEMA)]
+    if plan.has_before:
+        files.append((plan_store.BEFORE_FILE, "before", plan_store.BEFORE_SCHEMA))
+    for name, kind, schema in files:
+        problems += plan_store.schema_problems(plan.source(name), schema) + plan_store.statistics_problems(plan.source(name))
+        if kind != "plan":
+            problems += plan.companion_problems(name, kind)
+    if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
+        problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
+                        f"{plan.fingerprints['dataset']}: the data changed since compile")
+    try:
+        samples = plan.read_samples()
+        metrics = plan.read_metrics()
+        before = plan.read_before() if plan.has_before else None
+    except plan_store.StoreError as exc:
+        return [*problems, str(exc)], plan.meta
+    problems += plan.samples_problems(samples) + plan.metrics_problems(metrics)
+    if before is not None:
+        problems += plan.before_problems(before) + _before_problems(plan, before, metrics)
+    s = plan_store.sample_arrays(samples)
+    if (np.diff(s.sample_id) <= 0).any():
+        return [*problems, f"{plan_store.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
+    if plan.meta["samples"] != len(s):
+        problems.append(f"{plan_store.PLAN_FILE} metadata: samples is {plan.meta['samples']}, {plan_store.SAMPLES_FILE} holds "
+                        f"{len(s)}")
+    index, recipe_problems = _recipe_index(plan, samples)
+    problems += recipe_problems
+    recipe_rows: list[dict[str, Any]] = []
+    found, eval_ids = _eval_problems(plan, s, index)
+    problems += found
+    train = s if index is not None else holdout.subset(s, ~np.isin(s.sample_id, eval_ids))
+    if index is not None:  # a recipe's held-out samples are in no dataset (`pipeline.compile_run`)
+        index = holdout.without(index, s.sample_id, eval_ids)
+    after: dict[int, dict[str, Any]] = {}
+    drops = SourceDrops(plan.meta.get("dropped_samples", 0), plan.meta.get("truncated_samples", 0))
+    rows = 0
+    for e in range(plan.settings.epochs):
+        try:
+            table = plan.read_epoch(e)
+        except plan_store.StoreError as exc:
+            return [*problems, str(exc)], plan.meta
+        rows += table.num_rows
+        found = plan.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
+        positions = mixture.plan_positions(index, plan.settings, e)
+        s_e = train.take(positions) if positions is not None else train
+        more, b = check_epoch(e, table, s_e, plan.settings)
+        problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
+        if b is not None:
+            after[e] = summarize(b, s_e, plan.settings, drops)
+            if positions is not None:
+                recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
+    total = plan.held(plan_store.PLAN_FILE).parquet().metadata.num_rows
+    if total != rows:
+        problems.append(f"{plan_store.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
+    problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
+    problems += tokenized_problems(plan, samples, fast=fast,
+                                   tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
+    return problems, plan.meta

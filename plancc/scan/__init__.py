@@ -1,0 +1,1 @@
+"""Scanning: a source becomes a samples table (samples.parquet + the token store)."""

@@ -1,0 +1,294 @@
+"""A scan's unit of work: one shard, a contiguous range of the source's global rows, scanned into a partial scan.
+
+    prepare(SOURCE, options) -> ScanJob        (once: tokenizer, template, manifest, format, cache key)
+    scan_part(job, lo, hi, PART_DIR)           (per shard, anywhere: read rows [lo, hi) -> encode -> finish ->
+                                                PART_DIR {samples.parquet, tokens/, scan.json}, atomically)
+    plancc.scan.merge.join / merge(PART_DIRS)       (check and join the parts: the scan)
+
+Row `i` of the source (in the manifest's sorted file order, `sources.rows`) is `sample_id` i in every engine, so
+a part's samples carry their global ids and its token store holds rows lo..hi-1 (row `sample_id - lo`). Each
+sample is encoded on its own, so a part's rows are the same bytes whichever shard (or how many) they fell in;
+joining parts in row order gives the samples table a one-shard scan gives, byte for byte.
+
+A `ScanJob` is plain JSON (`to_dict`/`from_dict`): a job runner or cluster engine ships it to its workers, which
+call `scan_part` (they need the source files and the tokenizer at the same paths). `shard_range(rows, i, n)` is
+`--shard I/N`'s range; a local scan cuts `local_ranges(rows, shard_rows)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from plancc.config import SHAPING, SUPERVISION, ScanOptions, SettingsError, canonical_hash
+from plancc.errors import InputError
+from plancc.scan.sources import detect, templates
+from plancc.scan.sources.chat import has_generation_tags, reads_clock
+from plancc.scan.sources.encode import Encoded, RowError, Supervise
+from plancc.scan.sources.parallel import encode_rows
+from plancc.scan.sources.read import Located, locate
+from plancc.scan.sources.rows import Manifest, RowReader
+from plancc.scan.sources.samples import finish, from_tokenized
+from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
+from plancc.store import plan_store, token_store
+from plancc.store.fingerprint import scan_identity
+
+SCAN_VERSION = 6  # 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
+# when several); 3: the token store
+SHARD_ROWS = 65_536  # rows per shard of a local scan: memory per shard and resume granularity, never the result
+PROBE_ROWS = 1_000  # rows the format is detected from (the first of the source, the same for every shard)
+COUNTS = ("truncated", "dropped_long", "dropped_all_masked", "end_only")  # report entries {count, first_rows}
+Progress = Callable[[str, int, int], None] | None
+
+
+def options_dict(options: ScanOptions, tok: Tok | None, template: templates.ChatTemplate | None) -> dict[str, Any]:
+    """The options that decide the samples table; the tokenizer's and template's content matter, not where they
+    were found. `max_dropped` checks the result and is left out; so is each what-is-trained and each shaping
+    setting at its default (scans made before they existed keep their keys), and `template_date` unless the
+    template reads the date."""
+    d = {k: v for k, v in dataclasses.asdict(options).items() if k not in SHAPING}
+    d["tokenizer"] = tok.fingerprint if tok else None
+    d["chat_template"] = template.fingerprint if template else None
+    d["columns"] = [list(pair) for pair in options.columns]  # as JSON reads it back from a cached report
+    d["roles_to_train"] = list(options.roles_to_train)
+    del d["max_dropped"]
+    defaults = ScanOptions()
+    for name in SUPERVISION:
+        if getattr(options, name) == getattr(defaults, name):
+            del d[name]
+    if template and reads_clock(template.text):
+        d["template_date"] = options.template_date
+    else:
+        d.pop("template_date", None)
+    shaping = options.shaping()  # only when set: a scan without them keeps its key
+    if "message_fields" in shaping:
+        shaping["message_fields"] = [list(pair) for pair in options.message_fields]
+    return {**d, **shaping}
+
+
+TAG_FIXED = ("roles_to_train", "train_on_eos")  # what a template's {% generation %} blocks decide themselves
+
+
+def _check_tagged(chat: templates.ChatTemplate, options: ScanOptions) -> None:
+    """A template whose `{% generation %}` blocks mark what is trained leaves no room for roles_to_train or
+    train_on_eos: one set anyway is an error rather than a setting silently ignored."""
+    if not has_generation_tags(chat.text):
+        return
+    defaults = ScanOptions()
+    for name in TAG_FIXED:
+        if getattr(options, name) != getattr(defaults, name):
+            raise SettingsError(f"{name} cannot apply: chat template {chat.name} marks what is trained with "
+                                "{% generation %} blocks (leave it unset, or use a template without them)", name)
+
+
+def _clock_note(chat: templates.ChatTemplate, options: ScanOptions) -> list[str]:
+    """The note for a template that reads the date: which one it was given."""
+    if not reads_clock(chat.text):
+        return []
+    return [f"chat template {chat.name} reads the date (strftime_now): rendered with template_date "
+            f"{options.template_date}, not today's (set template_date to change it)"]
+
+
+def scan_key(source_fingerprint: str, opts: dict[str, Any]) -> str:
+    """The scan cache key: what the samples table depends on (the source's content and `options_dict`)."""
+    return canonical_hash({"version": SCAN_VERSION, "source": source_fingerprint, "options": opts})
+
+
+def needs_tokenizer(source: str, fmt: str) -> InputError:
+    """The error for a format that needs tokenizing when no --tokenizer was given."""
+    return InputError(f"{source}: {fmt} data must be tokenized: pass --tokenizer PATH (the model's tokenizer.json or "
+                      f"Hugging Face tokenizer directory), or --tokenizer {BUILTIN} for the built-in byte-level one")
+
+
+@dataclass(frozen=True)
+class ScanJob:
+    """Everything a shard needs, decided once for the whole source (JSON-able)."""
+
+    located: Located
+    manifest: Manifest
+    options: ScanOptions
+    format: str
+    template: str | None  # the chat template's text (messages only)
+    key: str
+    report: dict[str, Any]  # the report fields every part and the joined scan share
+
+    @property
+    def rows(self) -> int:
+        """Rows in the whole source."""
+        return self.manifest.rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as JSON-able data (for engines shipping it to workers)."""
+        opts = dataclasses.asdict(self.options)
+        opts["columns"] = [list(pair) for pair in self.options.columns]
+        return {"located": {**dataclasses.asdict(self.located), "paths": list(self.located.paths)},
+                "manifest": self.manifest.to_dict(), "options": opts, "format": self.format,
+                "template": self.template, "key": self.key, "report": self.report}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ScanJob:
+        """The job `to_dict` wrote."""
+        loc = d["located"]
+        return ScanJob(Located(loc["source"], loc["kind"], tuple(loc["paths"]), loc["fingerprint"]),
+                       Manifest.from_dict(d["manifest"]), ScanOptions(**d["options"]), d["format"], d["template"],
+                       d["key"], d["report"])
+
+    def reader(self) -> RowReader:
+        """A reader of this job's source that trusts the job's manifest (no recount)."""
+        return RowReader(self.located, self.options.split, manifest=self.manifest)
+
+
+def identity(source: str, options: ScanOptions) -> tuple[Tok | None, templates.ChatTemplate | None, Located]:
+    """The tokenizer, chat template and location of a scan: all that its cache key needs besides the content."""
+    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    return tok, templates.resolve(options.chat_template, tok), locate(str(source))
+
+
+def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = None,
+            ident: tuple[Tok | None, templates.ChatTemplate | None, Located] | None = None) -> ScanJob:
+    """The job of scanning SOURCE with `options`: counts every file's rows (the manifest) and detects the format
+    from the first rows; raises InputError for a source or setting that cannot work."""
+    tok, template, loc = ident or identity(source, options)
+    reader = reader or RowReader(loc, options.split)
+    probe = detect.map_columns(reader.read(0, min(reader.manifest.rows, PROBE_ROWS)), options.columns)
+    fmt = detect.detect_format(probe) if options.format == "auto" else options.format
+    detect.canonical(probe, fmt, options.message_fields)  # a missing or mistyped column is named now
+    detect.check_shaping(fmt, options)
+    warnings = reader.notes
+    chat = None
+    if fmt != "tokenized":
+        if tok is None:
+            raise needs_tokenizer(str(source), fmt)
+        if fmt == "messages":
+            chat = templates.require(template, tok)
+            _check_tagged(chat, options)
+            warnings += filter(None, [templates.marker_warning(chat, tok)])
+            warnings += _clock_note(chat, options)
+    opts = options_dict(options, tok, template)
+    key = scan_key(reader.fingerprint, opts)
+    report = {
+        "format": fmt,
+        "source": str(source),
+        "source_kind": probe.kind,
+        "source_paths": list(reader.paths),
+        "source_fingerprint": reader.fingerprint,
+        "tokenizer": tok.name if tok else None,
+        "tokenizer_fingerprint": tok.fingerprint if tok else None,
+        "chat_template": chat.describe() if chat else None,
+        **({"text_format": shaped} if (shaped := detect.text_format(fmt, options)) else {}),
+        "eos_token": tok.eos_token if tok else None,
+        "options": opts,
+        "max_dropped": options.max_dropped,
+        "labels_shifted": options.shift == "none",
+        "key": key,
+        "plancc_scan_version": SCAN_VERSION,
+        "warnings": warnings,
+    }
+    return ScanJob(loc, reader.manifest, options, fmt, chat.text if chat else None, key, report)
+
+
+def shard_range(rows: int, index: int, count: int) -> tuple[int, int]:
+    """Rows of shard `index` of `count` (`--shard I/N`): [I*R//N, (I+1)*R//N), so N shards tile the source."""
+    if not (isinstance(count, int) and isinstance(index, int) and count >= 1 and 0 <= index < count):
+        raise InputError(f"--shard {index}/{count}: expected I/N with 0 <= I < N (e.g. --shard 0/8)")
+    return index * rows // count, (index + 1) * rows // count
+
+
+def local_ranges(rows: int, shard_rows: int = SHARD_ROWS) -> list[tuple[int, int]]:
+    """The shards a local scan cuts: `shard_rows` rows each, the last one shorter."""
+    if isinstance(shard_rows, bool) or not isinstance(shard_rows, int) or shard_rows < 1:
+        raise InputError(f"--shard-rows must be a positive integer, got {shard_rows!r}")
+    return [(a, min(rows, a + shard_rows)) for a in range(0, rows, shard_rows)]
+
+
+def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int, pool, progress: Progress):
+    """(encoded rows, labels already shifted, where) of rows [lo, hi)."""
+    options = job.options
+    src = detect.map_columns(reader.read(lo, hi), options.columns)
+    work, fmt = detect.shape(detect.canonical(src, job.format, options.message_fields), job.format, options)
+    if fmt == "tokenized":
+        tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+        return from_tokenized(work, options.shift, tok.vocab_size if tok else None, src.where), \
+            options.shift == "none", src.where
+    shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
+    try:
+        keep = options.sequence_len if options.long in ("truncate", "drop") else None  # error: exact lengths
+        enc = encode_rows(work, fmt, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
+                          progress=shifted, template=job.template, pool=pool, keep=keep,
+                          sup=Supervise.of(options))
+    except RowError as exc:
+        raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
+    return enc, False, src.where
+
+
+def _global(report: dict[str, Any], lo: int) -> dict[str, Any]:
+    """A part's counts with rows named by their global index."""
+    return {**report, **{k: {"count": report[k]["count"], "first_rows": [lo + r for r in report[k]["first_rows"]]}
+                         for k in COUNTS}}
+
+
+def part_report(job: ScanJob, lo: int, hi: int, counts: dict[str, Any], samples: pa.Table,
+                seconds: float) -> dict[str, Any]:
+    """A part's scan.json: the job's report, the part's counts and row range, fingerprints of its rows."""
+    report = {**job.report, **counts, "part": {"lo": lo, "hi": hi, "rows": job.rows}, "seconds": round(seconds, 3)}
+    report["fingerprints"] = plan_store.samples_fingerprints(samples, scan_identity(report))
+    return report
+
+
+def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: RowReader | None = None,
+              num_proc: int = 1, pool=None, progress: Progress = None, owned: bool = False,
+              overwrite: bool = False) -> dict[str, Any]:
+    """Scan rows [lo, hi) of the job's source into the partial scan `out_dir` (written atomically: it is whole or
+    absent; `owned`: a directory plancc owns, replaced whatever it holds; else `plan_store.check_output` rules, with
+    `overwrite`). Returns the part's report (also its `scan.json`)."""
+    started = time.perf_counter()
+    if lo < hi:
+        enc, shifted, where = _encode(job, reader or job.reader(), lo, hi, num_proc=num_proc, pool=pool,
+                                      progress=progress)
+        done = finish(enc, job.options, where, labels_shifted=shifted)
+        ids = pa.array(done.samples.column("sample_id").to_numpy() + lo, pa.int64())
+        samples = done.samples.set_column(0, plan_store.SAMPLES_SCHEMA.field("sample_id"), ids)
+        counts, tokens = _global(done.report, lo), done.tokenized
+    else:  # more shards than rows: an empty part keeps the coverage whole
+        samples, tokens = plan_store.SAMPLES_SCHEMA.empty_table(), Encoded.empty()
+        counts = {"rows_read": 0, "retained": 0, "dropped_samples": 0, "truncated_samples": 0,
+                  **{k: {"count": 0, "first_rows": []} for k in COUNTS}}
+    report = part_report(job, lo, hi, counts, samples, time.perf_counter() - started)
+    with plan_store.atomic_directory(out_dir, owned=owned, overwrite=overwrite, what="scan") as tmp:
+        plan_store.write_parquet(samples, tmp / plan_store.SAMPLES_FILE,
+                            plan_store.file_metadata("samples", report["fingerprints"], report["options"]))
+        token_store.write_store(tmp / plan_store.TOKENS_DIR, tokens.ids, tokens.labels, tokens.offsets,
+                                fingerprints=report["fingerprints"], labels_shifted=report["labels_shifted"])
+        plan_store.write_json(report, tmp / plan_store.SCAN_MANIFEST_FILE)
+    return report
+
+
+def part_name(lo: int, hi: int) -> str:
+    """The folder name of the part of rows [lo, hi) in a scan's work directory (sorts in row order)."""
+    return f"{lo:012d}-{hi:012d}"
+
+
+def finished_part(path: Path, key: str, lo: int, hi: int) -> dict[str, Any] | None:
+    """The report of a part already written at `path` for this key and range (resume), else None."""
+    import orjson
+
+    try:
+        report = orjson.loads((path / plan_store.SCAN_MANIFEST_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    part = report.get("part") or {}
+    if report.get("key") != key or (part.get("lo"), part.get("hi")) != (lo, hi):
+        return None
+    if not ((path / plan_store.SAMPLES_FILE).is_file() and token_store.is_store(path / plan_store.TOKENS_DIR)):
+        return None
+    return report
+
+
+__all__ = ["SCAN_VERSION", "SHARD_ROWS", "ScanJob", "finished_part", "local_ranges", "part_name", "prepare",
+           "scan_part", "shard_range"]

@@ -1,0 +1,129 @@
+"""Encode rows in contiguous chunks, in this process or a spawned process pool, with identical results.
+
+Each sample is encoded independently, so results do not depend on chunking; chunks are concatenated in row order.
+Workers are spawned (never forked: the parent holds tokenizer and Arrow threads) and exchange data through Arrow IPC files in a temporary directory (the input table is written once and
+memory-mapped by every worker; each worker writes its chunk's tokens), so no table is pickled between processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from plancc.errors import PlanccError
+from plancc.scan.sources.encode import TRAIN_DEFAULT, Encoded, RowError, Supervise, encode_table
+from plancc.scan.sources.tokenizer import load_tokenizer
+
+Progress = Callable[[str, int, int], None] | None
+
+
+def _chunk_size(n: int, num_proc: int) -> int:
+    return int(min(8192, max(512, math.ceil(n / max(2, num_proc * 4)))))
+
+
+def _from_table(table: pa.Table) -> Encoded:
+    ids = table.column("input_ids").combine_chunks()
+    labels = table.column("labels").combine_chunks()
+    offsets = np.asarray(ids.offsets, dtype=np.int64)
+    # copies: the arrays must outlive the memory-mapped file they were read from
+    return Encoded(np.array(ids.flatten().to_numpy(), dtype=np.int32),
+                   np.array(labels.flatten().to_numpy(), dtype=np.int32), offsets - offsets[0],
+                   np.array(table.column("end_only").to_numpy(), dtype=bool))
+
+
+def _init_worker(threads: int) -> None:
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+
+
+def _work(args: tuple) -> tuple[str, int, str]:
+    """Encode rows [a, b) of the memory-mapped input; returns ("ok", a, out_path) or ("error", row, message)."""
+    in_path, out_path, a, b, fmt, spec, add_eos, template, keep, sup = args
+    with pa.memory_map(in_path) as source:
+        table = pa.ipc.open_file(source).read_all().slice(a, b - a)
+        try:
+            enc = encode_table(table, fmt, load_tokenizer(spec), add_eos=add_eos, row0=a, template=template,
+                               keep=keep, sup=sup)
+        except RowError as exc:
+            return "error", exc.row, exc.message
+    with pa.OSFile(out_path, "wb") as sink:
+        out = enc.to_table()
+        with pa.ipc.new_file(sink, out.schema) as writer:
+            writer.write_table(out)
+    return "ok", a, out_path
+
+
+@contextlib.contextmanager
+def workers(num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
+    """The tokenizer processes of a scan (None for `num_proc` 1), started once and shared by all its shards."""
+    if num_proc <= 1:
+        yield None
+        return
+    threads = max(1, (os.cpu_count() or 1) // num_proc)
+    pool = ProcessPoolExecutor(num_proc, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=(threads,))
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc: int = 1,
+                progress: Progress = None, template: str | None = None,
+                pool: ProcessPoolExecutor | None = None, keep: int | None = None,
+                sup: Supervise = TRAIN_DEFAULT) -> Encoded:
+    """Encode all rows of a canonical table (`template`: the chat template's text; `keep`, `sup`: see
+    `encode_table`); raises RowError for a row that cannot be rendered. `pool` (from `workers`) encodes in its processes; else
+    `num_proc > 1` starts one for this call."""
+    if pool is None and num_proc > 1:
+        with workers(num_proc) as own:
+            return encode_rows(work, fmt, spec, add_eos=add_eos, num_proc=num_proc, progress=progress,
+                               template=template, pool=own, keep=keep, sup=sup)
+    n = work.num_rows
+    size = _chunk_size(n, num_proc if pool is not None else 1)
+    bounds = [(a, min(n, a + size)) for a in range(0, n, size)]
+    parts: list[Encoded] = []
+    if pool is None or len(bounds) == 1:
+        # Two threads: the tokenizer releases the GIL while encoding, so one chunk's Python-side work (rendering,
+        # reading ids) overlaps the next chunk's encoding. Results are collected in row order.
+        tok = load_tokenizer(spec)
+        with ThreadPoolExecutor(2) as threads:
+            chunks = threads.map(lambda ab: encode_table(work.slice(ab[0], ab[1] - ab[0]), fmt, tok,
+                                                         add_eos=add_eos, row0=ab[0], template=template,
+                                                         keep=keep, sup=sup),
+                                 bounds)
+            for (_, b), enc in zip(bounds, chunks, strict=True):
+                parts.append(enc)
+                if progress:
+                    progress("tokenizing", b, n)
+        return Encoded.concat(parts) if parts else Encoded.empty()
+    with tempfile.TemporaryDirectory(prefix="plancc-scan-") as tmp:
+        in_path = str(Path(tmp) / "input.arrow")
+        with pa.OSFile(in_path, "wb") as sink, pa.ipc.new_file(sink, work.schema) as writer:
+            writer.write_table(work)
+        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos, template, keep, sup)
+                for a, b in bounds]
+        try:
+            for status, where, payload in pool.map(_work, jobs):
+                if status == "error":
+                    raise RowError(where, payload)
+                with pa.memory_map(payload) as source:
+                    parts.append(_from_table(pa.ipc.open_file(source).read_all()))
+                if progress:
+                    progress("tokenizing", bounds[len(parts) - 1][1], n)
+        except BrokenProcessPool:
+            raise PlanccError(
+                "tokenizer worker processes died (out of memory, or a script calling plancc.scan.scanner with "
+                "num_proc > 1 without an `if __name__ == '__main__':` guard); retry with --num-proc 1"
+            ) from None
+    return Encoded.concat(parts)

@@ -1,0 +1,226 @@
+"""From flat token/label arrays to the samples table: long-sample policy, label counts, drops, content hashes.
+
+All vectorized over the CSR layout (`offsets`), so the cost per sample is a few array operations in total:
+
+    labels   [-100 -100  7  9 | -100 4 ]      offsets [0, 4, 6]
+    supervised cumsum → label_count [2, 1];  first_label_supervised [False, False]
+
+Label semantics (docs/spec.md §3): `label_count` counts labels != -100; under shift sample/row the first label of a sample
+is never a target, so a sample has `label_count - first_label_supervised` targets; under shift none labels are
+already shifted and `first_label_supervised` is False.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from plancc.config import ScanOptions
+from plancc.errors import InputError
+from plancc.scan.sources.encode import Encoded
+from plancc.store import plan_store
+from plancc.store.fingerprint import token_hashes
+from plancc.store.token_store import IGNORE_INDEX
+
+FIRST_ROWS = 10
+
+
+def _list_flat(arr: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """(values int64, offsets int64 n+1, flattened values) of a list column."""
+    a = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if pa.types.is_fixed_size_list(a.type):
+        offsets = np.arange(len(a) + 1, dtype=np.int64) * a.type.list_size
+    else:
+        offsets = np.asarray(a.offsets, dtype=np.int64)
+        offsets = offsets - offsets[0]
+    values = a.flatten()
+    return values, offsets, a
+
+
+def _row_of(offsets: np.ndarray, flat_index: int) -> int:
+    return int(np.searchsorted(offsets, flat_index, side="right") - 1)
+
+
+def from_tokenized(table: pa.Table, shift: str, vocab_size: int | None, where: Callable[[int], str]) -> Encoded:
+    """Flat arrays of a tokenized source; labels are `shift_labels` under shift none, else `labels` (or input_ids)."""
+    values, offsets, _ = _list_flat(table.column("input_ids"))
+    if values.null_count:
+        raise InputError(f"{where(_row_of(offsets, pc.index(pc.is_null(values), True).as_py()))}: "
+                         "column 'input_ids' holds a null token")
+    ids64 = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    limit = vocab_size if vocab_size is not None else 2**31
+    bad = np.flatnonzero((ids64 < 0) | (ids64 >= limit))
+    if bad.size:
+        j = int(bad[0])
+        hint = f" (tokenizer vocabulary has {vocab_size} tokens: wrong --tokenizer?)" if vocab_size else ""
+        raise InputError(f"{where(_row_of(offsets, j))}: column 'input_ids' has token id {ids64[j]} at position "
+                         f"{j - offsets[_row_of(offsets, j)]}, outside [0, {limit}){hint}")
+    ids = ids64.astype(np.int32)
+    name = "shift_labels" if shift == "none" else "labels"
+    if shift == "none" and name not in table.column_names:
+        raise InputError(f"{where(0)}: --shift none needs a 'shift_labels' column (labels already shifted); "
+                         "this tokenized source has none (use --shift sample)")
+    if name not in table.column_names:
+        return Encoded(ids, ids.copy(), offsets)
+    lvalues, loffsets, _ = _list_flat(table.column(name))
+    if not np.array_equal(loffsets, offsets):
+        row = int(np.flatnonzero(np.diff(loffsets) != np.diff(offsets))[0])
+        raise InputError(f"{where(row)}: column '{name}' has {loffsets[row + 1] - loffsets[row]} values but "
+                         f"'input_ids' has {offsets[row + 1] - offsets[row]}")
+    if lvalues.null_count:
+        lvalues = pc.fill_null(lvalues, IGNORE_INDEX)
+    lab64 = lvalues.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    bad = np.flatnonzero(((lab64 < 0) & (lab64 != IGNORE_INDEX)) | (lab64 >= limit))
+    if bad.size:
+        j = int(bad[0])
+        raise InputError(f"{where(_row_of(offsets, j))}: column '{name}' has value {lab64[j]}; expected -100 or a "
+                         f"token id in [0, {limit})")
+    return Encoded(ids, lab64.astype(np.int32), offsets)
+
+
+def _first_rows(mask: np.ndarray) -> dict:
+    rows = np.flatnonzero(mask)
+    return {"count": int(rows.size), "first_rows": rows[:FIRST_ROWS].tolist()}
+
+
+def _truncate(enc: Encoded, limit: int) -> Encoded:
+    lengths = np.diff(enc.offsets)
+    new_len = np.minimum(lengths, limit)
+    pos = np.arange(len(enc.ids), dtype=np.int64) - np.repeat(enc.offsets[:-1], lengths)
+    keep = pos < limit
+    offsets = np.zeros_like(enc.offsets)
+    np.cumsum(new_len, out=offsets[1:])
+    return Encoded(enc.ids[keep], enc.labels[keep], offsets, enc.end_only)
+
+
+def _shift_left(enc: Encoded) -> Encoded:
+    """labels[t] := labels[t+1] inside each sample, last position -100 (pre-shifted labels for --shift none)."""
+    out = np.full_like(enc.labels, IGNORE_INDEX)
+    out[:-1] = enc.labels[1:]
+    ends = enc.offsets[1:][np.diff(enc.offsets) > 0] - 1
+    out[ends] = IGNORE_INDEX
+    return Encoded(enc.ids, out, enc.offsets, enc.end_only)
+
+
+@dataclass
+class Finished:
+    """A scan's result before writing: the samples table, the tokenized rows and the report."""
+
+    samples: pa.Table
+    tokenized: Encoded  # every source row, after truncation (one row per source row)
+    report: dict
+
+
+def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, labels_shifted: bool) -> Finished:
+    """Apply the long policy and shift, count labels, drop unsupervised samples, hash, build the samples table
+    (rows of one shard: `check_retained` checks the whole scan kept some)."""
+    lengths = np.diff(enc.offsets)
+    over = lengths > options.sequence_len
+    report: dict = {"rows_read": len(lengths)}
+    if over.any() and options.long == "error":
+        row = int(np.flatnonzero(over)[0])
+        raise InputError(f"{where(row)}: sample has {lengths[row]} tokens, more than --sequence-len "
+                         f"{options.sequence_len} (use --long truncate or --long drop, or raise --sequence-len)")
+    report["truncated"] = _first_rows(over if options.long == "truncate" else np.zeros_like(over))
+    report["dropped_long"] = _first_rows(over if options.long == "drop" else np.zeros_like(over))
+    if options.long == "truncate" and over.any():
+        enc = _truncate(enc, options.sequence_len)
+        lengths = np.diff(enc.offsets)
+    if options.shift == "none" and not labels_shifted:
+        enc = _shift_left(enc)
+    sup = np.zeros(len(enc.labels) + 1, np.int64)
+    np.cumsum(enc.labels != IGNORE_INDEX, out=sup[1:])
+    label_count = sup[enc.offsets[1:]] - sup[enc.offsets[:-1]]
+    nonempty = lengths > 0
+    first = np.zeros(len(lengths), bool)
+    if options.shift != "none":
+        first[nonempty] = enc.labels[enc.offsets[:-1][nonempty]] != IGNORE_INDEX
+    targets = label_count - first
+    masked = (targets <= 0) & ~(over & (options.long == "drop"))
+    report["dropped_all_masked"] = _first_rows(masked)
+    end_only = enc.end_only_rows() & ~masked & ~(over & (options.long == "drop"))
+    report["end_only"] = _first_rows(end_only)
+    keep = ~masked & ~(over & (options.long == "drop")) & ~(end_only & options.drop_eos_only)
+    report["retained"] = int(keep.sum())
+    report["dropped_samples"] = len(lengths) - report["retained"]
+    report["truncated_samples"] = report["truncated"]["count"]
+    hashes = token_hashes(enc.ids, enc.offsets, enc.labels, enc.offsets)
+    ids = np.flatnonzero(keep).astype(np.int64)
+    samples = pa.table(
+        {
+            "sample_id": pa.array(ids, pa.int64()),
+            "length": pa.array(lengths[keep].astype(np.int32), pa.int32()),
+            "label_count": pa.array(label_count[keep].astype(np.int32), pa.int32()),
+            "first_label_supervised": pa.array(first[keep], pa.bool_()),
+            "token_hash": pa.array(hashes[keep], pa.uint64()),
+        },
+        schema=plan_store.SAMPLES_SCHEMA,
+    )
+    return Finished(samples, enc, report)
+
+
+def check_retained(report: dict) -> None:
+    """A scan that keeps no sample is an error naming why (a shard may keep none; the whole scan may not)."""
+    if report["retained"] == 0:
+        raise InputError(
+            f"{report.get('source', 'source')}: no supervised samples: of {report['rows_read']} rows, "
+            f"{report['dropped_all_masked']['count']} have no supervised target and "
+            f"{report['dropped_long']['count']} are longer than --sequence-len "
+            f"{report.get('options', {}).get('sequence_len')}"
+        )
+
+
+def _end_only(report: dict) -> tuple[int, bool]:
+    """(samples training on an end of turn alone, whether they were dropped)."""
+    entry = report.get("end_only") or {}
+    return int(entry.get("count", 0)), bool(report.get("options", {}).get("drop_eos_only", False))
+
+
+def _drop_parts(report: dict) -> tuple[int, int, str]:
+    rows, dropped = report["rows_read"], report["dropped_samples"]
+    share = dropped / rows if rows else 0.0
+    seq = report.get("options", {}).get("sequence_len")
+    why = (f"{report['dropped_long']['count']} longer than --sequence-len {seq}, "
+           f"{report['dropped_all_masked']['count']} without a supervised target")
+    ends, gone = _end_only(report)
+    if ends and gone:
+        why += f", {ends} training on the end of turn alone (drop_eos_only)"
+    return dropped, rows, f"{dropped} of {rows} samples ({share:.1%}): {why}"
+
+
+def _end_only_warning(report: dict) -> list[str]:
+    """The line for kept samples whose supervised part is only an end of turn (an empty completion or reply)."""
+    ends, gone = _end_only(report)
+    if not ends or gone:
+        return []
+    rows = ", ".join(map(str, report["end_only"]["first_rows"][:5]))
+    return [f"{ends} samples have an empty completion or reply and train on the end of turn (EOS) alone "
+            f"(rows {rows}{', ...' if ends > 5 else ''}); drop them with drop_eos_only = true"]
+
+
+def drop_warning(report: dict) -> str | None:
+    """One line saying how many samples the scan dropped or truncated, why, and how many train on an end of turn
+    alone; None when none of these happened."""
+    dropped, _, text = _drop_parts(report)
+    truncated = report.get("truncated_samples", 0)
+    parts = ([f"dropped {text}"] if dropped else []) + (
+        [f"truncated {truncated} samples to --sequence-len {report.get('options', {}).get('sequence_len')}"]
+        if truncated else []) + _end_only_warning(report)
+    return "; ".join(parts) or None
+
+
+def check_drops(report: dict, max_dropped: float) -> None:
+    """More than `max_dropped` of the rows dropped is an error: the plan would silently train on far less data."""
+    dropped, rows, text = _drop_parts(report)
+    if rows and dropped / rows > max_dropped:
+        fixes = (["raise --sequence-len, use --long truncate"] if report["dropped_long"]["count"] else []) + (
+            ["check which field is the completion (--format, --columns)"] if report["dropped_all_masked"]["count"]
+            else [])
+        raise InputError(
+            f"{report.get('source', 'source')}: dropped {text}, more than --max-dropped {max_dropped:g}; "
+            f"{', '.join(fixes)}, or accept it with --max-dropped {-(-dropped * 100 // rows) / 100:g}"
+        )

@@ -1,0 +1,1 @@
+"""Storage: plan and scan directories on disk."""

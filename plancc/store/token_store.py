@@ -1,0 +1,620 @@
+"""The token store: the tokenized dataset as flat `.npy` arrays that every reader memory-maps, with chunk hashes.
+
+A store is a directory (`tokens/` in a scan or plan directory)::
+
+    input_ids.npy     int32 [T]     every row's tokens, concatenated (row = sample_id)
+    labels.npy        int32 [T]     labels, same layout (already shifted when the scan ran with --shift none)
+    offsets.npy       int64 [N+1]   row i = input_ids[offsets[i]:offsets[i+1]]
+    chunks.npy        int64 [C+1]   chunk k = rows chunks[k]:chunks[k+1] (whole rows, ~CHUNK_TOKENS tokens)
+    chunk_hashes.npy  uint64 [C]    xxh3-64 of chunk k: its row lengths, then its ids, then its labels
+    tokens.json       counts, chunk size, the largest id, the samples' dataset/metadata fingerprints, a hash of
+                      the chunk index, and `header_hash`: a hash of all of its own other values
+
+Why flat `.npy` and not Arrow IPC: one contiguous array per column is what the collator gathers from (one
+vectorized index over all samples, no record-batch boundaries, no int32 list-offset limit at 2**31 tokens), and
+`numpy.load(mmap_mode="r")` maps it with no copy and no dependency: pages come from the OS page cache, shared by
+every rank of a node, and a process's memory grows only with the pages it touches. The format is readable by any
+tool (numpy, or plain offsets arithmetic); `to_table` wraps the maps as a zero-copy Arrow table with
+`input_ids`/`labels` columns that `datasets.Dataset(table)` accepts.
+
+A **multi-part** store (a sharded or streamed scan, `plancc merge`) is a directory of single stores, one per
+part in row order, under a header of format `plancc.tokens-parts/2` that lists them (`dir`, `rows`, `tokens`,
+`index_hash`, `header_hash`: a part swapped, truncated or rewritten is refused) with the whole dataset's counts,
+largest id, fingerprints and its own `header_hash`::
+
+    tokens/tokens.json   {"format": "plancc.tokens-parts/2", "parts": [{"dir": "part-00000", ...}, ...], ...}
+    tokens/part-00000/   a single store: rows 0 .. n0-1 of the dataset
+    tokens/part-00001/   rows n0 .. n0+n1-1
+
+`open_store` maps it as one dataset: `offsets`, `chunks` and `chunk_hashes` are the parts' concatenated (shifted;
+O(rows) at open, no token read), `input_ids`/`labels` a `Concat` of the parts' maps that indexes like one array
+(a row never spans two parts, so a row's slice is a view of one map). Parts are placed by hard links
+(`link_parts`): merging shards or placing a store in a plan never copies token data on one filesystem.
+
+Verification scales with what a reader touches: `open_store` checks the header (its `header_hash`: a value such as
+`chunk_tokens` or `max_id` that nothing else binds is edited in vain), every file's size and dtype, the offsets' ends
+and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of
+ids and labels at the default size; xxh3 runs at ~10 GB/s; read through the file, so that the chunk's pages stay
+out of the reader's resident set) and is what readers call the first time they touch a chunk; `verify_all`
+rehashes every chunk. The dataset fingerprint keeps its meaning: it is computed from the
+samples table's per-sample `token_hash`, which the store records at write and a plan compares at open.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import orjson
+import xxhash
+
+from plancc.errors import PlanccError
+
+IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
+
+FORMAT = "plancc.tokens/2"  # 2: the header carries header_hash (1 did not: an edited chunk_tokens went unseen)
+HEADER_FILE = "tokens.json"
+ARRAYS = {  # file stem -> dtype
+    "input_ids": np.dtype("<i4"),
+    "labels": np.dtype("<i4"),
+    "offsets": np.dtype("<i8"),
+    "chunks": np.dtype("<i8"),
+    "chunk_hashes": np.dtype("<u8"),
+}
+CHUNK_TOKENS = 8192
+HEADER_KEYS = sorted(["chunk_tokens", "chunks", "fingerprints", "format", "header_hash", "index_hash",
+                      "labels_shifted", "max_id", "rows", "tokens"])
+PARTS_FORMAT = "plancc.tokens-parts/2"
+PARTS_KEYS = sorted(["fingerprints", "format", "header_hash", "labels_shifted", "max_id", "parts", "rows", "tokens"])
+PART_KEYS = sorted(["dir", "header_hash", "index_hash", "rows", "tokens"])  # one entry of a multi-part header's parts
+OLD_FORMATS = ("plancc.tokens/1", "plancc.tokens-parts/1")
+
+
+class TokenStoreError(PlanccError):
+    """A token store is missing, truncated, foreign or changed; the message names the file (and the row)."""
+
+
+class FileTypeError(PlanccError):
+    """A path where plancc reads a file holds a FIFO, device, socket or directory: refused before any read."""
+
+
+class Concat:
+    """Read-only 1-D arrays (the parts' memory maps) indexed as their concatenation, without copying them: a slice
+    inside one part is a view of its map; a slice across parts or an index array gathers from each part."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.starts = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([p.shape[0] for p in parts], out=self.starts[1:])
+        self.dtype = parts[0].dtype if parts else np.dtype("<i4")
+        self.shape = (int(self.starts[-1]),)
+        self.size, self.ndim = self.shape[0], 1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _part(self, i: int) -> int:
+        return int(np.searchsorted(self.starts, i, side="right") - 1)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            a, b, step = key.indices(self.size)
+            if step != 1 or b <= a:
+                return self[np.arange(a, b, step, dtype=np.int64)] if step != 1 else np.zeros(0, self.dtype)
+            k = self._part(a)
+            if b <= self.starts[k + 1]:
+                return self.parts[k][a - self.starts[k]:b - self.starts[k]]
+            last = self._part(b - 1)
+            return np.concatenate([self.parts[j][max(a - self.starts[j], 0):min(b, self.starts[j + 1]) -
+                                                 self.starts[j]] for j in range(k, last + 1)])
+        if np.isscalar(key):
+            i = int(key) + (self.size if int(key) < 0 else 0)
+            k = self._part(i)
+            return self.parts[k][i - self.starts[k]]
+        idx = np.asarray(key, dtype=np.int64)
+        out = np.empty(idx.shape, self.dtype)
+        which = np.searchsorted(self.starts, idx, side="right") - 1
+        for k in np.unique(which).tolist():
+            sel = which == k
+            out[sel] = self.parts[k][idx[sel] - self.starts[k]]
+        return out
+
+    def max(self):
+        """Largest value over all parts (the vocabulary bound)."""
+        return max(int(p.max()) for p in self.parts if p.size)
+
+
+@dataclass(frozen=True)
+class MappedTokens:
+    """A store opened read-only: memory maps (no data read yet) and its header; `parts`: a multi-part store's
+    parts (each a single store), empty for a single store."""
+
+    path: Path
+    input_ids: np.ndarray | Concat
+    labels: np.ndarray | Concat
+    offsets: np.ndarray
+    chunks: np.ndarray
+    chunk_hashes: np.ndarray
+    header: dict[str, Any]
+    parts: tuple[MappedTokens, ...] = ()
+    files: dict[str, Reader] = field(default_factory=dict)  # input_ids/labels: their open files, for `verify_chunk`
+
+    @property
+    def num_chunks(self) -> int:
+        """Hash chunks in the store."""
+        return int(self.chunk_hashes.shape[0])
+
+    @property
+    def digest(self) -> str:
+        """The store's content digest: its header's `header_hash`, which covers the chunk index hash (every chunk's
+        hash) of the store or of each part; a plan records it and compares it at open (constant work)."""
+        return self.header["header_hash"]
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_file(path: str | Path, *, dir_fd: int | None = None, shown: str | Path | None = None) -> BinaryIO:
+    """`path` (relative to `dir_fd` when given) opened read-only, refused unless it is a regular file.
+
+    The type is checked on the open descriptor before anything is read: the open does not block (O_NONBLOCK) and a
+    FIFO, device or socket would stall or stream forever, a directory is not the file asked for (`FileTypeError`).
+    The file object stays valid when the path is later replaced (a plan recompiled with --overwrite): readers keep
+    what they opened. The message names `shown` (default `path`); a failed open raises its OSError (the caller
+    names the file its way).
+    """
+    shown = path if shown is None else shown
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise FileTypeError(f"{shown} is {kind}, not a regular file; plancc reads only regular files there")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def open_dir(path: str | Path, error: type[PlanccError], *, dir_fd: int | None = None,
+             shown: str | Path | None = None) -> int:
+    """A directory descriptor for `path` (relative to `dir_fd`): files opened through it all come from this one
+    directory even when its path is swapped for another meanwhile. Refuses anything but a directory."""
+    shown = path if shown is None else shown
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except NotADirectoryError:
+        raise error(f"{shown} is not a directory") from None
+    except OSError as exc:
+        raise error(f"{shown}: cannot open it ({exc.strerror or exc})") from None
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Reads elements of a mapped array through its open file (or, joined, through each part's in row order)."""
+
+    files: tuple[BinaryIO, ...]
+    offsets: tuple[int, ...]  # each file's array offset (its .npy header size)
+    starts: tuple[int, ...]  # first element of each file (len(files) + 1 entries)
+    itemsize: int
+
+    def pread(self, a: int, b: int) -> bytes:
+        """Elements [a, b) read through the files, not the maps: the pages land in the shared page cache without
+        joining this process's resident set (a reader maps only the pages of the rows it uses)."""
+        out = []
+        for f, off, lo, hi in zip(self.files, self.offsets, self.starts, self.starts[1:], strict=False):
+            x, y = max(a, lo), min(b, hi)
+            if x < y:
+                out.append(os.pread(f.fileno(), (y - x) * self.itemsize, off + (x - lo) * self.itemsize))
+        return b"".join(out)
+
+    @staticmethod
+    def join(readers: list[Reader]) -> Reader:
+        """The parts' readers as one, in row order."""
+        starts = np.cumsum([0] + [r.starts[-1] for r in readers]).tolist()
+        return Reader(tuple(r.files[0] for r in readers), tuple(r.offsets[0] for r in readers), tuple(starts),
+                      readers[0].itemsize)
+
+
+# ---------------------------------------------------------------- writing
+
+
+def chunk_bounds(offsets: np.ndarray, chunk_tokens: int = CHUNK_TOKENS) -> np.ndarray:
+    """Row bounds of chunks of whole rows: a chunk starts at the first row starting at or after k*chunk_tokens."""
+    total = int(offsets[-1])
+    starts = np.searchsorted(offsets[:-1], np.arange(0, max(total, 1), chunk_tokens, dtype=np.int64), side="left")
+    return np.unique(np.concatenate([[0], starts, [offsets.shape[0] - 1]])).astype(np.int64)
+
+
+def chunk_hash(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, lo: int, hi: int) -> int:
+    """xxh3-64 of rows [lo, hi): their lengths (int64), then their ids and labels (int32, little-endian)."""
+    a, b = int(offsets[lo]), int(offsets[hi])
+    h = xxhash.xxh3_64()
+    h.update(np.ascontiguousarray(np.diff(offsets[lo:hi + 1]), dtype="<i8").data)
+    h.update(np.ascontiguousarray(ids[a:b], dtype="<i4").data)
+    h.update(np.ascontiguousarray(labels[a:b], dtype="<i4").data)
+    return h.intdigest()
+
+
+def _index_hash(chunks: np.ndarray, hashes: np.ndarray) -> str:
+    return xxhash.xxh3_128_hexdigest(chunks.astype("<i8").tobytes() + hashes.astype("<u8").tobytes())
+
+
+def header_hash(header: dict[str, Any]) -> str:
+    """xxh3-128 of a header's values but `header_hash` itself, as canonical JSON (sorted keys): an edit of any
+    value, or of its type (8192 -> 8192.0, a number -> a string), changes it; spacing and key order do not."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps({k: v for k, v in header.items() if k != "header_hash"},
+                                                  option=orjson.OPT_SORT_KEYS))
+
+
+def _write_header(directory: Path, header: dict[str, Any]) -> None:
+    header = {**header, "header_hash": header_hash(header)}
+    (directory / HEADER_FILE).write_bytes(orjson.dumps(header, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+
+
+def write_store(directory: str | Path, ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, *,
+                fingerprints: dict[str, str], labels_shifted: bool = False,
+                chunk_tokens: int = CHUNK_TOKENS) -> None:
+    """Write a store into `directory` (created; the caller makes the write atomic, e.g. `store.atomic_directory`).
+
+    `fingerprints` are the samples table's `dataset`/`metadata` fingerprints: a plan checks them at open.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != len(ids) or len(ids) != len(labels):
+        raise ValueError("token store: offsets must start at 0 and end at len(ids) == len(labels)")
+    chunks = chunk_bounds(offsets, chunk_tokens)
+    hashes = np.array([chunk_hash(ids, labels, offsets, int(chunks[k]), int(chunks[k + 1]))
+                       for k in range(chunks.shape[0] - 1)], dtype=np.uint64)
+    arrays = {"input_ids": ids, "labels": labels, "offsets": offsets, "chunks": chunks, "chunk_hashes": hashes}
+    for name, dtype in ARRAYS.items():
+        with open(directory / f"{name}.npy", "wb") as f:
+            np.save(f, np.ascontiguousarray(arrays[name], dtype=dtype), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+    header = {
+        "format": FORMAT,
+        "rows": int(offsets.shape[0] - 1),
+        "tokens": int(offsets[-1]),
+        "chunk_tokens": int(chunk_tokens),
+        "chunks": int(hashes.shape[0]),
+        "labels_shifted": bool(labels_shifted),
+        "max_id": int(ids.max()) if len(ids) else -1,  # a trainer sizes its vocabulary without reading the ids
+        "fingerprints": {k: fingerprints[k] for k in ("dataset", "metadata") if k in fingerprints},
+        "index_hash": _index_hash(chunks, hashes),
+    }
+    _write_header(directory, header)
+
+
+def _link(src: Path, dst: Path) -> bool:
+    """Hard-link `src` at `dst`; False when it had to be copied (another filesystem)."""
+    try:
+        os.link(src, dst)
+        return True
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, dst)
+        return False
+
+
+def link_store(src: str | Path, dst: str | Path) -> int:
+    """Place store `src` (single or multi-part) at `dst` (absent): hard links when on one filesystem (no second
+    copy of the tokens); returns how many files had to be copied instead."""
+    src, dst = Path(src), Path(dst)
+    header = read_header(src)
+    dst.mkdir(parents=True)
+    if header.get("format") == PARTS_FORMAT:
+        copied = sum(link_store(src / p["dir"], dst / p["dir"]) for p in header["parts"])
+        return copied + (not _link(src / HEADER_FILE, dst / HEADER_FILE))
+    return sum(not _link(src / name, dst / name) for name in [*(f"{n}.npy" for n in ARRAYS), HEADER_FILE])
+
+
+def _single_parts(path: Path) -> list[Path]:
+    """The single stores a store consists of, in row order."""
+    header = read_header(path)
+    if header["format"] == PARTS_FORMAT:
+        return [path / p["dir"] for p in header["parts"]]
+    return [path]
+
+
+def write_parts(directory: str | Path, stores: list[Path], *, fingerprints: dict[str, str],
+                labels_shifted: bool) -> int:
+    """Write a multi-part store at `directory` (absent) joining `stores` (single or multi-part, in row order) by
+    hard links; `fingerprints` are the joined samples table's. Returns how many files were copied (not linked)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True)
+    singles = [p for s in stores for p in _single_parts(Path(s))]
+    parts, copied, max_id = [], 0, -1
+    for k, single in enumerate(singles):
+        m = open_store(single)
+        if m.header["labels_shifted"] != labels_shifted:
+            raise TokenStoreError(f"token store {single} has labels_shifted {m.header['labels_shifted']}, the "
+                                  f"others {labels_shifted}")
+        name = f"part-{k:05d}"
+        copied += link_store(single, directory / name)
+        parts.append({"dir": name, **{k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}})
+        max_id = max(max_id, m.header["max_id"])
+    header = {
+        "format": PARTS_FORMAT,
+        "parts": parts,
+        "rows": sum(p["rows"] for p in parts),
+        "tokens": sum(p["tokens"] for p in parts),
+        "max_id": max_id,
+        "labels_shifted": bool(labels_shifted),
+        "fingerprints": {k: fingerprints[k] for k in ("dataset", "metadata") if k in fingerprints},
+    }
+    _write_header(directory, header)
+    return copied
+
+
+# ---------------------------------------------------------------- reading
+
+
+def is_store(path: str | Path) -> bool:
+    """Whether `path` holds a token store (its header file)."""
+    return (Path(path) / HEADER_FILE).is_file()
+
+
+def _map(path: Path, dir_fd: int, name: str, length: int) -> tuple[np.memmap, Reader]:
+    """Array `name` of the store opened through `dir_fd`: its map, and a reader over the same open file."""
+    where = f"token store {path}: {name}.npy"
+    try:
+        f = open_file(f"{name}.npy", dir_fd=dir_fd, shown=path / f"{name}.npy")
+    except FileNotFoundError:
+        raise TokenStoreError(f"{where} is missing") from None
+    except OSError as exc:
+        raise TokenStoreError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
+        shape, _, dtype = read(f)  # 1-D: Fortran order is the same layout
+    except Exception as exc:  # a damaged header reaches numpy's literal parser: SyntaxError, TokenError, ...
+        raise TokenStoreError(f"{where} is not a readable .npy file ({type(exc).__name__}: {exc or 'empty'})") from None
+    if dtype != ARRAYS[name] or len(shape) != 1 or shape[0] != length:
+        raise TokenStoreError(f"{where} holds {dtype}[{shape}], its header says {ARRAYS[name]}[{length}] (a file was "
+                              "replaced or truncated)")
+    offset, size = f.tell(), os.fstat(f.fileno()).st_size
+    if offset + length * dtype.itemsize != size:
+        raise TokenStoreError(f"{where} has {size - offset - length * dtype.itemsize} bytes beyond its array (a file "
+                              "was appended to or replaced)")
+    arr = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
+    return arr, Reader((f,), (offset,), (0, length), dtype.itemsize)
+
+
+def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
+    """A store's header (single or multi-part; read through `dir_fd` when given), refused unless it is this
+    plancc's format and unedited: its values must hash to its `header_hash`."""
+    path = Path(path)
+    try:
+        with open_file(HEADER_FILE if dir_fd is not None else path / HEADER_FILE, dir_fd=dir_fd,
+                       shown=path / HEADER_FILE) as f:
+            header = orjson.loads(f.read())
+    except FileNotFoundError:
+        raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
+    except OSError as exc:
+        raise TokenStoreError(f"token store {path}: cannot read {HEADER_FILE} ({exc.strerror or exc})") from None
+    except orjson.JSONDecodeError as exc:
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} is not valid JSON ({exc})") from None
+    got = header.get("format") if isinstance(header, dict) else None
+    if got in OLD_FORMATS:
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has format {got!r}, written by an older plancc whose "
+                              "header is not checksummed: recompile the plan (or rescan: `plancc scan`)")
+    if got not in (FORMAT, PARTS_FORMAT):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has format {got!r}; this plancc reads {FORMAT} and "
+                              f"{PARTS_FORMAT}")
+    if header.get("header_hash") != header_hash(header):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} was edited (its values do not hash to its "
+                              f"header_hash {header.get('header_hash')!r})")
+    return header
+
+
+def _counts(header: dict[str, Any], names: tuple[str, ...]) -> bool:
+    return all(type(header.get(n)) is int and header[n] >= 0 for n in names)
+
+
+def open_store(path: str | Path, dir_fd: int | None = None) -> MappedTokens:
+    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash).
+
+    Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened), so
+    the store is read whole from the directory that was there at open, whatever later replaces its path."""
+    path = Path(path)
+    own = dir_fd is None
+    if own:
+        try:
+            dir_fd = open_dir(path, TokenStoreError, shown=f"token store {path}")
+        except FileNotFoundError:
+            raise TokenStoreError(f"{path} is not a token store (it does not exist)") from None
+    try:
+        return _open_single(path, dir_fd)
+    finally:
+        if own:
+            os.close(dir_fd)
+
+
+def _open_single(path: Path, dir_fd: int) -> MappedTokens:
+    header = read_header(path, dir_fd)
+    if header["format"] == PARTS_FORMAT:
+        return _open_parts(path, dir_fd, header)
+    if (sorted(header) != HEADER_KEYS or not _counts(header, ("rows", "tokens", "chunks", "chunk_tokens"))
+            or header["chunk_tokens"] < 1 or type(header["max_id"]) is not int
+            or type(header["labels_shifted"]) is not bool or not isinstance(header["fingerprints"], dict)):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)} or values of the wrong "
+                              f"type; a store's header holds exactly {HEADER_KEYS}")
+    rows, tokens, chunks = header["rows"], header["tokens"], header["chunks"]
+    lengths = {"input_ids": tokens, "labels": tokens, "offsets": rows + 1, "chunks": chunks + 1, "chunk_hashes": chunks}
+    maps = {name: _map(path, dir_fd, name, n) for name, n in lengths.items()}
+    m = MappedTokens(path, *(maps[n][0] for n in lengths), header,
+                     files={n: maps[n][1] for n in ("input_ids", "labels")})
+    if int(m.offsets[0]) != 0 or int(m.offsets[-1]) != tokens or int(m.chunks[0]) != 0 or int(m.chunks[-1]) != rows:
+        raise TokenStoreError(f"token store {path}: offsets.npy or chunks.npy does not span the store's "
+                              f"{rows} rows and {tokens} tokens (a file was changed)")
+    if _index_hash(np.asarray(m.chunks), np.asarray(m.chunk_hashes)) != header.get("index_hash"):
+        raise TokenStoreError(f"token store {path}: chunks.npy or chunk_hashes.npy changed since it was written")
+    return m
+
+
+def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens:
+    """A multi-part store as one: every part opened (constant-cost checks) and bound to the header's record."""
+    if (sorted(header) != PARTS_KEYS or not isinstance(header["parts"], list) or not header["parts"]
+            or not _counts(header, ("rows", "tokens")) or type(header["labels_shifted"]) is not bool):
+        raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)}, values of the wrong type "
+                              f"or no parts; a multi-part store's header holds exactly {PARTS_KEYS}")
+    parts = []
+    for p in header["parts"]:
+        if (not isinstance(p, dict) or sorted(p) != PART_KEYS or not isinstance(p["dir"], str)
+                or Path(p["dir"]).name != p["dir"] or p["dir"] in ("", ".", "..")):
+            raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it "
+                                  f"with exactly {PART_KEYS}")
+        where = path / p["dir"]
+        try:
+            part_fd = open_dir(p["dir"], TokenStoreError, dir_fd=dir_fd, shown=f"token store {where}")
+        except FileNotFoundError:
+            raise TokenStoreError(f"token store {path}: its part {p['dir']} is missing") from None
+        try:
+            m = _open_single(where, part_fd)
+        finally:
+            os.close(part_fd)
+        if m.parts:
+            raise TokenStoreError(f"token store {where}: a part is itself multi-part")
+        got = {k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}
+        if got != {k: p.get(k) for k in got} or m.header["labels_shifted"] != header["labels_shifted"]:
+            raise TokenStoreError(f"token store {where} holds {got} but {path / HEADER_FILE} records "
+                                  f"{ {k: p.get(k) for k in got} } (a part was replaced or rewritten)")
+        parts.append(m)
+    rows = np.cumsum([0] + [m.header["rows"] for m in parts])
+    tokens = np.cumsum([0] + [m.header["tokens"] for m in parts])
+    max_id = max(m.header["max_id"] for m in parts)
+    if int(rows[-1]) != header["rows"] or int(tokens[-1]) != header["tokens"] or max_id != header["max_id"]:
+        raise TokenStoreError(f"token store {path}: its parts hold {int(rows[-1])} rows, {int(tokens[-1])} tokens and "
+                              f"ids up to {max_id}; {HEADER_FILE} says {header['rows']}, {header['tokens']} and "
+                              f"{header['max_id']}")
+    offsets = np.concatenate([[0]] + [np.asarray(m.offsets[1:]) + t for m, t in zip(parts, tokens, strict=False)])
+    chunks = np.concatenate([[0]] + [np.asarray(m.chunks[1:]) + r for m, r in zip(parts, rows, strict=False)])
+    hashes = np.concatenate([np.asarray(m.chunk_hashes) for m in parts])
+    full = {**header, "chunk_tokens": parts[0].header["chunk_tokens"]}
+    return MappedTokens(path, Concat([m.input_ids for m in parts]), Concat([m.labels for m in parts]),
+                        offsets.astype(np.int64), chunks.astype(np.int64), hashes.astype(np.uint64), full,
+                        tuple(parts), {n: Reader.join([m.files[n] for m in parts]) for n in ("input_ids", "labels")})
+
+
+def layout_problem(m: MappedTokens) -> str | None:
+    """None when every (part's) chunk index splits its rows at its `chunk_tokens`; else what differs."""
+    for part in m.parts or (m,):
+        if not np.array_equal(chunk_bounds(part.offsets, part.header["chunk_tokens"]), part.chunks):
+            return (f"{part.path}: chunks.npy does not split the rows at chunk_tokens={part.header['chunk_tokens']} "
+                    f"({HEADER_FILE} or the offsets changed)")
+    return None
+
+
+def verify_chunk(m: MappedTokens, k: int) -> bool:
+    """True when chunk `k` still hashes to its recorded hash (the same bytes `chunk_hash` reads)."""
+    lo, hi = int(m.chunks[k]), int(m.chunks[k + 1])
+    if not (0 <= lo <= hi <= m.offsets.shape[0] - 1):
+        return False
+    a, b = int(m.offsets[lo]), int(m.offsets[hi])
+    if not 0 <= a <= b <= m.input_ids.shape[0]:
+        return False
+    h = xxhash.xxh3_64()
+    h.update(np.ascontiguousarray(np.diff(m.offsets[lo:hi + 1]), dtype="<i8").data)
+    h.update(m.files["input_ids"].pread(a, b))
+    h.update(m.files["labels"].pread(a, b))
+    return h.intdigest() == int(m.chunk_hashes[k])
+
+
+def chunk_where(m: MappedTokens, k: int) -> str:
+    """Chunk `k` of a store for a message: `FOLDER chunk K (rows A..B)`, the folder and chunk index of the part
+    that holds it in a multi-part store (rows are the whole store's: sample ids)."""
+    path, local = m.path, k
+    for part in m.parts:
+        if local < part.num_chunks:
+            path = part.path
+            break
+        local -= part.num_chunks
+    return f"{path} chunk {local} (rows {int(m.chunks[k])}..{int(m.chunks[k + 1]) - 1})"
+
+
+def verify_all(m: MappedTokens) -> int | None:
+    """The first chunk that does not match its hash, or None (reads the whole store)."""
+    return next((k for k in range(m.num_chunks) if not verify_chunk(m, k)), None)
+
+
+def chunks_of(m: MappedTokens, rows: np.ndarray) -> np.ndarray:
+    """The chunk holding each row."""
+    return np.searchsorted(m.chunks, rows, side="right") - 1
+
+
+def to_table(path: str | Path):
+    """The store as an Arrow table (`input_ids`, `labels`: large_list<int32>) over the maps, no copy; e.g.
+    `datasets.Dataset(to_table("plan/tokens"))`."""
+    import pyarrow as pa
+
+    m = open_store(path)
+    if m.parts:
+        return pa.concat_tables([to_table(part.path) for part in m.parts])
+    off = pa.array(np.asarray(m.offsets))
+    return pa.table({"input_ids": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.input_ids))),
+                     "labels": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.labels)))})
+
+
+def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
+    """Supervised labels (!= -100) of each row [starts[i], ends[i]) (ascending), a block of tokens at a time, so
+    that memory stays bounded on a mapped store."""
+    out = np.empty(starts.shape[0], dtype=np.int64)
+    i = 0
+    while i < starts.shape[0]:
+        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
+        a, b = int(starts[i]), int(ends[i:j].max())
+        sup = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
+        out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
+        i = j
+    return out
+
+
+def row_hashes(ids, labels, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
+    """`token_hash` of each row [starts[i], ends[i]) (ascending), a block of tokens at a time (bounded memory on
+    a mapped or multi-part store)."""
+    from plancc.store.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
+
+    out = np.empty(starts.shape[0], dtype=np.uint64)
+    i = 0
+    while i < starts.shape[0]:
+        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
+        a, b = int(starts[i]), int(ends[i:j].max())
+        off = np.stack([starts[i:j] - a, ends[i:j] - a], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps them
+        x, y = np.asarray(ids[a:b]), np.asarray(labels[a:b])
+        out[i:j] = token_hashes(x, off, y, off)[::2]
+        i = j
+    return out
+
+
+def compare_samples(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, samples: Any, *,
+                    hashes: bool = True) -> str | None:
+    """None when every sample of `samples` (a samples table, sorted by sample_id) has its recorded length, label
+    count (and, with `hashes`, content hash) in these rows; else what differs, naming the first such sample."""
+    sid = samples.column("sample_id").to_numpy()
+    if sid.size and (sid.min() < 0 or sid.max() >= offsets.shape[0] - 1):
+        return f"the plan uses sample_id {int(sid.max())} but the dataset has {offsets.shape[0] - 1} rows"
+    starts, ends = np.asarray(offsets[sid]), np.asarray(offsets[sid + 1])
+    outside = np.flatnonzero((starts < 0) | (ends < starts) | (ends > ids.shape[0]))
+    if outside.size:
+        return f"the row offsets of {outside.size} samples are out of range (first: sample_id {int(sid[outside[0]])})"
+    bad = np.flatnonzero(ends - starts != samples.column("length").to_numpy())
+    if bad.size:
+        return f"{bad.size} samples changed length (first: sample_id {int(sid[bad[0]])})"
+    bad = np.flatnonzero(label_counts(labels, starts, ends) != samples.column("label_count").to_numpy())
+    if bad.size:
+        return f"{bad.size} samples changed their supervised label count (first: sample_id {int(sid[bad[0]])})"
+    if hashes:
+        bad = np.flatnonzero(row_hashes(ids, labels, starts, ends) != samples.column("token_hash").to_numpy())
+        if bad.size:
+            return (f"{bad.size} samples changed content (dataset fingerprint mismatch; first: sample_id "
+                    f"{int(sid[bad[0]])})")
+    return None
