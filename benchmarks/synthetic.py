@@ -18,7 +18,7 @@ from plancc import build
 from plancc.config import PlanSettings
 from plancc.plan import SampleArrays
 from plancc.planner.pipeline import compile_run
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, plan_files, token_store
 from plancc.store.fingerprint import token_hashes
 
 
@@ -93,7 +93,7 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     tmp.mkdir(parents=True, exist_ok=True)
     table = samples_table(tok, shift)
     path = write_tokens(tmp / "tokens", tok, table, shift)
-    s = plan_store.sample_arrays(table)
+    s = parquet.sample_arrays(table)
     ps = PlanSettings(seed=seed, **settings)
     run = compile_run(s, ps)
     out = tmp / "plan"
@@ -106,6 +106,6 @@ def write_tokens(path: Path, tok: pa.Table, samples: pa.Table, shift: str = "sam
     ids = tok.column("input_ids").combine_chunks()
     lab = tok.column("shift_labels" if shift == "none" else "labels").combine_chunks()
     token_store.write_store(path, ids.flatten().to_numpy(), lab.flatten().to_numpy(),
-                            np.asarray(ids.offsets, dtype=np.int64), fingerprints=plan_store.samples_fingerprints(samples),
+                            np.asarray(ids.offsets, dtype=np.int64), fingerprints=plan_files.samples_fingerprints(samples),
                             labels_shifted=shift == "none", chunk_tokens=64)
     return path

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from plancc.config import PlanSettings, SettingsError, resolve_settings
 from plancc.errors import InputError
-from plancc.store import atomic, plan_store
+from plancc.store import atomic, outputs, plan_store
 from plancc.store.plan_store import EpochMicrobatches
 
 Progress = Callable[[str, int, int], None]
@@ -152,7 +152,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
     if runner is not None and index_count is not None:
         raise SettingsError("--shard scans one part in this process (a job runner runs the others): use "
                             "--engine local, or --engine ray without --shard for the whole source")
-    plan_store.check_output(output, overwrite=overwrite)  # before any work
+    outputs.check_output(output, overwrite=overwrite)  # before any work
     if not isinstance(source, str | os.PathLike):
         source = _materialize(source, cache)
     if index_count is not None:
@@ -201,7 +201,7 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML file under them (an Axolotl or
     TRL config too: `config_format`, `plancc.config_import`). `output` must be absent, empty, or (with
     `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else there is refused,
-    `plan_store.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
+    `outputs.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
     naming the setting to change.
     """
     from plancc.build import compile_recipe, compile_to_dir

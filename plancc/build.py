@@ -25,7 +25,7 @@ from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_colum
 from plancc.recipe import DatasetSpec
 from plancc.scan.carry import carry
 from plancc.scan.load import load_samples
-from plancc.store import atomic, plan_store, token_store
+from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -41,18 +41,18 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
                    given: Collection[str] = (), overwrite: bool = False) -> dict[str, Any]:
     """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
 
-    The output is checked first (`plan_store.check_output`): a refused `-o` costs no work and gets nothing written.
+    The output is checked first (`outputs.check_output`): a refused `-o` costs no work and gets nothing written.
     The scan's sequence_len and shift become the plan's (`plancc.scan.carry`); for a scan or plan directory as `source`
     that is what it was made with, and `given` (the settings the caller set on purpose) must not contradict it."""
-    plan_store.check_output(out_dir, overwrite=overwrite)
+    outputs.check_output(out_dir, overwrite=overwrite)
     samples_table, scan_info, tokenized = load_samples(
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
-    if plan_store.DATASET_COLUMN in samples_table.column_names:
+    if schemas.DATASET_COLUMN in samples_table.column_names:
         raise InputError(f"{source} holds a recipe's samples (several datasets): compile the recipe again (its config "
                          "or sources), or list it as one dataset of a recipe")
     settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
-    s = plan_store.sample_arrays(samples_table)
+    s = parquet.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
     run = compile_run(s, settings, progress=progress, drops=drops)
     atomic.fault("prepared")
@@ -68,11 +68,11 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
     token store (`plancc.recipe_data`), planned as the recipe's mixture; returns the manifest."""
     from plancc import recipe_data
 
-    plan_store.check_output(out_dir, overwrite=overwrite)
+    outputs.check_output(out_dir, overwrite=overwrite)
     joined = recipe_data.load(specs, scan_options, settings, given, num_proc=num_proc, cache_dir=cache_dir,
                               progress=progress)
     settings = joined.settings
-    s = plan_store.sample_arrays(joined.table)
+    s = parquet.sample_arrays(joined.table)
     drops = SourceDrops(joined.report["dropped_samples"], joined.report["truncated_samples"])
     run = compile_run(s, settings, progress=progress, drops=drops, index=joined.index)
     recipe = {"datasets": joined.datasets, "metrics": recipe_data.epoch_metrics(run.epochs, joined, settings.shift)}
@@ -91,7 +91,7 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
     together with its data still finds it)."""
     plan = os.path.realpath(out_dir)
     absolute = [os.path.abspath(p) for p in source_paths]
-    data: dict[str, Any] = {"tokens": plan_store.TOKENS_DIR} if has_tokens else {"format": "tokenized"}
+    data: dict[str, Any] = {"tokens": schemas.TOKENS_DIR} if has_tokens else {"format": "tokenized"}
     data["source"] = absolute
     data["source_relative"] = [os.path.relpath(p, plan) for p in absolute]
     return data
@@ -108,10 +108,10 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
     fingerprints: dict[str, Any] = {
-        **plan_store.samples_fingerprints(samples_table, scan_identity(scan_info)),
+        **plan_files.samples_fingerprints(samples_table, scan_identity(scan_info)),
         "config": config_fingerprint(settings_dict),
         "plancc": __version__,
-        "schema": plan_store.SCHEMA_VERSION,
+        "schema": schemas.SCHEMA_VERSION,
     }
     if tokenized is not None:  # binds the token store: a reader compares its digest at open
         fingerprints["tokens"] = token_store.open_store(tokenized).digest
@@ -119,7 +119,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     for p in epochs:
         cols = plan_columns(p, s, settings)
         plan_fps[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_store.plan_table(cols))
+        tables.append(plan_files.plan_table(cols))
         metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
         after = p.metrics[-1][1]
         epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
@@ -129,15 +129,15 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     if evaluation is not None:
         cols = eval_columns(evaluation, settings)
         fingerprints["eval"] = eval_fingerprint(cols)
-        eval_table, eval_info = plan_store.eval_table(cols), plan_store.eval_summary(cols, settings.world_size)
+        eval_table, eval_info = plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size)
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
     data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
-    metrics = plan_store.metrics_table(metric_rows)
-    before = plan_store.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
+    metrics = plan_files.metrics_table(metric_rows)
+    before = plan_files.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
     manifest = {
         "plancc": __version__,
-        "schema": plan_store.SCHEMA_VERSION,
+        "schema": schemas.SCHEMA_VERSION,
         "fingerprints": fingerprints,
         "settings": settings_dict,
         "scan": {k: v for k, v in scan_info.items() if k not in NOT_PLANNED},
@@ -153,18 +153,18 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "chat_template": scan_info.get("chat_template"),
         "warnings": scan_info.get("warnings", []),
         "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
-                      "before": before_checksum(plan_store.column(before, "epoch"), plan_store.column(before, "label_count"))},
+                      "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
     }
     if eval_info is not None:
         manifest["eval"] = eval_info
     if recipe is not None:
         manifest["recipe"] = recipe
-    with plan_store.atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        plan_store.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest,
+    with outputs.atomic_directory(out_dir, overwrite=overwrite) as tmp:
+        plan_files.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest,
                                eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
-            token_store.link_store(tokenized, tmp / plan_store.TOKENS_DIR)
-            if token_store.open_store(tmp / plan_store.TOKENS_DIR).digest != fingerprints["tokens"]:
+            token_store.link_store(tokenized, tmp / schemas.TOKENS_DIR)
+            if token_store.open_store(tmp / schemas.TOKENS_DIR).digest != fingerprints["tokens"]:
                 raise token_store.TokenStoreError(f"token store {tokenized} changed while the plan was written; "
                                                   "compile again")
     if progress:

@@ -38,7 +38,7 @@ from plancc.errors import InputError, PlanccError
 from plancc.planner.mixture import dataset_index
 from plancc.recipe import DatasetSpec
 from plancc.scan.carry import carry
-from plancc.store import plan_store, token_store
+from plancc.store import outputs, parquet, plan_files, plan_store, schemas, token_store
 from plancc.store.fingerprint import scan_identity
 
 COUNTED = ("rows_read", "retained", "dropped_samples", "truncated_samples")
@@ -59,7 +59,7 @@ class Loaded:
         """Rows its sample ids address: the token store's, else one past the largest id."""
         if self.tokens is not None:
             return int(token_store.read_header(self.tokens)["rows"])
-        return int(plan_store.column(self.table, "sample_id")[-1]) + 1
+        return int(parquet.column(self.table, "sample_id")[-1]) + 1
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,9 @@ def _is_stored(path: str) -> bool:
     """Whether a dataset's path is a scan or plan directory or a samples table (its options are what they are)."""
     p = Path(path)
     if p.is_dir():
-        return (p / plan_store.SAMPLES_FILE).is_file()
+        return (p / schemas.SAMPLES_FILE).is_file()
     try:
-        return p.suffix == ".parquet" and set(pq.read_schema(p).names) == set(plan_store.SAMPLES_SCHEMA.names)
+        return p.suffix == ".parquet" and set(pq.read_schema(p).names) == set(schemas.SAMPLES_SCHEMA.names)
     except (OSError, pa.ArrowException):
         return False
 
@@ -132,10 +132,10 @@ def _agree(loaded: list[Loaded]) -> None:
 
 
 def _with_ids(d: Loaded, first_id: int) -> pa.Table:
-    table = d.table.select(plan_store.SAMPLES_SCHEMA.names).cast(plan_store.SAMPLES_SCHEMA)
-    ids = plan_store.column(table, "sample_id") + first_id
-    table = table.set_column(0, plan_store.SAMPLES_SCHEMA.field(0), plan_store.arrow_array(ids, pa.int64()))
-    return table.append_column(plan_store.RECIPE_SAMPLES_SCHEMA.field(plan_store.DATASET_COLUMN),
+    table = d.table.select(schemas.SAMPLES_SCHEMA.names).cast(schemas.SAMPLES_SCHEMA)
+    ids = parquet.column(table, "sample_id") + first_id
+    table = table.set_column(0, schemas.SAMPLES_SCHEMA.field(0), parquet.arrow_array(ids, pa.int64()))
+    return table.append_column(schemas.RECIPE_SAMPLES_SCHEMA.field(schemas.DATASET_COLUMN),
                                _repeated(d.spec.name, table.num_rows))
 
 
@@ -149,7 +149,7 @@ def _repeated(text: str, n: int) -> pa.Array:
 
 def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
     """What the manifest says of one dataset: where it is, how it mixes, its scan's counts and fingerprints."""
-    length, labels = plan_store.column(d.table, "length"), plan_store.column(d.table, "label_count")
+    length, labels = parquet.column(d.table, "length"), parquet.column(d.table, "label_count")
     kind, value = d.spec.mix()[2:]
     report = d.report
     return {
@@ -160,7 +160,7 @@ def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
         "truncated_samples": int(report.get("truncated_samples", 0)),
         "tokens": int(length.sum()), "label_tokens": int(labels.sum()),
         "format": report.get("format"), "chat_template": (report.get("chat_template") or {}).get("name"),
-        "fingerprints": plan_store.samples_fingerprints(d.table, scan_identity(report)),
+        "fingerprints": plan_files.samples_fingerprints(d.table, scan_identity(report)),
     }
 
 
@@ -189,19 +189,19 @@ def _token_store(loaded: list[Loaded], table: pa.Table, report: dict[str, Any], 
             raise InputError(f"dataset {missing[0]!r} has no token store (a bare samples table) while others do: a "
                              "recipe's datasets are all scanned sources (or all bare tables)")
         return None
-    fingerprints = plan_store.samples_fingerprints(table, scan_identity(report))
+    fingerprints = plan_files.samples_fingerprints(table, scan_identity(report))
     key = canonical_hash({"fingerprints": fingerprints, "stores": [token_store.read_header(d.tokens)["fingerprints"]
                                                                    for d in loaded]})
     entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "recipes" / key
-    tokens = entry / plan_store.TOKENS_DIR
+    tokens = entry / schemas.TOKENS_DIR
     try:
         if token_store.open_store(tokens).header["fingerprints"] == fingerprints:
             return tokens
     except token_store.TokenStoreError:
         pass
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with plan_store.atomic_directory(entry, owned=True, what="scan") as tmp:
-        token_store.write_parts(tmp / plan_store.TOKENS_DIR, [d.tokens for d in loaded], fingerprints=fingerprints,
+    with outputs.atomic_directory(entry, owned=True, what="scan") as tmp:
+        token_store.write_parts(tmp / schemas.TOKENS_DIR, [d.tokens for d in loaded], fingerprints=fingerprints,
                                 labels_shifted=shift == "none")
     return tokens
 
@@ -222,7 +222,7 @@ def load(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: Pl
     settings = dataclasses.replace(loaded[0].settings, mixture=tuple(spec.mix() for spec in specs))
     report = _report(loaded, datasets)
     tokens = _token_store(loaded, table, report, settings.shift, cache_dir)
-    codes, names = plan_store.dataset_codes(table)
+    codes, names = plan_files.dataset_codes(table)
     return Joined(table, report, tokens, settings, datasets, dataset_index(codes, names, settings.mixture))
 
 
@@ -245,13 +245,13 @@ def epoch_metrics(epochs: list[Any], joined: Joined, shift: str) -> list[dict[st
 def eval_sample_ids(samples: pa.Table, mixture: tuple) -> np.ndarray:
     """The sample ids of a recipe's eval datasets (`eval_datasets`): in the samples table, never in a training
     epoch; the eval plan draws on them. Empty for a recipe without eval datasets or a one-source table."""
-    if plan_store.DATASET_COLUMN not in samples.column_names:
+    if schemas.DATASET_COLUMN not in samples.column_names:
         return np.zeros(0, dtype=np.int64)
     from plancc.planner.mixture import eval_positions
 
-    codes, names = plan_store.dataset_codes(samples)
+    codes, names = plan_files.dataset_codes(samples)
     positions = eval_positions(dataset_index(codes, names, mixture), mixture)
-    return plan_store.column(samples, "sample_id")[positions]
+    return parquet.column(samples, "sample_id")[positions]
 
 
 def plan_eval_sample_ids(plan_dir: str | Path) -> np.ndarray:

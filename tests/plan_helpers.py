@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc.review.validate import validate_plan
-from plancc.store import plan_store
+from plancc.store import schemas
 from plancc.store.fingerprint import token_hashes
 
 
@@ -89,7 +89,7 @@ def _decoded(path: Path, epochs: int) -> object:
                   for c in (pf.metadata.row_group(i).column(j) for j in range(pf.metadata.num_columns))]
                  for i in range(pf.metadata.num_row_groups)]
         epoch_reads = ([pq.read_table(path, filters=[("epoch", "=", e)]) for e in range(epochs)]
-                       if path.name == plan_store.PLAN_FILE else [])
+                       if path.name == schemas.PLAN_FILE else [])
         return table, table.schema, table.schema.metadata, pf.schema_arrow, stats, epoch_reads
     except Exception as exc:  # any failure to decode is a change a reader sees
         return f"unreadable: {type(exc).__name__}"
@@ -124,7 +124,7 @@ def byte_flip_verdicts(plan: Path, files: list[str], *, flips: int, seed: int, e
             path.write_bytes(bytes(flipped))
             try:
                 problems, _ = validate_plan(str(plan))
-            except plan_store.StoreError as exc:  # not even recognisable as a plan: still a refusal
+            except schemas.StoreError as exc:  # not even recognisable as a plan: still a refusal
                 problems = [str(exc)]
             if problems:
                 counts["detected"] += 1

@@ -12,7 +12,7 @@ import torch
 from benchmarks.synthetic import VOCAB, make_tokenized, samples_table, write_tokens
 from plancc import build
 from plancc.config import PlanSettings
-from plancc.store import plan_store
+from plancc.store import parquet
 
 
 def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), n: int = 24, data_seed: int = 3,
@@ -28,7 +28,7 @@ def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), 
     tmp.mkdir(parents=True, exist_ok=True)
     table = samples_table(tok)
     path = write_tokens(tmp / "tokens", tok, table)
-    s = plan_store.sample_arrays(table)
+    s = parquet.sample_arrays(table)
     ps = PlanSettings(mode="packed", sequence_len=max(capacities), epochs=len(capacities), **settings)
     epochs = [plan_epoch(s, replace(ps, sequence_len=c), e) for e, c in enumerate(capacities)]
     out = tmp / "plan"

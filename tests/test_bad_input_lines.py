@@ -21,7 +21,7 @@ from plancc import api
 from plancc.cli import app
 from plancc.config import SettingsError
 from plancc.review.validate import validate_plan
-from plancc.store import plan_store
+from plancc.store import plan_store, schemas
 from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
@@ -117,7 +117,7 @@ def test_a_corrupt_parquet_source_is_one_line(samples, tmp_path):
 @pytest.mark.parametrize("command", [["validate"], ["inspect", "metrics"], ["inspect", "plan"], ["diff", "OTHER"]])
 def test_a_plan_directory_without_plan_parquet_is_one_line(scanned, tmp_path, command):
     plan = _copy(scanned, "plan", tmp_path)
-    (plan / plan_store.PLAN_FILE).unlink()
+    (plan / schemas.PLAN_FILE).unlink()
     args = [str(scanned / "plan") if a == "OTHER" else a for a in command]
     line = refused(*args, plan, out=tmp_path / "never")
     assert line == f"error: {plan} is not a plan directory (no plan.parquet); write one with `plancc compile " \
@@ -209,10 +209,10 @@ def test_an_edited_samples_table_of_a_scan_or_plan_is_not_compiled(scanned, tmp_
     """It used to be planned as it was: the plan's fingerprints were recomputed from the edited rows, and only a
     full validate comparing them with the tokens could tell."""
     directory = _copy(scanned, name, tmp_path)
-    _edit_label_count(directory / plan_store.SAMPLES_FILE)
-    record = plan_store.SCAN_MANIFEST_FILE if name == "scan" else plan_store.MANIFEST_FILE
+    _edit_label_count(directory / schemas.SAMPLES_FILE)
+    record = schemas.SCAN_MANIFEST_FILE if name == "scan" else schemas.MANIFEST_FILE
     line = refused("compile", directory, "-o", tmp_path / "out", out=tmp_path / "out")
-    assert f"{directory / plan_store.SAMPLES_FILE}: its rows do not hash to the metadata fingerprint " \
+    assert f"{directory / schemas.SAMPLES_FILE}: its rows do not hash to the metadata fingerprint " \
            f"{directory / record} records" in line, line
 
 
@@ -223,20 +223,20 @@ def test_a_token_store_swapped_into_a_scan_is_not_compiled(scanned, tmp_path):
     r = runner.invoke(app, ["scan", str(other), "-o", str(tmp_path / "other"), "--tokenizer", "builtin", "-q",
                             "--sequence-len", "128", "--cache-dir", str(tmp_path / "cache")])
     assert r.exit_code == 0, r.output
-    shutil.rmtree(directory / plan_store.TOKENS_DIR)
-    shutil.copytree(tmp_path / "other" / plan_store.TOKENS_DIR, directory / plan_store.TOKENS_DIR)
+    shutil.rmtree(directory / schemas.TOKENS_DIR)
+    shutil.copytree(tmp_path / "other" / schemas.TOKENS_DIR, directory / schemas.TOKENS_DIR)
     line = refused("compile", directory, "-o", tmp_path / "out", out=tmp_path / "out")
     assert "swapped in from another scan" in line, line
 
 
 def test_a_plan_directory_without_its_samples_table_says_so(scanned, tmp_path):
     plan = _copy(scanned, "plan", tmp_path)
-    (plan / plan_store.SAMPLES_FILE).unlink()
+    (plan / schemas.SAMPLES_FILE).unlink()
     line = refused("compile", plan, "-o", tmp_path / "out", out=tmp_path / "out")
     assert line == f"error: {plan} is a plancc plan directory without its samples.parquet: it was deleted or moved; " \
                    "compile or scan the source again"
     problems, _ = validate_plan(str(plan))
-    assert problems == [f"{plan / plan_store.SAMPLES_FILE} does not exist"]  # once, not once per check of the file
+    assert problems == [f"{plan / schemas.SAMPLES_FILE} does not exist"]  # once, not once per check of the file
 
 
 # ---------------------------------------------------------------- a scan's samples table on its own
@@ -247,7 +247,7 @@ def test_a_scans_samples_table_alone_carries_the_scans_sequence_len_and_shift(sc
     compiled on its own (copied out of its scan directory) was planned under the flags' or the defaults' values:
     `--shift none` counted every sample's first label as a target, so each update's num_items was wrong. Its
     metadata records the scan's options, so it now carries them as its scan directory does (`plancc.scan.carry`)."""
-    alone = Path(shutil.copy(scanned / "scan" / plan_store.SAMPLES_FILE, tmp_path / "alone.parquet"))
+    alone = Path(shutil.copy(scanned / "scan" / schemas.SAMPLES_FILE, tmp_path / "alone.parquet"))
     for flag, value in [("--shift", "none"), ("--sequence-len", "4096")]:
         line = refused("compile", alone, "-o", tmp_path / "p", flag, value, out=tmp_path / "p")
         assert f"{flag} {value} contradicts the scan of {alone}" in line, line
@@ -265,17 +265,17 @@ def test_validate_refuses_a_plan_whose_settings_are_not_its_scans(scanned, tmp_p
     """The rule `carry` keeps, checked on disk: a plan's sequence_len and shift are those its samples were scanned
     with (its manifest's scan options). Forged here in the plan file's metadata and the manifest alike."""
     plan = _copy(scanned, "plan", tmp_path)
-    table = pq.read_table(plan / plan_store.PLAN_FILE)
-    meta = json.loads(table.schema.metadata[plan_store.META_KEY])
+    table = pq.read_table(plan / schemas.PLAN_FILE)
+    meta = json.loads(table.schema.metadata[schemas.META_KEY])
     meta["scan"]["options"]["shift"] = "none"
-    pq.write_table(table.replace_schema_metadata({plan_store.META_KEY: json.dumps(meta).encode()}), plan / plan_store.PLAN_FILE,
-                   row_group_size=plan_store.PLAN_ROW_GROUP)
-    manifest = json.loads((plan / plan_store.MANIFEST_FILE).read_text())
+    pq.write_table(table.replace_schema_metadata({schemas.META_KEY: json.dumps(meta).encode()}), plan / schemas.PLAN_FILE,
+                   row_group_size=schemas.PLAN_ROW_GROUP)
+    manifest = json.loads((plan / schemas.MANIFEST_FILE).read_text())
     manifest["scan"]["options"]["shift"] = "none"
-    (plan / plan_store.MANIFEST_FILE).write_text(json.dumps(manifest))
+    (plan / schemas.MANIFEST_FILE).write_text(json.dumps(manifest))
     r = runner.invoke(app, ["validate", str(plan)])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
-    assert r.output.strip() == (f"violation: {plan / plan_store.PLAN_FILE} metadata: settings.shift is 'sample', but its "
+    assert r.output.strip() == (f"violation: {plan / schemas.PLAN_FILE} metadata: settings.shift is 'sample', but its "
                                 "samples were scanned with shift 'none' (scan.options.shift)")
 
 
@@ -300,15 +300,15 @@ def test_unreadable_files_are_one_named_line(scanned, tmp_path):
     source = tmp_path / "d.jsonl"
     source.write_text(json.dumps({"text": "a b c"}) + "\n")
     plan = _copy(scanned, "plan", tmp_path)
-    header = plan / plan_store.TOKENS_DIR / "tokens.json"
+    header = plan / schemas.TOKENS_DIR / "tokens.json"
     header.unlink()  # a hard link to the scan's: a file of its own, to take its mode away
-    header.write_bytes((scanned / "plan" / plan_store.TOKENS_DIR / "tokens.json").read_bytes())
+    header.write_bytes((scanned / "plan" / schemas.TOKENS_DIR / "tokens.json").read_bytes())
     for f in (source, header):
         f.chmod(0)
     cases = [
         (["compile", str(source), "-o", str(tmp_path / "out"), "--tokenizer", "builtin", "-q"], 2,
          f"error: {source} Permission denied"),
-        (["validate", str(plan), "-q"], 1, f"violation: token store {plan / plan_store.TOKENS_DIR}: cannot read tokens.json "
+        (["validate", str(plan), "-q"], 1, f"violation: token store {plan / schemas.TOKENS_DIR}: cannot read tokens.json "
                                            "(Permission denied)"),
     ]
     script = ("import json, sys\nfrom typer.testing import CliRunner\nfrom plancc.cli import app\n"

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plancc.cli import app
-from plancc.store import plan_store, token_store
+from plancc.store import schemas, token_store
 from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
@@ -88,8 +88,8 @@ def test_bad_config_file_exits_2(tmp_path, samples_file):
 def test_validate_exits_1_on_a_violation_and_2_on_a_non_plan(tmp_path, samples_file):
     out = tmp_path / "plan"
     assert _run("compile", samples_file, "-o", out, "--sequence-len", "256", "--quiet").exit_code == 0
-    table = pq.read_table(out / plan_store.PLAN_FILE)
-    pq.write_table(table.slice(1), out / plan_store.PLAN_FILE)  # drop one microbatch, keep the metadata
+    table = pq.read_table(out / schemas.PLAN_FILE)
+    pq.write_table(table.slice(1), out / schemas.PLAN_FILE)  # drop one microbatch, keep the metadata
     res = _run("validate", out)
     assert res.exit_code == 1 and "violation" in res.output
     assert _run("validate", tmp_path).exit_code == 2
@@ -122,7 +122,7 @@ def test_scan_then_compile_carries_the_tokenized_rows_and_validate_rescans(tmp_p
     res = _run("compile", tmp_path / "scan", "-o", plan, "--sequence-len", "256", "--json")
     assert res.exit_code == 0, res.output
     manifest = json.loads(res.output)
-    assert manifest["data"]["tokens"] == plan_store.TOKENS_DIR and token_store.is_store(plan / plan_store.TOKENS_DIR)
+    assert manifest["data"]["tokens"] == schemas.TOKENS_DIR and token_store.is_store(plan / schemas.TOKENS_DIR)
     assert manifest["data"]["source"] == [str(source)]
     assert manifest["scan"]["format"] == "prompt_completion"
     res = _run("validate", plan, "--dataset", source, "--cache-dir", cache)

@@ -12,8 +12,8 @@ from plancc.build import write_plan_dir
 from plancc.config import PlanSettings, SettingsError
 from plancc.planner.pipeline import compile_plan, plan_columns
 from plancc.review.validate import validate_plan
-from plancc.store import plan_store
-from plancc.store.plan_store import sample_arrays
+from plancc.store import plan_store, schemas
+from plancc.store.parquet import sample_arrays
 from tests.plan_helpers import direct_targets, random_dataset, samples_table
 
 ANY_DROP_LAST = st.booleans()
@@ -111,7 +111,7 @@ def test_identical_inputs_give_byte_identical_plans(tmp_path_factory, case):
         d = tmp_path_factory.mktemp(f"plan{k}")
         write_plan_dir(d / "p", table, s, settings, compile_plan(s, settings), {}, None)
         dirs.append(d / "p")
-    for name in (plan_store.PLAN_FILE, plan_store.SAMPLES_FILE, plan_store.METRICS_FILE, plan_store.MANIFEST_FILE):
+    for name in (schemas.PLAN_FILE, schemas.SAMPLES_FILE, schemas.METRICS_FILE, schemas.MANIFEST_FILE):
         assert (dirs[0] / name).read_bytes() == (dirs[1] / name).read_bytes()
     problems, _ = validate_plan(str(dirs[0]))
     assert problems == []

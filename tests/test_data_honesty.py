@@ -18,7 +18,7 @@ from plancc.scan.scanner import scan
 from plancc.scan.sources.chat import Renderer
 from plancc.scan.sources.templates import BUILTIN_TEMPLATES
 from plancc.scan.sources.tokenizer import load_tokenizer
-from plancc.store import plan_store
+from plancc.store import schemas
 from tests.sources_fixtures import DEEPSEEK_JSON, chatterbot_conversations, deepseek_dir, pc_rows, write_rows
 
 runner = CliRunner()
@@ -73,10 +73,10 @@ def test_small_drops_warn_once_and_are_counted_everywhere(tmp_path):
     warnings = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: dropped 2 of 100 samples (2.0%): 2 longer than --sequence-len 64, "
                         "0 without a supervised target"]
-    manifest = json.loads((out / plan_store.MANIFEST_FILE).read_text())
+    manifest = json.loads((out / schemas.MANIFEST_FILE).read_text())
     assert (manifest["rows_read"], manifest["samples"], manifest["dropped_samples"]) == (100, 98, 2)
     assert manifest["scan"]["dropped_long"]["first_rows"] == [98, 99]
-    metrics = pq.read_table(out / plan_store.METRICS_FILE).to_pylist()
+    metrics = pq.read_table(out / schemas.METRICS_FILE).to_pylist()
     assert {m["dropped_samples"] for m in metrics} == {2} and {m["truncated_samples"] for m in metrics} == {0}
 
 
@@ -87,9 +87,9 @@ def test_truncation_is_counted_in_scan_plan_and_metrics(tmp_path):
                "--cache-dir", tmp_path / "cache")
     assert res.exit_code == 0, res.output
     assert "warning: truncated 3 samples to --sequence-len 64" in res.stderr
-    manifest = json.loads((out / plan_store.MANIFEST_FILE).read_text())
+    manifest = json.loads((out / schemas.MANIFEST_FILE).read_text())
     assert (manifest["dropped_samples"], manifest["truncated_samples"], manifest["samples"]) == (0, 3, 10)
-    metrics = pq.read_table(out / plan_store.METRICS_FILE).to_pylist()
+    metrics = pq.read_table(out / schemas.METRICS_FILE).to_pylist()
     assert {m["truncated_samples"] for m in metrics} == {3} and {m["dropped_samples"] for m in metrics} == {0}
 
 
@@ -99,7 +99,7 @@ def test_max_dropped_from_the_config_file(tmp_path):
     config.write_text('tokenizer = "builtin"\nsequence_len = 64\nmax_dropped = 0.25\n')
     res = _run("scan", src, "-o", tmp_path / "s", "--config", config, "--cache-dir", tmp_path / "cache")
     assert res.exit_code == 0, res.output
-    report = json.loads((tmp_path / "s" / plan_store.SCAN_MANIFEST_FILE).read_text())
+    report = json.loads((tmp_path / "s" / schemas.SCAN_MANIFEST_FILE).read_text())
     assert (report["rows_read"], report["dropped_samples"], report["max_dropped"]) == (100, 10, 0.25)
 
 
@@ -201,7 +201,7 @@ def test_plan_manifest_names_tokenizer_and_template(tmp_path):
     res = _run("compile", src, "-o", out, "--tokenizer", "builtin", "--chat-template", "llama3",
                "--cache-dir", tmp_path / "cache")
     assert res.exit_code == 0, res.output
-    manifest = json.loads((out / plan_store.MANIFEST_FILE).read_text())
+    manifest = json.loads((out / schemas.MANIFEST_FILE).read_text())
     assert manifest["tokenizer"]["name"] == "plancc-byte-level"
     assert manifest["chat_template"]["name"] == "llama3"
     assert "chat template llama3" in res.output

@@ -20,7 +20,7 @@ from plancc.config import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
 from plancc.review.diff_render import render_markdown
-from plancc.store.plan_store import sample_arrays
+from plancc.store.parquet import sample_arrays
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "diff.schema.json").read_text())

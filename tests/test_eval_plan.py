@@ -26,7 +26,7 @@ from plancc.planner.holdout import hold_out
 from plancc.planner.pipeline import compile_plan, compile_run
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, RuntimePlan
-from plancc.store import plan_store
+from plancc.store import parquet, plan_store, schemas
 from tests.plan_helpers import random_dataset, samples_table
 from tests.test_store import _actual, _described
 
@@ -39,7 +39,7 @@ SIZES = st.one_of(st.floats(0.02, 0.6), st.integers(1, 30))
 def _samples(seed: int, n: int):
     ids, labels = random_dataset(np.random.default_rng(seed), n, 40)
     table = samples_table(ids, labels)
-    return table, plan_store.sample_arrays(table)
+    return table, parquet.sample_arrays(table)
 
 
 def _write(path: Path, seed: int = 1, n: int = 120, **kw) -> Path:
@@ -140,9 +140,9 @@ def test_an_eval_plan_is_bound_by_its_fingerprint_and_documented(tmp_path):
     path = _write(tmp_path / "p", val_set_size=0.25)
     plan = plan_store.PlanDir(path)
     assert plan.has_eval and plan.eval_problems(plan.read_eval()) == []
-    manifest = json.loads((path / plan_store.MANIFEST_FILE).read_text())
+    manifest = json.loads((path / schemas.MANIFEST_FILE).read_text())
     jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
-    assert _described("eval") == _actual(plan_store.EVAL_SCHEMA)  # schemas/eval.arrow.json documents the file
+    assert _described("eval") == _actual(schemas.EVAL_SCHEMA)  # schemas/eval.arrow.json documents the file
     assert validate_plan(str(path))[0] == []
     res = runner.invoke(app, ["validate", str(path)])
     assert res.exit_code == 0 and "eval plan (held-out set once each, none trained on)" in res.output, res.output
@@ -184,12 +184,12 @@ def test_val_set_size_from_a_config_file_and_the_api(tmp_path):
 
 def _rewrite_eval(path: Path, edit) -> None:
     """Rewrite eval.parquet with `edit(rows)` applied, keeping its plancc metadata (a consistent forgery)."""
-    f = path / plan_store.EVAL_FILE
-    meta = pq.ParquetFile(f).metadata.metadata[plan_store.META_KEY]
-    rows = plan_store.read_table(f, plan_store.EVAL_SCHEMA).to_pylist()
+    f = path / schemas.EVAL_FILE
+    meta = pq.ParquetFile(f).metadata.metadata[schemas.META_KEY]
+    rows = parquet.read_table(f, schemas.EVAL_SCHEMA).to_pylist()
     edit(rows)
-    cols = {name: [r[name] for r in rows] for name in plan_store.EVAL_SCHEMA.names}
-    plan_store.write_parquet(pa.table(cols, schema=plan_store.EVAL_SCHEMA), f, {plan_store.META_KEY: meta})
+    cols = {name: [r[name] for r in rows] for name in schemas.EVAL_SCHEMA.names}
+    parquet.write_parquet(pa.table(cols, schema=schemas.EVAL_SCHEMA), f, {schemas.META_KEY: meta})
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +214,8 @@ def test_validate_and_the_runtime_refuse_an_eval_sample_exchanged_for_a_training
 
 def test_validate_reports_a_missing_eval_file_and_held_out_samples_in_training(sound, tmp_path):
     plan = shutil.copytree(sound, tmp_path / "p")
-    (plan / plan_store.EVAL_FILE).unlink()
-    assert any(f"{plan_store.EVAL_FILE} does not exist" in p for p in validate_plan(str(plan))[0])
+    (plan / schemas.EVAL_FILE).unlink()
+    assert any(f"{schemas.EVAL_FILE} does not exist" in p for p in validate_plan(str(plan))[0])
     # an eval plan next to a training plan of every sample (what a planner that forgot to hold out would write)
     table, s = _samples(1, 120)
     ps = PlanSettings(sequence_len=64, world_size=2, grad_accum=2, epochs=2, val_set_size=0.25)
@@ -232,8 +232,8 @@ def test_inspect_metrics_reports_eval_sizes(sound):
     plan = plan_store.PlanDir(sound)
     table = plan.read_eval()
     assert ev["samples"] == 30 and ev["val_set_size"] == 0.25
-    assert ev["label_count"] == int(plan_store.column(table, "label_count").sum())
-    assert ev["tokens"] == int(plan_store.column(table, "tokens").sum()) and ev["batches"] == table.num_rows
+    assert ev["label_count"] == int(parquet.column(table, "label_count").sum())
+    assert ev["tokens"] == int(parquet.column(table, "tokens").sum()) and ev["batches"] == table.num_rows
     text = runner.invoke(app, ["inspect", "metrics", str(sound)]).output
     assert "eval plan" in text and "label_count" in text
 

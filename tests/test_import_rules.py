@@ -169,3 +169,22 @@ def test_no_import_circle():
 def test_the_circle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c", "a"]]
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to (`plancc.store.parquet` -> `plancc.store`; a flat module is its own)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_package_imports_another_packages_private_names():
+    """A package uses another only through its public names: scan knows no store internals, the runtime none of
+    the store's, and so on (a `_name` is free to change inside its package)."""
+    bad = []
+    for path in FILES:
+        module = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("plancc"):
+                bad += [f"{module}: {node.module}.{a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")
+                        and package_of(node.module) != package_of(module)]
+    assert not bad, bad

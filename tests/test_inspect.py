@@ -15,8 +15,8 @@ from plancc.cli import app
 from plancc.config import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.inspect import before_counts, format_ids, plan_view
-from plancc.store import plan_store
-from plancc.store.plan_store import sample_arrays
+from plancc.store import parquet, schemas
+from plancc.store.parquet import sample_arrays
 
 runner = CliRunner()
 
@@ -65,7 +65,7 @@ def test_metrics_table(plan):
 def test_metrics_json_matches_the_table_on_disk(plan):
     r = cli("inspect", "metrics", plan, "--json")
     rows = json.loads(r.stdout)["metrics"]
-    stored = plan_store.read_table(plan / plan_store.METRICS_FILE, plan_store.metrics_schema()).to_pylist()
+    stored = parquet.read_table(plan / schemas.METRICS_FILE, schemas.metrics_schema()).to_pylist()
     assert len(rows) == len(stored)
     assert [(x["epoch"], x["stage"]) for x in rows] == [(x["epoch"], x["stage"]) for x in stored]
     assert rows[0]["stage"] == "before" and rows[-1]["stage"] == "after"
@@ -76,7 +76,7 @@ def test_metrics_json_matches_the_table_on_disk(plan):
 
 def test_before_counts_match_stored_before_metrics(plan):
     stored = {(x["epoch"], x["stage"]): x for x in
-              plan_store.read_table(plan / plan_store.METRICS_FILE, plan_store.metrics_schema()).to_pylist()}
+              parquet.read_table(plan / schemas.METRICS_FILE, schemas.metrics_schema()).to_pylist()}
     for epoch in (0, 1):
         ba = before_counts(plan, epoch)
         assert ba.before is not None and "as compiled" in ba.note
@@ -197,11 +197,11 @@ def test_a_plan_without_a_stored_before_stage_shows_after_only(plan, tmp_path):
     import pyarrow.parquet as pq
 
     old = Path(shutil.copytree(plan, tmp_path / "old"))
-    (old / plan_store.BEFORE_FILE).unlink()
-    table = pq.read_table(old / plan_store.PLAN_FILE)
-    meta = json.loads(table.schema.metadata[plan_store.META_KEY])
+    (old / schemas.BEFORE_FILE).unlink()
+    table = pq.read_table(old / schemas.PLAN_FILE)
+    meta = json.loads(table.schema.metadata[schemas.META_KEY])
     del meta["checksums"]["before"]
-    pq.write_table(table.replace_schema_metadata({plan_store.META_KEY: json.dumps(meta).encode()}), old / plan_store.PLAN_FILE)
+    pq.write_table(table.replace_schema_metadata({schemas.META_KEY: json.dumps(meta).encode()}), old / schemas.PLAN_FILE)
     ba = before_counts(old, 0)
     assert ba.before is None and "not stored" in ba.note
     assert ba.after.label_counts.size == before_counts(plan, 0).after.label_counts.size

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import plancc
 from plancc import api
 from plancc.cli import app
-from plancc.store import atomic, plan_store
+from plancc.store import atomic, outputs, schemas
 from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
@@ -53,7 +53,7 @@ def _tree(path: Path) -> dict[str, str]:
 
 
 def _plan_fp(plan: Path) -> dict[str, str]:
-    return json.loads((plan / plan_store.MANIFEST_FILE).read_text())["fingerprints"]["plan"]
+    return json.loads((plan / schemas.MANIFEST_FILE).read_text())["fingerprints"]["plan"]
 
 
 # ---------------------------------------------------------------- foreign folders
@@ -122,7 +122,7 @@ def test_an_empty_folder_is_written_and_a_scan_is_replaced_only_with_overwrite(t
     (tmp_path / "scan").mkdir()
     args = ["scan", str(text), "-o", str(tmp_path / "scan"), "-q"]
     assert runner.invoke(app, args).exit_code == 0
-    assert plan_store.output_kind(tmp_path / "scan") == "scan"
+    assert outputs.output_kind(tmp_path / "scan") == "scan"
     res = runner.invoke(app, args)
     assert res.exit_code == 2 and "--overwrite" in res.output
     assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
@@ -290,7 +290,7 @@ def _overwrite(interface: str, command: str, source: Path, out: Path) -> tuple[i
         return res.exit_code, res.output
     try:
         (plancc.compile if command == "compile" else api.scan)(str(source), out, overwrite=True)
-    except plan_store.OutputError as exc:
+    except outputs.OutputError as exc:
         return 2, str(exc)
     return 0, ""
 
@@ -319,7 +319,7 @@ def test_a_refusal_names_ten_paths_and_counts_the_rest(tmp_path, made):
     shutil.copytree(made["compile"], proj)
     for k in range(13):
         (proj / f"note-{k:02d}.txt").write_text("x")
-    (proj / plan_store.TOKENS_DIR / "mine.txt").write_text("x")  # inside the token store too
+    (proj / schemas.TOKENS_DIR / "mine.txt").write_text("x")  # inside the token store too
     res = runner.invoke(app, ["compile", str(made["text"]), "-o", str(proj), "-q", "--overwrite"])
     assert res.exit_code == 2
     assert "note-00.txt, note-01.txt," in res.output and "note-09.txt and 4 more;" in res.output
@@ -331,9 +331,9 @@ def test_a_scan_with_a_multi_part_token_store_is_still_replaced(tmp_path, made):
     for k, part in enumerate(parts):
         api.scan(str(made["text"]), part, shard=(k, 2))
     api.merge(parts, tmp_path / "scan")
-    assert (tmp_path / "scan" / plan_store.TOKENS_DIR / "part-00001").is_dir()
+    assert (tmp_path / "scan" / schemas.TOKENS_DIR / "part-00001").is_dir()
     api.merge(parts, tmp_path / "scan", overwrite=True)  # only what plancc wrote: replaced
-    assert plan_store.output_kind(tmp_path / "scan") == "scan"
+    assert outputs.output_kind(tmp_path / "scan") == "scan"
 
 
 def _python_plancc(*args: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -446,9 +446,9 @@ def test_cold_and_warm_scan_caches_give_byte_identical_plans(tmp_path, made):
         res = runner.invoke(app, ["compile", str(made["text"]), "-o", str(tmp_path / f"plan{k}"), "-q",
                                   "--cache-dir", str(tmp_path / cache)])
         assert res.exit_code == 0, res.output
-    plans = [(tmp_path / f"plan{k}" / plan_store.PLAN_FILE).read_bytes() for k in range(3)]
+    plans = [(tmp_path / f"plan{k}" / schemas.PLAN_FILE).read_bytes() for k in range(3)]
     assert plans[0] == plans[1] == plans[2]
-    assert "seconds" not in json.loads((tmp_path / "plan0" / plan_store.MANIFEST_FILE).read_text())["scan"]
+    assert "seconds" not in json.loads((tmp_path / "plan0" / schemas.MANIFEST_FILE).read_text())["scan"]
 
 
 def test_an_interrupt_message_says_what_is_at_the_output_before_and_after_this_process_replaced_it(tmp_path):

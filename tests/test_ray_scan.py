@@ -13,7 +13,7 @@ import pytest
 from plancc import api
 from plancc.config import ScanOptions
 from plancc.scan import shard
-from plancc.store import plan_store, token_store
+from plancc.store import schemas, token_store
 from tests.sources_fixtures import (
     DEEPSEEK_JSON,
     alpaca_rows,
@@ -30,10 +30,10 @@ pytestmark = pytest.mark.slow  # starts a local Ray
 
 def _assert_same_scan(a, b) -> None:
     """Two scan directories hold the same samples table (bytes), token store content and fingerprints."""
-    assert (a / plan_store.SAMPLES_FILE).read_bytes() == (b / plan_store.SAMPLES_FILE).read_bytes()
-    ra, rb = (orjson.loads((d / plan_store.SCAN_MANIFEST_FILE).read_bytes()) for d in (a, b))
+    assert (a / schemas.SAMPLES_FILE).read_bytes() == (b / schemas.SAMPLES_FILE).read_bytes()
+    ra, rb = (orjson.loads((d / schemas.SCAN_MANIFEST_FILE).read_bytes()) for d in (a, b))
     assert ra["fingerprints"] == rb["fingerprints"]
-    sa, sb = token_store.open_store(a / plan_store.TOKENS_DIR), token_store.open_store(b / plan_store.TOKENS_DIR)
+    sa, sb = token_store.open_store(a / schemas.TOKENS_DIR), token_store.open_store(b / schemas.TOKENS_DIR)
     assert sa.header["fingerprints"] == sb.header["fingerprints"]
     assert token_store.verify_all(sb) is None
 
@@ -93,9 +93,9 @@ def test_ray_scan_reuses_finished_parts(tmp_path, local_ray):
     job = shard.prepare(str(src), options)
     part = tmp_path / "c" / "scans" / f"{job.key}.parts" / shard.part_name(0, 38)
     shard.scan_part(job, 0, 38, part, owned=True)
-    ids = (part / plan_store.TOKENS_DIR / "input_ids.npy").stat().st_ino
+    ids = (part / schemas.TOKENS_DIR / "input_ids.npy").stat().st_ino
     api.scan(str(src), tmp_path / "ray", engine="ray", shard_rows=38, cache_dir=tmp_path / "c",
              tokenizer=str(DEEPSEEK_JSON))
-    assert (tmp_path / "ray" / plan_store.TOKENS_DIR / "part-00000" / "input_ids.npy").stat().st_ino == ids
+    assert (tmp_path / "ray" / schemas.TOKENS_DIR / "part-00000" / "input_ids.npy").stat().st_ino == ids
     api.scan(str(src), tmp_path / "local", cache_dir=tmp_path / "c-local", tokenizer=str(DEEPSEEK_JSON))
     _assert_same_scan(tmp_path / "local", tmp_path / "ray")

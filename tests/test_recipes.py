@@ -23,7 +23,7 @@ from plancc.errors import PlanccError
 from plancc.planner import mixture
 from plancc.recipe_data import eval_sample_ids, plan_eval_sample_ids
 from plancc.review.validate import check_epoch, validate_plan
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, plan_files, plan_store, schemas, token_store
 from tests.sources_fixtures import alpaca_rows, write_rows
 
 BASE = {"tokenizer": "builtin", "sequence_len": 512, "micro_batch_size": 2, "world_size": 2, "seed": 5}
@@ -194,20 +194,20 @@ def test_a_recipe_compiles_to_one_sample_id_space_and_token_store_and_validates(
     tmp, plan, (a, b, _) = mixed
     assert validate_plan(str(plan.path))[0] == []
     schema = json.loads((Path(__file__).parent.parent / "schemas" / "manifest.schema.json").read_text())
-    jsonschema.validate(json.loads((plan.path / plan_store.MANIFEST_FILE).read_text()), schema)
-    samples = plan_store.read_samples(plan.path / plan_store.SAMPLES_FILE)
-    assert plan_store.column(samples, "sample_id").tolist() == list(range(42))
+    jsonschema.validate(json.loads((plan.path / schemas.MANIFEST_FILE).read_text()), schema)
+    samples = parquet.read_samples(plan.path / schemas.SAMPLES_FILE)
+    assert parquet.column(samples, "sample_id").tolist() == list(range(42))
     assert samples.column("dataset").to_pylist() == ["big"] * 30 + ["small"] * 12
     datasets = plan.manifest["recipe"]["datasets"]
     assert [(d["name"], d["first_id"], d["rows"], d.get("repeat")) for d in datasets] == [
         ("big", 0, 30, 1.0), ("small", 30, 12, 2.5)]
     # each dataset's rows, by sample id, are its own scan's rows (the runtime reads one store, O(1) per sample)
-    tokens = token_store.open_store(plan.path / plan_store.TOKENS_DIR)
+    tokens = token_store.open_store(plan.path / schemas.TOKENS_DIR)
     for d, src in zip(datasets, (a, b), strict=True):
         own = plancc.api.scan(str(src), tmp / f"scan-{d['name']}", cache_dir=tmp / "cache", **{
             k: BASE[k] for k in ("tokenizer", "sequence_len")})
         assert own["fingerprints"] == d["fingerprints"]
-        alone = token_store.open_store(tmp / f"scan-{d['name']}" / plan_store.TOKENS_DIR)
+        alone = token_store.open_store(tmp / f"scan-{d['name']}" / schemas.TOKENS_DIR)
         for row in (0, d["rows"] - 1):
             i = d["first_id"] + row
             got = tokens.input_ids[int(tokens.offsets[i]):int(tokens.offsets[i + 1])]
@@ -233,22 +233,22 @@ def test_the_runtime_reads_a_recipe_plan(mixed):
     _, plan, _ = mixed
     rt = RuntimePlan(plan.path)
     tokens = load_tokens(rt, verify="hash")
-    samples = plan_store.read_samples(plan.path / plan_store.SAMPLES_FILE)
-    assert np.array_equal(tokens.lengths[plan_store.column(samples, "sample_id")], plan_store.column(samples, "length"))
+    samples = parquet.read_samples(plan.path / schemas.SAMPLES_FILE)
+    assert np.array_equal(tokens.lengths[parquet.column(samples, "sample_id")], parquet.column(samples, "length"))
     rows = plan_store.PlanDir(plan.path).read_epoch(0)
     for rank in range(2):
         loader = PlanDataLoader(PlanDataset(tokens, PlanCollator.from_plan(rt)), PlanSampler(rt, rank=rank,
                                                                                             world_size=2))
         fed = sum(int((batch["shift_labels"] != -100).sum()) for batch in loader)
-        assert fed == int(np.sum(plan_store.column(rows, "label_count")[plan_store.column(rows, "rank") == rank]))
+        assert fed == int(np.sum(parquet.column(rows, "label_count")[parquet.column(rows, "rank") == rank]))
 
 
 def test_validate_checks_each_sample_against_its_mixture_count(mixed):
     _, plan, _ = mixed
     d = plan_store.PlanDir(plan.path)
     samples = d.read_samples()
-    s = plan_store.sample_arrays(samples)
-    codes, names = plan_store.dataset_codes(samples)
+    s = parquet.sample_arrays(samples)
+    codes, names = plan_files.dataset_codes(samples)
     index = mixture.dataset_index(codes, names, d.settings.mixture)
     table = d.read_epoch(1)
     epoch_samples = s.take(mixture.plan_positions(index, d.settings, 1))
@@ -297,7 +297,7 @@ def test_eval_datasets_are_scanned_into_the_samples_table_but_never_trained_on(t
     for e in plan.epochs:
         ids = {i for k in range(len(plan.epoch(e))) for row in plan.epoch(e)[k] for i in row}
         assert not ids & set(eval_ids.tolist())
-    samples = plan_store.read_samples(tmp_path / "p" / plan_store.SAMPLES_FILE)
+    samples = parquet.read_samples(tmp_path / "p" / schemas.SAMPLES_FILE)
     assert eval_sample_ids(samples, plan.settings.mixture).tolist() == eval_ids.tolist()
     assert [d["role"] for d in plan.manifest["recipe"]["datasets"]] == ["train", "train", "eval"]
     assert validate_plan(str(tmp_path / "p"))[0] == []
@@ -356,7 +356,7 @@ def test_a_one_source_plan_is_unchanged(tmp_path):
     a, _ = _data(tmp_path)
     plan = plancc.compile(str(a), tmp_path / "p", cache_dir=tmp_path / "c", **BASE)
     assert "mixture" not in plan.manifest["settings"] and "recipe" not in plan.manifest
-    assert plan_store.read_samples(plan.path / plan_store.SAMPLES_FILE).column_names == plan_store.SAMPLES_SCHEMA.names
+    assert parquet.read_samples(plan.path / schemas.SAMPLES_FILE).column_names == schemas.SAMPLES_SCHEMA.names
 
 
 def test_diff_reports_per_dataset_changes_and_fails_on_them(tmp_path):
@@ -381,7 +381,7 @@ def test_diff_reports_per_dataset_changes_and_fails_on_them(tmp_path):
 def test_recipe_samples_schema_matches_its_documentation():
     doc = json.loads((Path(__file__).parent.parent / "schemas" / "samples.arrow.json").read_text())
     assert [(c["name"], c["type"], c["nullable"]) for c in doc["columns"]] == [
-        (f.name, str(f.type).replace("bool", "bool"), f.nullable) for f in plan_store.RECIPE_SAMPLES_SCHEMA]
+        (f.name, str(f.type).replace("bool", "bool"), f.nullable) for f in schemas.RECIPE_SAMPLES_SCHEMA]
 
 
 def test_errors_for_missing_or_doubled_sources(tmp_path):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from benchmarks.synthetic import build_plan, make_tokenized
 from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, TokenStore, load_tokens, model_inputs
-from plancc.store import plan_store
+from plancc.store import schemas
 from tests.runtime_helpers import tiny_model
 
 
@@ -128,7 +128,7 @@ def test_changed_labels_are_a_clear_error(tmp_path):
 
 def test_missing_data_is_a_clear_error(tmp_path):
     plan = build_plan(tmp_path, n=10, mode="padded", micro_batch_size=2, sequence_len=24)
-    shutil.rmtree(plan / plan_store.TOKENS_DIR)
+    shutil.rmtree(plan / schemas.TOKENS_DIR)
     with pytest.raises(PlanMismatchError, match="does not exist"):
         load_tokens(plan)
 

@@ -22,7 +22,7 @@ from plancc.runtime import (
     load_tokens,
     restore_checkpoint_state,
 )
-from plancc.store import plan_store
+from plancc.store import plan_store, schemas
 
 PACKED = dict(mode="packed", micro_batch_size=2, sequence_len=24)
 
@@ -202,10 +202,10 @@ def test_corrupt_or_foreign_plan_file(plan, tmp_path):
 
     bad = tmp_path / "bad"
     shutil.copytree(plan, bad)
-    (bad / plan_store.PLAN_FILE).write_bytes(b"not parquet")
-    with pytest.raises(plan_store.StoreError, match="not a readable Parquet"):
+    (bad / schemas.PLAN_FILE).write_bytes(b"not parquet")
+    with pytest.raises(schemas.StoreError, match="not a readable Parquet"):
         PlanSampler(bad, rank=0, world_size=2)
-    shutil.copyfile(plan / plan_store.METRICS_FILE, bad / plan_store.PLAN_FILE)
+    shutil.copyfile(plan / schemas.METRICS_FILE, bad / schemas.PLAN_FILE)
     with pytest.raises(PlanMismatchError, match="not a plan"):
         PlanSampler(bad, rank=0, world_size=2)
 

@@ -22,7 +22,7 @@ from plancc import build
 from plancc.cli import app
 from plancc.config import PlanSettings, ScanOptions
 from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, RuntimePlan, TokenStore, load_tokens
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, schemas, token_store
 
 LAYOUTS = {
     "packed": dict(mode="packed", micro_batch_size=2),
@@ -65,9 +65,9 @@ def test_mapped_store_gives_the_same_tensors_as_in_memory_loading(n, data_seed, 
 
 def _flip_token(plan: Path, sample_id: int) -> None:
     """Edit one byte of one token of `sample_id` in the plan's input_ids.npy, in place (same size)."""
-    m = token_store.open_store(plan / plan_store.TOKENS_DIR)
+    m = token_store.open_store(plan / schemas.TOKENS_DIR)
     pos = m.input_ids.offset + 4 * int(m.offsets[sample_id])
-    path = plan / plan_store.TOKENS_DIR / "input_ids.npy"
+    path = plan / schemas.TOKENS_DIR / "input_ids.npy"
     data = bytearray(path.read_bytes())
     data[pos] ^= 0x01
     path.write_bytes(bytes(data))
@@ -103,7 +103,7 @@ def test_tampered_chunk_is_refused_before_any_of_it_is_fed(tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "append", "index", "foreign"])
 def test_open_refuses_a_damaged_or_foreign_store_at_constant_cost(tmp_path, damage):
     plan = build_plan(tmp_path, n=30, mode="padded", micro_batch_size=2, sequence_len=24)
-    tokens = plan / plan_store.TOKENS_DIR
+    tokens = plan / schemas.TOKENS_DIR
     if damage == "truncate":
         path = tokens / "labels.npy"
         path.write_bytes(path.read_bytes()[:-4])
@@ -135,8 +135,8 @@ def test_sharded_tokenized_source_is_one_store_and_the_plan_moves_as_one_folder(
     build.compile_to_dir(str(tmp_path / "src" / "part-*.parquet"), ScanOptions(sequence_len=32),
                        PlanSettings(mode="packed", micro_batch_size=2, sequence_len=32), plan,
                        cache_dir=tmp_path / "cache")
-    manifest = plan_store.read_manifest(plan)
-    assert manifest["data"]["tokens"] == plan_store.TOKENS_DIR
+    manifest = parquet.read_manifest(plan)
+    assert manifest["data"]["tokens"] == schemas.TOKENS_DIR
     assert manifest["data"]["source_relative"] == ["../src/part-0.parquet", "../src/part-1.parquet"]
     shutil.rmtree(tmp_path / "src")  # the plan no longer needs the user's files
     moved = tmp_path / "elsewhere" / "plan"
@@ -151,8 +151,8 @@ def test_sharded_tokenized_source_is_one_store_and_the_plan_moves_as_one_folder(
 def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
     tok = make_tokenized(40, seed=7, max_len=20)
     table = samples_table(tok)
-    write_tokens(tmp_path / "data" / plan_store.TOKENS_DIR, tok, table)  # a scan-like folder holding the store
-    s = plan_store.sample_arrays(table)
+    write_tokens(tmp_path / "data" / schemas.TOKENS_DIR, tok, table)  # a scan-like folder holding the store
+    s = parquet.sample_arrays(table)
     ps = PlanSettings(mode="packed", micro_batch_size=2, sequence_len=24)
     from plancc.planner.pipeline import compile_plan
 
@@ -161,7 +161,7 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
     with pytest.raises(PlanMismatchError, match=r"holds no tokenized data .* pass data="):
         load_tokens(plan)
     shutil.move(tmp_path / "data", tmp_path / "moved")
-    for data in (tmp_path / "moved", tmp_path / "moved" / plan_store.TOKENS_DIR):
+    for data in (tmp_path / "moved", tmp_path / "moved" / schemas.TOKENS_DIR):
         tokens = load_tokens(RuntimePlan(plan, data=data))
         assert sum(1 for _ in _batches(plan, tokens, world=1)) == len(PlanSampler(plan))
     with pytest.raises(PlanMismatchError, match="does not exist"):
@@ -184,7 +184,7 @@ def test_a_plan_without_a_store_never_follows_the_source_paths_it_records(tmp_pa
     table = samples_table(tok)
     (tmp_path / "job").mkdir()
     pq.write_table(tok, tmp_path / "job" / "train.parquet")
-    s = plan_store.sample_arrays(table)
+    s = parquet.sample_arrays(table)
     ps = PlanSettings(mode="flattened", micro_batch_size=2, sequence_len=24)
     from plancc.planner.pipeline import compile_plan
 
@@ -221,7 +221,7 @@ def test_to_table_is_an_arrow_view_of_the_store(tmp_path):
 @pytest.mark.parametrize("damage", ["deleted", "file deleted", "emptied", "truncated", "swapped"])
 def test_validate_checks_the_plans_token_data(tmp_path, damage):
     plan = build_plan(tmp_path / "a", n=30, mode="padded", micro_batch_size=2, sequence_len=24)
-    tokens = plan / plan_store.TOKENS_DIR
+    tokens = plan / schemas.TOKENS_DIR
     assert CliRunner().invoke(app, ["validate", str(plan)]).exit_code == 0
     if damage == "deleted":
         shutil.rmtree(tokens)
@@ -235,7 +235,7 @@ def test_validate_checks_the_plans_token_data(tmp_path, damage):
     else:
         other = build_plan(tmp_path / "b", n=30, data_seed=5, mode="padded", micro_batch_size=2, sequence_len=24)
         shutil.rmtree(tokens)
-        shutil.copytree(other / plan_store.TOKENS_DIR, tokens)
+        shutil.copytree(other / schemas.TOKENS_DIR, tokens)
     res = CliRunner().invoke(app, ["validate", str(plan)])
     assert res.exit_code == 1 and "tokens" in res.output, res.output
 
@@ -244,12 +244,12 @@ def test_a_change_in_a_row_the_plan_does_not_use_is_a_warning(tmp_path):
     tok = make_tokenized(30, seed=6, max_len=20)
     full = samples_table(tok)
     kept = full.filter(pa.array(np.arange(30) != 12))  # row 12 dropped by the scan: in the store, not in the plan
-    write_tokens(tmp_path / "data" / plan_store.TOKENS_DIR, tok, kept)
-    s = plan_store.sample_arrays(kept)
+    write_tokens(tmp_path / "data" / schemas.TOKENS_DIR, tok, kept)
+    s = parquet.sample_arrays(kept)
     ps = PlanSettings(mode="padded", micro_batch_size=2, sequence_len=24)
     from plancc.planner.pipeline import compile_plan
 
-    build.write_plan_dir(tmp_path / "plan", kept, s, ps, compile_plan(s, ps), {}, tmp_path / "data" / plan_store.TOKENS_DIR)
+    build.write_plan_dir(tmp_path / "plan", kept, s, ps, compile_plan(s, ps), {}, tmp_path / "data" / schemas.TOKENS_DIR)
     plan = tmp_path / "plan"
     _flip_token(plan, 12)
     tokens, collator = load_tokens(plan), PlanCollator.from_plan(plan)
@@ -262,7 +262,7 @@ def test_a_plan_whose_store_was_moved_away_trains_on_it_given_as_data(tmp_path):
     """The plan's tokens/ moved elsewhere: the plan still opens, load_tokens says where it looked and what to pass,
     and the moved store (the one the plan binds: its digest matches) is accepted with the open-time checks."""
     plan = build_plan(tmp_path, n=30, mode="packed", micro_batch_size=2, sequence_len=24)
-    shutil.move(plan / plan_store.TOKENS_DIR, tmp_path / "moved")
+    shutil.move(plan / schemas.TOKENS_DIR, tmp_path / "moved")
     with pytest.raises(PlanMismatchError, match=r"tokens does not exist.* pass data="):
         load_tokens(plan)
     tokens = load_tokens(plan, data=tmp_path / "moved")
@@ -276,8 +276,8 @@ def test_a_worker_copy_refuses_a_store_replaced_since_the_parent_opened_it(tmp_p
     plan = build_plan(tmp_path / "a", n=30, mode="packed", micro_batch_size=2, sequence_len=24)
     other = build_plan(tmp_path / "b", n=30, seed=1, data_seed=9, mode="packed", micro_batch_size=2, sequence_len=24)
     tokens = load_tokens(plan)
-    shutil.rmtree(plan / plan_store.TOKENS_DIR)
-    shutil.copytree(other / plan_store.TOKENS_DIR, plan / plan_store.TOKENS_DIR)
+    shutil.rmtree(plan / schemas.TOKENS_DIR)
+    shutil.copytree(other / schemas.TOKENS_DIR, plan / schemas.TOKENS_DIR)
     assert len(tokens) == 30 and tokens.input_ids.size  # the parent keeps what it opened
     with pytest.raises(PlanMismatchError, match="was replaced since this run opened it"):
         pickle.loads(pickle.dumps(tokens))

@@ -9,9 +9,9 @@ import pytest
 from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.scan.scanner import scan, write_scan
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, plan_files, schemas, token_store
 from plancc.store.fingerprint import scan_identity
-from plancc.store.plan_store import read_samples_source
+from plancc.store.plan_files import read_samples_source
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
 
 
@@ -70,9 +70,9 @@ def test_write_scan_and_read_back(tmp_path):
     out = tmp_path / "scan-out"
     write_scan(result, out)
     assert sorted(f.name for f in out.iterdir()) == ["samples.parquet", "scan.json", "tokens"]
-    meta = plan_store.read_file_meta(out / "samples.parquet")
+    meta = parquet.read_file_meta(out / "samples.parquet")
     assert meta["kind"] == "samples" and meta["fingerprints"] == result.report["fingerprints"]
-    tokens = token_store.open_store(out / plan_store.TOKENS_DIR)
+    tokens = token_store.open_store(out / schemas.TOKENS_DIR)
     assert tokens.header["rows"] == 9 and tokens.header["fingerprints"] == result.report["fingerprints"]
     assert token_store.verify_all(tokens) is None
     for source in (out, out / "samples.parquet"):
@@ -80,7 +80,7 @@ def test_write_scan_and_read_back(tmp_path):
         assert loaded is not None
         table, info = loaded
         assert table.equals(result.samples)
-        assert plan_store.samples_fingerprints(table, scan_identity(info["report"])) == result.report["fingerprints"]
+        assert plan_files.samples_fingerprints(table, scan_identity(info["report"])) == result.report["fingerprints"]
         assert info["report"]["key"] == result.key
 
 
@@ -89,7 +89,7 @@ def test_read_samples_source_foreign_and_not_samples(tmp_path):
     table = pa.table({"sample_id": pa.array([0, 2], pa.int64()), "length": pa.array([5, 7], pa.int32()),
                       "label_count": pa.array([3, 7], pa.int32()),
                       "first_label_supervised": pa.array([False, True]),
-                      "token_hash": pa.array([1, 2], pa.uint64())}, schema=plan_store.SAMPLES_SCHEMA)
+                      "token_hash": pa.array([1, 2], pa.uint64())}, schema=schemas.SAMPLES_SCHEMA)
     pq.write_table(table, foreign)
     loaded = read_samples_source(foreign)
     assert loaded is not None and loaded[0].equals(table) and loaded[1]["meta"] is None

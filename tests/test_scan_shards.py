@@ -26,7 +26,7 @@ from plancc.review.validate import validate_plan
 from plancc.runtime import RuntimePlan, load_tokens
 from plancc.scan import merge, shard
 from plancc.scan.scanner import scan, scan_shard, write_scan
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, schemas, token_store
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
 
 ROOT = Path(__file__).parent.parent
@@ -60,13 +60,13 @@ def _parts(source, options, out: Path, n: int) -> list[Path]:
 
 
 def _bytes(scan_dir: Path) -> bytes:
-    return (scan_dir / plan_store.SAMPLES_FILE).read_bytes()
+    return (scan_dir / schemas.SAMPLES_FILE).read_bytes()
 
 
 def _plan_fps(plan_dir: Path) -> dict:
     """The plan's fingerprints but `tokens`: that one is the digest of the stored files (one store or parts, chunked
     per part), which differs between a local and a sharded scan of the same samples."""
-    fps = plan_store.read_manifest(plan_dir)["fingerprints"]
+    fps = parquet.read_manifest(plan_dir)["fingerprints"]
     assert isinstance(fps.pop("tokens"), str)
     return fps
 
@@ -100,7 +100,7 @@ def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
     # the runtime maps the merged (multi-part) store as one dataset: every sample's tokens as the local scan's
     one = load_tokens(RuntimePlan(tmp_path / "plan-local"), verify="hash")
     many = load_tokens(RuntimePlan(tmp_path / "plan-merged"), verify="hash")
-    ids = plan_store.column(local.samples, "sample_id")
+    ids = parquet.column(local.samples, "sample_id")
     for arr in ("input_ids", "targets"):
         a, b = getattr(one, arr), getattr(many, arr)
         for i in ids:
@@ -147,8 +147,8 @@ def test_merge_refuses_parts_that_do_not_fit(tmp_path):
     with pytest.raises(InputError, match="a whole scan, not a part"):
         merge.join([tmp_path / "whole"])
     # a part whose samples were swapped for another's
-    (p[1] / plan_store.SAMPLES_FILE).unlink()
-    (p[1] / plan_store.SAMPLES_FILE).write_bytes((p[0] / plan_store.SAMPLES_FILE).read_bytes())
+    (p[1] / schemas.SAMPLES_FILE).unlink()
+    (p[1] / schemas.SAMPLES_FILE).write_bytes((p[0] / schemas.SAMPLES_FILE).read_bytes())
     with pytest.raises(InputError, match="does not match its recorded fingerprints"):
         merge.join(p)
     assert not (tmp_path / "out").exists()
@@ -222,7 +222,7 @@ def test_a_killed_scan_resumes_from_its_finished_shards(tmp_path):
     # the finished shards were not redone: the scan's first parts are the very files the killed run wrote
     assert [(p.path / "input_ids.npy").stat().st_ino for p in parts[:3]] == inodes
     clean = scan(str(source), ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "clean")
-    assert _bytes(tmp_path / "out") == (clean.tokenized_path.parent / plan_store.SAMPLES_FILE).read_bytes()
+    assert _bytes(tmp_path / "out") == (clean.tokenized_path.parent / schemas.SAMPLES_FILE).read_bytes()
 
 
 def test_an_over_threshold_scan_leaves_no_parts(tmp_path):

@@ -17,8 +17,8 @@ import pytest
 from plancc.build import write_plan_dir
 from plancc.config import PlanSettings
 from plancc.planner.pipeline import compile_plan
-from plancc.store import atomic, plan_store, token_store
-from plancc.store.plan_store import sample_arrays
+from plancc.store import atomic, outputs, parquet, plan_files, plan_store, schemas, token_store
+from plancc.store.parquet import sample_arrays
 from tests.plan_helpers import random_dataset, samples_table
 
 SCHEMAS = Path(__file__).parent.parent / "schemas"
@@ -45,8 +45,8 @@ def _actual(schema: pa.Schema) -> list[tuple[str, str, bool]]:
 
 @pytest.mark.parametrize(
     ("name", "schema"),
-    [("plan", plan_store.PLAN_SCHEMA), ("samples", plan_store.SAMPLES_SCHEMA), ("metrics", plan_store.metrics_schema()),
-     ("before", plan_store.BEFORE_SCHEMA)],
+    [("plan", schemas.PLAN_SCHEMA), ("samples", schemas.SAMPLES_SCHEMA), ("metrics", schemas.metrics_schema()),
+     ("before", schemas.BEFORE_SCHEMA)],
 )
 def test_documented_schemas_match_the_code(name, schema):
     assert _described(name) == _actual(schema)
@@ -58,7 +58,7 @@ def test_token_store_matches_its_documented_schema(tmp_path):
     ids, labels = random_dataset(np.random.default_rng(3), 30, 40)
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])])
     token_store.write_store(tmp_path / "tokens", np.concatenate(ids), np.concatenate(labels), offsets,
-                            fingerprints=plan_store.samples_fingerprints(samples_table(ids, labels)), chunk_tokens=100)
+                            fingerprints=plan_files.samples_fingerprints(samples_table(ids, labels)), chunk_tokens=100)
     jsonschema.validate(json.loads((tmp_path / "tokens" / token_store.HEADER_FILE).read_text()), doc)
     m = token_store.open_store(tmp_path / "tokens")
     assert m.num_chunks > 1 and token_store.verify_all(m) is None
@@ -67,13 +67,13 @@ def test_token_store_matches_its_documented_schema(tmp_path):
 
 def test_written_plan_matches_documented_schemas_and_carries_fingerprints(tmp_path):
     plan_dir = _write(tmp_path / "plan")
-    manifest = json.loads((plan_dir / plan_store.MANIFEST_FILE).read_text())
+    manifest = json.loads((plan_dir / schemas.MANIFEST_FILE).read_text())
     jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
-    for file, name in [(plan_store.PLAN_FILE, "plan"), (plan_store.SAMPLES_FILE, "samples"), (plan_store.METRICS_FILE, "metrics"),
-                       (plan_store.BEFORE_FILE, "before")]:
+    for file, name in [(schemas.PLAN_FILE, "plan"), (schemas.SAMPLES_FILE, "samples"), (schemas.METRICS_FILE, "metrics"),
+                       (schemas.BEFORE_FILE, "before")]:
         schema = pq.read_schema(plan_dir / file)
         assert _actual(schema) == _described(name)
-        meta = plan_store.read_file_meta(plan_dir / file)
+        meta = parquet.read_file_meta(plan_dir / file)
         assert meta["fingerprints"] == manifest["fingerprints"]
         assert meta["settings"] == manifest["settings"]
     assert sorted(manifest["fingerprints"]["plan"]) == ["0", "1"]
@@ -82,8 +82,8 @@ def test_written_plan_matches_documented_schemas_and_carries_fingerprints(tmp_pa
 def test_failed_write_keeps_the_old_plan_and_leaves_no_temporaries(tmp_path):
     plan_dir = _write(tmp_path / "plan")
     before = {p.name: p.read_bytes() for p in plan_dir.iterdir()}
-    with pytest.raises(RuntimeError), plan_store.atomic_directory(plan_dir, overwrite=True) as tmp:
-        (tmp / plan_store.PLAN_FILE).write_bytes(b"half a plan")
+    with pytest.raises(RuntimeError), outputs.atomic_directory(plan_dir, overwrite=True) as tmp:
+        (tmp / schemas.PLAN_FILE).write_bytes(b"half a plan")
         raise RuntimeError("crash in the middle of writing")
     assert {p.name: p.read_bytes() for p in plan_dir.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]  # no temporary, no lock file
@@ -91,33 +91,33 @@ def test_failed_write_keeps_the_old_plan_and_leaves_no_temporaries(tmp_path):
 
 def test_successful_rewrite_replaces_the_whole_directory(tmp_path):
     plan_dir = _write(tmp_path / "plan")
-    (plan_dir / plan_store.TOKENIZED_FILE).write_text("what an older plancc wrote")  # a user's file is refused instead
+    (plan_dir / schemas.TOKENIZED_FILE).write_text("what an older plancc wrote")  # a user's file is refused instead
     _write(plan_dir, PlanSettings(micro_batch_size=1, sequence_len=64), overwrite=True)
-    assert not (plan_dir / plan_store.TOKENIZED_FILE).exists()
-    assert json.loads((plan_dir / plan_store.MANIFEST_FILE).read_text())["settings"]["micro_batch_size"] == 1
+    assert not (plan_dir / schemas.TOKENIZED_FILE).exists()
+    assert json.loads((plan_dir / schemas.MANIFEST_FILE).read_text())["settings"]["micro_batch_size"] == 1
 
 
 def test_second_writer_of_the_same_directory_is_refused(tmp_path):
     with (
-        plan_store.atomic_directory(tmp_path / "plan"),
+        outputs.atomic_directory(tmp_path / "plan"),
         pytest.raises(atomic.OutputBusy, match="another plancc process"),
-        plan_store.atomic_directory(tmp_path / "plan"),
+        outputs.atomic_directory(tmp_path / "plan"),
     ):
         pass
 
 
 def test_corrupt_and_foreign_files_are_clear_errors(tmp_path):
     plan_dir = _write(tmp_path / "plan")
-    data = (plan_dir / plan_store.PLAN_FILE).read_bytes()
-    (plan_dir / plan_store.PLAN_FILE).write_bytes(data[: len(data) // 2])
-    with pytest.raises(plan_store.StoreError, match=r"plan\.parquet"):
+    data = (plan_dir / schemas.PLAN_FILE).read_bytes()
+    (plan_dir / schemas.PLAN_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(schemas.StoreError, match=r"plan\.parquet"):
         plan_store.PlanDir(plan_dir).read_epoch(0)
     foreign = tmp_path / "foreign.parquet"
     pq.write_table(pa.table({"x": [1, 2]}), foreign)
-    with pytest.raises(plan_store.StoreError, match="not written by plancc"):
-        plan_store.read_file_meta(foreign)
-    with pytest.raises(plan_store.StoreError, match="missing column 'sample_id'"):
-        plan_store.read_samples(foreign)
+    with pytest.raises(schemas.StoreError, match="not written by plancc"):
+        parquet.read_file_meta(foreign)
+    with pytest.raises(schemas.StoreError, match="missing column 'sample_id'"):
+        parquet.read_samples(foreign)
 
 
 def test_per_rank_read_skips_row_groups(tmp_path):
@@ -128,7 +128,7 @@ def test_per_rank_read_skips_row_groups(tmp_path):
     s = sample_arrays(table)
     plan_dir = tmp_path / "plan"
     write_plan_dir(plan_dir, table, s, settings, compile_plan(s, settings), {}, None)
-    stored = pq.read_table(plan_dir / plan_store.PLAN_FILE, columns=["rank"]).column("rank")
+    stored = pq.read_table(plan_dir / schemas.PLAN_FILE, columns=["rank"]).column("rank")
     assert pc.all(pc.greater_equal(pc.pairwise_diff(stored.combine_chunks())[1:], 0)).as_py()
 
 
@@ -139,7 +139,7 @@ def test_arrow_files_and_streams_read_alike(tmp_path, writer):
     path = tmp_path / "data.arrow"
     with pa.OSFile(str(path), "wb") as sink, writer(sink, table.schema) as w:
         w.write_table(table)
-    assert plan_store.read_arrow(path).equals(table)
+    assert parquet.read_arrow(path).equals(table)
 
 
 # ---------------------------------------------------------------- files opened once, refused by type
@@ -197,8 +197,8 @@ def test_a_plan_recompiled_under_an_open_run_changes_nothing_for_it(tmp_path):
     assert len(load_tokens(fresh)) == 90
 
 
-@pytest.mark.parametrize("name", [plan_store.PLAN_FILE, plan_store.SAMPLES_FILE, plan_store.MANIFEST_FILE,
-                                  f"{plan_store.TOKENS_DIR}/{token_store.HEADER_FILE}"])
+@pytest.mark.parametrize("name", [schemas.PLAN_FILE, schemas.SAMPLES_FILE, schemas.MANIFEST_FILE,
+                                  f"{schemas.TOKENS_DIR}/{token_store.HEADER_FILE}"])
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
 def test_a_file_that_is_not_a_regular_file_is_refused_by_type_without_reading(tmp_path, name, kind):
     import os

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from plancc.cli import app
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, load_tokens
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, plan_store, schemas, token_store
 from tests.plan_helpers import byte_flip_verdicts
 
 runner = CliRunner()
@@ -48,7 +48,7 @@ def single(tmp_path_factory) -> Path:
     (tmp / "d.jsonl").write_text(_rows(40))
     _cli("compile", str(tmp / "d.jsonl"), "-o", str(tmp / "plan"), "--tokenizer", "builtin", "--sequence-len", "256",
          "--cache-dir", str(tmp / "cache"), "-q")
-    header = orjson.loads((tmp / "plan" / plan_store.TOKENS_DIR / token_store.HEADER_FILE).read_bytes())
+    header = orjson.loads((tmp / "plan" / schemas.TOKENS_DIR / token_store.HEADER_FILE).read_bytes())
     assert header["chunks"] == 1 and header["tokens"] < header["chunk_tokens"]  # the case of the old hole
     return tmp / "plan"
 
@@ -60,7 +60,7 @@ def parts(tmp_path_factory) -> Path:
     _cli("scan", str(tmp / "d.jsonl"), "-o", str(tmp / "scan"), "--tokenizer", "builtin", "--sequence-len", "256",
          "--shard-rows", "15", "--cache-dir", str(tmp / "cache"), "-q")
     _cli("compile", str(tmp / "scan"), "-o", str(tmp / "plan"), "-q")
-    header = token_store.read_header(tmp / "plan" / plan_store.TOKENS_DIR)
+    header = token_store.read_header(tmp / "plan" / schemas.TOKENS_DIR)
     assert header["format"] == token_store.PARTS_FORMAT and len(header["parts"]) == 3
     return tmp / "plan"
 
@@ -84,7 +84,7 @@ def refused_by_runtime(plan_dir: Path) -> None:
 
 def headers(plan_dir: Path) -> list[Path]:
     """Every token store header of the plan: the store's, and each part's of a multi-part store."""
-    return sorted((plan_dir / plan_store.TOKENS_DIR).rglob(token_store.HEADER_FILE))
+    return sorted((plan_dir / schemas.TOKENS_DIR).rglob(token_store.HEADER_FILE))
 
 
 def leaves(value, path: tuple = ()) -> Iterator[tuple]:
@@ -124,11 +124,11 @@ def edit(header_file: Path, path: tuple, value) -> None:
 @pytest.mark.parametrize("value", [8193, 2 * token_store.CHUNK_TOKENS, 10**9, "8192", 8192.0])
 def test_an_edited_chunk_tokens_is_reported_when_every_row_fits_one_chunk(single, tmp_path, value):
     plan_dir = Path(shutil.copytree(single, tmp_path / "plan"))
-    header_file = plan_dir / plan_store.TOKENS_DIR / token_store.HEADER_FILE
+    header_file = plan_dir / schemas.TOKENS_DIR / token_store.HEADER_FILE
     edit(header_file, ("chunk_tokens",), value)
     for args in ((), ("--fast",)):
         out = validate(plan_dir, *args)
-        assert f"{plan_dir / plan_store.TOKENS_DIR}: {token_store.HEADER_FILE} was edited" in out, out
+        assert f"{plan_dir / schemas.TOKENS_DIR}: {token_store.HEADER_FILE} was edited" in out, out
     refused_by_runtime(plan_dir)
 
 
@@ -166,7 +166,7 @@ def test_spacing_and_key_order_of_a_header_are_not_edits(plan):
 
 def test_a_header_rewritten_consistently_with_wrong_types_is_still_refused(plan):
     """A tool that recomputes header_hash after its edit: the types and the parts' records still bind."""
-    header_file = plan / plan_store.TOKENS_DIR / token_store.HEADER_FILE
+    header_file = plan / schemas.TOKENS_DIR / token_store.HEADER_FILE
     header = orjson.loads(header_file.read_bytes())
     header["rows"] = True if header["format"] == token_store.PARTS_FORMAT else header["rows"]
     header["labels_shifted"] = 0
@@ -194,12 +194,12 @@ def test_a_store_of_an_older_plancc_is_refused_with_what_to_do(plan):
 def inventory(plan_dir: Path) -> list[Path]:
     """The files a plan holds: its four Parquet files and manifest, and its token store's header and five arrays (a
     multi-part store: its own header and each part's)."""
-    tokens = plan_dir / plan_store.TOKENS_DIR
+    tokens = plan_dir / schemas.TOKENS_DIR
     header = token_store.read_header(tokens)
     single = [token_store.HEADER_FILE, *(f"{name}.npy" for name in token_store.ARRAYS)]
     stored = ([tokens / name for name in single] if header["format"] != token_store.PARTS_FORMAT else
               [tokens / token_store.HEADER_FILE, *(tokens / p["dir"] / name for p in header["parts"] for name in single)])
-    plan_files = [plan_store.PLAN_FILE, plan_store.SAMPLES_FILE, plan_store.METRICS_FILE, plan_store.BEFORE_FILE, plan_store.MANIFEST_FILE]
+    plan_files = [schemas.PLAN_FILE, schemas.SAMPLES_FILE, schemas.METRICS_FILE, schemas.BEFORE_FILE, schemas.MANIFEST_FILE]
     return sorted([*(plan_dir / name for name in plan_files), *stored])
 
 
@@ -218,7 +218,7 @@ def test_every_file_of_a_plan_damaged_is_reported_naming_it(plan, how):
             f.write_bytes(original[:-1] + bytes([original[-1] ^ 0x01]))
         try:
             problems, _ = validate_plan(str(plan))
-        except plan_store.StoreError as exc:  # no plan.parquet: not a plan directory (exit 2)
+        except schemas.StoreError as exc:  # no plan.parquet: not a plan directory (exit 2)
             problems = [str(exc)]
         named = f.name if f.parent == plan else str(f.parent)  # a store's chunk is named by its folder
         assert any(named in p for p in problems), (f, how, problems)
@@ -229,7 +229,7 @@ def test_every_file_of_a_plan_damaged_is_reported_naming_it(plan, how):
 
 def test_a_deleted_part_folder_is_reported(parts, tmp_path):
     plan_dir = Path(shutil.copytree(parts, tmp_path / "plan"))
-    shutil.rmtree(plan_dir / plan_store.TOKENS_DIR / "part-00001")
+    shutil.rmtree(plan_dir / schemas.TOKENS_DIR / "part-00001")
     assert "part-00001 is missing" in validate(plan_dir, "--fast")
     refused_by_runtime(plan_dir)
 
@@ -246,7 +246,7 @@ def _swap(a: Path, b: Path) -> None:
 
 def test_two_parts_swapped_are_reported(parts, tmp_path):
     plan_dir = Path(shutil.copytree(parts, tmp_path / "plan"))
-    tokens = plan_dir / plan_store.TOKENS_DIR
+    tokens = plan_dir / schemas.TOKENS_DIR
     _swap(tokens / "part-00000", tokens / "part-00002")
     assert "replaced or rewritten" in validate(plan_dir, "--fast")
     refused_by_runtime(plan_dir)
@@ -259,7 +259,7 @@ def test_two_parts_swapped_are_reported(parts, tmp_path):
 @pytest.mark.parametrize(("a", "b"), [("input_ids.npy", "labels.npy"), ("chunks.npy", "offsets.npy")])
 def test_two_arrays_of_a_store_swapped_are_reported(single, tmp_path, a, b):
     plan_dir = Path(shutil.copytree(single, tmp_path / "plan"))
-    tokens = plan_dir / plan_store.TOKENS_DIR
+    tokens = plan_dir / schemas.TOKENS_DIR
     _swap(tokens / a, tokens / b)
     assert str(tokens) in validate(plan_dir)
     refused_by_runtime(plan_dir)
@@ -300,7 +300,7 @@ def _compile_cached(tmp_path: Path) -> list[str]:
 
 def test_a_damaged_store_in_the_scan_cache_is_scanned_again(tmp_path):
     args = _compile_cached(tmp_path)
-    [cached] = (tmp_path / "cache" / "scans").glob(f"*/{plan_store.TOKENS_DIR}/{token_store.HEADER_FILE}")
+    [cached] = (tmp_path / "cache" / "scans").glob(f"*/{schemas.TOKENS_DIR}/{token_store.HEADER_FILE}")
     edit(cached, ("chunk_tokens",), 1)
     _cli(*args, "-o", str(tmp_path / "b"))  # the edited entry is not linked into the new plan
     assert validate_plan(str(tmp_path / "b"))[0] == []
@@ -309,7 +309,7 @@ def test_a_damaged_store_in_the_scan_cache_is_scanned_again(tmp_path):
 
 def test_an_edited_samples_table_in_the_scan_cache_is_scanned_again(tmp_path):
     args = _compile_cached(tmp_path)
-    [cached] = (tmp_path / "cache" / "scans").glob(f"*/{plan_store.SAMPLES_FILE}")
+    [cached] = (tmp_path / "cache" / "scans").glob(f"*/{schemas.SAMPLES_FILE}")
     table = pq.read_table(cached)
     counts = table.column("label_count").to_numpy().copy()
     counts[2] -= 1
@@ -325,7 +325,7 @@ def test_an_edited_samples_table_in_the_scan_cache_is_scanned_again(tmp_path):
 def _rewrite_ids_and_rehash(plan_dir: Path, value: int) -> None:
     """Every supervised id of the plan's store set to `value`, then every chunk hash, `index_hash` and `header_hash`
     recomputed (and a multi-part header's record of its parts): a store consistent in itself, with other tokens."""
-    top = plan_dir / plan_store.TOKENS_DIR
+    top = plan_dir / schemas.TOKENS_DIR
     header = token_store.read_header(top)
     singles = [top / p["dir"] for p in header["parts"]] if header["format"] == token_store.PARTS_FORMAT else [top]
     for k, d in enumerate(singles):
@@ -357,21 +357,21 @@ def test_tokens_rewritten_and_rehashed_are_refused_at_open_by_the_default_checks
 def _edit_plan_meta(plan_dir: Path, change, *, everywhere: bool = False) -> None:
     """Change the plan file's metadata (the whole manifest) and `manifest.json` consistently; `everywhere` also
     applies `change` to the sibling files' metadata (their fingerprints), as a thorough forger would."""
-    names = [plan_store.PLAN_FILE] + ([plan_store.SAMPLES_FILE, plan_store.METRICS_FILE, plan_store.BEFORE_FILE] if everywhere else [])
+    names = [schemas.PLAN_FILE] + ([schemas.SAMPLES_FILE, schemas.METRICS_FILE, schemas.BEFORE_FILE] if everywhere else [])
     for name in names:
         table = pq.read_table(plan_dir / name)
-        meta = orjson.loads(table.schema.metadata[plan_store.META_KEY])
+        meta = orjson.loads(table.schema.metadata[schemas.META_KEY])
         change(meta)
-        plan_store.write_parquet(table, plan_dir / name, {plan_store.META_KEY: orjson.dumps(meta, option=orjson.OPT_SORT_KEYS)},
-                            plan_store.PLAN_ROW_GROUP)
-        if name == plan_store.PLAN_FILE:
-            plan_store.write_json({k: v for k, v in meta.items() if k != "kind"}, plan_dir / plan_store.MANIFEST_FILE)
+        parquet.write_parquet(table, plan_dir / name, {schemas.META_KEY: orjson.dumps(meta, option=orjson.OPT_SORT_KEYS)},
+                            schemas.PLAN_ROW_GROUP)
+        if name == schemas.PLAN_FILE:
+            parquet.write_json({k: v for k, v in meta.items() if k != "kind"}, plan_dir / schemas.MANIFEST_FILE)
 
 
 @pytest.mark.parametrize("where", ["/etc", "../elsewhere", "tokens/../tokens"])
 def test_a_token_path_in_the_metadata_is_never_followed(single, tmp_path, where):
     plan_dir = Path(shutil.copytree(single, tmp_path / "plan"))
-    shutil.copytree(plan_dir / plan_store.TOKENS_DIR, tmp_path / "elsewhere")
+    shutil.copytree(plan_dir / schemas.TOKENS_DIR, tmp_path / "elsewhere")
     _edit_plan_meta(plan_dir, lambda m: m["data"].update(tokens=where))
     out = validate(plan_dir)
     assert out.count("\n") == 1 and f"data.tokens is {where!r}" in out, out
@@ -411,6 +411,6 @@ def test_metadata_of_the_wrong_shape_is_one_line_naming_it(single, tmp_path, cha
     plan_dir = Path(shutil.copytree(single, tmp_path / "plan"))
     _edit_plan_meta(plan_dir, change)
     out = validate(plan_dir)
-    assert out.count("\n") == 1 and named in out and plan_store.PLAN_FILE in out, out
+    assert out.count("\n") == 1 and named in out and schemas.PLAN_FILE in out, out
     with pytest.raises(PlanMismatchError, match=re.escape(named)):
         load_tokens(plan_dir)

@@ -27,7 +27,7 @@ from plancc.errors import PlanccError
 from plancc.planner.pipeline import compile_plan
 from plancc.review.inspect import plan_view, read_metrics
 from plancc.runtime import PlanSampler
-from plancc.store.plan_store import sample_arrays
+from plancc.store.parquet import sample_arrays
 from tests.plan_helpers import write_samples_file
 
 

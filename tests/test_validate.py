@@ -27,8 +27,8 @@ from plancc.config import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanCollator, PlanDataset, PlanMismatchError, PlanSampler, load_tokens
-from plancc.store import plan_store, token_store
-from plancc.store.plan_store import sample_arrays
+from plancc.store import plan_store, schemas, token_store
+from plancc.store.parquet import sample_arrays
 from tests.plan_helpers import byte_flip_verdicts, random_dataset, samples_table
 
 runner = CliRunner()
@@ -108,7 +108,7 @@ def _edit_ids(edit: Callable[[list], None]):
     def change(t: pa.Table) -> pa.Table:
         rows = t.column("sample_ids").to_pylist()
         edit(rows)
-        return _set(t, "sample_ids", pa.array(rows, plan_store.PLAN_SCHEMA.field("sample_ids").type))
+        return _set(t, "sample_ids", pa.array(rows, schemas.PLAN_SCHEMA.field("sample_ids").type))
     return change
 
 
@@ -130,7 +130,7 @@ def _change_one_id(rows: list, at: int = 20) -> None:
 
 def _manifest(change: Callable[[dict], None]):
     def tamper(plan_dir: Path) -> None:
-        path = plan_dir / plan_store.MANIFEST_FILE
+        path = plan_dir / schemas.MANIFEST_FILE
         m = json.loads(path.read_text())
         change(m)
         path.write_text(json.dumps(m, indent=2))
@@ -146,24 +146,24 @@ def _metrics(plan_dir: Path) -> None:
         v = t.column("label_cv").to_numpy().copy()
         v[-1] *= 0.5
         return _set(t, "label_cv", pa.array(v))
-    _rewrite(plan_dir / plan_store.METRICS_FILE, change)
+    _rewrite(plan_dir / schemas.METRICS_FILE, change)
 
 
 def _plan_metadata(**new):
     """Edit the settings in plan.parquet's own metadata (and the manifest mirror, consistently)."""
     def tamper(plan_dir: Path) -> None:
-        path = plan_dir / plan_store.PLAN_FILE
+        path = plan_dir / schemas.PLAN_FILE
         table = pq.read_table(path)
-        meta = json.loads(table.schema.metadata[plan_store.META_KEY])
+        meta = json.loads(table.schema.metadata[schemas.META_KEY])
         meta["settings"].update(new)
-        pq.write_table(table.replace_schema_metadata({plan_store.META_KEY: json.dumps(meta).encode()}), path)
+        pq.write_table(table.replace_schema_metadata({schemas.META_KEY: json.dumps(meta).encode()}), path)
         _manifest(_settings(**new))(plan_dir)
     return tamper
 
 
 def _tokens(how: str):
     def tamper(plan_dir: Path, foreign: Path) -> None:
-        tokens = plan_dir / plan_store.TOKENS_DIR
+        tokens = plan_dir / schemas.TOKENS_DIR
         ids = tokens / "input_ids.npy"
         if how == "deleted":
             shutil.rmtree(tokens)
@@ -175,7 +175,7 @@ def _tokens(how: str):
             (tokens / token_store.HEADER_FILE).unlink()
         elif how == "swapped":
             shutil.rmtree(tokens)
-            shutil.copytree(foreign / plan_store.TOKENS_DIR, tokens)
+            shutil.copytree(foreign / schemas.TOKENS_DIR, tokens)
         elif how == "one label":  # sample 7's last label, rewritten in place (sizes and header unchanged)
             m = token_store.open_store(tokens)
             at = int(m.offsets[8]) - 1
@@ -187,16 +187,16 @@ def _tokens(how: str):
 
 # (name, tamper, text validate must print, whether the runtime reads what was changed)
 TAMPERS = [
-    ("two equal samples swapped", lambda p: _rewrite(p / plan_store.PLAN_FILE, _edit_ids(_swap_equal_samples)),
+    ("two equal samples swapped", lambda p: _rewrite(p / schemas.PLAN_FILE, _edit_ids(_swap_equal_samples)),
      "do not hash to the epoch's plan fingerprint", True),
-    ("num_items edited", lambda p: _rewrite(p / plan_store.PLAN_FILE, _edit_column("num_items", 0, 3)),
+    ("num_items edited", lambda p: _rewrite(p / schemas.PLAN_FILE, _edit_column("num_items", 0, 3)),
      "row 0: num_items", True),
     ("label_count and num_items edited together",
-     lambda p: _rewrite(p / plan_store.PLAN_FILE, lambda t: _edit_all_num_items(_edit_column("label_count", 0, 1)(t))),
+     lambda p: _rewrite(p / schemas.PLAN_FILE, lambda t: _edit_all_num_items(_edit_column("label_count", 0, 1)(t))),
      "label_count is", True),
-    ("first row deleted", lambda p: _rewrite(p / plan_store.PLAN_FILE, lambda t: t.slice(1)),
+    ("first row deleted", lambda p: _rewrite(p / schemas.PLAN_FILE, lambda t: t.slice(1)),
      "row 0: index is 1", True),
-    ("one sample id changed", lambda p: _rewrite(p / plan_store.PLAN_FILE, _edit_ids(_change_one_id)),
+    ("one sample id changed", lambda p: _rewrite(p / schemas.PLAN_FILE, _edit_ids(_change_one_id)),
      "again (already in row 0)", True),
     ("manifest grad_accum halved", _manifest(_settings(grad_accum=1)), "settings.grad_accum", True),
     ("manifest world size doubled, accumulation halved", _manifest(_settings(world_size=4, grad_accum=1)),
@@ -208,12 +208,12 @@ TAMPERS = [
      "epochs[0].batches", True),
     ("manifest data path changed", _manifest(lambda m: m["data"].update(tokens="other")),
      "data.tokens", True),
-    ("manifest deleted", lambda p: (p / plan_store.MANIFEST_FILE).unlink(), "manifest.json is missing", False),
+    ("manifest deleted", lambda p: (p / schemas.MANIFEST_FILE).unlink(), "manifest.json is missing", False),
     ("metrics label_cv edited", _metrics, "label_cv", False),
     # the runtime's default (verify="chunks") reads the token store, bound by its own hashes, not samples.parquet
-    ("samples token_hash edited", lambda p: _rewrite(p / plan_store.SAMPLES_FILE, _edit_column("token_hash", 4, 1)),
+    ("samples token_hash edited", lambda p: _rewrite(p / schemas.SAMPLES_FILE, _edit_column("token_hash", 4, 1)),
      "dataset fingerprint", False),
-    ("samples length edited", lambda p: _rewrite(p / plan_store.SAMPLES_FILE, _edit_column("length", 4, 1)),
+    ("samples length edited", lambda p: _rewrite(p / schemas.SAMPLES_FILE, _edit_column("length", 4, 1)),
      "metadata fingerprint", False),
 ]
 
@@ -242,7 +242,7 @@ def test_validate_and_runtime_refuse_a_tampered_plan(plan, name, tamper, message
     assert r.exit_code == 1, (name, r.output)
     assert message in r.output, (name, r.output)
     if runtime_reads:
-        with pytest.raises((PlanMismatchError, plan_store.StoreError)):
+        with pytest.raises((PlanMismatchError, schemas.StoreError)):
             replay_first_microbatch(plan)
 
 
@@ -250,14 +250,14 @@ def test_validate_and_runtime_refuse_a_tampered_plan(plan, name, tamper, message
 def test_token_data_is_checked_by_validate_and_the_runtime(plan, foreign, how):
     _tokens(how)(plan, foreign)
     r = validate(plan)
-    assert r.exit_code == 1 and plan_store.TOKENS_DIR in r.output, (how, r.output)
+    assert r.exit_code == 1 and schemas.TOKENS_DIR in r.output, (how, r.output)
     with pytest.raises(PlanMismatchError):
         replay_first_microbatch(plan)
 
 
 @pytest.mark.parametrize("column", ["token_hash", "length"])
 def test_runtime_checking_the_samples_refuses_an_edited_samples_table(plan, column):
-    _rewrite(plan / plan_store.SAMPLES_FILE, _edit_column(column, 4, 1))
+    _rewrite(plan / schemas.SAMPLES_FILE, _edit_column(column, 4, 1))
     with pytest.raises(PlanMismatchError, match=r"samples\.parquet"):
         load_tokens(plan, verify="hash")
 
@@ -265,8 +265,8 @@ def test_runtime_checking_the_samples_refuses_an_edited_samples_table(plan, colu
 def test_a_tampered_last_epoch_is_refused_at_open_before_any_microbatch(plan):
     """One sample id changed in the last epoch: the runtime refuses the plan when it opens it, not hours later when
     that epoch starts."""
-    last = pq.read_metadata(plan / plan_store.PLAN_FILE).num_rows - 1  # the file ends with epoch 1
-    _rewrite(plan / plan_store.PLAN_FILE, _edit_ids(lambda rows: _change_one_id(rows, last)))
+    last = pq.read_metadata(plan / schemas.PLAN_FILE).num_rows - 1  # the file ends with epoch 1
+    _rewrite(plan / schemas.PLAN_FILE, _edit_ids(lambda rows: _change_one_id(rows, last)))
     with pytest.raises(PlanMismatchError, match="epoch 1"):
         PlanSampler(plan, rank=0, world_size=WORLD)
 
@@ -290,12 +290,12 @@ def test_fast_refuses_token_data_of_another_plan(plan, foreign):
 
 def test_a_plan_shipping_tokenized_parquet_is_refused_clearly(plan):
     """Plans of an older plancc ship tokenized.parquet instead of tokens/: validate says to recompile."""
-    shutil.rmtree(plan / plan_store.TOKENS_DIR)
-    table = pq.read_table(plan / plan_store.PLAN_FILE)
-    meta = json.loads(table.schema.metadata[plan_store.META_KEY])
+    shutil.rmtree(plan / schemas.TOKENS_DIR)
+    table = pq.read_table(plan / schemas.PLAN_FILE)
+    meta = json.loads(table.schema.metadata[schemas.META_KEY])
     del meta["data"]["tokens"]
-    meta["data"]["tokenized"] = plan_store.TOKENIZED_FILE
-    pq.write_table(table.replace_schema_metadata({plan_store.META_KEY: json.dumps(meta).encode()}), plan / plan_store.PLAN_FILE)
+    meta["data"]["tokenized"] = schemas.TOKENIZED_FILE
+    pq.write_table(table.replace_schema_metadata({schemas.META_KEY: json.dumps(meta).encode()}), plan / schemas.PLAN_FILE)
     _manifest(lambda m: m.update(data=meta["data"]))(plan)
     r = validate(plan)
     assert r.exit_code == 1 and "tokenized.parquet" in r.output and "recompile" in r.output, r.output
@@ -313,7 +313,7 @@ def test_not_a_plan_directory_is_exit_2(tmp_path):
 
 
 def test_unreadable_plan_file_is_a_violation(plan):
-    (plan / plan_store.PLAN_FILE).write_bytes(b"PAR1 garbage")
+    (plan / schemas.PLAN_FILE).write_bytes(b"PAR1 garbage")
     r = validate(plan)
     assert r.exit_code == 1 and "plan.parquet" in r.output
 
@@ -337,7 +337,7 @@ def test_any_single_value_edit_of_an_epoch_is_refused(epoch0, name, row, delta):
         rows[row][0][0] = (rows[row][0][0] + delta) % 60  # another sample of the plan (or an equal one)
         if rows[row][0][0] == table.column(name)[row][0][0].as_py():
             return
-        column = pa.array(rows, plan_store.PLAN_SCHEMA.field(name).type)
+        column = pa.array(rows, schemas.PLAN_SCHEMA.field(name).type)
     elif name == "complete_update":
         v = table.column(name).to_pylist()
         v[row] = not v[row]
@@ -356,9 +356,9 @@ def test_any_single_value_edit_of_an_epoch_is_refused(epoch0, name, row, delta):
 # ---------------------------------------------------------------- the byte-flip sweep
 
 FLIPS_PER_FILE = 60
-FILES = [plan_store.PLAN_FILE, plan_store.SAMPLES_FILE, plan_store.METRICS_FILE, plan_store.MANIFEST_FILE,
-         *(f"{plan_store.TOKENS_DIR}/{name}" for name in [token_store.HEADER_FILE, *(f"{a}.npy" for a in token_store.ARRAYS)]),
-         plan_store.BEFORE_FILE]  # last: a file added later takes its draws after the others' (theirs stay the same)
+FILES = [schemas.PLAN_FILE, schemas.SAMPLES_FILE, schemas.METRICS_FILE, schemas.MANIFEST_FILE,
+         *(f"{schemas.TOKENS_DIR}/{name}" for name in [token_store.HEADER_FILE, *(f"{a}.npy" for a in token_store.ARRAYS)]),
+         schemas.BEFORE_FILE]  # last: a file added later takes its draws after the others' (theirs stay the same)
 
 
 def test_every_byte_flip_is_detected_or_harmless(plan):
@@ -390,7 +390,7 @@ def test_validate_accepts_a_sound_plan_without_tokenized_data(tmp_path):
 
 def test_validate_catches_an_edited_label_count(tmp_path):
     plan_dir = _write(tmp_path / "plan")
-    _rewrite(plan_dir / plan_store.PLAN_FILE, _edit_column("label_count", 3, 1))
+    _rewrite(plan_dir / schemas.PLAN_FILE, _edit_column("label_count", 3, 1))
     problems, _ = validate_plan(str(plan_dir))
     assert any("label_count is" in p and "recomputed from samples.parquet" in p for p in problems), problems
 
@@ -401,7 +401,7 @@ def test_validate_catches_a_duplicated_sample(tmp_path):
     def duplicate(rows: list) -> None:
         rows[1] = [list(rows[0][0])]
 
-    _rewrite(plan_dir / plan_store.PLAN_FILE, _edit_ids(duplicate))
+    _rewrite(plan_dir / schemas.PLAN_FILE, _edit_ids(duplicate))
     problems, _ = validate_plan(str(plan_dir))
     assert any("more than once" in p for p in problems)
     assert any("missing" in p for p in problems)

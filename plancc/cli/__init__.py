@@ -333,11 +333,11 @@ def validate_cmd(
 ) -> None:
     """`plancc validate`: every violation `plancc.review.validate.validate_plan` finds, exit 1 when there is one."""
     from plancc.review.validate import validate_plan
-    from plancc.store import plan_store, token_store
+    from plancc.store import plan_files, plan_store, schemas, token_store
 
     with fail_on_errors():
         dataset_fp, tokens_dir = None, None
-        for candidate in ([Path(dataset) / plan_store.TOKENS_DIR, Path(dataset)] if dataset is not None else []):
+        for candidate in ([Path(dataset) / schemas.TOKENS_DIR, Path(dataset)] if dataset is not None else []):
             if tokens_dir is None and token_store.is_store(candidate):
                 tokens_dir = candidate  # a plan, scan or token store folder: check its store, no rescan
         if dataset is not None and tokens_dir is None:
@@ -348,7 +348,7 @@ def validate_cmd(
                                  "cannot be rescanned for it; give a plan, scan or token store folder")
             options = scan_mod.options_from_report(plan_store.PlanDir(plan_dir).meta["scan"], tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
-            dataset_fp = plan_store.samples_fingerprints(result.samples)["dataset"]
+            dataset_fp = plan_files.samples_fingerprints(result.samples)["dataset"]
         problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
     if json:
         print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})

@@ -32,7 +32,7 @@ from plancc.config import SettingsError
 from plancc.metric_columns import METRIC_COLUMNS
 from plancc.numbers import padding_ratio
 from plancc.review.diff_rules import ABS_FLOOR, DEFAULT_TOLERANCE, FAIL_ON, REGRESSION_METRICS
-from plancc.store import plan_store
+from plancc.store import plan_store, schemas
 
 # ---------------------------------------------------------------- loading
 
@@ -291,7 +291,7 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
                show_ids: int = 8) -> dict[str, Any]:
     """The full comparison of two plan directories (see module docstring).
 
-    Raises `plan_store.StoreError` for an input that is not a readable plan, `SettingsError` for a bad tolerance."""
+    Raises `schemas.StoreError` for an input that is not a readable plan, `SettingsError` for a bad tolerance."""
     if not (tolerance >= 0 and math.isfinite(tolerance)):
         raise SettingsError(f"--tolerance must be a non-negative number, got {tolerance}")
     old, new = PlanInfo(old_path), PlanInfo(new_path)
@@ -413,8 +413,8 @@ def _churn(old: PlanInfo, new: PlanInfo, epochs: list[int], show_ids: int) -> li
             continue
         if e in changed_epochs:
             if e not in old_rows or e not in new_rows:
-                raise plan_store.StoreError(f"epoch {e} is listed in the fingerprints but has no rows in "
-                                       f"{(old if e not in old_rows else new).path / plan_store.PLAN_FILE}")
+                raise schemas.StoreError(f"epoch {e} is listed in the fingerprints but has no rows in "
+                                       f"{(old if e not in old_rows else new).path / schemas.PLAN_FILE}")
             c = epoch_churn(old_rows[e], new_rows[e], show_ids=show_ids)
         else:
             c = _identical_churn(old, e)

@@ -26,7 +26,7 @@ from plancc.errors import PlanccError
 from plancc.layout import complete_updates, optimizer_updates
 from plancc.metric_columns import METRIC_COLUMNS
 from plancc.numbers import format_number, padding_ratio
-from plancc.store import plan_store
+from plancc.store import parquet, plan_store, schemas
 
 SCALAR_COLUMNS = ["epoch", "index", "update", "rank", "micro_step", "tokens", "label_count", "cost", "num_items",
                   "complete_update"]
@@ -287,8 +287,8 @@ def before_counts(plan_dir: str | Path | plan_store.PlanDir, epoch: int) -> Befo
         raise PlanccError(f"--epoch {epoch}: the plan has epochs "
                           f"{sorted(int(e) for e in plan.fingerprints.get('plan', {}))}")
     W, G = plan.settings.world_size, plan.settings.grad_accum
-    after = _stage(plan_store.column(plan.read_epoch(epoch, ["index", "label_count"]), "label_count"), W, G)
+    after = _stage(parquet.column(plan.read_epoch(epoch, ["index", "label_count"]), "label_count"), W, G)
     labels = plan.before_labels(epoch)
     if labels is None:
         return BeforeAfter(epoch, None, after, "before stage not stored (a plan of an older plancc): after only")
-    return BeforeAfter(epoch, _stage(labels, W, G), after, f"before as compiled ({plan_store.BEFORE_FILE})")
+    return BeforeAfter(epoch, _stage(labels, W, G), after, f"before as compiled ({schemas.BEFORE_FILE})")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from plancc.errors import InputError
-from plancc.store import plan_store
+from plancc.store import parquet, plan_files, schemas
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ def trained_summary(report: dict[str, Any]) -> str:
 def _report(directory: Path, info: dict[str, Any]) -> dict[str, Any]:
     if info.get("report"):
         return info["report"]
-    if (directory / plan_store.MANIFEST_FILE).is_file():
-        return plan_store.read_manifest(directory).get("scan", {})
+    if (directory / schemas.MANIFEST_FILE).is_file():
+        return parquet.read_manifest(directory).get("scan", {})
     return {}
 
 
@@ -100,10 +100,10 @@ def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
 
 def _dataset_row(directory: Path, table: Any, at: int, sample_id: int) -> tuple[str | None, int | None]:
     """A recipe plan's sample: (its dataset's name, its row in that dataset); (None, None) for one source."""
-    if plan_store.DATASET_COLUMN not in table.column_names:
+    if schemas.DATASET_COLUMN not in table.column_names:
         return None, None
-    name = table.column(plan_store.DATASET_COLUMN)[at].as_py()
-    recipe = plan_store.read_manifest(directory).get("recipe") or {} if (directory / plan_store.MANIFEST_FILE).is_file() else {}
+    name = table.column(schemas.DATASET_COLUMN)[at].as_py()
+    recipe = parquet.read_manifest(directory).get("recipe") or {} if (directory / schemas.MANIFEST_FILE).is_file() else {}
     first = {d["name"]: d["first_id"] for d in recipe.get("datasets", [])}
     return name, (sample_id - first[name] if name in first else None)
 
@@ -115,11 +115,11 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     from plancc.store.token_store import IGNORE_INDEX
 
     d = Path(directory)
-    given = plan_store.read_samples_source(d) if d.is_dir() else None
+    given = plan_files.read_samples_source(d) if d.is_dir() else None
     if given is None:
-        raise InputError(f"{directory} is not a plan or scan directory (no {plan_store.SAMPLES_FILE})")
+        raise InputError(f"{directory} is not a plan or scan directory (no {schemas.SAMPLES_FILE})")
     table, info = given
-    ids = plan_store.column(table, "sample_id")
+    ids = parquet.column(table, "sample_id")
     at = int(np.searchsorted(ids, sample_id))
     report = _report(d, info)
     if at == len(ids) or ids[at] != sample_id:
@@ -128,7 +128,7 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
         raise InputError(f"--sample {sample_id}: no such sample in {directory}{dropped}; sample ids run "
                          f"{int(ids[0])}..{int(ids[-1])} ({len(ids):,} samples)")
     if not info.get("tokenized_path"):
-        raise InputError(f"{directory} has no {plan_store.TOKENS_DIR}/ (it was compiled from a bare samples table): "
+        raise InputError(f"{directory} has no {schemas.TOKENS_DIR}/ (it was compiled from a bare samples table): "
                          "nothing to decode")
     first_row = int((report.get("part") or {}).get("lo", 0))  # a partial scan's store starts at its first row
     input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id - first_row)
@@ -141,9 +141,9 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     runs = zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(input_ids)]]), strict=True)
     segments = [(decode(input_ids[a:b].tolist(), skip_special_tokens=False), bool(supervised[a])) for a, b in runs]
     pieces = [decode([int(i)], skip_special_tokens=False) for i in input_ids]
-    return SampleView(int(sample_id), int(plan_store.column(table, "length")[at]),
-                      int(plan_store.column(table, "label_count")[at]),
-                      bool(plan_store.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
+    return SampleView(int(sample_id), int(parquet.column(table, "length")[at]),
+                      int(parquet.column(table, "label_count")[at]),
+                      bool(parquet.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
                       segments, pieces, tok.name, *_dataset_row(d, table, at, int(sample_id)),
                       trained_summary(report))
 
@@ -170,9 +170,9 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     from plancc.store import token_store
 
     d = Path(directory)
-    given = plan_store.read_samples_source(d) if d.is_dir() else None
+    given = plan_files.read_samples_source(d) if d.is_dir() else None
     if given is None or not given[1].get("tokenized_path"):
-        raise InputError(f"{directory} is not a plan or scan directory with its {plan_store.TOKENS_DIR}/")
+        raise InputError(f"{directory} is not a plan or scan directory with its {schemas.TOKENS_DIR}/")
     table, info = given
     report = _report(d, info)
     try:
@@ -182,7 +182,7 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     offsets = np.asarray(m.offsets, dtype=np.int64)
     first_row = int((report.get("part") or {}).get("lo", 0))
     kept = np.zeros(len(offsets) - 1, bool)
-    kept[plan_store.column(table, "sample_id").astype(np.int64) - first_row] = True
+    kept[parquet.column(table, "sample_id").astype(np.int64) - first_row] = True
     lengths = np.diff(offsets)
     targets = _targets(m.labels, offsets, bool(m.header["labels_shifted"]))
     seq = int((report.get("options") or {}).get("sequence_len", 0)) or None
@@ -202,7 +202,7 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
 
 def _dataset_starts(directory: Path):
     """A function naming a recipe plan's row: {dataset, dataset_row}; {} for one source."""
-    recipe = (plan_store.read_manifest(directory).get("recipe") or {}) if (directory / plan_store.MANIFEST_FILE).is_file() \
+    recipe = (parquet.read_manifest(directory).get("recipe") or {}) if (directory / schemas.MANIFEST_FILE).is_file() \
         else {}
     starts = sorted((d["first_id"], d["name"]) for d in recipe.get("datasets", []))
     if not starts:

@@ -28,7 +28,7 @@ from plancc.layout import complete_updates
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 from plancc.planner import holdout, mixture
 from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, plan_files, plan_store, schemas, token_store
 
 
 def _shared_problems(plan: plan_store.PlanDir) -> list[str]:
@@ -45,7 +45,7 @@ def _mismatch(name: str, where: str, got: np.ndarray, want: np.ndarray) -> str |
     if bad.size == 0:
         return None
     i = int(bad[0])
-    return (f"{where} row {i}: {name} is {got[i]}, recomputed from {plan_store.SAMPLES_FILE} "
+    return (f"{where} row {i}: {name} is {got[i]}, recomputed from {schemas.SAMPLES_FILE} "
             f"{want[i]} ({bad.size} rows differ)")
 
 
@@ -62,7 +62,7 @@ def mixture_counts(sample_id: np.ndarray) -> np.ndarray:
 def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
     """Coverage (each sample exactly its mixture count: once, for one source), capacity, microbatch shape and
     per-microbatch counts of one epoch against the epoch's samples (`mixture.plan_positions`)."""
-    return check_rows(f"{plan_store.PLAN_FILE} epoch {epoch}", table, s, settings)
+    return check_rows(f"{schemas.PLAN_FILE} epoch {epoch}", table, s, settings)
 
 
 def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
@@ -74,7 +74,7 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
     unknown = s.sample_id[pos] != ids
     if unknown.any():
-        return [f"{where}: {int(unknown.sum())} sample ids are not in {plan_store.SAMPLES_FILE} "
+        return [f"{where}: {int(unknown.sum())} sample ids are not in {schemas.SAMPLES_FILE} "
                 f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None
     b = Batches(pos, row_bounds, batch_bounds)
     n = b.num_batches
@@ -117,7 +117,7 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
         "cost": batch_cost(b, s, settings.pad_multiple),
     }
     for name, want in expect.items():
-        msg = _mismatch(name, where, plan_store.column(table, name), want)
+        msg = _mismatch(name, where, parquet.column(table, name), want)
         if msg:
             problems.append(msg)
     return problems, b
@@ -128,7 +128,7 @@ def _eval_problems(plan: plan_store.PlanDir, s, index: np.ndarray | None) -> tup
     samples compile held out (`holdout.eval_ids`, redrawn here: a recipe's eval datasets, `--val-set-size`'s draw)
     each exactly once, fit the training layout and count what the samples table says; layout, eval fingerprint and
     manifest summary: `PlanDir.eval_problems`."""
-    size, path, none = plan.settings.val_set_size, plan.path / plan_store.EVAL_FILE, np.zeros(0, dtype=np.int64)
+    size, path, none = plan.settings.val_set_size, plan.path / schemas.EVAL_FILE, np.zeros(0, dtype=np.int64)
     try:
         drawn = holdout.eval_ids(s.sample_id, plan.settings, index) if len(s) else None
     except SettingsError as exc:
@@ -139,12 +139,12 @@ def _eval_problems(plan: plan_store.PlanDir, s, index: np.ndarray | None) -> tup
             return [f"{plan.plan_file} metadata: the settings hold out {expected.size} eval samples (val_set_size "
                     f"{size}, eval datasets) but fingerprints.eval is missing (no eval plan)"], expected
         return ([f"{path}: an eval plan, but {plan.plan_file} has no eval fingerprint"] if path.exists() else []), expected
-    held = plan.source(plan_store.EVAL_FILE)
-    problems = [*plan_store.schema_problems(held, plan_store.EVAL_SCHEMA), *plan_store.statistics_problems(held),
-                *plan.companion_problems(plan_store.EVAL_FILE, "eval")]
+    held = plan.source(schemas.EVAL_FILE)
+    problems = [*plan_store.schema_problems(held, schemas.EVAL_SCHEMA), *plan_store.statistics_problems(held),
+                *plan.companion_problems(schemas.EVAL_FILE, "eval")]
     try:
         table = plan.read_eval()
-    except plan_store.StoreError as exc:
+    except schemas.StoreError as exc:
         return [*problems, str(exc)], expected
     problems += plan.eval_problems(table)
     ids = np.unique(plan_store.nested_arrays(table.column("sample_ids"))[0])
@@ -164,7 +164,7 @@ def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> 
     """Held-out samples must never be trained on."""
     ids = plan_store.nested_arrays(table.column("sample_ids"))[0]
     leaked = np.intersect1d(ids, eval_ids)
-    return [f"{plan_store.PLAN_FILE} epoch {epoch}: {leaked.size} held-out eval samples are in the training plan "
+    return [f"{schemas.PLAN_FILE} epoch {epoch}: {leaked.size} held-out eval samples are in the training plan "
             f"(first: sample_id {int(leaked[0])})"] if leaked.size else []
 
 
@@ -172,13 +172,13 @@ def _recipe_index(plan: plan_store.PlanDir, samples: pa.Table) -> tuple[np.ndarr
     """A recipe plan's dataset of each sample (its position in the mixture), and what is wrong with the column."""
     if not plan.settings.mixture:
         return None, []
-    if plan_store.DATASET_COLUMN not in samples.column_names:
-        return None, [f"{plan_store.SAMPLES_FILE}: a recipe's samples table lacks its '{plan_store.DATASET_COLUMN}' column"]
-    codes, names = plan_store.dataset_codes(samples)
+    if schemas.DATASET_COLUMN not in samples.column_names:
+        return None, [f"{schemas.SAMPLES_FILE}: a recipe's samples table lacks its '{schemas.DATASET_COLUMN}' column"]
+    codes, names = plan_files.dataset_codes(samples)
     index = mixture.dataset_index(codes, names, plan.settings.mixture)
     if (index < 0).any():
         row = int(np.flatnonzero(index < 0)[0])
-        return index, [f"{plan_store.SAMPLES_FILE} row {row}: dataset {names[codes[row]]!r} is not one of the recipe's "
+        return index, [f"{schemas.SAMPLES_FILE} row {row}: dataset {names[codes[row]]!r} is not one of the recipe's "
                        f"({', '.join(m[0] for m in plan.settings.mixture)})"]
     return index, []
 
@@ -202,7 +202,7 @@ def _recipe_metrics_problems(plan: plan_store.PlanDir, recomputed: list[dict[str
         got = stored_by.get(tuple(row[k] for k in key))
         found = plan_store.first_difference(got, row) if got is not None else "the row is missing"
         if found:
-            return [f"{plan_store.PLAN_FILE} metadata: recipe metrics of dataset {row['dataset']!r} epoch {row['epoch']} "
+            return [f"{schemas.PLAN_FILE} metadata: recipe metrics of dataset {row['dataset']!r} epoch {row['epoch']} "
                     f"after: {found} (recomputed from the rows)"]
     return []
 
@@ -214,18 +214,18 @@ def _metrics_problems(plan: plan_store.PlanDir, metrics: pa.Table, after: dict[i
     for epoch, again in after.items():
         row = stored.get((epoch, "after"))
         if row is None:
-            problems.append(f"{plan_store.METRICS_FILE}: no 'after' row for epoch {epoch}")
+            problems.append(f"{schemas.METRICS_FILE}: no 'after' row for epoch {epoch}")
             continue
         for name, value in again.items():
             if row[name] != value:
-                problems.append(f"{plan_store.METRICS_FILE} epoch {epoch} stage after: {name} is {row[name]}, recomputed "
-                                f"from {plan_store.PLAN_FILE} {value}")
+                problems.append(f"{schemas.METRICS_FILE} epoch {epoch} stage after: {name} is {row[name]}, recomputed "
+                                f"from {schemas.PLAN_FILE} {value}")
                 break
     epochs = [{"epoch": e, **{k: a[k] for k in ("batches", "updates", "samples", "dropped_samples")}}
               for e, a in sorted(after.items())]
     found = plan_store.first_difference(plan.meta["epochs"], epochs)
     if found:
-        problems.append(f"{plan_store.PLAN_FILE} metadata: epochs {found} (recomputed from the rows)")
+        problems.append(f"{schemas.PLAN_FILE} metadata: epochs {found} (recomputed from the rows)")
     return problems
 
 
@@ -236,13 +236,13 @@ def _before_problems(plan: plan_store.PlanDir, before: pa.Table, metrics: pa.Tab
     for epoch in range(plan.settings.epochs):
         labels, row = plan.before_labels(epoch, before), stored.get(epoch)
         if row is None:
-            problems.append(f"{plan_store.METRICS_FILE}: no 'before' row for epoch {epoch}")
+            problems.append(f"{schemas.METRICS_FILE}: no 'before' row for epoch {epoch}")
             continue
         again = {"batches": labels.size, "total_label_count": int(labels.sum()),
                  "std_label_count": float(labels.std()) if labels.size else 0.0}
         for name, value in again.items():
             if not np.isclose(row[name], value, rtol=1e-12, atol=0):
-                problems.append(f"{plan_store.BEFORE_FILE} epoch {epoch}: {name} of its rows is {value}, the stored "
+                problems.append(f"{schemas.BEFORE_FILE} epoch {epoch}: {name} of its rows is {value}, the stored "
                                 f"before metrics say {row[name]}")
                 break
     return problems
@@ -267,7 +267,7 @@ def tokenized_problems(plan: plan_store.PlanDir, samples: pa.Table, *, fast: boo
     if problems:
         return problems
     if not plan.binds_tokens:
-        own = plan.path / plan_store.TOKENS_DIR
+        own = plan.path / schemas.TOKENS_DIR
         return [f"{own} is there but the plan binds no token store (its metadata was edited)"] \
             if os.path.lexists(own) else []
     try:
@@ -291,7 +291,7 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
                     "was swapped in from another plan or scan (or rebuilt from changed data)"]
     if m.header["labels_shifted"] != (shift == Shift.NONE):
         return [f"{tokens_dir}: labels_shifted is {m.header['labels_shifted']}, but the plan's shift is {shift!r}"]
-    sid = plan_store.column(samples, "sample_id")
+    sid = parquet.column(samples, "sample_id")
     rows = int(m.offsets.shape[0] - 1)
     if sid.size and int(sid[-1]) >= rows:
         return [f"{tokens_dir} has {rows} rows but the plan uses sample_id {int(sid[-1])}: the store is incomplete"]
@@ -327,17 +327,17 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
 
 def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
                 tokens_dir: str | Path | None) -> tuple[list[str], dict[str, Any]]:
-    if not (Path(plan_dir) / plan_store.PLAN_FILE).exists():
+    if not (Path(plan_dir) / schemas.PLAN_FILE).exists():
         plan_store.PlanDir(plan_dir)  # raises the "not a plan directory" error
     try:
         plan = plan_store.PlanDir(plan_dir)
-    except plan_store.StoreError as exc:
+    except schemas.StoreError as exc:
         return [str(exc)], {}
     problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
-    files = [(plan_store.SAMPLES_FILE, "samples", plan_store.samples_schema(bool(plan.settings.mixture))), (plan_store.METRICS_FILE, "metrics", plan_store.metrics_schema()),
-             (plan_store.PLAN_FILE, "plan", plan_store.PLAN_SCHEMA)]
+    files = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))), (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()),
+             (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
     if plan.has_before:
-        files.append((plan_store.BEFORE_FILE, "before", plan_store.BEFORE_SCHEMA))
+        files.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
     for name, kind, schema in files:
         problems += plan_store.schema_problems(plan.source(name), schema) + plan_store.statistics_problems(plan.source(name))
         if kind != "plan":
@@ -349,16 +349,16 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         samples = plan.read_samples()
         metrics = plan.read_metrics()
         before = plan.read_before() if plan.has_before else None
-    except plan_store.StoreError as exc:
+    except schemas.StoreError as exc:
         return [*problems, str(exc)], plan.meta
     problems += plan.samples_problems(samples) + plan.metrics_problems(metrics)
     if before is not None:
         problems += plan.before_problems(before) + _before_problems(plan, before, metrics)
-    s = plan_store.sample_arrays(samples)
+    s = parquet.sample_arrays(samples)
     if (np.diff(s.sample_id) <= 0).any():
-        return [*problems, f"{plan_store.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
+        return [*problems, f"{schemas.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
     if plan.meta["samples"] != len(s):
-        problems.append(f"{plan_store.PLAN_FILE} metadata: samples is {plan.meta['samples']}, {plan_store.SAMPLES_FILE} holds "
+        problems.append(f"{schemas.PLAN_FILE} metadata: samples is {plan.meta['samples']}, {schemas.SAMPLES_FILE} holds "
                         f"{len(s)}")
     index, recipe_problems = _recipe_index(plan, samples)
     problems += recipe_problems
@@ -374,7 +374,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     for e in range(plan.settings.epochs):
         try:
             table = plan.read_epoch(e)
-        except plan_store.StoreError as exc:
+        except schemas.StoreError as exc:
             return [*problems, str(exc)], plan.meta
         rows += table.num_rows
         found = plan.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
@@ -386,9 +386,9 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
             after[e] = summarize(b, s_e, plan.settings, drops)
             if positions is not None:
                 recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
-    total = plan.held(plan_store.PLAN_FILE).parquet().metadata.num_rows
+    total = plan.held(schemas.PLAN_FILE).parquet().metadata.num_rows
     if total != rows:
-        problems.append(f"{plan_store.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
+        problems.append(f"{schemas.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
     problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
     problems += tokenized_problems(plan, samples, fast=fast,
                                    tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)

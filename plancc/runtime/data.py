@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from plancc.config import Shift
 from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, plan_store, schemas, token_store
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
 
@@ -195,7 +195,7 @@ def _read_any(path: Path) -> pa.Table:
         if suffix == ".parquet":
             return pq.read_table(path)
         if suffix == ".arrow":
-            return plan_store.read_arrow(path)
+            return parquet.read_arrow(path)
         if suffix in (".jsonl", ".json"):
             import pyarrow.json as pj
 
@@ -216,8 +216,8 @@ def data_location(plan: RuntimePlan, data: str | Path | None = None) -> Path | N
         raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) does not exist")
     if not (p.is_dir() or p.is_file()):
         raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) is neither a regular file nor a folder")
-    if not token_store.is_store(p) and token_store.is_store(p / plan_store.TOKENS_DIR):
-        return p / plan_store.TOKENS_DIR  # a plan or scan directory: its store
+    if not token_store.is_store(p) and token_store.is_store(p / schemas.TOKENS_DIR):
+        return p / schemas.TOKENS_DIR  # a plan or scan directory: its store
     return p
 
 

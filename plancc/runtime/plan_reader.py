@@ -26,7 +26,7 @@ import pyarrow as pa
 from plancc import layout
 from plancc.config import PlanSettings
 from plancc.errors import PlanccError
-from plancc.store import plan_store, token_store
+from plancc.store import parquet, plan_store, schemas, token_store
 
 
 class PlanMismatchError(PlanccError):
@@ -100,7 +100,7 @@ class RuntimePlan:
         if self.data is not None and not self.data.exists():
             raise PlanMismatchError(f"the data given for plan {self.path} ({self.data}) does not exist")
         _refuse([*self.dir.header_problems(), *self.dir.manifest_problems(required=False),
-                 *self.dir.companion_problems(plan_store.SAMPLES_FILE, "samples")])
+                 *self.dir.companion_problems(schemas.SAMPLES_FILE, "samples")])
         self.fingerprints: dict[str, Any] = self.dir.fingerprints
         self.settings: PlanSettings = self.dir.settings
         self._verified: tuple[int, pa.Table] | None = None  # the last epoch read and verified
@@ -109,7 +109,7 @@ class RuntimePlan:
         for epoch in reversed(range(self.epochs)):  # every epoch now; the first stays cached for step 1
             self.epoch_rows(epoch)
         self.tokens: token_store.MappedTokens | None = None  # the plan's own token store, opened with the plan
-        if self.data is None and self.dir.binds_tokens and os.path.lexists(self.path / plan_store.TOKENS_DIR):
+        if self.data is None and self.dir.binds_tokens and os.path.lexists(self.path / schemas.TOKENS_DIR):
             try:
                 self.tokens = self.dir.open_tokens()
             except (plan_store.PlanIntegrityError, token_store.FileTypeError) as exc:
@@ -214,11 +214,11 @@ class RuntimePlan:
             samples=ids,
             row_bounds=row_bounds,
             batch_bounds=batch_bounds,
-            tokens=plan_store.column(mine, "tokens"),
-            label_count=plan_store.column(mine, "label_count"),
-            num_items=plan_store.column(mine, "num_items"),
+            tokens=parquet.column(mine, "tokens"),
+            label_count=parquet.column(mine, "label_count"),
+            num_items=parquet.column(mine, "num_items"),
             total_batches=total,
-            tail_num_items=int(plan_store.column(table, "num_items")[tail_start]) if tail_start < total else 0,
+            tail_num_items=int(parquet.column(table, "num_items")[tail_start]) if tail_start < total else 0,
         )
 
     # ------------------------------------------------------------ eval plan
@@ -245,9 +245,9 @@ class RuntimePlan:
         if self._eval is None:
             try:
                 table = self.dir.read_eval()
-            except plan_store.StoreError as exc:
+            except schemas.StoreError as exc:
                 raise PlanMismatchError(str(exc)) from None
-            _refuse([*self.dir.companion_problems(plan_store.EVAL_FILE, "eval"), *self.dir.eval_problems(table)])
+            _refuse([*self.dir.companion_problems(schemas.EVAL_FILE, "eval"), *self.dir.eval_problems(table)])
             self._eval = table
         return self._eval
 
@@ -260,7 +260,7 @@ class RuntimePlan:
         keep = layout.rank_indices(table.num_rows, world_size, rank)
         mine = table.select(["sample_ids", "label_count"]).take(pa.array(keep))
         ids, row_bounds, batch_bounds = plan_store.nested_arrays(mine.column("sample_ids"))
-        return RankEval(keep, ids, row_bounds, batch_bounds, plan_store.column(mine, "label_count"), table.num_rows,
+        return RankEval(keep, ids, row_bounds, batch_bounds, parquet.column(mine, "label_count"), table.num_rows,
                         self.eval_label_count)
 
     def samples_table(self) -> pa.Table:

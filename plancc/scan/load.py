@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from plancc.config import ScanOptions
 from plancc.errors import InputError
-from plancc.store import plan_store
+from plancc.store import parquet, plan_files, schemas
 
 if TYPE_CHECKING:  # the scanner loads tokenizers and source readers: imported only for a raw source
     from plancc.scan.scanner import Progress
@@ -19,11 +19,11 @@ if TYPE_CHECKING:  # the scanner loads tokenizers and source readers: imported o
 def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
                  progress: Progress = None) -> tuple[pa.Table, dict[str, Any], Path | None]:
     """(samples table, scan info, token store folder or None) from a samples table, scan dir, plan dir or raw source."""
-    given = plan_store.read_samples_source(source)
+    given = plan_files.read_samples_source(source)
     if given is not None:  # a samples table, scan dir or plan dir: carry its scan report and tokenized rows along
         table, info = given
         tokenized = Path(info["tokenized_path"]) if info.get("tokenized_path") else None
-        manifest = Path(info["path"]).parent / plan_store.MANIFEST_FILE
+        manifest = Path(info["path"]).parent / schemas.MANIFEST_FILE
         if info.get("report"):
             part = info["report"].get("part")
             if part:
@@ -32,7 +32,7 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
                                  "`plancc merge PART_DIR... -o SCAN_DIR`, then compile SCAN_DIR")
             return table, info["report"], tokenized
         if manifest.is_file():
-            previous = plan_store.read_manifest(manifest.parent)
+            previous = parquet.read_manifest(manifest.parent)
             return table, {**previous["scan"], "source_paths": previous["data"].get("source", [])}, tokenized
         # a scan's samples.parquet on its own still carries its scan's options (sequence_len, shift: `carry`)
         return table, ({"options": info["scan_options"]} if info.get("scan_options") else {}), None

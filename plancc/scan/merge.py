@@ -25,7 +25,7 @@ import pyarrow as pa
 from plancc.errors import InputError
 from plancc.scan.shard import COUNTS
 from plancc.scan.sources.samples import FIRST_ROWS, check_drops, check_retained, drop_warning
-from plancc.store import plan_store, token_store
+from plancc.store import outputs, parquet, plan_files, schemas, token_store
 from plancc.store.fingerprint import scan_identity
 
 SHARED = ("plancc_scan_version", "source_fingerprint", "format", "options")  # what every part must agree on
@@ -60,18 +60,18 @@ class Joined:
     @property
     def stores(self) -> list[Path]:
         """Each part's token store, in row order: the parts of the merged multi-part store."""
-        return [p.path / plan_store.TOKENS_DIR for p in self.parts]
+        return [p.path / schemas.TOKENS_DIR for p in self.parts]
 
 
 def read_part(path: str | Path) -> Part:
     """Open the partial scan at `path`, or raise an InputError saying why it is not one."""
     p = Path(path)
     try:
-        report = orjson.loads((p / plan_store.SCAN_MANIFEST_FILE).read_bytes())
+        report = orjson.loads((p / schemas.SCAN_MANIFEST_FILE).read_bytes())
     except FileNotFoundError:
-        raise InputError(f"{p}: not a scan directory (no {plan_store.SCAN_MANIFEST_FILE})") from None
+        raise InputError(f"{p}: not a scan directory (no {schemas.SCAN_MANIFEST_FILE})") from None
     except (OSError, orjson.JSONDecodeError) as exc:
-        raise InputError(f"{p / plan_store.SCAN_MANIFEST_FILE}: not readable ({exc})") from None
+        raise InputError(f"{p / schemas.SCAN_MANIFEST_FILE}: not readable ({exc})") from None
     if not isinstance(report, dict) or not isinstance(report.get("part"), dict):
         raise InputError(f"{p}: a whole scan, not a part of a sharded scan (`plancc scan --shard I/N` writes parts)")
     return Part(p, report)
@@ -124,11 +124,11 @@ def check(parts: list[Part]) -> list[Part]:
 def _part_samples(p: Part) -> pa.Table:
     """A part's samples, checked against its fingerprints and its token store's rows."""
     try:
-        table = plan_store.read_samples(p.path / plan_store.SAMPLES_FILE)
-        m = token_store.open_store(p.path / plan_store.TOKENS_DIR)
-    except (plan_store.StoreError, token_store.TokenStoreError) as exc:
+        table = parquet.read_samples(p.path / schemas.SAMPLES_FILE)
+        m = token_store.open_store(p.path / schemas.TOKENS_DIR)
+    except (schemas.StoreError, token_store.TokenStoreError) as exc:
         raise InputError(f"merge: part {p.path}: {exc}") from None
-    fps = plan_store.samples_fingerprints(table, scan_identity(p.report))
+    fps = plan_files.samples_fingerprints(table, scan_identity(p.report))
     if fps != p.report.get("fingerprints") or m.header["fingerprints"] != fps:
         raise InputError(f"merge: part {p.path}: its samples table or token store does not match its recorded "
                          "fingerprints (a file was changed or swapped in); rescan this shard")
@@ -159,36 +159,36 @@ def join(paths: list[str | Path]) -> Joined:
     del tables  # the parts' tables: only the joined one stays (memory: the samples table once)
     report = joined_report(parts)
     check_retained(report)
-    report["fingerprints"] = plan_store.samples_fingerprints(samples, scan_identity(report))
+    report["fingerprints"] = plan_files.samples_fingerprints(samples, scan_identity(report))
     report["warnings"] = [*report.get("warnings", []), *filter(None, [drop_warning(report)])]
     check_drops(report, float(report.get("max_dropped", 0.05)))
     return Joined(samples, parts, report)
 
 
 def write_joined(directory: Path, joined: Joined) -> None:
-    """A scan directory's files (into `directory`, a fresh temporary one of `plan_store.atomic_directory`)."""
+    """A scan directory's files (into `directory`, a fresh temporary one of `outputs.atomic_directory`)."""
     report = joined.report
-    plan_store.write_parquet(joined.samples, directory / plan_store.SAMPLES_FILE,
-                        plan_store.file_metadata("samples", report["fingerprints"], report["options"]))
+    parquet.write_parquet(joined.samples, directory / schemas.SAMPLES_FILE,
+                        parquet.file_metadata("samples", report["fingerprints"], report["options"]))
     stores = [s for s in joined.stores if token_store.open_store(s).header["rows"] > 0] or joined.stores[:1]
     if len(stores) == 1:
-        copied = token_store.link_store(stores[0], directory / plan_store.TOKENS_DIR)
+        copied = token_store.link_store(stores[0], directory / schemas.TOKENS_DIR)
     else:
-        copied = token_store.write_parts(directory / plan_store.TOKENS_DIR, stores, fingerprints=report["fingerprints"],
+        copied = token_store.write_parts(directory / schemas.TOKENS_DIR, stores, fingerprints=report["fingerprints"],
                                          labels_shifted=report["labels_shifted"])
     if copied:
         report["warnings"] = [*report["warnings"], f"{copied} token files were copied, not hard-linked (the parts "
                               "are on another filesystem)"]
-    plan_store.write_json(report, directory / plan_store.SCAN_MANIFEST_FILE)
+    parquet.write_json(report, directory / schemas.SCAN_MANIFEST_FILE)
 
 
 def merge(paths: list[str | Path], output: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """`plancc merge`: check and join the parts at `paths` into the scan directory `output` (atomically; the
-    `-o` rules of `plan_store.check_output`). Returns the joined scan's report."""
-    plan_store.check_output(output, overwrite=overwrite)
+    `-o` rules of `outputs.check_output`). Returns the joined scan's report."""
+    outputs.check_output(output, overwrite=overwrite)
     joined = join(paths)
     joined.report["merged_from"] = [{"path": str(p.path.absolute()), "lo": p.lo, "hi": p.hi} for p in joined.parts]
-    with plan_store.atomic_directory(output, overwrite=overwrite, what="scan") as tmp:
+    with outputs.atomic_directory(output, overwrite=overwrite, what="scan") as tmp:
         write_joined(tmp, joined)
     return joined.report
 

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from plancc.errors import InputError, PlanccError
-from plancc.store import plan_store
+from plancc.store import parquet, schemas
 
 Progress = Callable[[str, int, int], None] | None
 
@@ -91,14 +91,14 @@ def _run_unit(unit: dict[str, Any]) -> dict[str, Any]:
     """One unit, on a Ray worker: `shard.scan_part` of its rows into its part directory. Bad input comes back as
     the row's `error`: plancc's message, not a Ray traceback."""
     from plancc.scan import shard
-    from plancc.store import plan_store, token_store
+    from plancc.store import token_store
 
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one CPU per unit: the tokenizer gets one thread
     lo, hi, path = int(unit["lo"]), int(unit["hi"]), Path(unit["part"])
     out = {"unit": unit["unit"], "lo": lo, "hi": hi, "tokens": 0, "error": "", "input": False}
     try:
         shard.scan_part(_job(unit["job"]), lo, hi, path, owned=True)
-        out["tokens"] = int(token_store.open_store(path / plan_store.TOKENS_DIR).header["tokens"])
+        out["tokens"] = int(token_store.open_store(path / schemas.TOKENS_DIR).header["tokens"])
     except PlanccError as exc:
         out["error"], out["input"] = str(exc), isinstance(exc, InputError)
     return out
@@ -123,7 +123,7 @@ def ray_engine(*, address: str | None = None, num_cpus: int | None = None, progr
             return
         work.mkdir(parents=True, exist_ok=True)
         job_file = work / "job.json"
-        plan_store.write_json(job.to_dict(), job_file)
+        parquet.write_json(job.to_dict(), job_file)
         units = [{"unit": i, "lo": lo, "hi": hi, "part": str(work / shard.part_name(lo, hi)), "job": str(job_file)}
                  for i, (lo, hi) in enumerate(todo)]
         with session(address, num_cpus) as ray:

@@ -56,7 +56,7 @@ from plancc.scan.sources.parallel import workers
 from plancc.scan.sources.rows import RowReader
 from plancc.scan.sources.samples import check_drops
 from plancc.scan.sources.tokenizer import BUILTIN, BUILTIN_NAME
-from plancc.store import atomic, plan_store, token_store
+from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store
 from plancc.store.fingerprint import scan_identity
 
 SCAN_VERSION = shard.SCAN_VERSION
@@ -76,18 +76,18 @@ class Scan:
 
 
 def _load_cached(path: Path, key: str) -> Scan | None:
-    manifest = path / plan_store.SCAN_MANIFEST_FILE
-    if not (manifest.is_file() and (path / plan_store.SAMPLES_FILE).is_file()):
+    manifest = path / schemas.SCAN_MANIFEST_FILE
+    if not (manifest.is_file() and (path / schemas.SAMPLES_FILE).is_file()):
         return None
     try:
         report = orjson.loads(manifest.read_bytes())
-        samples = plan_store.read_samples(path / plan_store.SAMPLES_FILE)
-    except (orjson.JSONDecodeError, plan_store.StoreError):
+        samples = parquet.read_samples(path / schemas.SAMPLES_FILE)
+    except (orjson.JSONDecodeError, schemas.StoreError):
         return None  # a damaged cache entry is recomputed, not trusted
-    if report.get("key") != key or plan_store.samples_fingerprints(samples, scan_identity(report)) != report.get(
+    if report.get("key") != key or plan_files.samples_fingerprints(samples, scan_identity(report)) != report.get(
             "fingerprints"):  # an edited samples table is scanned again, as a damaged store is
         return None
-    tokens = path / plan_store.TOKENS_DIR
+    tokens = path / schemas.TOKENS_DIR
     try:
         m = token_store.open_store(tokens)  # the constant-cost checks
     except token_store.TokenStoreError:
@@ -134,7 +134,7 @@ def local_engine(reader: RowReader, *, num_proc: int = 1, progress: Progress = N
                                 owned=True)
                 _fault(written)
                 if progress and len(todo) > 1:
-                    tokens += token_store.open_store(path / plan_store.TOKENS_DIR).header["tokens"]
+                    tokens += token_store.open_store(path / schemas.TOKENS_DIR).header["tokens"]
                     rate = tokens / max(time.perf_counter() - started, 1e-9)
                     progress(f"tokenizing · {rate:,.0f} tokens/s", hi, job.rows)
 
@@ -219,11 +219,11 @@ def _fill(entry: Path, job: shard.ScanJob, reader: RowReader, *, shard_rows: int
     if progress:
         progress("writing", 0, 1)
     try:
-        with plan_store.atomic_directory(entry, owned=True, what="scan") as tmp:
+        with outputs.atomic_directory(entry, owned=True, what="scan") as tmp:
             merge.write_joined(tmp, joined)
     except atomic.OutputBusy:  # another process writes the same entry: keep ours beside it
         entry = entry.parent / f"{job.key}-{uuid.uuid4().hex[:8]}"
-        with plan_store.atomic_directory(entry, owned=True, what="scan") as tmp:
+        with outputs.atomic_directory(entry, owned=True, what="scan") as tmp:
             merge.write_joined(tmp, joined)
     shutil.rmtree(work, ignore_errors=True)  # the entry holds hard links to the parts' files
     if progress:
@@ -253,15 +253,15 @@ def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_di
 
 def write_scan(result: Scan, out_dir: Path, *, overwrite: bool = False) -> None:
     """SCAN_DIR: samples.parquet, tokens/ and scan.json, replaced atomically; an existing scan only with
-    `overwrite`, a folder holding anything else never (`plan_store.check_output`)."""
+    `overwrite`, a folder holding anything else never (`outputs.check_output`)."""
     report = result.report
-    with plan_store.atomic_directory(out_dir, overwrite=overwrite, what="scan") as tmp:
-        meta = plan_store.file_metadata("samples", report["fingerprints"],
+    with outputs.atomic_directory(out_dir, overwrite=overwrite, what="scan") as tmp:
+        meta = parquet.file_metadata("samples", report["fingerprints"],
                                    report.get("options", {}))
-        plan_store.write_parquet(result.samples, tmp / plan_store.SAMPLES_FILE, meta)
+        parquet.write_parquet(result.samples, tmp / schemas.SAMPLES_FILE, meta)
         if result.tokenized_path is not None:
-            token_store.link_store(result.tokenized_path, tmp / plan_store.TOKENS_DIR)
-        plan_store.write_json(report, tmp / plan_store.SCAN_MANIFEST_FILE)
+            token_store.link_store(result.tokenized_path, tmp / schemas.TOKENS_DIR)
+        parquet.write_json(report, tmp / schemas.SCAN_MANIFEST_FILE)
 
 
 def options_from_report(report: dict[str, Any], tokenizer: str | None = None) -> ScanOptions:

@@ -36,7 +36,7 @@ from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
 from plancc.scan.sources.samples import finish, from_tokenized
 from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
-from plancc.store import plan_store, token_store
+from plancc.store import outputs, parquet, plan_files, schemas, token_store
 from plancc.store.fingerprint import scan_identity
 
 SCAN_VERSION = 6  # 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
@@ -237,7 +237,7 @@ def part_report(job: ScanJob, lo: int, hi: int, counts: dict[str, Any], samples:
                 seconds: float) -> dict[str, Any]:
     """A part's scan.json: the job's report, the part's counts and row range, fingerprints of its rows."""
     report = {**job.report, **counts, "part": {"lo": lo, "hi": hi, "rows": job.rows}, "seconds": round(seconds, 3)}
-    report["fingerprints"] = plan_store.samples_fingerprints(samples, scan_identity(report))
+    report["fingerprints"] = plan_files.samples_fingerprints(samples, scan_identity(report))
     return report
 
 
@@ -245,7 +245,7 @@ def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: Ro
               num_proc: int = 1, pool=None, progress: Progress = None, owned: bool = False,
               overwrite: bool = False) -> dict[str, Any]:
     """Scan rows [lo, hi) of the job's source into the partial scan `out_dir` (written atomically: it is whole or
-    absent; `owned`: a directory plancc owns, replaced whatever it holds; else `plan_store.check_output` rules, with
+    absent; `owned`: a directory plancc owns, replaced whatever it holds; else `outputs.check_output` rules, with
     `overwrite`). Returns the part's report (also its `scan.json`)."""
     started = time.perf_counter()
     if lo < hi:
@@ -253,19 +253,19 @@ def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: Ro
                                       progress=progress)
         done = finish(enc, job.options, where, labels_shifted=shifted)
         ids = pa.array(done.samples.column("sample_id").to_numpy() + lo, pa.int64())
-        samples = done.samples.set_column(0, plan_store.SAMPLES_SCHEMA.field("sample_id"), ids)
+        samples = done.samples.set_column(0, schemas.SAMPLES_SCHEMA.field("sample_id"), ids)
         counts, tokens = _global(done.report, lo), done.tokenized
     else:  # more shards than rows: an empty part keeps the coverage whole
-        samples, tokens = plan_store.SAMPLES_SCHEMA.empty_table(), Encoded.empty()
+        samples, tokens = schemas.SAMPLES_SCHEMA.empty_table(), Encoded.empty()
         counts = {"rows_read": 0, "retained": 0, "dropped_samples": 0, "truncated_samples": 0,
                   **{k: {"count": 0, "first_rows": []} for k in COUNTS}}
     report = part_report(job, lo, hi, counts, samples, time.perf_counter() - started)
-    with plan_store.atomic_directory(out_dir, owned=owned, overwrite=overwrite, what="scan") as tmp:
-        plan_store.write_parquet(samples, tmp / plan_store.SAMPLES_FILE,
-                            plan_store.file_metadata("samples", report["fingerprints"], report["options"]))
-        token_store.write_store(tmp / plan_store.TOKENS_DIR, tokens.ids, tokens.labels, tokens.offsets,
+    with outputs.atomic_directory(out_dir, owned=owned, overwrite=overwrite, what="scan") as tmp:
+        parquet.write_parquet(samples, tmp / schemas.SAMPLES_FILE,
+                            parquet.file_metadata("samples", report["fingerprints"], report["options"]))
+        token_store.write_store(tmp / schemas.TOKENS_DIR, tokens.ids, tokens.labels, tokens.offsets,
                                 fingerprints=report["fingerprints"], labels_shifted=report["labels_shifted"])
-        plan_store.write_json(report, tmp / plan_store.SCAN_MANIFEST_FILE)
+        parquet.write_json(report, tmp / schemas.SCAN_MANIFEST_FILE)
     return report
 
 
@@ -279,13 +279,13 @@ def finished_part(path: Path, key: str, lo: int, hi: int) -> dict[str, Any] | No
     import orjson
 
     try:
-        report = orjson.loads((path / plan_store.SCAN_MANIFEST_FILE).read_bytes())
+        report = orjson.loads((path / schemas.SCAN_MANIFEST_FILE).read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return None
     part = report.get("part") or {}
     if report.get("key") != key or (part.get("lo"), part.get("hi")) != (lo, hi):
         return None
-    if not ((path / plan_store.SAMPLES_FILE).is_file() and token_store.is_store(path / plan_store.TOKENS_DIR)):
+    if not ((path / schemas.SAMPLES_FILE).is_file() and token_store.is_store(path / schemas.TOKENS_DIR)):
         return None
     return report
 

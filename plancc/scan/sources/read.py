@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from plancc.errors import InputError, PlanccWarning
 from plancc.scan.sources.nesting import check_depth
-from plancc.store import plan_store
+from plancc.store import parquet
 
 SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
 
@@ -235,7 +235,7 @@ def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
         if suffix == ".parquet":
             return pq.read_table(path), {}
         if suffix == ".arrow":
-            return plan_store.read_arrow(path), {}
+            return parquet.read_arrow(path), {}
         if suffix == ".csv":
             return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
     except InputError:

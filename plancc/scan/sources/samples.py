@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.scan.sources.encode import Encoded
-from plancc.store import plan_store
+from plancc.store import schemas
 from plancc.store.fingerprint import token_hashes
 from plancc.store.token_store import IGNORE_INDEX
 
@@ -158,7 +158,7 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
             "first_label_supervised": pa.array(first[keep], pa.bool_()),
             "token_hash": pa.array(hashes[keep], pa.uint64()),
         },
-        schema=plan_store.SAMPLES_SCHEMA,
+        schema=schemas.SAMPLES_SCHEMA,
     )
     return Finished(samples, enc, report)
 
