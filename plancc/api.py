@@ -11,6 +11,7 @@ keyword settings. `import plancc` stays light: these names are imported on first
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import uuid
@@ -21,7 +22,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from plancc.config import PlanSettings, SettingsError, resolve_settings
+from plancc.config import PlanSettings, ScanOptions, SettingsError, resolve_settings
 from plancc.errors import InputError
 from plancc.store import atomic, outputs, plan_store
 from plancc.store.plan_store import EpochMicrobatches
@@ -133,11 +134,12 @@ def _engine(engine: str, ray_address: str | None, num_proc: int | None, progress
 def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
          config_format: str = "auto", num_proc: int | None = None, cache_dir: str | Path | None = None,
          progress: Progress | None = None, shard: str | tuple[int, int] | None = None, shard_rows: int | None = None,
-         engine: str = "local", ray_address: str | None = None, **settings: Any) -> dict[str, Any]:
+         engine: str = "local", ray_address: str | None = None, scan: ScanOptions | None = None,
+         **settings: Any) -> dict[str, Any]:
     """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
 
-    Takes the scan's settings of `compile` (`format`, `tokenizer`, `sequence_len`, `long`, `shift`, ...) and its
-    `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`) scans only shard I of N of the source's rows into
+    Takes the scan's settings of `compile` (`scan=ScanOptions(...)` and/or `format`, `tokenizer`, `sequence_len`,
+    `long`, `shift`, ... by name, as there) and its `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`) scans only shard I of N of the source's rows into
     a partial scan, for `merge` to join with the others; `shard_rows` is the scan's shard size (memory, resume
     granularity and, on Ray, the unit of work; the result is the same for any value). `engine="ray"` scans on
     Ray (`plancc.scan.ray_engine`): a local Ray of `num_proc` CPUs (default all) started for the call, or the cluster at
@@ -146,7 +148,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
     from plancc.scan import scanner as scan_mod
 
     cache = Path(cache_dir) if cache_dir is not None else None
-    options, _, procs, _ = resolve_settings(config, num_proc, config_format, **settings)
+    options, _, procs, _ = resolve_settings(config, num_proc, config_format, **typed_settings(scan, None, settings))
     index_count = parse_shard(shard) if shard is not None else None
     runner, default_rows = _engine(engine, ray_address, num_proc, progress)
     if runner is not None and index_count is not None:
@@ -190,16 +192,18 @@ def merge(parts: list[str | Path], output: str | Path, *, overwrite: bool = Fals
 
 def compile(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
             config_format: str = "auto", num_proc: int | None = None, cache_dir: str | Path | None = None,
-            progress: Progress | None = None, mix: str | list[str] | dict[str, tuple[str, float]] | None = None, **settings: Any) -> Plan:
+            progress: Progress | None = None, mix: str | list[str] | dict[str, tuple[str, float]] | None = None,
+            scan: ScanOptions | None = None, plan: PlanSettings | None = None, **settings: Any) -> Plan:
     """Scan `source` (or reuse its scan), plan every epoch and write the plan directory `output`.
 
     `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
     directory) or an in-memory `datasets.Dataset` (written once into the cache as Parquet). A list of them (or of
     dataset entries, dicts with a config entry's keys: `path`, `name`, `format`, `repeat`, `weight`, ...) is a
     recipe (`plancc.recipe`), as is a config file listing `datasets` (then `source` is None). `mix` is `--mix`:
-    "chat=2x,alpaca=0.5" (a repeat with x, else a weight). `settings` are the flags' names with underscores
-    (`sequence_len=2048, world_size=8, tokenizer="tok/"`); `config` a TOML/YAML file under them (an Axolotl or
-    TRL config too: `config_format`, `plancc.config_import`). `output` must be absent, empty, or (with
+    "chat=2x,alpaca=0.5" (a repeat with x, else a weight). The settings are typed, `scan=ScanOptions(...)` and
+    `plan=PlanSettings(...)`, and/or the flags' names with underscores (`sequence_len=2048, world_size=8,
+    tokenizer="tok/"`), which override the objects' fields (`typed_settings`); `config` is a TOML/YAML file under
+    both (an Axolotl or TRL config too: `config_format`, `plancc.config_import`). `output` must be absent, empty, or (with
     `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else there is refused,
     `outputs.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
     naming the setting to change.
@@ -207,7 +211,8 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     from plancc.build import compile_recipe, compile_to_dir
 
     cache = Path(cache_dir) if cache_dir is not None else None
-    scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, config_format, **settings)
+    scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, config_format,
+                                                                 **typed_settings(scan, plan, settings))
     specs = _recipe(source, config, config_format, mix, cache)
     if specs is None:
         if plan_settings.samples_per_epoch is not None:
@@ -248,8 +253,6 @@ def _recipe(source: Any, config: str | Path | None, config_format: str, mix: Any
 def _recipe_settings(specs: tuple, scan_options: Any, plan_settings: PlanSettings, given: set[str]
                      ) -> tuple[Any, PlanSettings, set[str]]:
     """The recipe-wide settings its entries set (checked against each other and the given ones) applied."""
-    import dataclasses
-
     from plancc.recipe import SHARED_KEYS, shared_settings
 
     shared = shared_settings(specs, {k: getattr(scan_options, k) for k in SHARED_KEYS if k in given})
@@ -257,3 +260,34 @@ def _recipe_settings(specs: tuple, scan_options: Any, plan_settings: PlanSetting
     plan_settings = dataclasses.replace(plan_settings, **{k: v for k, v in shared.items()
                                                           if k in ("sequence_len", "shift")})
     return scan_options, plan_settings, given | set(shared)
+
+
+def typed_settings(scan: ScanOptions | None, plan: PlanSettings | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """The keyword settings a typed call stands for: the fields of `scan` and `plan` that differ from their
+    defaults (a field at its default leaves the config file's value, as an unset flag does), then the keywords
+    themselves, which override the objects' fields by name (`plan=base, seed=3`: base with another seed). A wrong
+    type, or a `sequence_len`/`shift` on which `scan` and `plan` disagree, is a SettingsError."""
+    fields: dict[str, Any] = {}
+    for name, obj, cls in (("scan", scan, ScanOptions), ("plan", plan, PlanSettings)):
+        if obj is None:
+            continue
+        if not isinstance(obj, cls):
+            raise SettingsError(f"{name}= takes a plancc.config.{cls.__name__}, got {type(obj).__name__}", name)
+        default = cls()
+        for f in dataclasses.fields(cls):
+            value = getattr(obj, f.name)
+            if value == getattr(default, f.name):
+                continue
+            if f.name in fields and fields[f.name] != value and settings.get(f.name) is None:
+                raise SettingsError(f"{f.name}: scan= says {fields[f.name]!r}, plan= says {value!r}; give the same "
+                                    f"value to both (or {f.name}= to override both)", f.name)
+            fields[f.name] = value
+    return {**fields, **{k: v for k, v in settings.items() if v is not None}}
+
+
+def config_note(config: str | Path, config_format: str = "auto") -> str | None:
+    """What an Axolotl or TRL config file holds that plancc does not use (None: nothing, or a plancc config)."""
+    from plancc import config_import
+    from plancc.config import read_config_file
+
+    return config_import.translate(read_config_file(config), Path(config), config_format).note(Path(config))
