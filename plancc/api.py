@@ -1,7 +1,8 @@
 """The public Python API: `plancc.compile(source, output, **settings) -> Plan` and `plancc.open_plan(path) -> Plan`.
 
-The `plancc compile` and `plancc scan` commands are a thin layer over this module: they turn flags into the same
-keyword settings. `import plancc` stays light: these names are imported on first use (see `plancc/__init__.py`).
+The `plancc` commands are a thin layer over this module: `compile` and `scan` turn flags into the same keyword
+settings, and the review commands call `validate`, `diff`, `metrics`, `plan_layout`, `sample`, ... (the last
+section), which return data for the command to print. `import plancc` stays light: these names are imported on first use (see `plancc/__init__.py`).
 
     import plancc
     plan = plancc.compile("data/train.jsonl", "plans/train", sequence_len=2048, micro_batch_size=4, world_size=8)
@@ -18,14 +19,19 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
 from plancc.config import PlanSettings, ScanOptions, SettingsError, resolve_settings
 from plancc.errors import InputError
+from plancc.review.diff_rules import DEFAULT_TOLERANCE
 from plancc.store import atomic, outputs, plan_store
 from plancc.store.plan_store import EpochMicrobatches
+
+if TYPE_CHECKING:
+    from plancc.review.inspect import PlanView
+    from plancc.review.show import SampleView
 
 Progress = Callable[[str, int, int], None]
 
@@ -291,3 +297,127 @@ def config_note(config: str | Path, config_format: str = "auto") -> str | None:
     from plancc.config import read_config_file
 
     return config_import.translate(read_config_file(config), Path(config), config_format).note(Path(config))
+
+
+# ---------------------------------------------------------------- review: what `plancc validate|diff|inspect|show` ask
+
+
+@dataclass(frozen=True)
+class Validation:
+    """What `validate` found: every violation (none: the plan is sound) and whether an eval plan was checked."""
+
+    problems: tuple[str, ...]
+    has_eval: bool
+
+    @property
+    def ok(self) -> bool:
+        """No violation."""
+        return not self.problems
+
+
+def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str | None = None, fast: bool = False,
+             num_proc: int | None = None, cache_dir: str | Path | None = None) -> Validation:
+    """Re-check every invariant and fingerprint of a plan on disk (`plancc.review.validate`).
+
+    `dataset` is where the plan's data is now: a plan, scan or token store folder is checked against the plan
+    chunk by chunk; any other source is rescanned with the plan's scan options (its tokenizer at `tokenizer`
+    when it moved) and its content fingerprint compared. `fast` checks the token store's metadata only."""
+    from plancc.review.validate import validate_plan
+
+    tokens_dir, dataset_fp = _dataset_store(dataset), None
+    if dataset is not None and tokens_dir is None:
+        dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
+    problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
+    return Validation(tuple(problems), "eval" in meta)
+
+
+def _dataset_store(dataset: str | None) -> Path | None:
+    """The token store of `validate --dataset` when it names a plan, scan or token store folder."""
+    from plancc.store import schemas, token_store
+
+    candidates = [Path(dataset) / schemas.TOKENS_DIR, Path(dataset)] if dataset is not None else []
+    return next((c for c in candidates if token_store.is_store(c)), None)
+
+
+def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,
+                           cache_dir: str | Path | None) -> str:
+    """The content fingerprint of `dataset` scanned with the options the plan's scan recorded."""
+    from plancc.scan import scanner as scan_mod
+    from plancc.store import plan_files
+
+    plan = plan_store.PlanDir(plan_dir)
+    if plan.settings.mixture:
+        raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source cannot be "
+                         "rescanned for it; give a plan, scan or token store folder")
+    options = scan_mod.options_from_report(plan.meta["scan"], tokenizer)
+    result = scan_mod.scan(dataset, options, num_proc=num_proc or 1,
+                           cache_dir=Path(cache_dir) if cache_dir is not None else None)
+    return plan_files.samples_fingerprints(result.samples)["dataset"]
+
+
+def diff(old: str | Path, new: str | Path, *, fail_on: list[str] | None = None,
+         tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """Compare two plan directories (`plancc.review.diff.diff_plans`): the JSON-able report, with `fail_on` (the
+    checks asked for: any, config, dataset, metrics-regression; repeated or comma-separated) and `failed` (why
+    those checks fail; empty: none does)."""
+    from plancc.review import diff as diff_mod
+
+    checks = diff_mod.parse_fail_on(fail_on)
+    report = diff_mod.diff_plans(old, new, tolerance=tolerance)
+    return {**report, "fail_on": checks, "failed": diff_mod.failures(report, checks)}
+
+
+def metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
+    """The metric rows `{epoch, stage, metric...}` of every epoch (or one) as compile stored them."""
+    from plancc.review.inspect import read_metrics
+
+    return read_metrics(plan_dir, epoch)
+
+
+def eval_sizes(plan_dir: str | Path) -> dict[str, Any] | None:
+    """The eval plan's samples, tokens, label tokens and batches (None: the plan holds no eval plan)."""
+    from plancc.review import inspect
+
+    return inspect.eval_sizes(plan_dir)
+
+
+def dataset_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
+    """A recipe plan's per-dataset samples, tokens and label tokens, before and after planning."""
+    from plancc.review.inspect import read_dataset_metrics
+
+    return read_dataset_metrics(plan_dir, epoch)
+
+
+def plot_metrics(plan_dir: str | Path, out: str | Path, epochs: list[int] | None = None) -> list[str]:
+    """Write before/after label histograms to the PNG `out` (needs matplotlib); one note per epoch."""
+    from plancc.review.plot import plot_metrics as plot
+
+    return plot(plan_dir, out, epochs)
+
+
+def plan_layout(plan_dir: str | Path, *, epoch: int | None = None, update: int | None = None,
+                rank: int | None = None, micro_step: int | None = None, limit: int = 20) -> PlanView:
+    """The microbatches matching the filters in global order, the first `limit` (0: all) with their sample ids."""
+    from plancc.review.inspect import plan_view
+
+    return plan_view(plan_dir, epoch=epoch, update=update, rank=rank, micro_step=micro_step, limit=limit)
+
+
+def sample(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
+    """One sample of a plan or scan decoded with its recorded tokenizer (at `tokenizer` when it moved), its
+    supervised tokens marked."""
+    from plancc.review.show import sample_view
+
+    return sample_view(directory, sample_id, tokenizer)
+
+
+def dropped(directory: str | Path) -> dict[str, Any]:
+    """The rows a plan's or scan's scan dropped (with why) and the count and first rows it truncated."""
+    from plancc.review.show import dropped_rows
+
+    return dropped_rows(directory)
+
+
+def interrupted_message(output: str | Path, what: str) -> str:
+    """What an interrupted command left at `output` (a `what`: plan or scan): the old one, nothing, or the new."""
+    return atomic.interrupted_message(output, what)

@@ -25,6 +25,26 @@ FRONT = ("plancc.api", "plancc.cli", "plancc.__main__")
 SHARED = ("plancc.config", "plancc.config_import", "plancc.recipe", "plancc.errors", "plancc.numbers", "plancc.layout",
           "plancc.plan", "plancc.row_sums", "plancc.jit", "plancc.metric_columns")
 ABOVE_SHARED = (STORE, SCAN, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT)
+# the CLI parses, calls `plancc.api` and prints: besides the API, only plain values for its help text and messages
+CLI_MAY = ("plancc.cli", "plancc.api", "plancc.config", "plancc.errors", "plancc.numbers", "plancc.metric_columns",
+           "plancc.review.diff_rules")
+
+
+def matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_but(*allowed: str) -> tuple[str, ...]:
+    """Every plancc module except `allowed`, those below them and the packages holding them (whose `__init__` an
+    import runs anyway): what a rule lists to say what a module may import rather than what it may not."""
+    names = (module_name(p) for p in sorted(ROOT.rglob("*.py")))
+    return tuple(n for n in names if not any(matches(n, a) or matches(a, n) for a in allowed))
+
 
 # (module prefix, what it must not import: plancc module prefixes or top-level packages), first match wins
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -43,7 +63,10 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (RUNTIME, (SCAN, PLANNER, REVIEW, *ORCHESTRATION, *FRONT, "typer", "datasets")),
     *((name, (REVIEW, RUNTIME, *FRONT, "torch", "typer")) for name in ORCHESTRATION),
     ("plancc.api", ("plancc.cli", RUNTIME, "torch", "typer")),
-    ("plancc", ("torch",)),  # the CLI and the package itself: compiling never imports torch
+    ("plancc.cli", (*all_but(*CLI_MAY), "torch")),
+    # the script runs the CLI; and, under `PLANCC_FAULT` only, the interrupt tests' start-up crash point
+    ("plancc.__main__", (*all_but("plancc.cli", "plancc.store.atomic"), "torch")),
+    ("plancc", ("torch",)),  # the package itself: compiling never imports torch
 )
 EXCEPTIONS = {
     ("plancc.runtime.trl", "datasets"),  # TRL's SFTTrainer takes nothing but a datasets.Dataset
@@ -53,11 +76,6 @@ EXCEPTIONS = {
     # show decodes a sample with the plan's tokenizer, loaded exactly as the scan loaded it
     ("plancc.review.show", SCAN),
 }
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports(path: Path) -> set[str]:
@@ -78,10 +96,6 @@ def imports(path: Path) -> set[str]:
     return found
 
 
-def matches(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
-
-
 def rule_for(module: str) -> tuple[str, ...]:
     return next(forbidden for prefix, forbidden in RULES if matches(module, prefix))
 
@@ -97,6 +111,18 @@ def test_no_upward_import(path):
                  if matches(name, f) and not matches(name, module) and (module, f) not in EXCEPTIONS
                  and not (f == "plancc" and name == "plancc"))
     assert not bad, f"{module} imports {bad}, which docs/architecture.md's one-way flow forbids it"
+
+
+def test_the_cli_may_import_the_api_and_plain_values_only():
+    """The CLI's rule names what it may import: the API and plain values pass, any other plancc module fails."""
+    forbidden = rule_for("plancc.cli.inspect_cmd")
+    for name in ("plancc.api", "plancc.config", "plancc.review.diff_rules", "plancc.cli.common", "plancc"):
+        assert not any(matches(name, f) for f in forbidden), name
+    for name in ("plancc.review.inspect", "plancc.review.validate", "plancc.store.atomic", "plancc.scan.scanner",
+                 "plancc.config_import", "plancc.build", "torch"):
+        assert any(matches(name, f) for f in forbidden), name
+    assert any(matches("plancc.api", f) for f in rule_for("plancc.__main__"))
+    assert any(matches("plancc.store.plan_store", f) for f in rule_for("plancc.__main__"))
 
 
 def test_the_checker_sees_imports():

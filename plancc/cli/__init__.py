@@ -193,25 +193,13 @@ def validate_cmd(
     quiet: QuietOpt = False,
     json: JsonOpt = False,
 ) -> None:
-    """`plancc validate`: every violation `plancc.review.validate.validate_plan` finds, exit 1 when there is one."""
-    from plancc.review.validate import validate_plan
-    from plancc.store import plan_files, plan_store, schemas, token_store
+    """`plancc validate`: every violation `plancc.api.validate` finds, exit 1 when there is one."""
+    from plancc import api
 
     with fail_on_errors():
-        dataset_fp, tokens_dir = None, None
-        for candidate in ([Path(dataset) / schemas.TOKENS_DIR, Path(dataset)] if dataset is not None else []):
-            if tokens_dir is None and token_store.is_store(candidate):
-                tokens_dir = candidate  # a plan, scan or token store folder: check its store, no rescan
-        if dataset is not None and tokens_dir is None:
-            from plancc.errors import InputError
-            from plancc.scan import scanner as scan_mod
-            if plan_store.PlanDir(plan_dir).settings.mixture:
-                raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source "
-                                 "cannot be rescanned for it; give a plan, scan or token store folder")
-            options = scan_mod.options_from_report(plan_store.PlanDir(plan_dir).meta["scan"], tokenizer)
-            result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
-            dataset_fp = plan_files.samples_fingerprints(result.samples)["dataset"]
-        problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
+        result = api.validate(plan_dir, dataset=dataset, tokenizer=tokenizer, fast=fast, num_proc=num_proc,
+                              cache_dir=cache_dir)
+    problems = list(result.problems)
     if json:
         print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
     elif problems:
@@ -221,7 +209,7 @@ def validate_cmd(
         checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, token data "
                    + ("metadata" if fast else "content")
                    + (f", dataset content of {dataset}" if dataset else "")
-                   + (", eval plan (held-out set once each, none trained on)" if "eval" in meta else ""))
+                   + (", eval plan (held-out set once each, none trained on)" if result.has_eval else ""))
         typer.echo(f"{plan_dir}: ok ({checked})")
     raise typer.Exit(1 if problems else 0)
 

@@ -98,7 +98,7 @@ def fail_on_errors(output: str | Path | None = None, what: str = "plan") -> Iter
     """Bad input, usage or files: a one-line message on stderr and exit code 2, never a traceback.
 
     SIGTERM is handled like Ctrl-C, so both end with a message saying what is on disk at `output` (the command's
-    `-o`, a `what`): the old one, nothing, or the new one (`plancc.store.atomic`).
+    `-o`, a `what`): the old one, nothing, or the new one (`plancc.api.interrupted_message`).
     """
     main_thread = threading.current_thread() is threading.main_thread()
     term = signal.getsignal(signal.SIGTERM) if main_thread else None
@@ -136,9 +136,9 @@ def fail_on_errors(output: str | Path | None = None, what: str = "plan") -> Iter
 def _interrupted(output: str | Path | None, what: str) -> str:
     if output is None:
         return "interrupted: nothing was written"
-    from plancc.store import atomic
+    from plancc import api
 
-    return atomic.interrupted_message(output, what)
+    return api.interrupted_message(output, what)
 
 
 def _doing(exc: BaseException) -> str:

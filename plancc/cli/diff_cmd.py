@@ -1,4 +1,4 @@
-"""`plancc diff OLD NEW`: parse, call `plancc.review.diff.diff_plans`, render (`plancc.review.diff_render`), choose the exit code."""
+"""`plancc diff OLD NEW`: parse, call `plancc.api.diff`, render (`plancc.cli.diff_render`), choose the exit code."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from plancc.cli.common import QuietOpt, app, fail_on_errors, print_json
+from plancc.errors import PlanccError
 from plancc.review.diff_rules import DEFAULT_TOLERANCE, REGRESSION_RULE
 
 _HELP = (
@@ -40,19 +41,15 @@ def diff_cmd(
     json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> None:
     """`plancc diff`: compare, render in the chosen format, exit 1 on a `--fail-on` change."""
-    from plancc.errors import PlanccError
-    from plancc.review import diff as d
-    from plancc.review import diff_render
+    from plancc import api
+    from plancc.cli import diff_render
 
     format = "json" if json else format
     with fail_on_errors():
         if format not in ("text", "json", "markdown"):
             raise PlanccError(f"--format must be one of text, json, markdown; got {format!r}")
-        checks = d.parse_fail_on(fail_on)
-        report = d.diff_plans(old, new, tolerance=tolerance)
-        failed = d.failures(report, checks)
-        report["fail_on"] = checks
-        report["failed"] = failed
+        report = api.diff(old, new, fail_on=fail_on, tolerance=tolerance)
+        failed = report["failed"]
         if format == "json":
             text = None
             if not quiet:

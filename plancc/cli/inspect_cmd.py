@@ -1,4 +1,4 @@
-"""`plancc inspect metrics|plan PLAN_DIR`: parse, call `plancc.review.inspect`, print."""
+"""`plancc inspect metrics|plan PLAN_DIR`: parse, call `plancc.api`, print (`plancc.cli.tables`)."""
 
 from __future__ import annotations
 
@@ -42,19 +42,16 @@ def metrics_cmd(
     json: JsonOpt = False,
 ) -> None:
     """`plancc inspect metrics`: the stored metrics as tables or JSON, and the optional before/after plot."""
-    from plancc.review import inspect
+    from plancc import api
+    from plancc.cli import tables
 
     if by is not None:
         _by_dataset(plan_dir, by, epoch, quiet, json)
         return
     with fail_on_errors():
-        rows = inspect.read_metrics(plan_dir, epoch)
-        sizes = inspect.eval_sizes(plan_dir)
-        notes: list[str] = []
-        if plot is not None:
-            from plancc.review.plot import plot_metrics
-
-            notes = plot_metrics(plan_dir, plot, None if epoch is None else [epoch])
+        rows = api.metrics(plan_dir, epoch)
+        sizes = api.eval_sizes(plan_dir)
+        notes = [] if plot is None else api.plot_metrics(plan_dir, plot, None if epoch is None else [epoch])
     if json:
         out: dict = {"plan_dir": str(plan_dir), "metrics": rows, "eval": sizes}
         if plot is not None:
@@ -63,11 +60,11 @@ def metrics_cmd(
         return
     if quiet:
         return
-    console = inspect.console()
-    for table in inspect.metrics_tables(rows, compact=compact):
+    console = tables.console()
+    for table in tables.metrics_tables(rows, compact=compact):
         console.print(table)
     if sizes is not None:
-        console.print(inspect.eval_table(sizes))
+        console.print(tables.eval_table(sizes))
     if plot is not None:
         console.print(f"wrote {plot}")
         for n in notes:
@@ -76,18 +73,19 @@ def metrics_cmd(
 
 def _by_dataset(plan_dir: Path, by: str, epoch: int | None, quiet: bool, json: bool) -> None:
     """`inspect metrics --by dataset`: a recipe's per-dataset metrics."""
+    from plancc import api
+    from plancc.cli import tables
     from plancc.config import SettingsError
-    from plancc.review import inspect
 
     with fail_on_errors():
         if by != "dataset":
             raise SettingsError(f"--by {by}: expected dataset")
-        rows = inspect.read_dataset_metrics(plan_dir, epoch)
+        rows = api.dataset_metrics(plan_dir, epoch)
     if json:
         print_json({"plan_dir": str(plan_dir), "by": "dataset", "metrics": rows})
     elif not quiet:
-        console = inspect.console()
-        for table in inspect.dataset_tables(rows):
+        console = tables.console()
+        for table in tables.dataset_tables(rows):
             console.print(table)
 
 
@@ -116,24 +114,25 @@ def plan_cmd(
     json: JsonOpt = False,
 ) -> None:
     """`plancc inspect plan`: the filtered microbatches as a table or JSON."""
-    from plancc.review import inspect
+    from plancc import api
+    from plancc.cli import tables
 
     with fail_on_errors():
-        view = inspect.plan_view(plan_dir, epoch=epoch, update=update, rank=rank, micro_step=micro_step, limit=limit)
+        view = api.plan_layout(plan_dir, epoch=epoch, update=update, rank=rank, micro_step=micro_step, limit=limit)
     if json:
         print_json({"plan_dir": str(plan_dir), **view.to_json()})
         return
     if quiet:
         return
     s = view.settings
-    console = inspect.console()
+    console = tables.console()
     console.print(f"{plan_dir}: mode {s.get('mode')}, micro_batch_size {s.get('micro_batch_size')}, sequence_len "
                   f"{s.get('sequence_len')}, world_size {s.get('world_size')}, grad_accum {s.get('grad_accum')}, "
                   f"epochs {s.get('epochs')}")
     console.print(f"{view.matching:,} matching microbatches, {view.tokens:,} tokens, {view.labels:,} labels; "
                   f"showing {len(view.rows):,}")
     if view.rows:
-        console.print(inspect.plan_table(view, ids))
+        console.print(tables.plan_table(view, ids))
     if len(view.rows) < view.matching:
         console.print(f"… {view.matching - len(view.rows):,} more (narrow with --epoch/--update/--rank/--micro-step "
                       "or raise "

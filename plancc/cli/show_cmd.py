@@ -1,5 +1,5 @@
-"""`plancc show PLAN_OR_SCAN --sample ID` (`plancc.review.show.sample_view`) or `--dropped` (`plancc.review.show.dropped_rows`):
-parse, call, print."""
+"""`plancc show PLAN_OR_SCAN --sample ID` (`plancc.api.sample`) or `--dropped` (`plancc.api.dropped`): parse,
+call, print."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def show_cmd(
     json: JsonOpt = False,
 ) -> None:
     """`plancc show`: one sample decoded, supervised text marked, optionally token by token."""
-    from plancc.review.show import sample_view
+    from plancc import api
 
     if dropped:
         _dropped(directory, quiet, json)
@@ -47,7 +47,7 @@ def show_cmd(
             from plancc.errors import InputError
 
             raise InputError("plancc show: give --sample ID (one sample) or --dropped (the dropped rows)")
-        view = sample_view(directory, sample, tokenizer)
+        view = api.sample(directory, sample, tokenizer)
     if json:
         print_json({"dir": str(directory), **view.to_json()})
         return
@@ -83,10 +83,10 @@ def show_cmd(
 
 def _dropped(directory: Path, quiet: bool, json: bool) -> None:
     """`show --dropped`: one line a dropped row, then the truncated count."""
-    from plancc.review.show import dropped_rows
+    from plancc import api
 
     with fail_on_errors():
-        listed = dropped_rows(directory)
+        listed = api.dropped(directory)
     if json:
         print_json({"dir": str(directory), **listed})
         return

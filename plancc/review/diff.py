@@ -15,7 +15,7 @@ Churn is a columnar compare, never a loop over samples: each plan's `sample_ids`
 matched by sort when ids are sparse), and microbatches of equal shape are compared element-wise through one
 gather. Epochs whose plan fingerprints are equal are not read at all: equal digests mean equal rows.
 
-`failures` applies the `--fail-on` policy to a report; `plancc.review.diff_render` turns it into text or markdown.
+`failures` applies the `--fail-on` policy to a report; `plancc.cli.diff_render` turns it into text or markdown.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@
 * `before_counts(plan_dir, epoch)`: per-microbatch label counts and per-update totals of the `before` stage
   next to the `after` ones, read from what compile stored (`before.parquet`; nothing is recomputed). A plan of an
   older plancc that did not store them shows `after` only and says so.
-* `metrics_tables(rows)`: rich tables, one per epoch, metrics down, stages across.
 * `eval_sizes(plan_dir)`: the eval plan's samples, tokens, label tokens and batches (None without one).
 """
 
@@ -24,16 +23,11 @@ import pyarrow.compute as pc
 
 from plancc.errors import PlanccError
 from plancc.layout import complete_updates, optimizer_updates
-from plancc.metric_columns import METRIC_COLUMNS
-from plancc.numbers import format_number, padding_ratio
+from plancc.numbers import padding_ratio
 from plancc.store import parquet, plan_store, schemas
 
 SCALAR_COLUMNS = ["epoch", "index", "update", "rank", "micro_step", "tokens", "label_count", "cost", "num_items",
                   "complete_update"]
-
-# metrics shown first (and in this order) in the human table; the rest follow in METRIC_COLUMNS order
-HEADLINE = ("samples", "batches", "updates", "label_cv", "update_label_cv", "packing_efficiency", "padding_ratio",
-            "max_naive_weight_skew")
 
 
 def read_metrics(plan_dir: str | Path | plan_store.PlanDir, epoch: int | None = None) -> list[dict[str, Any]]:
@@ -59,43 +53,6 @@ def eval_sizes(plan_dir: str | Path | plan_store.PlanDir) -> dict[str, Any] | No
     return {"val_set_size": plan.settings.val_set_size, **plan.meta["eval"]} if plan.has_eval else None
 
 
-def eval_table(sizes: dict[str, Any]):
-    """A rich Table of `eval_sizes`."""
-    from rich.table import Table
-
-    t = Table(title="eval plan (held out, seen once per evaluation)", title_justify="left")
-    t.add_column("metric")
-    t.add_column("eval", justify="right")
-    for name in ("val_set_size", "samples", "tokens", "label_count", "batches", "batches_per_rank", "cost"):
-        t.add_row(name, format_number(sizes[name]))
-    return t
-
-
-def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
-    """One rich Table per epoch: metrics down, stages across (before, balancing stages, after); `compact`: only
-    the headline metrics and the before and after stages (fits 80 columns)."""
-    from rich.table import Table
-
-    names = list(HEADLINE) + ([] if compact else [n for n, _ in METRIC_COLUMNS if n not in HEADLINE])
-    tables = []
-    for e in sorted({r["epoch"] for r in rows}):
-        stages = [r for r in rows if r["epoch"] == e and (not compact or r["stage"] in ("before", "after"))]
-        t = Table(title=f"epoch {e}", title_justify="left")
-        t.add_column("metric")
-        for r in stages:
-            t.add_column(r["stage"], justify="right")
-        for n in names:
-            values = [r.get(n) for r in stages]
-            if all(v is None for v in values):
-                continue
-            t.add_row(n, *(format_number(v) for v in values))
-        tables.append(t)
-    return tables
-
-
-DATASET_METRICS = ("samples", "sample_share", "tokens", "token_share", "label_tokens", "label_share")
-
-
 def read_dataset_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
     """A recipe plan's per-dataset metrics `{epoch, stage, dataset, samples, tokens, label_tokens, *_share}`
     (stages `before`: the mixture as drawn, `after`: what the plan holds); an error for a one-source plan."""
@@ -108,25 +65,6 @@ def read_dataset_metrics(plan_dir: str | Path, epoch: int | None = None) -> list
     if epoch is not None and not rows:
         raise PlanccError(f"--epoch {epoch}: the plan has no such epoch (epochs: {plan.settings.epochs})")
     return rows
-
-
-def dataset_tables(rows: list[dict[str, Any]]):
-    """One rich Table per epoch: datasets down, each metric before -> after across."""
-    from rich.table import Table
-
-    tables = []
-    for e in sorted({r["epoch"] for r in rows}):
-        by = {(r["dataset"], r["stage"]): r for r in rows if r["epoch"] == e}
-        t = Table(title=f"epoch {e} by dataset", title_justify="left")
-        t.add_column("dataset")
-        for name in DATASET_METRICS:
-            t.add_column(name, justify="right")
-        for dataset in dict.fromkeys(r["dataset"] for r in rows if r["epoch"] == e):
-            before, after = by[(dataset, "before")], by[(dataset, "after")]
-            t.add_row(dataset, *(format_number(after[n]) if before[n] == after[n] else
-                                 f"{format_number(before[n])} → {format_number(after[n])}" for n in DATASET_METRICS))
-        tables.append(t)
-    return tables
 
 
 # ---------------------------------------------------------------- plan layout
@@ -211,47 +149,6 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
             rows.append({**{k: scalars[k][i] for k in SCALAR_COLUMNS}, "rows": r1 - r0,
                          "samples": int(row_bounds[r1] - row_bounds[r0]), "sample_ids": sample_rows})
     return PlanView(plan.settings.to_dict(), plan.fingerprints, matching, tokens, labels, rows)
-
-
-def format_ids(sample_rows: list[list[int]], max_ids: int) -> str:
-    """Rows separated by ' | ', at most `max_ids` ids in all (0: all), ' …' when cut."""
-    out: list[str] = []
-    left = max_ids if max_ids > 0 else None
-    cut = False
-    for row in sample_rows:
-        if left is not None and left <= 0:
-            cut = True
-            break
-        part = row if left is None else row[:left]
-        if left is not None:
-            left -= len(part)
-        cut = cut or len(part) < len(row)
-        out.append(",".join(str(i) for i in part))
-    return " | ".join(out) + (" …" if cut else "")
-
-
-def console():
-    """A rich console on stdout; when piped (CI logs, files) wide enough that tables do not wrap."""
-    from rich.console import Console
-
-    c = Console()
-    return c if c.is_terminal else Console(width=200)
-
-
-def plan_table(view: PlanView, max_ids: int = 8):
-    """A rich Table of the view's microbatches, at most `max_ids` sample ids each (0: all)."""
-    from rich.table import Table
-
-    t = Table()
-    for name in ("epoch", "update", "step", "rank", "index", "rows", "samples", "tokens", "labels", "cost",
-                 "upd labels"):
-        t.add_column(name, justify="right", no_wrap=True)
-    t.add_column("sample ids (rows split by |)", overflow="fold")
-    for r in view.rows:
-        t.add_row(*(str(r[k]) for k in ("epoch", "update", "micro_step", "rank", "index", "rows", "samples",
-                                         "tokens", "label_count", "cost", "num_items")),
-                  format_ids(r["sample_ids"], max_ids))
-    return t
 
 
 # ---------------------------------------------------------------- before vs after counts

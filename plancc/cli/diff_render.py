@@ -1,5 +1,5 @@
 """`plancc diff` reports for people: a terminal summary (`render_text`) and a compact CI comment
-(`render_markdown`), both from the JSON-able report `plancc.review.diff.diff_plans` returns (nothing is re-read).
+(`render_markdown`), both from the JSON-able report `plancc.api.diff` returns (nothing is re-read).
 
 The markdown stays far below GitHub's comment limit: metric details are cut at `MAX_DETAIL_ROWS` rows, and
 `--format json` has them all.
