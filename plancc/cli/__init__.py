@@ -31,6 +31,7 @@ from plancc.cli.options import (
     Opt,
     OverwriteOpt,
     ProcOpt,
+    ScanOutputOpt,
     grouped,
 )
 
@@ -107,8 +108,7 @@ def compile_cmd(
 @grouped(scan_flags=SCAN_FLAGS)
 def scan_cmd(
     source: Annotated[str, typer.Argument(help="File, glob, save_to_disk dir or Hub id.")],
-    output: Annotated[Path, Opt("--output", "-o", help="Scan directory to write: absent, empty, or a scan to "
-                                                        "replace atomically with --overwrite.")],
+    output: ScanOutputOpt,
     overwrite: OverwriteOpt = False,
     config: ConfigOpt = None,
     config_format: ConfigFormatOpt = "auto",
@@ -139,6 +139,11 @@ def scan_cmd(
         report = api.scan(source, output, overwrite=overwrite, config=config, config_format=config_format,
                           num_proc=num_proc, cache_dir=cache_dir, progress=progress, shard=shard,
                           shard_rows=shard_rows, engine=engine, ray_address=ray_address, **scan_flags)
+    _print_scan(output, report, quiet, json)
+
+
+def _print_scan(output: Path, report: dict, quiet: bool, json: bool) -> None:
+    """What `scan` and `merge` print: warnings, then the report as JSON or the summary."""
     warn(report.get("warnings") or [])
     if json:
         print_json({"scan_dir": str(output), **report})
@@ -154,8 +159,7 @@ def scan_cmd(
                            "scans/train")
 def merge_cmd(
     parts: Annotated[list[Path], typer.Argument(help="Partial scan directories (any order).")],
-    output: Annotated[Path, Opt("--output", "-o", help="Scan directory to write: absent, empty, or a scan to "
-                                                        "replace atomically with --overwrite.")],
+    output: ScanOutputOpt,
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
     json: JsonOpt = False,
@@ -165,13 +169,7 @@ def merge_cmd(
 
     with fail_on_errors(output, "scan"):
         report = api.merge(parts, output, overwrite=overwrite)
-    warn(report.get("warnings") or [])
-    if json:
-        print_json({"scan_dir": str(output), **report})
-    elif not quiet:
-        from plancc.cli.summary import scan_summary
-
-        typer.echo("\n".join(scan_summary(str(output), report)))
+    _print_scan(output, report, quiet, json)
 
 
 @app.command("validate", help="Re-check every invariant and fingerprint of a plan on disk; exit 1 on any "

@@ -18,6 +18,7 @@ inspect_app = typer.Typer(
 app.add_typer(inspect_app, name="inspect")
 
 PlanArg = Annotated[Path, typer.Argument(help="Plan directory (written by `plancc compile`).")]
+EpochOpt = Annotated[int | None, typer.Option("--epoch", help="Only this epoch.", show_default="all")]
 
 
 @inspect_app.command(
@@ -29,7 +30,7 @@ PlanArg = Annotated[Path, typer.Argument(help="Plan directory (written by `planc
 )
 def metrics_cmd(
     plan_dir: PlanArg,
-    epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.", show_default="all")] = None,
+    epoch: EpochOpt = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write before/after histograms to this PNG "
                                                              "(needs the `plot` extra: matplotlib).",
                                               show_default="none")] = None,
@@ -99,7 +100,7 @@ def _by_dataset(plan_dir: Path, by: str, epoch: int | None, quiet: bool, json: b
 )
 def plan_cmd(
     plan_dir: PlanArg,
-    epoch: Annotated[int | None, typer.Option("--epoch", help="Only this epoch.", show_default="all")] = None,
+    epoch: EpochOpt = None,
     update: Annotated[int | None, typer.Option("--update", help="Only this optimizer update (the last may be the "
                                                 "incomplete final update: it trains too unless --drop-last).",
                                                show_default="all")] = None,

@@ -90,6 +90,9 @@ OverwriteOpt = Annotated[bool, Opt("--overwrite", help="Replace an existing plan
                                                        "anything plancc did not write, and any other folder, is "
                                                        "never touched).")]
 
+ScanOutputOpt = Annotated[Path, Opt("--output", "-o", help="Scan directory to write: absent, empty, or a scan to "
+                                                           "replace atomically with --overwrite.")]
+
 
 def flags(**annotations: Any) -> tuple[inspect.Parameter, ...]:
     """Options as command parameters (`name=Annotated type`), each defaulting to None ("not given", so that a
