@@ -1,6 +1,7 @@
 """`plancc` commands: parse options, call one library function, print. No planning logic lives here.
 
-`compile` and `scan` hand their options to `plancc.api` by name (the same keywords a Python caller uses).
+`compile` and `scan` hand their options to `plancc.api` by name (the same keywords a Python caller uses); the
+options they share are declared once (`plancc.cli.options`).
 """
 
 from __future__ import annotations
