@@ -2,7 +2,8 @@
 
 The `plancc` commands are a thin layer over this module: `compile` and `scan` turn flags into the same keyword
 settings, and the review commands call `validate`, `diff`, `metrics`, `plan_layout`, `sample`, ... (the last
-section), which return data for the command to print. `import plancc` stays light: these names are imported on first use (see `plancc/__init__.py`).
+section), which return data for the command to print. `import plancc` stays light: these names are imported on
+first use (see `plancc/__init__.py`).
 
     import plancc
     plan = plancc.compile("data/train.jsonl", "plans/train", sequence_len=2048, micro_batch_size=4, world_size=8)
@@ -145,8 +146,8 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
     """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
 
     Takes the scan's settings of `compile` (`scan=ScanOptions(...)` and/or `format`, `tokenizer`, `sequence_len`,
-    `long`, `shift`, ... by name, as there) and its `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`) scans only shard I of N of the source's rows into
-    a partial scan, for `merge` to join with the others; `shard_rows` is the scan's shard size (memory, resume
+    `long`, `shift`, ... by name, as there) and its `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`)
+    scans only shard I of N of the source's rows into a partial scan, for `merge` to join with the others; `shard_rows` is the scan's shard size (memory, resume
     granularity and, on Ray, the unit of work; the result is the same for any value). `engine="ray"` scans on
     Ray (`plancc.scan.ray_engine`): a local Ray of `num_proc` CPUs (default all) started for the call, or the cluster at
     `ray_address` (`"auto"`: the one this machine belongs to); the result is the local engine's, byte for byte.
@@ -209,8 +210,8 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     "chat=2x,alpaca=0.5" (a repeat with x, else a weight). The settings are typed, `scan=ScanOptions(...)` and
     `plan=PlanSettings(...)`, and/or the flags' names with underscores (`sequence_len=2048, world_size=8,
     tokenizer="tok/"`), which override the objects' fields (`typed_settings`); `config` is a TOML/YAML file under
-    both (an Axolotl or TRL config too: `config_format`, `plancc.config_import`). `output` must be absent, empty, or (with
-    `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else there is refused,
+    both (an Axolotl or TRL config too: `config_format`, `plancc.config_import`). `output` must be absent, empty,
+    or (with `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else there is refused,
     `outputs.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
     naming the setting to change.
     """
