@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -462,18 +463,23 @@ def to_table(path: str | Path):
                      "labels": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.labels)))})
 
 
+def _row_blocks(starts: np.ndarray, ends: np.ndarray, block: int) -> Iterator[tuple[int, int, int, int]]:
+    """Rows [i, j) at a time, with the tokens [a, b) they span: about `block` tokens (at least one row) each."""
+    i = 0
+    while i < starts.shape[0]:
+        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
+        yield i, j, int(starts[i]), int(ends[i:j].max())
+        i = j
+
+
 def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
     """Supervised labels (!= -100) of each row [starts[i], ends[i]) (ascending), a block of tokens at a time, so
     that memory stays bounded on a mapped store."""
     out = np.empty(starts.shape[0], dtype=np.int64)
-    i = 0
-    while i < starts.shape[0]:
-        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
-        a, b = int(starts[i]), int(ends[i:j].max())
+    for i, j, a, b in _row_blocks(starts, ends, block):
         sup = np.zeros(b - a + 1, dtype=np.int64)
         np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
         out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
-        i = j
     return out
 
 
@@ -483,14 +489,10 @@ def row_hashes(ids, labels, starts: np.ndarray, ends: np.ndarray, block: int = 1
     from plancc.store.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
 
     out = np.empty(starts.shape[0], dtype=np.uint64)
-    i = 0
-    while i < starts.shape[0]:
-        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
-        a, b = int(starts[i]), int(ends[i:j].max())
+    for i, j, a, b in _row_blocks(starts, ends, block):
         off = np.stack([starts[i:j] - a, ends[i:j] - a], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps them
         x, y = np.asarray(ids[a:b]), np.asarray(labels[a:b])
         out[i:j] = token_hashes(x, off, y, off)[::2]
-        i = j
     return out
 
 
