@@ -48,8 +48,8 @@ from plancc.planner.balance._subset_tables import (
     LOCAL,
     fill_subsets,
     popcount,
+    radix_order,
     refill,
-    stable_order,
     window_tables,
 )
 
@@ -181,7 +181,7 @@ def _fresh_slot(row, state, rules, tables):
         count = fill_subsets(tables.items[slot], tables.n_items[slot], state.item_len, state.item_val, rules.max_sub,
                          rules.cost_mode != PACKED, tables.sub_len[slot], tables.sub_val[slot], tables.sub_mask[slot])
         by_len = tables.by_len[slot]
-        stable_order(tables.sub_len[slot], count, by_len, tables.sort_scratch)
+        radix_order(tables.sub_len[slot], count, by_len, tables.sort_scratch)
         for i in range(count):
             tables.sorted_len[slot, i] = tables.sub_len[slot, by_len[i]]
         tables.n_subsets[slot] = count

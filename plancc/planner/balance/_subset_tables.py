@@ -45,7 +45,7 @@ def fill_subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, ou
     Args:
         items: int64 (LOCAL,) — a slot's items.
         n_items: int — how many of them count.
-        item_len, item_val: `State` arrays.
+        item_len, item_val: `_exchange.State` arrays.
         max_sub: int — largest subset.
         exact: bool — no empty subset (trades keep item counts).
         out_len, out_val, out_mask: int64 (SUB_CAP,) — each subset's tokens, labels and item bit mask, written.
@@ -102,7 +102,7 @@ def popcount(mask):
 
 
 @numba.njit(cache=True)
-def stable_order(keys, count, order, scratch):
+def radix_order(keys, count, order, scratch):
     """Stable ascending order of the non-negative `keys[:count]` into `order[:count]`: LSD radix sort, 8 bits a pass.
 
     A subset table is re-sorted after every trade of its row; there this beats argsort, which allocates.
