@@ -18,7 +18,7 @@ from plancc import build
 from plancc.config import PlanSettings
 from plancc.plan import SampleArrays
 from plancc.planner.pipeline import compile_run
-from plancc.store import parquet, plan_files, token_store
+from plancc.store import parquet, plan_files, token_writer
 from plancc.store.fingerprint import token_hashes
 
 
@@ -105,7 +105,7 @@ def write_tokens(path: Path, tok: pa.Table, samples: pa.Table, shift: str = "sam
     """A token store of `tok` (the targets column the shift reads), as a scan writes it."""
     ids = tok.column("input_ids").combine_chunks()
     lab = tok.column("shift_labels" if shift == "none" else "labels").combine_chunks()
-    token_store.write_store(path, ids.flatten().to_numpy(), lab.flatten().to_numpy(),
-                            np.asarray(ids.offsets, dtype=np.int64), fingerprints=plan_files.samples_fingerprints(samples),
-                            labels_shifted=shift == "none", chunk_tokens=64)
+    token_writer.write_store(path, ids.flatten().to_numpy(), lab.flatten().to_numpy(),
+                             np.asarray(ids.offsets, dtype=np.int64), fingerprints=plan_files.samples_fingerprints(samples),
+                             labels_shifted=shift == "none", chunk_tokens=64)
     return path

@@ -25,7 +25,7 @@ from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_colum
 from plancc.recipe import DatasetSpec
 from plancc.scan.carry import carry
 from plancc.scan.load import load_samples
-from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store
+from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store, token_writer
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -163,7 +163,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         plan_files.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest,
                                eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
-            token_store.link_store(tokenized, tmp / schemas.TOKENS_DIR)
+            token_writer.link_store(tokenized, tmp / schemas.TOKENS_DIR)
             if token_store.open_store(tmp / schemas.TOKENS_DIR).digest != fingerprints["tokens"]:
                 raise token_store.TokenStoreError(f"token store {tokenized} changed while the plan was written; "
                                                   "compile again")

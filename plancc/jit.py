@@ -17,8 +17,8 @@ from plancc.config import default_cache_dir
 # every module holding @numba.njit(cache=True) kernels (a test checks the list against the sources)
 KERNEL_MODULES = ("plancc.store.token_hash", "plancc.planner.sort", "plancc.row_sums", "plancc.planner.pack.best_fit",
                   "plancc.planner.pack._rows", "plancc.planner.pack.exact_fill", "plancc.planner.balance._cost_spread",
-                  "plancc.planner.balance._exchange", "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation",
-                  "plancc.scan.sources.nesting")
+                  "plancc.planner.balance._exchange", "plancc.planner.balance._subset_tables",
+                  "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.scan.sources.nesting")
 COMPILING = "compiling kernels (first run only)"
 
 

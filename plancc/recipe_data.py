@@ -7,7 +7,7 @@ its own `--max-dropped` check (an error names the dataset). Then, in recipe orde
 * sample ids: dataset d's ids are offset by the rows of the token stores before it (`first_id`): sample_id
   `first_id + row` is row `row` of dataset d, so ids stay unique, sorted, and the row a trainer reads;
 * the samples table: the datasets' tables concatenated, with a `dataset` column (the dataset's name);
-* the token store: a multi-part store (`token_store.write_parts`) of the datasets' stores, hard-linked from the
+* the token store: a multi-part store (`token_writer.write_parts`) of the datasets' stores, hard-linked from the
   scan cache into `recipes/KEY/` of the cache (KEY: the datasets' fingerprints, names and order); the runtime maps
   it as one store, so its per-sample read stays O(1) and each chunk is still hashed on first read;
 * a stored scan's sequence_len and shift (read first) are those the others are scanned with, unless set;
@@ -38,7 +38,7 @@ from plancc.errors import InputError, PlanccError
 from plancc.planner.mixture import dataset_index
 from plancc.recipe import DatasetSpec
 from plancc.scan.carry import carry
-from plancc.store import outputs, parquet, plan_files, plan_store, schemas, token_store
+from plancc.store import outputs, parquet, plan_files, plan_store, schemas, token_store, token_writer
 from plancc.store.fingerprint import scan_identity
 
 COUNTED = ("rows_read", "retained", "dropped_samples", "truncated_samples")
@@ -201,8 +201,8 @@ def _token_store(loaded: list[Loaded], table: pa.Table, report: dict[str, Any], 
         pass
     entry.parent.mkdir(parents=True, exist_ok=True)
     with outputs.atomic_directory(entry, owned=True, what="scan") as tmp:
-        token_store.write_parts(tmp / schemas.TOKENS_DIR, [d.tokens for d in loaded], fingerprints=fingerprints,
-                                labels_shifted=shift == "none")
+        token_writer.write_parts(tmp / schemas.TOKENS_DIR, [d.tokens for d in loaded], fingerprints=fingerprints,
+                                 labels_shifted=shift == "none")
     return tokens
 
 

@@ -83,19 +83,26 @@ def test_a_warm_run_compiles_nothing(tmp_path):
         said.append(json.loads(out.stdout))
     compiled, loaded = said[1]
     rare = {"plancc.planner.pack._rows", "plancc.planner.pack.exact_fill"}  # closing left-out items: no small compile gets there
-    assert compiled == 0 and loaded == [m for m in jit.KERNEL_MODULES if m not in rare], said
+    inner = {"plancc.planner.balance._subset_tables"}  # only _exchange's kernels call it: cached inside theirs
+    assert compiled == 0 and loaded == [m for m in jit.KERNEL_MODULES if m not in rare | inner], said
 
 
 def _kernels() -> list[tuple[str, str, list[str], str]]:
-    """(file, name, parameters, docstring) of every @numba.njit function under plancc/."""
+    """(module, name, parameters, docstring) of every @numba.njit function under plancc/."""
     import ast
 
     found = []
     for path in sorted((ROOT / "plancc").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and any("njit" in ast.unparse(d) for d in node.decorator_list):
-                found.append((path.name, node.name, [a.arg for a in node.args.args], ast.get_docstring(node) or ""))
+                module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+                found.append((module, node.name, [a.arg for a in node.args.args], ast.get_docstring(node) or ""))
     return found
+
+
+def test_the_kernel_checks_read_every_kernel_module():
+    """The docs checks below read the kernels of every module that holds some, wherever the packages put it."""
+    assert {module for module, *_ in _kernels()} == set(jit.KERNEL_MODULES)
 
 
 def test_every_kernel_says_what_its_parameters_are():
@@ -104,13 +111,13 @@ def test_every_kernel_says_what_its_parameters_are():
     kernels = _kernels()
     docs = {name: doc for _, name, _, doc in kernels}
     missing = []
-    for file, name, params, doc in kernels:
+    for module, name, params, doc in kernels:
         same_as = re.search(r"[Aa]rgs as `(\w+)`", doc)
         text = doc + (docs.get(same_as.group(1), "") if same_as else "")
-        missing += [f"{file}:{name}({p})" for p in params if not re.search(rf"\b{p}\b", text)]
+        missing += [f"{module}:{name}({p})" for p in params if not re.search(rf"\b{p}\b", text)]
     assert len(kernels) > 30 and not missing, missing
 
 
 def test_no_kernel_parameter_is_one_letter():
-    short = [f"{file}:{name}({p})" for file, name, params, _ in _kernels() for p in params if len(p) == 1]
+    short = [f"{module}:{name}({p})" for module, name, params, _ in _kernels() for p in params if len(p) == 1]
     assert not short, short

@@ -26,7 +26,7 @@ from plancc.review.validate import validate_plan
 from plancc.runtime import RuntimePlan, load_tokens
 from plancc.scan import merge, shard
 from plancc.scan.scanner import scan, scan_shard, write_scan
-from plancc.store import parquet, schemas, token_store
+from plancc.store import parquet, schemas, token_store, token_writer
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
 
 ROOT = Path(__file__).parent.parent
@@ -265,7 +265,7 @@ def test_job_round_trips_through_json(tmp_path):
 def _store(path: Path, rows: list[list[int]]) -> Path:
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     ids = np.array([t for r in rows for t in r], dtype=np.int32)
-    token_store.write_store(path, ids, ids.copy(), offsets, fingerprints={}, chunk_tokens=4)
+    token_writer.write_store(path, ids, ids.copy(), offsets, fingerprints={}, chunk_tokens=4)
     return path
 
 
@@ -273,7 +273,7 @@ def test_concat_indexes_like_one_array(tmp_path):
     rows = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [10, 11]]
     a = _store(tmp_path / "a", rows[:2])
     b = _store(tmp_path / "b", rows[2:])
-    token_store.write_parts(tmp_path / "ab", [a, b], fingerprints={}, labels_shifted=False)
+    token_writer.write_parts(tmp_path / "ab", [a, b], fingerprints={}, labels_shifted=False)
     m = token_store.open_store(tmp_path / "ab")
     flat = np.arange(1, 12, dtype=np.int32)
     assert np.array_equal(m.offsets, [0, 3, 4, 9, 11]) and m.input_ids.size == 11 and m.input_ids.max() == 11
@@ -283,7 +283,7 @@ def test_concat_indexes_like_one_array(tmp_path):
     assert np.array_equal(m.labels[idx], flat[idx]) and m.input_ids[7] == 8
     assert token_store.verify_all(m) is None and token_store.layout_problem(m) is None
     assert token_store.to_table(tmp_path / "ab")["input_ids"].to_pylist() == rows
-    token_store.link_store(tmp_path / "ab", tmp_path / "linked")  # as a compile places it in a plan
+    token_writer.link_store(tmp_path / "ab", tmp_path / "linked")  # as a compile places it in a plan
     assert (tmp_path / "linked" / "part-00001" / "input_ids.npy").stat().st_ino == \
         (b / "input_ids.npy").stat().st_ino
 
@@ -291,7 +291,7 @@ def test_concat_indexes_like_one_array(tmp_path):
 def test_a_replaced_part_is_refused(tmp_path):
     a = _store(tmp_path / "a", [[1, 2], [3]])
     b = _store(tmp_path / "b", [[4, 5]])
-    token_store.write_parts(tmp_path / "ab", [a, b], fingerprints={}, labels_shifted=False)
+    token_writer.write_parts(tmp_path / "ab", [a, b], fingerprints={}, labels_shifted=False)
     part = tmp_path / "ab" / "part-00001"
     for f in part.iterdir():
         f.unlink()

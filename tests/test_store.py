@@ -17,7 +17,7 @@ import pytest
 from plancc.build import write_plan_dir
 from plancc.config import PlanSettings
 from plancc.planner.pipeline import compile_plan
-from plancc.store import atomic, outputs, parquet, plan_files, plan_store, schemas, token_store
+from plancc.store import atomic, outputs, parquet, plan_files, plan_store, schemas, token_store, token_writer
 from plancc.store.parquet import sample_arrays
 from tests.plan_helpers import random_dataset, samples_table
 
@@ -57,8 +57,8 @@ def test_token_store_matches_its_documented_schema(tmp_path):
     assert {a["file"]: a["dtype"] for a in doc["x-arrays"]} == {f"{k}.npy": v.str for k, v in token_store.ARRAYS.items()}
     ids, labels = random_dataset(np.random.default_rng(3), 30, 40)
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])])
-    token_store.write_store(tmp_path / "tokens", np.concatenate(ids), np.concatenate(labels), offsets,
-                            fingerprints=plan_files.samples_fingerprints(samples_table(ids, labels)), chunk_tokens=100)
+    token_writer.write_store(tmp_path / "tokens", np.concatenate(ids), np.concatenate(labels), offsets,
+                             fingerprints=plan_files.samples_fingerprints(samples_table(ids, labels)), chunk_tokens=100)
     jsonschema.validate(json.loads((tmp_path / "tokens" / token_store.HEADER_FILE).read_text()), doc)
     m = token_store.open_store(tmp_path / "tokens")
     assert m.num_chunks > 1 and token_store.verify_all(m) is None

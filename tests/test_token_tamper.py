@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from plancc.cli import app
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, load_tokens
-from plancc.store import parquet, plan_store, schemas, token_store
+from plancc.store import parquet, plan_store, schemas, token_store, token_writer
 from tests.plan_helpers import byte_flip_verdicts
 
 runner = CliRunner()
@@ -335,14 +335,14 @@ def _rewrite_ids_and_rehash(plan_dir: Path, value: int) -> None:
         kept = {key: m.header[key] for key in ("fingerprints", "labels_shifted", "chunk_tokens")}
         del m
         shutil.rmtree(d)  # never write through a hard link into the scan cache
-        token_store.write_store(d, ids, labels, offsets, **kept)
+        token_writer.write_store(d, ids, labels, offsets, **kept)
         if d != top:
             new = token_store.read_header(d)
             header["parts"][k].update({key: new[key] for key in ("index_hash", "header_hash")})
             header["max_id"] = max(header["max_id"], new["max_id"])
     if singles != [top]:
         (top / token_store.HEADER_FILE).unlink()
-        token_store._write_header(top, {k: v for k, v in header.items() if k != "header_hash"})
+        token_writer.write_header(top, {k: v for k, v in header.items() if k != "header_hash"})
     assert token_store.open_store(top)  # consistent in itself: every open-time check of the store passes
 
 

@@ -59,9 +59,9 @@ def _one_command_process() -> None:
 
     The imports a command needs (numpy, pyarrow, numba) leave ~125k long-lived objects that the default gen-0
     threshold of 700 has the collector rescan hundreds of times during start-up, and the interpreter's exit
-    collects them all again, several times: 0.3 s of the 1.5 s of CPU a 20k-sample compile took on a loaded 2-core
-    machine (benchmarks/bench_startup.py). A gen-0 threshold of 50,000 still collects young cycles; freezing the heap at
-    exit only skips collecting what is about to be freed anyway.
+    collects them all again, several times: much of a small compile's CPU (docs/benchmarks.md). A gen-0 threshold
+    of 50,000 still collects young cycles; freezing the heap at exit only skips collecting what is about to be freed
+    anyway.
     """
     gc.set_threshold(50_000)
     atexit.register(gc.freeze)

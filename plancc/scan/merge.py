@@ -10,7 +10,7 @@ The parts must fit together, else the merge names them and what differs, and wri
 The joined samples table is the parts' concatenated in row order (their sample ids are already global), so it is
 byte for byte the table a one-shard scan writes; its fingerprints are recomputed over it. Token data is never
 copied: one part's store is hard-linked as the scan's store, several become a multi-part store whose parts are
-hard links to theirs (`token_store.write_parts`; a copy only across filesystems, counted in the report).
+hard links to theirs (`token_writer.write_parts`; a copy only across filesystems, counted in the report).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pyarrow as pa
 from plancc.errors import InputError
 from plancc.scan.shard import COUNTS
 from plancc.scan.sources.samples import FIRST_ROWS, check_drops, check_retained, drop_warning
-from plancc.store import outputs, parquet, plan_files, schemas, token_store
+from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
 from plancc.store.fingerprint import scan_identity
 
 SHARED = ("plancc_scan_version", "source_fingerprint", "format", "options")  # what every part must agree on
@@ -172,10 +172,10 @@ def write_joined(directory: Path, joined: Joined) -> None:
                         parquet.file_metadata("samples", report["fingerprints"], report["options"]))
     stores = [s for s in joined.stores if token_store.open_store(s).header["rows"] > 0] or joined.stores[:1]
     if len(stores) == 1:
-        copied = token_store.link_store(stores[0], directory / schemas.TOKENS_DIR)
+        copied = token_writer.link_store(stores[0], directory / schemas.TOKENS_DIR)
     else:
-        copied = token_store.write_parts(directory / schemas.TOKENS_DIR, stores, fingerprints=report["fingerprints"],
-                                         labels_shifted=report["labels_shifted"])
+        copied = token_writer.write_parts(directory / schemas.TOKENS_DIR, stores, fingerprints=report["fingerprints"],
+                                          labels_shifted=report["labels_shifted"])
     if copied:
         report["warnings"] = [*report["warnings"], f"{copied} token files were copied, not hard-linked (the parts "
                               "are on another filesystem)"]

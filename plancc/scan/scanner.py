@@ -56,7 +56,7 @@ from plancc.scan.sources.parallel import workers
 from plancc.scan.sources.rows import RowReader
 from plancc.scan.sources.samples import check_drops
 from plancc.scan.sources.tokenizer import BUILTIN, BUILTIN_NAME
-from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store
+from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store, token_writer
 from plancc.store.fingerprint import scan_identity
 
 SCAN_VERSION = shard.SCAN_VERSION
@@ -260,7 +260,7 @@ def write_scan(result: Scan, out_dir: Path, *, overwrite: bool = False) -> None:
                                    report.get("options", {}))
         parquet.write_parquet(result.samples, tmp / schemas.SAMPLES_FILE, meta)
         if result.tokenized_path is not None:
-            token_store.link_store(result.tokenized_path, tmp / schemas.TOKENS_DIR)
+            token_writer.link_store(result.tokenized_path, tmp / schemas.TOKENS_DIR)
         parquet.write_json(report, tmp / schemas.SCAN_MANIFEST_FILE)
 
 

@@ -36,7 +36,7 @@ from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
 from plancc.scan.sources.samples import finish, from_tokenized
 from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
-from plancc.store import outputs, parquet, plan_files, schemas, token_store
+from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
 from plancc.store.fingerprint import scan_identity
 
 SCAN_VERSION = 6  # 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
@@ -263,8 +263,8 @@ def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: Ro
     with outputs.atomic_directory(out_dir, owned=owned, overwrite=overwrite, what="scan") as tmp:
         parquet.write_parquet(samples, tmp / schemas.SAMPLES_FILE,
                             parquet.file_metadata("samples", report["fingerprints"], report["options"]))
-        token_store.write_store(tmp / schemas.TOKENS_DIR, tokens.ids, tokens.labels, tokens.offsets,
-                                fingerprints=report["fingerprints"], labels_shifted=report["labels_shifted"])
+        token_writer.write_store(tmp / schemas.TOKENS_DIR, tokens.ids, tokens.labels, tokens.offsets,
+                                 fingerprints=report["fingerprints"], labels_shifted=report["labels_shifted"])
         parquet.write_json(report, tmp / schemas.SCAN_MANIFEST_FILE)
     return report
 

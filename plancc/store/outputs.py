@@ -37,7 +37,7 @@ class OutputError(PlanccError):
 OWN_FILES = {"plan": {PLAN_FILE, SAMPLES_FILE, METRICS_FILE, BEFORE_FILE, MANIFEST_FILE, EVAL_FILE, TOKENIZED_FILE},
              "scan": {SAMPLES_FILE, SCAN_MANIFEST_FILE}}
 SHOWN_FOREIGN = 10  # an `-o` refusal names this many of the paths plancc did not write
-_PART_DIR = re.compile(r"part-\d+")  # a multi-part token store's part folders (`token_store.write_parts`)
+_PART_DIR = re.compile(r"part-\d+")  # a multi-part token store's part folders (`token_writer.write_parts`)
 
 
 def output_kind(path: Path) -> str | None:
@@ -72,7 +72,7 @@ def _shown(name: str, kind: str) -> str:
 
 def _foreign_in_tokens(folder: Path, shown: str, *, parts: bool = True) -> Iterator[str]:
     """Paths under a token store folder that plancc did not write: it writes the arrays and the header as regular
-    files, and a multi-part store's parts (`token_store.write_parts`) as folders of the same."""
+    files, and a multi-part store's parts (`token_writer.write_parts`) as folders of the same."""
     own = {token_store.HEADER_FILE, *(f"{n}.npy" for n in token_store.ARRAYS)}
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         kind = _entry_kind(entry)

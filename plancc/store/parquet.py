@@ -45,8 +45,7 @@ def write_parquet(table: pa.Table, path: Path, metadata: dict[bytes, bytes], row
     """Write one Parquet file with our key-value metadata; deterministic bytes for identical tables.
 
     No dictionary encoding: plancc's big columns (ids, hashes, per-microbatch counts) are near-unique, so the
-    writer's dictionary attempt is wasted work (10M samples: a fifth of the write time) for files 1% smaller or
-    3% larger."""
+    writer's dictionary attempt is wasted work for files of about the same size (docs/benchmarks.md)."""
     table = table.replace_schema_metadata(metadata)
     pq.write_table(
         table,

@@ -28,14 +28,14 @@ largest id, fingerprints and its own `header_hash`::
 
 `open_store` maps it as one dataset: `offsets`, `chunks` and `chunk_hashes` are the parts' concatenated (shifted;
 O(rows) at open, no token read), `input_ids`/`labels` a `Concat` of the parts' maps that indexes like one array
-(a row never spans two parts, so a row's slice is a view of one map). Parts are placed by hard links
-(`link_parts`): merging shards or placing a store in a plan never copies token data on one filesystem.
+(a row never spans two parts, so a row's slice is a view of one map). Stores are written, joined into parts and
+placed by hard links in `token_writer`.
 
 Verification scales with what a reader touches: `open_store` checks the header (its `header_hash`: a value such as
 `chunk_tokens` or `max_id` that nothing else binds is edited in vain), every file's size and dtype, the offsets' ends
-and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of
-ids and labels at the default size; xxh3 runs at ~10 GB/s; read through the file, so that the chunk's pages stay
-out of the reader's resident set) and is what readers call the first time they touch a chunk; `verify_all`
+and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of ids and labels
+at the default size, microseconds of hashing: docs/benchmarks.md; read through the file, so that the chunk's pages
+stay out of the reader's resident set) and is what readers call the first time they touch a chunk; `verify_all`
 rehashes every chunk. The dataset fingerprint keeps its meaning: it is computed from the
 samples table's per-sample `token_hash`, which the store records at write and a plan compares at open.
 """
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -221,7 +222,7 @@ class Reader:
                       readers[0].itemsize)
 
 
-# ---------------------------------------------------------------- writing
+# ---------------------------------------------------------------- hashes (what the writer records)
 
 
 def chunk_bounds(offsets: np.ndarray, chunk_tokens: int = CHUNK_TOKENS) -> np.ndarray:
@@ -241,7 +242,8 @@ def chunk_hash(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, lo: int
     return h.intdigest()
 
 
-def _index_hash(chunks: np.ndarray, hashes: np.ndarray) -> str:
+def index_hash(chunks: np.ndarray, hashes: np.ndarray) -> str:
+    """xxh3-128 of the chunk index (row bounds, then hashes): the header binds every chunk's hash through it."""
     return xxhash.xxh3_128_hexdigest(chunks.astype("<i8").tobytes() + hashes.astype("<u8").tobytes())
 
 
@@ -250,108 +252,6 @@ def header_hash(header: dict[str, Any]) -> str:
     value, or of its type (8192 -> 8192.0, a number -> a string), changes it; spacing and key order do not."""
     return xxhash.xxh3_128_hexdigest(orjson.dumps({k: v for k, v in header.items() if k != "header_hash"},
                                                   option=orjson.OPT_SORT_KEYS))
-
-
-def _write_header(directory: Path, header: dict[str, Any]) -> None:
-    header = {**header, "header_hash": header_hash(header)}
-    (directory / HEADER_FILE).write_bytes(orjson.dumps(header, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-
-
-def write_store(directory: str | Path, ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, *,
-                fingerprints: dict[str, str], labels_shifted: bool = False,
-                chunk_tokens: int = CHUNK_TOKENS) -> None:
-    """Write a store into `directory` (created; the caller makes the write atomic, e.g. `store.atomic_directory`).
-
-    `fingerprints` are the samples table's `dataset`/`metadata` fingerprints: a plan checks them at open.
-    """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    offsets = np.asarray(offsets, dtype=np.int64)
-    if offsets.shape[0] < 1 or offsets[0] != 0 or offsets[-1] != len(ids) or len(ids) != len(labels):
-        raise ValueError("token store: offsets must start at 0 and end at len(ids) == len(labels)")
-    chunks = chunk_bounds(offsets, chunk_tokens)
-    hashes = np.array([chunk_hash(ids, labels, offsets, int(chunks[k]), int(chunks[k + 1]))
-                       for k in range(chunks.shape[0] - 1)], dtype=np.uint64)
-    arrays = {"input_ids": ids, "labels": labels, "offsets": offsets, "chunks": chunks, "chunk_hashes": hashes}
-    for name, dtype in ARRAYS.items():
-        with open(directory / f"{name}.npy", "wb") as f:
-            np.save(f, np.ascontiguousarray(arrays[name], dtype=dtype), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-    header = {
-        "format": FORMAT,
-        "rows": int(offsets.shape[0] - 1),
-        "tokens": int(offsets[-1]),
-        "chunk_tokens": int(chunk_tokens),
-        "chunks": int(hashes.shape[0]),
-        "labels_shifted": bool(labels_shifted),
-        "max_id": int(ids.max()) if len(ids) else -1,  # a trainer sizes its vocabulary without reading the ids
-        "fingerprints": {k: fingerprints[k] for k in ("dataset", "metadata") if k in fingerprints},
-        "index_hash": _index_hash(chunks, hashes),
-    }
-    _write_header(directory, header)
-
-
-def _link(src: Path, dst: Path) -> bool:
-    """Hard-link `src` at `dst`; False when it had to be copied (another filesystem)."""
-    try:
-        os.link(src, dst)
-        return True
-    except OSError:
-        import shutil
-
-        shutil.copyfile(src, dst)
-        return False
-
-
-def link_store(src: str | Path, dst: str | Path) -> int:
-    """Place store `src` (single or multi-part) at `dst` (absent): hard links when on one filesystem (no second
-    copy of the tokens); returns how many files had to be copied instead."""
-    src, dst = Path(src), Path(dst)
-    header = read_header(src)
-    dst.mkdir(parents=True)
-    if header.get("format") == PARTS_FORMAT:
-        copied = sum(link_store(src / p["dir"], dst / p["dir"]) for p in header["parts"])
-        return copied + (not _link(src / HEADER_FILE, dst / HEADER_FILE))
-    return sum(not _link(src / name, dst / name) for name in [*(f"{n}.npy" for n in ARRAYS), HEADER_FILE])
-
-
-def _single_parts(path: Path) -> list[Path]:
-    """The single stores a store consists of, in row order."""
-    header = read_header(path)
-    if header["format"] == PARTS_FORMAT:
-        return [path / p["dir"] for p in header["parts"]]
-    return [path]
-
-
-def write_parts(directory: str | Path, stores: list[Path], *, fingerprints: dict[str, str],
-                labels_shifted: bool) -> int:
-    """Write a multi-part store at `directory` (absent) joining `stores` (single or multi-part, in row order) by
-    hard links; `fingerprints` are the joined samples table's. Returns how many files were copied (not linked)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True)
-    singles = [p for s in stores for p in _single_parts(Path(s))]
-    parts, copied, max_id = [], 0, -1
-    for k, single in enumerate(singles):
-        m = open_store(single)
-        if m.header["labels_shifted"] != labels_shifted:
-            raise TokenStoreError(f"token store {single} has labels_shifted {m.header['labels_shifted']}, the "
-                                  f"others {labels_shifted}")
-        name = f"part-{k:05d}"
-        copied += link_store(single, directory / name)
-        parts.append({"dir": name, **{k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}})
-        max_id = max(max_id, m.header["max_id"])
-    header = {
-        "format": PARTS_FORMAT,
-        "parts": parts,
-        "rows": sum(p["rows"] for p in parts),
-        "tokens": sum(p["tokens"] for p in parts),
-        "max_id": max_id,
-        "labels_shifted": bool(labels_shifted),
-        "fingerprints": {k: fingerprints[k] for k in ("dataset", "metadata") if k in fingerprints},
-    }
-    _write_header(directory, header)
-    return copied
 
 
 # ---------------------------------------------------------------- reading
@@ -455,7 +355,7 @@ def _open_single(path: Path, dir_fd: int) -> MappedTokens:
     if int(m.offsets[0]) != 0 or int(m.offsets[-1]) != tokens or int(m.chunks[0]) != 0 or int(m.chunks[-1]) != rows:
         raise TokenStoreError(f"token store {path}: offsets.npy or chunks.npy does not span the store's "
                               f"{rows} rows and {tokens} tokens (a file was changed)")
-    if _index_hash(np.asarray(m.chunks), np.asarray(m.chunk_hashes)) != header.get("index_hash"):
+    if index_hash(np.asarray(m.chunks), np.asarray(m.chunk_hashes)) != header.get("index_hash"):
         raise TokenStoreError(f"token store {path}: chunks.npy or chunk_hashes.npy changed since it was written")
     return m
 
@@ -563,18 +463,23 @@ def to_table(path: str | Path):
                      "labels": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.labels)))})
 
 
+def _row_blocks(starts: np.ndarray, ends: np.ndarray, block: int) -> Iterator[tuple[int, int, int, int]]:
+    """Rows [i, j) at a time, with the tokens [a, b) they span: about `block` tokens (at least one row) each."""
+    i = 0
+    while i < starts.shape[0]:
+        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
+        yield i, j, int(starts[i]), int(ends[i:j].max())
+        i = j
+
+
 def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
     """Supervised labels (!= -100) of each row [starts[i], ends[i]) (ascending), a block of tokens at a time, so
     that memory stays bounded on a mapped store."""
     out = np.empty(starts.shape[0], dtype=np.int64)
-    i = 0
-    while i < starts.shape[0]:
-        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
-        a, b = int(starts[i]), int(ends[i:j].max())
+    for i, j, a, b in _row_blocks(starts, ends, block):
         sup = np.zeros(b - a + 1, dtype=np.int64)
         np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
         out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
-        i = j
     return out
 
 
@@ -584,14 +489,10 @@ def row_hashes(ids, labels, starts: np.ndarray, ends: np.ndarray, block: int = 1
     from plancc.store.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
 
     out = np.empty(starts.shape[0], dtype=np.uint64)
-    i = 0
-    while i < starts.shape[0]:
-        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
-        a, b = int(starts[i]), int(ends[i:j].max())
+    for i, j, a, b in _row_blocks(starts, ends, block):
         off = np.stack([starts[i:j] - a, ends[i:j] - a], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps them
         x, y = np.asarray(ids[a:b]), np.asarray(labels[a:b])
         out[i:j] = token_hashes(x, off, y, off)[::2]
-        i = j
     return out
 
 

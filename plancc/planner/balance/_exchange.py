@@ -28,7 +28,8 @@ subsets, rebuilt only after their row traded: O(SUB_CAP log) each) and a merge j
 candidate checks, in parallel over windows.
 
 The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the
-scalars that bound a trade and a window) and `Tables` (one window's subset tables).
+scalars that bound a trade and a window) and `Tables` (one window's subset tables, built and refilled in
+`_subset_tables`).
 
 Modes (`cost_mode`): PACKED (rows of items, capacity per row, microbatch cost = rows x padded longest row),
 FLATTENED (one row, exact item counts, cost = tokens), PADDED (one group of items per microbatch, exact counts,
@@ -43,11 +44,17 @@ from typing import NamedTuple
 import numpy as np
 
 from plancc.jit import numba
+from plancc.planner.balance._subset_tables import (
+    LOCAL,
+    fill_subsets,
+    popcount,
+    radix_order,
+    refill,
+    window_tables,
+)
 
-SUB_CAP = 128  # subsets enumerated per row (singles, then pairs, then triples)
 IDLE = 8  # idle rounds in a row before a window gives up
 MIN_GAIN = 0.002  # a round is idle when it lowers the window's spread (`_spread`) by less than this share
-LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
 
 # the kernel's cost modes (a layout's mode as a number numba compiles in as a constant)
 PACKED, FLATTENED, PADDED = 0, 1, 2
@@ -85,25 +92,6 @@ class Rules(NamedTuple):
     tol: int  # label gaps this small are left alone
 
 
-class Tables(NamedTuple):
-    """One window's subset tables, a slot per kernel row of the window (`slot_of`), rebuilt after a trade.
-    Every array is int64 but `valid`."""
-
-    slot_of: np.ndarray  # (kernel rows,) kernel row -> slot (shared by all windows; each writes its own rows)
-    valid: np.ndarray  # bool (slots,) the slot's table is up to date
-    n_items: np.ndarray  # (slots,) items of the slot (at most LOCAL, unpinned)
-    items: np.ndarray  # (slots, LOCAL) the slot's items
-    n_subsets: np.ndarray  # (slots,) subsets of the slot
-    sub_len: np.ndarray  # (slots, SUB_CAP) each subset's tokens
-    sub_val: np.ndarray  # (slots, SUB_CAP) each subset's labels
-    sub_mask: np.ndarray  # (slots, SUB_CAP) each subset's items, a bit per position in `items`
-    by_len: np.ndarray  # (slots, SUB_CAP) subsets by length
-    sorted_len: np.ndarray  # (slots, SUB_CAP) their lengths in that order
-    sort_scratch: np.ndarray  # (SUB_CAP,) scratch for sorting
-    keep_a: np.ndarray  # (LOCAL,) scratch for a trade's item lists
-    keep_b: np.ndarray  # (LOCAL,)
-
-
 @numba.njit(cache=True, inline="always")
 def _padded(tokens, pad_multiple):
     """`tokens` rounded up to a multiple of `pad_multiple` (ints)."""
@@ -133,70 +121,6 @@ def _mb_cost(mb, row_a, new_a, row_b, new_b, batch_bounds, row_tok, pad_multiple
     if cost_mode == FLATTENED:
         return _padded(longest, pad_multiple)
     return (batch_bounds[mb + 1] - batch_bounds[mb]) * _padded(longest, pad_multiple)
-
-
-@numba.njit(cache=True)
-def _subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, out_val, out_mask):
-    """Fill a subset table: subsets of `items[:n_items]` of size 0 (unless `exact`), 1, 2, 3 (up to `max_sub`; triples
-    only for rows of at most 16 items), at most SUB_CAP of them; returns how many.
-
-    Args:
-        items: int64 (LOCAL,) — a slot's items.
-        n_items: int — how many of them count.
-        item_len, item_val: `State` arrays.
-        max_sub: int — largest subset.
-        exact: bool — no empty subset (trades keep item counts).
-        out_len, out_val, out_mask: int64 (SUB_CAP,) — each subset's tokens, labels and item bit mask, written.
-    """
-    count = 0
-    if not exact:
-        out_len[0] = 0
-        out_val[0] = 0
-        out_mask[0] = 0
-        count = 1
-    for x in range(n_items):
-        if count >= SUB_CAP:
-            return count
-        out_len[count] = item_len[items[x]]
-        out_val[count] = item_val[items[x]]
-        out_mask[count] = np.int64(1) << x
-        count += 1
-    if max_sub >= 2:
-        for x in range(n_items):
-            len_x = item_len[items[x]]
-            val_x = item_val[items[x]]
-            for y in range(x + 1, n_items):
-                if count >= SUB_CAP:
-                    return count
-                out_len[count] = len_x + item_len[items[y]]
-                out_val[count] = val_x + item_val[items[y]]
-                out_mask[count] = (np.int64(1) << x) | (np.int64(1) << y)
-                count += 1
-    if max_sub >= 3 and n_items <= 16:
-        for x in range(n_items):
-            len_x = item_len[items[x]]
-            val_x = item_val[items[x]]
-            for y in range(x + 1, n_items):
-                len_xy = len_x + item_len[items[y]]
-                val_xy = val_x + item_val[items[y]]
-                for z in range(y + 1, n_items):
-                    if count >= SUB_CAP:
-                        return count
-                    out_len[count] = len_xy + item_len[items[z]]
-                    out_val[count] = val_xy + item_val[items[z]]
-                    out_mask[count] = (np.int64(1) << x) | (np.int64(1) << y) | (np.int64(1) << z)
-                    count += 1
-    return count
-
-
-@numba.njit(cache=True, inline="always")
-def _popcount(mask):
-    """Items in a subset bit mask (int64)."""
-    count = 0
-    while mask:
-        mask &= mask - 1
-        count += 1
-    return count
 
 
 @numba.njit(cache=True, inline="always")
@@ -244,43 +168,6 @@ def _max_len_after(items, slot, n_items, item_len, out_mask, slot_in, in_mask):
     return longest
 
 
-@numba.njit(cache=True)
-def _stable_order(keys, count, order, scratch):
-    """Stable ascending order of the non-negative `keys[:count]` into `order[:count]`: LSD radix sort, 8 bits a pass.
-
-    A subset table is re-sorted after every trade of its row; there this beats argsort, which allocates.
-
-    Args:
-        keys: int64 (>= count,) — the keys.
-        count: int — how many to sort.
-        order: int64 (>= count,) — written: positions of `keys` in ascending order, ties in position order.
-        scratch: int64 (>= count,) — scratch.
-    """
-    top = 0
-    for i in range(count):
-        order[i] = i
-        top = max(top, keys[i])
-    digits = np.empty(257, dtype=np.int64)
-    src, dst = order, scratch
-    flipped = False
-    shift = 0
-    while (top >> shift) > 0:
-        digits[:] = 0
-        for i in range(count):
-            digits[((keys[src[i]] >> shift) & 255) + 1] += 1
-        for d in range(256):
-            digits[d + 1] += digits[d]
-        for i in range(count):
-            d = (keys[src[i]] >> shift) & 255
-            dst[digits[d]] = src[i]
-            digits[d] += 1
-        src, dst = dst, src
-        flipped = not flipped
-        shift += 8
-    if flipped:
-        order[:count] = scratch[:count]
-
-
 @numba.njit(cache=True, inline="always")
 def _fresh_slot(row, state, rules, tables):
     """The slot of kernel `row`, its subset table rebuilt first if its row traded since (`Tables.valid`).
@@ -291,10 +178,10 @@ def _fresh_slot(row, state, rules, tables):
     """
     slot = tables.slot_of[row]
     if not tables.valid[slot]:
-        count = _subsets(tables.items[slot], tables.n_items[slot], state.item_len, state.item_val, rules.max_sub,
+        count = fill_subsets(tables.items[slot], tables.n_items[slot], state.item_len, state.item_val, rules.max_sub,
                          rules.cost_mode != PACKED, tables.sub_len[slot], tables.sub_val[slot], tables.sub_mask[slot])
         by_len = tables.by_len[slot]
-        _stable_order(tables.sub_len[slot], count, by_len, tables.sort_scratch)
+        radix_order(tables.sub_len[slot], count, by_len, tables.sort_scratch)
         for i in range(count):
             tables.sorted_len[slot, i] = tables.sub_len[slot, by_len[i]]
         tables.n_subsets[slot] = count
@@ -406,7 +293,7 @@ def _trade_pairs(pairs, state, rules, tables):
             for i in range(n_sub_a):
                 sub_a = tables.by_len[slot_a, i]
                 len_a, mask_a = tables.sub_len[slot_a, sub_a], tables.sub_mask[slot_a, sub_a]
-                size_a = _popcount(mask_a)
+                size_a = popcount(mask_a)
                 # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a, row_b at tok_b + len_a - len_b
                 low, high = len_a - free_b, len_a + free_a
                 while start < n_sub_b and tables.sorted_len[slot_b, start] < low:
@@ -416,7 +303,7 @@ def _trade_pairs(pairs, state, rules, tables):
                         break
                     sub_b = tables.by_len[slot_b, j]
                     mask_b = tables.sub_mask[slot_b, sub_b]
-                    if (size_a == 0 and mask_b == 0) or (exact and _popcount(mask_b) != size_a):
+                    if (size_a == 0 and mask_b == 0) or (exact and popcount(mask_b) != size_a):
                         continue
                     len_b = tables.sub_len[slot_b, sub_b]
                     val_a, val_b = tables.sub_val[slot_a, sub_a], tables.sub_val[slot_b, sub_b]
@@ -450,30 +337,6 @@ def _trade_pairs(pairs, state, rules, tables):
     return made
 
 
-@numba.njit(cache=True)
-def _refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
-    """Write slot `slot`'s items after a trade: those it receives, then those it keeps (at most LOCAL); returns
-    the count.
-
-    Args:
-        items: int64 (slots, LOCAL) — `Tables.items`, row `slot` written.
-        incoming: int64 (LOCAL,) — the partner slot's items before the trade; `n_in` of them count.
-        in_mask: int64 — bit mask of those the slot receives.
-        own: int64 (LOCAL,) — the slot's items before the trade; `n_own` of them count.
-        own_mask: int64 — bit mask of those it gives up.
-    """
-    count = 0
-    for x in range(n_in):
-        if (in_mask >> x) & 1 and count < LOCAL:
-            items[slot, count] = incoming[x]
-            count += 1
-    for x in range(n_own):
-        if not (own_mask >> x) & 1 and count < LOCAL:
-            items[slot, count] = own[x]
-            count += 1
-    return count
-
-
 @numba.njit(cache=True, inline="always")
 def _apply_trade(mb_a, mb_b, trade, state, tables):
     """Make `trade`: row_a gives its `mask_a` items (len_a tokens, val_a labels, sec_a secondary) to row_b for row_b's
@@ -499,8 +362,8 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
     for x in range(n_b):
         if (mask_b >> x) & 1:
             state.row_of[tables.keep_b[x]] = row_a
-    tables.n_items[slot_a] = _refill(tables.items, slot_a, tables.keep_b, n_b, mask_b, tables.keep_a, n_a, mask_a)
-    tables.n_items[slot_b] = _refill(tables.items, slot_b, tables.keep_a, n_a, mask_a, tables.keep_b, n_b, mask_b)
+    tables.n_items[slot_a] = refill(tables.items, slot_a, tables.keep_b, n_b, mask_b, tables.keep_a, n_a, mask_a)
+    tables.n_items[slot_b] = refill(tables.items, slot_b, tables.keep_a, n_a, mask_a, tables.keep_b, n_b, mask_b)
     tables.valid[slot_a] = False
     tables.valid[slot_b] = False
     state.row_tok[row_a] += len_b - len_a
@@ -558,37 +421,6 @@ def _by_labels(order, window_mbs, mb_val):
 
 
 @numba.njit(cache=True)
-def _tables(window_mbs, state, slot_of):
-    """Subset tables for the kernel rows of the window's microbatches: item lists filled, every table stale.
-
-    Args:
-        window_mbs: int64 (window,) — the window's microbatches.
-        state: `State`.
-        slot_of: int64 (kernel rows,) — written for the window's rows: each one's slot.
-    """
-    n_slots = 0
-    for mb in window_mbs:
-        n_slots += state.batch_bounds[mb + 1] - state.batch_bounds[mb]
-    tables = Tables(slot_of, np.zeros(n_slots, dtype=np.bool_), np.zeros(n_slots, dtype=np.int64),
-                    np.empty((n_slots, LOCAL), np.int64), np.zeros(n_slots, dtype=np.int64),
-                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
-                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
-                    np.empty((n_slots, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(LOCAL, np.int64),
-                    np.empty(LOCAL, np.int64))
-    slot = 0
-    for mb in window_mbs:
-        for row in range(state.batch_bounds[mb], state.batch_bounds[mb + 1]):
-            slot_of[row] = slot
-            for x in range(state.row_items_bounds[row], state.row_items_bounds[row + 1]):
-                item = state.row_items[x]
-                if not state.pinned[item] and tables.n_items[slot] < LOCAL:
-                    tables.items[slot, tables.n_items[slot]] = item
-                    tables.n_items[slot] += 1
-            slot += 1
-    return tables
-
-
-@numba.njit(cache=True)
 def _window(window_mbs, state, rules, slot_of):
     """Pairing rounds of one window (see `exchange_windows`); touches only the window's rows and samples.
 
@@ -598,7 +430,7 @@ def _window(window_mbs, state, rules, slot_of):
         slot_of: int64 (kernel rows,) — `Tables.slot_of`.
     Returns: int, the trades made.
     """
-    tables = _tables(window_mbs, state, slot_of)
+    tables = window_tables(window_mbs, state, slot_of)
     idle = 0
     trades = 0
     order = np.arange(window_mbs.shape[0])

@@ -45,8 +45,8 @@ from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
 from plancc.planner.balance import _common as common
 from plancc.planner.balance._cost_spread import even_padded_costs
-from plancc.planner.balance._exchange import LOCAL
 from plancc.planner.balance._redeal import deal_equal_labels, deal_equal_lengths, trim_peak
+from plancc.planner.balance._subset_tables import LOCAL
 
 ROUNDS = 32  # pairing rounds per window and pass (stops early after IDLE idle rounds)
 QUANTA = (256, 64, 16, 4, 1)  # flattened: class widths of the alternating deals, coarse to fine

@@ -188,7 +188,7 @@ def _ids(tok: Tok, texts: list[str], special: bool) -> tuple[np.ndarray, np.ndar
 def _head(tok: Tok, text: str, special: bool, keep: int) -> str:
     """A prefix of `text` that gives at least `keep + MARGIN` tokens (CHARS_PER_TOKEN characters a token, doubled
     until it does; the whole text where none does): its first `keep` tokens are the whole text's, and tokenizing
-    it costs memory by `keep`, not by the text (a 20 MB message tokenized whole took 3.4 GB)."""
+    it costs memory by `keep`, not by the text (a long message tokenized whole takes gigabytes: docs/benchmarks.md)."""
     chars = CHARS_PER_TOKEN * (keep + MARGIN)
     while chars < len(text):
         head = text[:chars]

@@ -1,0 +1,193 @@
+"""A window's subset tables: for each kernel row of the window, the subsets of its samples a trade may move
+(`_exchange`), with their tokens, labels and item bit masks, sorted by length for the trade's merge join.
+
+A row's table is built lazily and rebuilt only after the row trades (`Tables.valid`); only its first LOCAL unpinned
+samples take part (a bit each in a mask), and only the first SUB_CAP subsets are kept: singles, then pairs, then
+triples (a longer table finds barely better trades for much more time).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from plancc.jit import numba
+
+SUB_CAP = 128  # subsets enumerated per row (singles, then pairs, then triples)
+LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
+
+
+class Tables(NamedTuple):
+    """One window's subset tables, a slot per kernel row of the window (`slot_of`), rebuilt after a trade.
+    Every array is int64 but `valid`."""
+
+    slot_of: np.ndarray  # (kernel rows,) kernel row -> slot (shared by all windows; each writes its own rows)
+    valid: np.ndarray  # bool (slots,) the slot's table is up to date
+    n_items: np.ndarray  # (slots,) items of the slot (at most LOCAL, unpinned)
+    items: np.ndarray  # (slots, LOCAL) the slot's items
+    n_subsets: np.ndarray  # (slots,) subsets of the slot
+    sub_len: np.ndarray  # (slots, SUB_CAP) each subset's tokens
+    sub_val: np.ndarray  # (slots, SUB_CAP) each subset's labels
+    sub_mask: np.ndarray  # (slots, SUB_CAP) each subset's items, a bit per position in `items`
+    by_len: np.ndarray  # (slots, SUB_CAP) subsets by length
+    sorted_len: np.ndarray  # (slots, SUB_CAP) their lengths in that order
+    sort_scratch: np.ndarray  # (SUB_CAP,) scratch for sorting
+    keep_a: np.ndarray  # (LOCAL,) scratch for a trade's item lists
+    keep_b: np.ndarray  # (LOCAL,)
+
+
+@numba.njit(cache=True)
+def fill_subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, out_val, out_mask):
+    """Fill a subset table: subsets of `items[:n_items]` of size 0 (unless `exact`), 1, 2, 3 (up to `max_sub`; triples
+    only for rows of at most 16 items), at most SUB_CAP of them; returns how many.
+
+    Args:
+        items: int64 (LOCAL,) — a slot's items.
+        n_items: int — how many of them count.
+        item_len, item_val: `_exchange.State` arrays.
+        max_sub: int — largest subset.
+        exact: bool — no empty subset (trades keep item counts).
+        out_len, out_val, out_mask: int64 (SUB_CAP,) — each subset's tokens, labels and item bit mask, written.
+    """
+    count = 0
+    if not exact:
+        out_len[0] = 0
+        out_val[0] = 0
+        out_mask[0] = 0
+        count = 1
+    for x in range(n_items):
+        if count >= SUB_CAP:
+            return count
+        out_len[count] = item_len[items[x]]
+        out_val[count] = item_val[items[x]]
+        out_mask[count] = np.int64(1) << x
+        count += 1
+    if max_sub >= 2:
+        for x in range(n_items):
+            len_x = item_len[items[x]]
+            val_x = item_val[items[x]]
+            for y in range(x + 1, n_items):
+                if count >= SUB_CAP:
+                    return count
+                out_len[count] = len_x + item_len[items[y]]
+                out_val[count] = val_x + item_val[items[y]]
+                out_mask[count] = (np.int64(1) << x) | (np.int64(1) << y)
+                count += 1
+    if max_sub >= 3 and n_items <= 16:
+        for x in range(n_items):
+            len_x = item_len[items[x]]
+            val_x = item_val[items[x]]
+            for y in range(x + 1, n_items):
+                len_xy = len_x + item_len[items[y]]
+                val_xy = val_x + item_val[items[y]]
+                for z in range(y + 1, n_items):
+                    if count >= SUB_CAP:
+                        return count
+                    out_len[count] = len_xy + item_len[items[z]]
+                    out_val[count] = val_xy + item_val[items[z]]
+                    out_mask[count] = (np.int64(1) << x) | (np.int64(1) << y) | (np.int64(1) << z)
+                    count += 1
+    return count
+
+
+@numba.njit(cache=True, inline="always")
+def popcount(mask):
+    """Items in a subset bit mask (int64)."""
+    count = 0
+    while mask:
+        mask &= mask - 1
+        count += 1
+    return count
+
+
+@numba.njit(cache=True)
+def radix_order(keys, count, order, scratch):
+    """Stable ascending order of the non-negative `keys[:count]` into `order[:count]`: LSD radix sort, 8 bits a pass.
+
+    A subset table is re-sorted after every trade of its row; there this beats argsort, which allocates.
+
+    Args:
+        keys: int64 (>= count,) — the keys.
+        count: int — how many to sort.
+        order: int64 (>= count,) — written: positions of `keys` in ascending order, ties in position order.
+        scratch: int64 (>= count,) — scratch.
+    """
+    top = 0
+    for i in range(count):
+        order[i] = i
+        top = max(top, keys[i])
+    digits = np.empty(257, dtype=np.int64)
+    src, dst = order, scratch
+    flipped = False
+    shift = 0
+    while (top >> shift) > 0:
+        digits[:] = 0
+        for i in range(count):
+            digits[((keys[src[i]] >> shift) & 255) + 1] += 1
+        for d in range(256):
+            digits[d + 1] += digits[d]
+        for i in range(count):
+            d = (keys[src[i]] >> shift) & 255
+            dst[digits[d]] = src[i]
+            digits[d] += 1
+        src, dst = dst, src
+        flipped = not flipped
+        shift += 8
+    if flipped:
+        order[:count] = scratch[:count]
+
+
+@numba.njit(cache=True)
+def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
+    """Write slot `slot`'s items after a trade: those it receives, then those it keeps (at most LOCAL); returns
+    the count.
+
+    Args:
+        items: int64 (slots, LOCAL) — `Tables.items`, row `slot` written.
+        incoming: int64 (LOCAL,) — the partner slot's items before the trade; `n_in` of them count.
+        in_mask: int64 — bit mask of those the slot receives.
+        own: int64 (LOCAL,) — the slot's items before the trade; `n_own` of them count.
+        own_mask: int64 — bit mask of those it gives up.
+    """
+    count = 0
+    for x in range(n_in):
+        if (in_mask >> x) & 1 and count < LOCAL:
+            items[slot, count] = incoming[x]
+            count += 1
+    for x in range(n_own):
+        if not (own_mask >> x) & 1 and count < LOCAL:
+            items[slot, count] = own[x]
+            count += 1
+    return count
+
+
+@numba.njit(cache=True)
+def window_tables(window_mbs, state, slot_of):
+    """Subset tables for the kernel rows of the window's microbatches: item lists filled, every table stale.
+
+    Args:
+        window_mbs: int64 (window,) — the window's microbatches.
+        state: `_exchange.State`.
+        slot_of: int64 (kernel rows,) — written for the window's rows: each one's slot.
+    """
+    n_slots = 0
+    for mb in window_mbs:
+        n_slots += state.batch_bounds[mb + 1] - state.batch_bounds[mb]
+    tables = Tables(slot_of, np.zeros(n_slots, dtype=np.bool_), np.zeros(n_slots, dtype=np.int64),
+                    np.empty((n_slots, LOCAL), np.int64), np.zeros(n_slots, dtype=np.int64),
+                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
+                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
+                    np.empty((n_slots, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(LOCAL, np.int64),
+                    np.empty(LOCAL, np.int64))
+    slot = 0
+    for mb in window_mbs:
+        for row in range(state.batch_bounds[mb], state.batch_bounds[mb + 1]):
+            slot_of[row] = slot
+            for x in range(state.row_items_bounds[row], state.row_items_bounds[row + 1]):
+                item = state.row_items[x]
+                if not state.pinned[item] and tables.n_items[slot] < LOCAL:
+                    tables.items[slot, tables.n_items[slot]] = item
+                    tables.n_items[slot] += 1
+            slot += 1
+    return tables
