@@ -26,6 +26,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
 from plancc.errors import PlanccError
+from plancc.layout import elastic_grad_accum, replay_problem
 from plancc.runtime import RuntimePlan, load_tokens
 from plancc.runtime.hf import PlanTrainer
 
@@ -54,8 +55,8 @@ def open_run(plan_dir: str):
     try:
         plan = RuntimePlan(plan_dir)
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if plan.batches_per_update % world:
-            fail(f"{world} processes cannot replay a plan of {plan.batches_per_update} microbatches per update")
+        if elastic_grad_accum(plan.batches_per_update, world) is None:
+            fail(replay_problem(plan.world_size, plan.grad_accum, world, None, flag="gradient_accumulation_steps"))
         return plan, world, load_tokens(plan)
     except PlanccError as e:
         fail(str(e))
@@ -75,7 +76,7 @@ def training_settings(args: argparse.Namespace, plan: RuntimePlan, world: int) -
     return dict(
         output_dir=args.output_dir,
         use_cpu=not torch.cuda.is_available(),
-        gradient_accumulation_steps=plan.batches_per_update // world,
+        gradient_accumulation_steps=elastic_grad_accum(plan.batches_per_update, world),
         per_device_train_batch_size=1,  # ignored: the plan decides every batch
         num_train_epochs=args.epochs if args.epochs is not None else plan.epochs,
         max_steps=args.max_steps,

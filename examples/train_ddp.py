@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from plancc.errors import PlanccError
-from plancc.layout import elastic_grad_accum
+from plancc.layout import replay_problem
 from plancc.runtime import (
     CheckpointError,
     PlanCollator,
@@ -76,19 +76,9 @@ def fail(message: str) -> NoReturn:
 
 def check_shape(plan: RuntimePlan, world: int, grad_accum: int | None) -> None:
     """Refuse, in this script's own flags, a process count and --grad-accum that do not replay the plan's updates."""
-    per_update = plan.batches_per_update
-    if grad_accum is None and world == plan.world_size:
-        return
-    fits = elastic_grad_accum(per_update, world)
-    compiled = (f"plan {plan.path} was compiled for world size {plan.world_size} x grad_accum {plan.grad_accum} "
-                f"({per_update} microbatches per update)")
-    if fits is None:
-        fail(f"{compiled}: {world} processes cannot replay it ({world} does not divide {per_update}); run on a "
-             f"number of processes that does, or recompile with --world-size {world}")
-    if grad_accum != fits:
-        given = "without --grad-accum" if grad_accum is None else f"with --grad-accum {grad_accum}"
-        fail(f"{compiled}; this run has {world} process(es) {given}: pass --grad-accum {fits} ({world} x {fits} = "
-             f"{per_update}), or recompile with --world-size {world}")
+    problem = replay_problem(plan.world_size, plan.grad_accum, world, grad_accum, flag="--grad-accum", sep=" ")
+    if problem is not None:
+        fail(problem)
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from plancc.config import PlanSettings, ScanOptions, SettingsError, resolve_settings
 from plancc.errors import InputError
+from plancc.layout import complete_updates
 from plancc.review.diff_rules import DEFAULT_TOLERANCE
 from plancc.store import atomic, outputs, plan_store
 from plancc.store.plan_store import EpochMicrobatches
@@ -94,7 +95,7 @@ def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> lis
     per_update = settings.batches_per_update
     out = []
     for e in manifest.get("epochs", []):
-        if e["batches"] < per_update:
+        if not complete_updates(e["batches"], settings.world_size, settings.grad_accum):
             out.append(f"epoch {e['epoch']}: {e['batches']} microbatches, no complete update: one update "
                        f"takes world_size x grad_accum = {settings.world_size} x {settings.grad_accum} = "
                        f"{per_update} microbatches; lower --world-size or --grad-accum (or --micro-batch-size)")

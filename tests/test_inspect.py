@@ -90,6 +90,14 @@ def test_before_counts_match_stored_before_metrics(plan):
         assert np.isclose(ba.after.update_totals.std(), after["std_global_update_labels"])
 
 
+def test_before_counts_of_a_plan_without_a_complete_update(tmp_path):
+    """An epoch shorter than one update (warned as degenerate, still a plan) has no update totals, not a crash."""
+    small = make_plan(tmp_path / "small", world_size=8, grad_accum=64, epochs=1)
+    ba = before_counts(small, 0)
+    assert ba.after.label_counts.size > 0 and ba.after.update_totals.size == 0
+    assert ba.before is not None and ba.before.update_totals.size == 0
+
+
 def test_plot_is_written_and_not_blank(plan, tmp_path):
     import matplotlib.image
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plancc import layout
 from plancc.config import PlanSettings
 from plancc.plan import Batches, SampleArrays, batch_sums
 from plancc.planner import pack
@@ -39,10 +40,9 @@ def eval_columns(ev: EvalPlan, settings: PlanSettings) -> dict[str, np.ndarray]:
     """One row per eval microbatch: index, rank, sample ids (CSR), tokens, targets and token slots."""
     b, n = ev.batches, ev.batches.num_batches
     sums = batch_sums(b, ev.samples, settings.shift, settings.mode, settings.pad_multiple)
-    index = np.arange(n, dtype=np.int64)
     return {
-        "index": index,
-        "rank": (index % settings.world_size).astype(np.int32),
+        "index": np.arange(n, dtype=np.int64),
+        "rank": layout.ranks(n, settings.world_size),
         "sample_ids": ev.samples.sample_id[b.samples],
         "row_bounds": b.row_bounds,
         "batch_bounds": b.batch_bounds,

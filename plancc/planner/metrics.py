@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plancc.config import Mode, PlanSettings
-from plancc.layout import complete_updates, optimizer_updates
+from plancc.layout import complete_updates, optimizer_updates, tail_batches, update_grid
 from plancc.plan import Batches, SampleArrays, batch_sums
 
 
@@ -32,10 +32,10 @@ def _cv(mean: float, std: float) -> float:
     return std / mean if mean > 0 else 0.0
 
 
-def _rank_total_cv(x: np.ndarray, n_upd: int, W: int) -> float:
-    """Mean over complete updates of the CV of the W ranks' totals of `x` in the update (what the ranks wait on
-    at the update's gradient all-reduce)."""
-    totals = x.reshape(n_upd, -1, W).sum(axis=1).astype(np.float64)
+def _rank_total_cv(grid: np.ndarray) -> float:
+    """Mean over complete updates of the CV of the W ranks' totals in the update (what the ranks wait on at the
+    update's gradient all-reduce); `grid` is `layout.update_grid`'s (updates, G, W)."""
+    totals = grid.sum(axis=1).astype(np.float64)
     mean = totals.mean(axis=1)
     return float(np.where(mean > 0, totals.std(axis=1) / np.maximum(mean, 1e-300), 0.0).mean())
 
@@ -67,21 +67,21 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
 
     W, G = settings.world_size, settings.grad_accum
     n_upd = complete_updates(b.num_batches, W, G)
-    full = n_upd * W * G
-    per_update = labels[:full].reshape(n_upd, W * G) if n_upd else np.zeros((0, W * G), dtype=np.int64)
-    update_totals = per_update.sum(axis=1)
+    label_grid = update_grid(labels, W, G)
+    update_totals = label_grid.sum(axis=(1, 2))
     mean_u, std_u = _mean_std(update_totals)
     if n_upd:
-        means = update_totals / (W * G)
+        per_update = label_grid.reshape(n_upd, -1)
+        means = update_totals / per_update.shape[1]
         skew = float((means[:, None] / np.maximum(per_update, 1)).max())
     else:
         skew = 0.0
     mean_a, std_a = _mean_std(attention)
     if W > 1 and n_upd:  # per (update, micro-step): max - min across ranks
         spread = [by_step.max(axis=1) - by_step.min(axis=1) for by_step in
-                  (x[:full].reshape(n_upd * G, W) for x in (cost, labels, attention))]
+                  (update_grid(x, W, G).reshape(-1, W) for x in (cost, labels, attention))]
         rank = [f(x) for x in spread for f in (lambda v: float(v.mean()), lambda v: int(v.max()))]
-        rank_cv = [_rank_total_cv(x[:full], n_upd, W) for x in (cost, attention)]
+        rank_cv = [_rank_total_cv(update_grid(x, W, G)) for x in (cost, attention)]
     else:
         rank = [0.0, 0, 0.0, 0, 0.0, 0]
         rank_cv = [0.0, 0.0]
@@ -114,7 +114,7 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "mean_global_update_labels": mean_u,
         "std_global_update_labels": std_u,
         "update_label_cv": _cv(mean_u, std_u),
-        "excluded_tail_microbatches": b.num_batches - full,
+        "excluded_tail_microbatches": tail_batches(b.num_batches, W, G),
         "mean_rank_cost_spread": rank[0],
         "max_rank_cost_spread": rank[1],
         "mean_rank_label_spread": rank[2],

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc import jit
+from plancc import jit, layout
 from plancc.config import PlanSettings, SettingsError
-from plancc.layout import complete_updates, update_mapping
-from plancc.plan import Batches, SampleArrays, batch_sums, batch_targets, segment_sum
+from plancc.plan import Batches, SampleArrays, batch_sums, batch_targets
 from plancc.planner import balance, evaluation, holdout, mixture, pack
 from plancc.planner.metrics import NO_DROPS, SourceDrops, summarize
 
@@ -41,7 +40,7 @@ def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
 
 def drop_tail(b: Batches, settings: PlanSettings) -> Batches:
     """Remove the incomplete final update (`--drop-last`); its samples are reported as dropped."""
-    keep = complete_updates(b.num_batches, settings.world_size, settings.grad_accum) * settings.batches_per_update
+    keep = layout.complete_batches(b.num_batches, settings.world_size, settings.grad_accum)
     if keep == b.num_batches:
         return b
     batch_bounds = b.batch_bounds[: keep + 1]
@@ -147,12 +146,10 @@ def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[
     b = p.batches
     s = p.samples if p.samples is not None else s
     n = b.num_batches
-    update, rank, micro_step = update_mapping(n, settings.world_size, settings.grad_accum)
+    W, G = settings.world_size, settings.grad_accum
+    update, rank, micro_step = layout.update_mapping(n, W, G)
     sums = batch_sums(b, s, settings.shift, settings.mode, settings.pad_multiple)
     labels = sums.targets
-    update_bounds = np.append(np.arange(0, n, settings.batches_per_update, dtype=np.int64), n)
-    num_items = np.repeat(segment_sum(labels, update_bounds), np.diff(update_bounds))
-    complete = update < complete_updates(n, settings.world_size, settings.grad_accum)
     return {
         "epoch": np.full(n, p.epoch, dtype=np.int32),
         "index": np.arange(n, dtype=np.int64),
@@ -165,6 +162,6 @@ def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[
         "tokens": sums.tokens,
         "label_count": labels,
         "cost": sums.cost,
-        "num_items": num_items,
-        "complete_update": complete,
+        "num_items": layout.num_items(labels, W, G),
+        "complete_update": layout.in_complete_update(n, W, G),
     }

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plancc.errors import PlanccError
-from plancc.layout import complete_updates, optimizer_updates
+from plancc.layout import optimizer_updates, update_grid
 from plancc.numbers import padding_ratio
 from plancc.store import parquet, plan_store, schemas
 
@@ -173,8 +173,7 @@ class BeforeAfter:
 
 
 def _stage(labels: np.ndarray, world_size: int, grad_accum: int) -> StageCounts:
-    full = complete_updates(labels.shape[0], world_size, grad_accum)
-    return StageCounts(labels, labels[: full * world_size * grad_accum].reshape(full, -1).sum(axis=1))
+    return StageCounts(labels, update_grid(labels, world_size, grad_accum).sum(axis=(1, 2)))
 
 
 def before_counts(plan_dir: str | Path | plan_store.PlanDir, epoch: int) -> BeforeAfter:

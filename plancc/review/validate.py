@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, SettingsError, Shift
-from plancc.layout import complete_updates
+from plancc.layout import tail_batches
 from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 from plancc.planner import holdout, mixture
 from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
@@ -93,8 +93,7 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     if short.size and not settings.drop_last:
         problems.append(f"{where}: {int((want - counts)[short].sum())} retained samples are "
                         f"missing (first: sample_id {int(s.sample_id[short[0]])})")
-    full = complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update
-    if settings.drop_last and n != full:
+    if settings.drop_last and tail_batches(n, settings.world_size, settings.grad_accum):
         problems.append(f"{where}: --drop-last plan ends with an incomplete update")
 
     over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)

@@ -164,16 +164,11 @@ class PlanTrainer(Trainer):
             raise PlanMismatchError("PlanTrainer computes the plan's token-mean loss itself: compute_loss_func and "
                                     "label_smoothing_factor are not supported")
         gas, world = self.args.gradient_accumulation_steps, self.args.world_size
-        per_update = self.plan.batches_per_update
-        fits = layout.elastic_grad_accum(per_update, world)
-        if gas != fits:
-            hint = (f"set gradient_accumulation_steps={fits}" if fits is not None
-                    else f"run on a number of processes that divides {per_update}, or recompile the plan")
-            raise PlanMismatchError(
-                f"the plan was compiled for world_size {self.plan.world_size} x grad_accum {self.plan.grad_accum} "
-                f"({per_update} microbatches per update) but this run has {world} process(es) x "
-                f"gradient_accumulation_steps {gas}; {hint}")
-        self.plan_grad_accum = self.plan.replay_grad_accum(world, gas)
+        problem = layout.replay_problem(self.plan.world_size, self.plan.grad_accum, world, gas,
+                                        flag="gradient_accumulation_steps")
+        if problem is not None:
+            raise PlanMismatchError(problem)
+        self.plan_grad_accum = gas
         # Our loss is already normalized by the update's global count: the Trainer must not rescale it.
         self.model_accepts_loss_kwargs = True
         if hasattr(self, "loss_is_scaled_for_ga"):
@@ -226,7 +221,7 @@ class PlanTrainer(Trainer):
     def set_initial_training_values(self, args, dataloader, *rest):
         """One Trainer epoch is the whole stream (see `_EpochStream`); its optimizer steps are the plan's."""
         values = list(super().set_initial_training_values(args, dataloader, *rest))
-        updates = len(dataloader) // args.gradient_accumulation_steps
+        updates = self._update_bounds()[self._train_epochs()]  # each `G` batches of the stream (`_EpochStream`)
         values[0], values[1], values[5] = 1, updates, len(dataloader)
         values[6] = args.max_steps if args.max_steps > 0 else updates
         return tuple(values)
@@ -319,7 +314,7 @@ class PlanTrainer(Trainer):
     def plan_state(self, global_step: int) -> dict[str, Any]:
         """The sampler state right after optimizer step `global_step` (from the Trainer's own count)."""
         epoch, done, _ = self._epoch_at(global_step)
-        position = min(done * self.plan_grad_accum, self.plan_sampler.epoch_lengths()[epoch])
+        position = self.plan_sampler.update_position(done, epoch)
         invalid = None
         own = self.plan_sampler
         if own.epoch == epoch and own._consumed is not None and own._consumed != position:

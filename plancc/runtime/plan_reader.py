@@ -129,7 +129,7 @@ class RuntimePlan:
     @property
     def batches_per_update(self) -> int:
         """Microbatches of one update (world_size x grad_accum): fixed under elastic replay."""
-        return self.world_size * self.grad_accum
+        return layout.batches_per_update(self.world_size, self.grad_accum)
 
     @property
     def mode(self) -> str:
@@ -147,27 +147,12 @@ class RuntimePlan:
         return self.settings.epochs
 
     def replay_grad_accum(self, world_size: int, grad_accum: int | None = None) -> int:
-        """The grad_accum a run of `world_size` uses; refuses a replay that would change the updates."""
-        per_update = self.batches_per_update
-        if world_size == self.world_size and grad_accum is None:
-            return self.grad_accum
-        fits = layout.elastic_grad_accum(per_update, world_size)
-        if grad_accum is None:
-            raise PlanMismatchError(
-                f"this plan was compiled for world_size {self.world_size} x grad_accum {self.grad_accum} "
-                f"({per_update} microbatches per update) but the run has world_size {world_size}; recompile with "
-                f"--world-size {world_size}, or replay it elastically by passing grad_accum so that world_size x "
-                f"grad_accum = {per_update}"
-                + (f" (grad_accum={fits})" if fits is not None else
-                   f" (impossible: {world_size} does not divide {per_update})")
-            )
-        if grad_accum != fits:
-            raise PlanMismatchError(
-                f"world_size {world_size} x grad_accum {grad_accum} = {world_size * grad_accum} microbatches per "
-                f"update, but this plan's updates hold {per_update} (compiled for world_size {self.world_size} x "
-                f"grad_accum {self.grad_accum}); elastic replay needs the same product"
-            )
-        return int(grad_accum)
+        """The grad_accum a run of `world_size` uses (`grad_accum`, or the plan's own); refuses a replay that would
+        change the updates (`layout.replay_problem`)."""
+        problem = layout.replay_problem(self.world_size, self.grad_accum, world_size, grad_accum)
+        if problem is not None:
+            raise PlanMismatchError(problem)
+        return self.grad_accum if grad_accum is None else int(grad_accum)
 
     # ------------------------------------------------------------ reads
     def epoch_rows(self, epoch: int) -> pa.Table:
@@ -207,7 +192,7 @@ class RuntimePlan:
         keep = layout.rank_indices(total, world_size, rank)  # rows are the verified epoch in index order
         mine = table.select(PLAN_COLUMNS).take(pa.array(keep))
         ids, row_bounds, batch_bounds = plan_store.nested_arrays(mine.column("sample_ids"))
-        tail_start = layout.complete_updates(total, self.world_size, self.grad_accum) * self.batches_per_update
+        tail_start = layout.complete_batches(total, self.world_size, self.grad_accum)
         return RankEpoch(
             epoch=int(epoch),
             index=keep,

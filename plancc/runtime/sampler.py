@@ -174,6 +174,10 @@ class PlanSampler:
         update, micro_step, _ = layout.locate(position, self._shape(epoch), self.grad_accum)
         return update, micro_step
 
+    def update_position(self, update: int, epoch: int | None = None) -> int:
+        """The position where `update` of `epoch` (default: current) starts; past the last update, the end."""
+        return layout.position_of_update(update, self._shape(epoch), self.grad_accum)
+
     # ------------------------------------------------------------ iteration
     def set_epoch(self, epoch: int) -> None:
         """Start `epoch` from its beginning; keeps a just-restored position of the same epoch (resume)."""
@@ -296,7 +300,7 @@ class PlanSampler:
             position = int(state["position"])
         elif state.get("at_update_boundary"):
             self.epoch = epoch  # needed for the shape below
-            position = layout.position_of_update(int(state["update"]), self._shape(), self.grad_accum)
+            position = self.update_position(int(state["update"]))
         else:
             raise PlanMismatchError(
                 f"the checkpoint was saved mid-update (update {state['update']}, micro-step {state['micro_step']}) "
@@ -333,7 +337,7 @@ class PlanEvalSampler:
 
     def __len__(self) -> int:
         """Microbatches (placeholders included) each rank yields."""
-        return -(-self.share.total_batches // self.world_size)
+        return layout.steps_per_rank(self.share.total_batches, self.world_size)
 
     def microbatch(self, position: int) -> Microbatch:
         """This rank's eval microbatch (or placeholder) at `position`."""

@@ -11,6 +11,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from plancc import layout
 from plancc.config import ROLES, canonical_hash
 from plancc.errors import InputError
 from plancc.store import atomic, token_store
@@ -81,7 +82,7 @@ def eval_summary(cols: dict[str, np.ndarray], world_size: int) -> dict[str, int]
     return {
         "samples": int(cols["sample_ids"].shape[0]),
         "batches": n,
-        "batches_per_rank": -(-n // world_size),
+        "batches_per_rank": layout.steps_per_rank(n, world_size),
         "tokens": int(cols["tokens"].sum()),
         "label_count": int(cols["label_count"].sum()),
         "cost": int(cols["cost"].sum()),

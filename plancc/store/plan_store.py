@@ -22,8 +22,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from plancc import layout
 from plancc.config import PlanSettings, SettingsError
-from plancc.layout import complete_updates, update_mapping
 from plancc.store import atomic, token_store
 from plancc.store.fingerprint import (
     before_checksum,
@@ -432,7 +432,7 @@ class PlanDir:
         cols.update(sample_ids=ids, row_bounds=row_bounds, batch_bounds=batch_bounds)
         problems = []
         for name, want, why in (("index", np.arange(n), "the row's position"),
-                                ("rank", np.arange(n) % W, f"index % world_size = index % {W}")):
+                                ("rank", layout.ranks(n, W), f"index % world_size = index % {W}")):
             bad = cols[name] != want
             if bad.any():
                 i = _first_row(bad)
@@ -476,19 +476,17 @@ class PlanDir:
         the sum of its label counts, `complete_update`); rows that keep it but differ from what was compiled
         (samples exchanged, ids or counts edited consistently) fail the fingerprint, which covers every column.
         """
-        W, G = self.settings.world_size, self.settings.grad_accum
+        W, G, P = self.settings.world_size, self.settings.grad_accum, self.settings.batches_per_update
         n = table.num_rows
         cols = {name: column(table, name) for name in EPOCH_COLUMNS if name != "sample_ids"}
-        update, rank, micro_step = update_mapping(n, W, G)
-        starts = np.arange(0, n, W * G)
-        totals = np.add.reduceat(cols["label_count"], starts) if n else np.zeros(0, dtype=np.int64)
+        update, rank, micro_step = layout.update_mapping(n, W, G)
         expect = {
             "index": (np.arange(n), "the row's position in the epoch"),
-            "update": (update, f"index // (world_size*grad_accum) = index // {W * G}"),
+            "update": (update, f"index // (world_size*grad_accum) = index // {P}"),
             "rank": (rank, f"index % world_size = index % {W}"),
-            "micro_step": (micro_step, f"(index % {W * G}) // {W}"),
-            "num_items": (np.repeat(totals, np.diff(np.append(starts, n))), "the sum of its update's label_count"),
-            "complete_update": (update < complete_updates(n, W, G), f"whether its update holds all {W * G} rows"),
+            "micro_step": (micro_step, f"(index % {P}) // {W}"),
+            "num_items": (layout.num_items(cols["label_count"], W, G), "the sum of its update's label_count"),
+            "complete_update": (layout.in_complete_update(n, W, G), f"whether its update holds all {P} rows"),
         }
         problems = []
         for name, (want, why) in expect.items():

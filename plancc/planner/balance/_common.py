@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.config import PlanSettings
-from plancc.layout import complete_updates
+from plancc.layout import complete_batches
 from plancc.plan import (
     Batches,
     SampleArrays,
@@ -27,7 +27,7 @@ SCAN = 32  # partner subsets examined per subset (the length-sorted candidates n
 
 def span(batches: Batches, settings: PlanSettings) -> int:
     """Number of leading microbatches that belong to complete updates (the rest is the untouched tail)."""
-    return complete_updates(batches.num_batches, settings.world_size, settings.grad_accum) * settings.batches_per_update
+    return complete_batches(batches.num_batches, settings.world_size, settings.grad_accum)
 
 
 def item_values(batches: Batches, samples: SampleArrays, shift: str) -> np.ndarray:

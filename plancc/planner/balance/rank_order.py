@@ -75,10 +75,9 @@ def deal_to_ranks(order: np.ndarray, work: np.ndarray, W: int) -> np.ndarray:
     Steps go widest spread first; inside a step the heaviest member goes to the rank with the least work so far.
     Returns local positions `m*W + r` -> microbatch, like `order`.
     """
-    n_upd, P = order.shape
-    G = P // W
+    n_upd = order.shape[0]
     rows = np.arange(n_upd)[:, None]
-    steps = order.reshape(n_upd, G, W)
+    steps = order.reshape(n_upd, -1, W)  # (update, micro-step, rank); rank_order hands at least one update
     w = work[rows[:, :, None], steps]
     inner = np.argsort(-w, axis=2, kind="stable")
     steps = np.take_along_axis(steps, inner, axis=2)  # heaviest first inside each step

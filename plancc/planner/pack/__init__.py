@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.config import Mode, PlanSettings
-from plancc.layout import complete_updates
+from plancc.layout import tail_batches
 from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, from_rows, permute_batches
 from plancc.planner.pack.plain import pack_best_fit
 from plancc.planner.pack.random_groups import group_fixed
@@ -48,7 +48,7 @@ def ordinary_tail(batches: Batches, samples: SampleArrays, settings: PlanSetting
     drops this same tail (what is dropped is what the plan without it would hold last).
     """
     n = batches.num_batches
-    k = n - complete_updates(n, settings.world_size, settings.grad_accum) * settings.batches_per_update
+    k = tail_batches(n, settings.world_size, settings.grad_accum)
     if k == 0 or k == n:
         return batches
     first = max(n - k - CANDIDATES, 0)
