@@ -1,0 +1,91 @@
+"""A scan directory (`plancc scan -o`, a `--shard` part, a scan cache entry): its samples table, token store and
+record (`scan.json`), opened and checked against each other in one place.
+
+`ScanDir.open` reads the record; `samples()` reads the samples table and checks it still hashes to the
+fingerprints the record holds, and its token store (when there is one) to the same: a scan whose rows were
+edited or whose store was swapped in from another scan is refused, naming the file, before anything is planned
+from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from plancc.errors import InputError
+from plancc.store import token_store
+from plancc.store.parquet import read_samples
+from plancc.store.scan_record import ScanRecord
+from plancc.store.schemas import SAMPLES_FILE, SCAN_MANIFEST_FILE, TOKENS_DIR
+
+
+class ScanDirError(InputError):
+    """A scan directory whose files do not agree with its record (edited, swapped in, damaged)."""
+
+
+@dataclass(frozen=True)
+class ScanDir:
+    """An opened scan directory: where it is and its record."""
+
+    path: Path
+    record: ScanRecord
+
+    @staticmethod
+    def open(path: str | Path) -> ScanDir:
+        """The scan directory at `path` (ScanRecordError naming its scan.json when that is missing or malformed;
+        ScanDirError when it has no samples table)."""
+        p = Path(path)
+        record = ScanRecord.read(p)
+        if not (p / SAMPLES_FILE).is_file():
+            raise ScanDirError(f"{p} is a plancc scan directory without its {SAMPLES_FILE}: it was deleted or moved; "
+                               "scan the source again")
+        return ScanDir(p, record)
+
+    @property
+    def record_file(self) -> Path:
+        """The record's file (for messages)."""
+        return self.path / SCAN_MANIFEST_FILE
+
+    @property
+    def samples_file(self) -> Path:
+        """The samples table's file."""
+        return self.path / SAMPLES_FILE
+
+    @property
+    def tokens(self) -> Path | None:
+        """The token store folder, None when the scan has none."""
+        tokens = self.path / TOKENS_DIR
+        return tokens if token_store.is_store(tokens) else None
+
+    def samples(self, table: pa.Table | None = None) -> pa.Table:
+        """The samples table (`table`: the one already read from `samples_file`), checked against the record's
+        fingerprints, and the token store's header against the same; ScanDirError naming what disagrees (a
+        StoreError or TokenStoreError for a file that cannot be read)."""
+        from plancc.store.plan_files import samples_fingerprints
+
+        if table is None:
+            table = read_samples(self.samples_file)
+        recorded = self.record.fingerprint_map
+        found = samples_fingerprints(table, self.record.identity)
+        for key in ("dataset", "metadata"):
+            if found[key] != recorded.get(key):
+                raise ScanDirError(f"{self.samples_file}: its rows do not hash to the {key} fingerprint "
+                                   f"{self.record_file} records (the samples table was edited or swapped in): "
+                                   "rescan the source")
+        tokens = self.tokens
+        if tokens is not None:
+            header = token_store.open_store(tokens).header  # the constant-cost checks
+            if header["fingerprints"] != recorded:
+                raise ScanDirError(f"{tokens}: its fingerprints are not those {self.record_file} records (the token "
+                                   "store was swapped in from another scan): rescan the source")
+        return table
+
+    def write(self, samples: pa.Table) -> None:
+        """The samples table and the record into this (fresh) directory; the token store is the caller's."""
+        from plancc.store.parquet import file_metadata, write_parquet
+
+        options = self.record.options.to_json() if self.record.options is not None else {}
+        write_parquet(samples, self.samples_file, file_metadata("samples", self.record.fingerprint_map, options))
+        self.record.write(self.path)
