@@ -43,18 +43,23 @@ _PART_DIR = re.compile(r"part-\d+")  # a multi-part token store's part folders (
 
 def output_kind(path: Path) -> str | None:
     """'plan' or 'scan' when `path` is a plancc plan or scan directory (recognised by its manifest), else None."""
-    raw = atomic.read_regular(path / MANIFEST_FILE)  # a FIFO named like a manifest is not read (it would block)
-    try:
-        manifest = orjson.loads(raw) if raw is not None else None
-    except orjson.JSONDecodeError:
-        manifest = None
-    if isinstance(manifest, dict) and "fingerprints" in manifest and "plancc" in manifest:
+    if _is_plan(path):
         return "plan"
     try:
         record = ScanRecord.read(path / SCAN_MANIFEST_FILE)
     except ScanRecordError:
         return None
     return "scan" if "plancc_scan_version" in record.keys else None
+
+
+def _is_plan(path: Path) -> bool:
+    """Whether `path` holds a plan's manifest."""
+    raw = atomic.read_regular(path / MANIFEST_FILE)  # a FIFO named like a manifest is not read (it would block)
+    try:
+        manifest = orjson.loads(raw) if raw is not None else None
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(manifest, dict) and "fingerprints" in manifest and "plancc" in manifest
 
 
 def _entry_kind(entry: os.DirEntry) -> str:

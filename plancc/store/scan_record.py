@@ -98,7 +98,7 @@ class RecordedOptions:
         """What a scan with `options` records, given its tokenizer's and template's fingerprints (and whether its
         template reads the date)."""
         kept = {f.name: getattr(options, f.name) for f in fields(RecordedOptions)
-                if f.name not in ("tokenizer", "chat_template", "template_date")}
+                if f.name not in ("tokenizer", "chat_template", "template_date", "long", "shift")}
         return RecordedOptions(**kept, tokenizer=tokenizer, chat_template=chat_template,
                                template_date=options.template_date if reads_date else None,
                                long=str(options.long), shift=str(options.shift))
@@ -230,6 +230,10 @@ class ScanRecord:
     part: PartRange | None = None  # a partial scan's rows
     seconds: float = 0.0
     merged_from: tuple[MergedFrom, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("text_format", "fingerprints"):  # one order, whichever the writer or the JSON gave
+            object.__setattr__(self, name, tuple(sorted(getattr(self, name))))
 
     @staticmethod
     def of(**values: Any) -> ScanRecord:
