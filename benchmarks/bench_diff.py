@@ -36,6 +36,7 @@ def samples_table(n: int, seed: int = 0) -> pa.Table:
 
 def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
     from plancc.build import write_plan_dir
+    from plancc.store.scan_record import ScanRecord
     from plancc.config import PlanSettings
     from plancc.planner.pipeline import compile_plan
     from plancc.store.parquet import sample_arrays
@@ -43,7 +44,7 @@ def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
     t0 = time.perf_counter()
     settings = PlanSettings(sequence_len=4096, world_size=8, grad_accum=4, seed=seed, balance=balance)
     s = sample_arrays(table)
-    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), ScanRecord(), None)
     return time.perf_counter() - t0
 
 
