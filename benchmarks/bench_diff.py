@@ -36,10 +36,10 @@ def samples_table(n: int, seed: int = 0) -> pa.Table:
 
 def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
     from plancc.build import write_plan_dir
-    from plancc.store.scan_record import ScanRecord
     from plancc.config import PlanSettings
     from plancc.planner.pipeline import compile_plan
     from plancc.store.parquet import sample_arrays
+    from plancc.store.scan_record import ScanRecord
 
     t0 = time.perf_counter()
     settings = PlanSettings(sequence_len=4096, world_size=8, grad_accum=4, seed=seed, balance=balance)
