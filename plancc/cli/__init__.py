@@ -346,10 +346,7 @@ def validate_cmd(
             if plan_store.PlanDir(plan_dir).settings.mixture:
                 raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source "
                                  "cannot be rescanned for it; give a plan, scan or token store folder")
-            from plancc.store.scan_record import ScanRecord
-
-            record = ScanRecord.from_json(plan_store.PlanDir(plan_dir).meta["scan"], f"{plan_dir} manifest scan")
-            options = scan_mod.options_from_record(record, tokenizer)
+            options = scan_mod.options_from_record(plan_store.PlanDir(plan_dir).scan_record, tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
             dataset_fp = plan_files.samples_fingerprints(result.samples)["dataset"]
         problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)

@@ -29,13 +29,12 @@ from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_to
 from plancc.planner import holdout, mixture
 from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
 from plancc.store import parquet, plan_files, plan_store, schemas, token_store
-from plancc.store.scan_record import ScanRecord
 
 
 def _shared_problems(plan: plan_store.PlanDir) -> list[str]:
     """A plan compiled from a scan holds the scan's sequence_len and shift (`plancc.scan.carry`): its samples were cut,
     dropped and counted under them. A plan whose settings say otherwise was edited (or built by hand)."""
-    recorded = ScanRecord.from_json(plan.meta.get("scan") or {}, f"{plan.plan_file} metadata scan").options
+    recorded = plan.scan_record.options
     if recorded is None:
         return []
     return [f"{plan.plan_file} metadata: settings.{name} is {plan.meta['settings'][name]!r}, but its samples were "

@@ -378,7 +378,7 @@ class PlanDir:
     @property
     def scan_record(self) -> ScanRecord:
         """How the plan's samples were made (the manifest's `scan` entry)."""
-        return ScanRecord.from_json(self.meta["scan"], f"{self.plan_file} metadata scan")
+        return ScanRecord.from_json(self.meta.get("scan") or {}, f"{self.plan_file} metadata scan")
 
     def read_metrics(self) -> pa.Table:
         """The plan's metrics table (check it with `metrics_problems`)."""
