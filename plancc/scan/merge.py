@@ -25,7 +25,7 @@ from plancc.errors import InputError
 from plancc.scan.sources.samples import FIRST_ROWS, check_drops, check_retained, drop_warning
 from plancc.store import outputs, plan_files, schemas, token_store
 from plancc.store.scan_record import COUNTS, TOTALS, Counted, MergedFrom, RecordedOptions, ScanRecord
-from plancc.store.scan_store import ScanDir, ScanDirError
+from plancc.store.scan_store import ScanDir
 
 SHARED = ("plancc_scan_version", "source_fingerprint", "format", "options")  # what every part must agree on
 PER_PART = ("part", "fingerprints", "seconds", *TOTALS, *COUNTS)
@@ -137,7 +137,7 @@ def _part_samples(p: Part) -> pa.Table:
         m = token_store.open_store(p.path / schemas.TOKENS_DIR)
     except (schemas.StoreError, token_store.TokenStoreError) as exc:
         raise InputError(f"merge: part {p.path}: {exc}") from None
-    except ScanDirError:
+    except InputError:
         raise InputError(f"merge: part {p.path}: its samples table or token store does not match its recorded "
                          "fingerprints (a file was changed or swapped in); rescan this shard") from None
     if m.header["rows"] != p.hi - p.lo:

@@ -183,20 +183,16 @@ def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
     info["tokenized_path"] = str(tokens) if token_store.is_store(tokens) else None
     info["record"] = None
     if f.name == SAMPLES_FILE and (f.parent / SCAN_MANIFEST_FILE).is_file():
-        from plancc.store.scan_store import ScanDir
-
-        scan = ScanDir.open(f.parent)
-        scan.samples(table)
-        info["record"] = scan.record
+        record = info["record"] = ScanRecord.read(f.parent)
+        check_recorded(table, f, record.identity, record.fingerprint_map, f.parent / SCAN_MANIFEST_FILE,
+                       info["tokenized_path"])
     else:
-        _check_recorded(f, table, info)
+        _check_planned(f, table, info)
     return table, info
 
 
-def _check_recorded(f: Path, table: pa.Table, info: dict[str, Any]) -> None:
-    """A plan directory given as SOURCE: its samples must still hash to the fingerprints its `manifest.json`
-    records, and its token store open (the constant-cost checks) holding the same; else the plan would be built on
-    edited or swapped-in rows and only a later `validate` would tell."""
+def _check_planned(f: Path, table: pa.Table, info: dict[str, Any]) -> None:
+    """A plan directory given as SOURCE: its samples and token store against its `manifest.json`."""
     record_file = f.parent / MANIFEST_FILE
     if not record_file.is_file() or f.name != SAMPLES_FILE:
         return  # a bare samples table: nothing records what it held
@@ -206,15 +202,23 @@ def _check_recorded(f: Path, table: pa.Table, info: dict[str, Any]) -> None:
         recorded = {k: record["fingerprints"][k] for k in ("dataset", "metadata")}
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         raise InputError(f"{record_file} is not a readable plancc record (edited?): rescan the source") from None
+    check_recorded(table, f, identity, recorded, record_file, info["tokenized_path"])
+
+
+def check_recorded(table: pa.Table, f: Path, identity: dict[str, str | None], recorded: dict[str, str],
+                   record_file: Path, tokens: str | Path | None) -> None:
+    """A scan's or plan's samples (`table`, read from `f`) must still hash to the fingerprints `record_file`
+    records, and its token store open (the constant-cost checks) holding the same; else a plan would be built on
+    edited or swapped-in rows and only a later `validate` would tell."""
     found = samples_fingerprints(table, identity)
     for key in ("dataset", "metadata"):
-        if found[key] != recorded[key]:
+        if found[key] != recorded.get(key):
             raise InputError(f"{f}: its rows do not hash to the {key} fingerprint {record_file} records (the "
                              "samples table was edited or swapped in): rescan the source")
-    if info["tokenized_path"]:
-        header = token_store.open_store(info["tokenized_path"]).header
+    if tokens:
+        header = token_store.open_store(tokens).header
         if header["fingerprints"] != recorded:
-            raise InputError(f"{info['tokenized_path']}: its fingerprints are not those {record_file} records (the "
+            raise InputError(f"{tokens}: its fingerprints are not those {record_file} records (the "
                              "token store was swapped in from another scan): rescan the source")
 
 

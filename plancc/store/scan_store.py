@@ -17,12 +17,13 @@ import pyarrow as pa
 from plancc.errors import InputError
 from plancc.store import token_store
 from plancc.store.parquet import read_samples
+from plancc.store.plan_files import check_recorded
 from plancc.store.scan_record import ScanRecord
 from plancc.store.schemas import SAMPLES_FILE, SCAN_MANIFEST_FILE, TOKENS_DIR
 
 
 class ScanDirError(InputError):
-    """A scan directory whose files do not agree with its record (edited, swapped in, damaged)."""
+    """A scan directory without its samples table."""
 
 
 @dataclass(frozen=True)
@@ -59,27 +60,13 @@ class ScanDir:
         tokens = self.path / TOKENS_DIR
         return tokens if token_store.is_store(tokens) else None
 
-    def samples(self, table: pa.Table | None = None) -> pa.Table:
-        """The samples table (`table`: the one already read from `samples_file`), checked against the record's
-        fingerprints, and the token store's header against the same; ScanDirError naming what disagrees (a
-        StoreError or TokenStoreError for a file that cannot be read)."""
-        from plancc.store.plan_files import samples_fingerprints
-
-        if table is None:
-            table = read_samples(self.samples_file)
-        recorded = self.record.fingerprint_map
-        found = samples_fingerprints(table, self.record.identity)
-        for key in ("dataset", "metadata"):
-            if found[key] != recorded.get(key):
-                raise ScanDirError(f"{self.samples_file}: its rows do not hash to the {key} fingerprint "
-                                   f"{self.record_file} records (the samples table was edited or swapped in): "
-                                   "rescan the source")
-        tokens = self.tokens
-        if tokens is not None:
-            header = token_store.open_store(tokens).header  # the constant-cost checks
-            if header["fingerprints"] != recorded:
-                raise ScanDirError(f"{tokens}: its fingerprints are not those {self.record_file} records (the token "
-                                   "store was swapped in from another scan): rescan the source")
+    def samples(self) -> pa.Table:
+        """The samples table, checked against the record's fingerprints, and the token store's header against the
+        same (`plan_files.check_recorded`: an InputError naming what disagrees; a StoreError or TokenStoreError
+        for a file that cannot be read)."""
+        table = read_samples(self.samples_file)
+        check_recorded(table, self.samples_file, self.record.identity, self.record.fingerprint_map, self.record_file,
+                       self.tokens)
         return table
 
     def write(self, samples: pa.Table) -> None:
