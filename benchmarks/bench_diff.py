@@ -39,11 +39,12 @@ def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
     from plancc.config import PlanSettings
     from plancc.planner.pipeline import compile_plan
     from plancc.store.parquet import sample_arrays
+    from plancc.store.scan_record import ScanRecord
 
     t0 = time.perf_counter()
     settings = PlanSettings(sequence_len=4096, world_size=8, grad_accum=4, seed=seed, balance=balance)
     s = sample_arrays(table)
-    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), ScanRecord(), None)
     return time.perf_counter() - t0
 
 

@@ -53,12 +53,13 @@ def big_plan(n: int) -> Path:
     from plancc import build
     from plancc.config import PlanSettings
     from plancc.planner.pipeline import compile_plan
+    from plancc.store.scan_record import ScanRecord
 
     t0 = time.perf_counter()
     s = sft_mix(n, seed=0)
     settings = PlanSettings(mode="packed", micro_batch_size=4, sequence_len=4096, world_size=8, grad_accum=4,
                             balance=False)
-    build.write_plan_dir(out, samples_table(s), s, settings, compile_plan(s, settings), {}, None)
+    build.write_plan_dir(out, samples_table(s), s, settings, compile_plan(s, settings), ScanRecord(), None)
     print(f"built {out} in {time.perf_counter() - t0:.1f}s", flush=True)
     return out
 

@@ -20,6 +20,7 @@ from plancc.plan import SampleArrays
 from plancc.planner.pipeline import compile_run
 from plancc.store import parquet, plan_files, token_writer
 from plancc.store.fingerprint import token_hashes
+from plancc.store.scan_record import ScanRecord
 
 
 def sft_mix(n: int, seed: int = 0, sequence_len: int = 4096) -> SampleArrays:
@@ -97,7 +98,7 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     ps = PlanSettings(seed=seed, **settings)
     run = compile_run(s, ps)
     out = tmp / "plan"
-    build.write_plan_dir(out, table, run.train, ps, run.epochs, {}, path, evaluation=run.evaluation)
+    build.write_plan_dir(out, table, run.train, ps, run.epochs, ScanRecord(), path, evaluation=run.evaluation)
     return out
 
 

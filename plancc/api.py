@@ -167,12 +167,12 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
         source = _materialize(source, cache)
     if index_count is not None:
         return scan_mod.scan_shard(str(source), options, *index_count, Path(output), overwrite=overwrite,
-                                   num_proc=procs, progress=progress)
+                                   num_proc=procs, progress=progress).to_json()
     result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
                            shard_rows=default_rows if shard_rows is None else shard_rows, engine=runner)
     atomic.fault("prepared")
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
-    return result.report
+    return result.report.to_json()
 
 
 def parse_shard(spec: str | tuple[int, int]) -> tuple[int, int]:
@@ -195,7 +195,7 @@ def merge(parts: list[str | Path], output: str | Path, *, overwrite: bool = Fals
     they fit (same source, options, tokenizer, template; disjoint and complete rows); returns its report."""
     from plancc.scan import merge as merge_mod
 
-    return merge_mod.merge([Path(p) for p in parts], output, overwrite=overwrite)
+    return merge_mod.merge([Path(p) for p in parts], output, overwrite=overwrite).to_json()
 
 
 def compile(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
@@ -351,7 +351,7 @@ def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, 
     if plan.settings.mixture:
         raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source cannot be "
                          "rescanned for it; give a plan, scan or token store folder")
-    options = scan_mod.options_from_report(plan.meta["scan"], tokenizer)
+    options = scan_mod.options_from_record(plan.scan_record, tokenizer)
     result = scan_mod.scan(dataset, options, num_proc=num_proc or 1,
                            cache_dir=Path(cache_dir) if cache_dir is not None else None)
     return plan_files.samples_fingerprints(result.samples)["dataset"]

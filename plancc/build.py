@@ -32,8 +32,8 @@ from plancc.store.fingerprint import (
     eval_fingerprint,
     metrics_checksum,
     plan_fingerprint,
-    scan_identity,
 )
+from plancc.store.scan_record import ScanRecord
 
 
 def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,
@@ -53,7 +53,7 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
                          "or sources), or list it as one dataset of a recipe")
     settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
     s = parquet.sample_arrays(samples_table)
-    drops = SourceDrops(scan_info.get("dropped_samples", 0), scan_info.get("truncated_samples", 0))
+    drops = SourceDrops(scan_info.dropped_samples, scan_info.truncated_samples)
     run = compile_run(s, settings, progress=progress, drops=drops)
     atomic.fault("prepared")
     return write_plan_dir(out_dir, samples_table, run.train, settings, run.epochs, scan_info, tokenized, progress,
@@ -73,7 +73,7 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
                               progress=progress)
     settings = joined.settings
     s = parquet.sample_arrays(joined.table)
-    drops = SourceDrops(joined.report["dropped_samples"], joined.report["truncated_samples"])
+    drops = SourceDrops(joined.report.dropped_samples, joined.report.truncated_samples)
     run = compile_run(s, settings, progress=progress, drops=drops, index=joined.index)
     recipe = {"datasets": joined.datasets, "metrics": recipe_data.epoch_metrics(run.epochs, joined, settings.shift)}
     return write_plan_dir(out_dir, joined.table, run.train, settings, run.epochs, joined.report, joined.tokens,
@@ -98,7 +98,7 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
 
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
-                   epochs: list[EpochPlan], scan_info: dict[str, Any], tokenized: Path | None,
+                   epochs: list[EpochPlan], scan_info: ScanRecord, tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
                    recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> dict[str, Any]:
     """Write PLAN_DIR atomically from planned epochs (over the training samples `s`) and the eval plan, if any:
@@ -108,7 +108,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
     fingerprints: dict[str, Any] = {
-        **plan_files.samples_fingerprints(samples_table, scan_identity(scan_info)),
+        **plan_files.samples_fingerprints(samples_table, scan_info.identity),
         "config": config_fingerprint(settings_dict),
         "plancc": __version__,
         "schema": schemas.SCHEMA_VERSION,
@@ -132,7 +132,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         eval_table, eval_info = plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size)
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    data = data_manifest(out_dir, scan_info.get("source_paths", []), tokenized is not None)
+    data = data_manifest(out_dir, list(scan_info.source_paths), tokenized is not None)
     metrics = plan_files.metrics_table(metric_rows)
     before = plan_files.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
     manifest = {
@@ -140,18 +140,18 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "schema": schemas.SCHEMA_VERSION,
         "fingerprints": fingerprints,
         "settings": settings_dict,
-        "scan": {k: v for k, v in scan_info.items() if k not in NOT_PLANNED},
+        "scan": scan_info.without(*NOT_PLANNED).to_json(),
         "data": data,
         "epochs": epoch_info,
         "samples": samples_table.num_rows,
         # what the summary must say: every source sample dropped or cut, and what tokenized them
-        "rows_read": scan_info.get("rows_read", len(s)),
-        "dropped_samples": scan_info.get("dropped_samples", 0),
-        "truncated_samples": scan_info.get("truncated_samples", 0),
-        "tokenizer": ({"name": scan_info["tokenizer"], "fingerprint": scan_info.get("tokenizer_fingerprint")}
-                      if scan_info.get("tokenizer") else None),
-        "chat_template": scan_info.get("chat_template"),
-        "warnings": scan_info.get("warnings", []),
+        "rows_read": scan_info.rows_read if "rows_read" in scan_info.keys else len(s),
+        "dropped_samples": scan_info.dropped_samples,
+        "truncated_samples": scan_info.truncated_samples,
+        "tokenizer": ({"name": scan_info.tokenizer, "fingerprint": scan_info.tokenizer_fingerprint}
+                      if scan_info.tokenizer else None),
+        "chat_template": scan_info.chat_template.to_json() if scan_info.chat_template else None,
+        "warnings": list(scan_info.warnings),
         "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
                       "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
     }

@@ -39,9 +39,7 @@ from plancc.planner.mixture import dataset_index
 from plancc.recipe import DatasetSpec
 from plancc.scan.carry import carry
 from plancc.store import outputs, parquet, plan_files, plan_store, schemas, token_store, token_writer
-from plancc.store.fingerprint import scan_identity
-
-COUNTED = ("rows_read", "retained", "dropped_samples", "truncated_samples")
+from plancc.store.scan_record import TOTALS, ScanRecord, Template
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ class Loaded:
 
     spec: DatasetSpec
     table: pa.Table
-    report: dict[str, Any]
+    report: ScanRecord
     tokens: Path | None
     settings: PlanSettings
 
@@ -67,7 +65,7 @@ class Joined:
     """The recipe's datasets together (see the module docstring)."""
 
     table: pa.Table
-    report: dict[str, Any]
+    report: ScanRecord
     tokens: Path | None
     settings: PlanSettings
     datasets: list[dict[str, Any]]
@@ -107,9 +105,9 @@ def _load_all(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, setting
     loaded: dict[int, Loaded] = {}
     for i in order:
         loaded[i] = _load_one(specs[i], scan_options, settings, given, **kw)
-        recorded = loaded[i].report.get("options") or {}
-        if _is_stored(specs[i].path) and recorded:
-            carried = {k: recorded[k] for k in SHARED_SETTINGS if k not in given and k in recorded}
+        recorded = loaded[i].report.options
+        if _is_stored(specs[i].path) and recorded is not None:
+            carried = {k: getattr(recorded, k) for k in SHARED_SETTINGS if k not in given}
             scan_options = dataclasses.replace(scan_options, **carried)
             settings = dataclasses.replace(settings, **carried)
     return [loaded[i] for i in range(len(specs))]
@@ -124,10 +122,10 @@ def _agree(loaded: list[Loaded]) -> None:
             if a != b:
                 raise SettingsError(f"datasets {first.spec.name!r} and {d.spec.name!r} have {name} {a} and {b}: a "
                                     f"recipe has one {name}; rescan one of them with the other's")
-        a, b = first.report.get("tokenizer_fingerprint"), d.report.get("tokenizer_fingerprint")
+        a, b = first.report.tokenizer_fingerprint, d.report.tokenizer_fingerprint
         if a != b and a and b:
             raise SettingsError(f"datasets {first.spec.name!r} and {d.spec.name!r} were tokenized by different "
-                                f"tokenizers ({first.report.get('tokenizer')} and {d.report.get('tokenizer')}): a "
+                                f"tokenizers ({first.report.tokenizer} and {d.report.tokenizer}): a "
                                 "recipe has one tokenizer")
 
 
@@ -155,31 +153,30 @@ def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
     return {
         "name": d.spec.name, "role": d.spec.role, "path": d.spec.path, kind: value,
         "first_id": first_id, "rows": rows,
-        "rows_read": int(report.get("rows_read", d.table.num_rows)), "retained": d.table.num_rows,
-        "dropped_samples": int(report.get("dropped_samples", 0)),
-        "truncated_samples": int(report.get("truncated_samples", 0)),
+        "rows_read": report.rows_read if "rows_read" in report.keys else d.table.num_rows,
+        "retained": d.table.num_rows, "dropped_samples": report.dropped_samples,
+        "truncated_samples": report.truncated_samples,
         "tokens": int(length.sum()), "label_tokens": int(labels.sum()),
-        "format": report.get("format"), "chat_template": (report.get("chat_template") or {}).get("name"),
-        "fingerprints": plan_files.samples_fingerprints(d.table, scan_identity(report)),
+        "format": report.format, "chat_template": report.chat_template.name if report.chat_template else None,
+        "fingerprints": plan_files.samples_fingerprints(d.table, report.identity),
     }
 
 
-def _report(loaded: list[Loaded], datasets: list[dict[str, Any]]) -> dict[str, Any]:
-    """The recipe's scan report: the first dataset's options and tokenizer, counts summed, every warning named."""
+def _report(loaded: list[Loaded], datasets: list[dict[str, Any]]) -> ScanRecord:
+    """The recipe's scan record: the first dataset's options and tokenizer, counts summed, every warning named."""
     first = loaded[0].report
-    templates = [d.report.get("chat_template") for d in loaded]
-    report = {k: first[k] for k in ("tokenizer", "tokenizer_fingerprint", "options") if k in first}
-    report.update({k: sum(int(d.get(k, 0)) for d in datasets) for k in COUNTED})
+    templates = [d.report.chat_template for d in loaded]
+    values = {k: v for k, v in first.held().items() if k in ("tokenizer", "tokenizer_fingerprint", "options")}
+    values |= {k: sum(int(d.get(k, 0)) for d in datasets) for k in TOTALS}
     if any(templates):  # each dataset's own template: the metadata fingerprint folds them all in
-        report["chat_template"] = {"name": ", ".join(sorted({t["name"] for t in templates if t})),
-                                   "fingerprint": canonical_hash({"templates": [t and t.get("fingerprint")
-                                                                                for t in templates]})}
-    report["warnings"] = [f"dataset {d.spec.name!r}: {w}" for d in loaded for w in d.report.get("warnings", [])]
-    report["source_paths"] = [p for d in loaded for p in d.report.get("source_paths", [])]
-    return report
+        values["chat_template"] = Template(", ".join(sorted({t.name for t in templates if t})),
+                                           canonical_hash({"templates": [t and t.fingerprint for t in templates]}))
+    values["warnings"] = tuple(f"dataset {d.spec.name!r}: {w}" for d in loaded for w in d.report.warnings)
+    values["source_paths"] = tuple(p for d in loaded for p in d.report.source_paths)
+    return ScanRecord.of(**values)
 
 
-def _token_store(loaded: list[Loaded], table: pa.Table, report: dict[str, Any], shift: str,
+def _token_store(loaded: list[Loaded], table: pa.Table, report: ScanRecord, shift: str,
                  cache_dir: Path | None) -> Path | None:
     """The datasets' token stores as one multi-part store in the cache, bound to the joined samples `table` (reused
     when its fingerprints match); None for bare samples tables."""
@@ -189,7 +186,7 @@ def _token_store(loaded: list[Loaded], table: pa.Table, report: dict[str, Any], 
             raise InputError(f"dataset {missing[0]!r} has no token store (a bare samples table) while others do: a "
                              "recipe's datasets are all scanned sources (or all bare tables)")
         return None
-    fingerprints = plan_files.samples_fingerprints(table, scan_identity(report))
+    fingerprints = plan_files.samples_fingerprints(table, report.identity)
     key = canonical_hash({"fingerprints": fingerprints, "stores": [token_store.read_header(d.tokens)["fingerprints"]
                                                                    for d in loaded]})
     entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "recipes" / key

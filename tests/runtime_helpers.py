@@ -13,6 +13,7 @@ from benchmarks.synthetic import VOCAB, make_tokenized, samples_table, write_tok
 from plancc import build
 from plancc.config import PlanSettings
 from plancc.store import parquet
+from plancc.store.scan_record import ScanRecord
 
 
 def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), n: int = 24, data_seed: int = 3,
@@ -32,7 +33,7 @@ def build_uneven_plan(tmp: Path, *, capacities: tuple[int, ...] = (24, 12, 18), 
     ps = PlanSettings(mode="packed", sequence_len=max(capacities), epochs=len(capacities), **settings)
     epochs = [plan_epoch(s, replace(ps, sequence_len=c), e) for e, c in enumerate(capacities)]
     out = tmp / "plan"
-    build.write_plan_dir(out, table, s, ps, epochs, {}, path)
+    build.write_plan_dir(out, table, s, ps, epochs, ScanRecord(), path)
     return out
 
 

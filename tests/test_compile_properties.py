@@ -14,6 +14,7 @@ from plancc.planner.pipeline import compile_plan, plan_columns
 from plancc.review.validate import validate_plan
 from plancc.store import plan_store, schemas
 from plancc.store.parquet import sample_arrays
+from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import direct_targets, random_dataset, samples_table
 
 ANY_DROP_LAST = st.booleans()
@@ -109,7 +110,7 @@ def test_identical_inputs_give_byte_identical_plans(tmp_path_factory, case):
     dirs = []
     for k in range(2):
         d = tmp_path_factory.mktemp(f"plan{k}")
-        write_plan_dir(d / "p", table, s, settings, compile_plan(s, settings), {}, None)
+        write_plan_dir(d / "p", table, s, settings, compile_plan(s, settings), ScanRecord(), None)
         dirs.append(d / "p")
     for name in (schemas.PLAN_FILE, schemas.SAMPLES_FILE, schemas.METRICS_FILE, schemas.MANIFEST_FILE):
         assert (dirs[0] / name).read_bytes() == (dirs[1] / name).read_bytes()
@@ -124,7 +125,7 @@ def test_plan_on_disk_reads_back_per_rank(tmp_path_factory, case):
     s = sample_arrays(table)
     d = tmp_path_factory.mktemp("plan") / "p"
     plans = compile_plan(s, settings)
-    write_plan_dir(d, table, s, settings, plans, {}, None)
+    write_plan_dir(d, table, s, settings, plans, ScanRecord(), None)
     for plan in plans:
         full = plan_store.PlanDir(d).read_share(plan.epoch)
         assert full.index.tolist() == list(range(plan.batches.num_batches))

@@ -58,7 +58,7 @@ def test_a_cached_scan_is_checked_again_against_a_lower_threshold(tmp_path):
     src, cache = _texts(tmp_path, [10] * 90 + [400] * 10), tmp_path / "cache"
     options = ScanOptions(tokenizer="builtin", sequence_len=64, max_dropped=0.2)
     first = scan(str(src), options, cache_dir=cache)
-    assert first.report["dropped_samples"] == 10 and len(_scans(cache)) == 1
+    assert first.report.to_json()["dropped_samples"] == 10 and len(_scans(cache)) == 1
     with pytest.raises(InputError, match=r"more than --max-dropped 0\.05"):
         scan(str(src), ScanOptions(tokenizer="builtin", sequence_len=64), cache_dir=cache)
     assert scan(str(src), options, cache_dir=cache).key == first.key  # the threshold is not part of the key
@@ -110,7 +110,7 @@ def test_the_bundled_demo_drops_nothing(tmp_path):
     keys = ("tokenizer", "chat_template", "sequence_len")
     result = scan(str(root / "examples" / "data" / "chat.jsonl"), ScanOptions(**{k: config[k] for k in keys}),
                   cache_dir=tmp_path / "c")
-    assert result.report["dropped_samples"] == 0 and result.report["warnings"] == []
+    assert result.report.to_json()["dropped_samples"] == 0 and result.report.to_json()["warnings"] == []
     assert config["sequence_len"] * config["micro_batch_size"] == 4096  # the rows the examples train on
 
 
@@ -127,7 +127,7 @@ def test_a_source_to_tokenize_needs_tokenizer(tmp_path):
 def test_tokenized_sources_need_no_tokenizer(tmp_path):
     rows = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}, {"input_ids": [4, 5], "labels": [4, 5]}]
     result = scan(str(write_rows(tmp_path / "t.parquet", rows)), ScanOptions(), cache_dir=tmp_path / "c")
-    assert result.report["tokenizer"] is None and result.report["chat_template"] is None
+    assert result.report.to_json()["tokenizer"] is None and result.report.to_json()["chat_template"] is None
 
 
 def _chat(tmp_path: Path, n: int = 12) -> Path:
@@ -149,14 +149,14 @@ def test_template_markers_that_are_not_single_tokens_warn(tmp_path):
     src = _chat(tmp_path)
     deepseek_chatml = scan(str(src), ScanOptions(tokenizer=str(DEEPSEEK_JSON), chat_template="chatml"),
                            cache_dir=tmp_path / "c")
-    [warning] = deepseek_chatml.report["warnings"]
+    [warning] = deepseek_chatml.report.to_json()["warnings"]
     assert "chat template chatml" in warning and "<|im_start|>" in warning and "<|im_end|>" in warning
     builtin_chatml = scan(str(src), ScanOptions(tokenizer="builtin", chat_template="chatml"), cache_dir=tmp_path / "c")
-    assert builtin_chatml.report["warnings"] == []  # the built-in vocabulary has them as special tokens
+    assert builtin_chatml.report.to_json()["warnings"] == []  # the built-in vocabulary has them as special tokens
     own = scan(str(src), ScanOptions(tokenizer=str(deepseek_dir(tmp_path, "deepseek"))), cache_dir=tmp_path / "c")
-    assert own.report["warnings"] == []
-    assert own.report["chat_template"]["origin"] == "tokenizer"
-    assert own.report["chat_template"]["name"].endswith("tokenizer_config.json")
+    assert own.report.to_json()["warnings"] == []
+    assert own.report.to_json()["chat_template"]["origin"] == "tokenizer"
+    assert own.report.to_json()["chat_template"]["name"].endswith("tokenizer_config.json")
 
 
 def test_a_tokenizer_directory_with_chat_template_jinja_uses_it(tmp_path):
@@ -175,9 +175,9 @@ def test_a_tokenizer_directory_with_chat_template_jinja_uses_it(tmp_path):
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}] * 3
     result = scan(str(write_rows(tmp_path / "c.jsonl", rows)), ScanOptions(tokenizer=str(tok_dir)),
                   cache_dir=tmp_path / "c")
-    assert result.report["chat_template"]["origin"] == "tokenizer"
-    assert result.report["chat_template"]["name"] == str((tok_dir / "chat_template.jinja").resolve())
-    assert result.report["warnings"] == []  # its markers are single tokens of its vocabulary
+    assert result.report.to_json()["chat_template"]["origin"] == "tokenizer"
+    assert result.report.to_json()["chat_template"]["name"] == str((tok_dir / "chat_template.jinja").resolve())
+    assert result.report.to_json()["warnings"] == []  # its markers are single tokens of its vocabulary
     assert result.samples.column("label_count").to_pylist() == [3, 3, 3]  # "y", "o", "<|end|>"
 
 
@@ -188,10 +188,10 @@ def test_template_is_named_fingerprinted_and_keys_the_cache(tmp_path):
     results = {name: scan(str(src), ScanOptions(tokenizer="builtin", chat_template=name), cache_dir=tmp_path / "c")
                for name in ("chatml", "llama3", str(tmpl))}
     assert len({r.key for r in results.values()}) == 3
-    assert len({r.report["fingerprints"]["metadata"] for r in results.values()}) == 3
-    assert results[str(tmpl)].report["chat_template"]["origin"] == "file"
-    assert results["llama3"].report["chat_template"] == {
-        "name": "llama3", "origin": "builtin", "fingerprint": results["llama3"].report["options"]["chat_template"]}
+    assert len({r.report.to_json()["fingerprints"]["metadata"] for r in results.values()}) == 3
+    assert results[str(tmpl)].report.to_json()["chat_template"]["origin"] == "file"
+    assert results["llama3"].report.to_json()["chat_template"] == {
+        "name": "llama3", "origin": "builtin", "fingerprint": results["llama3"].report.to_json()["options"]["chat_template"]}
     with pytest.raises(InputError, match=r"--chat-template nope\.jinja: no such file"):
         scan(str(src), ScanOptions(tokenizer="builtin", chat_template="nope.jinja"), cache_dir=tmp_path / "c")
 
@@ -234,11 +234,11 @@ def test_columns_map_fields_onto_roles(tmp_path):
              ScanOptions(tokenizer="builtin"), cache_dir=tmp_path / "c")
     mapped = scan(str(src), ScanOptions(tokenizer="builtin", columns="prompt=question,completion=answer"),
                   cache_dir=tmp_path / "c")
-    assert mapped.report["format"] == "prompt_completion" and mapped.samples.equals(ref.samples)
+    assert mapped.report.to_json()["format"] == "prompt_completion" and mapped.samples.equals(ref.samples)
     dialog = write_rows(tmp_path / "dialog.jsonl", [{"dialog": c} for c in chatterbot_conversations(5)])
     chat = scan(str(dialog), ScanOptions(tokenizer="builtin", chat_template="chatml", columns={"messages": "dialog"}),
                 cache_dir=tmp_path / "c")
-    assert chat.report["format"] == "messages" and chat.samples.num_rows == 5
+    assert chat.report.to_json()["format"] == "messages" and chat.samples.num_rows == 5
     with pytest.raises(InputError, match=r"--columns prompt=query: no column 'query'"):
         scan(str(src), ScanOptions(tokenizer="builtin", columns="prompt=query"), cache_dir=tmp_path / "c")
     with pytest.raises(SettingsError, match=r"unknown role 'promt' \(did you mean 'prompt'\?\)"):

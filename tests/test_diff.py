@@ -21,6 +21,7 @@ from plancc.config import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
 from plancc.store.parquet import sample_arrays
+from plancc.store.scan_record import ScanRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "diff.schema.json").read_text())
@@ -48,7 +49,7 @@ def make_plan(path: Path, table: pa.Table | None = None, **overrides) -> Path:
     table = samples() if table is None else table
     settings = PlanSettings(**{**BASE, **overrides})
     s = sample_arrays(table)
-    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), ScanRecord(), None)
     return path
 
 

@@ -27,6 +27,7 @@ from plancc.planner.pipeline import compile_plan, compile_run
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, RuntimePlan
 from plancc.store import parquet, plan_store, schemas
+from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import random_dataset, samples_table
 from tests.test_store import _actual, _described
 
@@ -46,7 +47,7 @@ def _write(path: Path, seed: int = 1, n: int = 120, **kw) -> Path:
     table, s = _samples(seed, n)
     ps = PlanSettings(sequence_len=64, world_size=2, grad_accum=2, epochs=2, **kw)
     run = compile_run(s, ps)
-    write_plan_dir(path, table, run.train, ps, run.epochs, {}, None, evaluation=run.evaluation)
+    write_plan_dir(path, table, run.train, ps, run.epochs, ScanRecord(), None, evaluation=run.evaluation)
     return path
 
 
@@ -220,7 +221,7 @@ def test_validate_reports_a_missing_eval_file_and_held_out_samples_in_training(s
     table, s = _samples(1, 120)
     ps = PlanSettings(sequence_len=64, world_size=2, grad_accum=2, epochs=2, val_set_size=0.25)
     leaky = tmp_path / "leaky"
-    write_plan_dir(leaky, table, s, ps, compile_plan(s, ps), {}, None, evaluation=compile_run(s, ps).evaluation)
+    write_plan_dir(leaky, table, s, ps, compile_plan(s, ps), ScanRecord(), None, evaluation=compile_run(s, ps).evaluation)
     problems = validate_plan(str(leaky))[0]
     assert any("30 held-out eval samples are in the training plan" in p for p in problems), problems
 

@@ -18,6 +18,7 @@ from plancc.planner.pipeline import compile_plan
 from plancc.review.inspect import before_counts, plan_view
 from plancc.store import parquet, schemas
 from plancc.store.parquet import sample_arrays
+from plancc.store.scan_record import ScanRecord
 
 runner = CliRunner()
 
@@ -38,7 +39,7 @@ def make_plan(path: Path, **overrides) -> Path:
     table = samples()
     settings = PlanSettings(**{"sequence_len": 400, "world_size": 2, "grad_accum": 3, "epochs": 2, **overrides})
     s = sample_arrays(table)
-    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), ScanRecord(), None)
     return path
 
 

@@ -135,12 +135,12 @@ def test_template_date_in_text_report_and_note(tmp_path):
                                         template_date="2025-06-30"), cache_dir=tmp_path / "c")
     text = load_tokenizer("builtin").tokenizer.decode(_rows(result)[0]["input_ids"], skip_special_tokens=False)
     assert "Today Date: 30 Jun 2025" in text
-    assert result.report["options"]["template_date"] == "2025-06-30"
-    notes = [w for w in result.report["warnings"] if "strftime_now" in w]
+    assert result.report.to_json()["options"]["template_date"] == "2025-06-30"
+    notes = [w for w in result.report.to_json()["warnings"] if "strftime_now" in w]
     assert notes == ["chat template " + str(template.resolve()) + " reads the date (strftime_now): rendered with "
                      "template_date 2025-06-30, not today's (set template_date to change it)"]
     default = scan(str(src), ScanOptions(tokenizer="builtin", chat_template=str(template)), cache_dir=tmp_path / "c")
-    assert default.report["options"]["template_date"] == "2024-01-01"
+    assert default.report.to_json()["options"]["template_date"] == "2024-01-01"
 
 
 def test_template_date_left_out_of_key_when_unread(tmp_path):
@@ -148,7 +148,7 @@ def test_template_date_left_out_of_key_when_unread(tmp_path):
     a = scan(str(src), ScanOptions(tokenizer="builtin", chat_template="chatml"), cache_dir=tmp_path / "c")
     b = scan(str(src), ScanOptions(tokenizer="builtin", chat_template="chatml", template_date="2020-02-02"),
              cache_dir=tmp_path / "c")
-    assert a.key == b.key and "template_date" not in a.report["options"]
+    assert a.key == b.key and "template_date" not in a.report.to_json()["options"]
 
 
 # ---------------------------------------------------------------- roles_to_train, train_on_eos, train_on
@@ -246,15 +246,15 @@ def test_empty_outputs_are_counted_warned_and_droppable(tmp_path):
     for i in empty:
         rows[i]["output"] = ""
     kept = _pair_rows(tmp_path / "k", rows)
-    assert kept.report["end_only"] == {"count": 20, "first_rows": empty[:10]}
-    assert kept.report["retained"] == 60
+    assert kept.report.to_json()["end_only"] == {"count": 20, "first_rows": empty[:10]}
+    assert kept.report.to_json()["retained"] == 60
     assert any("20 samples have an empty completion or reply and train on the end of turn (EOS) alone "
                "(rows 0, 3, 6, 9, 12, ...); drop them with drop_eos_only = true" in w
-               for w in kept.report["warnings"])
+               for w in kept.report.to_json()["warnings"])
     dropped = _pair_rows(tmp_path / "d", rows, drop_eos_only=True, max_dropped=0.5)
-    assert dropped.report["retained"] == 40
+    assert dropped.report.to_json()["retained"] == 40
     assert sorted(set(range(60)) - set(dropped.samples.column("sample_id").to_pylist())) == empty
-    assert any("20 training on the end of turn alone (drop_eos_only)" in w for w in dropped.report["warnings"])
+    assert any("20 training on the end of turn alone (drop_eos_only)" in w for w in dropped.report.to_json()["warnings"])
 
 
 def test_empty_assistant_turns_counted(tmp_path):
@@ -265,7 +265,7 @@ def test_empty_assistant_turns_counted(tmp_path):
                 m["content"] = ""
     src = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in convs])
     result = scan(str(src), ScanOptions(tokenizer="builtin", chat_template="chatml"), cache_dir=tmp_path / "c")
-    assert result.report["end_only"]["first_rows"] == [0, 1, 2]
+    assert result.report.to_json()["end_only"]["first_rows"] == [0, 1, 2]
 
 
 # ---------------------------------------------------------------- bad values: one line, exit 2

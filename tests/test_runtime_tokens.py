@@ -23,6 +23,7 @@ from plancc.cli import app
 from plancc.config import PlanSettings, ScanOptions
 from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, RuntimePlan, TokenStore, load_tokens
 from plancc.store import parquet, schemas, token_store
+from plancc.store.scan_record import ScanRecord
 
 LAYOUTS = {
     "packed": dict(mode="packed", micro_batch_size=2),
@@ -157,7 +158,7 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
     from plancc.planner.pipeline import compile_plan
 
     plan = tmp_path / "plan"
-    build.write_plan_dir(plan, table, s, ps, compile_plan(s, ps), {}, None)  # compiled from a bare samples table
+    build.write_plan_dir(plan, table, s, ps, compile_plan(s, ps), ScanRecord(), None)  # compiled from a bare samples table
     with pytest.raises(PlanMismatchError, match=r"holds no tokenized data .* pass data="):
         load_tokens(plan)
     shutil.move(tmp_path / "data", tmp_path / "moved")
@@ -249,7 +250,7 @@ def test_a_change_in_a_row_the_plan_does_not_use_is_a_warning(tmp_path):
     ps = PlanSettings(mode="padded", micro_batch_size=2, sequence_len=24)
     from plancc.planner.pipeline import compile_plan
 
-    build.write_plan_dir(tmp_path / "plan", kept, s, ps, compile_plan(s, ps), {}, tmp_path / "data" / schemas.TOKENS_DIR)
+    build.write_plan_dir(tmp_path / "plan", kept, s, ps, compile_plan(s, ps), ScanRecord(), tmp_path / "data" / schemas.TOKENS_DIR)
     plan = tmp_path / "plan"
     _flip_token(plan, 12)
     tokens, collator = load_tokens(plan), PlanCollator.from_plan(plan)

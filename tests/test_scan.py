@@ -10,7 +10,6 @@ from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.scan.scanner import scan, write_scan
 from plancc.store import parquet, plan_files, schemas, token_store
-from plancc.store.fingerprint import scan_identity
 from plancc.store.plan_files import read_samples_source
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
 
@@ -71,17 +70,17 @@ def test_write_scan_and_read_back(tmp_path):
     write_scan(result, out)
     assert sorted(f.name for f in out.iterdir()) == ["samples.parquet", "scan.json", "tokens"]
     meta = parquet.read_file_meta(out / "samples.parquet")
-    assert meta["kind"] == "samples" and meta["fingerprints"] == result.report["fingerprints"]
+    assert meta["kind"] == "samples" and meta["fingerprints"] == result.report.to_json()["fingerprints"]
     tokens = token_store.open_store(out / schemas.TOKENS_DIR)
-    assert tokens.header["rows"] == 9 and tokens.header["fingerprints"] == result.report["fingerprints"]
+    assert tokens.header["rows"] == 9 and tokens.header["fingerprints"] == result.report.to_json()["fingerprints"]
     assert token_store.verify_all(tokens) is None
     for source in (out, out / "samples.parquet"):
         loaded = read_samples_source(source)
         assert loaded is not None
         table, info = loaded
         assert table.equals(result.samples)
-        assert plan_files.samples_fingerprints(table, scan_identity(info["report"])) == result.report["fingerprints"]
-        assert info["report"]["key"] == result.key
+        assert plan_files.samples_fingerprints(table, info["record"].identity) == result.report.to_json()["fingerprints"]
+        assert info["record"].key == result.key
 
 
 def test_read_samples_source_foreign_and_not_samples(tmp_path):

@@ -83,9 +83,9 @@ def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
 
     want = _bytes(tmp_path / "local")
     assert _bytes(tmp_path / "cut") == want and _bytes(tmp_path / "merged") == want
-    assert local.report["fingerprints"] == cut.report["fingerprints"] == merged["fingerprints"]
+    assert local.report.to_json()["fingerprints"] == cut.report.to_json()["fingerprints"] == merged.to_json()["fingerprints"]
     for key in ("rows_read", "retained", "dropped_samples", "truncated_samples", "dropped_long", "format"):
-        assert local.report[key] == cut.report[key] == merged[key]
+        assert local.report.to_json()[key] == cut.report.to_json()[key] == merged.to_json()[key]
 
     plans = {}
     for name in ("local", "cut", "merged"):
@@ -119,7 +119,7 @@ def test_any_shard_count_and_size_gives_the_local_table(tmp_path_factory, rows, 
     write_scan(local, tmp / "local")
     merged = merge.merge(_parts(source, options, tmp / "parts", n), tmp / "merged")
     assert _bytes(tmp / "merged") == _bytes(tmp / "local")
-    assert merged["fingerprints"] == local.report["fingerprints"]
+    assert merged.to_json()["fingerprints"] == local.report.to_json()["fingerprints"]
 
 
 def test_merge_refuses_parts_that_do_not_fit(tmp_path):
@@ -189,7 +189,7 @@ def test_more_shards_than_rows(tmp_path):
     source = write_rows(tmp_path / "d.jsonl", [{"text": "a b"}, {"text": "c"}])
     options = ScanOptions(tokenizer="builtin")
     merged = merge.merge(_parts(source, options, tmp_path / "p", 5), tmp_path / "m")
-    assert merged["retained"] == 2
+    assert merged.to_json()["retained"] == 2
     assert token_store.open_store(tmp_path / "m" / "tokens").header["rows"] == 2
 
 
@@ -254,7 +254,7 @@ def test_job_round_trips_through_json(tmp_path):
     assert again == job
     lo, hi = shard.shard_range(job.rows, 1, 2)
     report = shard.scan_part(again, lo, hi, tmp_path / "part")
-    assert report["part"] == {"lo": lo, "hi": hi, "rows": job.rows}
+    assert report.to_json()["part"] == {"lo": lo, "hi": hi, "rows": job.rows}
     assert shard.finished_part(tmp_path / "part", job.key, lo, hi) == report
     assert shard.finished_part(tmp_path / "part", job.key, lo, hi + 1) is None
 
@@ -368,4 +368,4 @@ def test_an_engine_running_shards_in_any_order_gives_the_local_scan(tmp_path):
     write_scan(other, tmp_path / "a")
     write_scan(local, tmp_path / "b")
     assert _bytes(tmp_path / "a") == _bytes(tmp_path / "b")
-    assert other.report["fingerprints"] == local.report["fingerprints"]
+    assert other.report.to_json()["fingerprints"] == local.report.to_json()["fingerprints"]

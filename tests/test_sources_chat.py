@@ -30,7 +30,7 @@ def test_masks_exact_real_tokenizer(tmp_path, template):
     src = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in convs])
     tok_dir = deepseek_dir(tmp_path, template)
     result = scan(str(src), ScanOptions(tokenizer=str(tok_dir)), cache_dir=tmp_path / "cache")
-    assert result.report["format"] == "messages"
+    assert result.report.to_json()["format"] == "messages"
     tok = load_tokenizer(str(tok_dir)).tokenizer
     table = token_store.to_table(result.tokenized_path).to_pylist()
     eot = TEMPLATES[template][1]

@@ -46,14 +46,14 @@ def _enc(text, special=True):
     ],
 )
 def test_auto_detect(tmp_path, row, fmt):
-    assert _scan(tmp_path, write_rows(tmp_path / "d.jsonl", [row])).report["format"] == fmt
+    assert _scan(tmp_path, write_rows(tmp_path / "d.jsonl", [row])).report.to_json()["format"] == fmt
 
 
 def test_format_override(tmp_path):
     p = write_rows(tmp_path / "d.jsonl", [{"prompt": "ab", "completion": "cd", "text": "hello world"}])
     auto = _scan(tmp_path, p)
     forced = _scan(tmp_path, p, format="text")
-    assert auto.report["format"] == "prompt_completion" and forced.report["format"] == "text"
+    assert auto.report.to_json()["format"] == "prompt_completion" and forced.report.to_json()["format"] == "text"
     assert _tokenized(forced)[0]["input_ids"] == [*_enc("hello world"), EOS]
 
 
@@ -149,12 +149,12 @@ def test_long_policies(tmp_path):
     p = write_rows(tmp_path / "d.jsonl", rows)
     drop = _scan(tmp_path, p, sequence_len=10, max_dropped=0.5)
     assert drop.samples.column("sample_id").to_pylist() == [0, 2]
-    assert drop.report["dropped_long"] == {"count": 2, "first_rows": [1, 3]}
-    assert (drop.report["dropped_samples"], drop.report["truncated_samples"]) == (2, 0)
+    assert drop.report.to_json()["dropped_long"] == {"count": 2, "first_rows": [1, 3]}
+    assert (drop.report.to_json()["dropped_samples"], drop.report.to_json()["truncated_samples"]) == (2, 0)
     trunc = _scan(tmp_path, p, sequence_len=10, long="truncate")
     assert trunc.samples.column("length").to_pylist() == [4, 10, 6, 10]
-    assert trunc.report["truncated"]["count"] == 2
-    assert (trunc.report["dropped_samples"], trunc.report["truncated_samples"]) == (0, 2)
+    assert trunc.report.to_json()["truncated"]["count"] == 2
+    assert (trunc.report.to_json()["dropped_samples"], trunc.report.to_json()["truncated_samples"]) == (0, 2)
     assert [len(r["input_ids"]) for r in _tokenized(trunc)] == [4, 10, 6, 10]
     with pytest.raises(InputError, match=r"d\.jsonl row 1 \(line 2\): sample has 21 tokens, more than --sequence-len 10"):
         _scan(tmp_path, p, sequence_len=10, long="error")
@@ -165,7 +165,7 @@ def test_all_masked_samples_dropped_and_reported(tmp_path):
     p = write_rows(tmp_path / "d.jsonl", rows)
     result = _scan(tmp_path, p, add_eos=False, max_dropped=0.5)
     assert result.samples.column("sample_id").to_pylist() == [1, 3, 5]
-    assert result.report["dropped_all_masked"] == {"count": 3, "first_rows": [0, 2, 4]}
+    assert result.report.to_json()["dropped_all_masked"] == {"count": 3, "first_rows": [0, 2, 4]}
     # a sample whose only label is its first token has no target after the sample shift
     t = write_rows(tmp_path / "t.jsonl", [{"input_ids": [1, 2], "labels": [1, -100]}, {"input_ids": [1, 2], "labels": [1, 2]}])
     assert _scan(tmp_path, t, max_dropped=0.5).samples.column("sample_id").to_pylist() == [1]

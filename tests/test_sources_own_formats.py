@@ -68,7 +68,7 @@ def test_trl_conversational_prompt_completion_supervises_the_completion_only(tmp
          "completion": [{"role": "assistant", "content": "4"}]},
     ]
     result = _scan(tmp_path, rows)
-    assert result.report["format"] == "messages"
+    assert result.report.to_json()["format"] == "messages"
     first, second = _rows(result)
     assert _text(first["input_ids"]) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nCapital of "
                                          "France?<|im_end|>\n<|im_start|>assistant\nParis.<|im_end|>\n")
@@ -133,7 +133,7 @@ def test_message_fields_map_other_key_names(tmp_path):
     rows = [{"dialog": [{"speaker": "user", "text": "Hi"}, {"speaker": "assistant", "text": "Hello"}]}]
     result = _scan(tmp_path, rows, columns="messages=dialog", message_fields="role=speaker,content=text")
     assert _supervised(_rows(result)[0]) == ["Hello<|im_end|>\n"]
-    assert result.report["options"]["message_fields"] == [["content", "text"], ["role", "speaker"]]
+    assert result.report.to_json()["options"]["message_fields"] == [["content", "text"], ["role", "speaker"]]
 
 
 # ---------------------------------------------------------------- prompt formats and separators
@@ -148,27 +148,27 @@ def test_alpaca_with_its_own_prompt_format(tmp_path):
     assert _supervised(with_input) == [f"5{EOS}"]
     assert _text(no_input["input_ids"]) == f"Q: Greet\nA: Hi{EOS}"
     assert _supervised(no_input) == [f"Hi{EOS}"]
-    assert result.report["format"] == "alpaca"
-    assert result.report["text_format"]["prompt_format"] == "Q: {instruction}\nData: {input}\nA: "
+    assert result.report.to_json()["format"] == "alpaca"
+    assert result.report.to_json()["text_format"]["prompt_format"] == "Q: {instruction}\nData: {input}\nA: "
 
 
 def test_prompt_completion_separator_is_used_and_reported(tmp_path):
     rows = [{"prompt": "Translate: chat", "completion": "cat"}]
     glued = _scan(tmp_path / "a", rows)
     assert _text(_rows(glued)[0]["input_ids"]) == f"Translate: chatcat{EOS}"  # today's default, now said
-    assert glued.report["text_format"] == {"separator": ""}
+    assert glued.report.to_json()["text_format"] == {"separator": ""}
     spaced = _scan(tmp_path / "b", rows, separator="\n### Answer:\n")
     row = _rows(spaced)[0]
     assert _text(row["input_ids"]) == f"Translate: chat\n### Answer:\ncat{EOS}"
     assert _supervised(row) == [f"cat{EOS}"]  # the separator ends the prompt: not supervised
-    assert spaced.report["text_format"] == {"separator": "\n### Answer:\n"}
-    assert spaced.report["key"] != glued.report["key"]
+    assert spaced.report.to_json()["text_format"] == {"separator": "\n### Answer:\n"}
+    assert spaced.report.to_json()["key"] != glued.report.to_json()["key"]
 
 
 def test_default_settings_keep_the_scan_key():
-    from plancc.scan.shard import options_dict
+    from plancc.scan.shard import recorded_options
 
-    assert "separator" not in options_dict(ScanOptions(tokenizer="builtin"), None, None)
+    assert "separator" not in recorded_options(ScanOptions(tokenizer="builtin"), None, None).to_json()
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
@@ -226,7 +226,7 @@ def test_a_hub_id_resolves_through_the_local_cache(tmp_path, monkeypatch):
         "hello world").ids
     assert tok.eos_token == "<｜end▁of▁sentence｜>" and tok.chat_template is not None  # its config came too
     result = _scan(tmp_path, [{"text": "hello world"}], tokenizer="deepseek-ai/DeepSeek-V3")
-    assert result.report["tokenizer_fingerprint"] == tok.fingerprint
+    assert result.report.to_json()["tokenizer_fingerprint"] == tok.fingerprint
 
 
 def test_a_hub_id_not_in_the_cache_says_how_to_download_it(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ def test_file_kinds_agree(tmp_path, suffix):
     ref = _scan(tmp_path, write_rows(tmp_path / "ref.jsonl", pc_rows()))
     got = _scan(tmp_path, write_rows(tmp_path / f"data{suffix}", pc_rows()))
     assert got.samples.equals(ref.samples)
-    assert got.report["format"] == "prompt_completion"
+    assert got.report.to_json()["format"] == "prompt_completion"
     assert got.source_paths == [str(tmp_path / f"data{suffix}")]
 
 
@@ -40,7 +40,7 @@ def test_save_to_disk_directory(tmp_path):
     ref = _scan(tmp_path, write_rows(tmp_path / "ref.json", rows))
     got = _scan(tmp_path, tmp_path / "ds")
     assert got.samples.equals(ref.samples)
-    assert got.report["format"] == "alpaca"
+    assert got.report.to_json()["format"] == "alpaca"
     assert all(p.endswith(".arrow") for p in got.source_paths)
 
 

@@ -19,6 +19,7 @@ from plancc.config import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.store import atomic, outputs, parquet, plan_files, plan_store, schemas, token_store, token_writer
 from plancc.store.parquet import sample_arrays
+from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import random_dataset, samples_table
 
 SCHEMAS = Path(__file__).parent.parent / "schemas"
@@ -29,7 +30,7 @@ def _write(path: Path, settings: PlanSettings = SETTINGS, n: int = 200, overwrit
     ids, labels = random_dataset(np.random.default_rng(1), n, 64)
     table = samples_table(ids, labels)
     s = sample_arrays(table)
-    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None, overwrite=overwrite)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), ScanRecord(), None, overwrite=overwrite)
     return path
 
 
@@ -127,7 +128,7 @@ def test_per_rank_read_skips_row_groups(tmp_path):
     table = samples_table(ids, labels)
     s = sample_arrays(table)
     plan_dir = tmp_path / "plan"
-    write_plan_dir(plan_dir, table, s, settings, compile_plan(s, settings), {}, None)
+    write_plan_dir(plan_dir, table, s, settings, compile_plan(s, settings), ScanRecord(), None)
     stored = pq.read_table(plan_dir / schemas.PLAN_FILE, columns=["rank"]).column("rank")
     assert pc.all(pc.greater_equal(pc.pairwise_diff(stored.combine_chunks())[1:], 0)).as_py()
 

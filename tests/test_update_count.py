@@ -28,6 +28,7 @@ from plancc.planner.pipeline import compile_plan
 from plancc.review.inspect import plan_view, read_metrics
 from plancc.runtime import PlanSampler
 from plancc.store.parquet import sample_arrays
+from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import write_samples_file
 
 
@@ -97,7 +98,7 @@ def test_every_count_of_updates_is_the_trainers(tmp_path_factory, lengths, mode,
     except PlanccError:  # --drop-last with less than one update: refused at compile, nothing to count
         assume(False)
     plan = tmp_path_factory.mktemp("u") / "plan"
-    manifest = write_plan_dir(plan, table, s, ps, epochs, {}, None)
+    manifest = write_plan_dir(plan, table, s, ps, epochs, ScanRecord(), None)
     metrics = read_metrics(plan)
     assert_one_count(plan, manifest, metrics)
     if drop_last:

@@ -29,6 +29,7 @@ from plancc.review.validate import validate_plan
 from plancc.runtime import PlanCollator, PlanDataset, PlanMismatchError, PlanSampler, load_tokens
 from plancc.store import plan_store, schemas, token_store
 from plancc.store.parquet import sample_arrays
+from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import byte_flip_verdicts, random_dataset, samples_table
 
 runner = CliRunner()
@@ -380,7 +381,7 @@ def _write(path: Path, settings: PlanSettings = SETTINGS, n: int = 200) -> Path:
     ids, labels = random_dataset(np.random.default_rng(1), n, 64)
     table = samples_table(ids, labels)
     s = sample_arrays(table)
-    write_plan_dir(path, table, s, settings, compile_plan(s, settings), {}, None)
+    write_plan_dir(path, table, s, settings, compile_plan(s, settings), ScanRecord(), None)
     return path
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from plancc.errors import InputError
 from plancc.store import parquet, plan_files, schemas
+from plancc.store.scan_record import Counted, ScanRecord
 
 
 @dataclass(frozen=True)
@@ -49,37 +50,33 @@ class SampleView:
                 "supervised": self.supervised.tolist()}
 
 
-def trained_summary(report: dict[str, Any]) -> str:
+def trained_summary(report: ScanRecord) -> str:
     """What the scan supervised, in one line: the what-is-trained settings (`ScanOptions`) that apply to its
     format, defaults included."""
     from plancc.config import ScanOptions
 
-    options = report.get("options") or {}
-    default = ScanOptions()
-
-    def get(name: str) -> Any:
-        return options.get(name, getattr(default, name))
-
-    fmt = report.get("format")
-    eos = f"train_on_eos {get('train_on_eos')}"
+    options = report.options or ScanOptions()
+    fmt = report.format
+    eos = f"train_on_eos {options.train_on_eos}"
     if fmt == "messages":
-        template = report.get("chat_template") or {}
-        if template.get("generation"):
-            return f"the chat template's {{% generation %}} blocks, train_on {get('train_on')}"
-        return f"roles_to_train {','.join(get('roles_to_train'))}, {eos}, train_on {get('train_on')}"
+        if report.chat_template and report.chat_template.generation:
+            return f"the chat template's {{% generation %}} blocks, train_on {options.train_on}"
+        return f"roles_to_train {','.join(options.roles_to_train)}, {eos}, train_on {options.train_on}"
     if fmt in ("alpaca", "prompt_completion"):
-        return f"train_on_inputs {str(get('train_on_inputs')).lower()}, {eos}"
+        return f"train_on_inputs {str(options.train_on_inputs).lower()}, {eos}"
     if fmt == "text":
         return eos
     return "the source's own labels" if fmt == "tokenized" else ""
 
 
-def _report(directory: Path, info: dict[str, Any]) -> dict[str, Any]:
-    if info.get("report"):
-        return info["report"]
+def _report(directory: Path, info: dict[str, Any]) -> ScanRecord:
+    """The scan record of a scan directory, or of a plan directory's manifest (empty for neither)."""
+    if info.get("record") is not None:
+        return info["record"]
     if (directory / schemas.MANIFEST_FILE).is_file():
-        return parquet.read_manifest(directory).get("scan", {})
-    return {}
+        return ScanRecord.from_json(parquet.read_manifest(directory).get("scan", {}),
+                                    f"{directory / schemas.MANIFEST_FILE} scan")
+    return ScanRecord()
 
 
 def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -110,7 +107,7 @@ def _dataset_row(directory: Path, table: Any, at: int, sample_id: int) -> tuple[
 
 def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
     """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now."""
-    from plancc.scan.scanner import options_from_report
+    from plancc.scan.scanner import options_from_record
     from plancc.scan.sources.tokenizer import load_tokenizer
     from plancc.store.token_store import IGNORE_INDEX
 
@@ -130,12 +127,12 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     if not info.get("tokenized_path"):
         raise InputError(f"{directory} has no {schemas.TOKENS_DIR}/ (it was compiled from a bare samples table): "
                          "nothing to decode")
-    first_row = int((report.get("part") or {}).get("lo", 0))  # a partial scan's store starts at its first row
+    first_row = report.part.lo if report.part else 0  # a partial scan's store starts at its first row
     input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id - first_row)
     supervised = labels != IGNORE_INDEX
     if shifted:
         supervised = np.concatenate([[False], supervised[:-1]])
-    tok = load_tokenizer(options_from_report(report, tokenizer).tokenizer)
+    tok = load_tokenizer(options_from_record(report, tokenizer).tokenizer)
     decode = tok.tokenizer.decode
     bounds = np.flatnonzero(np.diff(supervised.astype(np.int8))) + 1
     runs = zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(input_ids)]]), strict=True)
@@ -180,12 +177,12 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     except token_store.TokenStoreError as exc:
         raise InputError(str(exc)) from None
     offsets = np.asarray(m.offsets, dtype=np.int64)
-    first_row = int((report.get("part") or {}).get("lo", 0))
+    first_row = report.part.lo if report.part else 0
     kept = np.zeros(len(offsets) - 1, bool)
     kept[parquet.column(table, "sample_id").astype(np.int64) - first_row] = True
     lengths = np.diff(offsets)
     targets = _targets(m.labels, offsets, bool(m.header["labels_shifted"]))
-    seq = int((report.get("options") or {}).get("sequence_len", 0)) or None
+    seq = report.sequence_len
     names = _dataset_starts(d)
     rows = []
     for r in np.flatnonzero(~kept).tolist():
@@ -196,8 +193,8 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
         else:
             why = "trains on the end of turn alone (drop_eos_only)"
         rows.append({"row": first_row + r, **names(first_row + r), "reason": why, "tokens": int(lengths[r])})
-    truncated = report.get("truncated") or {"count": int(report.get("truncated_samples", 0)), "first_rows": []}
-    return {"dropped": rows, "truncated": {"count": truncated["count"], "first_rows": truncated["first_rows"]}}
+    truncated = report.truncated if "truncated" in report.keys else Counted(report.truncated_samples, ())
+    return {"dropped": rows, "truncated": truncated.to_json()}
 
 
 def _dataset_starts(directory: Path):

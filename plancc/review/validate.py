@@ -34,10 +34,12 @@ from plancc.store import parquet, plan_files, plan_store, schemas, token_store
 def _shared_problems(plan: plan_store.PlanDir) -> list[str]:
     """A plan compiled from a scan holds the scan's sequence_len and shift (`plancc.scan.carry`): its samples were cut,
     dropped and counted under them. A plan whose settings say otherwise was edited (or built by hand)."""
-    recorded = (plan.meta.get("scan") or {}).get("options") or {}
+    recorded = plan.scan_record.options
+    if recorded is None:
+        return []
     return [f"{plan.plan_file} metadata: settings.{name} is {plan.meta['settings'][name]!r}, but its samples were "
-            f"scanned with {name} {recorded[name]!r} (scan.options.{name})"
-            for name in SHARED_SETTINGS if name in recorded and recorded[name] != plan.meta["settings"].get(name)]
+            f"scanned with {name} {getattr(recorded, name)!r} (scan.options.{name})"
+            for name in SHARED_SETTINGS if getattr(recorded, name) != plan.meta["settings"].get(name)]
 
 
 def _mismatch(name: str, where: str, got: np.ndarray, want: np.ndarray) -> str | None:

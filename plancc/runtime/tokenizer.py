@@ -43,8 +43,8 @@ class PlanTokenizer:
 
 def plan_tokenizer(plan: str | Path | RuntimePlan) -> PlanTokenizer | None:
     """The tokenizer `plan` was compiled with; None for a plan of already tokenized data (no tokenizer made it)."""
-    scan = open_plan(plan).dir.meta.get("scan") or {}
-    name, fingerprint = scan.get("tokenizer"), scan.get("tokenizer_fingerprint")
+    scan = open_plan(plan).dir.scan_record
+    name, fingerprint = scan.tokenizer, scan.tokenizer_fingerprint
     if not isinstance(name, str) or not isinstance(fingerprint, str):
         return None
     return PlanTokenizer(name, fingerprint)

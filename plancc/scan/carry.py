@@ -14,6 +14,7 @@ from collections.abc import Collection
 from typing import Any
 
 from plancc.config import SHARED_SETTINGS, PlanSettings, ScanOptions, SettingsError, flag
+from plancc.store.scan_record import ScanRecord
 
 SCAN_CHECKED = ("long", "tokenizer", "chat_template")  # only checked: the samples are already made
 
@@ -34,22 +35,22 @@ def _fingerprint_of(name: str, options: ScanOptions) -> str | None:
     return template.fingerprint if template else None
 
 
-def carry(report: dict[str, Any], options: ScanOptions, settings: PlanSettings, given: Collection[str],
+def carry(record: ScanRecord, options: ScanOptions, settings: PlanSettings, given: Collection[str],
           where: str) -> PlanSettings:
     """`settings` with the scan's sequence_len and shift; raises if `given` (the names the user set) contradict it."""
-    recorded = report.get("options") or {}
-    if not recorded:  # a bare samples table: nothing is known about how it was made
+    recorded = record.options
+    if recorded is None:  # a bare samples table: nothing is known about how it was made
         return settings
     for name in SHARED_SETTINGS:  # held by both the scan and the plan: the scan's value is taken
-        if name not in recorded:
-            continue
-        if name in given and getattr(settings, name) != recorded[name]:
-            raise _contradiction(name, getattr(settings, name), recorded[name], where)
-        settings = dataclasses.replace(settings, **{name: recorded[name]})
-    if "long" in given and options.long != recorded.get("long"):
-        raise _contradiction("long", options.long, recorded.get("long"), where)
+        value = getattr(recorded, name)
+        if name in given and getattr(settings, name) != value:
+            raise _contradiction(name, getattr(settings, name), value, where)
+        settings = dataclasses.replace(settings, **{name: value})
+    if "long" in given and options.long != recorded.long:
+        raise _contradiction("long", options.long, recorded.long, where)
     for name in ("tokenizer", "chat_template"):
-        if name in given and _fingerprint_of(name, options) != recorded.get(name):
-            was = report.get("tokenizer") if name == "tokenizer" else (report.get("chat_template") or {}).get("name")
+        if name in given and _fingerprint_of(name, options) != getattr(recorded, name):
+            was = record.tokenizer if name == "tokenizer" else (record.chat_template.name if record.chat_template
+                                                                 else None)
             raise _contradiction(name, getattr(options, name), was, where)
     return settings

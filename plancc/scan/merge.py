@@ -15,47 +15,54 @@ hard links to theirs (`token_writer.write_parts`; a copy only across filesystems
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pyarrow as pa
 
 from plancc.errors import InputError
-from plancc.scan.shard import COUNTS
 from plancc.scan.sources.samples import FIRST_ROWS, check_drops, check_retained, drop_warning
-from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
-from plancc.store.fingerprint import scan_identity
+from plancc.store import outputs, plan_files, schemas, token_store, token_writer
+from plancc.store.scan_record import COUNTS, TOTALS, Counted, MergedFrom, RecordedOptions, ScanRecord
+from plancc.store.scan_store import ScanDir
 
 SHARED = ("plancc_scan_version", "source_fingerprint", "format", "options")  # what every part must agree on
-PER_PART = ("part", "fingerprints", "seconds", "rows_read", "retained", "dropped_samples", "truncated_samples",
-            *COUNTS)
+PER_PART = ("part", "fingerprints", "seconds", *TOTALS, *COUNTS)
 
 
 @dataclass(frozen=True)
 class Part:
-    """One partial scan directory and its report (`scan.json`, whose `part` gives its row range)."""
-    path: Path
-    report: dict[str, Any]
+    """One partial scan directory, whose record's `part` gives its row range."""
+    scan: ScanDir
+
+    @property
+    def path(self) -> Path:
+        """Where the part is."""
+        return self.scan.path
+
+    @property
+    def report(self) -> ScanRecord:
+        """The part's record."""
+        return self.scan.record
 
     @property
     def lo(self) -> int:
         """First source row of the part."""
-        return int(self.report["part"]["lo"])
+        return self.report.part.lo
 
     @property
     def hi(self) -> int:
         """One past the part's last source row."""
-        return int(self.report["part"]["hi"])
+        return self.report.part.hi
 
 
 @dataclass(frozen=True)
 class Joined:
-    """Parts checked to fit, joined: the whole samples table, the parts in row order, the merged report."""
+    """Parts checked to fit, joined: the whole samples table, the parts in row order, the merged record."""
     samples: pa.Table
     parts: list[Part]  # in row order
-    report: dict[str, Any]
+    report: ScanRecord
 
     @property
     def stores(self) -> list[Path]:
@@ -65,30 +72,32 @@ class Joined:
 
 def read_part(path: str | Path) -> Part:
     """Open the partial scan at `path`, or raise an InputError saying why it is not one."""
-    p = Path(path)
-    try:
-        report = orjson.loads((p / schemas.SCAN_MANIFEST_FILE).read_bytes())
-    except FileNotFoundError:
-        raise InputError(f"{p}: not a scan directory (no {schemas.SCAN_MANIFEST_FILE})") from None
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise InputError(f"{p / schemas.SCAN_MANIFEST_FILE}: not readable ({exc})") from None
-    if not isinstance(report, dict) or not isinstance(report.get("part"), dict):
-        raise InputError(f"{p}: a whole scan, not a part of a sharded scan (`plancc scan --shard I/N` writes parts)")
-    return Part(p, report)
+    scan = ScanDir.open(path)
+    if scan.record.part is None:
+        raise InputError(f"{scan.path}: a whole scan, not a part of a sharded scan (`plancc scan --shard I/N` writes "
+                         "parts)")
+    return Part(scan)
 
 
-def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def _option_differences(x: RecordedOptions | None, y: RecordedOptions | None) -> list[str]:
+    """What differs between two parts' recorded options, option by option."""
+    if x is None or y is None:
+        return [] if x == y else [f"options {x!r} vs {y!r}"]
+    a, b = x.to_json(), y.to_json()
+    return [f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _differences(a: ScanRecord, b: ScanRecord) -> list[str]:
     """What differs between two parts' shared fields, option by option."""
     out = []
     for key in SHARED:
-        x, y = a.get(key), b.get(key)
-        if key == "options" and isinstance(x, dict) and isinstance(y, dict):
-            out += [f"{k} {x.get(k)!r} vs {y.get(k)!r}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+        x, y = getattr(a, key), getattr(b, key)
+        if key == "options":
+            out += _option_differences(x, y)
         elif x != y:
             out.append(f"{key} {x!r} vs {y!r}")
-    rows = (a["part"].get("rows"), b["part"].get("rows"))
-    if rows[0] != rows[1]:
-        out.append(f"source rows {rows[0]} vs {rows[1]}")
+    if a.part.rows != b.part.rows:
+        out.append(f"source rows {a.part.rows} vs {b.part.rows}")
     return out
 
 
@@ -103,7 +112,7 @@ def check(parts: list[Part]) -> list[Part]:
             raise InputError(f"merge: {p.path} does not fit {first.path} (another source, options or tokenizer): "
                              f"{'; '.join(diff)}")
     parts = sorted(parts, key=lambda p: (p.lo, p.hi))
-    rows = int(first.report["part"]["rows"])
+    rows = first.report.part.rows
     at, prev = 0, None
     for p in parts:
         if not 0 <= p.lo <= p.hi <= rows:
@@ -124,30 +133,28 @@ def check(parts: list[Part]) -> list[Part]:
 def _part_samples(p: Part) -> pa.Table:
     """A part's samples, checked against its fingerprints and its token store's rows."""
     try:
-        table = parquet.read_samples(p.path / schemas.SAMPLES_FILE)
+        table = p.scan.samples()
         m = token_store.open_store(p.path / schemas.TOKENS_DIR)
     except (schemas.StoreError, token_store.TokenStoreError) as exc:
         raise InputError(f"merge: part {p.path}: {exc}") from None
-    fps = plan_files.samples_fingerprints(table, scan_identity(p.report))
-    if fps != p.report.get("fingerprints") or m.header["fingerprints"] != fps:
+    except InputError:
         raise InputError(f"merge: part {p.path}: its samples table or token store does not match its recorded "
-                         "fingerprints (a file was changed or swapped in); rescan this shard")
+                         "fingerprints (a file was changed or swapped in); rescan this shard") from None
     if m.header["rows"] != p.hi - p.lo:
         raise InputError(f"merge: part {p.path}: its token store holds {m.header['rows']} rows, its range "
                          f"{p.lo}..{p.hi - 1} has {p.hi - p.lo}")
     return table
 
 
-def joined_report(parts: list[Part]) -> dict[str, Any]:
-    """The scan report of the parts together: their shared fields, their counts summed (first rows kept)."""
-    base = {k: v for k, v in parts[0].report.items() if k not in PER_PART}
-    report = {**base, **{k: sum(int(p.report[k]) for p in parts)
-                         for k in ("rows_read", "retained", "dropped_samples", "truncated_samples")}}
-    for k in COUNTS:
-        report[k] = {"count": sum(p.report[k]["count"] for p in parts),
-                     "first_rows": [r for p in parts for r in p.report[k]["first_rows"]][:FIRST_ROWS]}
-    report["seconds"] = round(sum(float(p.report.get("seconds", 0)) for p in parts), 3)
-    return report
+def joined_report(parts: list[Part]) -> ScanRecord:
+    """The record of the parts together: their shared entries, their counts summed (first rows kept)."""
+    first = parts[0].report
+    summed = {k: sum(getattr(p.report, k) for p in parts) for k in TOTALS}
+    counted = {k: Counted(sum(getattr(p.report, k).count for p in parts),
+                          tuple(r for p in parts for r in getattr(p.report, k).first_rows)[:FIRST_ROWS])
+               for k in COUNTS}
+    return first.without(*PER_PART).but(**summed, **counted,
+                                        seconds=round(sum(float(p.report.seconds) for p in parts), 3))
 
 
 def join(paths: list[str | Path]) -> Joined:
@@ -159,36 +166,35 @@ def join(paths: list[str | Path]) -> Joined:
     del tables  # the parts' tables: only the joined one stays (memory: the samples table once)
     report = joined_report(parts)
     check_retained(report)
-    report["fingerprints"] = plan_files.samples_fingerprints(samples, scan_identity(report))
-    report["warnings"] = [*report.get("warnings", []), *filter(None, [drop_warning(report)])]
-    check_drops(report, float(report.get("max_dropped", 0.05)))
+    report = report.but(fingerprints=tuple(plan_files.samples_fingerprints(samples, report.identity).items()))
+    report = report.but(warnings=(*report.warnings, *filter(None, [drop_warning(report)])))
+    check_drops(report, float(report.max_dropped))
     return Joined(samples, parts, report)
 
 
-def write_joined(directory: Path, joined: Joined) -> None:
-    """A scan directory's files (into `directory`, a fresh temporary one of `outputs.atomic_directory`)."""
+def write_joined(directory: Path, joined: Joined) -> ScanRecord:
+    """A scan directory's files (into `directory`, a fresh temporary one of `outputs.atomic_directory`); returns
+    the record written (a note added when token files had to be copied)."""
     report = joined.report
-    parquet.write_parquet(joined.samples, directory / schemas.SAMPLES_FILE,
-                        parquet.file_metadata("samples", report["fingerprints"], report["options"]))
     stores = [s for s in joined.stores if token_store.open_store(s).header["rows"] > 0] or joined.stores[:1]
     if len(stores) == 1:
         copied = token_writer.link_store(stores[0], directory / schemas.TOKENS_DIR)
     else:
-        copied = token_writer.write_parts(directory / schemas.TOKENS_DIR, stores, fingerprints=report["fingerprints"],
-                                          labels_shifted=report["labels_shifted"])
+        copied = token_writer.write_parts(directory / schemas.TOKENS_DIR, stores, fingerprints=report.fingerprint_map,
+                                         labels_shifted=report.labels_shifted)
     if copied:
-        report["warnings"] = [*report["warnings"], f"{copied} token files were copied, not hard-linked (the parts "
-                              "are on another filesystem)"]
-    parquet.write_json(report, directory / schemas.SCAN_MANIFEST_FILE)
+        report = report.but(warnings=(*report.warnings, f"{copied} token files were copied, not hard-linked (the "
+                                      "parts are on another filesystem)"))
+    ScanDir(directory, report).write(joined.samples)
+    return report
 
 
-def merge(paths: list[str | Path], output: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+def merge(paths: list[str | Path], output: str | Path, *, overwrite: bool = False) -> ScanRecord:
     """`plancc merge`: check and join the parts at `paths` into the scan directory `output` (atomically; the
-    `-o` rules of `outputs.check_output`). Returns the joined scan's report."""
+    `-o` rules of `outputs.check_output`). Returns the joined scan's record."""
     outputs.check_output(output, overwrite=overwrite)
     joined = join(paths)
-    joined.report["merged_from"] = [{"path": str(p.path.absolute()), "lo": p.lo, "hi": p.hi} for p in joined.parts]
+    merged = tuple(MergedFrom(str(p.path.absolute()), p.lo, p.hi) for p in joined.parts)
+    joined = dataclasses.replace(joined, report=joined.report.but(merged_from=merged))
     with outputs.atomic_directory(output, overwrite=overwrite, what="scan") as tmp:
-        write_joined(tmp, joined)
-    return joined.report
-
+        return write_joined(tmp, joined)

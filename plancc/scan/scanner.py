@@ -44,9 +44,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pyarrow as pa
 
 from plancc.config import ScanOptions, default_cache_dir
@@ -56,8 +54,9 @@ from plancc.scan.sources.parallel import workers
 from plancc.scan.sources.rows import RowReader
 from plancc.scan.sources.samples import check_drops
 from plancc.scan.sources.tokenizer import BUILTIN, BUILTIN_NAME
-from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store, token_writer
-from plancc.store.fingerprint import scan_identity
+from plancc.store import atomic, outputs, schemas, token_store, token_writer
+from plancc.store.scan_record import ScanRecord
+from plancc.store.scan_store import ScanDir
 
 SCAN_VERSION = shard.SCAN_VERSION
 FAULT_ENV = "PLANCC_SCAN_FAULT"  # tests: "parts:K" SIGKILLs the scan after it wrote K new parts
@@ -71,30 +70,21 @@ class Scan:
     samples: pa.Table
     tokenized_path: Path | None  # the token store directory (None: a samples table without tokens)
     source_paths: list[str]
-    report: dict
+    report: ScanRecord
     key: str
 
 
 def _load_cached(path: Path, key: str) -> Scan | None:
-    manifest = path / schemas.SCAN_MANIFEST_FILE
-    if not (manifest.is_file() and (path / schemas.SAMPLES_FILE).is_file()):
-        return None
+    """The cache entry at `path` when it is whole and of this key; None (recomputed, not trusted) when it is
+    absent, damaged, edited or another scan's."""
     try:
-        report = orjson.loads(manifest.read_bytes())
-        samples = parquet.read_samples(path / schemas.SAMPLES_FILE)
-    except (orjson.JSONDecodeError, schemas.StoreError):
-        return None  # a damaged cache entry is recomputed, not trusted
-    if report.get("key") != key or plan_files.samples_fingerprints(samples, scan_identity(report)) != report.get(
-            "fingerprints"):  # an edited samples table is scanned again, as a damaged store is
+        entry = ScanDir.open(path)
+        if entry.record.key != key or entry.tokens is None:
+            return None
+        samples = entry.samples()
+    except (PlanccError, token_store.TokenStoreError):
         return None
-    tokens = path / schemas.TOKENS_DIR
-    try:
-        m = token_store.open_store(tokens)  # the constant-cost checks
-    except token_store.TokenStoreError:
-        return None
-    if m.header["fingerprints"] != report["fingerprints"]:
-        return None
-    return Scan(samples, tokens, list(report.get("source_paths", [])), report, key)
+    return Scan(samples, entry.tokens, list(entry.record.source_paths), entry.record, key)
 
 
 def _current_paths(loc, cached: list[str]) -> list[str]:
@@ -155,7 +145,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         progress("reading", 0, 1)
     reader = RowReader(loc, options.split) if loc.fingerprint is None else None
     source_fp = loc.fingerprint or reader.fingerprint
-    key = shard.scan_key(source_fp, shard.options_dict(options, tok, template))
+    key = shard.scan_key(source_fp, shard.recorded_options(options, tok, template))
     entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "scans" / key
     cached = _load_cached(entry, key)
     if cached is not None:
@@ -163,8 +153,8 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
             progress("reading", 1, 1)
         # same content may now live elsewhere: point at the files of this call, not of the cached one
         paths = reader.paths if reader is not None else _current_paths(loc, cached.source_paths)
-        report = {**cached.report, "source": str(source), "source_paths": paths,
-                  "tokenizer": tok.name if tok else None}  # this call's tokenizer path, as for the source
+        report = cached.report.but(source=str(source), source_paths=tuple(paths),
+                                   tokenizer=tok.name if tok else None)  # this call's tokenizer path, as the source
         check_drops(report, options.max_dropped)
         return dataclasses.replace(cached, source_paths=paths, report=report)
     job = shard.prepare(str(source), options, reader=reader, ident=ident)
@@ -182,7 +172,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
         raise _system_error(exc, entry.parent) from None
     finally:
         reader.close()
-    report = {**done.report, "source": str(source), "tokenizer": tok.name if tok else None}
+    report = done.report.but(source=str(source), tokenizer=tok.name if tok else None)
     check_drops(report, options.max_dropped)  # an entry another process filled meanwhile: this call's threshold
     return dataclasses.replace(done, report=report)
 
@@ -215,7 +205,7 @@ def _fill(entry: Path, job: shard.ScanJob, reader: RowReader, *, shard_rows: int
     except InputError:  # over --max-dropped or nothing kept: a finished result, not a crash: leave no trace
         shutil.rmtree(work, ignore_errors=True)
         raise
-    joined.report["seconds"] = round(time.perf_counter() - started, 3)
+    joined = dataclasses.replace(joined, report=joined.report.but(seconds=round(time.perf_counter() - started, 3)))
     if progress:
         progress("writing", 0, 1)
     try:
@@ -232,9 +222,9 @@ def _fill(entry: Path, job: shard.ScanJob, reader: RowReader, *, shard_rows: int
 
 
 def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_dir: Path, *, overwrite: bool = False,
-               num_proc: int = 1, progress: Progress = None) -> dict[str, Any]:
+               num_proc: int = 1, progress: Progress = None) -> ScanRecord:
     """`plancc scan --shard I/N`: shard `index` of `count` of SOURCE's rows into the partial scan `out_dir`
-    (atomically, the `-o` rules); `plancc merge` joins the parts. Returns the part's report."""
+    (atomically, the `-o` rules); `plancc merge` joins the parts. Returns the part's record."""
     if progress:
         progress("reading", 0, 1)
     ident = shard.identity(source, options)
@@ -254,28 +244,26 @@ def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_di
 def write_scan(result: Scan, out_dir: Path, *, overwrite: bool = False) -> None:
     """SCAN_DIR: samples.parquet, tokens/ and scan.json, replaced atomically; an existing scan only with
     `overwrite`, a folder holding anything else never (`outputs.check_output`)."""
-    report = result.report
     with outputs.atomic_directory(out_dir, overwrite=overwrite, what="scan") as tmp:
-        meta = parquet.file_metadata("samples", report["fingerprints"],
-                                   report.get("options", {}))
-        parquet.write_parquet(result.samples, tmp / schemas.SAMPLES_FILE, meta)
+        ScanDir(tmp, result.report).write(result.samples)
         if result.tokenized_path is not None:
             token_writer.link_store(result.tokenized_path, tmp / schemas.TOKENS_DIR)
-        parquet.write_json(report, tmp / schemas.SCAN_MANIFEST_FILE)
 
 
-def options_from_report(report: dict[str, Any], tokenizer: str | None = None) -> ScanOptions:
-    """The scan options a report was made with, to rescan a source the same way (`validate --dataset`).
+def options_from_record(record: ScanRecord, tokenizer: str | None = None) -> ScanOptions:
+    """The scan options a record was made with, to rescan a source the same way (`validate --dataset`).
 
-    The report stores the tokenizer's and template's fingerprints in its options and their locations beside;
+    The record holds the tokenizer's and template's fingerprints in its options and their locations beside;
     `tokenizer` overrides the tokenizer's location (a moved tokenizer rescans the same when its content is the
     same). A rescan compares content, so it never refuses drops (`max_dropped` 1).
     """
-    options = dict(report.get("options") or {})
-    if not options:
+    recorded = record.options
+    if recorded is None:
         raise InputError("the plan has no scan report (it was compiled from a bare samples table): nothing to rescan")
-    recorded = report.get("tokenizer")
-    options["tokenizer"] = tokenizer or (BUILTIN if recorded == BUILTIN_NAME else recorded)
-    template = report.get("chat_template") or {}
-    options["chat_template"] = template.get("name") if template.get("origin") in ("builtin", "file") else None
-    return ScanOptions(**options, max_dropped=1.0)
+    template = record.chat_template
+    kept = {f.name: getattr(recorded, f.name) for f in dataclasses.fields(recorded)
+            if f.name not in ("tokenizer", "chat_template", "template_date")}
+    return ScanOptions(**kept, tokenizer=tokenizer or (BUILTIN if record.tokenizer == BUILTIN_NAME else record.tokenizer),
+                       chat_template=template.name if template and template.origin in ("builtin", "file") else None,
+                       **({"template_date": recorded.template_date} if recorded.template_date else {}),
+                       max_dropped=1.0)

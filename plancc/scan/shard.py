@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from plancc.config import SHAPING, SUPERVISION, ScanOptions, SettingsError, canonical_hash
+from plancc.config import ScanOptions, SettingsError, canonical_hash
 from plancc.errors import InputError
 from plancc.scan.sources import detect, templates
 from plancc.scan.sources.chat import has_generation_tags, reads_clock
@@ -36,40 +36,23 @@ from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
 from plancc.scan.sources.samples import finish, from_tokenized
 from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
-from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
-from plancc.store.fingerprint import scan_identity
+from plancc.store import outputs, plan_files, schemas, token_writer
+from plancc.store.scan_record import COUNTS, Counted, PartRange, RecordedOptions, ScanRecord, Template
+from plancc.store.scan_store import ScanDir
 
 SCAN_VERSION = 6  # 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
 # when several); 3: the token store
 SHARD_ROWS = 65_536  # rows per shard of a local scan: memory per shard and resume granularity, never the result
 PROBE_ROWS = 1_000  # rows the format is detected from (the first of the source, the same for every shard)
-COUNTS = ("truncated", "dropped_long", "dropped_all_masked", "end_only")  # report entries {count, first_rows}
 Progress = Callable[[str, int, int], None] | None
 
 
-def options_dict(options: ScanOptions, tok: Tok | None, template: templates.ChatTemplate | None) -> dict[str, Any]:
-    """The options that decide the samples table; the tokenizer's and template's content matter, not where they
-    were found. `max_dropped` checks the result and is left out; so is each what-is-trained and each shaping
-    setting at its default (scans made before they existed keep their keys), and `template_date` unless the
-    template reads the date."""
-    d = {k: v for k, v in dataclasses.asdict(options).items() if k not in SHAPING}
-    d["tokenizer"] = tok.fingerprint if tok else None
-    d["chat_template"] = template.fingerprint if template else None
-    d["columns"] = [list(pair) for pair in options.columns]  # as JSON reads it back from a cached report
-    d["roles_to_train"] = list(options.roles_to_train)
-    del d["max_dropped"]
-    defaults = ScanOptions()
-    for name in SUPERVISION:
-        if getattr(options, name) == getattr(defaults, name):
-            del d[name]
-    if template and reads_clock(template.text):
-        d["template_date"] = options.template_date
-    else:
-        d.pop("template_date", None)
-    shaping = options.shaping()  # only when set: a scan without them keeps its key
-    if "message_fields" in shaping:
-        shaping["message_fields"] = [list(pair) for pair in options.message_fields]
-    return {**d, **shaping}
+def recorded_options(options: ScanOptions, tok: Tok | None,
+                     template: templates.ChatTemplate | None) -> RecordedOptions:
+    """What the scan records of `options` (and hashes into its key): the tokenizer's and template's content, not
+    where they were found (`RecordedOptions`)."""
+    return RecordedOptions.of(options, tok.fingerprint if tok else None, template.fingerprint if template else None,
+                              bool(template and reads_clock(template.text)))
 
 
 TAG_FIXED = ("roles_to_train", "train_on_eos")  # what a template's {% generation %} blocks decide themselves
@@ -95,9 +78,9 @@ def _clock_note(chat: templates.ChatTemplate, options: ScanOptions) -> list[str]
             f"{options.template_date}, not today's (set template_date to change it)"]
 
 
-def scan_key(source_fingerprint: str, opts: dict[str, Any]) -> str:
-    """The scan cache key: what the samples table depends on (the source's content and `options_dict`)."""
-    return canonical_hash({"version": SCAN_VERSION, "source": source_fingerprint, "options": opts})
+def scan_key(source_fingerprint: str, opts: RecordedOptions) -> str:
+    """The scan cache key: what the samples table depends on (the source's content and its recorded options)."""
+    return canonical_hash({"version": SCAN_VERSION, "source": source_fingerprint, "options": opts.to_json()})
 
 
 def needs_tokenizer(source: str, fmt: str) -> InputError:
@@ -116,7 +99,7 @@ class ScanJob:
     format: str
     template: str | None  # the chat template's text (messages only)
     key: str
-    report: dict[str, Any]  # the report fields every part and the joined scan share
+    report: ScanRecord  # the entries every part and the joined scan share
 
     @property
     def rows(self) -> int:
@@ -129,7 +112,7 @@ class ScanJob:
         opts["columns"] = [list(pair) for pair in self.options.columns]
         return {"located": {**dataclasses.asdict(self.located), "paths": list(self.located.paths)},
                 "manifest": self.manifest.to_dict(), "options": opts, "format": self.format,
-                "template": self.template, "key": self.key, "report": self.report}
+                "template": self.template, "key": self.key, "report": self.report.to_json()}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ScanJob:
@@ -137,7 +120,7 @@ class ScanJob:
         loc = d["located"]
         return ScanJob(Located(loc["source"], loc["kind"], tuple(loc["paths"]), loc["fingerprint"]),
                        Manifest.from_dict(d["manifest"]), ScanOptions(**d["options"]), d["format"], d["template"],
-                       d["key"], d["report"])
+                       d["key"], ScanRecord.from_json(d["report"], "scan job"))
 
     def reader(self) -> RowReader:
         """A reader of this job's source that trusts the job's manifest (no recount)."""
@@ -170,26 +153,28 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
             _check_tagged(chat, options)
             warnings += filter(None, [templates.marker_warning(chat, tok)])
             warnings += _clock_note(chat, options)
-    opts = options_dict(options, tok, template)
+    opts = recorded_options(options, tok, template)
     key = scan_key(reader.fingerprint, opts)
-    report = {
-        "format": fmt,
-        "source": str(source),
-        "source_kind": probe.kind,
-        "source_paths": list(reader.paths),
-        "source_fingerprint": reader.fingerprint,
-        "tokenizer": tok.name if tok else None,
-        "tokenizer_fingerprint": tok.fingerprint if tok else None,
-        "chat_template": chat.describe() if chat else None,
-        **({"text_format": shaped} if (shaped := detect.text_format(fmt, options)) else {}),
-        "eos_token": tok.eos_token if tok else None,
-        "options": opts,
-        "max_dropped": options.max_dropped,
-        "labels_shifted": options.shift == "none",
-        "key": key,
-        "plancc_scan_version": SCAN_VERSION,
-        "warnings": warnings,
-    }
+    described = chat.describe() if chat else None
+    report = ScanRecord.of(
+        format=fmt,
+        source=str(source),
+        source_kind=probe.kind,
+        source_paths=tuple(reader.paths),
+        source_fingerprint=reader.fingerprint,
+        tokenizer=tok.name if tok else None,
+        tokenizer_fingerprint=tok.fingerprint if tok else None,
+        chat_template=Template(described["name"], described["fingerprint"], described["origin"],
+                               bool(described.get("generation"))) if described else None,
+        **({"text_format": tuple(shaped.items())} if (shaped := detect.text_format(fmt, options)) else {}),
+        eos_token=tok.eos_token if tok else None,
+        options=opts,
+        max_dropped=options.max_dropped,
+        labels_shifted=options.shift == "none",
+        key=key,
+        plancc_scan_version=SCAN_VERSION,
+        warnings=tuple(warnings),
+    )
     return ScanJob(loc, reader.manifest, options, fmt, chat.text if chat else None, key, report)
 
 
@@ -227,26 +212,25 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
     return enc, False, src.where
 
 
-def _global(report: dict[str, Any], lo: int) -> dict[str, Any]:
+def _global(counts: ScanRecord, lo: int) -> ScanRecord:
     """A part's counts with rows named by their global index."""
-    return {**report, **{k: {"count": report[k]["count"], "first_rows": [lo + r for r in report[k]["first_rows"]]}
-                         for k in COUNTS}}
+    return counts.but(**{k: Counted(getattr(counts, k).count, tuple(lo + r for r in getattr(counts, k).first_rows))
+                         for k in COUNTS})
 
 
-def part_report(job: ScanJob, lo: int, hi: int, counts: dict[str, Any], samples: pa.Table,
-                seconds: float) -> dict[str, Any]:
-    """A part's scan.json: the job's report, the part's counts and row range, fingerprints of its rows."""
-    report = {**job.report, **counts, "part": {"lo": lo, "hi": hi, "rows": job.rows}, "seconds": round(seconds, 3)}
-    report["fingerprints"] = plan_files.samples_fingerprints(samples, scan_identity(report))
-    return report
+def part_report(job: ScanJob, lo: int, hi: int, counts: ScanRecord, samples: pa.Table,
+                seconds: float) -> ScanRecord:
+    """A part's record: the job's, the part's counts and row range, fingerprints of its rows."""
+    report = job.report.but(**counts.held(), part=PartRange(lo, hi, job.rows), seconds=round(seconds, 3))
+    return report.but(fingerprints=tuple(plan_files.samples_fingerprints(samples, report.identity).items()))
 
 
 def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: RowReader | None = None,
               num_proc: int = 1, pool=None, progress: Progress = None, owned: bool = False,
-              overwrite: bool = False) -> dict[str, Any]:
+              overwrite: bool = False) -> ScanRecord:
     """Scan rows [lo, hi) of the job's source into the partial scan `out_dir` (written atomically: it is whole or
     absent; `owned`: a directory plancc owns, replaced whatever it holds; else `outputs.check_output` rules, with
-    `overwrite`). Returns the part's report (also its `scan.json`)."""
+    `overwrite`). Returns the part's record (also its `scan.json`)."""
     started = time.perf_counter()
     if lo < hi:
         enc, shifted, where = _encode(job, reader or job.reader(), lo, hi, num_proc=num_proc, pool=pool,
@@ -257,15 +241,13 @@ def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: Ro
         counts, tokens = _global(done.report, lo), done.tokenized
     else:  # more shards than rows: an empty part keeps the coverage whole
         samples, tokens = schemas.SAMPLES_SCHEMA.empty_table(), Encoded.empty()
-        counts = {"rows_read": 0, "retained": 0, "dropped_samples": 0, "truncated_samples": 0,
-                  **{k: {"count": 0, "first_rows": []} for k in COUNTS}}
+        counts = ScanRecord.of(rows_read=0, retained=0, dropped_samples=0, truncated_samples=0,
+                               **{k: Counted(0, ()) for k in COUNTS})
     report = part_report(job, lo, hi, counts, samples, time.perf_counter() - started)
     with outputs.atomic_directory(out_dir, owned=owned, overwrite=overwrite, what="scan") as tmp:
-        parquet.write_parquet(samples, tmp / schemas.SAMPLES_FILE,
-                            parquet.file_metadata("samples", report["fingerprints"], report["options"]))
+        ScanDir(tmp, report).write(samples)
         token_writer.write_store(tmp / schemas.TOKENS_DIR, tokens.ids, tokens.labels, tokens.offsets,
-                                 fingerprints=report["fingerprints"], labels_shifted=report["labels_shifted"])
-        parquet.write_json(report, tmp / schemas.SCAN_MANIFEST_FILE)
+                                fingerprints=report.fingerprint_map, labels_shifted=report.labels_shifted)
     return report
 
 
@@ -274,18 +256,14 @@ def part_name(lo: int, hi: int) -> str:
     return f"{lo:012d}-{hi:012d}"
 
 
-def finished_part(path: Path, key: str, lo: int, hi: int) -> dict[str, Any] | None:
-    """The report of a part already written at `path` for this key and range (resume), else None."""
-    import orjson
-
+def finished_part(path: Path, key: str, lo: int, hi: int) -> ScanRecord | None:
+    """The record of a part already written at `path` for this key and range (resume), else None."""
     try:
-        report = orjson.loads((path / schemas.SCAN_MANIFEST_FILE).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+        part = ScanDir.open(path)
+    except InputError:  # absent or damaged: scanned again
         return None
-    part = report.get("part") or {}
-    if report.get("key") != key or (part.get("lo"), part.get("hi")) != (lo, hi):
-        return None
-    if not ((path / schemas.SAMPLES_FILE).is_file() and token_store.is_store(path / schemas.TOKENS_DIR)):
+    report = part.record
+    if report.key != key or report.part is None or (report.part.lo, report.part.hi) != (lo, hi) or part.tokens is None:
         return None
     return report
 

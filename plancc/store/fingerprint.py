@@ -65,12 +65,6 @@ def metadata_fingerprint(sample_id: np.ndarray, length: np.ndarray, label_count:
     return canonical_hash({"samples": digest, **made_by}) if made_by else digest
 
 
-def scan_identity(report: dict[str, Any]) -> dict[str, str | None]:
-    """The tokenizer and chat template fingerprints a scan report records (for the metadata fingerprint)."""
-    template = report.get("chat_template") or {}
-    return {"tokenizer": report.get("tokenizer_fingerprint"), "chat_template": template.get("fingerprint")}
-
-
 # eos tokens a tokenizer directory without `eos_token` in its tokenizer_config.json is searched for, in this order
 EOS_GUESSES = ("<|eos|>", "</s>", "<|endoftext|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "<|im_end|>", "<eos>")
 
@@ -144,7 +138,6 @@ __all__ = [
     "metadata_fingerprint",
     "metrics_checksum",
     "plan_fingerprint",
-    "scan_identity",
     "token_hashes",
     "tokenizer_fingerprint",
     "tokenizer_specials",

@@ -16,6 +16,7 @@ import orjson
 
 from plancc.errors import PlanccError
 from plancc.store import atomic, token_store
+from plancc.store.scan_record import ScanRecord, ScanRecordError
 from plancc.store.schemas import (
     BEFORE_FILE,
     EVAL_FILE,
@@ -42,16 +43,23 @@ _PART_DIR = re.compile(r"part-\d+")  # a multi-part token store's part folders (
 
 def output_kind(path: Path) -> str | None:
     """'plan' or 'scan' when `path` is a plancc plan or scan directory (recognised by its manifest), else None."""
-    for name, kind, marker in ((MANIFEST_FILE, "plan", "fingerprints"), (SCAN_MANIFEST_FILE, "scan",
-                                                                         "plancc_scan_version")):
-        raw = atomic.read_regular(path / name)  # a FIFO named like a manifest is not read (it would block)
-        try:
-            manifest = orjson.loads(raw) if raw is not None else None
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(manifest, dict) and marker in manifest and ("plancc" in manifest or kind == "scan"):
-            return kind
-    return None
+    if _is_plan(path):
+        return "plan"
+    try:
+        record = ScanRecord.read(path / SCAN_MANIFEST_FILE)
+    except ScanRecordError:
+        return None
+    return "scan" if "plancc_scan_version" in record.keys else None
+
+
+def _is_plan(path: Path) -> bool:
+    """Whether `path` holds a plan's manifest."""
+    raw = atomic.read_regular(path / MANIFEST_FILE)  # a FIFO named like a manifest is not read (it would block)
+    try:
+        manifest = orjson.loads(raw) if raw is not None else None
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(manifest, dict) and "fingerprints" in manifest and "plancc" in manifest
 
 
 def _entry_kind(entry: os.DirEntry) -> str:

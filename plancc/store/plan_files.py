@@ -19,7 +19,6 @@ from plancc.store.fingerprint import (
     array_digest,
     dataset_fingerprint,
     metadata_fingerprint,
-    scan_identity,
 )
 from plancc.store.outputs import output_kind
 from plancc.store.parquet import (
@@ -33,6 +32,7 @@ from plancc.store.parquet import (
     write_json,
     write_parquet,
 )
+from plancc.store.scan_record import RecordedOptions, ScanRecord
 from plancc.store.schemas import (
     BEFORE_FILE,
     BEFORE_SCHEMA,
@@ -177,48 +177,54 @@ def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
     except StoreError:
         meta = None  # written by another engine: fine, the plan recomputes its fingerprints
     info: dict[str, Any] = {"path": str(f), "meta": meta}
-    settings = meta.get("settings") if meta and meta.get("kind") == "samples" else None
-    if isinstance(settings, dict) and {"format", "long", "sequence_len", "shift"} <= set(settings):
-        info["scan_options"] = settings  # a plancc scan wrote it: the options its rows were made under
+    # a scan's samples.parquet on its own still carries its scan's options (sequence_len, shift: `carry`)
+    info["scan_options"] = RecordedOptions.from_metadata(meta.get("settings")) if meta and meta.get("kind") == \
+        "samples" else None
     tokens = f.parent / TOKENS_DIR
     info["tokenized_path"] = str(tokens) if token_store.is_store(tokens) else None
-    manifest = f.parent / SCAN_MANIFEST_FILE
-    if manifest.is_file():
-        try:
-            info["report"] = orjson.loads(manifest.read_bytes())
-        except orjson.JSONDecodeError:
-            info["report"] = None
-    _check_recorded(f, table, info)
+    info["record"] = None
+    if f.name == SAMPLES_FILE and (f.parent / SCAN_MANIFEST_FILE).is_file():
+        record = info["record"] = ScanRecord.read(f.parent)
+        check_recorded(table, f, record.identity, record.fingerprint_map, f.parent / SCAN_MANIFEST_FILE,
+                       info["tokenized_path"])
+    else:
+        _check_planned(f, table, info)
     return table, info
 
 
-def _check_recorded(f: Path, table: pa.Table, info: dict[str, Any]) -> None:
-    """A scan or plan directory given as SOURCE: its samples must still hash to the fingerprints its `scan.json`
-    (or `manifest.json`) records, and its token store open (the constant-cost checks) holding the same; else the
-    plan would be built on edited or swapped-in rows and only a later `validate` would tell."""
-    record_file = f.parent / (SCAN_MANIFEST_FILE if info.get("report") else MANIFEST_FILE)
+def _check_planned(f: Path, table: pa.Table, info: dict[str, Any]) -> None:
+    """A plan directory given as SOURCE: its samples and token store against its `manifest.json`."""
+    record_file = f.parent / MANIFEST_FILE
     if not record_file.is_file() or f.name != SAMPLES_FILE:
         return  # a bare samples table: nothing records what it held
     try:
         record = orjson.loads(record_file.read_bytes())
-        identity = scan_identity(record if info.get("report") else record["scan"])
+        identity = ScanRecord.from_json(record["scan"], f"{record_file} scan").identity
         recorded = {k: record["fingerprints"][k] for k in ("dataset", "metadata")}
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         raise InputError(f"{record_file} is not a readable plancc record (edited?): rescan the source") from None
+    check_recorded(table, f, identity, recorded, record_file, info["tokenized_path"])
+
+
+def check_recorded(table: pa.Table, f: Path, identity: dict[str, str | None], recorded: dict[str, str],
+                   record_file: Path, tokens: str | Path | None) -> None:
+    """A scan's or plan's samples (`table`, read from `f`) must still hash to the fingerprints `record_file`
+    records, and its token store open (the constant-cost checks) holding the same; else a plan would be built on
+    edited or swapped-in rows and only a later `validate` would tell."""
     found = samples_fingerprints(table, identity)
     for key in ("dataset", "metadata"):
-        if found[key] != recorded[key]:
+        if found[key] != recorded.get(key):
             raise InputError(f"{f}: its rows do not hash to the {key} fingerprint {record_file} records (the "
                              "samples table was edited or swapped in): rescan the source")
-    if info["tokenized_path"]:
-        header = token_store.open_store(info["tokenized_path"]).header
+    if tokens:
+        header = token_store.open_store(tokens).header
         if header["fingerprints"] != recorded:
-            raise InputError(f"{info['tokenized_path']}: its fingerprints are not those {record_file} records (the "
+            raise InputError(f"{tokens}: its fingerprints are not those {record_file} records (the "
                              "token store was swapped in from another scan): rescan the source")
 
 
 def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None = None) -> dict[str, str]:
-    """`dataset` and `metadata` fingerprints of a samples table made with `identity` (`fingerprint.scan_identity`)."""
+    """`dataset` and `metadata` fingerprints of a samples table made with `identity` (`ScanRecord.identity`)."""
     col = {name: column(table, name) for name in SAMPLES_SCHEMA.names}
     if DATASET_COLUMN in table.column_names:  # a recipe's: which dataset each sample is of is what the plan saw
         codes, names = dataset_codes(table)

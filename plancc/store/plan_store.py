@@ -31,7 +31,6 @@ from plancc.store.fingerprint import (
     eval_fingerprint,
     metrics_checksum,
     plan_fingerprint,
-    scan_identity,
 )
 from plancc.store.parquet import (
     Held,
@@ -44,6 +43,7 @@ from plancc.store.parquet import (
     read_table,
 )
 from plancc.store.plan_files import eval_summary, samples_fingerprints
+from plancc.store.scan_record import ScanRecord
 from plancc.store.schemas import (
     BEFORE_FILE,
     BEFORE_SCHEMA,
@@ -372,8 +372,13 @@ class PlanDir:
         """The samples' content against the dataset and metadata fingerprints."""
         return [f"{self.path / SAMPLES_FILE}: its rows do not hash to the plan's {key} fingerprint "
                 f"({'token hashes' if key == 'dataset' else 'ids, lengths or label counts'} changed)"
-                for key, value in samples_fingerprints(table, scan_identity(self.meta["scan"])).items()
+                for key, value in samples_fingerprints(table, self.scan_record.identity).items()
                 if value != self.fingerprints.get(key)]
+
+    @property
+    def scan_record(self) -> ScanRecord:
+        """How the plan's samples were made (the manifest's `scan` entry)."""
+        return ScanRecord.from_json(self.meta.get("scan") or {}, f"{self.plan_file} metadata scan")
 
     def read_metrics(self) -> pa.Table:
         """The plan's metrics table (check it with `metrics_problems`)."""

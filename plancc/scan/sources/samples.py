@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,7 @@ from plancc.errors import InputError
 from plancc.scan.sources.encode import Encoded
 from plancc.store import schemas
 from plancc.store.fingerprint import token_hashes
+from plancc.store.scan_record import Counted, ScanRecord
 from plancc.store.token_store import IGNORE_INDEX
 
 FIRST_ROWS = 10
@@ -82,9 +84,9 @@ def from_tokenized(table: pa.Table, shift: str, vocab_size: int | None, where: C
     return Encoded(ids, lab64.astype(np.int32), offsets)
 
 
-def _first_rows(mask: np.ndarray) -> dict:
+def _first_rows(mask: np.ndarray) -> Counted:
     rows = np.flatnonzero(mask)
-    return {"count": int(rows.size), "first_rows": rows[:FIRST_ROWS].tolist()}
+    return Counted(int(rows.size), tuple(rows[:FIRST_ROWS].tolist()))
 
 
 def _truncate(enc: Encoded, limit: int) -> Encoded:
@@ -108,11 +110,11 @@ def _shift_left(enc: Encoded) -> Encoded:
 
 @dataclass
 class Finished:
-    """A scan's result before writing: the samples table, the tokenized rows and the report."""
+    """A scan's result before writing: the samples table, the tokenized rows and their counts."""
 
     samples: pa.Table
     tokenized: Encoded  # every source row, after truncation (one row per source row)
-    report: dict
+    report: ScanRecord  # the counts (rows_read, retained, dropped and truncated samples, COUNTS)
 
 
 def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, labels_shifted: bool) -> Finished:
@@ -120,13 +122,13 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     (rows of one shard: `check_retained` checks the whole scan kept some)."""
     lengths = np.diff(enc.offsets)
     over = lengths > options.sequence_len
-    report: dict = {"rows_read": len(lengths)}
+    counts: dict[str, Any] = {"rows_read": len(lengths)}
     if over.any() and options.long == "error":
         row = int(np.flatnonzero(over)[0])
         raise InputError(f"{where(row)}: sample has {lengths[row]} tokens, more than --sequence-len "
                          f"{options.sequence_len} (use --long truncate or --long drop, or raise --sequence-len)")
-    report["truncated"] = _first_rows(over if options.long == "truncate" else np.zeros_like(over))
-    report["dropped_long"] = _first_rows(over if options.long == "drop" else np.zeros_like(over))
+    counts["truncated"] = _first_rows(over if options.long == "truncate" else np.zeros_like(over))
+    counts["dropped_long"] = _first_rows(over if options.long == "drop" else np.zeros_like(over))
     if options.long == "truncate" and over.any():
         enc = _truncate(enc, options.sequence_len)
         lengths = np.diff(enc.offsets)
@@ -141,13 +143,13 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
         first[nonempty] = enc.labels[enc.offsets[:-1][nonempty]] != IGNORE_INDEX
     targets = label_count - first
     masked = (targets <= 0) & ~(over & (options.long == "drop"))
-    report["dropped_all_masked"] = _first_rows(masked)
+    counts["dropped_all_masked"] = _first_rows(masked)
     end_only = enc.end_only_rows() & ~masked & ~(over & (options.long == "drop"))
-    report["end_only"] = _first_rows(end_only)
+    counts["end_only"] = _first_rows(end_only)
     keep = ~masked & ~(over & (options.long == "drop")) & ~(end_only & options.drop_eos_only)
-    report["retained"] = int(keep.sum())
-    report["dropped_samples"] = len(lengths) - report["retained"]
-    report["truncated_samples"] = report["truncated"]["count"]
+    counts["retained"] = int(keep.sum())
+    counts["dropped_samples"] = len(lengths) - counts["retained"]
+    counts["truncated_samples"] = counts["truncated"].count
     hashes = token_hashes(enc.ids, enc.offsets, enc.labels, enc.offsets)
     ids = np.flatnonzero(keep).astype(np.int64)
     samples = pa.table(
@@ -160,67 +162,64 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
         },
         schema=schemas.SAMPLES_SCHEMA,
     )
-    return Finished(samples, enc, report)
+    return Finished(samples, enc, ScanRecord.of(**counts))
 
 
-def check_retained(report: dict) -> None:
+def check_retained(report: ScanRecord) -> None:
     """A scan that keeps no sample is an error naming why (a shard may keep none; the whole scan may not)."""
-    if report["retained"] == 0:
+    if report.retained == 0:
         raise InputError(
-            f"{report.get('source', 'source')}: no supervised samples: of {report['rows_read']} rows, "
-            f"{report['dropped_all_masked']['count']} have no supervised target and "
-            f"{report['dropped_long']['count']} are longer than --sequence-len "
-            f"{report.get('options', {}).get('sequence_len')}"
+            f"{report.source or 'source'}: no supervised samples: of {report.rows_read} rows, "
+            f"{report.dropped_all_masked.count} have no supervised target and "
+            f"{report.dropped_long.count} are longer than --sequence-len {report.sequence_len}"
         )
 
 
-def _end_only(report: dict) -> tuple[int, bool]:
+def _end_only(report: ScanRecord) -> tuple[int, bool]:
     """(samples training on an end of turn alone, whether they were dropped)."""
-    entry = report.get("end_only") or {}
-    return int(entry.get("count", 0)), bool(report.get("options", {}).get("drop_eos_only", False))
+    return report.end_only.count, bool(report.options is not None and report.options.drop_eos_only)
 
 
-def _drop_parts(report: dict) -> tuple[int, int, str]:
-    rows, dropped = report["rows_read"], report["dropped_samples"]
+def _drop_parts(report: ScanRecord) -> tuple[int, int, str]:
+    rows, dropped = report.rows_read, report.dropped_samples
     share = dropped / rows if rows else 0.0
-    seq = report.get("options", {}).get("sequence_len")
-    why = (f"{report['dropped_long']['count']} longer than --sequence-len {seq}, "
-           f"{report['dropped_all_masked']['count']} without a supervised target")
+    why = (f"{report.dropped_long.count} longer than --sequence-len {report.sequence_len}, "
+           f"{report.dropped_all_masked.count} without a supervised target")
     ends, gone = _end_only(report)
     if ends and gone:
         why += f", {ends} training on the end of turn alone (drop_eos_only)"
     return dropped, rows, f"{dropped} of {rows} samples ({share:.1%}): {why}"
 
 
-def _end_only_warning(report: dict) -> list[str]:
+def _end_only_warning(report: ScanRecord) -> list[str]:
     """The line for kept samples whose supervised part is only an end of turn (an empty completion or reply)."""
     ends, gone = _end_only(report)
     if not ends or gone:
         return []
-    rows = ", ".join(map(str, report["end_only"]["first_rows"][:5]))
+    rows = ", ".join(map(str, report.end_only.first_rows[:5]))
     return [f"{ends} samples have an empty completion or reply and train on the end of turn (EOS) alone "
             f"(rows {rows}{', ...' if ends > 5 else ''}); drop them with drop_eos_only = true"]
 
 
-def drop_warning(report: dict) -> str | None:
+def drop_warning(report: ScanRecord) -> str | None:
     """One line saying how many samples the scan dropped or truncated, why, and how many train on an end of turn
     alone; None when none of these happened."""
     dropped, _, text = _drop_parts(report)
-    truncated = report.get("truncated_samples", 0)
+    truncated = report.truncated_samples
     parts = ([f"dropped {text}"] if dropped else []) + (
-        [f"truncated {truncated} samples to --sequence-len {report.get('options', {}).get('sequence_len')}"]
+        [f"truncated {truncated} samples to --sequence-len {report.sequence_len}"]
         if truncated else []) + _end_only_warning(report)
     return "; ".join(parts) or None
 
 
-def check_drops(report: dict, max_dropped: float) -> None:
+def check_drops(report: ScanRecord, max_dropped: float) -> None:
     """More than `max_dropped` of the rows dropped is an error: the plan would silently train on far less data."""
     dropped, rows, text = _drop_parts(report)
     if rows and dropped / rows > max_dropped:
-        fixes = (["raise --sequence-len, use --long truncate"] if report["dropped_long"]["count"] else []) + (
-            ["check which field is the completion (--format, --columns)"] if report["dropped_all_masked"]["count"]
+        fixes = (["raise --sequence-len, use --long truncate"] if report.dropped_long.count else []) + (
+            ["check which field is the completion (--format, --columns)"] if report.dropped_all_masked.count
             else [])
         raise InputError(
-            f"{report.get('source', 'source')}: dropped {text}, more than --max-dropped {max_dropped:g}; "
+            f"{report.source or 'source'}: dropped {text}, more than --max-dropped {max_dropped:g}; "
             f"{', '.join(fixes)}, or accept it with --max-dropped {-(-dropped * 100 // rows) / 100:g}"
         )
