@@ -571,4 +571,4 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
 
 def default_cache_dir() -> Path:
     """The plancc cache (scans, compiled kernels): $PLANCC_CACHE, else ~/.cache/plancc."""
-    return Path(os.environ.get("PLANCC_CACHE", "~/.cache/plancc")).expanduser()
+    return Path(os.environ.get("PLANCC_CACHE") or "~/.cache/plancc").expanduser()  # empty: unset, as shells mean it

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from plancc.config import ScanOptions
+from plancc.config import ScanOptions, default_cache_dir
 from plancc.errors import InputError
 from plancc.scan.scanner import scan, write_scan
 from plancc.store import parquet, plan_files, schemas, token_store
@@ -40,6 +42,13 @@ def test_default_cache_dir_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv("PLANCC_CACHE", str(tmp_path / "env-cache"))
     result = scan(str(write_rows(tmp_path / "d.jsonl", alpaca_rows(3))), ScanOptions(tokenizer="builtin"))
     assert result.tokenized_path.is_relative_to(tmp_path / "env-cache")
+
+
+def test_an_empty_cache_variable_means_unset(monkeypatch):
+    """`PLANCC_CACHE= cmd` must not put the cache (scans, compiled kernels) in the working directory."""
+    monkeypatch.setenv("PLANCC_CACHE", "")
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert default_cache_dir() == Path("/home/someone/.cache/plancc")
 
 
 def test_num_proc_identical(tmp_path):
