@@ -4,8 +4,11 @@ Start-up (importing typer, pyarrow, numba: up to seconds) writes nothing, so an 
 a message that says so; each command's `fail_on_errors` takes over from there (`plancc.cli.common`).
 """
 
+import atexit
+import contextlib
 import os
 import signal
+import sys
 
 
 def _startup_interrupt(signum: int, _frame: object) -> None:
@@ -26,7 +29,25 @@ def main() -> None:
         atomic.fault("startup")
     from plancc.cli import app
 
-    app(prog_name="plancc")
+    try:
+        app(prog_name="plancc")
+    except SystemExit as done:
+        _leave(done.code)
+    _leave(0)
+
+
+def _leave(code: int | str | None) -> None:
+    """Exit with `code` after Python's own exit work (atexit handlers, buffered output) but without the C++ static
+    destructors: Arrow's thread pool can abort a process there after its work is done (SIGABRT, "terminate called
+    without an active exception", apache/arrow#34314), which would turn a finished command into exit 134."""
+    if isinstance(code, str):  # sys.exit("message"): Python prints it and exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BrokenPipeError, ValueError):  # `plancc ... | head` closed the pipe
+            stream.flush()
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":
