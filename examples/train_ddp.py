@@ -27,6 +27,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from plancc import Plan
 from plancc.errors import PlanccError
 from plancc.layout import elastic_grad_accum
 from plancc.runtime import (
@@ -36,12 +37,12 @@ from plancc.runtime import (
     PlanDataset,
     PlanMismatchError,
     PlanSampler,
-    RuntimePlan,
     load_checkpoint,
     load_tokens,
     model_inputs,
     save_checkpoint,
     token_loss,
+    verified_plan,
 )
 
 
@@ -74,13 +75,13 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def check_shape(plan: RuntimePlan, world: int, grad_accum: int | None) -> None:
+def check_shape(plan: Plan, world: int, grad_accum: int | None) -> None:
     """Refuse, in this script's own flags, a process count and --grad-accum that do not replay the plan's updates."""
-    per_update = plan.batches_per_update
-    if grad_accum is None and world == plan.world_size:
+    per_update = plan.settings.batches_per_update
+    if grad_accum is None and world == plan.settings.world_size:
         return
     fits = elastic_grad_accum(per_update, world)
-    compiled = (f"plan {plan.path} was compiled for world size {plan.world_size} x grad_accum {plan.grad_accum} "
+    compiled = (f"plan {plan.path} was compiled for world size {plan.settings.world_size} x grad_accum {plan.settings.grad_accum} "
                 f"({per_update} microbatches per update)")
     if fits is None:
         fail(f"{compiled}: {world} processes cannot replay it ({world} does not divide {per_update}); run on a "
@@ -115,7 +116,7 @@ def main() -> None:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        plan = RuntimePlan(args.plan)
+        plan = verified_plan(args.plan)
     except PlanccError as e:
         fail(str(e))
     check_shape(plan, world, args.grad_accum)
@@ -161,8 +162,8 @@ def main() -> None:
 
     if rank == 0:
         print(f"plan {plan.path}: world_size {world} x grad_accum {sampler.grad_accum} "
-              f"(compiled for {plan.world_size} x {plan.grad_accum}), mode {plan.mode}, shift {plan.shift}")
-    epochs = args.epochs if args.epochs is not None else plan.epochs
+              f"(compiled for {plan.settings.world_size} x {plan.settings.grad_accum}), mode {plan.settings.mode}, shift {plan.settings.shift}")
+    epochs = args.epochs if args.epochs is not None else len(plan.epochs)
     update_loss, t0 = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
     for epoch in range(sampler.epoch, epochs):
         loader.set_epoch(epoch)

@@ -24,7 +24,7 @@ from plancc.config import PlanSettings, SettingsError, resolve_settings
 from plancc.errors import InputError
 from plancc.store import atomic, outputs
 from plancc.store.plan import Plan
-from plancc.store.plan_store import EpochMicrobatches
+from plancc.store.plan_store import EpochMicrobatches  # noqa: F401 (public: plancc.EpochMicrobatches)
 
 Progress = Callable[[str, int, int], None]
 

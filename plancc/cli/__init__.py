@@ -333,7 +333,8 @@ def validate_cmd(
 ) -> None:
     """`plancc validate`: every violation `plancc.review.validate.validate_plan` finds, exit 1 when there is one."""
     from plancc.review.validate import validate_plan
-    from plancc.store import plan_files, plan_store, schemas, token_store
+    from plancc.store import plan_files, schemas, token_store
+    from plancc.store.plan import Plan
 
     with fail_on_errors():
         dataset_fp, tokens_dir = None, None
@@ -343,10 +344,10 @@ def validate_cmd(
         if dataset is not None and tokens_dir is None:
             from plancc.errors import InputError
             from plancc.scan import scanner as scan_mod
-            if plan_store.PlanDir(plan_dir).settings.mixture:
+            if Plan(plan_dir).settings.mixture:
                 raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source "
                                  "cannot be rescanned for it; give a plan, scan or token store folder")
-            options = scan_mod.options_from_report(plan_store.PlanDir(plan_dir).meta["scan"], tokenizer)
+            options = scan_mod.options_from_report(Plan(plan_dir).scan, tokenizer)
             result = scan_mod.scan(dataset, options, num_proc=num_proc or 1, cache_dir=cache_dir)
             dataset_fp = plan_files.samples_fingerprints(result.samples)["dataset"]
         problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)

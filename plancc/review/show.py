@@ -17,6 +17,7 @@ import numpy as np
 
 from plancc.errors import InputError
 from plancc.store import parquet, plan_files, schemas
+from plancc.store.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,12 @@ def trained_summary(report: dict[str, Any]) -> str:
 def _report(directory: Path, info: dict[str, Any]) -> dict[str, Any]:
     if info.get("report"):
         return info["report"]
-    if (directory / schemas.MANIFEST_FILE).is_file():
-        return parquet.read_manifest(directory).get("scan", {})
-    return {}
+    return _plan_manifest(directory).get("scan", {})
+
+
+def _plan_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of a plan directory (`Plan`, from its plan file's metadata); {} for a scan directory."""
+    return Plan(directory).manifest if (directory / schemas.PLAN_FILE).is_file() else {}
 
 
 def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -103,7 +107,7 @@ def _dataset_row(directory: Path, table: Any, at: int, sample_id: int) -> tuple[
     if schemas.DATASET_COLUMN not in table.column_names:
         return None, None
     name = table.column(schemas.DATASET_COLUMN)[at].as_py()
-    recipe = parquet.read_manifest(directory).get("recipe") or {} if (directory / schemas.MANIFEST_FILE).is_file() else {}
+    recipe = _plan_manifest(directory).get("recipe") or {}
     first = {d["name"]: d["first_id"] for d in recipe.get("datasets", [])}
     return name, (sample_id - first[name] if name in first else None)
 
@@ -202,8 +206,7 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
 
 def _dataset_starts(directory: Path):
     """A function naming a recipe plan's row: {dataset, dataset_row}; {} for one source."""
-    recipe = (parquet.read_manifest(directory).get("recipe") or {}) if (directory / schemas.MANIFEST_FILE).is_file() \
-        else {}
+    recipe = _plan_manifest(directory).get("recipe") or {}
     starts = sorted((d["first_id"], d["name"]) for d in recipe.get("datasets", []))
     if not starts:
         return lambda row: {}

@@ -14,6 +14,7 @@ by `check_tokenizer`, transformers only by `plancc.runtime.hf`, TRL only by `pla
     evaluate_plan(model, plan).loss           # plan compiled with --val-set-size: exact eval token mean
 """
 
+from plancc.errors import PlanMismatchError
 from plancc.runtime.checkpoint import (
     CheckpointError,
     Resumed,
@@ -27,10 +28,9 @@ from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.evaluate import EvalResult, evaluate_plan
 from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss, token_loss_sum
-from plancc.errors import PlanMismatchError
-from plancc.store.plan import verified_plan
 from plancc.runtime.sampler import Microbatch, PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer, plan_tokenizer
+from plancc.store.plan import verified_plan
 
 __all__ = [
     "CheckpointError",

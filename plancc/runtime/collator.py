@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from plancc.config import Mode, Shift
-from plancc.runtime.data import TokenStore
 from plancc.errors import PlanMismatchError
-from plancc.store.plan import Plan, verified_plan
+from plancc.runtime.data import TokenStore
 from plancc.runtime.sampler import Microbatch
+from plancc.store.plan import Plan, verified_plan
 from plancc.store.token_store import IGNORE_INDEX
 
 

@@ -39,8 +39,8 @@ import pyarrow.parquet as pq
 
 from plancc.config import Shift
 from plancc.errors import PlanMismatchError
-from plancc.store.plan import Plan, verified_plan
 from plancc.store import parquet, plan_store, schemas, token_store
+from plancc.store.plan import Plan, verified_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
 

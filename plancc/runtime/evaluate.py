@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
+from plancc.errors import PlanMismatchError
 from plancc.runtime.collator import PlanCollator, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss_sum
-from plancc.errors import PlanMismatchError
-from plancc.store.plan import Plan, verified_plan
 from plancc.runtime.sampler import PlanEvalSampler
+from plancc.store.plan import Plan, verified_plan
 
 
 @dataclass(frozen=True)

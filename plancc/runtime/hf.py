@@ -53,6 +53,7 @@ from transformers.trainer_utils import (
 )
 
 from plancc import layout
+from plancc.errors import PlanMismatchError
 from plancc.runtime.checkpoint import (
     CheckpointError,
     _all_gather_rows,
@@ -69,10 +70,9 @@ from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.evaluate import eval_result, eval_totals, plan_forward
 from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss
-from plancc.errors import PlanMismatchError
-from plancc.store.plan import Plan, verified_plan
 from plancc.runtime.sampler import PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer
+from plancc.store.plan import Plan, verified_plan
 
 STATE_FILE = "plancc_sampler.json"
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from plancc.errors import PlanMismatchError
-from plancc.store.plan import Plan, verified_plan
 from plancc.store.fingerprint import tokenizer_fingerprint, tokenizer_specials
+from plancc.store.plan import Plan, verified_plan
 
 BUILTIN_NAME = "plancc-byte-level"  # the name a plan records for `--tokenizer builtin`
 

@@ -34,9 +34,9 @@ from typing import Any
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
+from plancc.errors import PlanMismatchError
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.hf import PlanTrainer
-from plancc.errors import PlanMismatchError
 from plancc.store.plan import Plan, verified_plan
 
 

@@ -32,7 +32,7 @@ from plancc.numbers import padding_ratio
 from plancc.store import token_store
 from plancc.store.parquet import column
 from plancc.store.plan_store import EpochMicrobatches, PlanDir, PlanIntegrityError, nested_arrays
-from plancc.store.schemas import EVAL_FILE, SAMPLES_FILE, TOKENS_DIR, StoreError
+from plancc.store.schemas import EVAL_FILE, PLAN_FILE, SAMPLES_FILE, TOKENS_DIR, StoreError
 
 PLAN_COLUMNS = ["index", "sample_ids", "tokens", "label_count", "num_items"]
 
@@ -102,6 +102,11 @@ class Plan(PlanDir):
                 f"mode={self.settings.mode!r}, world_size={self.settings.world_size}, "
                 f"grad_accum={self.settings.grad_accum})")
 
+    def __eq__(self, other: object) -> bool:  # the same plan: the same directory holding the same plan file
+        return isinstance(other, Plan) and (self.path, self.meta) == (other.path, other.meta)
+
+    __hash__ = None  # type: ignore[assignment]  # a plan directory's content can change: no hashing
+
     # ------------------------------------------------------------ what the plan is
     @property
     def epochs(self) -> list[int]:
@@ -118,6 +123,10 @@ class Plan(PlanDir):
         """What compile found suspicious (drops, chat template markers that are not single tokens, ...), and every
         epoch without one complete update."""
         return (*self.manifest.get("warnings", []), *degenerate_warnings(self.manifest, self.settings))
+
+    def row_count(self) -> int:
+        """Rows of the plan file, all epochs, from its footer (`validate` compares it with the epochs' rows)."""
+        return self.held(PLAN_FILE).parquet().metadata.num_rows
 
     def check_epoch(self, epoch: int) -> None:
         """Refuse an epoch the plan does not hold (`PlanMismatchError`, naming the ones it does)."""
