@@ -44,7 +44,7 @@ class PlanTokenizer:
 
 def plan_tokenizer(plan: str | Path | Plan) -> PlanTokenizer | None:
     """The tokenizer `plan` was compiled with; None for a plan of already tokenized data (no tokenizer made it)."""
-    scan = verified_plan(plan).meta.get("scan") or {}
+    scan = verified_plan(plan).scan
     name, fingerprint = scan.get("tokenizer"), scan.get("tokenizer_fingerprint")
     if not isinstance(name, str) or not isinstance(fingerprint, str):
         return None
