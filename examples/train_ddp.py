@@ -27,6 +27,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from plancc import Plan
 from plancc.errors import PlanccError
 from plancc.layout import replay_problem
 from plancc.runtime import (
@@ -36,12 +37,12 @@ from plancc.runtime import (
     PlanDataset,
     PlanMismatchError,
     PlanSampler,
-    RuntimePlan,
     load_checkpoint,
     load_tokens,
     model_inputs,
     save_checkpoint,
     token_loss,
+    verified_plan,
 )
 
 
@@ -74,9 +75,9 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def check_shape(plan: RuntimePlan, world: int, grad_accum: int | None) -> None:
+def check_shape(plan: Plan, world: int, grad_accum: int | None) -> None:
     """Refuse, in this script's own flags, a process count and --grad-accum that do not replay the plan's updates."""
-    problem = replay_problem(plan.world_size, plan.grad_accum, world, grad_accum, flag="--grad-accum", sep=" ")
+    problem = replay_problem(plan.settings.world_size, plan.settings.grad_accum, world, grad_accum, flag="--grad-accum", sep=" ")
     if problem is not None:
         fail(problem)
 
@@ -105,7 +106,7 @@ def main() -> None:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        plan = RuntimePlan(args.plan)
+        plan = verified_plan(args.plan)
     except PlanccError as e:
         fail(str(e))
     check_shape(plan, world, args.grad_accum)
@@ -151,8 +152,8 @@ def main() -> None:
 
     if rank == 0:
         print(f"plan {plan.path}: world_size {world} x grad_accum {sampler.grad_accum} "
-              f"(compiled for {plan.world_size} x {plan.grad_accum}), mode {plan.mode}, shift {plan.shift}")
-    epochs = args.epochs if args.epochs is not None else plan.epochs
+              f"(compiled for {plan.settings.world_size} x {plan.settings.grad_accum}), mode {plan.settings.mode}, shift {plan.settings.shift}")
+    epochs = args.epochs if args.epochs is not None else len(plan.epochs)
     update_loss, t0 = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
     for epoch in range(sampler.epoch, epochs):
         loader.set_epoch(epoch)

@@ -31,11 +31,12 @@ from hf_trainer import (  # the shared set-up, beside this
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from trl import SFTConfig
 
-from plancc.runtime import PlanMismatchError, RuntimePlan, plan_tokenizer
+from plancc import Plan
+from plancc.runtime import PlanMismatchError, plan_tokenizer
 from plancc.runtime.trl import PlanSFTTrainer
 
 
-def tokenizer_for(path: str | None, plan: RuntimePlan):
+def tokenizer_for(path: str | None, plan: Plan):
     """`--tokenizer`, else the tokenizer the plan records (PlanSFTTrainer refuses any other)."""
     if path is None:
         recorded = plan_tokenizer(plan)

@@ -18,7 +18,6 @@ import hashlib
 import os
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +25,10 @@ import pyarrow.parquet as pq
 
 from plancc.config import PlanSettings, ScanOptions, SettingsError, resolve_settings
 from plancc.errors import InputError
-from plancc.layout import complete_updates
 from plancc.review.diff_rules import DEFAULT_TOLERANCE
-from plancc.store import atomic, outputs, plan_store
-from plancc.store.plan_store import EpochMicrobatches
+from plancc.store import atomic, outputs
+from plancc.store.plan import Plan
+from plancc.store.plan_store import EpochMicrobatches  # noqa: F401 (public: plancc.EpochMicrobatches)
 
 if TYPE_CHECKING:
     from plancc.review.inspect import PlanView
@@ -38,68 +37,11 @@ if TYPE_CHECKING:
 Progress = Callable[[str, int, int], None]
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A plan directory on disk: where it is, what made it, what it measured, and its microbatches per epoch.
-
-    `settings` are the plan settings; `scan` is the scan report (tokenizer, format, drops, ...); `fingerprints`
-    the dataset, metadata, config and per-epoch plan digests; `manifest` the whole `manifest.json`;
-    `warnings` what a compile found suspicious (drops, chat template markers that are not single tokens, fewer
-    microbatches than one update needs, ...).
-    """
-
-    path: Path
-    settings: PlanSettings
-    fingerprints: dict[str, Any]
-    scan: dict[str, Any]
-    manifest: dict[str, Any]
-    warnings: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:  # the manifest is long: name the plan, not its contents
-        return (f"Plan({str(self.path)!r}, samples={self.manifest.get('samples')}, epochs={self.epochs}, "
-                f"mode={self.settings.mode!r}, world_size={self.settings.world_size}, "
-                f"grad_accum={self.settings.grad_accum})")
-
-    @property
-    def epochs(self) -> list[int]:
-        """The epoch numbers of the plan, ascending."""
-        return sorted(int(e) for e in self.fingerprints.get("plan", {}))
-
-    def metrics(self, epoch: int | None = None) -> list[dict[str, Any]]:
-        """Metric rows `{epoch, stage, metric...}` (stages `before` ... `after`), as `plancc inspect metrics`."""
-        from plancc.review.inspect import read_metrics
-
-        return read_metrics(self.path, epoch)
-
-    def epoch(self, epoch: int, rank: int | None = None) -> EpochMicrobatches:
-        """The microbatches of `epoch` (only those of `rank` when given), read with Parquet filters."""
-        if epoch not in self.epochs:
-            raise SettingsError(f"epoch {epoch}: the plan has epochs {self.epochs}")
-        if rank is not None and not 0 <= rank < self.settings.world_size:
-            raise SettingsError(f"rank {rank}: the plan has ranks 0..{self.settings.world_size - 1}")
-        return plan_store.PlanDir(self.path).read_share(epoch, rank)
-
-
 def open_plan(path: str | Path) -> Plan:
     """Open a plan directory written by `compile` (or `plancc compile`); nothing is read but the plan file's
-    metadata (`plan_store.PlanDir`: the manifest, of which `manifest.json` is only the mirror)."""
-    plan = plan_store.PlanDir(path)
-    manifest = {k: v for k, v in plan.meta.items() if k != "kind"}
-    warnings = [*manifest.get("warnings", []), *degenerate_warnings(manifest, plan.settings)]
-    return Plan(plan.path, plan.settings, plan.fingerprints, manifest.get("scan", {}), manifest, tuple(warnings))
-
-
-def degenerate_warnings(manifest: dict[str, Any], settings: PlanSettings) -> list[str]:
-    """Settings that make a plan useless for training: an epoch without one complete update (at most a partial
-    tail, which balancing cannot even out)."""
-    per_update = settings.batches_per_update
-    out = []
-    for e in manifest.get("epochs", []):
-        if not complete_updates(e["batches"], settings.world_size, settings.grad_accum):
-            out.append(f"epoch {e['epoch']}: {e['batches']} microbatches, no complete update: one update "
-                       f"takes world_size x grad_accum = {settings.world_size} x {settings.grad_accum} = "
-                       f"{per_update} microbatches; lower --world-size or --grad-accum (or --micro-batch-size)")
-    return out
+    metadata (the manifest, of which `manifest.json` is only the mirror). The runtime takes the same `Plan` and
+    verifies it before step 1 (`plancc.store.plan.Plan.verify`)."""
+    return Plan(path)
 
 
 def _materialize(dataset: Any, cache_dir: Path | None) -> str:
@@ -304,7 +246,7 @@ def config_note(config: str | Path, config_format: str = "auto") -> str | None:
 # ---------------------------------------------------------------- review: what `plancc validate|diff|inspect|show` ask
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Validation:
     """What `validate` found: every violation (none: the plan is sound) and whether an eval plan was checked."""
 
@@ -347,7 +289,7 @@ def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, 
     from plancc.scan import scanner as scan_mod
     from plancc.store import plan_files
 
-    plan = plan_store.PlanDir(plan_dir)
+    plan = Plan(plan_dir)
     if plan.settings.mixture:
         raise InputError(f"--dataset {dataset}: {plan_dir} is a recipe of several datasets, one source cannot be "
                          "rescanned for it; give a plan, scan or token store folder")

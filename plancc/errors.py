@@ -18,6 +18,10 @@ class SettingsError(PlanccError):
         self.setting = setting
 
 
+class PlanMismatchError(PlanccError):
+    """The plan, the data, the run's world size or a saved sampler state do not fit together; the message says how."""
+
+
 def clip(value: object, limit: int = 120) -> str:
     """`str(value)` cut to `limit` characters on one line, so a deeply nested type or value cannot flood a message."""
     text = " ".join(str(value).split())

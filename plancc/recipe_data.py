@@ -38,7 +38,8 @@ from plancc.errors import InputError, PlanccError
 from plancc.planner.mixture import dataset_index
 from plancc.recipe import DatasetSpec
 from plancc.scan.carry import carry
-from plancc.store import outputs, parquet, plan_files, plan_store, schemas, token_store, token_writer
+from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
+from plancc.store.plan import Plan
 from plancc.store.scan_record import TOTALS, ScanRecord, Template
 
 
@@ -253,5 +254,5 @@ def eval_sample_ids(samples: pa.Table, mixture: tuple) -> np.ndarray:
 
 def plan_eval_sample_ids(plan_dir: str | Path) -> np.ndarray:
     """`eval_sample_ids` of a plan directory (its samples table and its settings' mixture)."""
-    plan = plan_store.PlanDir(plan_dir)
+    plan = Plan(plan_dir)
     return eval_sample_ids(plan.read_samples(), plan.settings.mixture)

@@ -128,7 +128,7 @@ def plain_loop_grads(plan, model, lr: float, steps: int | None = None, **sampler
     collator, tokens = PlanCollator.from_plan(plan), load_tokens(plan)
     sampler = PlanSampler(plan, **sampler_kw)
     out = []
-    for epoch in range(sampler.plan.epochs):
+    for epoch in sampler.plan.epochs:
         sampler.set_epoch(epoch)
         batches = [collator(mb, tokens) for mb in sampler]
         for u in range(sampler.updates_per_epoch()):

@@ -13,7 +13,7 @@ from datasets import Dataset
 
 import plancc
 from plancc.config import PlanSettings, SettingsError
-from plancc.errors import PlanccError
+from plancc.errors import PlanccError, PlanMismatchError
 from tests.sources_fixtures import pc_rows, write_rows
 
 
@@ -87,7 +87,7 @@ def test_bad_settings_and_sources_are_plancc_errors(tmp_path):
 def test_epoch_out_of_range(tmp_path):
     plan = plancc.compile(Dataset.from_list(_rows()), tmp_path / "p", sequence_len=256, tokenizer="builtin",
                           cache_dir=tmp_path / "c")
-    with pytest.raises(SettingsError, match=r"the plan has epochs \[0\]"):
+    with pytest.raises(PlanMismatchError, match=r"epoch 3: the plan has epochs \[0\]"):
         plan.epoch(3)
     with pytest.raises(SettingsError, match=r"ranks 0..0"):
         plan.epoch(0, rank=1)

@@ -25,7 +25,7 @@ from plancc.planner.evaluation import eval_columns
 from plancc.planner.holdout import hold_out
 from plancc.planner.pipeline import compile_plan, compile_run
 from plancc.review.validate import validate_plan
-from plancc.runtime import PlanMismatchError, RuntimePlan
+from plancc.runtime import PlanMismatchError, verified_plan
 from plancc.store import parquet, plan_store, schemas
 from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import random_dataset, samples_table
@@ -210,7 +210,7 @@ def test_validate_and_the_runtime_refuse_an_eval_sample_exchanged_for_a_training
     assert any("do not hash to the plan's eval fingerprint" in p for p in problems), problems
     assert any("the held-out draw" in p and "lacks 1" in p for p in problems), problems
     with pytest.raises(PlanMismatchError, match="eval fingerprint"):
-        RuntimePlan(plan).eval_rows()
+        verified_plan(plan).eval_rows()
 
 
 def test_validate_reports_a_missing_eval_file_and_held_out_samples_in_training(sound, tmp_path):

@@ -226,12 +226,12 @@ def test_the_runtime_reads_a_recipe_plan(mixed):
         PlanDataLoader,
         PlanDataset,
         PlanSampler,
-        RuntimePlan,
         load_tokens,
+        verified_plan,
     )
 
     _, plan, _ = mixed
-    rt = RuntimePlan(plan.path)
+    rt = verified_plan(plan.path)
     tokens = load_tokens(rt, verify="hash")
     samples = parquet.read_samples(plan.path / schemas.SAMPLES_FILE)
     assert np.array_equal(tokens.lengths[parquet.column(samples, "sample_id")], parquet.column(samples, "length"))

@@ -13,12 +13,12 @@ import torch
 from plancc.runtime import (
     PlanCollator,
     PlanSampler,
-    RuntimePlan,
     checkpoint_state,
     load_tokens,
     model_inputs,
     restore_checkpoint_state,
     token_loss,
+    verified_plan,
 )
 from tests.runtime_helpers import build_uneven_plan, tiny_model
 
@@ -75,7 +75,7 @@ def test_plan_shape(setup, reference):
     lengths = PlanSampler(plan).epoch_lengths()
     assert len(consumed) == sum(lengths) and len(set(lengths)) == EPOCHS  # epochs of different lengths
     tails = [n % 3 for n in lengths]
-    assert any(tails) != RuntimePlan(plan).settings.drop_last  # tail updates exactly without --drop-last
+    assert any(tails) != verified_plan(plan).settings.drop_last  # tail updates exactly without --drop-last
 
 
 @pytest.mark.parametrize("k", [3, 4, "epoch_boundary", "across_epoch", "mid_update_epoch_1", "last"])

@@ -21,7 +21,14 @@ from benchmarks.synthetic import build_plan, make_tokenized, samples_table, writ
 from plancc import build
 from plancc.cli import app
 from plancc.config import PlanSettings, ScanOptions
-from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, RuntimePlan, TokenStore, load_tokens
+from plancc.runtime import (
+    PlanCollator,
+    PlanMismatchError,
+    PlanSampler,
+    TokenStore,
+    load_tokens,
+    verified_plan,
+)
 from plancc.store import parquet, schemas, token_store
 from plancc.store.scan_record import ScanRecord
 
@@ -143,7 +150,7 @@ def test_sharded_tokenized_source_is_one_store_and_the_plan_moves_as_one_folder(
     moved = tmp_path / "elsewhere" / "plan"
     shutil.move(plan, moved)
     shutil.rmtree(tmp_path / "cache")
-    tokens = load_tokens(RuntimePlan(moved), verify="hash")
+    tokens = load_tokens(verified_plan(moved), verify="hash")
     whole = TokenStore.from_table(tok)
     assert np.array_equal(tokens.input_ids, whole.input_ids) and np.array_equal(tokens.offsets, whole.offsets)
     assert np.array_equal(tokens.targets, whole.targets)
@@ -163,14 +170,14 @@ def test_repointing_a_plan_at_moved_data_and_refusing_wrong_data(tmp_path):
         load_tokens(plan)
     shutil.move(tmp_path / "data", tmp_path / "moved")
     for data in (tmp_path / "moved", tmp_path / "moved" / schemas.TOKENS_DIR):
-        tokens = load_tokens(RuntimePlan(plan, data=data))
+        tokens = load_tokens(plan, data=data)
         assert sum(1 for _ in _batches(plan, tokens, world=1)) == len(PlanSampler(plan))
     with pytest.raises(PlanMismatchError, match="does not exist"):
-        RuntimePlan(plan, data=tmp_path / "data")
+        load_tokens(plan, data=tmp_path / "data")
     other = make_tokenized(40, seed=8, max_len=20)
     write_tokens(tmp_path / "other", other, samples_table(other))
     with pytest.raises(PlanMismatchError, match=r"other does not match the plan .*changed"):
-        load_tokens(RuntimePlan(plan, data=tmp_path / "other"))
+        load_tokens(plan, data=tmp_path / "other")
     runner = CliRunner()
     res = runner.invoke(app, ["validate", str(plan), "--dataset", str(tmp_path / "moved")])
     assert res.exit_code == 0 and "token data" in res.output, res.output

@@ -23,7 +23,7 @@ from plancc.cli import app
 from plancc.config import ScanOptions
 from plancc.errors import InputError
 from plancc.review.validate import validate_plan
-from plancc.runtime import RuntimePlan, load_tokens
+from plancc.runtime import load_tokens, verified_plan
 from plancc.scan import merge, shard
 from plancc.scan.scanner import scan, scan_shard, write_scan
 from plancc.store import parquet, schemas, token_store, token_writer
@@ -98,8 +98,8 @@ def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
     assert validate_plan(str(tmp_path / "plan-local"), tokens_dir=tmp_path / "merged" / "tokens")[0] == []
 
     # the runtime maps the merged (multi-part) store as one dataset: every sample's tokens as the local scan's
-    one = load_tokens(RuntimePlan(tmp_path / "plan-local"), verify="hash")
-    many = load_tokens(RuntimePlan(tmp_path / "plan-merged"), verify="hash")
+    one = load_tokens(verified_plan(tmp_path / "plan-local"), verify="hash")
+    many = load_tokens(verified_plan(tmp_path / "plan-merged"), verify="hash")
     ids = parquet.column(local.samples, "sample_id")
     for arr in ("input_ids", "targets"):
         a, b = getattr(one, arr), getattr(many, arr)

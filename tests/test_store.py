@@ -167,7 +167,7 @@ def _everything(plan, tokens) -> list[tuple[int, list[list[int]], bytes]]:
     from plancc.runtime import PlanSampler
 
     sampler, seen = PlanSampler(plan, rank=0, world_size=1), []
-    for epoch in range(plan.epochs):
+    for epoch in plan.epochs:
         sampler.set_epoch(epoch)
         for mb in sampler:
             rows = np.asarray([i for i in mb], dtype=np.int64)
@@ -180,11 +180,11 @@ def _everything(plan, tokens) -> list[tuple[int, list[list[int]], bytes]]:
 def test_a_plan_recompiled_under_an_open_run_changes_nothing_for_it(tmp_path):
     """`compile --overwrite` replaces the directory by rename while a job holds the plan: the job keeps reading the
     plan and tokens it opened (no error, the old data); a process opening afterwards gets the new plan, whole."""
-    from plancc.runtime import RuntimePlan, load_tokens
+    from plancc.runtime import load_tokens, verified_plan
 
     plan_dir = tmp_path / "plan"
     _compile(_jsonl(tmp_path / "a.jsonl", 60, "alpha"), plan_dir)
-    job = RuntimePlan(plan_dir)
+    job = verified_plan(plan_dir)
     tokens = load_tokens(job)
     before = [(e, ids) for e, ids, _ in _everything(job, tokens)]
     old_tokens = np.array(tokens.input_ids)
@@ -193,8 +193,8 @@ def test_a_plan_recompiled_under_an_open_run_changes_nothing_for_it(tmp_path):
     assert [(e, ids) for e, ids, _ in again] == before
     assert np.array_equal(np.array(tokens.input_ids), old_tokens)
     assert load_tokens(job, verify="hash") is not None  # the held store still proves against the held plan
-    fresh = RuntimePlan(plan_dir)
-    assert fresh.fingerprints != job.fingerprints and fresh.dir.meta["samples"] == 90
+    fresh = verified_plan(plan_dir)
+    assert fresh.fingerprints != job.fingerprints and fresh.meta["samples"] == 90
     assert len(load_tokens(fresh)) == 90
 
 
@@ -206,7 +206,7 @@ def test_a_file_that_is_not_a_regular_file_is_refused_by_type_without_reading(tm
     import subprocess
     import sys
 
-    from plancc.runtime import PlanMismatchError, RuntimePlan, load_tokens
+    from plancc.runtime import PlanMismatchError, load_tokens, verified_plan
 
     plan_dir = tmp_path / "plan"
     _compile(_jsonl(tmp_path / "a.jsonl", 30, "alpha"), plan_dir)
@@ -219,4 +219,4 @@ def test_a_file_that_is_not_a_regular_file_is_refused_by_type_without_reading(tm
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and f"{target} is {shown}" in lines[0], r.stdout + r.stderr
     with pytest.raises(PlanMismatchError, match=f"{re.escape(str(target))} is {shown}"):
-        load_tokens(RuntimePlan(plan_dir))
+        load_tokens(verified_plan(plan_dir))

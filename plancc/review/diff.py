@@ -30,38 +30,22 @@ import pyarrow as pa
 
 from plancc.config import SettingsError
 from plancc.metric_columns import METRIC_COLUMNS
-from plancc.numbers import padding_ratio
 from plancc.review.diff_rules import ABS_FLOOR, DEFAULT_TOLERANCE, FAIL_ON, REGRESSION_METRICS
 from plancc.store import plan_store, schemas
+from plancc.store.plan import Plan
 
 # ---------------------------------------------------------------- loading
 
 
-class PlanInfo:
-    """The read-side view of one plan directory (`plan_store.PlanDir`): its fingerprints, settings and metrics by
-    (epoch, stage); plan rows on demand."""
+MetricsByStage = dict[tuple[int, str], dict[str, Any]]  # (epoch, stage) -> metrics row, in the file's order
 
-    def __init__(self, path: str | Path):
-        self.dir = plan_store.PlanDir(path)
-        self.path = self.dir.path
-        self.fingerprints: dict[str, Any] = self.dir.fingerprints
-        self.settings: dict[str, Any] = self.dir.meta["settings"]
-        self.metrics: dict[tuple[int, str], dict[str, Any]] = {}
-        self.stages: dict[int, list[str]] = {}
-        for row in self.dir.read_metrics().to_pylist():
-            e, stage = int(row.pop("epoch")), row.pop("stage")
-            row["padding_ratio"] = padding_ratio(row)
-            self.metrics[(e, stage)] = row
-            self.stages.setdefault(e, []).append(stage)
 
-    @property
-    def epochs(self) -> list[int]:
-        """The plan's epoch numbers, ascending."""
-        return sorted(int(e) for e in self.fingerprints.get("plan", {}))
+def metrics_by_stage(plan: Plan) -> MetricsByStage:
+    """A plan's metrics rows (`Plan.metrics`, with padding_ratio) by (epoch, stage)."""
+    return {(int(row["epoch"]), row["stage"]): row for row in plan.metrics()}
 
-    def read_rows(self) -> pa.Table:
-        """Columns churn needs, in file order (sorted by epoch, rank, index)."""
-        return self.dir.read_rows(["epoch", "index", "update", "rank", "sample_ids"])
+
+CHURN_COLUMNS = ["epoch", "index", "update", "rank", "sample_ids"]
 
 
 # ---------------------------------------------------------------- churn (columnar)
@@ -214,8 +198,8 @@ def _describe(rows: EpochRows, i: int, show_ids: int) -> dict[str, Any] | None:
             "sample_ids": rows.batch_ids(i, show_ids)}
 
 
-def _identical_churn(info: PlanInfo, epoch: int) -> dict[str, Any]:
-    after = info.metrics.get((epoch, "after"), {})
+def _identical_churn(metrics: MetricsByStage, epoch: int) -> dict[str, Any]:
+    after = metrics.get((epoch, "after"), {})
     n, samples = int(after.get("batches") or 0), int(after.get("samples") or 0)
     return {
         "samples_old": samples, "samples_new": samples, "common_samples": samples,
@@ -235,8 +219,8 @@ def _epoch_slices(table: pa.Table) -> dict[int, pa.Table]:
     return out
 
 
-def _load_rows(info: PlanInfo, epochs: list[int]) -> dict[int, EpochRows]:
-    slices = _epoch_slices(info.read_rows())
+def _load_rows(plan: Plan, epochs: list[int]) -> dict[int, EpochRows]:
+    slices = _epoch_slices(plan.read_rows(CHURN_COLUMNS))  # file order: (epoch, rank, index)
     return {e: EpochRows(slices[e]) for e in epochs if e in slices}
 
 
@@ -246,20 +230,20 @@ def _load_rows(info: PlanInfo, epochs: list[int]) -> dict[int, EpochRows]:
 EVAL_SIZES = ("samples", "tokens", "label_count", "batches", "cost")
 
 
-def _eval_ids(info: PlanInfo) -> np.ndarray:
-    return np.unique(plan_store.nested_arrays(info.dir.read_eval().column("sample_ids"))[0])
+def _eval_ids(plan: Plan) -> np.ndarray:
+    return np.unique(plan_store.nested_arrays(plan.read_eval().column("sample_ids"))[0])
 
 
-def eval_changes(old: PlanInfo, new: PlanInfo) -> dict[str, Any]:
+def eval_changes(old: Plan, new: Plan) -> dict[str, Any]:
     """How the eval plans differ: which plan has one, its sizes (old, new, delta) and the held-out samples added
     and removed. Equal eval fingerprints mean equal eval plans: nothing is read."""
-    has = (old.dir.has_eval, new.dir.has_eval)
+    has = (old.has_eval, new.has_eval)
     status = {(True, True): "both", (True, False): "old_only", (False, True): "new_only"}.get(has, "none")
     out: dict[str, Any] = {"status": status, "changed": old.fingerprints.get("eval") != new.fingerprints.get("eval"),
                            "sizes": [], "added_samples": 0, "removed_samples": 0}
     if status == "none" or not out["changed"]:
         return out
-    so, sn = (info.dir.meta["eval"] if h else {} for info, h in zip((old, new), has, strict=True))
+    so, sn = (info.meta["eval"] if h else {} for info, h in zip((old, new), has, strict=True))
     out["sizes"] = [{"metric": m, "old": so.get(m), "new": sn.get(m),
                      "delta": sn[m] - so[m] if m in so and m in sn else None}
                     for m in EVAL_SIZES if so.get(m) != sn.get(m)]
@@ -294,13 +278,14 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
     Raises `schemas.StoreError` for an input that is not a readable plan, `SettingsError` for a bad tolerance."""
     if not (tolerance >= 0 and math.isfinite(tolerance)):
         raise SettingsError(f"--tolerance must be a non-negative number, got {tolerance}")
-    old, new = PlanInfo(old_path), PlanInfo(new_path)
+    old, new = Plan(old_path), Plan(new_path)
+    m_old, m_new = metrics_by_stage(old), metrics_by_stage(new)
     fo, fn = old.fingerprints, new.fingerprints
     plan_o, plan_n = fo.get("plan", {}), fn.get("plan", {})
-    epochs = sorted({int(e) for e in plan_o} | {int(e) for e in plan_n})
+    epochs = sorted(set(old.epochs) | set(new.epochs))
     config = _config_changes(old, new)
-    regressions = _regressions(old, new, epochs, tolerance)
-    datasets = dataset_changes(old.dir.meta.get("recipe"), new.dir.meta.get("recipe"))
+    regressions = _regressions(m_old, m_new, epochs, tolerance)
+    datasets = dataset_changes(old.meta.get("recipe"), new.meta.get("recipe"))
     changes = {
         "datasets": any(d["status"] != "unchanged" for d in datasets),
         "config": fo.get("config") != fn.get("config") or bool(config),
@@ -321,20 +306,21 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
         "config": config,
         "datasets": datasets,
         "fingerprints": _fingerprint_rows(fo, fn, epochs),
-        "metrics": _metric_changes(old, new, epochs),
+        "metrics": _metric_changes(m_old, m_new, epochs),
         "tolerance": tolerance,
         "regressions": regressions,
-        "churn": _churn(old, new, epochs, show_ids),
+        "churn": _churn(old, new, epochs, show_ids, m_old),
         "eval": eval_changes(old, new),
     }
 
 
-def _config_changes(old: PlanInfo, new: PlanInfo) -> list[dict[str, Any]]:
-    """Each setting that differs (or is set in one plan only), by name."""
+def _config_changes(old: Plan, new: Plan) -> list[dict[str, Any]]:
+    """Each setting that differs (or is set in one plan only), by name, as the JSON report shows them."""
+    so, sn = old.settings.to_dict(), new.settings.to_dict()
     return [
-        {"setting": k, "old": old.settings.get(k), "new": new.settings.get(k)}
-        for k in sorted(set(old.settings) | set(new.settings))
-        if old.settings.get(k) != new.settings.get(k) or (k in old.settings) != (k in new.settings)
+        {"setting": k, "old": so.get(k), "new": sn.get(k)}
+        for k in sorted(set(so) | set(sn))
+        if so.get(k) != sn.get(k) or (k in so) != (k in sn)
     ]
 
 
@@ -354,13 +340,13 @@ def _fingerprint_rows(fo: dict[str, Any], fn: dict[str, Any], epochs: list[int])
     return rows
 
 
-def _metric_changes(old: PlanInfo, new: PlanInfo, epochs: list[int]) -> list[dict[str, Any]]:
+def _metric_changes(old: MetricsByStage, new: MetricsByStage, epochs: list[int]) -> list[dict[str, Any]]:
     """Per epoch and stage (of either plan): where it exists, and each metric that changed."""
     metrics = []
     for e in epochs:
-        stages = list(dict.fromkeys(old.stages.get(e, []) + new.stages.get(e, [])))
+        stages = list(dict.fromkeys(stage for by in (old, new) for epoch, stage in by if epoch == e))
         for stage in stages:
-            mo, mn = old.metrics.get((e, stage)), new.metrics.get((e, stage))
+            mo, mn = old.get((e, stage)), new.get((e, stage))
             entry: dict[str, Any] = {"epoch": e, "stage": stage,
                                      "status": "both" if mo and mn else ("old_only" if mo else "new_only"),
                                      "changes": []}
@@ -375,11 +361,12 @@ def _metric_changes(old: PlanInfo, new: PlanInfo, epochs: list[int]) -> list[dic
     return metrics
 
 
-def _regressions(old: PlanInfo, new: PlanInfo, epochs: list[int], tolerance: float) -> list[dict[str, Any]]:
+def _regressions(old: MetricsByStage, new: MetricsByStage, epochs: list[int], tolerance: float
+                 ) -> list[dict[str, Any]]:
     """The final-stage metrics that got worse by more than `tolerance` (relative, at least ABS_FLOOR)."""
     regressions = []
     for e in epochs:
-        mo, mn = old.metrics.get((e, "after")), new.metrics.get((e, "after"))
+        mo, mn = old.get((e, "after")), new.get((e, "after"))
         if not (mo and mn):
             continue
         for name, worse in REGRESSION_METRICS.items():
@@ -394,7 +381,8 @@ def _regressions(old: PlanInfo, new: PlanInfo, epochs: list[int], tolerance: flo
 
 
 
-def _churn(old: PlanInfo, new: PlanInfo, epochs: list[int], show_ids: int) -> list[dict[str, Any]]:
+def _churn(old: Plan, new: Plan, epochs: list[int], show_ids: int, old_metrics: MetricsByStage
+           ) -> list[dict[str, Any]]:
     """Per epoch: in one plan only, or compared (rows of the epochs whose plans differ are read and diffed)."""
     plan_o, plan_n = old.fingerprints.get("plan", {}), new.fingerprints.get("plan", {})
     changed_epochs = [e for e in epochs if plan_o.get(str(e)) != plan_n.get(str(e))
@@ -417,7 +405,7 @@ def _churn(old: PlanInfo, new: PlanInfo, epochs: list[int], show_ids: int) -> li
                                        f"{(old if e not in old_rows else new).path / schemas.PLAN_FILE}")
             c = epoch_churn(old_rows[e], new_rows[e], show_ids=show_ids)
         else:
-            c = _identical_churn(old, e)
+            c = _identical_churn(old_metrics, e)
         churn.append({"epoch": e, "status": "compared", **c})
     return churn
 

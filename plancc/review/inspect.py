@@ -23,47 +23,41 @@ import pyarrow.compute as pc
 
 from plancc.errors import PlanccError
 from plancc.layout import optimizer_updates, update_grid
-from plancc.numbers import padding_ratio
 from plancc.store import parquet, plan_store, schemas
+from plancc.store.plan import Plan
 
 SCALAR_COLUMNS = ["epoch", "index", "update", "rank", "micro_step", "tokens", "label_count", "cost", "num_items",
                   "complete_update"]
 
 
-def read_metrics(plan_dir: str | Path | plan_store.PlanDir, epoch: int | None = None) -> list[dict[str, Any]]:
+def read_metrics(plan_dir: str | Path | Plan, epoch: int | None = None) -> list[dict[str, Any]]:
     """The metrics rows `{epoch, stage, metric..., padding_ratio}` of every epoch (or one), as stored."""
-    plan = plan_dir if isinstance(plan_dir, plan_store.PlanDir) else plan_store.PlanDir(plan_dir)
-    rows = plan.read_metrics().to_pylist()
-    out = []
-    for r in rows:
-        if epoch is not None and r["epoch"] != epoch:
-            continue
-        r["padding_ratio"] = padding_ratio(r)
-        out.append(r)
-    if epoch is not None and not out:
-        raise PlanccError(f"--epoch {epoch}: the plan has no such epoch "
-                          f"(epochs: {sorted({r['epoch'] for r in rows})})")
-    return out
+    return as_plan(plan_dir).metrics(epoch)
 
 
-def eval_sizes(plan_dir: str | Path | plan_store.PlanDir) -> dict[str, Any] | None:
+def as_plan(plan: str | Path | Plan) -> Plan:
+    """`plan` itself when already open, else the plan directory opened."""
+    return plan if isinstance(plan, Plan) else Plan(plan)
+
+
+def eval_sizes(plan_dir: str | Path | Plan) -> dict[str, Any] | None:
     """The eval plan's sizes as compile recorded them (samples, tokens, label_count: the targets the eval loss
     divides by, batches, batches_per_rank, cost), or None for a plan without one."""
-    plan = plan_dir if isinstance(plan_dir, plan_store.PlanDir) else plan_store.PlanDir(plan_dir)
+    plan = as_plan(plan_dir)
     return {"val_set_size": plan.settings.val_set_size, **plan.meta["eval"]} if plan.has_eval else None
 
 
 def read_dataset_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
     """A recipe plan's per-dataset metrics `{epoch, stage, dataset, samples, tokens, label_tokens, *_share}`
     (stages `before`: the mixture as drawn, `after`: what the plan holds); an error for a one-source plan."""
-    plan = plan_store.PlanDir(plan_dir)
+    plan = Plan(plan_dir)
     recipe = plan.meta.get("recipe")
     if not recipe:
         raise PlanccError(f"{plan_dir} was compiled from one source: --by dataset needs a recipe (several sources "
                           "or a config listing datasets)")
     rows = [r for r in recipe["metrics"] if epoch is None or r["epoch"] == epoch]
     if epoch is not None and not rows:
-        raise PlanccError(f"--epoch {epoch}: the plan has no such epoch (epochs: {plan.settings.epochs})")
+        raise PlanccError(f"--epoch {epoch}: the plan has no such epoch (epochs: {plan.epochs})")
     return rows
 
 
@@ -88,11 +82,11 @@ class PlanView:
                 "shown": len(self.rows), "tokens": self.tokens, "labels": self.labels, "microbatches": self.rows}
 
 
-def _filters(plan: plan_store.PlanDir, epoch: int | None, update: int | None, rank: int | None,
+def _filters(plan: Plan, epoch: int | None, update: int | None, rank: int | None,
              micro_step: int | None) -> list[tuple]:
     """Parquet filters for the given values; a value outside the plan's range is an error naming the range. The
     updates are the optimizer steps a trainer runs (the incomplete tail included), from each epoch's microbatches."""
-    epochs = sorted(int(e) for e in plan.fingerprints.get("plan", {}))
+    epochs = plan.epochs
     W, G = plan.settings.world_size, plan.settings.grad_accum
     updates = [optimizer_updates(e["batches"], W, G) for e in plan.meta.get("epochs", [])
                if epoch is None or e["epoch"] == epoch]
@@ -119,7 +113,7 @@ def _filters(plan: plan_store.PlanDir, epoch: int | None, update: int | None, ra
 def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | None = None,
               rank: int | None = None, micro_step: int | None = None, limit: int = 20) -> PlanView:
     """The matching microbatches in global order; only the first `limit` (0: all) carry their sample ids."""
-    plan = plan_store.PlanDir(plan_dir)
+    plan = Plan(plan_dir)
     if limit < 0:
         raise PlanccError(f"--limit must be >= 0, got {limit}")
     filters = _filters(plan, epoch, update, rank, micro_step) or None
@@ -176,12 +170,11 @@ def _stage(labels: np.ndarray, world_size: int, grad_accum: int) -> StageCounts:
     return StageCounts(labels, update_grid(labels, world_size, grad_accum).sum(axis=(1, 2)))
 
 
-def before_counts(plan_dir: str | Path | plan_store.PlanDir, epoch: int) -> BeforeAfter:
+def before_counts(plan_dir: str | Path | Plan, epoch: int) -> BeforeAfter:
     """The `before` and `after` label counts of `epoch`, as compile stored them (see module doc)."""
-    plan = plan_dir if isinstance(plan_dir, plan_store.PlanDir) else plan_store.PlanDir(plan_dir)
-    if str(epoch) not in plan.fingerprints.get("plan", {}):
-        raise PlanccError(f"--epoch {epoch}: the plan has epochs "
-                          f"{sorted(int(e) for e in plan.fingerprints.get('plan', {}))}")
+    plan = as_plan(plan_dir)
+    if epoch not in plan.epochs:
+        raise PlanccError(f"--epoch {epoch}: the plan has epochs {plan.epochs}")
     W, G = plan.settings.world_size, plan.settings.grad_accum
     after = _stage(parquet.column(plan.read_epoch(epoch, ["index", "label_count"]), "label_count"), W, G)
     labels = plan.before_labels(epoch)

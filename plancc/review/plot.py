@@ -52,14 +52,14 @@ def _panel(ax, before: np.ndarray | None, after: np.ndarray, title: str, xlabel:
 def plot_metrics(plan_dir: str | Path, out: str | Path, epochs: list[int] | None = None) -> list[str]:
     """Write the PNG to `out`; returns one note per epoch (how `before` was obtained)."""
     from plancc.review.inspect import before_counts
-    from plancc.store import plan_store
+    from plancc.store.plan import Plan
 
     plt = _matplotlib()
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise PlanccError(f"--plot writes a PNG: give a file name ending in .png, got {out}")
-    plan = plan_store.PlanDir(plan_dir)
-    epochs = sorted(int(e) for e in plan.fingerprints.get("plan", {})) if epochs is None else epochs
+    plan = Plan(plan_dir)
+    epochs = plan.epochs if epochs is None else epochs
     data = [before_counts(plan, e) for e in epochs]
     fig, axes = plt.subplots(len(data), 2, figsize=(11, 3.6 * len(data)), squeeze=False)
     for row, ba in zip(axes, data, strict=True):

@@ -17,6 +17,7 @@ import numpy as np
 
 from plancc.errors import InputError
 from plancc.store import parquet, plan_files, schemas
+from plancc.store.plan import Plan
 from plancc.store.scan_record import Counted, ScanRecord
 
 
@@ -73,10 +74,14 @@ def _report(directory: Path, info: dict[str, Any]) -> ScanRecord:
     """The scan record of a scan directory, or of a plan directory's manifest (empty for neither)."""
     if info.get("record") is not None:
         return info["record"]
-    if (directory / schemas.MANIFEST_FILE).is_file():
-        return ScanRecord.from_json(parquet.read_manifest(directory).get("scan", {}),
-                                    f"{directory / schemas.MANIFEST_FILE} scan")
-    return ScanRecord()
+    manifest = _plan_manifest(directory)
+    return ScanRecord.from_json(manifest.get("scan", {}), f"{directory / schemas.MANIFEST_FILE} scan") if manifest \
+        else ScanRecord()
+
+
+def _plan_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of a plan directory (`Plan`, from its plan file's metadata); {} for a scan directory."""
+    return Plan(directory).manifest if (directory / schemas.PLAN_FILE).is_file() else {}
 
 
 def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -100,7 +105,7 @@ def _dataset_row(directory: Path, table: Any, at: int, sample_id: int) -> tuple[
     if schemas.DATASET_COLUMN not in table.column_names:
         return None, None
     name = table.column(schemas.DATASET_COLUMN)[at].as_py()
-    recipe = parquet.read_manifest(directory).get("recipe") or {} if (directory / schemas.MANIFEST_FILE).is_file() else {}
+    recipe = _plan_manifest(directory).get("recipe") or {}
     first = {d["name"]: d["first_id"] for d in recipe.get("datasets", [])}
     return name, (sample_id - first[name] if name in first else None)
 
@@ -199,8 +204,7 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
 
 def _dataset_starts(directory: Path):
     """A function naming a recipe plan's row: {dataset, dataset_row}; {} for one source."""
-    recipe = (parquet.read_manifest(directory).get("recipe") or {}) if (directory / schemas.MANIFEST_FILE).is_file() \
-        else {}
+    recipe = _plan_manifest(directory).get("recipe") or {}
     starts = sorted((d["first_id"], d["name"]) for d in recipe.get("datasets", []))
     if not starts:
         return lambda row: {}

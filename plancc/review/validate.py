@@ -1,6 +1,6 @@
 """Re-check a plan on disk, every file it ships: invariants of docs/spec.md §4-6, fingerprints, checksums and the mirror.
 
-Nothing is trusted from the writer. `plan_store.PlanDir` checks how the files vouch for each other (settings against
+Nothing is trusted from the writer. `Plan` (`plan_store.PlanDir`) checks how the files vouch for each other (settings against
 the config fingerprint, each epoch's rows against the layout and its plan fingerprint, samples against the
 dataset and metadata fingerprints, metrics against their checksum, every file's metadata and `manifest.json`
 against the plan file's). On top, this module recomputes from the samples table what a plan must satisfy
@@ -29,17 +29,18 @@ from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_to
 from plancc.planner import holdout, mixture
 from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
 from plancc.store import parquet, plan_files, plan_store, schemas, token_store
+from plancc.store.plan import Plan
 
 
-def _shared_problems(plan: plan_store.PlanDir) -> list[str]:
+def _shared_problems(plan: Plan) -> list[str]:
     """A plan compiled from a scan holds the scan's sequence_len and shift (`plancc.scan.carry`): its samples were cut,
     dropped and counted under them. A plan whose settings say otherwise was edited (or built by hand)."""
     recorded = plan.scan_record.options
     if recorded is None:
         return []
-    return [f"{plan.plan_file} metadata: settings.{name} is {plan.meta['settings'][name]!r}, but its samples were "
+    return [f"{plan.plan_file} metadata: settings.{name} is {getattr(plan.settings, name)!r}, but its samples were "
             f"scanned with {name} {getattr(recorded, name)!r} (scan.options.{name})"
-            for name in SHARED_SETTINGS if getattr(recorded, name) != plan.meta["settings"].get(name)]
+            for name in SHARED_SETTINGS if getattr(recorded, name) != getattr(plan.settings, name)]
 
 
 def _mismatch(name: str, where: str, got: np.ndarray, want: np.ndarray) -> str | None:
@@ -124,7 +125,7 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     return problems, b
 
 
-def _eval_problems(plan: plan_store.PlanDir, s, index: np.ndarray | None) -> tuple[list[str], np.ndarray]:
+def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], np.ndarray]:
     """(violations of the eval plan, the eval sample ids training must not hold). The eval rows must hold the
     samples compile held out (`holdout.eval_ids`, redrawn here: a recipe's eval datasets, `--val-set-size`'s draw)
     each exactly once, fit the training layout and count what the samples table says; layout, eval fingerprint and
@@ -169,7 +170,7 @@ def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> 
             f"(first: sample_id {int(leaked[0])})"] if leaked.size else []
 
 
-def _recipe_index(plan: plan_store.PlanDir, samples: pa.Table) -> tuple[np.ndarray | None, list[str]]:
+def _recipe_index(plan: Plan, samples: pa.Table) -> tuple[np.ndarray | None, list[str]]:
     """A recipe plan's dataset of each sample (its position in the mixture), and what is wrong with the column."""
     if not plan.settings.mixture:
         return None, []
@@ -184,7 +185,7 @@ def _recipe_index(plan: plan_store.PlanDir, samples: pa.Table) -> tuple[np.ndarr
     return index, []
 
 
-def _dataset_after(epoch: int, b: Batches, s_e, index: np.ndarray, plan: plan_store.PlanDir) -> list[dict[str, Any]]:
+def _dataset_after(epoch: int, b: Batches, s_e, index: np.ndarray, plan: Plan) -> list[dict[str, Any]]:
     """One epoch's per-dataset `after` metrics recomputed from its rows (`b` indexes the epoch's samples `s_e`,
     whose datasets `index` gives)."""
     names = [m[0] for m in plan.settings.mixture]
@@ -192,7 +193,7 @@ def _dataset_after(epoch: int, b: Batches, s_e, index: np.ndarray, plan: plan_st
                         entry_targets(b, s_e, plan.settings.shift))
 
 
-def _recipe_metrics_problems(plan: plan_store.PlanDir, recomputed: list[dict[str, Any]]) -> list[str]:
+def _recipe_metrics_problems(plan: Plan, recomputed: list[dict[str, Any]]) -> list[str]:
     """The manifest's per-dataset `after` metrics against those recomputed from the plan's rows."""
     if not plan.settings.mixture:
         return []
@@ -208,7 +209,7 @@ def _recipe_metrics_problems(plan: plan_store.PlanDir, recomputed: list[dict[str
     return []
 
 
-def _metrics_problems(plan: plan_store.PlanDir, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
+def _metrics_problems(plan: Plan, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
     """Each epoch's stored `after` row against the one recomputed from its rows; the manifest's epoch summary."""
     problems = []
     stored = {(int(r["epoch"]), r["stage"]): r for r in metrics.to_pylist()}
@@ -230,11 +231,11 @@ def _metrics_problems(plan: plan_store.PlanDir, metrics: pa.Table, after: dict[i
     return problems
 
 
-def _before_problems(plan: plan_store.PlanDir, before: pa.Table, metrics: pa.Table) -> list[str]:
+def _before_problems(plan: Plan, before: pa.Table, metrics: pa.Table) -> list[str]:
     """Each epoch's stored before counts against its stored `before` metrics row (count, total, spread)."""
     stored = {int(r["epoch"]): r for r in metrics.to_pylist() if r["stage"] == "before"}
     problems = []
-    for epoch in range(plan.settings.epochs):
+    for epoch in plan.epochs:
         labels, row = plan.before_labels(epoch, before), stored.get(epoch)
         if row is None:
             problems.append(f"{schemas.METRICS_FILE}: no 'before' row for epoch {epoch}")
@@ -249,7 +250,7 @@ def _before_problems(plan: plan_store.PlanDir, before: pa.Table, metrics: pa.Tab
     return problems
 
 
-def tokenized_problems(plan: plan_store.PlanDir, samples: pa.Table, *, fast: bool,
+def tokenized_problems(plan: Plan, samples: pa.Table, *, fast: bool,
                        tokens_dir: Path | None = None) -> list[str]:
     """The token data the trainer loads, found as the runtime finds it: the plan's own `tokens/` (which must be the
     store the plan binds: `fingerprints.tokens`), or `tokens_dir` when repointed (`--dataset`); see
@@ -329,9 +330,9 @@ def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast
 def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
                 tokens_dir: str | Path | None) -> tuple[list[str], dict[str, Any]]:
     if not (Path(plan_dir) / schemas.PLAN_FILE).exists():
-        plan_store.PlanDir(plan_dir)  # raises the "not a plan directory" error
+        Plan(plan_dir)  # raises the "not a plan directory" error
     try:
-        plan = plan_store.PlanDir(plan_dir)
+        plan = Plan(plan_dir)
     except schemas.StoreError as exc:
         return [str(exc)], {}
     problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
@@ -372,7 +373,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     after: dict[int, dict[str, Any]] = {}
     drops = SourceDrops(plan.meta.get("dropped_samples", 0), plan.meta.get("truncated_samples", 0))
     rows = 0
-    for e in range(plan.settings.epochs):
+    for e in plan.epochs:
         try:
             table = plan.read_epoch(e)
         except schemas.StoreError as exc:
@@ -387,9 +388,9 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
             after[e] = summarize(b, s_e, plan.settings, drops)
             if positions is not None:
                 recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
-    total = plan.held(schemas.PLAN_FILE).parquet().metadata.num_rows
+    total = plan.row_count()
     if total != rows:
-        problems.append(f"{schemas.PLAN_FILE} holds {total} rows, its epochs 0..{plan.settings.epochs - 1} {rows}")
+        problems.append(f"{schemas.PLAN_FILE} holds {total} rows, its epochs {plan.epochs[0]}..{plan.epochs[-1]} {rows}")
     problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
     problems += tokenized_problems(plan, samples, fast=fast,
                                    tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)

@@ -1,9 +1,9 @@
 """Replay a compiled plan in training: sampler, collator, token-mean loss, checkpoints, Hugging Face glue.
 
-Imports only torch, pyarrow, numpy and xxhash (and plancc.store.plan_store, plancc.store.token_store); `tokenizers` is imported only
+Imports only torch, pyarrow, numpy and xxhash (and plancc.store: the plan, `plancc.Plan`, and the token store); `tokenizers` is imported only
 by `check_tokenizer`, transformers only by `plancc.runtime.hf`, TRL only by `plancc.runtime.trl`.
 
-    plan = RuntimePlan(plan_dir)
+    plan = verified_plan(plan_dir)            # plancc.Plan, checked for training (plancc.open_plan(...) works too)
     sampler = PlanSampler(plan, rank=rank, world_size=world)       # + grad_accum=... for an elastic replay
     loader = PlanDataLoader(PlanDataset(load_tokens(plan), PlanCollator.from_plan(plan)), sampler)
     for batch in loader:                      # DDP: under ddp.no_sync() unless batch["plan"]["last_in_update"]
@@ -14,6 +14,7 @@ by `check_tokenizer`, transformers only by `plancc.runtime.hf`, TRL only by `pla
     evaluate_plan(model, plan).loss           # plan compiled with --val-set-size: exact eval token mean
 """
 
+from plancc.errors import PlanMismatchError
 from plancc.runtime.checkpoint import (
     CheckpointError,
     Resumed,
@@ -27,9 +28,9 @@ from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.evaluate import EvalResult, evaluate_plan
 from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss, token_loss_sum
-from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan
 from plancc.runtime.sampler import Microbatch, PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer, plan_tokenizer
+from plancc.store.plan import verified_plan
 
 __all__ = [
     "CheckpointError",
@@ -42,7 +43,6 @@ __all__ = [
     "PlanMismatchError",
     "PlanSampler",
     "Resumed",
-    "RuntimePlan",
     "TokenStore",
     "block_causal_mask",
     "check_tokenizer",
@@ -57,4 +57,5 @@ __all__ = [
     "save_checkpoint",
     "token_loss",
     "token_loss_sum",
+    "verified_plan",
 ]

@@ -55,7 +55,7 @@ from typing import IO, Any
 
 import torch
 
-from plancc.runtime.plan_reader import PlanMismatchError
+from plancc.errors import PlanMismatchError
 from plancc.runtime.sampler import PlanSampler, state_problem
 
 FORMAT = "plancc.checkpoint/2"  # /1 had no checksum

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 
 from plancc.config import Mode, Shift
+from plancc.errors import PlanMismatchError
 from plancc.runtime.data import TokenStore
-from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import Microbatch
+from plancc.store.plan import Plan, verified_plan
 from plancc.store.token_store import IGNORE_INDEX
 
 
@@ -52,10 +53,10 @@ class PlanCollator:
         self._ar = np.arange(4096, dtype=np.int64)
 
     @classmethod
-    def from_plan(cls, plan: str | RuntimePlan, **kwargs: Any) -> PlanCollator:
+    def from_plan(cls, plan: str | Plan, **kwargs: Any) -> PlanCollator:
         """A collator for the plan's layout, shift and padding multiple (`kwargs`: pad token, ...)."""
-        plan = open_plan(plan)
-        return cls(mode=plan.mode, shift=plan.shift, pad_multiple=plan.settings.pad_multiple, **kwargs)
+        plan = verified_plan(plan)
+        return cls(mode=plan.settings.mode, shift=plan.settings.shift, pad_multiple=plan.settings.pad_multiple, **kwargs)
 
     def arrays(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:
         """The batch as numpy arrays (the work without the tensor wrapping)."""

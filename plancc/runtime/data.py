@@ -38,8 +38,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc.config import Shift
-from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
+from plancc.errors import PlanMismatchError
 from plancc.store import parquet, plan_store, schemas, token_store
+from plancc.store.plan import Plan, verified_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
 
@@ -108,7 +109,7 @@ class TokenStore:
 class ChunkGuard:
     """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk."""
 
-    def __init__(self, mapped: token_store.MappedTokens, plan: RuntimePlan | Path, allow_dataset_change: bool):
+    def __init__(self, mapped: token_store.MappedTokens, plan: Plan | Path, allow_dataset_change: bool):
         self.mapped, self._plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
         self.bounds = np.asarray(mapped.chunks)  # a plain view: cheaper to search than the memmap object
         self.verified = np.zeros(mapped.num_chunks, dtype=bool)
@@ -117,14 +118,14 @@ class ChunkGuard:
     @property
     def plan_path(self) -> Path:
         """The plan directory."""
-        return self._plan.path if isinstance(self._plan, RuntimePlan) else self._plan
+        return self._plan.path if isinstance(self._plan, Plan) else self._plan
 
     @property
-    def plan(self) -> RuntimePlan:
+    def plan(self) -> Plan:
         """The plan; a worker's copy (given its path) opens it only to name the sample of a changed chunk, so that
         starting a worker does not verify every epoch again."""
-        if not isinstance(self._plan, RuntimePlan):
-            self._plan = RuntimePlan(self._plan)
+        if not isinstance(self._plan, Plan):
+            self._plan = Plan(self._plan)
         return self._plan
 
     def check(self, rows: np.ndarray) -> None:
@@ -151,7 +152,7 @@ class ChunkGuard:
             _refuse(self.plan, where, problem, self.allow_dataset_change)
 
 
-def _first_differing(plan: RuntimePlan, m: token_store.MappedTokens, lo: int, hi: int) -> str | None:
+def _first_differing(plan: Plan, m: token_store.MappedTokens, lo: int, hi: int) -> str | None:
     """What differs in the first planned sample among rows [lo, hi) (None: no planned sample there differs)."""
     samples = plan.samples_table()
     a, b = np.searchsorted(samples.column("sample_id").to_numpy(), [lo, hi])
@@ -205,10 +206,9 @@ def _read_any(path: Path) -> pa.Table:
     raise PlanMismatchError(f"cannot read tokenized data {path}: unsupported file type '{suffix}'")
 
 
-def data_location(plan: RuntimePlan, data: str | Path | None = None) -> Path | None:
-    """The data the caller gives (`data`, or `RuntimePlan(..., data=)`): a token store folder (that of a plan or
-    scan folder) or a tokenized file; None for the plan's own token store (`RuntimePlan.tokens`)."""
-    data = data if data is not None else plan.data
+def data_location(plan: Plan, data: str | Path | None = None) -> Path | None:
+    """The data the caller gives (`load_tokens(..., data=)`): a token store folder (that of a plan or scan folder)
+    or a tokenized file; None for the plan's own token store (`Plan.own_tokens`)."""
     if data is None:
         return None
     p = Path(data)
@@ -221,31 +221,32 @@ def data_location(plan: RuntimePlan, data: str | Path | None = None) -> Path | N
     return p
 
 
-def _own_tokens(plan: RuntimePlan) -> token_store.MappedTokens:
+def _own_tokens(plan: Plan) -> token_store.MappedTokens:
     """The plan's token store as opened with the plan; refused for a plan that ships none or does not bind it."""
-    if plan.tokens is not None:
-        return plan.tokens
-    problems = plan.dir.data_problems()
-    if problems or plan.dir.binds_tokens:
+    held = plan.own_tokens()
+    if held is not None:
+        return held
+    problems = plan.data_problems()
+    if problems or plan.binds_tokens:
         try:
-            return plan.dir.open_tokens()  # raises: tokens/ gone (moved away; the caller may give it as data=)
+            return plan.open_tokens()  # raises: tokens/ gone (moved away; the caller may give it as data=)
         except (plan_store.PlanIntegrityError, token_store.FileTypeError) as exc:
             problems = [str(exc)]
     if problems:
         raise PlanMismatchError(f"{problems[0]}; or pass data= (a plan, scan or token store folder, or a tokenized "
-                                "file) to RuntimePlan or load_tokens")
+                                "file) to load_tokens")
     raise PlanMismatchError(f"{plan.path}: the plan holds no tokenized data (compiled from a bare samples table); "
-                            "pass data= to RuntimePlan or load_tokens")
+                            "pass data= to load_tokens")
 
 
-def load_tokens(plan: str | Path | RuntimePlan, *, data: str | Path | pa.Table | None = None,
+def load_tokens(plan: str | Path | Plan, *, data: str | Path | pa.Table | None = None,
                 verify: str = "chunks", allow_dataset_change: bool = False) -> TokenStore:
     """The tokenized dataset of `plan` (or `data`), checked against the plan (module docstring: `verify`)."""
-    plan = open_plan(plan)
+    plan = verified_plan(plan)
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if isinstance(data, pa.Table):
-        return _checked(plan, TokenStore.from_table(data, shift=plan.shift, where="the given dataset"),
+        return _checked(plan, TokenStore.from_table(data, shift=plan.settings.shift, where="the given dataset"),
                         "the given dataset", verify, allow_dataset_change)
     where = data_location(plan, data)
     if where is None:
@@ -256,19 +257,19 @@ def load_tokens(plan: str | Path | RuntimePlan, *, data: str | Path | pa.Table |
         except (token_store.TokenStoreError, token_store.FileTypeError) as exc:
             raise PlanMismatchError(f"{exc}; recompile the plan (or rescan the data)") from None
         return _mapped(plan, m, verify, allow_dataset_change)
-    return _checked(plan, TokenStore.from_table(_read_any(where), shift=plan.shift, where=str(where)), str(where),
+    return _checked(plan, TokenStore.from_table(_read_any(where), shift=plan.settings.shift, where=str(where)), str(where),
                     verify, allow_dataset_change)
 
 
-def _mapped(plan: RuntimePlan, m: token_store.MappedTokens, verify: str, allow: bool) -> TokenStore:
+def _mapped(plan: Plan, m: token_store.MappedTokens, verify: str, allow: bool) -> TokenStore:
     path = m.path
     guard = ChunkGuard(m, plan, allow) if verify != "none" else None
     tokens = _over_maps(m, guard)
     if verify == "none":
         return tokens
-    if m.header.get("labels_shifted", False) != (plan.shift == Shift.NONE):
-        _refuse(plan, str(path), f"it holds {'shifted' if plan.shift != 'none' else 'unshifted'} labels but the "
-                                 f"plan has shift {plan.shift!r}", allow)
+    if m.header.get("labels_shifted", False) != (plan.settings.shift == Shift.NONE):
+        _refuse(plan, str(path), f"it holds {'shifted' if plan.settings.shift != 'none' else 'unshifted'} labels but the "
+                                 f"plan has shift {plan.settings.shift!r}", allow)
     fp, want = m.header.get("fingerprints", {}).get("dataset"), plan.fingerprints.get("dataset")
     if verify == "hash" or m.digest != plan.fingerprints.get("tokens"):  # every chunk now, then the proof
         guard.check(np.asarray(m.chunks[:-1]))
@@ -302,7 +303,7 @@ def _over_maps(m: token_store.MappedTokens, guard: ChunkGuard | None) -> TokenSt
                       max_id=int(m.header["max_id"]))
 
 
-def _refuse(plan: RuntimePlan, where: str, problem: str, allow: bool) -> None:
+def _refuse(plan: Plan, where: str, problem: str, allow: bool) -> None:
     msg = f"{where} does not match the plan {plan.path}: {problem}. The data changed since the plan was compiled; " \
           "recompile the plan"
     if not allow:
@@ -310,7 +311,7 @@ def _refuse(plan: RuntimePlan, where: str, problem: str, allow: bool) -> None:
     warnings.warn(msg + " (allowed by allow_dataset_change=True)", stacklevel=4)
 
 
-def _checked(plan: RuntimePlan, tokens: TokenStore, where: str, verify: str, allow: bool) -> TokenStore:
+def _checked(plan: Plan, tokens: TokenStore, where: str, verify: str, allow: bool) -> TokenStore:
     if verify != "none":
         problem = check_tokens(plan, tokens, hashes=verify in ("hash", "chunks"))
         if problem:
@@ -318,7 +319,7 @@ def _checked(plan: RuntimePlan, tokens: TokenStore, where: str, verify: str, all
     return tokens
 
 
-def check_tokens(plan: RuntimePlan, tokens: TokenStore, *, hashes: bool = True) -> str | None:
+def check_tokens(plan: Plan, tokens: TokenStore, *, hashes: bool = True) -> str | None:
     """None when every planned sample has the plan's length, label count (and content hash); else what differs."""
     return token_store.compare_samples(tokens.input_ids, tokens.targets, tokens.offsets, plan.samples_table(),
                                        hashes=hashes)

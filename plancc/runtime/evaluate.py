@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 
+from plancc.errors import PlanMismatchError
 from plancc.runtime.collator import PlanCollator, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.loader import PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss_sum
-from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import PlanEvalSampler
+from plancc.store.plan import Plan, verified_plan
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def eval_totals(model: torch.nn.Module, batches, *, explicit_mask: bool = False)
     return totals
 
 
-def eval_result(totals: torch.Tensor, plan: RuntimePlan, *, distributed: bool) -> EvalResult:
+def eval_result(totals: torch.Tensor, plan: Plan, *, distributed: bool) -> EvalResult:
     """All-reduce the (sum, targets) pair once when `distributed`, check the count against the plan's, and
     divide: the exact token mean."""
     if distributed:
@@ -92,13 +93,13 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def evaluate_plan(model: torch.nn.Module, plan: str | Path | RuntimePlan, tokens: TokenStore | None = None, *,
+def evaluate_plan(model: torch.nn.Module, plan: str | Path | Plan, tokens: TokenStore | None = None, *,
                   rank: int | None = None, world_size: int | None = None, pad_token_id: int = 0,
                   explicit_mask: bool = False, **loader_kwargs: Any) -> EvalResult:
     """The eval loss of `model` over `plan`'s eval plan (see module docstring): this rank's share, then one
     all-reduce when torch.distributed runs with more than one process. `tokens` default to the plan's data.
     Without torch.distributed, `rank`/`world_size` pick one share and the result covers that share only."""
-    plan = open_plan(plan)
+    plan = verified_plan(plan)
     tokens = load_tokens(plan) if tokens is None else tokens
     sampler = PlanEvalSampler(plan, rank=rank, world_size=world_size)
     loader = eval_loader(PlanDataset(tokens, PlanCollator.from_plan(plan, pad_token_id=pad_token_id)), sampler,

@@ -52,7 +52,7 @@ from transformers.trainer_utils import (
     speed_metrics,
 )
 
-from plancc import layout
+from plancc.errors import PlanMismatchError
 from plancc.runtime.checkpoint import (
     CheckpointError,
     _all_gather_rows,
@@ -69,9 +69,9 @@ from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.evaluate import eval_result, eval_totals, plan_forward
 from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss
-from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
 from plancc.runtime.sampler import PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer
+from plancc.store.plan import Plan, verified_plan
 
 STATE_FILE = "plancc_sampler.json"
 
@@ -139,14 +139,14 @@ class _PlanEpoch(TrainerCallback):
 
 class PlanTrainer(Trainer):
     """A `Trainer` that replays a plancc plan (see module docstring). Extra keyword arguments: `plan` (a plan
-    directory or `RuntimePlan`), `tokens` (a `TokenStore`; default: the plan's data, verified), `verify`,
+    directory or `Plan`), `tokens` (a `TokenStore`; default: the plan's data, verified), `verify`,
     `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`). A
     `processing_class` must be the tokenizer the plan was compiled with (`plancc.runtime.check_tokenizer`)."""
 
-    def __init__(self, *args: Any, plan: str | Path | RuntimePlan, tokens: TokenStore | None = None,
+    def __init__(self, *args: Any, plan: str | Path | Plan, tokens: TokenStore | None = None,
                  verify: str = "chunks", allow_dataset_change: bool = False, pad_token_id: int = 0,
                  explicit_mask: bool = False, **kwargs: Any):
-        self.plan = open_plan(plan)
+        self.plan = verified_plan(plan)
         if kwargs.get("processing_class") is not None:  # saved with every checkpoint: it must be the plan's
             check_tokenizer(self.plan, kwargs["processing_class"])
         self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask
@@ -164,11 +164,7 @@ class PlanTrainer(Trainer):
             raise PlanMismatchError("PlanTrainer computes the plan's token-mean loss itself: compute_loss_func and "
                                     "label_smoothing_factor are not supported")
         gas, world = self.args.gradient_accumulation_steps, self.args.world_size
-        problem = layout.replay_problem(self.plan.world_size, self.plan.grad_accum, world, gas,
-                                        flag="gradient_accumulation_steps")
-        if problem is not None:
-            raise PlanMismatchError(problem)
-        self.plan_grad_accum = gas
+        self.plan_grad_accum = self.plan.replay_grad_accum(world, gas, flag="gradient_accumulation_steps")
         # Our loss is already normalized by the update's global count: the Trainer must not rescale it.
         self.model_accepts_loss_kwargs = True
         if hasattr(self, "loss_is_scaled_for_ga"):
@@ -184,18 +180,18 @@ class PlanTrainer(Trainer):
     def _train_epochs(self) -> int:
         """Plan epochs this run covers: all of them with `max_steps`, else `num_train_epochs` (a whole number)."""
         if self.args.max_steps > 0:
-            return self.plan.epochs
+            return len(self.plan.epochs)
         epochs = self.args.num_train_epochs
-        if epochs != int(epochs) or not 1 <= epochs <= self.plan.epochs:
+        if epochs != int(epochs) or not 1 <= epochs <= len(self.plan.epochs):
             raise PlanMismatchError(
-                f"num_train_epochs {epochs} must be a whole number of the plan's {self.plan.epochs} epochs; use "
+                f"num_train_epochs {epochs} must be a whole number of the plan's {len(self.plan.epochs)} epochs; use "
                 "max_steps for a partial epoch, or compile the plan with more --epochs")
         return int(epochs)
 
     def _update_bounds(self) -> list[int]:
         """Optimizer steps before each epoch of the plan (and after the last): `[0, U0, U0 + U1, ...]`."""
         bounds = [0]
-        for e in range(self.plan.epochs):
+        for e in self.plan.epochs:
             bounds.append(bounds[-1] + self.plan_sampler.updates_per_epoch(e))
         return bounds
 
@@ -203,7 +199,7 @@ class PlanTrainer(Trainer):
         """(epoch, optimizer steps done in it, its optimizer steps) after `global_step` steps of the stream; past
         the end, the last epoch with more steps done than it has."""
         bounds = self._update_bounds()
-        epoch = min(bisect.bisect_right(bounds, global_step), self.plan.epochs) - 1
+        epoch = min(bisect.bisect_right(bounds, global_step), len(self.plan.epochs)) - 1
         return epoch, global_step - bounds[epoch], bounds[epoch + 1] - bounds[epoch]
 
     def get_train_dataloader(self) -> PlanDataLoader:
@@ -251,13 +247,13 @@ class PlanTrainer(Trainer):
         return batches, torch.tensor(num_items, dtype=torch.int64, device=device)
 
     # ------------------------------------------------------------ evaluation
-    def _eval_plan_of(self, eval_dataset: Any) -> RuntimePlan | None:
+    def _eval_plan_of(self, eval_dataset: Any) -> Plan | None:
         """The plan whose eval plan `evaluate` runs: this plan's by default (None when it has none), or the plan
         given as `eval_dataset`; anything else is refused (its batches would not be the plan's)."""
         if eval_dataset is None:
             return self.plan if self.plan.has_eval else None
-        if isinstance(eval_dataset, str | os.PathLike | RuntimePlan):
-            plan = open_plan(eval_dataset)
+        if isinstance(eval_dataset, str | os.PathLike | Plan):
+            plan = verified_plan(eval_dataset)
             plan.require_eval()
             return plan
         raise PlanMismatchError(
@@ -291,7 +287,7 @@ class PlanTrainer(Trainer):
             result = eval_result(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
                             distributed=self.args.world_size > 1)
             metrics = {f"{metric_key_prefix}_loss": result.loss, f"{metric_key_prefix}_targets": result.targets,
-                       **speed_metrics(metric_key_prefix, start, num_samples=plan.dir.meta["eval"]["samples"],
+                       **speed_metrics(metric_key_prefix, start, num_samples=plan.meta["eval"]["samples"],
                                        num_steps=len(sampler))}
             self.log(metrics)
         finally:

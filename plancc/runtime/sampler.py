@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from plancc import layout
-from plancc.runtime.plan_reader import PlanMismatchError, RankEpoch, RuntimePlan, open_plan
+from plancc.errors import PlanMismatchError
+from plancc.store.plan import Plan, RankEpoch, verified_plan
 
 STATE_FORMAT = "plancc.sampler/1"
 STRICT_FINGERPRINTS = ("config", "metadata", "plan", "schema")
@@ -118,9 +119,9 @@ class PlanSampler:
     or of the last one reported by `mark_consumed` (what `PlanDataLoader` does for prefetching loaders).
     """
 
-    def __init__(self, plan: str | Path | RuntimePlan, *, rank: int | None = None, world_size: int | None = None,
+    def __init__(self, plan: str | Path | Plan, *, rank: int | None = None, world_size: int | None = None,
                  grad_accum: int | None = None, epoch: int = 0, full_updates: bool = False):
-        self.plan = open_plan(plan)
+        self.plan = verified_plan(plan)
         self.full_updates = bool(full_updates)
         d_rank, d_world = _dist_defaults()
         self.world_size = int(d_world if world_size is None else world_size)
@@ -129,7 +130,7 @@ class PlanSampler:
             raise PlanMismatchError(f"rank {self.rank} is outside world_size {self.world_size}")
         self.grad_accum = self.plan.replay_grad_accum(self.world_size, grad_accum)
         self.epoch = int(epoch)
-        self.plan._check_epoch(self.epoch)
+        self.plan.check_epoch(self.epoch)
         self._cache: RankEpoch | None = None
         self._shapes: dict[int, layout.RankWalk] = {}
         self._start = 0  # position each new iterator starts from (0, or where a resumed state left off)
@@ -163,7 +164,7 @@ class PlanSampler:
 
     def epoch_lengths(self) -> list[int]:
         """Positions (micro-steps) of every epoch of the plan on this rank."""
-        return [self._shape(e).length for e in range(self.plan.epochs)]
+        return [self._shape(e).length for e in self.plan.epochs]
 
     def updates_per_epoch(self, epoch: int | None = None) -> int:
         """Optimizer updates of `epoch` (default: current), the tail update included."""
@@ -184,7 +185,7 @@ class PlanSampler:
         epoch = int(epoch)
         if self._pending_resume and epoch == self.epoch:
             return
-        self.plan._check_epoch(epoch)
+        self.plan.check_epoch(epoch)
         self.epoch = epoch
         self._start = self._yielded = 0
         self._consumed = None
@@ -251,8 +252,8 @@ class PlanSampler:
         return {
             "format": STATE_FORMAT,
             "fingerprints": {k: self.plan.fingerprints.get(k) for k in ("dataset", *STRICT_FINGERPRINTS)},
-            "plan_world_size": self.plan.world_size,
-            "plan_grad_accum": self.plan.grad_accum,
+            "plan_world_size": self.plan.settings.world_size,
+            "plan_grad_accum": self.plan.settings.grad_accum,
             "world_size": self.world_size,
             "grad_accum": self.grad_accum,
             "full_updates": self.full_updates,
@@ -291,7 +292,7 @@ class PlanSampler:
                 "impossible. Resume from another checkpoint, or start the epoch over explicitly with set_epoch()"
             )
         epoch = int(state["epoch"])
-        self.plan._check_epoch(epoch)
+        self.plan.check_epoch(epoch)
         shape = (int(state["world_size"]), int(state["grad_accum"]), bool(state.get("full_updates", False)))
         if shape == (self.world_size, self.grad_accum, self.full_updates):
             if state["rank"] != self.rank:  # same shape: each rank walks its own positions
@@ -328,8 +329,8 @@ class PlanEvalSampler:
     `epoch` is -1 and `update` 0 (an eval pass has no updates). `rank`/`world_size` default as `PlanSampler`'s.
     """
 
-    def __init__(self, plan: str | Path | RuntimePlan, *, rank: int | None = None, world_size: int | None = None):
-        self.plan = open_plan(plan)
+    def __init__(self, plan: str | Path | Plan, *, rank: int | None = None, world_size: int | None = None):
+        self.plan = verified_plan(plan)
         d_rank, d_world = _dist_defaults()
         self.world_size = int(d_world if world_size is None else world_size)
         self.rank = int(d_rank if rank is None else rank)

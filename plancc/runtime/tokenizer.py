@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
+from plancc.errors import PlanMismatchError
 from plancc.store.fingerprint import tokenizer_fingerprint, tokenizer_specials
+from plancc.store.plan import Plan, verified_plan
 
 BUILTIN_NAME = "plancc-byte-level"  # the name a plan records for `--tokenizer builtin`
 
@@ -41,9 +42,9 @@ class PlanTokenizer:
         return self.name == BUILTIN_NAME
 
 
-def plan_tokenizer(plan: str | Path | RuntimePlan) -> PlanTokenizer | None:
+def plan_tokenizer(plan: str | Path | Plan) -> PlanTokenizer | None:
     """The tokenizer `plan` was compiled with; None for a plan of already tokenized data (no tokenizer made it)."""
-    scan = open_plan(plan).dir.scan_record
+    scan = verified_plan(plan).scan_record
     name, fingerprint = scan.tokenizer, scan.tokenizer_fingerprint
     if not isinstance(name, str) or not isinstance(fingerprint, str):
         return None
@@ -109,10 +110,10 @@ def fingerprint_of(tokenizer: Any) -> str | None:
     return None
 
 
-def check_tokenizer(plan: str | Path | RuntimePlan, tokenizer: Any) -> None:
+def check_tokenizer(plan: str | Path | Plan, tokenizer: Any) -> None:
     """Refuse `tokenizer` (a path, a Hugging Face or `tokenizers` tokenizer) unless it is the one `plan` was
     compiled with: PlanMismatchError naming both. A plan of already tokenized data records none: nothing to check."""
-    plan = open_plan(plan)
+    plan = verified_plan(plan)
     recorded = plan_tokenizer(plan)
     if recorded is None:
         return

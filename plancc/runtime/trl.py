@@ -34,9 +34,10 @@ from typing import Any
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
+from plancc.errors import PlanMismatchError
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.hf import PlanTrainer
-from plancc.runtime.plan_reader import PlanMismatchError, RuntimePlan, open_plan
+from plancc.store.plan import Plan, verified_plan
 
 
 def _preview(tokens: TokenStore) -> Dataset:
@@ -50,7 +51,7 @@ class PlanSFTTrainer(PlanTrainer, SFTTrainer):
     """TRL's `SFTTrainer` on a plancc plan (see module docstring). Keyword arguments as `PlanTrainer`'s (`plan`,
     `tokens`, `verify`, `allow_dataset_change`, `pad_token_id`, `explicit_mask`) plus SFTTrainer's."""
 
-    def __init__(self, *args: Any, plan: str | Path | RuntimePlan, processing_class: Any,
+    def __init__(self, *args: Any, plan: str | Path | Plan, processing_class: Any,
                  tokens: TokenStore | None = None, verify: str = "hash", allow_dataset_change: bool = False,
                  pad_token_id: int | None = None, **kwargs: Any):
         config = kwargs.get("args", args[1] if len(args) > 1 else None)
@@ -64,7 +65,7 @@ class PlanSFTTrainer(PlanTrainer, SFTTrainer):
             raise PlanMismatchError(f"loss_type={config.loss_type!r} changes the objective the plan counts for; "
                                     "PlanSFTTrainer trains the token-mean NLL (loss_type='nll')")
         config.dataset_kwargs = {**(config.dataset_kwargs or {}), "skip_prepare_dataset": True}
-        plan = open_plan(plan)
+        plan = verified_plan(plan)
         if tokens is None:
             tokens = load_tokens(plan, verify=verify, allow_dataset_change=allow_dataset_change)
         if pad_token_id is None:
