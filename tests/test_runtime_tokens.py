@@ -197,7 +197,7 @@ def test_a_plan_without_a_store_never_follows_the_source_paths_it_records(tmp_pa
     from plancc.planner.pipeline import compile_plan
 
     build.write_plan_dir(tmp_path / "job" / "plan", table, s, ps, compile_plan(s, ps),
-                       {"source_paths": [str(tmp_path / "job" / "train.parquet")]}, None)
+                         ScanRecord.from_json({"source_paths": [str(tmp_path / "job" / "train.parquet")]}, "test"), None)
     with pytest.raises(PlanMismatchError, match=r"holds no tokenized data .* pass data="):
         load_tokens(tmp_path / "job" / "plan")
     tokens = load_tokens(tmp_path / "job" / "plan", data=tmp_path / "job" / "train.parquet")
