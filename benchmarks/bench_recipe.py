@@ -3,8 +3,8 @@
 The datasets are samples tables of the synthetic SFT mix (benchmarks/synthetic.py, seeds 1, 2, 3) of 60%, 25% and
 15% of `--samples` (default 200,000); the single file is their concatenation with the recipe's sample ids, so both
 plans hold the same samples each epoch (every dataset at repeat 1). Packed, 4 x 4096 tokens, W=8, G=4, balanced.
-Each run is a fresh process (imports and numba's on-disk cache included; one warm-up run of each first). Goal
-(issue "Real fine-tuning recipes"): the recipe within 1.2x of the single file.
+Each run is a fresh process (imports and numba's on-disk cache included; one warm-up run of each first). Goal:
+the recipe within 1.2x of the single file.
 
     python benchmarks/bench_recipe.py [--samples 200000] [--runs 3]
 """

@@ -51,6 +51,7 @@ def test_compile_an_in_memory_dataset_and_open_it(tmp_path):
     assert flipped.fingerprints == from_file.fingerprints != plan.fingerprints
 
 
+@pytest.mark.slow
 def test_compile_matches_the_cli(tmp_path):
     from typer.testing import CliRunner
 

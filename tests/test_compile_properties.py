@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -103,6 +104,7 @@ def test_plans_keep_every_invariant(case):
         assert (cols["cost"] >= cols["tokens"]).all()
 
 
+@pytest.mark.slow
 @given(cases(drop_last=st.just(False)))
 def test_identical_inputs_give_byte_identical_plans(tmp_path_factory, case):
     settings, ids, labels = case

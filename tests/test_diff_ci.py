@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 CI = Path(__file__).resolve().parents[1] / "examples" / "ci"
-pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("bash") is None,
-                                reason="needs git and bash")
+pytestmark = [pytest.mark.slow,  # runs the CI script (git, the CLI) in subprocesses
+              pytest.mark.skipif(shutil.which("git") is None or shutil.which("bash") is None, reason="needs git and bash")]
 
 
 def test_workflow_is_valid_yaml_and_wired():

@@ -1,4 +1,4 @@
-"""Hostile input (issue "Nothing silent between the plan and the trainer"): deep JSON, broken tokenizer files,
+"""Hostile input: deep JSON, broken tokenizer files,
 absurd settings, alias bombs, exhausted descriptors or memory, unreadable directories. Each is one `error:` line
 naming the file, row, column or setting, exit 2, never a traceback, a crash or a hang. The cases that crashed the
 interpreter (or need resource limits) run in a child process, so a regression fails the test, not the session."""
@@ -15,6 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+pytestmark = pytest.mark.slow  # runs the CLI in a subprocess per hostile input
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from plancc import jit
 
 ROOT = Path(__file__).parent.parent
@@ -66,6 +68,7 @@ print(json.dumps([compiled, loaded]))
 """
 
 
+@pytest.mark.slow
 def test_a_warm_run_compiles_nothing(tmp_path):
     """Every kernel module's own kernels (but the rare fallback's) come from numba's disk cache in a second fresh process that scans and compiles
     every layout: nothing is compiled again. The first process fills the cache where it is cold."""

@@ -27,6 +27,8 @@ from plancc.cli import app
 from plancc.store import atomic, outputs, schemas
 from tests.plan_helpers import write_samples_file
 
+pytestmark = pytest.mark.slow  # crashes and interrupts the CLI in subprocesses
+
 runner = CliRunner()
 ROOT = Path(__file__).parent.parent
 TOKENIZED = '{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}\n' * 4  # a source that needs no tokenizer

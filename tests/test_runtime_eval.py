@@ -31,6 +31,8 @@ from plancc.store import plan_store
 from tests.runtime_helpers import tiny_model
 from tests.test_runtime_hf import args_for
 
+pytestmark = pytest.mark.slow  # Hugging Face Trainers and 2-rank process groups
+
 RTOL = 1e-6
 
 

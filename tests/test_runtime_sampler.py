@@ -41,6 +41,7 @@ def _loaded_after(module: str, names: tuple[str, ...]) -> list[str]:
     return [m for m in out.strip().split(",") if m]
 
 
+@pytest.mark.slow
 def test_import_loads_no_cli_or_datasets():
     """plancc.runtime imports only torch, pyarrow, numpy (+ plancc.store.plan_store); the HF glue adds transformers only."""
     compile_side = ("typer", "plancc.cli", "plancc.scan.scanner", "plancc.planner.pipeline", "plancc.scan.sources", "plancc.planner.pack")

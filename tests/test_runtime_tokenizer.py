@@ -16,6 +16,8 @@ from plancc.runtime import PlanMismatchError, check_tokenizer, plan_tokenizer
 from plancc.scan.sources.tokenizer import BUILTIN, BUILTIN_NAME, load_tokenizer
 from tests.sources_fixtures import DEEPSEEK_JSON, pc_rows, write_rows
 
+pytestmark = pytest.mark.slow  # trains Hugging Face and TRL trainers, runs the TRL example
+
 
 def builtin_hf() -> PreTrainedTokenizerFast:
     """The built-in tokenizer as the TRL example hands it to transformers."""

@@ -51,6 +51,7 @@ def test_an_empty_cache_variable_means_unset(monkeypatch):
     assert default_cache_dir() == Path("/home/someone/.cache/plancc")
 
 
+@pytest.mark.slow
 def test_num_proc_identical(tmp_path):
     convs = chatterbot_conversations(200)
     p = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in convs * 6])
@@ -64,6 +65,7 @@ def test_num_proc_identical(tmp_path):
         (two.tokenized_path.parent / "samples.parquet").read_bytes()
 
 
+@pytest.mark.slow
 def test_num_proc_row_error_names_row(tmp_path):
     convs = chatterbot_conversations(100, system=False) * 12
     convs[1100] = [{"role": "narrator", "content": "x"}]

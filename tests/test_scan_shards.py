@@ -203,6 +203,7 @@ def _scan_cli(source: Path, out: Path, cache: Path, fault: str | None) -> subpro
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_a_killed_scan_resumes_from_its_finished_shards(tmp_path):
     source = write_rows(tmp_path / "d.jsonl", alpaca_rows(45))  # 5 shards of 10 rows
     cache = tmp_path / "cache"

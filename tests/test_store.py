@@ -200,6 +200,7 @@ def test_a_plan_recompiled_under_an_open_run_changes_nothing_for_it(tmp_path):
 
 @pytest.mark.parametrize("name", [schemas.PLAN_FILE, schemas.SAMPLES_FILE, schemas.MANIFEST_FILE,
                                   f"{schemas.TOKENS_DIR}/{token_store.HEADER_FILE}"])
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
 def test_a_file_that_is_not_a_regular_file_is_refused_by_type_without_reading(tmp_path, name, kind):
     import os

@@ -28,6 +28,8 @@ from plancc.runtime import PlanMismatchError, load_tokens
 from plancc.store import parquet, plan_store, schemas, token_store, token_writer
 from tests.plan_helpers import byte_flip_verdicts
 
+pytestmark = pytest.mark.slow  # exhaustive tampering: every byte of plans flipped, every file damaged
+
 runner = CliRunner()
 
 

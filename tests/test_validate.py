@@ -362,6 +362,7 @@ FILES = [schemas.PLAN_FILE, schemas.SAMPLES_FILE, schemas.METRICS_FILE, schemas.
          schemas.BEFORE_FILE]  # last: a file added later takes its draws after the others' (theirs stay the same)
 
 
+@pytest.mark.slow
 def test_every_byte_flip_is_detected_or_harmless(plan):
     """Seeded: 60 flips (a random byte XOR a random non-zero value) at random offsets of each file of the plan."""
     assert sorted(FILES) == sorted(str(p.relative_to(plan)) for p in plan.rglob("*") if p.is_file())
