@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from plancc.version import __version__
+
+
 __all__ = ["EpochMicrobatches", "Plan", "__version__", "compile", "open_plan"]
 
 if TYPE_CHECKING:

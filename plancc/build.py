@@ -15,7 +15,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc import __version__
 from plancc.config import PlanSettings, ScanOptions
 from plancc.errors import InputError
 from plancc.plan import SampleArrays
@@ -34,6 +33,7 @@ from plancc.store.fingerprint import (
     plan_fingerprint,
 )
 from plancc.store.scan_record import ScanRecord
+from plancc.version import __version__
 
 
 def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,

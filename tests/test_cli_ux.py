@@ -12,8 +12,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from plancc import __version__
 from plancc.cli import app
+from plancc.version import __version__
 from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
@@ -193,3 +193,13 @@ def test_compile_summary_names_tokenizer_template_and_drops(tmp_path, monkeypatc
     assert any(line.startswith("tokenizer  plancc-byte-level (") for line in lines)
     assert any(line.startswith("template   chatml (") for line in lines)
     assert len(lines) <= 12 and max(map(len, lines)) <= 80
+
+
+def test_the_package_version_is_the_one_pyproject_declares():
+    import tomllib
+    from pathlib import Path
+
+    import plancc
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert plancc.__version__ == __version__ == pyproject["project"]["version"]

@@ -23,11 +23,11 @@ STORE, SCAN, PLANNER, REVIEW, RUNTIME = "plancc.store", "plancc.scan", "plancc.p
 ORCHESTRATION = ("plancc.build", "plancc.recipe_data")  # source -> PLAN_DIR: scan, plan, store
 FRONT = ("plancc.api", "plancc.cli", "plancc.__main__")
 SHARED = ("plancc.config", "plancc.config_import", "plancc.recipe", "plancc.errors", "plancc.numbers", "plancc.layout",
-          "plancc.plan", "plancc.row_sums", "plancc.jit", "plancc.metric_columns")
+          "plancc.plan", "plancc.row_sums", "plancc.jit", "plancc.metric_columns", "plancc.version")
 ABOVE_SHARED = (STORE, SCAN, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT)
 # the CLI parses, calls `plancc.api` and prints: besides the API, only plain values for its help text and messages
 CLI_MAY = ("plancc.cli", "plancc.api", "plancc.config", "plancc.errors", "plancc.numbers", "plancc.metric_columns",
-           "plancc.review.diff_rules")
+           "plancc.review.diff_rules", "plancc.version")
 
 
 def matches(name: str, prefix: str) -> bool:

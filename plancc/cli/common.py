@@ -38,7 +38,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable 
 
 def _print_version(value: bool) -> None:
     if value:
-        from plancc import __version__
+        from plancc.version import __version__
 
         typer.echo(f"plancc {__version__}")
         raise typer.Exit(0)
