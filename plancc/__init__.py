@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from plancc.version import __version__
 
-
 __all__ = ["EpochMicrobatches", "Plan", "__version__", "compile", "open_plan"]
 
 if TYPE_CHECKING:
