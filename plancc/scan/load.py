@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from plancc.config import ScanOptions
 from plancc.errors import InputError
-from plancc.store import parquet, plan_files, schemas
+from plancc.store import plan_files, schemas
+from plancc.store.plan import Plan
 from plancc.store.scan_record import ScanRecord
 
 if TYPE_CHECKING:  # the scanner loads tokenizers and source readers: imported only for a raw source
@@ -33,11 +34,10 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
                                  "`plancc scan --shard`): join every part first with `plancc merge PART_DIR... -o "
                                  "SCAN_DIR`, then compile SCAN_DIR")
             return table, record, tokenized
-        manifest = Path(info["path"]).parent / schemas.MANIFEST_FILE
-        if manifest.is_file():
-            previous = parquet.read_manifest(manifest.parent)
-            record = ScanRecord.from_json(previous["scan"], f"{manifest} scan")
-            return table, record.but(source_paths=tuple(previous["data"].get("source", []))), tokenized
+        folder = Path(info["path"]).parent
+        if (folder / schemas.PLAN_FILE).is_file():  # a plan directory: its plan file's metadata is the record
+            plan = Plan(folder)
+            return table, plan.scan_record.but(source_paths=tuple(plan.manifest["data"].get("source", []))), tokenized
         options = info["scan_options"]  # a scan's samples.parquet alone: the options it was made under
         return table, (ScanRecord.of(options=options) if options is not None else ScanRecord()), None
     from plancc.scan import scanner  # tokenizers and source readers: only for a raw source
