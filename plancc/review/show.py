@@ -70,11 +70,10 @@ def trained_summary(report: ScanRecord) -> str:
     return "the source's own labels" if fmt == "tokenized" else ""
 
 
-def _report(directory: Path, info: dict[str, Any]) -> ScanRecord:
-    """The scan record of a scan directory, or of a plan directory's manifest (empty for neither)."""
+def _report(directory: Path, info: dict[str, Any], manifest: dict[str, Any]) -> ScanRecord:
+    """The scan record of a scan directory, or of a plan directory's `manifest` (empty for neither)."""
     if info.get("record") is not None:
         return info["record"]
-    manifest = _plan_manifest(directory)
     return ScanRecord.from_json(manifest.get("scan", {}), f"{directory / schemas.MANIFEST_FILE} scan") if manifest \
         else ScanRecord()
 
@@ -100,12 +99,12 @@ def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
             bool(m.header["labels_shifted"]))
 
 
-def _dataset_row(directory: Path, table: Any, at: int, sample_id: int) -> tuple[str | None, int | None]:
+def _dataset_row(manifest: dict[str, Any], table: Any, at: int, sample_id: int) -> tuple[str | None, int | None]:
     """A recipe plan's sample: (its dataset's name, its row in that dataset); (None, None) for one source."""
     if schemas.DATASET_COLUMN not in table.column_names:
         return None, None
     name = table.column(schemas.DATASET_COLUMN)[at].as_py()
-    recipe = _plan_manifest(directory).get("recipe") or {}
+    recipe = manifest.get("recipe") or {}
     first = {d["name"]: d["first_id"] for d in recipe.get("datasets", [])}
     return name, (sample_id - first[name] if name in first else None)
 
@@ -123,7 +122,8 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     table, info = given
     ids = parquet.column(table, "sample_id")
     at = int(np.searchsorted(ids, sample_id))
-    report = _report(d, info)
+    manifest = _plan_manifest(d)  # the plan opened once, for its scan record and its recipe
+    report = _report(d, info, manifest)
     if at == len(ids) or ids[at] != sample_id:
         dropped = " (the scan dropped it: see `plancc scan` or the manifest's scan report)" if (
             0 <= sample_id <= ids[-1]) else ""
@@ -146,7 +146,7 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     return SampleView(int(sample_id), int(parquet.column(table, "length")[at]),
                       int(parquet.column(table, "label_count")[at]),
                       bool(parquet.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
-                      segments, pieces, tok.name, *_dataset_row(d, table, at, int(sample_id)),
+                      segments, pieces, tok.name, *_dataset_row(manifest, table, at, int(sample_id)),
                       trained_summary(report))
 
 
@@ -176,7 +176,8 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     if given is None or not given[1].get("tokenized_path"):
         raise InputError(f"{directory} is not a plan or scan directory with its {schemas.TOKENS_DIR}/")
     table, info = given
-    report = _report(d, info)
+    manifest = _plan_manifest(d)  # the plan opened once, for its scan record and its recipe
+    report = _report(d, info, manifest)
     try:
         m = token_store.open_store(Path(info["tokenized_path"]))
     except token_store.TokenStoreError as exc:
@@ -188,7 +189,7 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     lengths = np.diff(offsets)
     targets = _targets(m.labels, offsets, bool(m.header["labels_shifted"]))
     seq = report.sequence_len
-    names = _dataset_starts(d)
+    names = _dataset_starts(manifest)
     rows = []
     for r in np.flatnonzero(~kept).tolist():
         if seq is not None and lengths[r] > seq:
@@ -202,9 +203,9 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     return {"dropped": rows, "truncated": truncated.to_json()}
 
 
-def _dataset_starts(directory: Path):
+def _dataset_starts(manifest: dict[str, Any]):
     """A function naming a recipe plan's row: {dataset, dataset_row}; {} for one source."""
-    recipe = _plan_manifest(directory).get("recipe") or {}
+    recipe = manifest.get("recipe") or {}
     starts = sorted((d["first_id"], d["name"]) for d in recipe.get("datasets", []))
     if not starts:
         return lambda row: {}
