@@ -16,8 +16,6 @@ from typing import Any
 from plancc.config import SHARED_SETTINGS, PlanSettings, ScanOptions, SettingsError, flag
 from plancc.store.scan_record import ScanRecord
 
-SCAN_CHECKED = ("long", "tokenizer", "chat_template")  # only checked: the samples are already made
-
 
 def _contradiction(name: str, given: Any, recorded: Any, where: str) -> SettingsError:
     return SettingsError(f"{flag(name)} {given} contradicts {where}, which was scanned with {name} {recorded}: "
