@@ -1,6 +1,6 @@
 """The options `compile` and `scan` share, declared once: each is an `Annotated` type (flag, help, shown default),
-and `group` makes a named tuple of them one parameter of a command (`flags`), so both commands list them in the
-same order with the same help.
+`flags` makes a group of them (`SCAN_FLAGS`, `PLAN_FLAGS`) and `grouped` makes a group one parameter of a command
+(a dict of the values), so both commands list them in the same order with the same help.
 """
 
 from __future__ import annotations
