@@ -311,14 +311,14 @@ def diff(old: str | Path, new: str | Path, *, fail_on: list[str] | None = None,
     return {**report, "fail_on": checks, "failed": diff_mod.failures(report, checks)}
 
 
-def metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
+def metrics(plan_dir: str | Path | Plan, epoch: int | None = None) -> list[dict[str, Any]]:
     """The metric rows `{epoch, stage, metric...}` of every epoch (or one) as compile stored them."""
     from plancc.review.inspect import read_metrics
 
     return read_metrics(plan_dir, epoch)
 
 
-def eval_sizes(plan_dir: str | Path) -> dict[str, Any] | None:
+def eval_sizes(plan_dir: str | Path | Plan) -> dict[str, Any] | None:
     """The eval plan's samples, tokens, label tokens and batches (None: the plan holds no eval plan)."""
     from plancc.review import inspect
 
@@ -332,7 +332,7 @@ def dataset_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict
     return read_dataset_metrics(plan_dir, epoch)
 
 
-def plot_metrics(plan_dir: str | Path, out: str | Path, epochs: list[int] | None = None) -> list[str]:
+def plot_metrics(plan_dir: str | Path | Plan, out: str | Path, epochs: list[int] | None = None) -> list[str]:
     """Write before/after label histograms to the PNG `out` (needs matplotlib); one note per epoch."""
     from plancc.review.plot import plot_metrics as plot
 

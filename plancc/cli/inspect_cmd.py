@@ -50,9 +50,10 @@ def metrics_cmd(
         _by_dataset(plan_dir, by, epoch, quiet, json)
         return
     with fail_on_errors():
-        rows = api.metrics(plan_dir, epoch)
-        sizes = api.eval_sizes(plan_dir)
-        notes = [] if plot is None else api.plot_metrics(plan_dir, plot, None if epoch is None else [epoch])
+        plan = api.open_plan(plan_dir)  # opened once: the metrics, eval sizes and plot are of one plan
+        rows = api.metrics(plan, epoch)
+        sizes = api.eval_sizes(plan)
+        notes = [] if plot is None else api.plot_metrics(plan, plot, None if epoch is None else [epoch])
     if json:
         out: dict = {"plan_dir": str(plan_dir), "metrics": rows, "eval": sizes}
         if plot is not None:

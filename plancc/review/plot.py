@@ -8,10 +8,14 @@ update, `before` (shuffled + packed) against `after` (balanced), both as compile
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from plancc.errors import PlanccError
+
+if TYPE_CHECKING:
+    from plancc.store.plan import Plan
 
 
 def _matplotlib():
@@ -49,16 +53,15 @@ def _panel(ax, before: np.ndarray | None, after: np.ndarray, title: str, xlabel:
     ax.legend(fontsize=8)
 
 
-def plot_metrics(plan_dir: str | Path, out: str | Path, epochs: list[int] | None = None) -> list[str]:
+def plot_metrics(plan_dir: str | Path | Plan, out: str | Path, epochs: list[int] | None = None) -> list[str]:
     """Write the PNG to `out`; returns one note per epoch (how `before` was obtained)."""
-    from plancc.review.inspect import before_counts
-    from plancc.store.plan import Plan
+    from plancc.review.inspect import as_plan, before_counts
 
     plt = _matplotlib()
     out = Path(out)
     if out.suffix.lower() != ".png":
         raise PlanccError(f"--plot writes a PNG: give a file name ending in .png, got {out}")
-    plan = Plan(plan_dir)
+    plan = as_plan(plan_dir)
     epochs = plan.epochs if epochs is None else epochs
     data = [before_counts(plan, e) for e in epochs]
     fig, axes = plt.subplots(len(data), 2, figsize=(11, 3.6 * len(data)), squeeze=False)
@@ -70,7 +73,7 @@ def plot_metrics(plan_dir: str | Path, out: str | Path, epochs: list[int] | None
                f"epoch {ba.epoch}: labels per optimizer update", "global labels (num_items)")
         if b is None:
             row[0].annotate(ba.note, (0.01, 0.01), xycoords="figure fraction", fontsize=7)
-    fig.suptitle(f"plancc plan {Path(plan_dir).name}: before vs after balancing")
+    fig.suptitle(f"plancc plan {plan.path.name}: before vs after balancing")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp.png")
