@@ -27,7 +27,7 @@ import numpy as np
 
 from plancc import layout
 from plancc.errors import PlanMismatchError
-from plancc.store.plan import Plan, RankEpoch, verified_plan
+from plancc.store.plan import Plan, RankEpoch, check_rank, verified_plan
 
 STATE_FORMAT = "plancc.sampler/1"
 STRICT_FINGERPRINTS = ("config", "metadata", "plan", "schema")
@@ -126,8 +126,7 @@ class PlanSampler:
         d_rank, d_world = _dist_defaults()
         self.world_size = int(d_world if world_size is None else world_size)
         self.rank = int(d_rank if rank is None else rank)
-        if not 0 <= self.rank < self.world_size:
-            raise PlanMismatchError(f"rank {self.rank} is outside world_size {self.world_size}")
+        check_rank(self.rank, self.world_size)
         self.grad_accum = self.plan.replay_grad_accum(self.world_size, grad_accum)
         self.epoch = int(epoch)
         self.plan.check_epoch(self.epoch)

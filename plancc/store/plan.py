@@ -213,8 +213,7 @@ class Plan(PlanDir):
 
         Elastic replay needs nothing special here: rank r' of W' takes every W'-th row of the verified epoch.
         """
-        if not 0 <= rank < world_size:
-            raise PlanMismatchError(f"rank {rank} is outside world_size {world_size}")
+        check_rank(rank, world_size)
         table = self.epoch_rows(epoch)
         total = table.num_rows
         keep = layout.rank_indices(total, world_size, rank)  # rows are the verified epoch in index order
@@ -268,14 +267,19 @@ class Plan(PlanDir):
     def read_rank_eval(self, rank: int, world_size: int) -> RankEval:
         """Rank `rank`'s eval microbatches when evaluated on `world_size` ranks (every `world_size`-th, from
         `rank`): any world size splits the eval plan so that each sample is seen once."""
-        if not 0 <= rank < world_size:
-            raise PlanMismatchError(f"rank {rank} is outside world_size {world_size}")
+        check_rank(rank, world_size)
         table = self.eval_rows()
         keep = layout.rank_indices(table.num_rows, world_size, rank)
         mine = table.select(["sample_ids", "label_count"]).take(pa.array(keep))
         ids, row_bounds, batch_bounds = nested_arrays(mine.column("sample_ids"))
         return RankEval(keep, ids, row_bounds, batch_bounds, column(mine, "label_count"), table.num_rows,
                         self.eval_label_count)
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    """Refuse a rank a run of `world_size` processes does not have (`PlanMismatchError`)."""
+    if not 0 <= rank < world_size:
+        raise PlanMismatchError(f"rank {rank} is outside world_size {world_size}")
 
 
 def _refuse(problems: list[str]) -> None:
