@@ -1,7 +1,7 @@
 """The metrics table's columns (docs/spec.md §6): name and kind of every value `plancc.planner.metrics.summarize` returns.
 
-Data only, so the store types the table (`store.metrics_schema`) and the read side lists it without importing the
-pipeline's code; `schemas/metrics.arrow.json` documents each column and a test holds the two together.
+Data only, so the store types the table (`store.schemas.metrics_schema`) and the read side lists it without
+importing the pipeline's code; `schemas/metrics.arrow.json` documents each column and a test holds the two together.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The protocol, for a target `D/NAME` (all names hidden, beside the target, never 
 2. Recover (also run by every reader of a plan or scan directory, see `recover`): leftovers of dead writers
    beside the target are reclaimed, see the crash states below.
 3. Write the new directory as `D/.NAME.plancc-tmp-PID-HEX`, fsync every file and the directory. The caller's
-   check of the target (`store.check_output`: nothing in it that plancc did not write) runs before and after.
+   check of the target (`outputs.check_output`: nothing in it that plancc did not write) runs before and after.
 4. Commit: `renameat2(tmp, D/NAME, RENAME_EXCHANGE)` swaps the two paths in one step (the old directory now sits
    under the temporary name), or `rename(tmp, D/NAME)` when there is no old one. Where the filesystem has no
    exchange, two renames: `D/NAME -> D/.NAME.plancc-old-PID-HEX`, then `tmp -> D/NAME`. Then fsync `D`.

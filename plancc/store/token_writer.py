@@ -38,7 +38,7 @@ def write_header(directory: Path, header: dict[str, Any]) -> None:
 def write_store(directory: str | Path, ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, *,
                 fingerprints: dict[str, str], labels_shifted: bool = False,
                 chunk_tokens: int = CHUNK_TOKENS) -> None:
-    """Write a store into `directory` (created; the caller makes the write atomic, e.g. `store.atomic_directory`).
+    """Write a store into `directory` (created; the caller makes the write atomic, e.g. `outputs.atomic_directory`).
 
     `fingerprints` are the samples table's `dataset`/`metadata` fingerprints: a plan checks them at open.
     """
