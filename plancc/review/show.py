@@ -70,17 +70,21 @@ def trained_summary(report: ScanRecord) -> str:
     return "the source's own labels" if fmt == "tokenized" else ""
 
 
-def _report(directory: Path, info: dict[str, Any], manifest: dict[str, Any]) -> ScanRecord:
-    """The scan record of a scan directory, or of a plan directory's `manifest` (empty for neither)."""
+def _report(info: dict[str, Any], plan: Plan | None) -> ScanRecord:
+    """The scan record of a scan directory, or of a plan directory's plan (empty for neither)."""
     if info.get("record") is not None:
         return info["record"]
-    return ScanRecord.from_json(manifest.get("scan", {}), f"{directory / schemas.MANIFEST_FILE} scan") if manifest \
-        else ScanRecord()
+    return plan.scan_record if plan is not None else ScanRecord()
 
 
-def _plan_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest of a plan directory (`Plan`, from its plan file's metadata); {} for a scan directory."""
-    return Plan(directory).manifest if (directory / schemas.PLAN_FILE).is_file() else {}
+def _open_plan(directory: Path) -> Plan | None:
+    """The plan of a plan directory, opened once for its scan record and its recipe; None for a scan directory."""
+    return Plan(directory) if (directory / schemas.PLAN_FILE).is_file() else None
+
+
+def _recipe(plan: Plan | None) -> dict[str, Any]:
+    """A recipe plan's `recipe` entry ({} for one source, or a scan)."""
+    return (plan.manifest.get("recipe") if plan is not None else None) or {}
 
 
 def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -99,12 +103,11 @@ def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
             bool(m.header["labels_shifted"]))
 
 
-def _dataset_row(manifest: dict[str, Any], table: Any, at: int, sample_id: int) -> tuple[str | None, int | None]:
+def _dataset_row(recipe: dict[str, Any], table: Any, at: int, sample_id: int) -> tuple[str | None, int | None]:
     """A recipe plan's sample: (its dataset's name, its row in that dataset); (None, None) for one source."""
     if schemas.DATASET_COLUMN not in table.column_names:
         return None, None
     name = table.column(schemas.DATASET_COLUMN)[at].as_py()
-    recipe = manifest.get("recipe") or {}
     first = {d["name"]: d["first_id"] for d in recipe.get("datasets", [])}
     return name, (sample_id - first[name] if name in first else None)
 
@@ -122,8 +125,8 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     table, info = given
     ids = parquet.column(table, "sample_id")
     at = int(np.searchsorted(ids, sample_id))
-    manifest = _plan_manifest(d)  # the plan opened once, for its scan record and its recipe
-    report = _report(d, info, manifest)
+    plan = _open_plan(d)
+    report = _report(info, plan)
     if at == len(ids) or ids[at] != sample_id:
         dropped = " (the scan dropped it: see `plancc scan` or the manifest's scan report)" if (
             0 <= sample_id <= ids[-1]) else ""
@@ -146,7 +149,7 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     return SampleView(int(sample_id), int(parquet.column(table, "length")[at]),
                       int(parquet.column(table, "label_count")[at]),
                       bool(parquet.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
-                      segments, pieces, tok.name, *_dataset_row(manifest, table, at, int(sample_id)),
+                      segments, pieces, tok.name, *_dataset_row(_recipe(plan), table, at, int(sample_id)),
                       trained_summary(report))
 
 
@@ -176,8 +179,8 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     if given is None or not given[1].get("tokenized_path"):
         raise InputError(f"{directory} is not a plan or scan directory with its {schemas.TOKENS_DIR}/")
     table, info = given
-    manifest = _plan_manifest(d)  # the plan opened once, for its scan record and its recipe
-    report = _report(d, info, manifest)
+    plan = _open_plan(d)
+    report = _report(info, plan)
     try:
         m = token_store.open_store(Path(info["tokenized_path"]))
     except token_store.TokenStoreError as exc:
@@ -189,7 +192,7 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     lengths = np.diff(offsets)
     targets = _targets(m.labels, offsets, bool(m.header["labels_shifted"]))
     seq = report.sequence_len
-    names = _dataset_starts(manifest)
+    names = _dataset_starts(_recipe(plan))
     rows = []
     for r in np.flatnonzero(~kept).tolist():
         if seq is not None and lengths[r] > seq:
@@ -203,9 +206,9 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
     return {"dropped": rows, "truncated": truncated.to_json()}
 
 
-def _dataset_starts(manifest: dict[str, Any]):
-    """A function naming a recipe plan's row: {dataset, dataset_row}; {} for one source."""
-    recipe = manifest.get("recipe") or {}
+def _dataset_starts(recipe: dict[str, Any]):
+    """A function naming a recipe plan's row (`recipe`: its manifest entry): {dataset, dataset_row}; {} for one
+    source."""
     starts = sorted((d["first_id"], d["name"]) for d in recipe.get("datasets", []))
     if not starts:
         return lambda row: {}
