@@ -75,10 +75,10 @@ def test_a_plan_manifest_scan_entry_round_trips(tmp_path):
     scan = _scan(tmp_path)
     r = runner.invoke(app, ["compile", str(scan), "-o", str(tmp_path / "p"), "-q"])
     assert r.exit_code == 0, r.output
-    entry = parquet.read_manifest(tmp_path / "p")["scan"]
+    entry = orjson.loads((tmp_path / "p" / schemas.MANIFEST_FILE).read_bytes())["scan"]
     record = ScanRecord.from_json(entry, "manifest")
     assert record.to_json() == entry and "seconds" not in record.keys and record.sequence_len == 64
-    assert parquet.read_manifest(tmp_path / "p")["settings"]["sequence_len"] == 64  # carried from the scan
+    assert orjson.loads((tmp_path / "p" / schemas.MANIFEST_FILE).read_bytes())["settings"]["sequence_len"] == 64  # carried from the scan
 
 
 def test_scan_dir_opens_and_checks(tmp_path):

@@ -18,11 +18,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from plancc.plan import SampleArrays
-from plancc.store import atomic, token_store
+from plancc.store import token_store
 from plancc.store.schemas import (
     ARROW_SCHEMA_KEY,
     DATASET_COLUMN,
-    MANIFEST_FILE,
     META_KEY,
     SAMPLES_SCHEMA,
     SCHEMA_VERSION,
@@ -237,14 +236,3 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
         first_label_supervised=column(table, "first_label_supervised"),
     )
 
-
-def read_manifest(plan_dir: str | Path) -> dict[str, Any]:
-    """A plan or scan directory's manifest.json (after recovering an interrupted replace)."""
-    atomic.recover(plan_dir)  # as in `PlanDir`
-    path = Path(plan_dir) / MANIFEST_FILE
-    try:
-        return orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise StoreError(f"{plan_dir} is not a plan directory (no {MANIFEST_FILE})") from None
-    except orjson.JSONDecodeError as exc:
-        raise StoreError(f"{path} is not valid JSON: {exc}") from None
