@@ -84,8 +84,6 @@ class StoreError(PlanccError):
     """A plan or scan file is missing, corrupt, foreign or of another schema version; the message names it."""
 
 
-
-
 def metrics_schema() -> pa.Schema:
     """The metrics table's Arrow schema: epoch, stage, then every metric column (int64 or float64, nullable)."""
     types = {"int": pa.int64(), "float": pa.float64()}
