@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from plancc.errors import InputError
 from plancc.store import token_store
-from plancc.store.parquet import read_samples
+from plancc.store.parquet import file_metadata, read_samples, write_parquet
 from plancc.store.plan_files import check_recorded
 from plancc.store.scan_record import ScanRecord
 from plancc.store.schemas import SAMPLES_FILE, SCAN_MANIFEST_FILE, TOKENS_DIR
@@ -71,8 +71,6 @@ class ScanDir:
 
     def write(self, samples: pa.Table) -> None:
         """The samples table and the record into this (fresh) directory; the token store is the caller's."""
-        from plancc.store.parquet import file_metadata, write_parquet
-
         options = self.record.options.to_json() if self.record.options is not None else {}
         write_parquet(samples, self.samples_file, file_metadata("samples", self.record.fingerprint_map, options))
         self.record.write(self.path)
