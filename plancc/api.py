@@ -267,20 +267,13 @@ def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str
     chunk by chunk; any other source is rescanned with the plan's scan options (its tokenizer at `tokenizer`
     when it moved) and its content fingerprint compared. `fast` checks the token store's metadata only."""
     from plancc.review.validate import validate_plan
+    from plancc.store.token_store import store_in
 
-    tokens_dir, dataset_fp = _dataset_store(dataset), None
+    tokens_dir, dataset_fp = (store_in(dataset) if dataset is not None else None), None
     if dataset is not None and tokens_dir is None:
         dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
     problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
     return Validation(tuple(problems), "eval" in meta)
-
-
-def _dataset_store(dataset: str | None) -> Path | None:
-    """The token store of `validate --dataset` when it names a plan, scan or token store folder."""
-    from plancc.store import schemas, token_store
-
-    candidates = [Path(dataset) / schemas.TOKENS_DIR, Path(dataset)] if dataset is not None else []
-    return next((c for c in candidates if token_store.is_store(c)), None)
 
 
 def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from plancc.config import Shift
 from plancc.errors import PlanMismatchError
-from plancc.store import parquet, plan_store, schemas, token_store
+from plancc.store import parquet, plan_store, token_store
 from plancc.store.plan import Plan, verified_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
@@ -216,9 +216,7 @@ def data_location(plan: Plan, data: str | Path | None = None) -> Path | None:
         raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) does not exist")
     if not (p.is_dir() or p.is_file()):
         raise PlanMismatchError(f"the data given for plan {plan.path} ({p}) is neither a regular file nor a folder")
-    if not token_store.is_store(p) and token_store.is_store(p / schemas.TOKENS_DIR):
-        return p / schemas.TOKENS_DIR  # a plan or scan directory: its store
-    return p
+    return token_store.store_in(p) or p  # a plan or scan directory: its store; else the file or folder given
 
 
 def _own_tokens(plan: Plan) -> token_store.MappedTokens:

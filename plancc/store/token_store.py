@@ -54,6 +54,7 @@ import orjson
 import xxhash
 
 from plancc.errors import PlanccError
+from plancc.store.schemas import TOKENS_DIR
 
 IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
 
@@ -260,6 +261,12 @@ def header_hash(header: dict[str, Any]) -> str:
 def is_store(path: str | Path) -> bool:
     """Whether `path` holds a token store (its header file)."""
     return (Path(path) / HEADER_FILE).is_file()
+
+
+def store_in(folder: str | Path) -> Path | None:
+    """The token store a folder names: the folder itself, or the `tokens/` of a plan or scan directory; None for
+    neither."""
+    return next((p for p in (Path(folder), Path(folder) / TOKENS_DIR) if is_store(p)), None)
 
 
 def _map(path: Path, dir_fd: int, name: str, length: int) -> tuple[np.memmap, Reader]:
