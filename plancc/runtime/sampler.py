@@ -100,12 +100,13 @@ def _rebuild(ids, attrs):
     return Microbatch(ids, **attrs)
 
 
-def _dist_defaults() -> tuple[int, int]:
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """`rank` and `world_size`, each defaulting to the process group's (0 and 1 outside one)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    d_rank, d_world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
+        else (0, 1)
+    return int(d_rank if rank is None else rank), int(d_world if world_size is None else world_size)
 
 
 class PlanSampler:
@@ -123,9 +124,7 @@ class PlanSampler:
                  grad_accum: int | None = None, epoch: int = 0, full_updates: bool = False):
         self.plan = verified_plan(plan)
         self.full_updates = bool(full_updates)
-        d_rank, d_world = _dist_defaults()
-        self.world_size = int(d_world if world_size is None else world_size)
-        self.rank = int(d_rank if rank is None else rank)
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
         check_rank(self.rank, self.world_size)
         self.grad_accum = self.plan.replay_grad_accum(self.world_size, grad_accum)
         self.epoch = int(epoch)
@@ -330,9 +329,7 @@ class PlanEvalSampler:
 
     def __init__(self, plan: str | Path | Plan, *, rank: int | None = None, world_size: int | None = None):
         self.plan = verified_plan(plan)
-        d_rank, d_world = _dist_defaults()
-        self.world_size = int(d_world if world_size is None else world_size)
-        self.rank = int(d_rank if rank is None else rank)
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.share = self.plan.read_rank_eval(self.rank, self.world_size)
 
     def __len__(self) -> int:
