@@ -38,7 +38,7 @@ import numpy as np
 from bench_compile import WORK, samples_file
 from synthetic import sft_mix
 
-from plancc.config import PlanSettings
+from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import plan_epoch
 
 # (n, micro_batch_size) -> rows, label CV before, after, update CV after, seconds (median)
@@ -99,7 +99,7 @@ def rank_cost_cv(cost: np.ndarray, n_upd: int, w: int, g: int) -> float:
 
 
 def seed_stats(n: int, mbs: int, seeds: list[int]) -> dict[str, list[float]]:
-    from plancc.plan import batch_cost
+    from plancc.core.plan_arrays import batch_cost
 
     settings = settings_for("packed", mbs)
     out: dict[str, list[float]] = {k: [] for k in ("cv", "over_floor", "rows_over", "update_cv", "rank_cv",
@@ -194,7 +194,7 @@ FIXED_METRICS = (  # (metrics key or derived name, header, format); lower is bet
 
 def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
     """The FIXED_METRICS of one plan (plancc's or the reference's), by plancc's metric definitions."""
-    from plancc.plan import batch_cost
+    from plancc.core.plan_arrays import batch_cost
     from plancc.planner.metrics import summarize
 
     m = summarize(b, s, settings)

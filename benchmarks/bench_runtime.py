@@ -1,7 +1,7 @@
 """Runtime: load one rank's epoch of a 10M-sample plan, and the per-microbatch sampler + collator overhead.
 
 1. Load: a 10M-sample plan (synthetic SFT mix, packed 4 x 4096 tokens per microbatch, W=8, G=4), built once with
-   plancc.planner.pipeline + plancc.build.write_plan_dir and cached under $PLANCC_BENCH_DIR (/tmp/plancc-bench). Each run is a
+   plancc.planner.pipeline + plancc.build.run.write_plan_dir and cached under $PLANCC_BENCH_DIR (/tmp/plancc-bench). Each run is a
    fresh process that opens the plan and reads rank 0's epoch 0 (`PlanSampler(...)._epoch_data()`): the time of
    that read (median of runs) and the process's peak RSS, also net of the imports. Goal: <= 1 s, <= 500 MB.
 2. Overhead: on a 20k-sample plan with real tokens, the time per microbatch of `sampler.microbatch(p)` +
@@ -50,8 +50,8 @@ def big_plan(n: int) -> Path:
         return out
     from synthetic import sft_mix
 
-    from plancc import build
-    from plancc.config import PlanSettings
+    from plancc.build import run as build
+    from plancc.config.settings import PlanSettings
     from plancc.planner.pipeline import compile_plan
     from plancc.store.scan_record import ScanRecord
 

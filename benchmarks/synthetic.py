@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from plancc import build
-from plancc.config import PlanSettings
-from plancc.plan import SampleArrays
+from plancc.build import run as build
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import SampleArrays
 from plancc.planner.pipeline import compile_run
 from plancc.store import parquet, plan_files, token_writer
 from plancc.store.fingerprint import token_hashes

@@ -26,8 +26,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
 
 from plancc import Plan
+from plancc.core.layout import elastic_grad_accum, replay_problem
 from plancc.errors import PlanccError
-from plancc.layout import elastic_grad_accum, replay_problem
 from plancc.runtime import load_tokens, verified_plan
 from plancc.runtime.hf import PlanTrainer
 

@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 from plancc import Plan
+from plancc.core.layout import replay_problem
 from plancc.errors import PlanccError
-from plancc.layout import replay_problem
 from plancc.runtime import (
     CheckpointError,
     PlanCollator,

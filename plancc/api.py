@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from plancc.config import PlanSettings, ScanOptions, SettingsError, resolve_settings
-from plancc.errors import InputError
+from plancc.config.settings import PlanSettings, ScanOptions, resolve_settings
+from plancc.errors import InputError, SettingsError
 from plancc.review.diff_rules import DEFAULT_TOLERANCE
 from plancc.store import atomic, outputs
 from plancc.store.plan import Plan
@@ -149,16 +149,16 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
     directory) or an in-memory `datasets.Dataset` (written once into the cache as Parquet). A list of them (or of
     dataset entries, dicts with a config entry's keys: `path`, `name`, `format`, `repeat`, `weight`, ...) is a
-    recipe (`plancc.recipe`), as is a config file listing `datasets` (then `source` is None). `mix` is `--mix`:
+    recipe (`plancc.config.recipe`), as is a config file listing `datasets` (then `source` is None). `mix` is `--mix`:
     "chat=2x,alpaca=0.5" (a repeat with x, else a weight). The settings are typed, `scan=ScanOptions(...)` and
     `plan=PlanSettings(...)`, and/or the flags' names with underscores (`sequence_len=2048, world_size=8,
     tokenizer="tok/"`), which override the objects' fields (`typed_settings`); `config` is a TOML/YAML file under
-    both (an Axolotl or TRL config too: `config_format`, `plancc.config_import`). `output` must be absent, empty,
+    both (an Axolotl or TRL config too: `config_format`, `plancc.config.foreign`). `output` must be absent, empty,
     or (with `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else there is refused,
     `outputs.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
     naming the setting to change.
     """
-    from plancc.build import compile_recipe, compile_to_dir
+    from plancc.build.run import compile_recipe, compile_to_dir
 
     cache = Path(cache_dir) if cache_dir is not None else None
     scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, config_format,
@@ -183,8 +183,8 @@ def _recipe(source: Any, config: str | Path | None, config_format: str, mix: Any
             ) -> tuple | None:
     """The recipe's datasets when `source` is several sources or entries, or the config lists datasets (or `mix`
     is given); None for one plain source."""
-    from plancc import recipe
-    from plancc.config import load_config_file
+    from plancc.config import recipe
+    from plancc.config.settings import load_config_file
 
     train, evals = (recipe.from_config(load_config_file(config, config_format), Path(config).parent) if config
                     else ([], []))
@@ -203,7 +203,7 @@ def _recipe(source: Any, config: str | Path | None, config_format: str, mix: Any
 def _recipe_settings(specs: tuple, scan_options: Any, plan_settings: PlanSettings, given: set[str]
                      ) -> tuple[Any, PlanSettings, set[str]]:
     """The recipe-wide settings its entries set (checked against each other and the given ones) applied."""
-    from plancc.recipe import SHARED_KEYS, shared_settings
+    from plancc.config.recipe import SHARED_KEYS, shared_settings
 
     shared = shared_settings(specs, {k: getattr(scan_options, k) for k in SHARED_KEYS if k in given})
     scan_options = dataclasses.replace(scan_options, **shared)
@@ -237,10 +237,10 @@ def typed_settings(scan: ScanOptions | None, plan: PlanSettings | None, settings
 
 def config_note(config: str | Path, config_format: str = "auto") -> str | None:
     """What an Axolotl or TRL config file holds that plancc does not use (None: nothing, or a plancc config)."""
-    from plancc import config_import
-    from plancc.config import read_config_file
+    from plancc.config import foreign
+    from plancc.config.settings import read_config_file
 
-    return config_import.translate(read_config_file(config), Path(config), config_format).note(Path(config))
+    return foreign.translate(read_config_file(config), Path(config), config_format).note(Path(config))
 
 
 # ---------------------------------------------------------------- review: what `plancc validate|diff|inspect|show` ask

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from benchmarks.synthetic import VOCAB, make_tokenized, samples_table, write_tokens
-from plancc import build
-from plancc.config import PlanSettings
+from plancc.build import run as build
+from plancc.config.settings import PlanSettings
 from plancc.store import parquet
 from plancc.store.scan_record import ScanRecord
 

@@ -12,8 +12,8 @@ import pytest
 from datasets import Dataset
 
 import plancc
-from plancc.config import PlanSettings, SettingsError
-from plancc.errors import PlanccError, PlanMismatchError
+from plancc.config.settings import PlanSettings
+from plancc.errors import PlanccError, PlanMismatchError, SettingsError
 from tests.sources_fixtures import pc_rows, write_rows
 
 

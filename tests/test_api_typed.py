@@ -11,7 +11,8 @@ import pytest
 
 import plancc
 from plancc import api
-from plancc.config import PlanSettings, ScanOptions, SettingsError
+from plancc.config.settings import PlanSettings, ScanOptions
+from plancc.errors import SettingsError
 from tests.sources_fixtures import pc_rows, write_rows
 
 SCAN = {"tokenizer": "builtin", "sequence_len": 256}

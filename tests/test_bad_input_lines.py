@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from plancc import api
 from plancc.cli import app
-from plancc.config import SettingsError
+from plancc.errors import SettingsError
 from plancc.review.validate import validate_plan
 from plancc.store import plan_store, schemas
 from tests.plan_helpers import write_samples_file
@@ -246,7 +246,7 @@ def test_a_scans_samples_table_alone_carries_the_scans_sequence_len_and_shift(sc
     """`sequence_len` and `shift` live in both the scan options and the plan settings. A scan's samples.parquet
     compiled on its own (copied out of its scan directory) was planned under the flags' or the defaults' values:
     `--shift none` counted every sample's first label as a target, so each update's num_items was wrong. Its
-    metadata records the scan's options, so it now carries them as its scan directory does (`plancc.scan.carry`)."""
+    metadata records the scan's options, so it now carries them as its scan directory does (`plancc.build.carry`)."""
     alone = Path(shutil.copy(scanned / "scan" / schemas.SAMPLES_FILE, tmp_path / "alone.parquet"))
     for flag, value in [("--shift", "none"), ("--sequence-len", "4096")]:
         line = refused("compile", alone, "-o", tmp_path / "p", flag, value, out=tmp_path / "p")

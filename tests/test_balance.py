@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc.config import PlanSettings, SettingsError
-from plancc.plan import (
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import (
     Batches,
     SampleArrays,
     batch_attention,
@@ -19,6 +19,7 @@ from plancc.plan import (
     batch_tokens,
     row_tokens,
 )
+from plancc.errors import SettingsError
 from plancc.planner import balance, pack
 from plancc.planner.balance import _common as c
 from plancc.planner.balance.accumulation import order_for_accumulation

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from plancc.cli import app
 from plancc.cli.options import GROUP, SCAN_FLAGS, Flags, grouped
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 
 
 def _params(name: str) -> list[tuple]:

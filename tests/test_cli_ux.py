@@ -82,7 +82,7 @@ def test_every_command_has_quiet_json_help_and_shown_defaults(path, cmd):
 def test_compile_help_shows_the_real_defaults(flag):
     cmd = dict(zip(IDS, (c for _, c in COMMANDS), strict=True))["compile"]
     option = next(p for p in cmd.params if flag in p.opts)
-    from plancc.config import PlanSettings
+    from plancc.config.settings import PlanSettings
 
     assert option.show_default == str(getattr(PlanSettings(), flag.lstrip("-").replace("-", "_")))
 

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc.build import write_plan_dir
-from plancc.config import PlanSettings, SettingsError
+from plancc.build.run import write_plan_dir
+from plancc.config.settings import PlanSettings
+from plancc.errors import SettingsError
 from plancc.planner.pipeline import compile_plan, plan_columns
 from plancc.review.validate import validate_plan
 from plancc.store import plan_store, schemas

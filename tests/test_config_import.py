@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 import plancc
-from plancc.config import SettingsError, load_config_file
+from plancc.config.settings import load_config_file
+from plancc.errors import SettingsError
 from tests.sources_fixtures import alpaca_rows, write_rows
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -168,7 +169,7 @@ def test_a_trl_sft_config_maps_its_keys(tmp_path):
 
 def test_axolotl_masking_keys_map_onto_the_what_is_trained_settings(tmp_path):
     """train_on_inputs, roles_to_train, train_on_eos and val_set_size keep their names (an entry's its own)."""
-    from plancc.config_import import translate
+    from plancc.config.foreign import translate
 
     data = {"base_model": "m", "train_on_inputs": True, "val_set_size": 0.05, "train_on_eos": "last",
             "datasets": [{"path": "a.jsonl", "type": "chat_template", "roles_to_train": ["assistant", "user"],
@@ -184,7 +185,7 @@ def test_axolotl_masking_keys_map_onto_the_what_is_trained_settings(tmp_path):
 def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
     """completion_only_loss is not train_on_inputs; assistant_only_loss true trains the assistant turns, false
     (TRL's whole-conversation loss, which plancc has no setting for) is in the note."""
-    from plancc.config_import import translate
+    from plancc.config.foreign import translate
 
     for value in (True, False):
         trl = translate({"output_dir": "o", "completion_only_loss": value}, tmp_path / "sft.yaml")
@@ -199,9 +200,9 @@ def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
 def test_axolotl_datasets_each_train_by_their_own_keys(tmp_path):
     """Two entries with different train_on_eos/roles_to_train each keep theirs through the recipe (Axolotl sets
     them per dataset); the top level's applies to an entry without its own."""
-    from plancc.config import ScanOptions
-    from plancc.config_import import translate
-    from plancc.recipe import dataset_spec
+    from plancc.config.foreign import translate
+    from plancc.config.recipe import dataset_spec
+    from plancc.config.settings import ScanOptions
 
     entries = [{"path": "a.jsonl", "type": "chat_template", "train_on_eos": "turn"},
                {"path": "b.jsonl", "type": "chat_template", "train_on_eos": "all", "roles_to_train": ["user"]},
@@ -221,7 +222,7 @@ def test_config_format_without_a_config_is_an_error(tmp_path):
 
 def test_every_key_they_map_is_a_plancc_setting():
     """The key tables name only settings plancc has (a mapped key can never vanish into an unknown setting)."""
-    from plancc.config import SETTING_NAMES
-    from plancc.config_import import AXOLOTL_KEYS, TRL_KEYS
+    from plancc.config.foreign import AXOLOTL_KEYS, TRL_KEYS
+    from plancc.config.settings import SETTING_NAMES
 
     assert {*AXOLOTL_KEYS.values(), *TRL_KEYS.values()} <= {*SETTING_NAMES, "num_proc"}

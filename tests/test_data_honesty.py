@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from plancc.cli import app
-from plancc.config import ScanOptions, SettingsError, load_config_file
-from plancc.errors import InputError
+from plancc.config.settings import ScanOptions, load_config_file
+from plancc.errors import InputError, SettingsError
 from plancc.scan.scanner import scan
 from plancc.scan.sources.chat import Renderer
 from plancc.scan.sources.templates import BUILTIN_TEMPLATES

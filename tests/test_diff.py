@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from plancc.build import write_plan_dir
+from plancc.build.run import write_plan_dir
 from plancc.cli import app
 from plancc.cli.diff_render import render_markdown
-from plancc.config import PlanSettings
+from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
 from plancc.store.parquet import sample_arrays

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from plancc.build import write_plan_dir
+from plancc.build.run import write_plan_dir
 from plancc.cli import app
-from plancc.config import OMITTED_AT_DEFAULT, PlanSettings, SettingsError
+from plancc.config.settings import OMITTED_AT_DEFAULT, PlanSettings
+from plancc.errors import SettingsError
 from plancc.planner.evaluation import eval_columns
 from plancc.planner.holdout import hold_out
 from plancc.planner.pipeline import compile_plan, compile_run
@@ -341,7 +342,7 @@ def recipe_eval(tmp_path_factory) -> Path:
 
 
 def test_a_compiled_recipe_evaluates_its_eval_dataset_and_its_held_out_share_once(recipe_eval):
-    from plancc.recipe_data import plan_eval_sample_ids
+    from plancc.build.recipe import plan_eval_sample_ids
     from plancc.runtime import PlanEvalSampler
 
     ev = _eval_ids(recipe_eval)

@@ -17,17 +17,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "plancc"
 
-# The packages, lowest first: each may import the flat shared modules (config, errors, numbers, layout, plan,
-# row_sums, jit, metric_columns: below every package) and the packages listed before it, never one after it.
+# The packages, lowest first: each may import the shared ones (core, the leaf; config; errors, version: below every
+# package) and the packages listed before it, never one after it.
 STORE, SCAN, PLANNER, REVIEW, RUNTIME = "plancc.store", "plancc.scan", "plancc.planner", "plancc.review", "plancc.runtime"
-ORCHESTRATION = ("plancc.build", "plancc.recipe_data")  # source -> PLAN_DIR: scan, plan, store
+ORCHESTRATION = ("plancc.build",)  # source -> PLAN_DIR: scan, plan, store
 FRONT = ("plancc.api", "plancc.cli", "plancc.__main__")
-SHARED = ("plancc.config", "plancc.config_import", "plancc.recipe", "plancc.errors", "plancc.numbers", "plancc.layout",
-          "plancc.plan", "plancc.row_sums", "plancc.jit", "plancc.metric_columns", "plancc.version")
+SHARED = ("plancc.core", "plancc.config", "plancc.errors", "plancc.version")
 ABOVE_SHARED = (STORE, SCAN, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT)
 # the CLI parses, calls `plancc.api` and prints: besides the API, only plain values for its help text and messages
-CLI_MAY = ("plancc.cli", "plancc.api", "plancc.config", "plancc.errors", "plancc.numbers", "plancc.metric_columns",
-           "plancc.review.diff_rules", "plancc.version")
+CLI_MAY = ("plancc.cli", "plancc.api", "plancc.config.settings", "plancc.errors", "plancc.core.numbers",
+           "plancc.core.metric_columns", "plancc.review.diff_rules", "plancc.version")
 
 
 def matches(name: str, prefix: str) -> bool:
@@ -48,12 +47,13 @@ def all_but(*allowed: str) -> tuple[str, ...]:
 
 # (module prefix, what it must not import: plancc module prefixes or top-level packages), first match wins
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("plancc.layout", ("plancc", "pyarrow", "torch")),  # numpy only
-    ("plancc.metric_columns", ("plancc", "numpy", "pyarrow")),  # data only
-    ("plancc.numbers", ("plancc", "numpy", "pyarrow")),
+    ("plancc.core.layout", ("plancc", "pyarrow", "torch")),  # numpy only
+    ("plancc.core.metric_columns", ("plancc", "numpy", "pyarrow")),  # data only
+    ("plancc.core.numbers", ("plancc", "numpy", "pyarrow")),
     ("plancc.review.diff_rules", ("plancc", "numpy", "pyarrow")),  # plain values: `plancc --help` quotes them
-    ("plancc.config", (*ABOVE_SHARED, "plancc.layout", "numpy", "pyarrow", "torch")),
-    ("plancc.recipe", (*ABOVE_SHARED, "numpy", "pyarrow", "torch")),
+    ("plancc.config.settings", (*ABOVE_SHARED, "plancc.core.layout", "numpy", "pyarrow", "torch")),
+    ("plancc.config.recipe", (*ABOVE_SHARED, "numpy", "pyarrow", "torch")),
+    ("plancc.core", (*ABOVE_SHARED, "plancc.config", "pyarrow", "torch", "typer", "datasets")),  # the leaf
     *((name, (*ABOVE_SHARED, "pyarrow", "torch", "typer", "datasets")) for name in SHARED),
     (STORE, (SCAN, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
     (SCAN, (PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer")),
@@ -116,10 +116,10 @@ def test_no_upward_import(path):
 def test_the_cli_may_import_the_api_and_plain_values_only():
     """The CLI's rule names what it may import: the API and plain values pass, any other plancc module fails."""
     forbidden = rule_for("plancc.cli.inspect_cmd")
-    for name in ("plancc.api", "plancc.config", "plancc.review.diff_rules", "plancc.cli.common", "plancc"):
+    for name in ("plancc.api", "plancc.config.settings", "plancc.review.diff_rules", "plancc.cli.common", "plancc"):
         assert not any(matches(name, f) for f in forbidden), name
     for name in ("plancc.review.inspect", "plancc.review.validate", "plancc.store.atomic", "plancc.scan.scanner",
-                 "plancc.config_import", "plancc.build", "torch"):
+                 "plancc.config.foreign", "plancc.build.run", "torch"):
         assert any(matches(name, f) for f in forbidden), name
     assert any(matches("plancc.api", f) for f in rule_for("plancc.__main__"))
     assert any(matches("plancc.store.plan_store", f) for f in rule_for("plancc.__main__"))
@@ -130,7 +130,7 @@ def test_the_checker_sees_imports():
     would pass everything)."""
     found = imports(ROOT / "runtime" / "sampler.py")
     assert "plancc.store.plan" in found and "numpy" in found
-    assert any(matches(n, "plancc.planner.pipeline") for n in imports(ROOT / "build.py"))
+    assert any(matches(n, "plancc.planner.pipeline") for n in imports(ROOT / "build" / "run.py"))
     assert set(sys.stdlib_module_names) & imports(ROOT / "store" / "plan_store.py")
 
 

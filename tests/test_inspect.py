@@ -10,10 +10,10 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from plancc.build import write_plan_dir
+from plancc.build.run import write_plan_dir
 from plancc.cli import app
 from plancc.cli.tables import format_ids
-from plancc.config import PlanSettings
+from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.inspect import before_counts, plan_view
 from plancc.store import parquet, schemas

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from plancc import jit
+from plancc.core import jit
 
 ROOT = Path(__file__).parent.parent
 
@@ -19,17 +19,17 @@ ROOT = Path(__file__).parent.parent
 def test_every_kernel_module_is_listed():
     importing = set()
     for path in (ROOT / "plancc").rglob("*.py"):
-        if re.search(r"^from plancc\.jit import numba$", path.read_text(), re.M):
+        if re.search(r"^from plancc\.core\.jit import numba$", path.read_text(), re.M):
             importing.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
     assert importing == set(jit.KERNEL_MODULES)
-    for path in set((ROOT / "plancc").rglob("*.py")) - {ROOT / "plancc" / "jit.py"}:  # none bypasses jit
+    for path in set((ROOT / "plancc").rglob("*.py")) - {ROOT / "plancc" / "core" / "jit.py"}:  # none bypasses jit
         assert not re.search(r"^import numba", path.read_text(), re.M), path
 
 
 def test_numba_caches_under_the_plancc_cache(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["PLANCC_CACHE"] = str(tmp_path / "cache")
-    out = subprocess.run([sys.executable, "-c", "import plancc.jit, numba; print(numba.config.CACHE_DIR)"],
+    out = subprocess.run([sys.executable, "-c", "import plancc.core.jit, numba; print(numba.config.CACHE_DIR)"],
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(out) == tmp_path / "cache" / "numba"
 
@@ -51,7 +51,7 @@ def test_the_notice_comes_from_compiles_not_cache_loads():
 
 _WARM_RUN = """
 import contextlib, io, json, sys
-import plancc.jit, numba.core.event
+import plancc.core.jit, numba.core.event
 from plancc.cli import app
 
 with numba.core.event.install_recorder("numba:compile") as compiles:
@@ -59,9 +59,9 @@ with numba.core.event.install_recorder("numba:compile") as compiles:
         with contextlib.redirect_stdout(io.StringIO()):
             app(args, prog_name="plancc", standalone_mode=False)
     compiled = len(compiles.buffer)
-    plancc.jit.numba.njit(lambda x: x + 1)(1)  # the recorder sees a compile: the count above can fail
+    plancc.core.jit.numba.njit(lambda x: x + 1)(1)  # the recorder sees a compile: the count above can fail
     assert len(compiles.buffer) > compiled
-loaded = [name for name in plancc.jit.KERNEL_MODULES if any(
+loaded = [name for name in plancc.core.jit.KERNEL_MODULES if any(
     sum(f.stats.cache_hits.values()) for f in vars(sys.modules.get(name, sys)).values()
     if isinstance(f, numba.core.registry.CPUDispatcher) and f.py_func.__module__ == name)]
 print(json.dumps([compiled, loaded]))

@@ -1,4 +1,4 @@
-"""`plancc.layout`, the one statement of docs/spec.md §4's layout: the global mapping, the positions a rank walks, and
+"""`plancc.core.layout`, the one statement of docs/spec.md §4's layout: the global mapping, the positions a rank walks, and
 elastic replay, checked against each other (no plan, no torch)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc import layout
+from plancc.core import layout
 
 
 @given(n=st.integers(0, 200), W=st.integers(1, 8), G=st.integers(1, 6), full=st.booleans())
@@ -113,7 +113,7 @@ WORLD = {"world_size", "W", "world"}
 ACCUM = {"grad_accum", "G", "gas", "gradient_accumulation_steps"}
 # PlanSettings may import neither numpy nor the layout (docs/architecture.md): its `batches_per_update` is the
 # settings' own W*G, which layout.batches_per_update states for everyone else
-ALLOWED = {("plancc/config.py", "self.world_size * self.grad_accum")}
+ALLOWED = {("plancc/config/settings.py", "self.world_size * self.grad_accum")}
 
 
 def _name(node: ast.AST) -> str | None:
@@ -153,15 +153,15 @@ def layout_arithmetic(source: str) -> list[tuple[int, str, str]]:
 
 
 def test_no_module_redoes_the_layout_arithmetic():
-    """Outside `plancc/layout.py`, the package and the examples ask the layout: a second copy of the arithmetic
+    """Outside `plancc/core/layout.py`, the package and the examples ask the layout: a second copy of the arithmetic
     could drift from the one the compiler, the store checks and the sampler agree on."""
     bad = []
     for path in sorted([*(REPO / "plancc").rglob("*.py"), *(REPO / "examples").rglob("*.py")]):
         rel = path.relative_to(REPO).as_posix()
-        if rel != "plancc/layout.py":
+        if rel != "plancc/core/layout.py":
             bad += [f"{rel}:{line} {expr} (use {use})" for line, expr, use in
                     layout_arithmetic(path.read_text(encoding="utf-8")) if (rel, expr) not in ALLOWED]
-    assert not bad, "layout arithmetic outside plancc/layout.py: " + "; ".join(bad)
+    assert not bad, "layout arithmetic outside plancc/core/layout.py: " + "; ".join(bad)
 
 
 def test_the_arithmetic_checker_sees_each_form():
@@ -173,5 +173,5 @@ def test_the_arithmetic_checker_sees_each_form():
     assert [len(layout_arithmetic(line)) for line in bad] == [1] * len(bad)
     fine = "threads = (os.cpu_count() or 1) // world\nn_upd = n_span // per_update\nx = rows * P"
     assert layout_arithmetic(fine) == []
-    config = (REPO / "plancc" / "config.py").read_text(encoding="utf-8")
-    assert {("plancc/config.py", expr) for _, expr, _ in layout_arithmetic(config)} == ALLOWED
+    config = (REPO / "plancc" / "config" / "settings.py").read_text(encoding="utf-8")
+    assert {("plancc/config/settings.py", expr) for _, expr, _ in layout_arithmetic(config)} == ALLOWED

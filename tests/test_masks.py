@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 import plancc
 from plancc.cli import app
-from plancc.config import ScanOptions, SettingsError
+from plancc.config.settings import ScanOptions
+from plancc.errors import SettingsError
 from plancc.scan.scanner import scan
 from plancc.scan.sources import chat
 from plancc.scan.sources.tokenizer import load_tokenizer

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc.config import PlanSettings
-from plancc.plan import SampleArrays, batch_cost, batch_targets, row_tokens
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import SampleArrays, batch_cost, batch_targets, row_tokens
 from plancc.planner.balance import _common as c
 from plancc.planner.balance.microbatch import repack_label_aware
 from plancc.planner.pack import CANDIDATES, ordinary_tail, shuffled_batches

@@ -10,7 +10,7 @@ import pytest
 
 import plancc
 from benchmarks.synthetic import build_plan
-from plancc.config import PlanSettings
+from plancc.config.settings import PlanSettings
 from plancc.errors import PlanMismatchError
 from plancc.review import diff, inspect, validate
 from plancc.runtime import PlanCollator, PlanEvalSampler, PlanSampler, load_tokens, verified_plan

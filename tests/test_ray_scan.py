@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from plancc import api
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 from plancc.scan import shard
 from plancc.store import schemas, token_store
 from tests.sources_fixtures import (

@@ -16,12 +16,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import plancc
-from plancc import recipe
+from plancc.build.recipe import eval_sample_ids, plan_eval_sample_ids
 from plancc.cli import app
-from plancc.config import SettingsError
-from plancc.errors import PlanccError
+from plancc.config import recipe
+from plancc.errors import PlanccError, SettingsError
 from plancc.planner import mixture
-from plancc.recipe_data import eval_sample_ids, plan_eval_sample_ids
 from plancc.review.validate import check_epoch, validate_plan
 from plancc.store import parquet, plan_files, plan_store, schemas, token_store
 from tests.sources_fixtures import alpaca_rows, write_rows
@@ -92,7 +91,7 @@ def test_packing_and_balancing_keep_every_datasets_count(sizes, data, seed, mode
     """The mixture is a multiset per epoch; every stage after it (pack, balance) moves samples, never adds or removes
     one: the plan holds each dataset's exact count, each sample its mixture count."""
     from benchmarks.synthetic import sft_mix
-    from plancc.config import PlanSettings
+    from plancc.config.settings import PlanSettings
     from plancc.planner.pipeline import compile_plan
 
     mix = _mix(*data.draw(st.lists(kinds, min_size=len(sizes), max_size=len(sizes))))
@@ -433,7 +432,7 @@ def test_a_recipe_plan_as_one_source_or_a_rescan_is_refused_and_as_a_dataset_it_
 
 
 def test_yaml_config_lists_datasets_too(tmp_path):
-    from plancc.config import load_config_file
+    from plancc.config.settings import load_config_file
 
     (tmp_path / "a.jsonl").write_text("")
     path = tmp_path / "r.yaml"

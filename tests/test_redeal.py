@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc.config import PlanSettings
-from plancc.plan import (
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import (
     Batches,
     SampleArrays,
     batch_cost,

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc import row_sums as kernel
-from plancc.config import Shift
-from plancc.plan import Batches, SampleArrays, row_sums
+from plancc.core import row_sums as kernel
+from plancc.core.choices import Shift
+from plancc.core.plan_arrays import Batches, SampleArrays, row_sums
 
 
 @st.composite

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from benchmarks.synthetic import build_plan, make_tokenized, samples_table, write_tokens
-from plancc import build
+from plancc.build import run as build
 from plancc.cli import app
-from plancc.config import PlanSettings, ScanOptions
+from plancc.config.settings import PlanSettings, ScanOptions
 from plancc.runtime import (
     PlanCollator,
     PlanMismatchError,

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from plancc.config import ScanOptions, default_cache_dir
+from plancc.config.settings import ScanOptions
+from plancc.core.paths import default_cache_dir
 from plancc.errors import InputError
 from plancc.scan.scanner import scan, write_scan
 from plancc.store import parquet, plan_files, schemas, token_store

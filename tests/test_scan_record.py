@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from plancc.cli import app
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 from plancc.store import parquet, schemas
 from plancc.store.scan_record import RecordedOptions, ScanRecord
 from plancc.store.scan_store import ScanDir

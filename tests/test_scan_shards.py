@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from plancc import api
 from plancc.cli import app
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
 from plancc.review.validate import validate_plan
 from plancc.runtime import load_tokens, verified_plan

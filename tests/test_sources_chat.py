@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
 from plancc.scan.scanner import scan
 from plancc.scan.sources.chat import Renderer

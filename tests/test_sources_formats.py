@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
 from plancc.scan.scanner import scan
 from plancc.scan.sources.encode import ALPACA_NO_INPUT, ALPACA_WITH_INPUT

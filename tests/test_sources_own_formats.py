@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from plancc.cli import app
-from plancc.config import ScanOptions, SettingsError
-from plancc.errors import InputError
+from plancc.config.settings import ScanOptions
+from plancc.errors import InputError, SettingsError
 from plancc.scan.scanner import scan
 from plancc.scan.sources.tokenizer import load_tokenizer
 from plancc.store import token_store

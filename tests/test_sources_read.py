@@ -5,7 +5,7 @@ from __future__ import annotations
 import datasets
 import pytest
 
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
 from plancc.scan.scanner import scan
 from tests.sources_fixtures import alpaca_rows, pc_rows, write_rows

@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from plancc.build import write_plan_dir
-from plancc.config import PlanSettings
+from plancc.build.run import write_plan_dir
+from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.store import atomic, outputs, parquet, plan_files, plan_store, schemas, token_store, token_writer
 from plancc.store.parquet import sample_arrays

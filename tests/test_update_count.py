@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from benchmarks.synthetic import build_plan
-from plancc import layout
-from plancc.build import write_plan_dir
+from plancc.build.run import write_plan_dir
 from plancc.cli import app
 from plancc.cli.summary import compile_summary
-from plancc.config import PlanSettings
+from plancc.config.settings import PlanSettings
+from plancc.core import layout
 from plancc.errors import PlanccError
 from plancc.planner.pipeline import compile_plan
 from plancc.review.inspect import plan_view, read_metrics

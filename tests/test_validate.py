@@ -21,9 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from plancc.build import write_plan_dir
+from plancc.build.run import write_plan_dir
 from plancc.cli import app
-from plancc.config import PlanSettings
+from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanCollator, PlanDataset, PlanMismatchError, PlanSampler, load_tokens

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plancc.numbers import format_number
+from plancc.core.numbers import format_number
 
 MAX_DETAIL_ROWS = 200  # keeps the CI comment far below GitHub's 65,536-character limit
 # metrics shown in the compact summaries (all changed metrics are in the JSON report)

@@ -77,7 +77,7 @@ def _by_dataset(plan_dir: Path, by: str, epoch: int | None, quiet: bool, json: b
     """`inspect metrics --by dataset`: a recipe's per-dataset metrics."""
     from plancc import api
     from plancc.cli import tables
-    from plancc.config import SettingsError
+    from plancc.errors import SettingsError
 
     with fail_on_errors():
         if by != "dataset":

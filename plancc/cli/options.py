@@ -15,14 +15,14 @@ from typing import Annotated, Any
 
 import typer
 
-from plancc.config import PlanSettings, ScanOptions
+from plancc.config.settings import PlanSettings, ScanOptions
 
 Opt = typer.Option
 
 
 def _default(name: str) -> str:
     """The dataclass default of a setting, for --help: the flags default to None so that a config file can set
-    them, and the real default lives in one place, `plancc.config`."""
+    them, and the real default lives in one place, `plancc.config.settings`."""
     for cls in (PlanSettings, ScanOptions):
         for f in dataclasses.fields(cls):
             if f.name == name:

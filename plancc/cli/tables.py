@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from plancc.metric_columns import METRIC_COLUMNS
-from plancc.numbers import format_number
+from plancc.core.metric_columns import METRIC_COLUMNS
+from plancc.core.numbers import format_number
 
 # metrics shown first (and in this order) in the human table; the rest follow in METRIC_COLUMNS order
 HEADLINE = ("samples", "batches", "updates", "label_cv", "update_label_cv", "packing_efficiency", "padding_ratio",

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc import layout
-from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_sums
+from plancc.config.settings import PlanSettings
+from plancc.core import layout
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums
 from plancc.planner import pack
 from plancc.planner.holdout import ORDER_STREAM, stream_rng
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings, SettingsError
-from plancc.plan import SampleArrays
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import SampleArrays
+from plancc.errors import SettingsError
 from plancc.planner.mixture import eval_positions
 
 HOLDOUT_STREAM = 1  # spawn keys of the two random streams next to the epochs' (seed, epoch) ones

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc.config import Mode, PlanSettings
-from plancc.layout import complete_updates, optimizer_updates, tail_batches, update_grid
-from plancc.plan import Batches, SampleArrays, batch_sums
+from plancc.config.settings import PlanSettings
+from plancc.core.choices import Mode
+from plancc.core.layout import complete_updates, optimizer_updates, tail_batches, update_grid
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums
 
 
 def _mean_std(x: np.ndarray) -> tuple[float, float]:
@@ -131,7 +132,7 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
 def entry_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
     """Supervised targets of each entry of `b.samples`, as the collator counts them (docs/spec.md §3): under `row` shift
     only a row's first sample loses its first label."""
-    from plancc.config import Shift
+    from plancc.core.choices import Shift
 
     count, first_label = s.label_count[b.samples], s.first_label_supervised[b.samples]
     if shift == Shift.NONE:

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plancc import jit, layout
-from plancc.config import PlanSettings, SettingsError
-from plancc.plan import Batches, SampleArrays, batch_sums, batch_targets
+from plancc.config.settings import PlanSettings
+from plancc.core import jit, layout
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums, batch_targets
+from plancc.errors import SettingsError
 from plancc.planner import balance, evaluation, holdout, mixture, pack
 from plancc.planner.metrics import NO_DROPS, SourceDrops, summarize
 

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc.config import SettingsError
-from plancc.metric_columns import METRIC_COLUMNS
+from plancc.core.metric_columns import METRIC_COLUMNS
+from plancc.errors import SettingsError
 from plancc.review.diff_rules import ABS_FLOOR, DEFAULT_TOLERANCE, FAIL_ON, REGRESSION_METRICS
 from plancc.store import plan_store, schemas
 from plancc.store.plan import Plan

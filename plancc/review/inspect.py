@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from plancc.core.layout import optimizer_updates, update_grid
 from plancc.errors import PlanccError
-from plancc.layout import optimizer_updates, update_grid
 from plancc.store import parquet, plan_store, schemas
 from plancc.store.plan import Plan
 

@@ -35,7 +35,7 @@ class SampleView:
     segments: list[tuple[str, bool]]  # (decoded text, supervised) runs
     pieces: list[str]  # each token decoded alone
     tokenizer: str
-    dataset: str | None = None  # a recipe's: the sample's dataset and its row there (`plancc.recipe_data`)
+    dataset: str | None = None  # a recipe's: the sample's dataset and its row there (`plancc.build.recipe`)
     row: int | None = None
     trained: str = ""  # what the scan trained (`trained_summary`)
 
@@ -54,7 +54,7 @@ class SampleView:
 def trained_summary(report: ScanRecord) -> str:
     """What the scan supervised, in one line: the what-is-trained settings (`ScanOptions`) that apply to its
     format, defaults included."""
-    from plancc.config import ScanOptions
+    from plancc.config.settings import ScanOptions
 
     options = report.options or ScanOptions()
     fmt = report.format

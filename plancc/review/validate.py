@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc.config import SHARED_SETTINGS, Mode, PlanSettings, SettingsError, Shift
-from plancc.layout import tail_batches
-from plancc.plan import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
+from plancc.config.settings import SHARED_SETTINGS, PlanSettings
+from plancc.core.choices import Mode, Shift
+from plancc.core.layout import tail_batches
+from plancc.core.plan_arrays import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
+from plancc.errors import SettingsError
 from plancc.planner import holdout, mixture
 from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
 from plancc.store import parquet, plan_files, plan_store, schemas, token_store
@@ -33,7 +35,7 @@ from plancc.store.plan import Plan
 
 
 def _shared_problems(plan: Plan) -> list[str]:
-    """A plan compiled from a scan holds the scan's sequence_len and shift (`plancc.scan.carry`): its samples were cut,
+    """A plan compiled from a scan holds the scan's sequence_len and shift (`plancc.build.carry`): its samples were cut,
     dropped and counted under them. A plan whose settings say otherwise was edited (or built by hand)."""
     recorded = plan.scan_record.options
     if recorded is None:

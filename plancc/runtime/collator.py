@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plancc.config import Mode, Shift
+from plancc.core.choices import Mode, Shift
 from plancc.errors import PlanMismatchError
 from plancc.runtime.data import TokenStore
 from plancc.runtime.sampler import Microbatch

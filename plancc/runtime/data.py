@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc.config import Shift
+from plancc.core.choices import Shift
 from plancc.errors import PlanMismatchError
 from plancc.store import parquet, plan_store, token_store
 from plancc.store.plan import Plan, verified_plan

@@ -1,7 +1,7 @@
 """Replay a plan: one rank's microbatches of one epoch, in plan order, with exact resume and elastic replay.
 
 The layout (which rank runs which microbatch, the positions each rank walks, the tail update, elastic replay on
-`(W', G')` with `W'G' = WG`) is `plancc.layout`'s; this module turns positions into `Microbatch`es. A rank without
+`(W', G')` with `W'G' = WG`) is `plancc.core.layout`'s; this module turns positions into `Microbatch`es. A rank without
 a microbatch at a tail micro-step gets an **empty placeholder** (`Microbatch.placeholder`, no samples): the
 collator turns it into a one-token row with no target, so the loss is 0 and its gradient is zero, but every rank
 still runs the same number of forward/backward passes and the DDP all-reduce stays in lockstep.
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from plancc import layout
+from plancc.core import layout
 from plancc.errors import PlanMismatchError
 from plancc.store.plan import Plan, RankEpoch, check_rank, verified_plan
 

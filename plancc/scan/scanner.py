@@ -47,7 +47,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from plancc.config import ScanOptions, default_cache_dir
+from plancc.config.settings import ScanOptions
+from plancc.core.paths import default_cache_dir
 from plancc.errors import InputError, PlanccError
 from plancc.scan import merge, shard
 from plancc.scan.sources.parallel import workers

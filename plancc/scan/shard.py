@@ -26,8 +26,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from plancc.config import ScanOptions, SettingsError, canonical_hash
-from plancc.errors import InputError
+from plancc.config.settings import ScanOptions, canonical_hash
+from plancc.errors import InputError, SettingsError
 from plancc.scan.sources import detect, templates
 from plancc.scan.sources.chat import has_generation_tags, reads_clock
 from plancc.scan.sources.encode import Encoded, RowError, Supervise

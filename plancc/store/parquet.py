@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from plancc.plan import SampleArrays
+from plancc.core.plan_arrays import SampleArrays
 from plancc.store import token_store
 from plancc.store.schemas import (
     ARROW_SCHEMA_KEY,

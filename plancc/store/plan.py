@@ -12,7 +12,7 @@ shape the compiler uses::
     batch_bounds= [0, 1, 3]            microbatch j = rows[batch_bounds[j]:batch_bounds[j+1]]
 
 Elastic replay: a plan compiled for (W, G) is read for (W', G') with W'·G' = W·G. The global order is unchanged;
-rank r' takes every W'-th microbatch (`plancc.layout`).
+rank r' takes every W'-th microbatch (`plancc.core.layout`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc import layout
-from plancc.config import PlanSettings
+from plancc.config.settings import PlanSettings
+from plancc.core import layout
+from plancc.core.numbers import padding_ratio
 from plancc.errors import PlanccError, PlanMismatchError, SettingsError
-from plancc.numbers import padding_ratio
 from plancc.store import token_store
 from plancc.store.parquet import column
 from plancc.store.plan_store import EpochMicrobatches, PlanDir, PlanIntegrityError, nested_arrays

@@ -11,8 +11,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc import layout
-from plancc.config import ROLES, canonical_hash
+from plancc.config.settings import ROLES, canonical_hash
+from plancc.core import layout
 from plancc.errors import InputError
 from plancc.store import atomic, token_store
 from plancc.store.fingerprint import (

@@ -22,8 +22,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc import layout
-from plancc.config import PlanSettings, SettingsError
+from plancc.config.settings import PlanSettings
+from plancc.core import layout
+from plancc.errors import SettingsError
 from plancc.store import atomic, token_store
 from plancc.store.fingerprint import (
     before_checksum,

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from plancc.config import SHAPING, SUPERVISION, ScanOptions
+from plancc.config.settings import SHAPING, SUPERVISION, ScanOptions
 from plancc.errors import InputError
 from plancc.store.atomic import read_regular
 from plancc.store.parquet import write_json

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from plancc.core.metric_columns import METRIC_COLUMNS
 from plancc.errors import PlanccError
-from plancc.metric_columns import METRIC_COLUMNS
 
 SCHEMA_VERSION = 1
 
@@ -33,7 +33,7 @@ SAMPLES_SCHEMA = pa.schema(
     ]
 )
 
-DATASET_COLUMN = "dataset"  # a recipe's samples table: the name of each sample's dataset (`plancc.recipe`)
+DATASET_COLUMN = "dataset"  # a recipe's samples table: the name of each sample's dataset (`plancc.config.recipe`)
 RECIPE_SAMPLES_SCHEMA = SAMPLES_SCHEMA.append(pa.field(DATASET_COLUMN, pa.string(), nullable=False))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.jit import numba
+from plancc.core.jit import numba
 
 
 @numba.njit(cache=True, inline="always")

@@ -21,8 +21,8 @@ from functools import partial
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import Batches, SampleArrays
 
 Stage = Callable[[Batches, SampleArrays, PlanSettings], Batches]
 

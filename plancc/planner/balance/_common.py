@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.layout import complete_batches
-from plancc.plan import (
+from plancc.config.settings import PlanSettings
+from plancc.core.layout import complete_batches
+from plancc.core.plan_arrays import (
     Batches,
     SampleArrays,
     batch_cost,

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.jit import numba
-from plancc.plan import Batches, SampleArrays, batch_cost, row_targets
+from plancc.config.settings import PlanSettings
+from plancc.core.jit import numba
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_cost, row_targets
 from plancc.planner.balance import _common as common
 
 PASSES = 16  # passes of pairings (two without a swap end it)

@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from plancc.jit import numba
+from plancc.core.jit import numba
 from plancc.planner.balance._subset_tables import (
     LOCAL,
     fill_subsets,

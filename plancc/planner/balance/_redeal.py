@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.jit import numba
-from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
+from plancc.config.settings import PlanSettings
+from plancc.core.jit import numba
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
 from plancc.planner.balance import _common as common
 
 

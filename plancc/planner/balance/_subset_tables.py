@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from plancc.jit import numba
+from plancc.core.jit import numba
 
 SUB_CAP = 128  # subsets enumerated per row (singles, then pairs, then triples)
 LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.jit import numba
-from plancc.plan import Batches, SampleArrays, batch_targets, permute_batches
+from plancc.config.settings import PlanSettings
+from plancc.core.jit import numba
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_targets, permute_batches
 from plancc.planner.balance import _common as common
 
 BLOCK_UPDATES = 16

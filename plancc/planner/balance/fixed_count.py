@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
 from plancc.planner.balance import _common as common
 from plancc.planner.balance._cost_spread import even_padded_costs
 from plancc.planner.balance._redeal import deal_equal_labels, deal_equal_lengths, trim_peak

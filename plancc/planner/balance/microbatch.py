@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_cost, batch_targets
 from plancc.planner.balance import _common as common
 from plancc.planner.balance._redeal import deal_equal_lengths
 from plancc.planner.pack.label_aware import pack_label_aware

@@ -24,8 +24,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays, batch_attention, batch_cost, batch_targets, permute_batches
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import (
+    Batches,
+    SampleArrays,
+    batch_attention,
+    batch_cost,
+    batch_targets,
+    permute_batches,
+)
 from plancc.planner.balance import _common as common
 
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import PlanSettings
-from plancc.plan import Batches, SampleArrays
+from plancc.config.settings import PlanSettings
+from plancc.core.plan_arrays import Batches, SampleArrays
 from plancc.planner.balance import _common as common
 from plancc.planner.balance._redeal import trim_peak
 from plancc.planner.balance.fixed_count import exchange_within_cost_cv

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config import Mode, PlanSettings
-from plancc.layout import tail_batches
-from plancc.plan import Batches, SampleArrays, batch_cost, batch_targets, from_rows, permute_batches
+from plancc.config.settings import PlanSettings
+from plancc.core.choices import Mode
+from plancc.core.layout import tail_batches
+from plancc.core.plan_arrays import (
+    Batches,
+    SampleArrays,
+    batch_cost,
+    batch_targets,
+    from_rows,
+    permute_batches,
+)
 from plancc.planner.pack.plain import pack_best_fit
 from plancc.planner.pack.random_groups import group_fixed
 

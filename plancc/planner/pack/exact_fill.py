@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.jit import numba
+from plancc.core.jit import numba
 from plancc.planner.pack._rows import pool_items, row_fill
 from plancc.planner.pack.best_fit import best_fit
 from plancc.planner.sort import longest_first

@@ -32,7 +32,7 @@ from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from plancc.config import DEFAULT_TEMPLATE_DATE
+from plancc.config.settings import DEFAULT_TEMPLATE_DATE
 from plancc.errors import clip
 
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",

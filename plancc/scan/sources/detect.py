@@ -15,8 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc.config import ScanOptions, SettingsError, flag
-from plancc.errors import InputError, clip
+from plancc.config.settings import ScanOptions, flag
+from plancc.errors import InputError, SettingsError, clip
 from plancc.scan.sources.read import Source
 
 REQUIRED = {

@@ -24,7 +24,7 @@ from itertools import chain
 import numpy as np
 import pyarrow as pa
 
-from plancc.config import DEFAULT_TEMPLATE_DATE, ScanOptions
+from plancc.config.settings import DEFAULT_TEMPLATE_DATE, ScanOptions
 from plancc.scan.sources.chat import Renderer, TemplateProblem, Turn, normalize
 from plancc.scan.sources.tokenizer import Tok
 from plancc.store.token_store import IGNORE_INDEX

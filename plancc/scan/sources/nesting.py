@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from plancc.core.jit import numba
 from plancc.errors import InputError
-from plancc.jit import numba
 
 MAX_DEPTH = 100
 

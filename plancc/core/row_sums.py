@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.jit import numba
+from plancc.core.jit import numba
 
 NONE, SAMPLE, ROW = 0, 1, 2  # how a row's targets follow from its samples' label counts (plan.SampleArrays.targets)
 LABEL_BITS = 31  # label counts below 2**31 (lengths too: both are token counts of one sample)

@@ -12,10 +12,10 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-from plancc.config import default_cache_dir
+from plancc.core.paths import default_cache_dir
 
 # every module holding @numba.njit(cache=True) kernels (a test checks the list against the sources)
-KERNEL_MODULES = ("plancc.store.token_hash", "plancc.planner.sort", "plancc.row_sums", "plancc.planner.pack.best_fit",
+KERNEL_MODULES = ("plancc.store.token_hash", "plancc.planner.sort", "plancc.core.row_sums", "plancc.planner.pack.best_fit",
                   "plancc.planner.pack._rows", "plancc.planner.pack.exact_fill", "plancc.planner.balance._cost_spread",
                   "plancc.planner.balance._exchange", "plancc.planner.balance._subset_tables",
                   "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.scan.sources.nesting")

@@ -19,7 +19,7 @@ from functools import cached_property
 
 import numpy as np
 
-from plancc.config import Mode, Shift
+from plancc.core.choices import Mode, Shift
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class SampleArrays:
     @cached_property
     def facts(self) -> np.ndarray:
         """Length, label count and first-label flag packed into one int64 a sample (`row_sums`' input)."""
-        from plancc.row_sums import pack_facts
+        from plancc.core.row_sums import pack_facts
 
         return pack_facts(self.length, self.label_count, self.first_label_supervised)
 
@@ -125,7 +125,7 @@ def row_sums(b: Batches, s: SampleArrays, shift: str = Shift.NONE) -> RowSums:
 
     Under `row` shift only a row's first sample loses its first label; under `sample` every sample does.
     """
-    from plancc import row_sums as kernel
+    from plancc.core import row_sums as kernel
 
     shift = Shift(shift)
     taken = b.sums.get(shift)

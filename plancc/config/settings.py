@@ -5,7 +5,7 @@ scan cache key); `PlanSettings` decide the plan given a samples table (and so th
 Settings that cannot change a plan (`num_proc`, `quiet`, output paths) live in neither.
 
 `sequence_len` and `shift` are the two that both hold: the samples table means what it means under them (lengths
-cut or dropped, label counts), and the plan is hashed with them. The scan's values win: `plancc.scan.carry` copies
+cut or dropped, label counts), and the plan is hashed with them. The scan's values win: `plancc.build.carry` copies
 them into `PlanSettings` for a scan or plan directory given as source (or a scan's samples.parquet alone, whose
 metadata records them), and refuses a flag that contradicts them.
 """
@@ -16,57 +16,15 @@ import dataclasses
 import datetime as dt
 import difflib
 import hashlib
-import os
 import tomllib
 from dataclasses import dataclass, fields
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from plancc.core.choices import Choice, CostMode, LongPolicy, Mode, Shift
 from plancc.errors import SettingsError
-
-
-class Choice(StrEnum):
-    """A setting with named values. Members are strings ("packed" == Mode.PACKED), so manifests, config files,
-    fingerprints and CLI flags hold exactly the value, and `repr` shows it as the plain string it replaces."""
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-class Mode(Choice):
-    """Layout of a microbatch (docs/spec.md §4): one packed row (or rows), a padded group, or a flattened row."""
-
-    PACKED = "packed"
-    PADDED = "padded"
-    FLATTENED = "flattened"
-
-
-class Shift(Choice):
-    """Label semantics (docs/spec.md §3): shift inside each sample, over each packed row, or labels already shifted."""
-
-    SAMPLE = "sample"
-    ROW = "row"
-    NONE = "none"
-
-
-class CostMode(Choice):
-    """What rank ordering and within-update trades even out: padded token slots, or attention work (the sum of
-    squared sample lengths)."""
-
-    TOKENS = "tokens"
-    ATTENTION = "attention"
-
-
-class LongPolicy(Choice):
-    """What the scan does with a sample longer than --sequence-len."""
-
-    TRUNCATE = "truncate"
-    DROP = "drop"
-    ERROR = "error"
-
 
 FORMATS = ("auto", "tokenized", "prompt_completion", "alpaca", "messages", "text")
 # what --columns may map a source field onto: every column name some format reads
@@ -377,7 +335,7 @@ def _val_set_size(value: Any) -> int | float:
     return value
 
 
-CONFIG_DATASETS = ("datasets", "eval_datasets")  # config keys listing a recipe's datasets (`plancc.recipe`)
+CONFIG_DATASETS = ("datasets", "eval_datasets")  # config keys listing a recipe's datasets (`plancc.config.recipe`)
 MIX_KINDS = ("repeat", "weight")
 DATASET_ROLES = ("train", "eval")
 
@@ -476,7 +434,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 # other tools' names (Axolotl, Hugging Face TrainingArguments / TRL SFTConfig) for plancc's settings: a plancc config
-# holding one is told the plancc spelling (`plancc.config_import` reads such a config whole)
+# holding one is told the plancc spelling (`plancc.config.foreign` reads such a config whole)
 ALIASES = {
     "gradient_accumulation_steps": "grad_accum", "num_epochs": "epochs", "num_train_epochs": "epochs",
     "max_seq_length": "sequence_len", "max_length": "sequence_len", "seq_len": "sequence_len",
@@ -523,11 +481,11 @@ def beside(folder: Path, path: str) -> str:
 def load_config_file(path: str | Path, config_format: str = "auto") -> dict[str, Any]:
     """Read a TOML or YAML config file into a flat mapping of setting names (dashes or underscores), its
     tokenizer and chat template read beside it. `config_format` `axolotl` or `trl` (or `auto` on such a file's
-    keys) translates another tool's config (`plancc.config_import`)."""
-    from plancc import config_import
+    keys) translates another tool's config (`plancc.config.foreign`)."""
+    from plancc.config import foreign
 
     p = Path(path)
-    data = config_import.translate(read_config_file(p), p, config_format).settings
+    data = foreign.translate(read_config_file(p), p, config_format).settings
     known = (SETTING_NAMES - {"mixture"}) | {"num_proc", *CONFIG_DATASETS}
     out: dict[str, Any] = {}
     unknown = []
@@ -548,7 +506,7 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
                      **settings: Any) -> tuple[ScanOptions, PlanSettings, int, set[str]]:
     """Defaults < `config` file (TOML/YAML; `config_format`: see `load_config_file`) < keyword settings (None
     means "not given"); also `num_proc` and the names set on purpose (which a scan directory's carried options
-    must not contradict: `plancc.scan.carry`)."""
+    must not contradict: `plancc.build.carry`)."""
     if not config and config_format != "auto":
         raise SettingsError(f"--config-format {config_format} describes a --config file; none was given",
                             "config_format")
@@ -559,7 +517,7 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
         procs = merged.pop("num_proc", 1) if num_proc is None else num_proc
         _positive("num_proc", procs)
         merged.update(given)
-        for key in CONFIG_DATASETS:  # a recipe's dataset lists: `plancc.recipe` reads them
+        for key in CONFIG_DATASETS:  # a recipe's dataset lists: `plancc.config.recipe` reads them
             merged.pop(key, None)
         return (*split_settings(merged), procs, set(merged))
     except SettingsError as exc:
@@ -567,8 +525,3 @@ def resolve_settings(config: str | Path | None = None, num_proc: int | None = No
         if name not in from_file or name in given or (name == "num_proc" and num_proc is not None):
             raise
         raise SettingsError(f"config file {config}: {str(exc).replace(flag(name), name, 1)}", name) from None
-
-
-def default_cache_dir() -> Path:
-    """The plancc cache (scans, compiled kernels): $PLANCC_CACHE, else ~/.cache/plancc."""
-    return Path(os.environ.get("PLANCC_CACHE") or "~/.cache/plancc").expanduser()  # empty: unset, as shells mean it

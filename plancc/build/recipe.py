@@ -1,6 +1,6 @@
 """A recipe's datasets as one samples table and one token store.
 
-Each dataset is loaded as a single source would be (`plancc.scan.load.load_samples`: scanned into the scan cache under its
+Each dataset is loaded as a single source would be (`plancc.build.samples.load_samples`: scanned into the scan cache under its
 own key, or reused, so changing one dataset rescans only that one; a scan or plan directory is read as is), with
 its own `--max-dropped` check (an error names the dataset). Then, in recipe order:
 
@@ -26,18 +26,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc.config import (
-    SHARED_SETTINGS,
-    PlanSettings,
-    ScanOptions,
-    SettingsError,
-    canonical_hash,
-    default_cache_dir,
-)
-from plancc.errors import InputError, PlanccError
+from plancc.build.carry import carry
+from plancc.config.recipe import DatasetSpec
+from plancc.config.settings import SHARED_SETTINGS, PlanSettings, ScanOptions, canonical_hash
+from plancc.core.paths import default_cache_dir
+from plancc.errors import InputError, PlanccError, SettingsError
 from plancc.planner.mixture import dataset_index
-from plancc.recipe import DatasetSpec
-from plancc.scan.carry import carry
 from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
 from plancc.store.plan import Plan
 from plancc.store.scan_record import TOTALS, ScanRecord, Template
@@ -74,7 +68,7 @@ class Joined:
 
 
 def _load_one(spec: DatasetSpec, scan_options: ScanOptions, settings: PlanSettings, given: Any, **kw: Any) -> Loaded:
-    from plancc.scan.load import load_samples
+    from plancc.build.samples import load_samples
 
     options = spec.scan_options(scan_options)
     try:

@@ -15,15 +15,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc.config import PlanSettings, ScanOptions
+from plancc.build.carry import carry
+from plancc.build.samples import load_samples
+from plancc.config.recipe import DatasetSpec
+from plancc.config.settings import PlanSettings, ScanOptions
+from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
-from plancc.plan import SampleArrays
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
-from plancc.recipe import DatasetSpec
-from plancc.scan.carry import carry
-from plancc.scan.load import load_samples
 from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store, token_writer
 from plancc.store.fingerprint import (
     before_checksum,
@@ -42,7 +42,7 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
 
     The output is checked first (`outputs.check_output`): a refused `-o` costs no work and gets nothing written.
-    The scan's sequence_len and shift become the plan's (`plancc.scan.carry`); for a scan or plan directory as `source`
+    The scan's sequence_len and shift become the plan's (`plancc.build.carry`); for a scan or plan directory as `source`
     that is what it was made with, and `given` (the settings the caller set on purpose) must not contradict it."""
     outputs.check_output(out_dir, overwrite=overwrite)
     samples_table, scan_info, tokenized = load_samples(
@@ -65,8 +65,8 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
                    progress: Progress | None = None, given: Collection[str] = (), overwrite: bool = False
                    ) -> dict[str, Any]:
     """`compile_to_dir` for a recipe: each dataset scanned (or reused) on its own, joined into one samples table and
-    token store (`plancc.recipe_data`), planned as the recipe's mixture; returns the manifest."""
-    from plancc import recipe_data
+    token store (`plancc.build.recipe`), planned as the recipe's mixture; returns the manifest."""
+    from plancc.build import recipe as recipe_data
 
     outputs.check_output(out_dir, overwrite=overwrite)
     joined = recipe_data.load(specs, scan_options, settings, given, num_proc=num_proc, cache_dir=cache_dir,

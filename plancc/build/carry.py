@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any
 
-from plancc.config import SHARED_SETTINGS, PlanSettings, ScanOptions, SettingsError, flag
+from plancc.config.settings import SHARED_SETTINGS, PlanSettings, ScanOptions, flag
+from plancc.errors import SettingsError
 from plancc.store.scan_record import ScanRecord
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from plancc.config import ScanOptions
+from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
 from plancc.store import plan_files, schemas
 from plancc.store.plan import Plan

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plancc.config import CONFIG_DATASETS, SUPERVISION, ScanOptions, SettingsError, beside, did_you_mean, flag
+from plancc.config.settings import CONFIG_DATASETS, SUPERVISION, ScanOptions, beside, did_you_mean, flag
+from plancc.errors import SettingsError
 
 OWN_KEYS = ("format", "columns", "split", "chat_template", "prompt_format", "no_input_format", "separator",
             "message_fields")  # scan options a dataset may set for itself

@@ -1,0 +1,46 @@
+"""The settings with named values, as str enums: below every package, since the planner, the store and the
+runtime branch on them and need nothing else of the settings."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Choice(StrEnum):
+    """A setting with named values. Members are strings ("packed" == Mode.PACKED), so manifests, config files,
+    fingerprints and CLI flags hold exactly the value, and `repr` shows it as the plain string it replaces."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Mode(Choice):
+    """Layout of a microbatch (docs/spec.md §4): one packed row (or rows), a padded group, or a flattened row."""
+
+    PACKED = "packed"
+    PADDED = "padded"
+    FLATTENED = "flattened"
+
+
+class Shift(Choice):
+    """Label semantics (docs/spec.md §3): shift inside each sample, over each packed row, or labels already shifted."""
+
+    SAMPLE = "sample"
+    ROW = "row"
+    NONE = "none"
+
+
+class CostMode(Choice):
+    """What rank ordering and within-update trades even out: padded token slots, or attention work (the sum of
+    squared sample lengths)."""
+
+    TOKENS = "tokens"
+    ATTENTION = "attention"
+
+
+class LongPolicy(Choice):
+    """What the scan does with a sample longer than --sequence-len."""
+
+    TRUNCATE = "truncate"
+    DROP = "drop"
+    ERROR = "error"
