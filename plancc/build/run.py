@@ -80,6 +80,16 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
                           progress, overwrite=overwrite, recipe=recipe, evaluation=run.evaluation)
 
 
+def kind_counts(s: SampleArrays) -> dict[str, int]:
+    """What a preference loss over all of `s` divides by: its pairs, or its desirable and undesirable completions
+    (nothing for SFT samples)."""
+    if s.kind == "preference":
+        return {"pairs": int(s.chosen.sum())}
+    if s.kind == "unpaired_preference":
+        return {"desirable": int(s.desirable.sum()), "undesirable": int((~s.desirable).sum())}
+    return {}
+
+
 # scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
 # took (a cold and a warm cache must give the same plan bytes)
 NOT_PLANNED = ("source_paths", "seconds")
@@ -115,11 +125,12 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     }
     if tokenized is not None:  # binds the token store: a reader compares its digest at open
         fingerprints["tokens"] = token_store.open_store(tokenized).digest
+    kind = s.kind  # sft, or preference data's (docs/preference.md): its tables carry their pair or label columns
     tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
     for p in epochs:
         cols = plan_columns(p, s, settings)
         plan_fps[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_files.plan_table(cols))
+        tables.append(plan_files.plan_table(cols, schemas.plan_schema(kind)))
         metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
         after = p.metrics[-1][1]
         epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
@@ -129,11 +140,12 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     if evaluation is not None:
         cols = eval_columns(evaluation, settings)
         fingerprints["eval"] = eval_fingerprint(cols)
-        eval_table, eval_info = plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size)
+        eval_table = plan_files.eval_table(cols)
+        eval_info = plan_files.eval_summary(cols, settings.world_size, kind_counts(evaluation.samples))
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
     data = data_manifest(out_dir, list(scan_info.source_paths), tokenized is not None)
-    metrics = plan_files.metrics_table(metric_rows)
+    metrics = plan_files.metrics_table(metric_rows, kind)
     before = plan_files.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
     manifest = {
         "plancc": __version__,
@@ -155,6 +167,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
                       "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
     }
+    if kind != "sft":
+        manifest["data_kind"] = kind
     if eval_info is not None:
         manifest["eval"] = eval_info
     if recipe is not None:

@@ -28,6 +28,7 @@ from plancc.store.parquet import (
     optional_array,
     read_file_meta,
     read_samples,
+    sample_arrays,
     string_array,
     write_json,
     write_parquet,
@@ -51,13 +52,14 @@ from plancc.store.schemas import (
     TOKENS_DIR,
     StoreError,
     metrics_schema,
+    samples_kind,
     samples_schema,
 )
 
 
-def metrics_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows of {epoch, stage, metric...} as the metrics table."""
-    schema = metrics_schema()
+def metrics_table(rows: list[dict[str, Any]], kind: str = "sft") -> pa.Table:
+    """Rows of {epoch, stage, metric...} as the metrics table (of a plan of `kind`: `schemas.samples_kind`)."""
+    schema = metrics_schema(kind)
     arrays = [string_array([row[f.name] for row in rows]) if pa.types.is_string(f.type)
               else optional_array([row.get(f.name) for row in rows], f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -76,10 +78,13 @@ def eval_table(cols: dict[str, Any]) -> pa.Table:
     return plan_table(cols, EVAL_SCHEMA)
 
 
-def eval_summary(cols: dict[str, np.ndarray], world_size: int) -> dict[str, int]:
-    """What the manifest records of the eval plan: its sizes and the global target count the loss divides by."""
+def eval_summary(cols: dict[str, np.ndarray], world_size: int, kinds: dict[str, int] | None = None
+                 ) -> dict[str, int]:
+    """What the manifest records of the eval plan: its sizes and the global target count the loss divides by, and
+    for preference data the counts a preference loss divides by (`kinds`: pairs, or desirable and undesirable)."""
     n = int(cols["index"].shape[0])
     return {
+        **(kinds or {}),
         "samples": int(cols["sample_ids"].shape[0]),
         "batches": n,
         "batches_per_rank": layout.steps_per_rank(n, world_size),
@@ -108,7 +113,7 @@ def write_plan_files(directory: Path, plan: pa.Table, samples: pa.Table, metrics
     """
     plan_meta = {META_KEY: orjson.dumps({**manifest, "kind": "plan"}, option=orjson.OPT_SORT_KEYS)}
     write_parquet(plan, directory / PLAN_FILE, plan_meta, PLAN_ROW_GROUP)
-    schema = samples_schema(DATASET_COLUMN in samples.column_names)
+    schema = samples_schema(DATASET_COLUMN in samples.column_names, samples_kind(samples.column_names))
     write_parquet(samples.select(schema.names).cast(schema), directory / SAMPLES_FILE,
                   file_metadata("samples", fingerprints, settings))
     write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
@@ -139,11 +144,11 @@ def _near_samples_table(path: Path, names: set[str]) -> None:
     """Refuse a Parquet file that is a samples table but for some columns (it has sample_id, length and label_count
     and no column any source format reads): telling its format would fail with a message about formats."""
     if {"sample_id", "length", "label_count"} <= names and not names & set(ROLES):
-        want = set(SAMPLES_SCHEMA.names)
+        want = set(samples_schema(False, samples_kind(names)).names)
         wrong = [f"lacks {sorted(want - names)}"] if want - names else []
         wrong += [f"has {sorted(names - want)} besides"] if names - want else []
         raise InputError(f"{path} looks like a samples table but {' and '.join(wrong)}: a samples table has exactly "
-                         f"the columns {SAMPLES_SCHEMA.names} (schemas/samples.arrow.json)")
+                         f"the columns {sorted(want)} (schemas/samples.arrow.json)")
 
 
 def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
@@ -165,7 +170,7 @@ def read_samples_source(path: str | Path) -> tuple[pa.Table, dict] | None:
             names = set(pq.read_schema(f).names)
         except (pa.ArrowException, OSError) as exc:
             raise InputError(f"{f}: not a readable Parquet file ({exc})") from None
-        if names != set(SAMPLES_SCHEMA.names):
+        if names != set(samples_schema(False, samples_kind(names)).names):
             _near_samples_table(f, names)
             return None
     else:
@@ -229,6 +234,11 @@ def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None
     if DATASET_COLUMN in table.column_names:  # a recipe's: which dataset each sample is of is what the plan saw
         codes, names = dataset_codes(table)
         identity = {**(identity or {}), "datasets": canonical_hash({"names": names, "codes": array_digest(codes)})}
+    kind = samples_kind(table.column_names)
+    if kind != "sft":  # preference data: which completions pair up (or are desirable) is what the plan saw too
+        arrays = sample_arrays(table)
+        labels = [arrays.pair_id, arrays.chosen] if kind == "preference" else [arrays.desirable]
+        identity = {**(identity or {}), kind: array_digest(*(a.astype(np.int64) for a in labels))}
     return {
         "dataset": dataset_fingerprint(col["sample_id"], col["token_hash"]),
         "metadata": metadata_fingerprint(col["sample_id"], col["length"], col["label_count"],
