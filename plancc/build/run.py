@@ -80,16 +80,6 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
                           progress, overwrite=overwrite, recipe=recipe, evaluation=run.evaluation)
 
 
-def kind_counts(s: SampleArrays) -> dict[str, int]:
-    """What a preference loss over all of `s` divides by: its pairs, or its desirable and undesirable completions
-    (nothing for SFT samples)."""
-    if s.kind == "preference":
-        return {"pairs": int(s.chosen.sum())}
-    if s.kind == "unpaired_preference":
-        return {"desirable": int(s.desirable.sum()), "undesirable": int((~s.desirable).sum())}
-    return {}
-
-
 # scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
 # took (a cold and a warm cache must give the same plan bytes)
 NOT_PLANNED = ("source_paths", "seconds")
@@ -141,7 +131,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         cols = eval_columns(evaluation, settings)
         fingerprints["eval"] = eval_fingerprint(cols)
         eval_table = plan_files.eval_table(cols)
-        eval_info = plan_files.eval_summary(cols, settings.world_size, kind_counts(evaluation.samples))
+        eval_info = plan_files.eval_summary(cols, settings.world_size,
+                                              plan_files.kind_counts(evaluation.samples))
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
     data = data_manifest(out_dir, list(scan_info.source_paths), tokenized is not None)

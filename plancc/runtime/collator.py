@@ -54,8 +54,13 @@ class PlanCollator:
 
     @classmethod
     def from_plan(cls, plan: str | Plan, **kwargs: Any) -> PlanCollator:
-        """A collator for the plan's layout, shift and padding multiple (`kwargs`: pad token, ...)."""
+        """A collator for the plan's layout, shift and padding multiple (`kwargs`: pad token, ...); for a preference
+        plan, the one that also says which sequence is whose (`plancc.runtime.pairs.PreferenceCollator`)."""
         plan = verified_plan(plan)
+        if plan.data_kind != "sft" and cls is PlanCollator:
+            from plancc.runtime.pairs import PreferenceCollator
+
+            return PreferenceCollator.of_plan(plan, **kwargs)
         return cls(mode=plan.settings.mode, shift=plan.settings.shift, pad_multiple=plan.settings.pad_multiple, **kwargs)
 
     def arrays(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:

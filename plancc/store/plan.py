@@ -18,7 +18,7 @@ rank r' takes every W'-th microbatch (`plancc.core.layout`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,9 @@ class RankEpoch:
     num_items: np.ndarray  # int64 global targets of the microbatch's update
     total_batches: int  # microbatches of the whole epoch (all ranks)
     tail_num_items: int  # global targets of the incomplete final update (0 when there is none)
+    # a preference plan's update totals by column (`Plan.kind_columns`: pairs, chosen targets, ...), and the tail's
+    counts: dict[str, np.ndarray] = field(default_factory=dict)
+    tail_counts: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -67,6 +70,7 @@ class RankEval:
     label_count: np.ndarray  # int64 supervised targets per microbatch
     total_batches: int  # eval microbatches on all ranks
     total_label_count: int  # eval targets on all ranks
+    counts: dict[str, int] = field(default_factory=dict)  # a preference plan's eval totals (`Plan.eval_counts`)
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -217,9 +221,10 @@ class Plan(PlanDir):
         table = self.epoch_rows(epoch)
         total = table.num_rows
         keep = layout.rank_indices(total, world_size, rank)  # rows are the verified epoch in index order
-        mine = table.select(PLAN_COLUMNS).take(pa.array(keep))
+        mine = table.select(PLAN_COLUMNS + self.kind_columns).take(pa.array(keep))
         ids, row_bounds, batch_bounds = nested_arrays(mine.column("sample_ids"))
         tail_start = layout.complete_batches(total, self.settings.world_size, self.settings.grad_accum)
+        tail = tail_start < total
         return RankEpoch(
             epoch=int(epoch),
             index=keep,
@@ -230,7 +235,9 @@ class Plan(PlanDir):
             label_count=column(mine, "label_count"),
             num_items=column(mine, "num_items"),
             total_batches=total,
-            tail_num_items=int(column(table, "num_items")[tail_start]) if tail_start < total else 0,
+            tail_num_items=int(column(table, "num_items")[tail_start]) if tail else 0,
+            counts={name: column(mine, name) for name in self.kind_columns},
+            tail_counts={name: int(column(table, name)[tail_start]) if tail else 0 for name in self.kind_columns},
         )
 
     def samples_table(self) -> pa.Table:
@@ -273,7 +280,15 @@ class Plan(PlanDir):
         mine = table.select(["sample_ids", "label_count"]).take(pa.array(keep))
         ids, row_bounds, batch_bounds = nested_arrays(mine.column("sample_ids"))
         return RankEval(keep, ids, row_bounds, batch_bounds, column(mine, "label_count"), table.num_rows,
-                        self.eval_label_count)
+                        self.eval_label_count, self.eval_counts)
+
+    @property
+    def eval_counts(self) -> dict[str, int]:
+        """A preference plan's eval totals under the plan table's column names (what a preference loss over the
+        whole eval set divides by: `num_pairs`, or `num_desirable` and `num_undesirable`); empty for SFT."""
+        summary = self.meta["eval"]
+        names = {"num_pairs": "pairs", "num_desirable": "desirable", "num_undesirable": "undesirable"}
+        return {name: int(summary[names[name]]) for name in self.kind_columns if name in names}
 
 
 def check_rank(rank: int, world_size: int) -> None:

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from plancc.config.settings import ROLES, canonical_hash
 from plancc.core import layout
+from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
 from plancc.store import atomic, token_store
 from plancc.store.fingerprint import (
@@ -92,6 +93,16 @@ def eval_summary(cols: dict[str, np.ndarray], world_size: int, kinds: dict[str, 
         "label_count": int(cols["label_count"].sum()),
         "cost": int(cols["cost"].sum()),
     }
+
+
+def kind_counts(s: SampleArrays) -> dict[str, int]:
+    """What a preference loss over all of `s` divides by: its pairs, or its desirable and undesirable completions
+    (nothing for SFT samples)."""
+    if s.kind == "preference":
+        return {"pairs": int(s.chosen.sum())}
+    if s.kind == "unpaired_preference":
+        return {"desirable": int(s.desirable.sum()), "undesirable": int((~s.desirable).sum())}
+    return {}
 
 
 def before_table(epochs: list[int], label_counts: list[np.ndarray]) -> pa.Table:

@@ -42,14 +42,16 @@ from plancc.store.parquet import (
     read_file_meta,
     read_samples,
     read_table,
+    sample_arrays,
 )
-from plancc.store.plan_files import eval_summary, samples_fingerprints
+from plancc.store.plan_files import eval_summary, kind_counts, samples_fingerprints
 from plancc.store.scan_record import ScanRecord
 from plancc.store.schemas import (
     BEFORE_FILE,
     BEFORE_SCHEMA,
     EVAL_FILE,
     EVAL_SCHEMA,
+    KIND_PLAN_FIELDS,
     MANIFEST_FILE,
     METRICS_FILE,
     PLAN_FILE,
@@ -59,6 +61,7 @@ from plancc.store.schemas import (
     TOKENS_DIR,
     StoreError,
     metrics_schema,
+    plan_schema,
 )
 
 # ---------------------------------------------------------------- verified reading (PlanDir)
@@ -290,6 +293,17 @@ class PlanDir:
         return self.meta["data"]
 
     @property
+    def data_kind(self) -> str:
+        """What the plan trains: `sft`, or preference data's `preference` (pairs) or `unpaired_preference` (KTO)
+        (docs/preference.md)."""
+        return self.meta.get("data_kind", "sft")
+
+    @property
+    def kind_columns(self) -> list[str]:
+        """The plan table's columns for its `data_kind` (`schemas.KIND_PLAN_FIELDS`; none for SFT)."""
+        return [f.name for f in KIND_PLAN_FIELDS.get(self.data_kind, ())]
+
+    @property
     def binds_tokens(self) -> bool:
         """Whether the plan ships a token store (its digest is `fingerprints.tokens`)."""
         return "tokens" in self.fingerprints
@@ -446,7 +460,11 @@ class PlanDir:
         if eval_fingerprint(cols) != self.fingerprints.get("eval"):
             problems.append(f"{path}: its {n} rows do not hash to the plan's eval fingerprint (rows edited, deleted, "
                             "reordered or samples exchanged)")
-        found = first_difference(self.meta.get("eval"), eval_summary(cols, W))
+        kinds = None
+        if self.data_kind != "sft":  # what a preference loss divides the eval set's sum by: from the samples held out
+            held = sample_arrays(self.read_samples())
+            kinds = kind_counts(held.take(np.searchsorted(held.sample_id, ids)))
+        found = first_difference(self.meta.get("eval"), eval_summary(cols, W, kinds))
         if found:
             problems.append(f"{self.plan_file} metadata: eval.{found} (recomputed from {EVAL_FILE})")
         return problems
@@ -468,8 +486,8 @@ class PlanDir:
 
     def read_epoch(self, epoch: int, columns: list[str] | None = None) -> pa.Table:
         """One epoch's rows in global order (a filtered read: the same one the runtime verifies and replays)."""
-        table = read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns or EPOCH_COLUMNS,
-                           filters=[("epoch", "=", int(epoch))])
+        table = read_table(self.held(PLAN_FILE), plan_schema(self.data_kind),
+                           columns=columns or EPOCH_COLUMNS + self.kind_columns, filters=[("epoch", "=", int(epoch))])
         index = column(table, "index")
         if index.shape[0] > 1 and not bool(np.all(index[1:] > index[:-1])):
             table = table.take(pc.sort_indices(table, [("index", "ascending")]))
@@ -484,7 +502,7 @@ class PlanDir:
         """
         W, G, P = self.settings.world_size, self.settings.grad_accum, self.settings.batches_per_update
         n = table.num_rows
-        cols = {name: column(table, name) for name in EPOCH_COLUMNS if name != "sample_ids"}
+        cols = {name: column(table, name) for name in EPOCH_COLUMNS + self.kind_columns if name != "sample_ids"}
         update, rank, micro_step = layout.update_mapping(n, W, G)
         expect = {
             "index": (np.arange(n), "the row's position in the epoch"),
