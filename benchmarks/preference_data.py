@@ -93,7 +93,7 @@ def unpaired(tok: pa.Table, seed: int = 0) -> pa.Table:
 
 def _shifted(labels: pa.ChunkedArray) -> pa.Array:
     """Per-sample labels shifted left (pre-shifted labels for `--shift none`)."""
-    return pa.array([y[1:] + [-100] for y in labels.to_pylist()], pa.list_(pa.int32()))
+    return pa.array([[*y[1:], -100] for y in labels.to_pylist()], pa.list_(pa.int32()))
 
 
 def preference_samples_table(tok: pa.Table, shift: str = "sample") -> pa.Table:
