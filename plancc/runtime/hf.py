@@ -74,6 +74,10 @@ from plancc.runtime.tokenizer import check_tokenizer
 from plancc.store.plan import Plan, verified_plan
 
 STATE_FILE = "plancc_sampler.json"
+# the trainers of each kind of plan (`Plan.data_kind`), named when a plan reaches another kind's trainer
+TRAINER_OF = {"sft": "PlanTrainer or PlanSFTTrainer",
+              "preference": "PlanDPOTrainer (plancc.runtime.trl_preference)",
+              "unpaired_preference": "PlanKTOTrainer (plancc.runtime.trl_preference)"}
 
 
 class _EpochStream:
@@ -143,10 +147,15 @@ class PlanTrainer(Trainer):
     `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`). A
     `processing_class` must be the tokenizer the plan was compiled with (`plancc.runtime.check_tokenizer`)."""
 
+    data_kind = "sft"  # what the plans it trains hold (`Plan.data_kind`): preference trainers train theirs
+
     def __init__(self, *args: Any, plan: str | Path | Plan, tokens: TokenStore | None = None,
                  verify: str = "chunks", allow_dataset_change: bool = False, pad_token_id: int = 0,
                  explicit_mask: bool = False, **kwargs: Any):
         self.plan = verified_plan(plan)
+        if self.plan.data_kind != self.data_kind:
+            raise PlanMismatchError(f"{self.plan.path} holds {self.plan.data_kind} data; {type(self).__name__} trains "
+                                    f"{self.data_kind} data: use {TRAINER_OF[self.plan.data_kind]}")
         if kwargs.get("processing_class") is not None:  # saved with every checkpoint: it must be the plan's
             check_tokenizer(self.plan, kwargs["processing_class"])
         self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask
@@ -284,9 +293,7 @@ class PlanTrainer(Trainer):
         was_training = self.model.training
         self.model.eval()  # while logging too: what TRL's `log` reads to tell eval logs from training ones
         try:
-            result = eval_result(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
-                            distributed=self.args.world_size > 1)
-            metrics = {f"{metric_key_prefix}_loss": result.loss, f"{metric_key_prefix}_targets": result.targets,
+            metrics = {**self.plan_eval_metrics(model, loader, plan, metric_key_prefix),
                        **speed_metrics(metric_key_prefix, start, num_samples=plan.meta["eval"]["samples"],
                                        num_steps=len(sampler))}
             self.log(metrics)
@@ -295,6 +302,13 @@ class PlanTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         self._memory_tracker.stop_and_update_metrics(metrics)
         return metrics
+
+    def plan_eval_metrics(self, model: Any, loader: Any, plan: Plan, prefix: str) -> dict[str, float]:
+        """The eval plan's figures (this rank's batches in `loader`, one all-reduce): `<prefix>_loss`, the exact
+        token-mean loss, and `<prefix>_targets`, the global count it divides by."""
+        result = eval_result(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
+                             distributed=self.args.world_size > 1)
+        return {f"{prefix}_loss": result.loss, f"{prefix}_targets": result.targets}
 
     # ------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -49,16 +49,19 @@ _OPTIONS = {"simpo": {"gamma": 0.5, "label_smoothing": 0.0}, "kto": {"kl": 0.0, 
 
 def sequence_logps(logits: torch.Tensor, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs, targets) of every sequence of the batch, in batch order: the sum of its targets' log-probs
-    (fp32) and how many targets it has, for every layout and shift (`batch["target_sequence"]` says whose target
+    (fp32, or the logits' dtype when wider) and how many targets it has, for every layout and shift (`batch["target_sequence"]` says whose target
     each position is)."""
     labels = batch["shift_labels"].to(logits.device).reshape(-1)
     owner = batch["target_sequence"].to(logits.device).reshape(-1)
     n = int(batch["num_sequences"])
-    per_token = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels, ignore_index=IGNORE_INDEX,
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32 at least
+    per_token = -F.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(dtype), labels, ignore_index=IGNORE_INDEX,
                                  reduction="none")
     keep = owner >= 0
-    logps = torch.zeros(n, dtype=torch.float32, device=logits.device).index_add(0, owner[keep], per_token[keep])
-    return logps, torch.bincount(owner[keep], minlength=n)
+    # summed in float64: a sequence's sum runs to thousands, where fp32's rounding of a long sum would move a DPO
+    # margin (a difference of such sums) by more than its own last bit
+    sums = torch.zeros(n, dtype=torch.float64, device=logits.device).index_add(0, owner[keep], per_token[keep].double())
+    return sums.to(dtype), torch.bincount(owner[keep], minlength=n)
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ def _kto_terms(logps: torch.Tensor, ref: torch.Tensor, batch: dict[str, Any], be
                opts: dict[str, Any]) -> Terms:
     """KTO's per-completion losses against the update's KL reference point `opts["kl"]` (a constant)."""
     desirable = batch["desirable"].to(logps.device)
-    z = torch.as_tensor(opts["kl"], dtype=torch.float32, device=logps.device).detach()
+    z = torch.as_tensor(opts["kl"], dtype=logps.dtype, device=logps.device).detach()
     ratio = logps - ref
     per = torch.where(desirable, opts["desirable_weight"] * (1 - torch.sigmoid(beta * (ratio - z))),
                       opts["undesirable_weight"] * (1 - torch.sigmoid(beta * (z - ratio))))
@@ -168,7 +171,7 @@ def kl_reference_point(policy_kl: list[torch.Tensor], reference_kl: list[torch.T
         totals[1] += p.shape[0]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(totals)
-    return (totals[0] / totals[1].clamp_min(1)).clamp_min(0).float()
+    return (totals[0] / totals[1].clamp_min(1)).clamp_min(0).to(policy_kl[0].dtype if policy_kl else torch.float32)
 
 
 __all__ = ["LOSS_TYPES", "REFERENCE_FREE", "Terms", "kl_reference_point", "preference_loss", "preference_terms",
