@@ -130,19 +130,25 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
     }
 
 
+def summarize_plan(b: Batches, s: SampleArrays, settings: PlanSettings,
+                   drops: SourceDrops = NO_DROPS) -> dict[str, int | float | None]:
+    """`summarize` of a plan's microbatches of samples with the capacity its rows have, plus the pair (or label)
+    figures of preference data (`plancc.planner.units`)."""
+    row = summarize(b, s, capacity_settings(settings, s.kind), drops)
+    if s.kind == PAIRED:
+        chosen = s.chosen[b.samples]
+        row.update(_pair_summary(_per_batch(b, chosen), _per_batch(b, entry_targets(b, s, settings.shift) * chosen),
+                                 settings))
+    elif s.kind == UNPAIRED:
+        desirable = s.desirable[b.samples]
+        row.update(_label_summary(_per_batch(b, desirable), _per_batch(b, ~desirable), settings))
+    return row
+
+
 def summarize_units(units: Units, b: Batches, settings: PlanSettings,
                     drops: SourceDrops = NO_DROPS) -> dict[str, int | float | None]:
-    """`summarize` of unit microbatches `b` (`plancc.planner.units`) as the plan holds them, expanded into samples,
-    plus the pair (or label) figures of preference data."""
-    expanded = units.expand(b)
-    row = summarize(expanded, units.samples, capacity_settings(settings, units.kind), drops)
-    if units.kind == PAIRED:
-        row.update(_pair_summary(units.pairs_per_batch(b), _per_batch(expanded, entry_targets(
-            expanded, units.samples, settings.shift) * units.samples.chosen[expanded.samples]), settings))
-    elif units.kind == UNPAIRED:
-        desirable = units.samples.desirable[expanded.samples]
-        row.update(_label_summary(_per_batch(expanded, desirable), _per_batch(expanded, ~desirable), settings))
-    return row
+    """`summarize_plan` of unit microbatches `b` (`plancc.planner.units`) as the plan holds them: expanded."""
+    return summarize_plan(units.expand(b), units.samples, settings, drops)
 
 
 def _per_batch(b: Batches, per_entry: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ import numpy as np
 from plancc.config.settings import PlanSettings
 from plancc.core import layout
 from plancc.core.choices import Mode, Shift
-from plancc.core.plan_arrays import Batches, SampleArrays, segment_sum
+from plancc.core.plan_arrays import Batches, SampleArrays
 from plancc.errors import InputError
 
 PAIRED, UNPAIRED = "preference", "unpaired_preference"
@@ -85,12 +85,6 @@ class Units:
         if self.settings.mode == Mode.PADDED:
             return Batches(samples, np.arange(samples.shape[0] + 1, dtype=np.int64), b.batch_bounds * 2)
         return Batches(samples, b.row_bounds * 2, b.batch_bounds)
-
-    def pairs_per_batch(self, b: Batches) -> np.ndarray:
-        """Pairs in each microbatch of unit microbatches `b` (0 for SFT and unpaired data)."""
-        if self.members is None:
-            return np.zeros(b.num_batches, dtype=np.int64)
-        return segment_sum(b.samples_per_row(), b.batch_bounds)
 
 
 def capacity_settings(settings: PlanSettings, kind: str) -> PlanSettings:

@@ -29,7 +29,9 @@ from plancc.core.layout import tail_batches
 from plancc.core.plan_arrays import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
 from plancc.errors import SettingsError
 from plancc.planner import holdout, mixture
-from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
+from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize_plan
+from plancc.planner.pipeline import kind_columns
+from plancc.planner.units import PAIRED, capacity_settings
 from plancc.store import parquet, plan_files, plan_store, schemas, token_store
 from plancc.store.plan import Plan
 
@@ -101,30 +103,54 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     if settings.drop_last and tail_batches(n, settings.world_size, settings.grad_accum):
         problems.append(f"{where}: --drop-last plan ends with an incomplete update")
 
-    over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
+    capacity = capacity_settings(settings, s.kind).row_capacity
+    over = np.flatnonzero(row_tokens(b, s) > capacity)
     if over.size:
-        problems.append(f"{where}: {over.size} rows exceed capacity {settings.row_capacity} "
-                        f"(first: row {over[0]})")
+        problems.append(f"{where}: {over.size} rows exceed capacity {capacity} (first: row {over[0]})")
+    per_unit = 2 if s.kind == PAIRED else 1  # a preference microbatch holds micro_batch_size pairs
     if settings.mode == Mode.PACKED:
         too_many = np.flatnonzero(b.rows_per_batch() > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
             problems.append(f"{where} row {too_many[0]}: the microbatch has too many rows")
     else:
         per_batch = segment_sum(b.samples_per_row(), b.batch_bounds)
-        short = np.count_nonzero(per_batch != settings.micro_batch_size)  # the remainder's one microbatch
-        if short > 1 or (n and not 1 <= per_batch.min() <= per_batch.max() <= settings.micro_batch_size):
-            problems.append(f"{where}: microbatches do not hold exactly {settings.micro_batch_size} samples "
-                            "(but one, holding the remainder)")
+        most = settings.micro_batch_size * per_unit
+        short = np.count_nonzero(per_batch != most)  # the remainder's one microbatch
+        if short > 1 or (n and not per_unit <= per_batch.min() <= per_batch.max() <= most):
+            problems.append(f"{where}: microbatches do not hold exactly {most} samples (but one, holding the "
+                            "remainder)")
+    if s.kind == PAIRED:
+        problems += _pair_problems(where, b, s, settings.mode)
     expect = {
         "tokens": batch_tokens(b, s),
         "label_count": batch_targets(b, s, settings.shift),
         "cost": batch_cost(b, s, settings.pad_multiple),
+        **(kind_columns(b, s, settings) if "num_items" in table.column_names else {}),
     }
     for name, want in expect.items():
         msg = _mismatch(name, where, parquet.column(table, name), want)
         if msg:
             problems.append(msg)
     return problems, b
+
+
+def _pair_problems(where: str, b: Batches, s, mode: str) -> list[str]:
+    """Every pair whole and side by side: its chosen completion, then its rejected one, in one row (packed,
+    flattened) or in two adjacent rows of one microbatch (padded)."""
+    chosen, rejected = b.samples[0::2], b.samples[1::2]
+    if b.samples.shape[0] % 2 or not (s.chosen[chosen].all() and not s.chosen[rejected].any()) or not np.array_equal(
+            s.pair_id[chosen], s.pair_id[rejected]):
+        bad = np.flatnonzero(~s.chosen[chosen] | s.chosen[rejected] | (s.pair_id[chosen] != s.pair_id[rejected]))
+        at = int(2 * bad[0]) if bad.size else int(b.samples.shape[0] - 1)
+        row = int(np.searchsorted(b.row_bounds[b.batch_bounds], at, side="right") - 1)
+        return [f"{where} row {row}: sample_id {int(s.sample_id[b.samples[at]])} is not a chosen completion followed "
+                "by its pair's rejected one: a pair was split or reordered"]
+    bounds = b.row_bounds if mode != Mode.PADDED else b.row_bounds[b.batch_bounds]
+    if (bounds % 2).any():
+        row = int(np.flatnonzero(bounds % 2)[0])
+        return [f"{where}: a pair straddles {'rows' if mode != Mode.PADDED else 'microbatches'} (at "
+                f"{'row' if mode != Mode.PADDED else 'microbatch'} {row})"]
+    return []
 
 
 def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], np.ndarray]:
@@ -134,7 +160,7 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
     manifest summary: `PlanDir.eval_problems`."""
     size, path, none = plan.settings.val_set_size, plan.path / schemas.EVAL_FILE, np.zeros(0, dtype=np.int64)
     try:
-        drawn = holdout.eval_ids(s.sample_id, plan.settings, index) if len(s) else None
+        drawn = holdout.eval_sample_ids(s, plan.settings, index) if len(s) else None
     except SettingsError as exc:
         return [f"{plan.plan_file} metadata: {exc}"], none
     expected = none if drawn is None else drawn
@@ -338,8 +364,10 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     except schemas.StoreError as exc:
         return [str(exc)], {}
     problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
-    files = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))), (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()),
-             (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
+    data_kind = plan.data_kind
+    files = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture), data_kind)),
+             (schemas.METRICS_FILE, "metrics", schemas.metrics_schema(data_kind)),
+             (schemas.PLAN_FILE, "plan", schemas.plan_schema(data_kind))]
     if plan.has_before:
         files.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
     for name, kind, schema in files:
@@ -359,6 +387,10 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     if before is not None:
         problems += plan.before_problems(before) + _before_problems(plan, before, metrics)
     s = parquet.sample_arrays(samples)
+    if s.kind != data_kind:
+        problems.append(f"{schemas.SAMPLES_FILE} holds {s.kind} data but {schemas.PLAN_FILE} metadata says "
+                        f"{data_kind} (data_kind)")
+        return problems, plan.meta
     if (np.diff(s.sample_id) <= 0).any():
         return [*problems, f"{schemas.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
     if plan.meta["samples"] != len(s):
@@ -387,7 +419,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         more, b = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
         if b is not None:
-            after[e] = summarize(b, s_e, plan.settings, drops)
+            after[e] = summarize_plan(b, s_e, plan.settings, drops)
             if positions is not None:
                 recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
     total = plan.row_count()
