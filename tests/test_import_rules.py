@@ -70,6 +70,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 EXCEPTIONS = {
     ("plancc.runtime.trl", "datasets"),  # TRL's SFTTrainer takes nothing but a datasets.Dataset
+    ("plancc.runtime.trl_preference", "datasets"),  # nor do its DPOTrainer and KTOTrainer
     # validate re-derives what the compile promised (stage summaries, the held-out draw, mixture counts) from the
     # stored arrays with the compile's own functions: a second implementation could agree with a wrong plan
     ("plancc.review.validate", PLANNER),

@@ -8,7 +8,8 @@ A preference plan's microbatch names each pair's chosen completion and then its 
     chosen_index     [0, 2]        rejected_index [1, 3]
     target_sequence  the sequence each position's target belongs to (-1: no target), in the shape of input_ids
 
-`PreferenceCollator` adds these to `PlanCollator`'s batch, with the totals of the microbatch's whole update on
+`PreferenceFields` adds these to `PlanCollator`'s batch (the collator `PlanCollator.from_plan` makes of a
+preference plan carries it), with the totals of the microbatch's whole update on
 every rank, read from the plan: `num_pairs_in_batch` and `num_chosen_items_in_batch` (the chosen completions'
 targets), or for unpaired (KTO) data `desirable` per sequence, `num_desirable_in_batch` and
 `num_undesirable_in_batch`, and `kl`: the batch's KL sequences, each sequence's prompt followed by the previous
@@ -18,6 +19,7 @@ sequences do not pair up as the plan says is refused (the data changed since com
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,6 @@ import torch
 
 from plancc.core.choices import Shift
 from plancc.errors import PlanMismatchError
-from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore
 from plancc.runtime.sampler import Microbatch
 from plancc.store.plan import Plan
@@ -53,21 +54,20 @@ def target_sequences(position_ids: np.ndarray, rows: np.ndarray, shift_labels: n
     return np.where(shift_labels != IGNORE_INDEX, seq, -1)
 
 
-class PreferenceCollator(PlanCollator):
-    """`PlanCollator` for a preference plan (module docstring). `roles`: per sample id, 1 for a chosen completion
-    and 0 for a rejected one (paired), or 1 for desirable and 0 for undesirable (unpaired); `pair_ids`: per sample
-    id, its pair (paired data)."""
+class PreferenceFields:
+    """What a preference plan's batches add to `PlanCollator`'s (module docstring), as the collator's `fields`.
+    `roles`: per sample id, 1 for a chosen completion and 0 for a rejected one (paired), or 1 for desirable and 0
+    for undesirable (unpaired); `pair_ids`: per sample id, its pair (paired data)."""
 
     def __init__(self, *, kind: str, roles: np.ndarray, pair_ids: np.ndarray | None = None,
-                 sequence_len: int | None = None, **kwargs: Any):
-        super().__init__(**kwargs)
+                 sequence_len: int | None = None):
         if kind not in (PAIRED, UNPAIRED):
             raise ValueError(f"unknown preference data kind {kind!r}")
         self.kind, self.roles, self.pair_ids, self.sequence_len = kind, roles, pair_ids, sequence_len
 
     @classmethod
-    def of_plan(cls, plan: Plan, **kwargs: Any) -> PreferenceCollator:
-        """The collator of a verified preference plan: its layout, and its samples' pairs or labels."""
+    def of_plan(cls, plan: Plan) -> PreferenceFields:
+        """The fields of a verified preference plan: its samples' pairs or labels."""
         from plancc.store.parquet import sample_arrays
 
         s = sample_arrays(plan.samples_table())
@@ -78,30 +78,28 @@ class PreferenceCollator(PlanCollator):
         if s.kind == PAIRED:
             pair_ids = np.full(size, -1, dtype=np.int64)
             pair_ids[s.sample_id] = s.pair_id
-        settings = plan.settings
-        return cls(kind=s.kind, roles=roles, pair_ids=pair_ids, sequence_len=settings.sequence_len,
-                   mode=settings.mode, shift=settings.shift, pad_multiple=settings.pad_multiple, **kwargs)
+        return cls(kind=s.kind, roles=roles, pair_ids=pair_ids, sequence_len=plan.settings.sequence_len)
 
-    def __call__(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:
-        batch = super().__call__(mb, tokens)
+    def __call__(self, collator: Any, mb: Microbatch, tokens: TokenStore, batch: dict[str, Any]) -> dict[str, Any]:
+        """The fields of microbatch `mb`, whose batch `collator` made as `batch`."""
         ids = np.asarray(mb, dtype=np.int64)
         rows = np.asarray(mb.rows, dtype=np.int64) if len(mb) else np.zeros(2, dtype=np.int64)
-        batch["target_sequence"] = torch.from_numpy(target_sequences(
-            batch["position_ids"].numpy(), rows, batch["shift_labels"].numpy(), self.shift))
-        batch["num_sequences"] = int(ids.shape[0])
+        out: dict[str, Any] = {"target_sequence": torch.from_numpy(target_sequences(
+            batch["position_ids"].numpy(), rows, batch["shift_labels"].numpy(), collator.shift)),
+            "num_sequences": int(ids.shape[0])}
         counts = mb.counts
         if self.kind == PAIRED:
             self._check_pairs(mb, ids)
-            batch["chosen_index"] = torch.arange(0, ids.shape[0], 2, dtype=torch.int64)
-            batch["rejected_index"] = torch.arange(1, ids.shape[0], 2, dtype=torch.int64)
-            batch["num_pairs_in_batch"] = torch.tensor(counts.get("num_pairs", 0), dtype=torch.int64)
-            batch["num_chosen_items_in_batch"] = torch.tensor(counts.get("num_chosen_items", 0), dtype=torch.int64)
-            return batch
-        batch["desirable"] = torch.from_numpy(self.roles[ids].astype(bool))
-        batch["num_desirable_in_batch"] = torch.tensor(counts.get("num_desirable", 0), dtype=torch.int64)
-        batch["num_undesirable_in_batch"] = torch.tensor(counts.get("num_undesirable", 0), dtype=torch.int64)
-        batch["kl"] = self._kl_batch(mb, ids, tokens)
-        return batch
+            out["chosen_index"] = torch.arange(0, ids.shape[0], 2, dtype=torch.int64)
+            out["rejected_index"] = torch.arange(1, ids.shape[0], 2, dtype=torch.int64)
+            out["num_pairs_in_batch"] = torch.tensor(counts.get("num_pairs", 0), dtype=torch.int64)
+            out["num_chosen_items_in_batch"] = torch.tensor(counts.get("num_chosen_items", 0), dtype=torch.int64)
+            return out
+        out["desirable"] = torch.from_numpy(self.roles[ids].astype(bool))
+        out["num_desirable_in_batch"] = torch.tensor(counts.get("num_desirable", 0), dtype=torch.int64)
+        out["num_undesirable_in_batch"] = torch.tensor(counts.get("num_undesirable", 0), dtype=torch.int64)
+        out["kl"] = self._kl_batch(collator, mb, ids, rows, tokens)
+        return out
 
     def _check_pairs(self, mb: Microbatch, ids: np.ndarray) -> None:
         """Every pair's chosen completion followed by its rejected one, as the plan was compiled."""
@@ -113,18 +111,18 @@ class PreferenceCollator(PlanCollator):
                 f"microbatch {mb.index} (epoch {mb.epoch}, update {mb.update}) does not hold whole pairs, each "
                 f"{PAIR_ROLES[0]} then {PAIR_ROLES[1]}: the plan's samples table and this plan disagree; recompile")
 
-    def _kl_batch(self, mb: Microbatch, ids: np.ndarray, tokens: TokenStore) -> dict[str, Any]:
-        """The batch's KL sequences (`kl_sequences`) collated in the microbatch's layout, with `target_sequence`."""
-        twin = PlanCollator(mode=self.mode, shift=self.shift, pad_multiple=self.pad_multiple,
-                            pad_token_id=self.pad_token_id, check_counts=False)
-        kl_tokens = kl_sequences(ids, tokens, self.shift, self.sequence_len)
+    def _kl_batch(self, collator: Any, mb: Microbatch, ids: np.ndarray, rows: np.ndarray,
+                  tokens: TokenStore) -> dict[str, Any]:
+        """The batch's KL sequences (`kl_sequences`) collated in the microbatch's layout, with `target_sequence`
+        (their targets are not the plan's: uncounted)."""
+        twin = copy.copy(collator)
+        twin.check_counts, twin.fields = False, None
         kl_mb = Microbatch(list(range(ids.shape[0])), epoch=mb.epoch, index=mb.index, update=mb.update,
                            micro_step=mb.micro_step, position=mb.position, last_in_update=mb.last_in_update,
                            rows=mb.rows, label_count=0, num_items=0)
-        arrays = twin.arrays(kl_mb, kl_tokens)
-        rows = np.asarray(mb.rows, dtype=np.int64) if len(mb) else np.zeros(2, dtype=np.int64)
+        arrays = twin.arrays(kl_mb, kl_sequences(ids, tokens, collator.shift, self.sequence_len))
         arrays["target_sequence"] = target_sequences(arrays["position_ids"], rows, arrays["shift_labels"],
-                                                     self.shift)
+                                                     collator.shift)
         arrays["num_sequences"] = int(ids.shape[0])
         return {k: torch.from_numpy(v) if type(v) is np.ndarray else v for k, v in arrays.items()}
 
@@ -172,4 +170,4 @@ def _shifted(labels: np.ndarray, shift: str) -> np.ndarray:
     return out
 
 
-__all__ = ["PreferenceCollator", "kl_sequences", "sequence_of_positions", "target_sequences"]
+__all__ = ["PreferenceFields", "kl_sequences", "sequence_of_positions", "target_sequences"]
