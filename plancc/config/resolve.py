@@ -135,9 +135,10 @@ def typed_settings(scan: ScanOptions | None, plan: PlanSettings | None, settings
     return {**fields, **{k: v for k, v in settings.items() if v is not None}}
 
 
-def read_config(path: Path, config_format: str) -> ConfigFile:
+def read_config(path: str | Path, config_format: str = "auto") -> ConfigFile:
     """A config file read once: its settings by name (dashes or underscores; path values read beside it), its
     datasets, and the note of another tool's config. Unknown keys are one error naming each, with a hint."""
+    path = Path(path)
     imported = foreign.translate(read_config_file(path), path, config_format)
     known = (*registry.GIVEN, *CONFIG_DATASETS)
     settings: dict[str, Any] = {}
