@@ -5,7 +5,6 @@ and validate, inspect, diff and the runtime read it."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import shutil
 from pathlib import Path
