@@ -32,10 +32,16 @@ def flag(name: str) -> str:
     return f"--{name.replace('_', '-')}"
 
 
+def closest(word: str, choices: Any) -> str | None:
+    """The one of `choices` closest to `word` when one is close, else None."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return close[0] if close else None
+
+
 def did_you_mean(word: str, choices: Any) -> str:
     """` (did you mean 'x'?)` for the closest of `choices`, else an empty string."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(word, choices)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 class Record(Enum):

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from plancc.config import registry
-from plancc.config.fields import did_you_mean
+from plancc.config.fields import closest
 from plancc.core.choices import ConfigFormat
 from plancc.errors import SettingsError
 
@@ -131,7 +131,8 @@ class _Reader:
         elif key in self.known.training_only or not self.known.complete:
             self.noted.append(shown)
         else:
-            self.refused.append(f"{shown!r} (unknown{did_you_mean(key, self.vocabulary(entry))})")
+            close = closest(key, self.vocabulary(entry))
+            self.refused.append(f"{shown!r} (unknown" + (f"; did you mean {close!r}?)" if close else ")"))
 
     def vocabulary(self, entry: bool) -> list[str]:
         """Every key a did-you-mean may suggest: plancc's settings and every key the tool is known to have."""

@@ -33,10 +33,11 @@ class Declared:
         return self.setting.default
 
 
-def _declared() -> dict[str, Declared]:
-    """Every setting in declaration order (scan, plan, run); a field of two stages must be one declaration."""
+def declared(stages: dict[str, type]) -> dict[str, Declared]:
+    """Every setting of the classes of `stages`, in declaration order; a field of two stages must be one
+    declaration (a TypeError otherwise)."""
     out: dict[str, Declared] = {}
-    for stage, cls in STAGES.items():
+    for stage, cls in stages.items():
         for f in dataclasses.fields(cls):
             declared = Declared(f.name, setting_of(f), stage, str(f.type))
             if f.name in out:
@@ -47,7 +48,7 @@ def _declared() -> dict[str, Declared]:
     return out
 
 
-SETTINGS: MappingProxyType[str, Declared] = MappingProxyType(_declared())
+SETTINGS: MappingProxyType[str, Declared] = MappingProxyType(declared(STAGES))
 BOTH = tuple(name for name, d in SETTINGS.items() if d.stage == "both")  # the scan's value wins in a compile
 # what users give (config keys, API keywords): every setting but those computed (a recipe's mixture)
 GIVEN = tuple(name for name, d in SETTINGS.items() if not d.setting.derived)
