@@ -92,6 +92,30 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
     return data
 
 
+def _epoch_tables(epochs: list[EpochPlan], s: SampleArrays, settings: PlanSettings
+                  ) -> tuple[pa.Table, dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The planned epochs as the plan table (sorted by epoch, rank, index), each epoch's plan fingerprint, the
+    metric rows and what the manifest says of each epoch."""
+    tables, fingerprints, metric_rows, epoch_info = [], {}, [], []
+    for p in epochs:
+        cols = plan_columns(p, s, settings)
+        fingerprints[str(p.epoch)] = plan_fingerprint(cols)
+        tables.append(plan_files.plan_table(cols))
+        metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
+        after = p.metrics[-1][1]
+        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
+                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
+    plan = pa.concat_tables(tables)
+    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
+    return plan, fingerprints, metric_rows, epoch_info
+
+
+def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table, dict[str, Any], str]:
+    """The eval plan as its table, what the manifest says of it, and its fingerprint."""
+    cols = eval_columns(evaluation, settings)
+    return plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size), eval_fingerprint(cols)
+
+
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: ScanRecord, tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
@@ -110,23 +134,10 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     }
     if tokenized is not None:  # binds the token store: a reader compares its digest at open
         fingerprints["tokens"] = token_store.open_store(tokenized).digest
-    tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
-    for p in epochs:
-        cols = plan_columns(p, s, settings)
-        plan_fps[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_files.plan_table(cols))
-        metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
-        after = p.metrics[-1][1]
-        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
-                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
-    fingerprints["plan"] = plan_fps
+    plan, fingerprints["plan"], metric_rows, epoch_info = _epoch_tables(epochs, s, settings)
     eval_table, eval_info = None, None
     if evaluation is not None:
-        cols = eval_columns(evaluation, settings)
-        fingerprints["eval"] = eval_fingerprint(cols)
-        eval_table, eval_info = plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size)
-    plan = pa.concat_tables(tables)
-    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
+        eval_table, eval_info, fingerprints["eval"] = _eval_table(evaluation, settings)
     data = data_manifest(out_dir, list(scan_info.source_paths), tokenized is not None)
     metrics = plan_files.metrics_table(metric_rows)
     before = plan_files.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
