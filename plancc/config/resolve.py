@@ -44,7 +44,8 @@ class Resolved:
     def carried(self, values: dict[str, Any]) -> Resolved:
         """These settings with a stored scan's values of the both-stage settings (`plancc.build.carry`, which
         checks them against `given` first)."""
-        assert set(values) <= set(registry.BOTH), values
+        if not set(values) <= set(registry.BOTH):
+            raise ValueError(f"a scan carries only {registry.BOTH}, not {sorted(set(values) - set(registry.BOTH))}")
         return dataclasses.replace(self, scan=dataclasses.replace(self.scan, **values),
                                    plan=dataclasses.replace(self.plan, **values))
 
