@@ -203,6 +203,14 @@ def test_a_trl_key_set_to_null_leaves_the_setting_unset(tmp_path):
     assert got.settings == {"mode": "padded"}
 
 
+def test_an_error_names_the_key_the_config_wrote(tmp_path):
+    config = tmp_path / "sft.yaml"
+    config.write_text(yaml.safe_dump({"output_dir": "o", "max_length": -1, "dataset_name": "d.jsonl"}))
+    with pytest.raises(SettingsError, match=re.escape(f"config file {config}: max_length (plancc: sequence_len) "
+                                                      "must be a positive integer, got -1")):
+        resolve(None, config=config)
+
+
 def test_a_config_file_is_read_once_per_compile(tmp_path, monkeypatch):
     """The settings, the recipe and the note all come from one reading of the file."""
     import plancc.config.resolve as resolution

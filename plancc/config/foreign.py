@@ -56,11 +56,13 @@ KNOWN: dict[str, Known] = {"axolotl": Known(), "trl": Known()}
 
 @dataclass
 class Imported:
-    """A config read as plancc settings: `kind` (plancc, axolotl or trl) and the keys it did not use."""
+    """A config read as plancc settings: `kind` (plancc, axolotl or trl), the keys it did not use, and the key
+    that set each setting (`spelled`: `{setting: their key}`, so that a message names what the user wrote)."""
 
     settings: dict[str, Any]
     kind: str = ConfigFormat.PLANCC
     ignored: list[str] = field(default_factory=list)
+    spelled: dict[str, str] = field(default_factory=dict)
 
     def note(self, path: Path) -> str | None:
         """The one line a user reads about what was not used (None for a plancc config)."""
@@ -95,7 +97,7 @@ def translate(data: dict[str, Any], path: Path, config_format: str = "auto",
     reader = _Reader(kind, path, (known or KNOWN)[kind])
     settings = _axolotl(data, reader) if kind == ConfigFormat.AXOLOTL else _trl(data, reader)
     reader.refuse()
-    return Imported(settings, kind, reader.noted)
+    return Imported(settings, kind, reader.noted, reader.spelled)
 
 
 @dataclass
@@ -107,6 +109,7 @@ class _Reader:
     known: Known
     noted: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    spelled: dict[str, str] = field(default_factory=dict)  # top-level settings: the key that set each
 
     def settings(self, data: dict[str, Any], read: tuple[str, ...], where: str = "", entry: bool = False
                  ) -> dict[str, Any]:
@@ -121,6 +124,8 @@ class _Reader:
                     value = spelling.value(value)
                 if value is not None:
                     out[name] = value
+                    if not entry:
+                        self.spelled[name] = key
             elif key not in read:
                 self._other(f"{where}{key}", str(key), entry)
         return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +52,14 @@ class Resolved:
 
 @dataclass(frozen=True)
 class ConfigFile:
-    """What a config file says: its settings by name, its recipe's datasets, and its note."""
+    """What a config file says: its settings by name, its recipe's datasets, its note, and for another tool's
+    config the key that set each setting (`spelled`)."""
 
     settings: dict[str, Any]
     train: list[Any]
     evals: list[Any]
     note: str | None
+    spelled: dict[str, str] = field(default_factory=dict)
 
 
 NO_CONFIG = ConfigFile({}, [], [], None)
@@ -106,11 +108,13 @@ def _build(stage: str, values: dict[str, Any], extra: dict[str, Any]) -> Any:
 
 
 def _from_file(exc: SettingsError, file: ConfigFile, given: dict[str, Any], config: Any) -> SettingsError:
-    """A setting's error, said of the config file when the file set it (and no flag or keyword did)."""
+    """A setting's error, said of the config file when the file set it (and no flag or keyword did), naming the
+    key the file wrote (another tool's: with the plancc name)."""
     name = exc.setting
     if name not in file.settings or name in given:
         return exc
-    return SettingsError(f"config file {config}: {str(exc).replace(flag(name), name, 1)}", name)
+    key = f"{file.spelled[name]} (plancc: {name})" if name in file.spelled and file.spelled[name] != name else name
+    return SettingsError(f"config file {config}: {str(exc).replace(flag(name), key, 1)}", name)
 
 
 def typed_settings(scan: ScanOptions | None, plan: PlanSettings | None, settings: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +161,7 @@ def read_config(path: str | Path, config_format: str = "auto") -> ConfigFile:
     train, evals = recipe.from_config(settings, path.parent)
     for key in CONFIG_DATASETS:
         settings.pop(key, None)
-    return ConfigFile(settings, train, evals, imported.note(path))
+    return ConfigFile(settings, train, evals, imported.note(path), imported.spelled)
 
 
 def _recipe(source: Any, file: ConfigFile, mix: Any, config: Any) -> tuple[DatasetSpec, ...] | None:

@@ -46,6 +46,7 @@ from plancc.config.fields import (
     trl,
 )
 from plancc.core.choices import (
+    ChatRole,
     Choice,
     CostMode,
     DatasetRole,
@@ -142,7 +143,7 @@ class ScanOptions:
     add_eos: bool = setting(True, "Append the tokenizer's EOS to each sample of a non-chat format.", Switch(),
                             flag=Flag.NONE)
     # what is trained (`plancc.scan.sources.encode`)
-    roles_to_train: tuple[str, ...] = setting(
+    roles_to_train: tuple[ChatRole, ...] = setting(
         ("assistant",), "Chat: roles whose turns are trained, comma-separated (system, user, assistant, tool).",
         Roles(), record=ADDED, dataset=OWN, spellings=(axolotl("roles_to_train", entry=True),))
     train_on_eos: TrainOnEos = setting(
