@@ -81,9 +81,7 @@ def resolve(source: Any = None, *, config: str | Path | None = None, config_form
         raise SettingsError(f"unknown setting {unknown[0]!r}{did_you_mean(unknown[0], registry.GIVEN)}; "
                             f"settings: {', '.join(sorted(registry.GIVEN))}")
     merged = {**file.settings, **given}
-    datasets = _recipe(source, file, mix, config) if recipe_allowed else None
-    one = str(source[0] if isinstance(source, list | tuple) else source) if recipe_allowed and datasets is None \
-        else None
+    one, datasets = _compiled(source, file, mix, config) if recipe_allowed else (None, None)
     if datasets is not None:
         merged |= recipe.shared_settings(datasets, {k: merged[k] for k in registry.RECIPE_WIDE if k in merged})
     elif merged.get("samples_per_epoch") is not None and recipe_allowed:
@@ -164,9 +162,10 @@ def read_config(path: str | Path, config_format: str = "auto") -> ConfigFile:
     return ConfigFile(settings, train, evals, imported.note(path), imported.spelled)
 
 
-def _recipe(source: Any, file: ConfigFile, mix: Any, config: Any) -> tuple[DatasetSpec, ...] | None:
-    """The recipe's datasets when `source` is several sources or entries, or the config lists datasets (or `mix`
-    is given); None for one plain source."""
+def _compiled(source: Any, file: ConfigFile, mix: Any, config: Any
+              ) -> tuple[str | None, tuple[DatasetSpec, ...] | None]:
+    """What a compile reads: one plain source, or a recipe's datasets (when `source` is several sources or entries,
+    or the config lists datasets, or `mix` is given)."""
     sources = list(source) if isinstance(source, list | tuple) else [] if source is None else [source]
     if sources and file.train:
         raise SettingsError(f"config file {config} lists datasets and sources were given too: give one or the other")
@@ -174,9 +173,9 @@ def _recipe(source: Any, file: ConfigFile, mix: Any, config: Any) -> tuple[Datas
         raise SettingsError("no source: give SOURCE, several sources, or a config file listing datasets")
     mixes = mix if isinstance(mix, dict) else recipe.parse_mix(mix)
     if len(sources) == 1 and isinstance(sources[0], str | os.PathLike) and not file.evals and not mixes:
-        return None
-    return recipe.build(file.train or [str(s) if isinstance(s, os.PathLike) else s for s in sources], file.evals,
-                        mixes)
+        return str(sources[0]), None
+    return None, recipe.build(file.train or [str(s) if isinstance(s, os.PathLike) else s for s in sources],
+                              file.evals, mixes)
 
 
 def _hint(key: str, value: Any, known: list[str]) -> str:
