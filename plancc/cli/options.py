@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from plancc.config.settings import PlanSettings, ScanOptions
+from plancc.config.settings import FORMATS, PlanSettings, ScanOptions
 
 Opt = typer.Option
 
@@ -40,7 +40,7 @@ ConfigOpt = Annotated[Path | None, Opt("--config", help="TOML or YAML file of se
 ConfigFormatOpt = Annotated[str, Opt("--config-format", help="auto|plancc|axolotl|trl: an Axolotl or TRL YAML is read "
                                                              "as it is (its data settings; the rest listed in a "
                                                              "note).", show_default="auto: by the file's keys")]
-FormatOpt = Annotated[str | None, _setting("--format", "auto|tokenized|prompt_completion|alpaca|messages|text")]
+FormatOpt = Annotated[str | None, _setting("--format", "|".join(FORMATS))]
 TokenizerOpt = Annotated[str | None, Opt("--tokenizer", help="The model's tokenizer.json or HF tokenizer dir, a Hub "
                                                              "id in the local HF cache, or 'builtin' (byte level).",
                                          show_default="none: required unless the source is already tokenized")]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plancc.config.formats import AXOLOTL_TYPES
 from plancc.errors import SettingsError
 
 CONFIG_FORMATS = ("auto", "plancc", "axolotl", "trl")
@@ -33,7 +34,7 @@ ENTRY_OWN = ("roles_to_train", "train_on_eos")  # what an Axolotl entry trains: 
 # per-dataset keys of an Axolotl entry that become the entry's own (recipe) keys
 ENTRY_KEYS = {"path", "split", "type", "field_messages", "message_property_mappings", "message_field_role",
               "message_field_content", *ENTRY_OWN, "field", "data_files", "ds_type"}
-ENTRY_TYPES = ("alpaca", "chat_template", "completion", "a mapping with field_instruction/field_output/format")
+ENTRY_TYPES = (*AXOLOTL_TYPES, "a mapping with field_instruction/field_output/format")
 
 
 @dataclass
@@ -160,12 +161,11 @@ def _axolotl_type(entry: dict[str, Any], where: str, path: Path) -> dict[str, An
             if kind.get(key) is not None:
                 spec[name] = kind[key]
         return spec
-    if kind == "alpaca":
-        return {"format": "alpaca"}
-    if kind == "completion":
+    fmt = AXOLOTL_TYPES.get(kind) if isinstance(kind, str) else None
+    if fmt == "text":
         text = entry.get("field", "text")
         return {"format": "text", **({"columns": {"text": text}} if text != "text" else {})}
-    if kind == "chat_template":
+    if fmt == "messages":
         spec = {"format": "messages"}
         if entry.get("field_messages", "messages") != "messages":
             spec["columns"] = {"messages": entry["field_messages"]}
@@ -177,6 +177,8 @@ def _axolotl_type(entry: dict[str, Any], where: str, path: Path) -> dict[str, An
         if fields:
             spec["message_fields"] = fields
         return spec
+    if fmt is not None:
+        return {"format": fmt}
     raise SettingsError(f"config file {path}: {where} has type {kind!r}, which plancc does not read; types: "
                         f"{', '.join(ENTRY_TYPES)}")
 

@@ -23,13 +23,9 @@ from typing import Any
 
 import orjson
 
+from plancc.config.formats import FORMATS, ROLES
 from plancc.core.choices import Choice, CostMode, LongPolicy, Mode, Shift
 from plancc.errors import SettingsError
-
-FORMATS = ("auto", "tokenized", "prompt_completion", "alpaca", "messages", "text")
-# what --columns may map a source field onto: every column name some format reads
-ROLES = ("input_ids", "labels", "shift_labels", "prompt", "completion", "instruction", "input", "output", "messages",
-         "conversations", "text")
 
 
 def flag(name: str) -> str:
@@ -172,12 +168,12 @@ class ScanOptions:
     shift: Shift = Shift.SAMPLE
     add_eos: bool = True
     max_dropped: float = 0.05
-    # how a format's fields become text (`plancc.scan.sources.detect.shape`); left out of the scan key at their defaults
+    # how a format's fields become text (each format's `shape`, `plancc.scan.formats`); left out of the scan key at their defaults
     prompt_format: str | None = None  # alpaca: the prompt, with {instruction} and {input}
     no_input_format: str | None = None  # alpaca rows with an empty input: the prompt, with {instruction}
     separator: str = ""  # prompt_completion: text between prompt and completion (not supervised)
     message_fields: tuple[tuple[str, str], ...] = ()  # messages: role=FIELD,content=FIELD of each message
-    # what is trained (`plancc.scan.sources.encode.Supervise`); left out of the scan key at their defaults
+    # what is trained (`plancc.scan.formats.tokens.Supervise`); left out of the scan key at their defaults
     roles_to_train: tuple[str, ...] = ("assistant",)
     train_on_eos: str = "turn"
     train_on_inputs: bool = False

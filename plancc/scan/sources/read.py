@@ -3,7 +3,7 @@
 Arrow readers are tried first because they are fast; when they refuse a JSON file, the file is re-read line by line
 with orjson so the error names the exact file and line. A column whose JSON values have mixed types is kept as a
 Python list (`Source.loose`) instead of failing the read: it is only an error if the chosen format needs it, and
-then `detect.py` names its first bad row. A scan reads row ranges through `sources.rows`, which builds on these
+then the format's module (`plancc.scan.formats`) names its first bad row. A scan reads row ranges through `sources.rows`, which builds on these
 readers (`JsonlRows` reads a JSON lines file by range, whole files being one range).
 """
 
