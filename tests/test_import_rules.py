@@ -56,6 +56,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plancc.core", (*ABOVE_SHARED, "plancc.config", "pyarrow", "torch", "typer", "datasets")),  # the leaf
     *((name, (*ABOVE_SHARED, "pyarrow", "torch", "typer", "datasets")) for name in SHARED),
     (STORE, (SCAN, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
+    # the row formats read rows and give tokens: no files, no store (the scan writes what they give through it)
+    ("plancc.scan.formats", (STORE, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
     (SCAN, (PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer")),
     # the algorithms: arrays in, arrays out (numpy and numba only; pyarrow stays in the store)
     (PLANNER, (STORE, SCAN, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "pyarrow", "torch", "typer", "datasets")),
