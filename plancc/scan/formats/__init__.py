@@ -55,9 +55,9 @@ def detect(src: Source) -> RowFormat:
         return found
     raise InputError(
         f"{src.paths[0] if src.paths else 'source'}: cannot tell the format from columns "
-        f"{clip(sorted(src.column_names), 200)}; expected input_ids, messages/conversations, "
-        "instruction+input+output, prompt+completion or text: map yours with --columns (e.g. --columns "
-        "prompt=question,completion=answer) and/or pass --format"
+        f"{clip(sorted(src.column_names), 200)}; expected {', '.join(f.detected_by for f in FORMATS[:-1])} or "
+        f"{FORMATS[-1].detected_by}: map yours with --columns (e.g. --columns prompt=question,completion=answer) "
+        "and/or pass --format"
     )
 
 

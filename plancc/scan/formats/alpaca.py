@@ -46,6 +46,7 @@ class Alpaca(RowFormat):
     """Rows of instruction, input and output."""
 
     named = BY_NAME["alpaca"]
+    detected_by = "instruction+input+output"
     shaping: ClassVar[tuple[str, ...]] = ("prompt_format", "no_input_format")
 
     def detects(self, src: Source) -> bool:

@@ -9,6 +9,7 @@ a row and no attributes.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -106,17 +107,18 @@ class Encoded:
                        np.concatenate([p.end_only_rows() for p in parts]), attributes)
 
 
-class RowFormat:
+class RowFormat(ABC):
     """A row format: how a source's rows are recognized, checked, shaped, encoded and described.
 
     A format module subclasses this once and names its `FormatName` (`plancc.config.formats`); the registry
     (`plancc.scan.formats`) lists the instances in detection order. The methods run in this order in a scan:
     `detects` (auto-detection, on the first rows) → `canonical` (checked columns under the format's own names,
     every row) → `shape` (text-shaping settings applied; may hand the rows on to another format) → `encode`
-    (tokens and labels). `trained` is what `plancc show` and the summary say is supervised.
+    (tokens and labels). `trained` is what `plancc show` says is supervised.
     """
 
     named: ClassVar[FormatName]
+    detected_by: ClassVar[str]  # the columns that say a source is of it, as the detection error lists them
     sequences: ClassVar[int] = 1  # sequences each source row gives (`Encoded`)
     tokenizes: ClassVar[bool] = True  # rows are text: a scan of them needs a tokenizer
     chat: ClassVar[bool] = False  # rows are conversations: a scan of them needs a chat template
@@ -127,14 +129,14 @@ class RowFormat:
         """The format's name (`--format`, the scan record's `format`)."""
         return self.named.name
 
+    @abstractmethod
     def detects(self, src: Source) -> bool:
         """Whether `src`'s columns are this format's (the registry asks each format in turn)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def canonical(self, src: Source, options: ScanOptions) -> pa.Table:
         """The rows' checked input columns under the format's own names; an `InputError` names the first bad
         row, column and what was expected."""
-        raise NotImplementedError
 
     def shape(self, table: pa.Table, options: ScanOptions) -> tuple[pa.Table, RowFormat]:
         """Canonical rows with the text-shaping settings applied, and the format that encodes them."""
@@ -148,11 +150,11 @@ class RowFormat:
         """Whether `encode` gives labels already shifted (a tokenized source's `shift_labels`)."""
         return False
 
+    @abstractmethod
     def encode(self, table: pa.Table, how: Encoding, row0: int = 0) -> Encoded:
         """Canonical rows as sequences (`row0`: the global index of the first row, for `RowError`s)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def trained(self, options: ScanOptions, *, generation: bool = False) -> str:
         """What the scan supervised, in one line: the what-is-trained settings that apply to this format
         (`generation`: the chat template marks it with `{% generation %}` blocks)."""
-        raise NotImplementedError

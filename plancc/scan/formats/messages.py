@@ -155,6 +155,7 @@ class Messages(RowFormat):
     """Rows of one conversation each."""
 
     named = BY_NAME["messages"]
+    detected_by = "messages/conversations"
     chat: ClassVar[bool] = True
     shaping: ClassVar[tuple[str, ...]] = ("message_fields",)
 

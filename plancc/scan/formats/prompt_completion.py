@@ -25,6 +25,7 @@ class PromptCompletion(RowFormat):
     """Rows of a prompt and its completion, both strings."""
 
     named = BY_NAME["prompt_completion"]
+    detected_by = "prompt+completion"
     shaping: ClassVar[tuple[str, ...]] = ("separator",)
 
     def detects(self, src: Source) -> bool:

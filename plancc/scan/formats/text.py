@@ -21,6 +21,7 @@ class Text(RowFormat):
     """Rows of one text each."""
 
     named = BY_NAME["text"]
+    detected_by = "text"
 
     def detects(self, src: Source) -> bool:
         """A `text` column."""

@@ -88,6 +88,7 @@ class Tokenized(RowFormat):
     """Rows of token ids and the source's own labels."""
 
     named = BY_NAME["tokenized"]
+    detected_by = "input_ids"
     tokenizes: ClassVar[bool] = False
 
     def detects(self, src: Source) -> bool:
