@@ -54,6 +54,21 @@ def test_each_format_detects_its_rows_and_reads_only_its_roles(tmp_path, name):
     assert table.num_rows == 2
 
 
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_each_format_gives_its_number_of_sequences_a_row(tmp_path, name):
+    """The contract a sequence's place rests on: `sequences` per row, row by row (sample `row * k + j`)."""
+    from plancc.scan.sources.templates import BUILTIN_TEMPLATES
+
+    fmt = formats.get(name)
+    src = _source(tmp_path, ROWS[name])
+    how = Encoding(load_tokenizer("builtin"), ScanOptions(), BUILTIN_TEMPLATES["chatml"] if fmt.chat else None)
+    work, shaped = fmt.shape(fmt.canonical(src, ScanOptions()), ScanOptions())
+    enc = shaped.encode(work, how)
+    assert len(enc.offsets) - 1 == src.num_rows * fmt.sequences == src.num_rows * shaped.sequences
+    assert len(enc.end_only_rows()) == len(enc.offsets) - 1
+    assert all(len(values) == len(enc.offsets) - 1 for values in enc.attributes.values())
+
+
 @pytest.mark.parametrize(("first", "second"), list(combinations([f.name for f in formats.FORMATS], 2)))
 def test_a_source_with_the_columns_of_two_formats_is_the_one_detection_tries_first(tmp_path, first, second):
     src = _source(tmp_path, {**ROWS[second], **ROWS[first]})
