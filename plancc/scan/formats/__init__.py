@@ -22,7 +22,10 @@ sequences (a preference pair: the chosen and the rejected completion, each its o
 `sequences = k` and returns `k * rows` sequences in row order (row r: sequences r*k .. r*k+k-1), each with its own
 tokens, labels and `end_only`, and per-sequence values in `Encoded.attributes` (e.g. `pair_role`, `desirable`)
 for the samples table. A fixed `k` keeps a sequence's place computable from its row alone, so shards still need
-no coordination: sample `row * k + j` is the token store's row of that number. The SFT formats give one each.
+no coordination: sample `row * k + j` is the token store's row of that number. The SFT formats give one each;
+the scan around them (a part's ids offset by its first row in `scan/shard.py`, drops by sequence in
+`sources/samples.py`) becomes `lo * k` and whole rows kept or dropped together when the first format with `k > 1`
+lands.
 
 Adding a format: a `FormatName` in `plancc.config.formats`, a module here subclassing `RowFormat` (its `FORMAT`
 in `FORMATS` below, where detection should try it), and its tests.
