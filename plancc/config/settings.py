@@ -173,7 +173,7 @@ class ScanOptions:
     no_input_format: str | None = None  # alpaca rows with an empty input: the prompt, with {instruction}
     separator: str = ""  # prompt_completion: text between prompt and completion (not supervised)
     message_fields: tuple[tuple[str, str], ...] = ()  # messages: role=FIELD,content=FIELD of each message
-    # what is trained (`plancc.scan.formats.tokens.Supervise`); left out of the scan key at their defaults
+    # what is trained (`plancc.scan.formats`: `tokens`, `messages`); left out of the scan key at their defaults
     roles_to_train: tuple[str, ...] = ("assistant",)
     train_on_eos: str = "turn"
     train_on_inputs: bool = False

@@ -25,7 +25,7 @@ from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import InputError, clip
 from plancc.scan.formats import columns
 from plancc.scan.formats.base import Encoded, Encoding, RowError, RowFormat
-from plancc.scan.formats.tokens import Supervise, flat, heads
+from plancc.scan.formats.tokens import flat, heads
 from plancc.scan.sources.chat import Renderer, TemplateProblem, Turn, normalize
 from plancc.scan.sources.read import Source
 
@@ -100,33 +100,34 @@ def _normalized(src: Source, name: str | None, message_fields: tuple[tuple[str, 
     return pa.table({"messages": pa.array(normalized)})
 
 
-def _chosen(turns: list[Turn], sup: Supervise) -> list[Turn]:
+def _chosen(turns: list[Turn], options: ScanOptions) -> list[Turn]:
     """The turns trained: those of `roles_to_train`, or only the last of them (`train_on = last_turn`)."""
-    trained = [t for t in turns if t.role in sup.roles]
-    return trained[-1:] if sup.last_turn else trained
+    trained = [t for t in turns if t.role in options.roles_to_train]
+    return trained[-1:] if options.train_on == "last_turn" else trained
 
 
-def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Supervise
+def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
                 ) -> tuple[str, list[tuple[int, int]], bool]:
     """Rendered text, the character spans trained (tokens starting inside one are supervised) and whether the
     trained turns' content is empty (only end-of-turn markup is trained)."""
-    roles = {m["role"] for m in messages} if sup.eos == "all" else set(sup.roles)
-    text, turns = renderer.turns(messages, roles, split=sup.eos != "turn" or sup.roles != ("assistant",))
-    trained = _chosen(turns, sup)
+    eos, roles_to_train = options.train_on_eos, options.roles_to_train
+    roles = {m["role"] for m in messages} if eos == "all" else set(roles_to_train)
+    text, turns = renderer.turns(messages, roles, split=eos != "turn" or roles_to_train != ("assistant",))
+    trained = _chosen(turns, options)
     spans = [(t.start, t.content_end) for t in trained]
-    ends = {"turn": trained, "last": trained[-1:], "all": turns, "none": []}[sup.eos]
+    ends = {"turn": trained, "last": trained[-1:], "all": turns, "none": []}[eos]
     spans += [(t.content_end, t.end) for t in ends]
     empty = all(not messages[t.index]["content"].strip() for t in trained)
     return text, spans, empty
 
 
-def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Supervise
+def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
                   ) -> tuple[str, list[tuple[int, int]], bool]:
     """Rendered text, the `{% generation %}` blocks' spans (tokens overlapping one are supervised) and whether
     the assistant turns they train have empty content."""
     text, spans = renderer.generation_spans(messages)
     replies = [m for m in messages if m["role"] == "assistant" and m.get("training") is not False]
-    if sup.last_turn:
+    if options.train_on == "last_turn":
         spans, replies = spans[-1:], replies[-1:]
     return text, spans, all(not m["content"].strip() for m in replies)
 
@@ -181,8 +182,8 @@ class Messages(RowFormat):
         """Each conversation rendered, tokenized once with offsets, its trained spans' tokens supervised."""
         if how.template is None:
             raise ValueError("messages need a chat template")
-        sup = Supervise.of(how.options)
-        renderer = Renderer(how.template, how.tok.bos_token, how.tok.eos_token, sup.date)
+        options = how.options
+        renderer = Renderer(how.template, how.tok.bos_token, how.tok.eos_token, options.template_date)
         locate = _tagged_spans if renderer.tagged else _turn_spans
         texts, spans, empty = [], [], []
         for i, conv in enumerate(table.column("messages").to_pylist()):
@@ -191,7 +192,7 @@ class Messages(RowFormat):
             except TemplateProblem as exc:
                 raise RowError(row0 + i, f"column 'messages', {exc}") from None
             try:
-                text, sp, blank = locate(renderer, messages, sup)
+                text, sp, blank = locate(renderer, messages, options)
             except TemplateProblem as exc:
                 raise RowError(row0 + i, str(exc)) from None
             texts.append(text)

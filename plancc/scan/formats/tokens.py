@@ -11,44 +11,24 @@ Results are `Encoded(ids, labels, offsets, end_only)`: CSR layout, sample i is `
 `end_only[i]`: its supervised part is at most the end of a turn (an empty completion or assistant turn trains on
 EOS alone).
 
-What is trained is `Supervise` (ScanOptions' settings of the same names): `train_on_inputs` supervises the prompt
+What is trained is read from the scan options under their own names: `train_on_inputs` supervises the prompt
 too; `train_on_eos` the appended EOS (`none`: not) or, for chat, the end-of-turn markup after each trained turn's
-content (`turn`: every trained turn's, `last`: the last trained turn's only, `all`: every turn's, trained or not);
-`roles_to_train` which roles' turns are trained, `train_on` all of them or the conversation's last one only.
+content (`turn`: every trained turn's, `last`: the last trained turn's only, `all`: every turn's, trained or not;
+`formats.messages`); `add_eos` whether a non-chat sample ends in the tokenizer's EOS.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
 
-from plancc.config.settings import DEFAULT_TEMPLATE_DATE, ScanOptions
 from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.scan.formats.base import Encoded, Encoding
 from plancc.scan.sources.tokenizer import Tok
 
 CHARS_PER_TOKEN = 16  # first guess at the text `keep` tokens need; doubled where a text is sparser in tokens
 MARGIN = 64  # tokens past `keep` that a cut text must still give: a cut changes only the last few before it
-
-
-@dataclass(frozen=True)
-class Supervise:
-    """What is trained: ScanOptions' `roles_to_train`, `train_on_eos`, `train_on_inputs`, `train_on` and the
-    `template_date` chat templates read."""
-
-    roles: tuple[str, ...] = ("assistant",)
-    eos: str = "turn"
-    inputs: bool = False
-    last_turn: bool = False
-    date: str = DEFAULT_TEMPLATE_DATE
-
-    @staticmethod
-    def of(options: ScanOptions) -> Supervise:
-        """The settings of `options`."""
-        return Supervise(options.roles_to_train, options.train_on_eos, options.train_on_inputs,
-                         options.train_on == "last_turn", options.template_date)
 
 
 def flat(encodings) -> tuple[np.ndarray, np.ndarray]:
@@ -136,16 +116,16 @@ def heads(tok: Tok, texts: list[str], special: bool, keep: int | None) -> list[s
 def pairs(prompts: list[str], completions: list[str], how: Encoding) -> Encoded:
     """Each prompt then its completion (and eos, `add_eos`), tokenized apart: the prompt with the tokenizer's
     special tokens (bos), the completion without; the prompt supervised only with `train_on_inputs`."""
-    tok, keep, sup = how.tok, how.keep, Supervise.of(how.options)
+    tok, keep, options = how.tok, how.keep, how.options
     p_ids, p_off = token_ids(tok, heads(tok, prompts, True, keep), True)
     c_ids, c_off = token_ids(tok, heads(tok, completions, False, keep), False)
-    eos = how.options.add_eos and tok.eos_id is not None
+    eos = options.add_eos and tok.eos_id is not None
     if eos:
         c_ids, c_off = _append(c_ids, c_off, tok.eos_id)
-    enc = _join(p_ids, p_off, c_ids, c_off, sup.inputs)
-    if eos and sup.eos == "none":
+    enc = _join(p_ids, p_off, c_ids, c_off, options.train_on_inputs)
+    if eos and options.train_on_eos == "none":
         enc = _eos_unsupervised(enc)
-    enc.end_only = blank(completions) & (not sup.inputs)
+    enc.end_only = blank(completions) & (not options.train_on_inputs)
     return enc
 
 
