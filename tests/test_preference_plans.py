@@ -77,7 +77,7 @@ def test_pairs_are_never_split(seed, n, mode, real, mbs, world, accum, shift, dr
         assert np.array_equal(cols["num_chosen_items"], layout.num_items(np.asarray(per_batch, np.int64), world,
                                                                             accum))
         if mode != "packed":  # micro_batch_size counts pairs (one microbatch may hold the remainder)
-            assert np.count_nonzero(pairs != mbs) <= 1 and 1 <= pairs.min() and pairs.max() <= mbs
+            assert np.count_nonzero(pairs != mbs) <= 1 and pairs.min() >= 1 and pairs.max() <= mbs
         else:
             rows = np.diff(b.row_bounds)
             tokens = np.add.reduceat(train.length[b.samples], b.row_bounds[:-1])[rows > 0]

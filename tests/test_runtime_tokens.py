@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+import plancc
 from benchmarks.synthetic import build_plan, make_tokenized, samples_table, write_tokens
 from plancc.build import run as build
 from plancc.cli import app
@@ -141,9 +142,9 @@ def test_sharded_tokenized_source_is_one_store_and_the_plan_moves_as_one_folder(
     pq.write_table(tok.slice(0, 20), tmp_path / "src" / "part-0.parquet")
     pq.write_table(tok.slice(20), tmp_path / "src" / "part-1.parquet")
     plan = tmp_path / "plan"
-    build.compile_to_dir(str(tmp_path / "src" / "part-*.parquet"), ScanOptions(sequence_len=32),
-                       PlanSettings(mode="packed", micro_batch_size=2, sequence_len=32), plan,
-                       cache_dir=tmp_path / "cache")
+    plancc.compile(str(tmp_path / "src" / "part-*.parquet"), plan, cache_dir=tmp_path / "cache",
+                   scan=ScanOptions(sequence_len=32), plan=PlanSettings(mode="packed", micro_batch_size=2,
+                                                                        sequence_len=32))
     manifest = orjson.loads((plan / schemas.MANIFEST_FILE).read_bytes())
     assert manifest["data"]["tokens"] == schemas.TOKENS_DIR
     assert manifest["data"]["source_relative"] == ["../src/part-0.parquet", "../src/part-1.parquet"]
@@ -203,6 +204,33 @@ def test_a_plan_without_a_store_never_follows_the_source_paths_it_records(tmp_pa
         load_tokens(tmp_path / "job" / "plan")
     tokens = load_tokens(tmp_path / "job" / "plan", data=tmp_path / "job" / "train.parquet")
     assert np.array_equal(tokens.input_ids, TokenStore.from_table(tok).input_ids)
+
+
+def test_data_files_are_read_by_the_table_a_scan_reads_sources_with(tmp_path):
+    """data= a tokenized file: every file type a scan reads gives the same tokens (a JSON array file was refused);
+    another type, and a malformed line, are one error naming the file (and line)."""
+    tok = make_tokenized(25, seed=4, max_len=20)
+    table = samples_table(tok)
+    s = parquet.sample_arrays(table)
+    ps = PlanSettings(mode="flattened", micro_batch_size=2, sequence_len=24)
+    from plancc.planner.pipeline import compile_plan
+
+    build.write_plan_dir(tmp_path / "plan", table, s, ps, compile_plan(s, ps), ScanRecord(), None)
+    rows = tok.to_pylist()
+    pq.write_table(tok, tmp_path / "d.parquet")
+    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (tmp_path / "d.json").write_bytes(orjson.dumps(rows))
+    (tmp_path / "columns.json").write_bytes(orjson.dumps(tok.to_pydict()))
+    whole = TokenStore.from_table(tok)
+    for name in ("d.parquet", "d.jsonl", "d.json", "columns.json"):
+        tokens = load_tokens(tmp_path / "plan", data=tmp_path / name)
+        assert np.array_equal(tokens.input_ids, whole.input_ids) and np.array_equal(tokens.targets, whole.targets)
+    (tmp_path / "d.txt").write_text("x")
+    with pytest.raises(PlanMismatchError, match=r"d.txt: unsupported file type '.txt' \(use one of .jsonl"):
+        load_tokens(tmp_path / "plan", data=tmp_path / "d.txt")
+    (tmp_path / "bad.jsonl").write_bytes(orjson.dumps(rows[0]) + b"\n{not json\n")
+    with pytest.raises(PlanMismatchError, match=r"bad.jsonl line 2: malformed JSON"):
+        load_tokens(tmp_path / "plan", data=tmp_path / "bad.jsonl")
 
 
 def test_worker_copies_reopen_the_maps_and_verify_their_own_reads(tmp_path):
