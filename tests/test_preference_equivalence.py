@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow  # trains a model on every update, spawns a 2-rank
 LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo", "orpo", "kto")
 TOL = 1e-5
 VOCAB = 260  # bytes and the end token
-SEQUENCE_LEN = 512
+SEQUENCE_LEN = 384
 COMMON = dict(mode="packed", micro_batch_size=1, sequence_len=SEQUENCE_LEN)
 
 

@@ -36,14 +36,23 @@ from __future__ import annotations
 from plancc.config.fields import flag
 from plancc.config.settings import ScanOptions
 from plancc.errors import InputError, SettingsError, clip
-from plancc.scan.formats import alpaca, messages, prompt_completion, text, tokenized
+from plancc.scan.formats import (
+    alpaca,
+    messages,
+    preference,
+    prompt_completion,
+    text,
+    tokenized,
+    unpaired_preference,
+)
 from plancc.scan.formats.base import Encoded, Encoding, RowError, RowFormat
 from plancc.scan.formats.columns import map_columns
 from plancc.scan.sources.read import Source
 
 # detection order: the first whose columns a source has is its format
-FORMATS: tuple[RowFormat, ...] = (tokenized.FORMAT, messages.FORMAT, alpaca.FORMAT, prompt_completion.FORMAT,
-                                  text.FORMAT)
+# (preference data before the formats whose columns it shares: its rows are never SFT rows)
+FORMATS: tuple[RowFormat, ...] = (tokenized.FORMAT, preference.FORMAT, unpaired_preference.FORMAT, messages.FORMAT,
+                                  alpaca.FORMAT, prompt_completion.FORMAT, text.FORMAT)
 _BY_NAME = {f.name: f for f in FORMATS}
 
 
@@ -70,6 +79,12 @@ def choose(probe: Source, options: ScanOptions) -> RowFormat:
     imply; checked now that it reads them (a missing or mistyped column is named before any work) and that no
     text-shaping setting is for another format (it would do nothing)."""
     fmt = detect(probe) if options.format == "auto" else get(options.format)
+    preference = next((f for f in FORMATS if f.data_kind != "sft" and f.detects(probe)), None)
+    if fmt.data_kind == "sft" and preference is not None:  # its rows would train every completion as SFT
+        raise SettingsError(f"{probe.paths[0] if probe.paths else 'source'}: these rows are {preference.name} data "
+                            f"({preference.detected_by}): --format {fmt.name} would train every completion as SFT, "
+                            f"desirable or not; compile them as {preference.name} (the default) or drop those "
+                            "columns", "format")
     fmt.canonical(probe, options)
     for name in options.shaping():
         owner = next(f for f in FORMATS if name in f.shaping)
