@@ -55,7 +55,6 @@ from plancc.store.schemas import (
     MANIFEST_FILE,
     METRICS_FILE,
     PLAN_FILE,
-    PLAN_SCHEMA,
     SAMPLES_FILE,
     SCHEMA_VERSION,
     TOKENS_DIR,
@@ -473,7 +472,7 @@ class PlanDir:
     def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
         """Plan rows matching Parquet `filters` on the plan columns (row groups skipped on their statistics), in
         file order: (epoch, rank, index)."""
-        return read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns, filters=filters)
+        return read_table(self.held(PLAN_FILE), plan_schema(self.data_kind), columns=columns, filters=filters)
 
     def read_share(self, epoch: int, rank: int | None = None) -> EpochMicrobatches:
         """The microbatches of `epoch` (only those of `rank` when given) in global order, as flat CSR arrays."""
