@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc.core.metric_columns import METRIC_COLUMNS
+from plancc.core.metric_columns import KIND_METRIC_COLUMNS, METRIC_COLUMNS
 from plancc.errors import SettingsError
 from plancc.review.diff_rules import ABS_FLOOR, DEFAULT_TOLERANCE, FAIL_ON, REGRESSION_METRICS
 from plancc.store import plan_store, schemas
@@ -317,6 +317,8 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
 def _config_changes(old: Plan, new: Plan) -> list[dict[str, Any]]:
     """Each setting that differs (or is set in one plan only), by name, as the JSON report shows them."""
     so, sn = old.settings.to_dict(), new.settings.to_dict()
+    if old.data_kind != new.data_kind:  # SFT vs preference data (docs/preference.md): what the plan trains
+        so, sn = {**so, "data_kind": old.data_kind}, {**sn, "data_kind": new.data_kind}
     return [
         {"setting": k, "old": so.get(k), "new": sn.get(k)}
         for k in sorted(set(so) | set(sn))
@@ -340,6 +342,9 @@ def _fingerprint_rows(fo: dict[str, Any], fn: dict[str, Any], epochs: list[int])
     return rows
 
 
+KINDS = tuple(c for cols in KIND_METRIC_COLUMNS.values() for c in cols)  # preference plans' metrics
+
+
 def _metric_changes(old: MetricsByStage, new: MetricsByStage, epochs: list[int]) -> list[dict[str, Any]]:
     """Per epoch and stage (of either plan): where it exists, and each metric that changed."""
     metrics = []
@@ -351,7 +356,7 @@ def _metric_changes(old: MetricsByStage, new: MetricsByStage, epochs: list[int])
                                      "status": "both" if mo and mn else ("old_only" if mo else "new_only"),
                                      "changes": []}
             if mo and mn:
-                for name in [c for c, _ in METRIC_COLUMNS] + ["padding_ratio"]:
+                for name in [c for c, _ in (*METRIC_COLUMNS, *KINDS)] + ["padding_ratio"]:
                     a, b = mo.get(name), mn.get(name)
                     if _changed(a, b):
                         delta = (b - a) if a is not None and b is not None else None
