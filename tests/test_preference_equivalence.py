@@ -47,14 +47,17 @@ def _models():
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
     root = tmp_path_factory.mktemp("preference")
-    tok = tokenize_pairs(alpaca_pairs(300, seed=2), lambda t: list(t.encode()), 256, limit=SEQUENCE_LEN)
+    tok = tokenize_pairs(alpaca_pairs(600, seed=2), lambda t: list(t.encode()), 256, limit=SEQUENCE_LEN)
     kto = unpaired(tok, seed=3)
-    return {
-        ("pairs", "acc"): str(build_preference_plan(root / "pa", tok, world_size=1, grad_accum=4, **COMMON)),
-        ("pairs", "ddp"): str(build_preference_plan(root / "pd", tok, world_size=2, grad_accum=2, shift="row",
-                                                    **COMMON)),
-        ("kto", "acc"): str(build_preference_plan(root / "ka", kto, world_size=1, grad_accum=4, **COMMON)),
-        ("kto", "ddp"): str(build_preference_plan(root / "kd", kto, world_size=2, grad_accum=2, **COMMON)),
+    return {  # one process: microbatches of 2 to 4 pairs; DDP: one pair each, a tail with a placeholder
+        ("pairs", "acc"): str(build_preference_plan(root / "pa", tok, world_size=1, grad_accum=2,
+                                                    **{**COMMON, "micro_batch_size": 2})),
+        ("pairs", "ddp"): str(build_preference_plan(root / "pd", tok.slice(0, tok.num_rows - 2), world_size=2,
+                                                    grad_accum=2, shift="row", **COMMON)),
+        ("kto", "acc"): str(build_preference_plan(root / "ka", kto, world_size=1, grad_accum=2,
+                                                  **{**COMMON, "micro_batch_size": 2})),
+        ("kto", "ddp"): str(build_preference_plan(root / "kd", kto.slice(0, kto.num_rows - 1), world_size=2,
+                                                  grad_accum=2, **COMMON)),
     }
 
 

@@ -91,7 +91,7 @@ class PreferenceFields:
         if self.kind == PAIRED:
             self._check_pairs(mb, ids)
             out["chosen_index"] = torch.arange(0, ids.shape[0], 2, dtype=torch.int64)
-            out["rejected_index"] = torch.arange(1, ids.shape[0], 2, dtype=torch.int64)
+            out["rejected_index"] = torch.arange(1, max(ids.shape[0], 1), 2, dtype=torch.int64)
             out["num_pairs_in_batch"] = torch.tensor(counts.get("num_pairs", 0), dtype=torch.int64)
             out["num_chosen_items_in_batch"] = torch.tensor(counts.get("num_chosen_items", 0), dtype=torch.int64)
             return out
