@@ -191,6 +191,7 @@ def _ddp_worker(rank: int, plans: dict, out_dir: str) -> None:
                             world_size=2, sync=lambda last, ddp=ddp: contextlib.nullcontext() if last else ddp.no_sync())
                 out.append(grads(policy))
             results[loss_type] = out
+            results[f"{loss_type} placeholders"] = sum(b["plan"]["placeholder"] for b in batches)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -207,6 +208,7 @@ def ddp_grads(plans, tmp_path_factory):
 def test_ddp_equals_the_update_reference(ddp_grads, references, loss_type):
     rank0, rank1 = ddp_grads
     assert all(torch.equal(a, b) for a, b in zip(rank0[loss_type], rank1[loss_type], strict=True))  # synced
+    assert rank1[f"{loss_type} placeholders"] == 1  # the tail's last micro-step: rank 1 has no microbatch
     err = _max_rel(rank0[loss_type], references[(loss_type, "ddp")])
     print(f"{loss_type}: 2-rank DDP max relative gradient error {err:.2e}")
     assert err <= TOL
