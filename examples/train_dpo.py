@@ -29,7 +29,15 @@ import torch
 import torch.distributed as dist
 
 from plancc.errors import PlanccError
-from plancc.runtime import PlanCollator, PlanDataLoader, PlanDataset, PlanSampler, load_tokens, model_inputs, verified_plan
+from plancc.runtime import (
+    PlanCollator,
+    PlanDataLoader,
+    PlanDataset,
+    PlanSampler,
+    load_tokens,
+    model_inputs,
+    verified_plan,
+)
 from plancc.runtime.preference import REFERENCE_FREE, kl_reference_point, preference_loss, sequence_logps
 from plancc.runtime.preference_eval import evaluate_preference
 
