@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from plancc.config.settings import PlanSettings, ScanOptions, resolve_settings
+from plancc.core.faults import fault
+from plancc.core.paths import cache_path
 from plancc.errors import InputError, SettingsError
 from plancc.review.diff_rules import DEFAULT_TOLERANCE
 from plancc.store import atomic, outputs
@@ -50,9 +52,7 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
 
     if not isinstance(dataset, Dataset):
         raise SettingsError(f"source must be a path, glob, Hub id or datasets.Dataset, got {type(dataset).__name__}")
-    from plancc.scan.scanner import default_cache_dir
-
-    folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "datasets"
+    folder = cache_path(cache_dir, "datasets")
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{uuid.uuid4().hex}.parquet"
     try:
@@ -112,7 +112,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
                                    num_proc=procs, progress=progress).to_json()
     result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
                            shard_rows=default_rows if shard_rows is None else shard_rows, engine=runner)
-    atomic.fault("prepared")
+    fault("prepared")
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report.to_json()
 

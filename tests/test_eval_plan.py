@@ -342,11 +342,11 @@ def recipe_eval(tmp_path_factory) -> Path:
 
 
 def test_a_compiled_recipe_evaluates_its_eval_dataset_and_its_held_out_share_once(recipe_eval):
-    from plancc.build.recipe import plan_eval_sample_ids
     from plancc.runtime import PlanEvalSampler
 
     ev = _eval_ids(recipe_eval)
-    dataset_eval = plan_eval_sample_ids(recipe_eval)
+    samples = parquet.read_samples(recipe_eval / schemas.SAMPLES_FILE)
+    dataset_eval = parquet.column(samples, "sample_id")[np.asarray(samples.column("dataset").to_pylist()) == "heldout"]
     assert dataset_eval.tolist() == list(range(42, 47))
     assert np.unique(ev).size == ev.size == 11 and np.isin(dataset_eval, ev).all()
     drawn = np.setdiff1d(ev, dataset_eval)

@@ -52,6 +52,20 @@ def test_an_empty_cache_variable_means_unset(monkeypatch):
     assert default_cache_dir() == Path("/home/someone/.cache/plancc")
 
 
+def test_one_module_knows_where_the_cache_is():
+    """The cache-path rule is written once (`plancc.core.paths`): nothing else reads PLANCC_CACHE or names the
+    default folder, and every cache user goes through `cache_path`."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "plancc"
+    found = [f"{p.relative_to(root)}:{node.lineno}" for p in sorted(root.rglob("*.py")) if p.name != "paths.py"
+             for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+             if (isinstance(node, ast.Constant) and node.value in ("PLANCC_CACHE", "~/.cache/plancc"))
+             or (isinstance(node, ast.Name | ast.Attribute) and getattr(node, "id", getattr(node, "attr", None))
+                 == "default_cache_dir")]
+    assert found == []
+
+
 @pytest.mark.slow
 def test_num_proc_identical(tmp_path):
     convs = chatterbot_conversations(200)

@@ -29,11 +29,10 @@ import pyarrow.parquet as pq
 from plancc.build.carry import carry
 from plancc.config.recipe import DatasetSpec
 from plancc.config.settings import SHARED_SETTINGS, PlanSettings, ScanOptions, canonical_hash
-from plancc.core.paths import default_cache_dir
+from plancc.core.paths import cache_path
 from plancc.errors import InputError, PlanccError, SettingsError
 from plancc.planner.mixture import dataset_index
 from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
-from plancc.store.plan import Plan
 from plancc.store.scan_record import TOTALS, ScanRecord, Template
 
 
@@ -184,7 +183,7 @@ def _token_store(loaded: list[Loaded], table: pa.Table, report: ScanRecord, shif
     fingerprints = plan_files.samples_fingerprints(table, report.identity)
     key = canonical_hash({"fingerprints": fingerprints, "stores": [token_store.read_header(d.tokens)["fingerprints"]
                                                                    for d in loaded]})
-    entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "recipes" / key
+    entry = cache_path(cache_dir, "recipes", key)
     tokens = entry / schemas.TOKENS_DIR
     try:
         if token_store.open_store(tokens).header["fingerprints"] == fingerprints:
@@ -232,21 +231,3 @@ def epoch_metrics(epochs: list[Any], joined: Joined, shift: str) -> list[dict[st
         rows += dataset_rows(p.epoch, "after", names, index[b.samples], s.length[b.samples],
                              entry_targets(b, s, shift))
     return rows
-
-
-def eval_sample_ids(samples: pa.Table, mixture: tuple) -> np.ndarray:
-    """The sample ids of a recipe's eval datasets (`eval_datasets`): in the samples table, never in a training
-    epoch; the eval plan draws on them. Empty for a recipe without eval datasets or a one-source table."""
-    if schemas.DATASET_COLUMN not in samples.column_names:
-        return np.zeros(0, dtype=np.int64)
-    from plancc.planner.mixture import eval_positions
-
-    codes, names = plan_files.dataset_codes(samples)
-    positions = eval_positions(dataset_index(codes, names, mixture), mixture)
-    return parquet.column(samples, "sample_id")[positions]
-
-
-def plan_eval_sample_ids(plan_dir: str | Path) -> np.ndarray:
-    """`eval_sample_ids` of a plan directory (its samples table and its settings' mixture)."""
-    plan = Plan(plan_dir)
-    return eval_sample_ids(plan.read_samples(), plan.settings.mixture)

@@ -19,12 +19,13 @@ from plancc.build.carry import carry
 from plancc.build.samples import load_samples
 from plancc.config.recipe import DatasetSpec
 from plancc.config.settings import PlanSettings, ScanOptions
+from plancc.core.faults import fault
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
-from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store, token_writer
+from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -55,7 +56,7 @@ def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSetting
     s = parquet.sample_arrays(samples_table)
     drops = SourceDrops(scan_info.dropped_samples, scan_info.truncated_samples)
     run = compile_run(s, settings, progress=progress, drops=drops)
-    atomic.fault("prepared")
+    fault("prepared")
     return write_plan_dir(out_dir, samples_table, run.train, settings, run.epochs, scan_info, tokenized, progress,
                           overwrite=overwrite, evaluation=run.evaluation)
 

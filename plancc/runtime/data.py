@@ -100,11 +100,6 @@ class TokenStore:
                                     f"{int(np.diff(lab_off)[bad])} {name}")
         return cls(ids, lab, ids_off)
 
-    @classmethod
-    def from_lists(cls, input_ids: list[list[int]], targets: list[list[int]]) -> TokenStore:
-        """A store held in memory from per-row lists of ids and targets (tests and small data)."""
-        return cls.from_table(pa.table({"input_ids": input_ids, "labels": targets}))
-
 
 class ChunkGuard:
     """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk."""

@@ -57,9 +57,8 @@ from plancc.runtime.checkpoint import (
     CheckpointError,
     _all_gather_rows,
     _barrier,
-    _fault_from_env,
     agree_on_step,
-    fsync_dir,
+    crash_point,
     read_sealed_json,
     together,
     write_sealed_json,
@@ -71,6 +70,7 @@ from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss
 from plancc.runtime.sampler import PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer
+from plancc.store.atomic import fsync_dir
 from plancc.store.plan import Plan, verified_plan
 
 STATE_FILE = "plancc_sampler.json"
@@ -329,7 +329,7 @@ class PlanTrainer(Trainer):
             self.args.save_total_limit = limit
         run_dir, step, rank = Path(self._get_output_dir(trial=trial)), self.state.global_step, self.args.process_index
         ckpt = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{step}"
-        _fault_from_env("tensors_written", step, rank)
+        crash_point("tensors_written", step, rank)
         _barrier()  # every rank's Trainer files are written
         if self.args.should_save:  # durable before anything vouches for them
             for path in ckpt.rglob("*"):
@@ -339,7 +339,7 @@ class PlanTrainer(Trainer):
             fsync_dir(ckpt)
         _barrier()
         write_sealed_json(ckpt / state_file(rank), {**self.plan_state(step), "global_step": step})
-        _fault_from_env("rank_saved", step, rank)
+        crash_point("rank_saved", step, rank)
         _barrier()  # the checkpoint is complete on every rank
         if self.args.should_save:
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=limit, use_mtime=True,
