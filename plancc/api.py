@@ -29,8 +29,10 @@ from plancc.core.paths import cache_path
 from plancc.errors import InputError, SettingsError
 from plancc.review.diff_rules import DEFAULT_TOLERANCE
 from plancc.store import atomic, outputs
-from plancc.store.plan import Plan
-from plancc.store.plan_store import EpochMicrobatches  # noqa: F401 (public: plancc.EpochMicrobatches)
+from plancc.store.plan import (
+    EpochMicrobatches,  # noqa: F401 (public: plancc.EpochMicrobatches)
+    Plan,
+)
 
 if TYPE_CHECKING:
     from plancc.review.inspect import PlanView
@@ -272,15 +274,15 @@ def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str
     tokens_dir, dataset_fp = (store_in(dataset) if dataset is not None else None), None
     if dataset is not None and tokens_dir is None:
         dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
-    problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
-    return Validation(tuple(problems), "eval" in meta)
+    problems, has_eval = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
+    return Validation(tuple(problems), has_eval)
 
 
 def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,
                            cache_dir: str | Path | None) -> str:
     """The content fingerprint of `dataset` scanned with the options the plan's scan recorded."""
     from plancc.scan import scanner as scan_mod
-    from plancc.store import plan_files
+    from plancc.store.samples import samples_fingerprints
 
     plan = Plan(plan_dir)
     if plan.settings.mixture:
@@ -289,7 +291,7 @@ def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, 
     options = scan_mod.options_from_record(plan.scan_record, tokenizer)
     result = scan_mod.scan(dataset, options, num_proc=num_proc or 1,
                            cache_dir=Path(cache_dir) if cache_dir is not None else None)
-    return plan_files.samples_fingerprints(result.samples)["dataset"]
+    return samples_fingerprints(result.samples)["dataset"]
 
 
 def diff(old: str | Path, new: str | Path, *, fail_on: list[str] | None = None,

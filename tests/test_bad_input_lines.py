@@ -21,7 +21,8 @@ from plancc import api
 from plancc.cli import app
 from plancc.errors import SettingsError
 from plancc.review.validate import validate_plan
-from plancc.store import plan_store, schemas
+from plancc.store import schemas
+from plancc.store.plan import Plan
 from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
@@ -255,8 +256,8 @@ def test_a_scans_samples_table_alone_carries_the_scans_sequence_len_and_shift(sc
     assert r.exit_code == 0, r.output
     assert {k: json.loads(r.stdout)["settings"][k] for k in ("sequence_len", "shift")} == {"sequence_len": 128,
                                                                                            "shift": "sample"}
-    same = plan_store.PlanDir(scanned / "plan")  # compiled from the scan directory: the same plan
-    assert plan_store.PlanDir(tmp_path / "p").fingerprints["plan"] == same.fingerprints["plan"]
+    same = Plan(scanned / "plan")  # compiled from the scan directory: the same plan
+    assert Plan(tmp_path / "p").fingerprints["plan"] == same.fingerprints["plan"]
     r = runner.invoke(app, ["compile", str(samples), "-o", str(tmp_path / "q"), "--shift", "none", "-q"])
     assert r.exit_code == 0, r.output  # a samples table no plancc scan wrote: nothing recorded, the flags rule
 

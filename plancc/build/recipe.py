@@ -11,7 +11,7 @@ its own `--max-dropped` check (an error names the dataset). Then, in recipe orde
   scan cache into `recipes/KEY/` of the cache (KEY: the datasets' fingerprints, names and order); the runtime maps
   it as one store, so its per-sample read stays O(1) and each chunk is still hashed on first read;
 * a stored scan's sequence_len and shift (read first) are those the others are scanned with, unless set;
-* the report: rows, drops and cuts summed, the tokenizer (one for the recipe: datasets scanned with different
+* the record: rows, drops and cuts summed, the tokenizer (one for the recipe: datasets scanned with different
   ones are an error naming both), and per dataset its counts, fingerprints, first id and mix (`datasets`).
 """
 
@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from plancc.build.carry import carry
 from plancc.config.recipe import DatasetSpec
@@ -32,17 +31,19 @@ from plancc.config.settings import SHARED_SETTINGS, PlanSettings, ScanOptions, c
 from plancc.core.paths import cache_path
 from plancc.errors import InputError, PlanccError, SettingsError
 from plancc.planner.mixture import dataset_index
-from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
+from plancc.store import outputs, parquet, schemas, token_store, token_writer
+from plancc.store.samples import dataset_codes, samples_fingerprints
+from plancc.store.samples_source import samples_kind
 from plancc.store.scan_record import TOTALS, ScanRecord, Template
 
 
 @dataclass(frozen=True)
 class Loaded:
-    """One dataset loaded: its samples table, scan report, token store and the plan settings its scan implies."""
+    """One dataset loaded: its samples table, scan record, token store and the plan settings its scan implies."""
 
     spec: DatasetSpec
     table: pa.Table
-    report: ScanRecord
+    record: ScanRecord
     tokens: Path | None
     settings: PlanSettings
 
@@ -59,7 +60,7 @@ class Joined:
     """The recipe's datasets together (see the module docstring)."""
 
     table: pa.Table
-    report: ScanRecord
+    record: ScanRecord
     tokens: Path | None
     settings: PlanSettings
     datasets: list[dict[str, Any]]
@@ -71,24 +72,18 @@ def _load_one(spec: DatasetSpec, scan_options: ScanOptions, settings: PlanSettin
 
     options = spec.scan_options(scan_options)
     try:
-        table, report, tokens = load_samples(spec.path, options, **kw)
-        implied = carry(report, options, settings, given, f"dataset {spec.name!r} ({spec.path})")
+        table, record, tokens = load_samples(spec.path, options, **kw)
+        implied = carry(record, options, settings, given, f"dataset {spec.name!r} ({spec.path})")
     except PlanccError as exc:
         if f"dataset {spec.name!r}" in str(exc):
             raise
         raise type(exc)(f"dataset {spec.name!r}: {exc}") from None
-    return Loaded(spec, table, report, tokens, implied)
+    return Loaded(spec, table, record, tokens, implied)
 
 
 def _is_stored(path: str) -> bool:
     """Whether a dataset's path is a scan or plan directory or a samples table (its options are what they are)."""
-    p = Path(path)
-    if p.is_dir():
-        return (p / schemas.SAMPLES_FILE).is_file()
-    try:
-        return p.suffix == ".parquet" and set(pq.read_schema(p).names) == set(schemas.SAMPLES_SCHEMA.names)
-    except (OSError, pa.ArrowException):
-        return False
+    return samples_kind(path) is not None
 
 
 def _load_all(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: PlanSettings, given: Any,
@@ -99,7 +94,7 @@ def _load_all(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, setting
     loaded: dict[int, Loaded] = {}
     for i in order:
         loaded[i] = _load_one(specs[i], scan_options, settings, given, **kw)
-        recorded = loaded[i].report.options
+        recorded = loaded[i].record.options
         if _is_stored(specs[i].path) and recorded is not None:
             carried = {k: getattr(recorded, k) for k in SHARED_SETTINGS if k not in given}
             scan_options = dataclasses.replace(scan_options, **carried)
@@ -116,10 +111,10 @@ def _agree(loaded: list[Loaded]) -> None:
             if a != b:
                 raise SettingsError(f"datasets {first.spec.name!r} and {d.spec.name!r} have {name} {a} and {b}: a "
                                     f"recipe has one {name}; rescan one of them with the other's")
-        a, b = first.report.tokenizer_fingerprint, d.report.tokenizer_fingerprint
+        a, b = first.record.tokenizer_fingerprint, d.record.tokenizer_fingerprint
         if a != b and a and b:
             raise SettingsError(f"datasets {first.spec.name!r} and {d.spec.name!r} were tokenized by different "
-                                f"tokenizers ({first.report.tokenizer} and {d.report.tokenizer}): a "
+                                f"tokenizers ({first.record.tokenizer} and {d.record.tokenizer}): a "
                                 "recipe has one tokenizer")
 
 
@@ -143,34 +138,34 @@ def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
     """What the manifest says of one dataset: where it is, how it mixes, its scan's counts and fingerprints."""
     length, labels = parquet.column(d.table, "length"), parquet.column(d.table, "label_count")
     kind, value = d.spec.mix()[2:]
-    report = d.report
+    record = d.record
     return {
         "name": d.spec.name, "role": d.spec.role, "path": d.spec.path, kind: value,
         "first_id": first_id, "rows": rows,
-        "rows_read": report.rows_read if "rows_read" in report.keys else d.table.num_rows,
-        "retained": d.table.num_rows, "dropped_samples": report.dropped_samples,
-        "truncated_samples": report.truncated_samples,
+        "rows_read": record.rows_read if "rows_read" in record.keys else d.table.num_rows,
+        "retained": d.table.num_rows, "dropped_samples": record.dropped_samples,
+        "truncated_samples": record.truncated_samples,
         "tokens": int(length.sum()), "label_tokens": int(labels.sum()),
-        "format": report.format, "chat_template": report.chat_template.name if report.chat_template else None,
-        "fingerprints": plan_files.samples_fingerprints(d.table, report.identity),
+        "format": record.format, "chat_template": record.chat_template.name if record.chat_template else None,
+        "fingerprints": samples_fingerprints(d.table, record.identity),
     }
 
 
-def _report(loaded: list[Loaded], datasets: list[dict[str, Any]]) -> ScanRecord:
+def _record(loaded: list[Loaded], datasets: list[dict[str, Any]]) -> ScanRecord:
     """The recipe's scan record: the first dataset's options and tokenizer, counts summed, every warning named."""
-    first = loaded[0].report
-    templates = [d.report.chat_template for d in loaded]
+    first = loaded[0].record
+    templates = [d.record.chat_template for d in loaded]
     values = {k: v for k, v in first.held().items() if k in ("tokenizer", "tokenizer_fingerprint", "options")}
     values |= {k: sum(int(d.get(k, 0)) for d in datasets) for k in TOTALS}
     if any(templates):  # each dataset's own template: the metadata fingerprint folds them all in
         values["chat_template"] = Template(", ".join(sorted({t.name for t in templates if t})),
                                            canonical_hash({"templates": [t and t.fingerprint for t in templates]}))
-    values["warnings"] = tuple(f"dataset {d.spec.name!r}: {w}" for d in loaded for w in d.report.warnings)
-    values["source_paths"] = tuple(p for d in loaded for p in d.report.source_paths)
+    values["warnings"] = tuple(f"dataset {d.spec.name!r}: {w}" for d in loaded for w in d.record.warnings)
+    values["source_paths"] = tuple(p for d in loaded for p in d.record.source_paths)
     return ScanRecord.of(**values)
 
 
-def _token_store(loaded: list[Loaded], table: pa.Table, report: ScanRecord, shift: str,
+def _token_store(loaded: list[Loaded], table: pa.Table, record: ScanRecord, shift: str,
                  cache_dir: Path | None) -> Path | None:
     """The datasets' token stores as one multi-part store in the cache, bound to the joined samples `table` (reused
     when its fingerprints match); None for bare samples tables."""
@@ -180,7 +175,7 @@ def _token_store(loaded: list[Loaded], table: pa.Table, report: ScanRecord, shif
             raise InputError(f"dataset {missing[0]!r} has no token store (a bare samples table) while others do: a "
                              "recipe's datasets are all scanned sources (or all bare tables)")
         return None
-    fingerprints = plan_files.samples_fingerprints(table, report.identity)
+    fingerprints = samples_fingerprints(table, record.identity)
     key = canonical_hash({"fingerprints": fingerprints, "stores": [token_store.read_header(d.tokens)["fingerprints"]
                                                                    for d in loaded]})
     entry = cache_path(cache_dir, "recipes", key)
@@ -211,10 +206,10 @@ def load(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: Pl
         first_id += rows
     table = pa.concat_tables(tables).combine_chunks()
     settings = dataclasses.replace(loaded[0].settings, mixture=tuple(spec.mix() for spec in specs))
-    report = _report(loaded, datasets)
-    tokens = _token_store(loaded, table, report, settings.shift, cache_dir)
-    codes, names = plan_files.dataset_codes(table)
-    return Joined(table, report, tokens, settings, datasets, dataset_index(codes, names, settings.mixture))
+    record = _record(loaded, datasets)
+    tokens = _token_store(loaded, table, record, settings.shift, cache_dir)
+    codes, names = dataset_codes(table)
+    return Joined(table, record, tokens, settings, datasets, dataset_index(codes, names, settings.mixture))
 
 
 def epoch_metrics(epochs: list[Any], joined: Joined, shift: str) -> list[dict[str, Any]]:

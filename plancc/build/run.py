@@ -25,7 +25,7 @@ from plancc.errors import InputError
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
-from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
+from plancc.store import outputs, parquet, plan_tables, schemas, token_store, token_writer
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -33,38 +33,40 @@ from plancc.store.fingerprint import (
     metrics_checksum,
     plan_fingerprint,
 )
+from plancc.store.manifest import DataPaths, EpochSummary, EvalSummary, Manifest
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import ScanRecord
 from plancc.version import __version__
 
 
 def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,
                    num_proc: int = 1, cache_dir: Path | None = None, progress: Progress | None = None,
-                   given: Collection[str] = (), overwrite: bool = False) -> dict[str, Any]:
-    """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
+                   given: Collection[str] = (), overwrite: bool = False) -> Manifest:
+    """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns its manifest.
 
     The output is checked first (`outputs.check_output`): a refused `-o` costs no work and gets nothing written.
     The scan's sequence_len and shift become the plan's (`plancc.build.carry`); for a scan or plan directory as `source`
     that is what it was made with, and `given` (the settings the caller set on purpose) must not contradict it."""
     outputs.check_output(out_dir, overwrite=overwrite)
-    samples_table, scan_info, tokenized = load_samples(
+    samples_table, scan_record, tokenized = load_samples(
         source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
     )
     if schemas.DATASET_COLUMN in samples_table.column_names:
         raise InputError(f"{source} holds a recipe's samples (several datasets): compile the recipe again (its config "
                          "or sources), or list it as one dataset of a recipe")
-    settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
+    settings = carry(scan_record, scan_options, settings, given, f"the scan of {source}")
     s = parquet.sample_arrays(samples_table)
-    drops = SourceDrops(scan_info.dropped_samples, scan_info.truncated_samples)
+    drops = SourceDrops(scan_record.dropped_samples, scan_record.truncated_samples)
     run = compile_run(s, settings, progress=progress, drops=drops)
     fault("prepared")
-    return write_plan_dir(out_dir, samples_table, run.train, settings, run.epochs, scan_info, tokenized, progress,
+    return write_plan_dir(out_dir, samples_table, run.train, settings, run.epochs, scan_record, tokenized, progress,
                           overwrite=overwrite, evaluation=run.evaluation)
 
 
 def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: PlanSettings,
                    out_dir: str | Path, *, num_proc: int = 1, cache_dir: Path | None = None,
                    progress: Progress | None = None, given: Collection[str] = (), overwrite: bool = False
-                   ) -> dict[str, Any]:
+                   ) -> Manifest:
     """`compile_to_dir` for a recipe: each dataset scanned (or reused) on its own, joined into one samples table and
     token store (`plancc.build.recipe`), planned as the recipe's mixture; returns the manifest."""
     from plancc.build import recipe as recipe_data
@@ -74,10 +76,10 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
                               progress=progress)
     settings = joined.settings
     s = parquet.sample_arrays(joined.table)
-    drops = SourceDrops(joined.report.dropped_samples, joined.report.truncated_samples)
+    drops = SourceDrops(joined.record.dropped_samples, joined.record.truncated_samples)
     run = compile_run(s, settings, progress=progress, drops=drops, index=joined.index)
     recipe = {"datasets": joined.datasets, "metrics": recipe_data.epoch_metrics(run.epochs, joined, settings.shift)}
-    return write_plan_dir(out_dir, joined.table, run.train, settings, run.epochs, joined.report, joined.tokens,
+    return write_plan_dir(out_dir, joined.table, run.train, settings, run.epochs, joined.record, joined.tokens,
                           progress, overwrite=overwrite, recipe=recipe, evaluation=run.evaluation)
 
 
@@ -86,83 +88,61 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
 NOT_PLANNED = ("source_paths", "seconds")
 
 
-def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool) -> dict[str, Any]:
-    """The manifest's `data`: the token store inside the plan (a relative path, so the plan moves as one folder),
-    and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan moved
-    together with its data still finds it)."""
+def data_paths(out_dir: str | Path, source_paths: tuple[str, ...], has_tokens: bool) -> DataPaths:
+    """The manifest's `data`: whether the plan ships its token store (a relative folder, so the plan moves as
+    one), and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan
+    moved together with its data still finds it)."""
     plan = os.path.realpath(out_dir)
-    absolute = [os.path.abspath(p) for p in source_paths]
-    data: dict[str, Any] = {"tokens": schemas.TOKENS_DIR} if has_tokens else {"format": "tokenized"}
-    data["source"] = absolute
-    data["source_relative"] = [os.path.relpath(p, plan) for p in absolute]
-    return data
+    absolute = tuple(os.path.abspath(p) for p in source_paths)
+    return DataPaths(has_tokens, absolute, tuple(os.path.relpath(p, plan) for p in absolute))
 
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
-                   epochs: list[EpochPlan], scan_info: ScanRecord, tokenized: Path | None,
+                   epochs: list[EpochPlan], scan_record: ScanRecord, tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
-                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> dict[str, Any]:
+                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> Manifest:
     """Write PLAN_DIR atomically from planned epochs (over the training samples `s`) and the eval plan, if any:
     plan, samples (all of `samples_table`), metrics, before and eval tables, the manifest (and the token store,
     hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
     if progress:
         progress("writing plan", 0, 1)
-    settings_dict = settings.to_dict()
     fingerprints: dict[str, Any] = {
-        **plan_files.samples_fingerprints(samples_table, scan_info.identity),
-        "config": config_fingerprint(settings_dict),
+        **samples_fingerprints(samples_table, scan_record.identity),
+        "config": config_fingerprint(settings.to_dict()),
         "plancc": __version__,
         "schema": schemas.SCHEMA_VERSION,
     }
     if tokenized is not None:  # binds the token store: a reader compares its digest at open
         fingerprints["tokens"] = token_store.open_store(tokenized).digest
-    tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
+    tables, plan_fps, metric_rows, summaries = [], {}, [], []
     for p in epochs:
         cols = plan_columns(p, s, settings)
         plan_fps[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_files.plan_table(cols))
+        tables.append(plan_tables.plan_table(cols))
         metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
         after = p.metrics[-1][1]
-        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
-                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
+        summaries.append(EpochSummary(p.epoch, after["batches"], after["updates"], after["samples"],
+                                      after["dropped_samples"]))
     fingerprints["plan"] = plan_fps
-    eval_table, eval_info = None, None
+    eval_table, eval_summary = None, None
     if evaluation is not None:
         cols = eval_columns(evaluation, settings)
         fingerprints["eval"] = eval_fingerprint(cols)
-        eval_table, eval_info = plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size)
+        eval_table, eval_summary = plan_tables.eval_table(cols), EvalSummary.of(cols, settings.world_size)
     plan = pa.concat_tables(tables)
     plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    data = data_manifest(out_dir, list(scan_info.source_paths), tokenized is not None)
-    metrics = plan_files.metrics_table(metric_rows)
-    before = plan_files.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
-    manifest = {
-        "plancc": __version__,
-        "schema": schemas.SCHEMA_VERSION,
-        "fingerprints": fingerprints,
-        "settings": settings_dict,
-        "scan": scan_info.without(*NOT_PLANNED).to_json(),
-        "data": data,
-        "epochs": epoch_info,
-        "samples": samples_table.num_rows,
-        # what the summary must say: every source sample dropped or cut, and what tokenized them
-        "rows_read": scan_info.rows_read if "rows_read" in scan_info.keys else len(s),
-        "dropped_samples": scan_info.dropped_samples,
-        "truncated_samples": scan_info.truncated_samples,
-        "tokenizer": ({"name": scan_info.tokenizer, "fingerprint": scan_info.tokenizer_fingerprint}
-                      if scan_info.tokenizer else None),
-        "chat_template": scan_info.chat_template.to_json() if scan_info.chat_template else None,
-        "warnings": list(scan_info.warnings),
-        "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
-                      "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
-    }
-    if eval_info is not None:
-        manifest["eval"] = eval_info
-    if recipe is not None:
-        manifest["recipe"] = recipe
+    metrics = plan_tables.metrics_table(metric_rows)
+    before = plan_tables.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
+    manifest = Manifest(
+        plancc=__version__, schema=schemas.SCHEMA_VERSION, fingerprints=fingerprints, settings=settings,
+        scan=scan_record.without(*NOT_PLANNED),
+        data=data_paths(out_dir, scan_record.source_paths, tokenized is not None),
+        epochs=tuple(summaries), samples=samples_table.num_rows,
+        checksums={"metrics": metrics_checksum(metrics.to_pylist()),
+                   "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
+        eval=eval_summary, recipe=recipe)
     with outputs.atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        plan_files.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest,
-                               eval_table)
+        plan_tables.write_plan_files(tmp, manifest, plan, samples_table, metrics, before, eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_writer.link_store(tokenized, tmp / schemas.TOKENS_DIR)
             if token_store.open_store(tmp / schemas.TOKENS_DIR).digest != fingerprints["tokens"]:

@@ -1,5 +1,5 @@
-"""A compile's samples: read from a samples table, scan directory or plan directory, or scanned from a raw source
-(through the scan cache), with the scan record that says how they were made."""
+"""A compile's samples: read from a samples table, scan directory or plan directory (`open_samples`), or scanned
+from a raw source (through the scan cache), with the scan record that says how they were made."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pyarrow as pa
 
 from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
-from plancc.store import plan_files, schemas
-from plancc.store.plan import Plan
+from plancc.store.samples_source import open_samples
 from plancc.store.scan_record import ScanRecord
 
 if TYPE_CHECKING:  # the scanner loads tokenizers and source readers: imported only for a raw source
@@ -22,24 +21,14 @@ def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, c
                  progress: Progress = None) -> tuple[pa.Table, ScanRecord, Path | None]:
     """(samples table, scan record, token store folder or None) from a samples table, scan dir, plan dir or raw
     source; the record's `source_paths` are where the source files are now."""
-    given = plan_files.read_samples_source(source)
-    if given is not None:  # a samples table, scan dir or plan dir: carry its scan record and tokenized rows along
-        table, info = given
-        tokenized = Path(info["tokenized_path"]) if info.get("tokenized_path") else None
-        record = info["record"]
-        if record is not None:
-            if record.part is not None:
-                part = record.part
-                raise InputError(f"{source} is a partial scan (rows {part.lo}..{part.hi - 1} of {part.rows}, from "
-                                 "`plancc scan --shard`): join every part first with `plancc merge PART_DIR... -o "
-                                 "SCAN_DIR`, then compile SCAN_DIR")
-            return table, record, tokenized
-        folder = Path(info["path"]).parent
-        if (folder / schemas.PLAN_FILE).is_file():  # a plan directory: its plan file's metadata is the record
-            plan = Plan(folder)
-            return table, plan.scan_record.but(source_paths=tuple(plan.manifest["data"].get("source", []))), tokenized
-        options = info["scan_options"]  # a scan's samples.parquet alone: the options it was made under
-        return table, (ScanRecord.of(options=options) if options is not None else ScanRecord()), None
+    stored = open_samples(source)
+    if stored is not None:  # a samples table, scan dir or plan dir: carry its scan record and tokenized rows along
+        part = stored.record.part
+        if part is not None:
+            raise InputError(f"{source} is a partial scan (rows {part.lo}..{part.hi - 1} of {part.rows}, from "
+                             "`plancc scan --shard`): join every part first with `plancc merge PART_DIR... -o "
+                             "SCAN_DIR`, then compile SCAN_DIR")
+        return stored.table, stored.record, stored.tokens
     from plancc.scan import scanner  # tokenizers and source readers: only for a raw source
 
     result = scanner.scan(source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)

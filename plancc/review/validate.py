@@ -30,8 +30,11 @@ from plancc.core.plan_arrays import Batches, batch_cost, batch_targets, batch_to
 from plancc.errors import SettingsError
 from plancc.planner import holdout, mixture
 from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
-from plancc.store import parquet, plan_files, plan_store, schemas, token_store
+from plancc.store import parquet, schemas, token_store
+from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
 from plancc.store.plan import Plan
+from plancc.store.plan_store import PlanIntegrityError
+from plancc.store.samples import dataset_codes
 
 
 def _shared_problems(plan: Plan) -> list[str]:
@@ -40,7 +43,7 @@ def _shared_problems(plan: Plan) -> list[str]:
     recorded = plan.scan_record.options
     if recorded is None:
         return []
-    return [f"{plan.plan_file} metadata: settings.{name} is {getattr(plan.settings, name)!r}, but its samples were "
+    return [f"{plan.files.plan_file} metadata: settings.{name} is {getattr(plan.settings, name)!r}, but its samples were "
             f"scanned with {name} {getattr(recorded, name)!r} (scan.options.{name})"
             for name in SHARED_SETTINGS if getattr(recorded, name) != getattr(plan.settings, name)]
 
@@ -75,7 +78,7 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     hold each sample of the multiset `s` as often as it is in it (all unless --drop-last), fit the layout, and
     count what `s` says."""
     problems: list[str] = []
-    ids, row_bounds, batch_bounds = plan_store.nested_arrays(table.column("sample_ids"))
+    ids, row_bounds, batch_bounds = parquet.nested_arrays(table.column("sample_ids"))
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
     unknown = s.sample_id[pos] != ids
     if unknown.any():
@@ -87,7 +90,7 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     counts, want = np.bincount(pos, minlength=len(s)), mixture_counts(s.sample_id)
     over = np.flatnonzero(counts > want)
     if over.size and not settings.mixture:
-        row, sid, first = plan_store.repeated_sample(ids, b.row_bounds[b.batch_bounds])
+        row, sid, first = repeated_sample(ids, b.row_bounds[b.batch_bounds])
         problems.append(f"{where} row {row}: sample_id {sid} again (already in row {first}); "
                         f"{int((counts > 1).sum())} samples appear more than once")
     elif over.size:
@@ -136,22 +139,22 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
     try:
         drawn = holdout.eval_ids(s.sample_id, plan.settings, index) if len(s) else None
     except SettingsError as exc:
-        return [f"{plan.plan_file} metadata: {exc}"], none
+        return [f"{plan.files.plan_file} metadata: {exc}"], none
     expected = none if drawn is None else drawn
-    if not plan.has_eval:
+    if not plan.manifest.has_eval:
         if expected.size:
-            return [f"{plan.plan_file} metadata: the settings hold out {expected.size} eval samples (val_set_size "
+            return [f"{plan.files.plan_file} metadata: the settings hold out {expected.size} eval samples (val_set_size "
                     f"{size}, eval datasets) but fingerprints.eval is missing (no eval plan)"], expected
-        return ([f"{path}: an eval plan, but {plan.plan_file} has no eval fingerprint"] if path.exists() else []), expected
-    held = plan.source(schemas.EVAL_FILE)
-    problems = [*plan_store.schema_problems(held, schemas.EVAL_SCHEMA), *plan_store.statistics_problems(held),
-                *plan.companion_problems(schemas.EVAL_FILE, "eval")]
+        return ([f"{path}: an eval plan, but {plan.files.plan_file} has no eval fingerprint"] if path.exists() else []), expected
+    held = plan.files.source(schemas.EVAL_FILE)
+    problems = [*schema_problems(held, schemas.EVAL_SCHEMA), *statistics_problems(held),
+                *plan.files.companion_problems(schemas.EVAL_FILE, "eval")]
     try:
-        table = plan.read_eval()
+        table = plan.files.read_eval()
     except schemas.StoreError as exc:
         return [*problems, str(exc)], expected
-    problems += plan.eval_problems(table)
-    ids = np.unique(plan_store.nested_arrays(table.column("sample_ids"))[0])
+    problems += plan.files.eval_problems(table)
+    ids = np.unique(parquet.nested_arrays(table.column("sample_ids"))[0])
     extra, lacking = np.setdiff1d(ids, expected), np.setdiff1d(expected, ids)
     if extra.size or lacking.size:
         first = int(extra[0]) if extra.size else int(lacking[0])
@@ -166,7 +169,7 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
 
 def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> list[str]:
     """Held-out samples must never be trained on."""
-    ids = plan_store.nested_arrays(table.column("sample_ids"))[0]
+    ids = parquet.nested_arrays(table.column("sample_ids"))[0]
     leaked = np.intersect1d(ids, eval_ids)
     return [f"{schemas.PLAN_FILE} epoch {epoch}: {leaked.size} held-out eval samples are in the training plan "
             f"(first: sample_id {int(leaked[0])})"] if leaked.size else []
@@ -178,7 +181,7 @@ def _recipe_index(plan: Plan, samples: pa.Table) -> tuple[np.ndarray | None, lis
         return None, []
     if schemas.DATASET_COLUMN not in samples.column_names:
         return None, [f"{schemas.SAMPLES_FILE}: a recipe's samples table lacks its '{schemas.DATASET_COLUMN}' column"]
-    codes, names = plan_files.dataset_codes(samples)
+    codes, names = dataset_codes(samples)
     index = mixture.dataset_index(codes, names, plan.settings.mixture)
     if (index < 0).any():
         row = int(np.flatnonzero(index < 0)[0])
@@ -199,12 +202,12 @@ def _recipe_metrics_problems(plan: Plan, recomputed: list[dict[str, Any]]) -> li
     """The manifest's per-dataset `after` metrics against those recomputed from the plan's rows."""
     if not plan.settings.mixture:
         return []
-    stored = [r for r in (plan.meta.get("recipe") or {}).get("metrics", []) if r.get("stage") == "after"]
+    stored = [r for r in (plan.manifest.recipe or {}).get("metrics", []) if r.get("stage") == "after"]
     key = ("epoch", "dataset")
     stored_by = {tuple(r[k] for k in key): r for r in stored}
     for row in recomputed:
         got = stored_by.get(tuple(row[k] for k in key))
-        found = plan_store.first_difference(got, row) if got is not None else "the row is missing"
+        found = first_difference(got, row) if got is not None else "the row is missing"
         if found:
             return [f"{schemas.PLAN_FILE} metadata: recipe metrics of dataset {row['dataset']!r} epoch {row['epoch']} "
                     f"after: {found} (recomputed from the rows)"]
@@ -227,7 +230,7 @@ def _metrics_problems(plan: Plan, metrics: pa.Table, after: dict[int, dict[str, 
                 break
     epochs = [{"epoch": e, **{k: a[k] for k in ("batches", "updates", "samples", "dropped_samples")}}
               for e, a in sorted(after.items())]
-    found = plan_store.first_difference(plan.meta["epochs"], epochs)
+    found = first_difference([e.to_json() for e in plan.manifest.epochs], epochs)
     if found:
         problems.append(f"{schemas.PLAN_FILE} metadata: epochs {found} (recomputed from the rows)")
     return problems
@@ -238,7 +241,7 @@ def _before_problems(plan: Plan, before: pa.Table, metrics: pa.Table) -> list[st
     stored = {int(r["epoch"]): r for r in metrics.to_pylist() if r["stage"] == "before"}
     problems = []
     for epoch in plan.epochs:
-        labels, row = plan.before_labels(epoch, before), stored.get(epoch)
+        labels, row = plan.files.before_labels(epoch, before), stored.get(epoch)
         if row is None:
             problems.append(f"{schemas.METRICS_FILE}: no 'before' row for epoch {epoch}")
             continue
@@ -264,19 +267,20 @@ def tokenized_problems(plan: Plan, samples: pa.Table, *, fast: bool,
                                     shift=plan.settings.shift, fast=fast)
         except token_store.TokenStoreError as exc:
             return [str(exc)]
-    if "tokenized" in plan.data:
-        return [f"{plan.path}: ships {plan.data['tokenized']} (an older plancc's tokenized data), which this plancc no "
+    older = plan.manifest.data.older_tokenized
+    if older is not None:
+        return [f"{plan.path}: ships {older} (an older plancc's tokenized data), which this plancc no "
                 "longer checks; recompile the plan to get a token store"]
-    problems = plan.data_problems()
+    problems = plan.files.data_problems()
     if problems:
         return problems
-    if not plan.binds_tokens:
+    if not plan.manifest.binds_tokens:
         own = plan.path / schemas.TOKENS_DIR
         return [f"{own} is there but the plan binds no token store (its metadata was edited)"] \
             if os.path.lexists(own) else []
     try:
-        m = plan.open_tokens()
-    except plan_store.PlanIntegrityError as exc:
+        m = plan.files.open_tokens()
+    except PlanIntegrityError as exc:
         return [str(exc)]
     return check_token_data(m, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
 
@@ -317,52 +321,53 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
 
 
 def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast: bool = False,
-                  tokens_dir: str | Path | None = None) -> tuple[list[str], dict[str, Any]]:
-    """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
+                  tokens_dir: str | Path | None = None) -> tuple[list[str], bool]:
+    """(violations, whether the plan holds an eval plan) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
     `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
 
     Raises `StoreError` only when PLAN_DIR is not a plan directory at all, and `token_store.FileTypeError` when a
     file of it is a FIFO, device or directory (refused before reading); a plan file that cannot be read or
     trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
     """
-    problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
-    return list(dict.fromkeys(problems)), meta
+    problems, plan = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
+    return list(dict.fromkeys(problems)), plan is not None and plan.manifest.has_eval
 
 
 def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
-                tokens_dir: str | Path | None) -> tuple[list[str], dict[str, Any]]:
+                tokens_dir: str | Path | None) -> tuple[list[str], Plan | None]:
     if not (Path(plan_dir) / schemas.PLAN_FILE).exists():
         Plan(plan_dir)  # raises the "not a plan directory" error
     try:
         plan = Plan(plan_dir)
     except schemas.StoreError as exc:
-        return [str(exc)], {}
-    problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
-    files = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))), (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()),
-             (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
-    if plan.has_before:
-        files.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
-    for name, kind, schema in files:
-        problems += plan_store.schema_problems(plan.source(name), schema) + plan_store.statistics_problems(plan.source(name))
+        return [str(exc)], None
+    files = plan.files
+    problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
+    tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))),
+              (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()), (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
+    if files.has_before:
+        tables.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
+    for name, kind, schema in tables:
+        problems += schema_problems(files.source(name), schema) + statistics_problems(files.source(name))
         if kind != "plan":
-            problems += plan.companion_problems(name, kind)
+            problems += files.companion_problems(name, kind)
     if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
         problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
                         f"{plan.fingerprints['dataset']}: the data changed since compile")
     try:
-        samples = plan.read_samples()
-        metrics = plan.read_metrics()
-        before = plan.read_before() if plan.has_before else None
+        samples = files.read_samples()
+        metrics = files.read_metrics()
+        before = files.read_before() if files.has_before else None
     except schemas.StoreError as exc:
-        return [*problems, str(exc)], plan.meta
-    problems += plan.samples_problems(samples) + plan.metrics_problems(metrics)
+        return [*problems, str(exc)], plan
+    problems += files.samples_problems(samples) + files.metrics_problems(metrics)
     if before is not None:
-        problems += plan.before_problems(before) + _before_problems(plan, before, metrics)
+        problems += files.before_problems(before) + _before_problems(plan, before, metrics)
     s = parquet.sample_arrays(samples)
     if (np.diff(s.sample_id) <= 0).any():
-        return [*problems, f"{schemas.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
-    if plan.meta["samples"] != len(s):
-        problems.append(f"{schemas.PLAN_FILE} metadata: samples is {plan.meta['samples']}, {schemas.SAMPLES_FILE} holds "
+        return [*problems, f"{schemas.SAMPLES_FILE} is not sorted by unique sample_id"], plan
+    if plan.manifest.samples != len(s):
+        problems.append(f"{schemas.PLAN_FILE} metadata: samples is {plan.manifest.samples}, {schemas.SAMPLES_FILE} holds "
                         f"{len(s)}")
     index, recipe_problems = _recipe_index(plan, samples)
     problems += recipe_problems
@@ -373,15 +378,15 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     if index is not None:  # a recipe's held-out samples are in no dataset (`pipeline.compile_run`)
         index = holdout.without(index, s.sample_id, eval_ids)
     after: dict[int, dict[str, Any]] = {}
-    drops = SourceDrops(plan.meta.get("dropped_samples", 0), plan.meta.get("truncated_samples", 0))
+    drops = SourceDrops(plan.manifest.dropped_samples, plan.manifest.truncated_samples)
     rows = 0
     for e in plan.epochs:
         try:
-            table = plan.read_epoch(e)
+            table = files.read_epoch(e)
         except schemas.StoreError as exc:
-            return [*problems, str(exc)], plan.meta
+            return [*problems, str(exc)], plan
         rows += table.num_rows
-        found = plan.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
+        found = files.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
         positions = mixture.plan_positions(index, plan.settings, e)
         s_e = train.take(positions) if positions is not None else train
         more, b = check_epoch(e, table, s_e, plan.settings)
@@ -390,10 +395,10 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
             after[e] = summarize(b, s_e, plan.settings, drops)
             if positions is not None:
                 recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
-    total = plan.row_count()
+    total = files.row_count()
     if total != rows:
         problems.append(f"{schemas.PLAN_FILE} holds {total} rows, its epochs {plan.epochs[0]}..{plan.epochs[-1]} {rows}")
     problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
     problems += tokenized_problems(plan, samples, fast=fast,
                                    tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
-    return problems, plan.meta
+    return problems, plan

@@ -71,7 +71,7 @@ from plancc.runtime.loss import token_loss
 from plancc.runtime.sampler import PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer
 from plancc.store.atomic import fsync_dir
-from plancc.store.plan import Plan, verified_plan
+from plancc.store.plan import Plan, replay_grad_accum, verified_plan
 
 STATE_FILE = "plancc_sampler.json"
 
@@ -157,14 +157,14 @@ class PlanTrainer(Trainer):
         self.eval_plan = self._eval_plan_of(kwargs.get("eval_dataset"))
         if self.eval_plan is None and getattr(kwargs.get("args", args[1] if len(args) > 1 else None),
                                               "eval_strategy", "no") != "no":
-            self.plan.require_eval()  # the Trainer's own message would ask for an eval_dataset
+            self.plan.eval()  # refused, saying how to compile one: the Trainer's own message would ask for an eval_dataset
         kwargs["eval_dataset"] = None if self.eval_plan is None else self._eval_stand_in()
         super().__init__(*args, **kwargs)
         if self.compute_loss_func is not None or self.args.label_smoothing_factor:
             raise PlanMismatchError("PlanTrainer computes the plan's token-mean loss itself: compute_loss_func and "
                                     "label_smoothing_factor are not supported")
         gas, world = self.args.gradient_accumulation_steps, self.args.world_size
-        self.plan_grad_accum = self.plan.replay_grad_accum(world, gas, flag="gradient_accumulation_steps")
+        self.plan_grad_accum = replay_grad_accum(self.plan.settings, world, gas, flag="gradient_accumulation_steps")
         # Our loss is already normalized by the update's global count: the Trainer must not rescale it.
         self.model_accepts_loss_kwargs = True
         if hasattr(self, "loss_is_scaled_for_ga"):
@@ -251,10 +251,10 @@ class PlanTrainer(Trainer):
         """The plan whose eval plan `evaluate` runs: this plan's by default (None when it has none), or the plan
         given as `eval_dataset`; anything else is refused (its batches would not be the plan's)."""
         if eval_dataset is None:
-            return self.plan if self.plan.has_eval else None
+            return self.plan if self.plan.manifest.has_eval else None
         if isinstance(eval_dataset, str | os.PathLike | Plan):
             plan = verified_plan(eval_dataset)
-            plan.require_eval()
+            plan.eval()  # refused when it holds none
             return plan
         raise PlanMismatchError(
             f"PlanTrainer evaluates the plan's eval plan, not a {type(eval_dataset).__name__}: compile the plan with "
@@ -271,7 +271,7 @@ class PlanTrainer(Trainer):
         `<prefix>_loss` with `<prefix>_targets` (the global count it divides by) and the Trainer's speed metrics."""
         plan = self.eval_plan if eval_dataset is None else self._eval_plan_of(eval_dataset)
         if plan is None:
-            self.plan.require_eval()
+            self.plan.eval()  # refused: it holds none
         self._memory_tracker.start()
         start = time.time()
         tokens = self.plan_tokens if plan is self.plan else load_tokens(
@@ -287,7 +287,7 @@ class PlanTrainer(Trainer):
             result = eval_result(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
                             distributed=self.args.world_size > 1)
             metrics = {f"{metric_key_prefix}_loss": result.loss, f"{metric_key_prefix}_targets": result.targets,
-                       **speed_metrics(metric_key_prefix, start, num_samples=plan.meta["eval"]["samples"],
+                       **speed_metrics(metric_key_prefix, start, num_samples=plan.manifest.eval.samples,
                                        num_steps=len(sampler))}
             self.log(metrics)
         finally:
