@@ -1,16 +1,18 @@
 """Re-check a plan on disk, every file it ships: invariants of docs/spec.md §4-6, fingerprints, checksums and the mirror.
 
-Nothing is trusted from the writer. `Plan` (`plan_store.PlanDir`) checks how the files vouch for each other (settings against
-the config fingerprint, each epoch's rows against the layout and its plan fingerprint, samples against the
-dataset and metadata fingerprints, metrics against their checksum, every file's metadata and `manifest.json`
-against the plan file's). On top, this module recomputes from the samples table what a plan must satisfy
-(coverage, capacity, per-microbatch tokens, targets and cost), recomputes each epoch's final metrics from its rows,
-checks the eval plan (the held-out samples `--val-set-size` draws, each exactly once, none of them in training,
-in the training layout, counted right, against the eval fingerprint), checks that the settings the plan shares
-with its scan (`sequence_len`, `shift`) are the scan's, and checks the
-tokenized data the trainer will load: every header value against its `header_hash`, present, complete and, unless
-`fast`, equal in content to the dataset fingerprint (each planned sample's hash against the samples table). The result is a list of
-violations, each naming its file and row or field (empty when the plan is sound).
+Nothing is trusted from the writer. `Plan` (`plan.files`, `PlanFiles`) checks how the files vouch for each other
+(settings against the config fingerprint, each epoch's rows against the layout and its plan fingerprint, samples
+against the dataset and metadata fingerprints, metrics against their checksum, every file's metadata and
+`manifest.json` against the plan file's). On top, this module checks what the plan must satisfy against the
+samples table, with code of its own rather than the compiler's, so that a compiler bug shows as a violation
+instead of agreeing with itself: coverage (each sample once, or its mixture count: the recipe's draw made again,
+`plancc.store.redraw`), capacity, per-microbatch tokens, targets and cost and each epoch's summary figures
+(`recount`), the eval plan (the held-out samples drawn again, each exactly once, none of them in training, in the
+training layout, counted right, against the eval fingerprint), that the settings the plan shares with its scan
+(`sequence_len`, `shift`) are the scan's, and the tokenized data the trainer will load: every header value against
+its `header_hash`, present, complete and, unless `fast`, equal in content to the dataset fingerprint (each planned
+sample's hash against the samples table). The result is a list of violations, each naming its file and row or
+field (empty when the plan is sound).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ import pyarrow as pa
 from plancc.config.settings import SHARED_SETTINGS, PlanSettings
 from plancc.core.choices import Mode, Shift
 from plancc.core.layout import tail_batches
-from plancc.core.plan_arrays import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
+from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
-from plancc.planner import holdout, mixture
-from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
-from plancc.store import parquet, schemas, token_store
+from plancc.review import recount
+from plancc.review.recount import Microbatches, Rows
+from plancc.store import parquet, redraw, schemas, token_store
 from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
 from plancc.store.plan import Plan
 from plancc.store.plan_store import PlanIntegrityError
@@ -67,30 +69,34 @@ def mixture_counts(sample_id: np.ndarray) -> np.ndarray:
     return want
 
 
-def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
+Checked = tuple[list[str], Rows | None, Microbatches | None]
+
+
+def check_epoch(epoch: int, table: pa.Table, s: SampleArrays, settings: PlanSettings) -> Checked:
     """Coverage (each sample exactly its mixture count: once, for one source), capacity, microbatch shape and
-    per-microbatch counts of one epoch against the epoch's samples (`mixture.plan_positions`)."""
+    per-microbatch counts of one epoch against the epoch's samples (`redraw.epoch_positions` for a recipe)."""
     return check_rows(f"{schemas.PLAN_FILE} epoch {epoch}", table, s, settings)
 
 
-def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
+def check_rows(where: str, table: pa.Table, s: SampleArrays, settings: PlanSettings) -> Checked:
     """`check_epoch` of any plan rows (an epoch's, or the eval plan's) named `where` in the messages: they must
     hold each sample of the multiset `s` as often as it is in it (all unless --drop-last), fit the layout, and
-    count what `s` says."""
+    count what `s` says (`recount`); returns the rows as positions in `s` and what their microbatches hold."""
     problems: list[str] = []
     ids, row_bounds, batch_bounds = parquet.nested_arrays(table.column("sample_ids"))
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
     unknown = s.sample_id[pos] != ids
     if unknown.any():
         return [f"{where}: {int(unknown.sum())} sample ids are not in {schemas.SAMPLES_FILE} "
-                f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None
-    b = Batches(pos, row_bounds, batch_bounds)
-    n = b.num_batches
+                f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None, None
+    rows = Rows(pos, row_bounds, batch_bounds)
+    mb = recount.microbatches(rows, s, settings)
+    n = rows.num_batches
 
     counts, want = np.bincount(pos, minlength=len(s)), mixture_counts(s.sample_id)
     over = np.flatnonzero(counts > want)
     if over.size and not settings.mixture:
-        row, sid, first = repeated_sample(ids, b.row_bounds[b.batch_bounds])
+        row, sid, first = repeated_sample(ids, row_bounds[batch_bounds])
         problems.append(f"{where} row {row}: sample_id {sid} again (already in row {first}); "
                         f"{int((counts > 1).sum())} samples appear more than once")
     elif over.size:
@@ -104,43 +110,37 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     if settings.drop_last and tail_batches(n, settings.world_size, settings.grad_accum):
         problems.append(f"{where}: --drop-last plan ends with an incomplete update")
 
-    over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
+    over = np.flatnonzero(mb.row_tokens > settings.row_capacity)
     if over.size:
         problems.append(f"{where}: {over.size} rows exceed capacity {settings.row_capacity} "
                         f"(first: row {over[0]})")
     if settings.mode == Mode.PACKED:
-        too_many = np.flatnonzero(b.rows_per_batch() > (settings.micro_batch_size if settings.real_batches else 1))
+        too_many = np.flatnonzero(np.diff(batch_bounds) > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
             problems.append(f"{where} row {too_many[0]}: the microbatch has too many rows")
     else:
-        per_batch = segment_sum(b.samples_per_row(), b.batch_bounds)
+        per_batch = recount.sums(np.diff(row_bounds), batch_bounds)
         short = np.count_nonzero(per_batch != settings.micro_batch_size)  # the remainder's one microbatch
         if short > 1 or (n and not 1 <= per_batch.min() <= per_batch.max() <= settings.micro_batch_size):
             problems.append(f"{where}: microbatches do not hold exactly {settings.micro_batch_size} samples "
                             "(but one, holding the remainder)")
-    expect = {
-        "tokens": batch_tokens(b, s),
-        "label_count": batch_targets(b, s, settings.shift),
-        "cost": batch_cost(b, s, settings.pad_multiple),
-    }
-    for name, want in expect.items():
+    for name, want in (("tokens", mb.tokens), ("label_count", mb.label_count), ("cost", mb.cost)):
         msg = _mismatch(name, where, parquet.column(table, name), want)
         if msg:
             problems.append(msg)
-    return problems, b
+    return problems, rows, mb
 
 
 def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], np.ndarray]:
     """(violations of the eval plan, the eval sample ids training must not hold). The eval rows must hold the
-    samples compile held out (`holdout.eval_ids`, redrawn here: a recipe's eval datasets, `--val-set-size`'s draw)
-    each exactly once, fit the training layout and count what the samples table says; layout, eval fingerprint and
-    manifest summary: `PlanDir.eval_problems`."""
+    samples compile held out (`redraw.eval_ids`, drawn again here: a recipe's eval datasets, `--val-set-size`'s
+    draw) each exactly once, fit the training layout and count what the samples table says; layout, eval
+    fingerprint and manifest summary: `PlanFiles.eval_problems`."""
     size, path, none = plan.settings.val_set_size, plan.path / schemas.EVAL_FILE, np.zeros(0, dtype=np.int64)
     try:
-        drawn = holdout.eval_ids(s.sample_id, plan.settings, index) if len(s) else None
+        expected = redraw.eval_ids(s.sample_id, plan.settings, index) if len(s) else none
     except SettingsError as exc:
         return [f"{plan.files.plan_file} metadata: {exc}"], none
-    expected = none if drawn is None else drawn
     if not plan.manifest.has_eval:
         if expected.size:
             return [f"{plan.files.plan_file} metadata: the settings hold out {expected.size} eval samples (val_set_size "
@@ -162,8 +162,8 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
                         f"val_set_size {size}, seed {plan.settings.seed}) does not and lacks {lacking.size} it does "
                         f"(first: sample_id {first})")
         return problems, expected
-    found, _ = check_rows(str(path), table, holdout.subset(s, np.isin(s.sample_id, expected)),
-                          replace(plan.settings, drop_last=False, mixture=(), samples_per_epoch=None))
+    found, _, _ = check_rows(str(path), table, s.take(np.flatnonzero(np.isin(s.sample_id, expected))),
+                             replace(plan.settings, drop_last=False, mixture=(), samples_per_epoch=None))
     return problems + found, expected
 
 
@@ -182,7 +182,7 @@ def _recipe_index(plan: Plan, samples: pa.Table) -> tuple[np.ndarray | None, lis
     if schemas.DATASET_COLUMN not in samples.column_names:
         return None, [f"{schemas.SAMPLES_FILE}: a recipe's samples table lacks its '{schemas.DATASET_COLUMN}' column"]
     codes, names = dataset_codes(samples)
-    index = mixture.dataset_index(codes, names, plan.settings.mixture)
+    index = redraw.dataset_index(codes, names, plan.settings)
     if (index < 0).any():
         row = int(np.flatnonzero(index < 0)[0])
         return index, [f"{schemas.SAMPLES_FILE} row {row}: dataset {names[codes[row]]!r} is not one of the recipe's "
@@ -190,12 +190,12 @@ def _recipe_index(plan: Plan, samples: pa.Table) -> tuple[np.ndarray | None, lis
     return index, []
 
 
-def _dataset_after(epoch: int, b: Batches, s_e, index: np.ndarray, plan: Plan) -> list[dict[str, Any]]:
-    """One epoch's per-dataset `after` metrics recomputed from its rows (`b` indexes the epoch's samples `s_e`,
+def _dataset_after(epoch: int, rows: Rows, s_e: SampleArrays, index: np.ndarray, plan: Plan) -> list[dict[str, Any]]:
+    """One epoch's per-dataset `after` metrics recounted from its rows (`rows` indexes the epoch's samples `s_e`,
     whose datasets `index` gives)."""
     names = [m[0] for m in plan.settings.mixture]
-    return dataset_rows(epoch, "after", names, index[b.samples], s_e.length[b.samples],
-                        entry_targets(b, s_e, plan.settings.shift))
+    return recount.dataset_figures(epoch, names, index[rows.pos], s_e.length[rows.pos],
+                                   recount.entry_targets(rows, s_e, plan.settings.shift))
 
 
 def _recipe_metrics_problems(plan: Plan, recomputed: list[dict[str, Any]]) -> list[str]:
@@ -215,7 +215,8 @@ def _recipe_metrics_problems(plan: Plan, recomputed: list[dict[str, Any]]) -> li
 
 
 def _metrics_problems(plan: Plan, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
-    """Each epoch's stored `after` row against the one recomputed from its rows; the manifest's epoch summary."""
+    """Each epoch's stored `after` row against the figures recounted from its rows (`recount.FIGURES`); the
+    manifest's epoch summary."""
     problems = []
     stored = {(int(r["epoch"]), r["stage"]): r for r in metrics.to_pylist()}
     for epoch, again in after.items():
@@ -224,7 +225,7 @@ def _metrics_problems(plan: Plan, metrics: pa.Table, after: dict[int, dict[str, 
             problems.append(f"{schemas.METRICS_FILE}: no 'after' row for epoch {epoch}")
             continue
         for name, value in again.items():
-            if row[name] != value:
+            if recount.differs(row[name], value):
                 problems.append(f"{schemas.METRICS_FILE} epoch {epoch} stage after: {name} is {row[name]}, recomputed "
                                 f"from {schemas.PLAN_FILE} {value}")
                 break
@@ -374,11 +375,10 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     recipe_rows: list[dict[str, Any]] = []
     found, eval_ids = _eval_problems(plan, s, index)
     problems += found
-    train = s if index is not None else holdout.subset(s, ~np.isin(s.sample_id, eval_ids))
-    if index is not None:  # a recipe's held-out samples are in no dataset (`pipeline.compile_run`)
-        index = holdout.without(index, s.sample_id, eval_ids)
+    train = s if index is not None else s.take(np.flatnonzero(~np.isin(s.sample_id, eval_ids)))
+    if index is not None:  # a recipe's held-out samples are in no dataset (they leave the mixture)
+        index = np.where(np.isin(s.sample_id, eval_ids), -1, index)
     after: dict[int, dict[str, Any]] = {}
-    drops = SourceDrops(plan.manifest.dropped_samples, plan.manifest.truncated_samples)
     rows = 0
     for e in plan.epochs:
         try:
@@ -387,14 +387,15 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
             return [*problems, str(exc)], plan
         rows += table.num_rows
         found = files.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
-        positions = mixture.plan_positions(index, plan.settings, e)
+        positions = redraw.epoch_positions(index, plan.settings, e) if index is not None else None
         s_e = train.take(positions) if positions is not None else train
-        more, b = check_epoch(e, table, s_e, plan.settings)
+        more, epoch_rows, mb = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
-        if b is not None:
-            after[e] = summarize(b, s_e, plan.settings, drops)
+        if epoch_rows is not None and mb is not None:
+            after[e] = recount.epoch_figures(epoch_rows, mb, len(s_e), plan.settings, plan.manifest.dropped_samples,
+                                             plan.manifest.truncated_samples)
             if positions is not None:
-                recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
+                recipe_rows += _dataset_after(e, epoch_rows, s_e, index[positions], plan)
     total = files.row_count()
     if total != rows:
         problems.append(f"{schemas.PLAN_FILE} holds {total} rows, its epochs {plan.epochs[0]}..{plan.epochs[-1]} {rows}")
