@@ -83,7 +83,7 @@ def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, se
                           progress, overwrite=overwrite, recipe=recipe, evaluation=run.evaluation)
 
 
-# scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
+# scan record entries kept out of the plan: where this call found the source (`data` holds it), and how long the scan
 # took (a cold and a warm cache must give the same plan bytes)
 NOT_PLANNED = ("source_paths", "seconds")
 
@@ -92,9 +92,9 @@ def data_paths(out_dir: str | Path, source_paths: tuple[str, ...], has_tokens: b
     """The manifest's `data`: whether the plan ships its token store (a relative folder, so the plan moves as
     one), and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan
     moved together with its data still finds it)."""
-    plan = os.path.realpath(out_dir)
+    plan_dir = os.path.realpath(out_dir)
     absolute = tuple(os.path.abspath(p) for p in source_paths)
-    return DataPaths(has_tokens, absolute, tuple(os.path.relpath(p, plan) for p in absolute))
+    return DataPaths(has_tokens, absolute, tuple(os.path.relpath(p, plan_dir) for p in absolute))
 
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
@@ -129,8 +129,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         cols = eval_columns(evaluation, settings)
         fingerprints["eval"] = eval_fingerprint(cols)
         eval_table, eval_summary = plan_tables.eval_table(cols), EvalSummary.of(cols, settings.world_size)
-    plan = pa.concat_tables(tables)
-    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
+    rows = pa.concat_tables(tables)  # the plan table, stored by (epoch, rank, index): one rank's epoch is a filtered read
+    rows = rows.take(pc.sort_indices(rows, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
     metrics = plan_tables.metrics_table(metric_rows)
     before = plan_tables.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
     manifest = Manifest(
@@ -142,7 +142,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
                    "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
         eval=eval_summary, recipe=recipe)
     with outputs.atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        plan_tables.write_plan_files(tmp, manifest, plan, samples_table, metrics, before, eval_table)
+        plan_tables.write_plan_files(tmp, manifest, rows, samples_table, metrics, before, eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_writer.link_store(tokenized, tmp / schemas.TOKENS_DIR)
             if token_store.open_store(tmp / schemas.TOKENS_DIR).digest != fingerprints["tokens"]:

@@ -67,9 +67,10 @@ def before_table(epochs: list[int], label_counts: list[np.ndarray]) -> pa.Table:
                                  arrow_array(counts, pa.int64())], schema=BEFORE_SCHEMA)
 
 
-def write_plan_files(directory: Path, manifest: Manifest, plan: pa.Table, samples: pa.Table, metrics: pa.Table,
+def write_plan_files(directory: Path, manifest: Manifest, rows: pa.Table, samples: pa.Table, metrics: pa.Table,
                      before: pa.Table, evaluation: pa.Table | None = None) -> None:
-    """Write the plan directory's files into `directory` (a temporary one from `atomic_directory`).
+    """Write the plan directory's files into `directory` (a temporary one from `atomic_directory`): the plan
+    table's `rows`, the samples, metrics, before and eval tables, and the manifest.
 
     The plan file's metadata is the whole manifest (plus its kind): `manifest.json` is its human-readable mirror,
     so that nothing a reader relies on lives only in an unchecked JSON file. Every sibling file carries the
@@ -77,7 +78,7 @@ def write_plan_files(directory: Path, manifest: Manifest, plan: pa.Table, sample
     """
     record = manifest.to_json()
     plan_meta = {META_KEY: orjson.dumps({**record, "kind": "plan"}, option=orjson.OPT_SORT_KEYS)}
-    write_parquet(plan, directory / PLAN_FILE, plan_meta, PLAN_ROW_GROUP)
+    write_parquet(rows, directory / PLAN_FILE, plan_meta, PLAN_ROW_GROUP)
     fingerprints, settings = record["fingerprints"], record["settings"]
     schema = samples_schema(DATASET_COLUMN in samples.column_names)
     write_parquet(samples.select(schema.names).cast(schema), directory / SAMPLES_FILE,

@@ -38,7 +38,7 @@ def _largest_remainder(exact: np.ndarray, total: int) -> np.ndarray:
 
 def held_out_count(n: int, val_set_size: int | float) -> int:
     """Samples `val_set_size` holds out of `n`; refused when that leaves none to evaluate or none to train."""
-    k = val_set_size if isinstance(val_set_size, int) else int(round(val_set_size * n))
+    k = val_set_size if isinstance(val_set_size, int) else round(val_set_size * n)
     if not 1 <= k < n:
         raise SettingsError(f"val_set_size {val_set_size} holds out {k} of {n} samples (must be 1..{n - 1})",
                             "val_set_size")
