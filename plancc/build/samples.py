@@ -1,11 +1,13 @@
-"""A compile's samples: read from a samples table, scan directory or plan directory (`open_samples`), or scanned
-from a raw source (through the scan cache), with the scan record that says how they were made."""
+"""A compile's samples: read from a samples table, scan directory or plan directory (`open_stored`, through `open_samples`), or scanned from
+a raw source through the scan cache (`scan_source`), with the scan record that says how they were made."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from plancc.config.settings import ScanOptions
@@ -17,19 +19,37 @@ if TYPE_CHECKING:  # the scanner loads tokenizers and source readers: imported o
     from plancc.scan.scanner import Progress
 
 
-def load_samples(source: str, scan_options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
-                 progress: Progress = None) -> tuple[pa.Table, ScanRecord, Path | None]:
-    """(samples table, scan record, token store folder or None) from a samples table, scan dir, plan dir or raw
-    source; the record's `source_paths` are where the source files are now."""
+@dataclass(frozen=True)
+class Samples:
+    """The samples a plan is compiled from: the samples table, the scan record saying how they were made (its
+    `source_paths`: where the source files are now) and the token store folder (None: a bare samples table); for
+    a recipe, each sample's position in the mixture (`index`) and what the manifest says of each dataset."""
+
+    table: pa.Table
+    record: ScanRecord
+    tokens: Path | None
+    index: np.ndarray | None = None
+    datasets: list[dict[str, Any]] | None = None
+
+
+def open_stored(source: str) -> Samples | None:
+    """The samples of a samples table, scan dir or plan dir (`open_samples`), with its scan record and token store;
+    None for a raw source (to scan)."""
     stored = open_samples(source)
-    if stored is not None:  # a samples table, scan dir or plan dir: carry its scan record and tokenized rows along
-        part = stored.record.part
-        if part is not None:
-            raise InputError(f"{source} is a partial scan (rows {part.lo}..{part.hi - 1} of {part.rows}, from "
-                             "`plancc scan --shard`): join every part first with `plancc merge PART_DIR... -o "
-                             "SCAN_DIR`, then compile SCAN_DIR")
-        return stored.table, stored.record, stored.tokens
+    if stored is None:
+        return None
+    part = stored.record.part
+    if part is not None:
+        raise InputError(f"{source} is a partial scan (rows {part.lo}..{part.hi - 1} of {part.rows}, from "
+                         "`plancc scan --shard`): join every part first with `plancc merge PART_DIR... -o "
+                         "SCAN_DIR`, then compile SCAN_DIR")
+    return Samples(stored.table, stored.record, stored.tokens)
+
+
+def scan_source(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Path | None = None,
+                progress: Progress = None) -> Samples:
+    """The samples of a raw source, scanned with `options` (or found in the scan cache)."""
     from plancc.scan import scanner  # tokenizers and source readers: only for a raw source
 
-    result = scanner.scan(source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)
-    return result.samples, result.report.but(source_paths=tuple(result.source_paths)), result.tokenized_path
+    result = scanner.scan(source, options, num_proc=num_proc, cache_dir=cache_dir, progress=progress)
+    return Samples(result.samples, result.report.but(source_paths=tuple(result.source_paths)), result.tokenized_path)

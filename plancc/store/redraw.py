@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.config.settings import PlanSettings
+from plancc.core.choices import DatasetRole, MixKind
 from plancc.errors import SettingsError
 
 HOLDOUT_SPAWN_KEY = 1
@@ -68,7 +69,7 @@ def eval_ids(sample_ids: np.ndarray, settings: PlanSettings, index: np.ndarray |
     ids = np.asarray(sample_ids, dtype=np.int64)
     if index is None:
         return held_out(ids, settings.val_set_size, settings.seed) if settings.val_set_size else ids[:0]
-    evals = [d for d, entry in enumerate(settings.mixture) if entry[1] == "eval"]
+    evals = [d for d, entry in enumerate(settings.mixture) if entry.role == DatasetRole.EVAL]
     is_eval = np.isin(index, evals)
     out = ids[is_eval]
     if settings.val_set_size:
@@ -81,15 +82,15 @@ def mixture_counts(sizes: np.ndarray, settings: PlanSettings) -> np.ndarray:
     """Samples each mixture entry contributes to an epoch (0 for eval datasets)."""
     counts = np.zeros(len(settings.mixture), dtype=np.int64)
     weighted = []
-    for d, (_, role, kind, value) in enumerate(settings.mixture):
-        if role != "train":
+    for d, entry in enumerate(settings.mixture):
+        if entry.role != DatasetRole.TRAIN:
             continue
-        if kind == "repeat":
-            counts[d] = int(np.floor(value * int(sizes[d]) + 0.5))
+        if entry.kind == MixKind.REPEAT:
+            counts[d] = int(np.floor(entry.value * int(sizes[d]) + 0.5))
         else:
             weighted.append(d)
     if weighted:
-        w = np.array([settings.mixture[d][3] for d in weighted], dtype=np.float64)
+        w = np.array([settings.mixture[d].value for d in weighted], dtype=np.float64)
         total = settings.samples_per_epoch or int(max(int(sizes[d]) for d in weighted))
         counts[weighted] = _largest_remainder(w / w.sum() * total, total)
     return counts
@@ -126,5 +127,5 @@ def epoch_positions(index: np.ndarray, settings: PlanSettings, epoch: int) -> np
 
 def dataset_index(codes: np.ndarray, names: list[str], settings: PlanSettings) -> np.ndarray:
     """Each sample's mixture entry from its dataset as `codes` into `names` (-1: a dataset the mixture lacks)."""
-    position = {entry[0]: d for d, entry in enumerate(settings.mixture)}
+    position = {entry.name: d for d, entry in enumerate(settings.mixture)}
     return np.array([position.get(n, -1) for n in names] + [-1], dtype=np.int64)[np.asarray(codes, dtype=np.int64)]

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from plancc.config.settings import ROLES, canonical_hash
+from plancc.config.settings import ROLES
+from plancc.core.hashing import canonical_hash
 from plancc.errors import InputError
 from plancc.store.fingerprint import array_digest, dataset_fingerprint, metadata_fingerprint
 from plancc.store.parquet import column
