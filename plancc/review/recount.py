@@ -1,7 +1,7 @@
 """What a plan's rows must add up to, counted again from the samples table with plain numpy: each microbatch's
 tokens, supervised targets and cost (docs/spec.md §3), each epoch's summary figures (§6) and a recipe's
 per-dataset counts. Written from the spec, not with the compiler's code (`plancc.core.plan_arrays`,
-`plancc.planner.metrics`): a bug there makes `validate` disagree with the plan instead of agreeing with it.
+`plancc.planner.metrics`; the update layout is `plancc.core.layout`'s, the spec every side shares): a bug there makes `validate` disagree with the plan instead of agreeing with it.
 
 The figures recounted are the counts, totals, means, deviations and the update-level label figures. The rank
 spreads, attention and skew figures (what balancing is judged by, not what training relies on) are checked
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plancc.config.settings import PlanSettings
+from plancc.core import layout
 from plancc.core.choices import Mode, Shift
 from plancc.core.plan_arrays import SampleArrays
 
@@ -107,9 +108,8 @@ def epoch_figures(rows: Rows, mb: Microbatches, held: int, settings: PlanSetting
                   truncated: int) -> dict[str, int | float | None]:
     """The epoch's summary figures (`FIGURES`) from its microbatches; `held`: the samples the epoch should
     hold, `dropped`/`truncated`: the scan's."""
-    n, per_update = rows.num_batches, settings.world_size * settings.grad_accum
-    complete = n // per_update
-    update_labels = mb.label_count[: complete * per_update].reshape(complete, per_update).sum(axis=1)
+    n, W, G = rows.num_batches, settings.world_size, settings.grad_accum
+    update_labels = layout.update_grid(mb.label_count, W, G).sum(axis=(1, 2))  # the complete updates' totals
     total_tokens, total_cost = int(mb.tokens.sum()), int(mb.cost.sum())
     packed, capacity = settings.mode == Mode.PACKED, settings.row_capacity
     slots = rows.num_rows * capacity if packed else total_cost
@@ -126,9 +126,9 @@ def epoch_figures(rows: Rows, mb: Microbatches, held: int, settings: PlanSetting
         "total_batch_cost": total_cost, "padding_tokens": total_cost - total_tokens,
         "packing_efficiency": total_tokens / slots if slots else 0.0,
         "rows_lower_bound": math.ceil(total_tokens / capacity) if packed else None,
-        "updates": -(-n // per_update), "complete_updates": complete, "mean_global_update_labels": mu,
-        "std_global_update_labels": su, "update_label_cv": su / mu if mu > 0 else 0.0,
-        "excluded_tail_microbatches": n - complete * per_update,
+        "updates": layout.optimizer_updates(n, W, G), "complete_updates": layout.complete_updates(n, W, G),
+        "mean_global_update_labels": mu, "std_global_update_labels": su, "update_label_cv": su / mu if mu > 0 else 0.0,
+        "excluded_tail_microbatches": layout.tail_batches(n, W, G),
     }
 
 
