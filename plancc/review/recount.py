@@ -1,7 +1,8 @@
 """What a plan's rows must add up to, counted again from the samples table with plain numpy: each microbatch's
 tokens, supervised targets and cost (docs/spec.md §3), each epoch's summary figures (§6) and a recipe's
 per-dataset counts. Written from the spec, not with the compiler's code (`plancc.core.plan_arrays`,
-`plancc.planner.metrics`; the update layout is `plancc.core.layout`'s, the spec every side shares): a bug there makes `validate` disagree with the plan instead of agreeing with it.
+`plancc.planner.metrics`): a bug there makes `validate` disagree with the plan instead of agreeing with it. The
+update layout is `plancc.core.layout`'s, the one spec every side shares.
 
 The figures recounted are the counts, totals, means, deviations and the update-level label figures. The rank
 spreads, attention and skew figures (what balancing is judged by, not what training relies on) are checked
