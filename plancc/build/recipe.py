@@ -154,6 +154,9 @@ def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
         "tokens": int(length.sum()), "label_tokens": int(labels.sum()),
         "format": report.format, "chat_template": report.chat_template.name if report.chat_template else None,
         "fingerprints": plan_files.samples_fingerprints(d.table, report.identity),
+        # how its rows were made and where each came from: what `plancc diff` names per dataset
+        **({"options": report.options.to_json()} if report.options is not None else {}),
+        **{k: v for k, v in report.to_json().items() if k in ("source_fingerprint", "source_files")},
     }
 
 

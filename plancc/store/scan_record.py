@@ -206,6 +206,7 @@ class ScanRecord:
     source: str | None = None
     source_kind: str | None = None
     source_paths: tuple[str, ...] = ()
+    source_files: tuple[tuple[str, int], ...] = ()  # each source file's name (beside the others) and rows, in row order
     source_fingerprint: str | None = None
     tokenizer: str | None = None  # where the tokenizer was found (or the built-in's name)
     tokenizer_fingerprint: str | None = None
@@ -336,6 +337,13 @@ def _template(where: str, key: str, v: Any) -> Template | None:
                     _text(where, key, v.get("origin")), "generation" in v)
 
 
+def _files(where: str, key: str, v: Any) -> tuple[tuple[str, int], ...]:
+    items = _of(where, key, v, (list,), "a list of [name, rows] pairs")
+    if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and type(p[1]) is int for p in items):
+        raise _bad(where, key, "a list of [name, rows] pairs", v)
+    return tuple((name, rows) for name, rows in items)
+
+
 def _str_map(where: str, key: str, v: Any) -> tuple[tuple[str, str], ...]:
     v = _of(where, key, v, (dict,), "an object of strings")
     return tuple((k, _text(where, key, x, False)) for k, x in v.items())
@@ -363,7 +371,7 @@ def _number(where: str, key: str, v: Any) -> float:
 _READ: dict[str, Any] = {
     **dict.fromkeys(("source_kind", "source_fingerprint", "tokenizer", "tokenizer_fingerprint", "eos_token", "key",
                      "format", "source"), _text),
-    "source_paths": _texts, "warnings": _texts,
+    "source_paths": _texts, "warnings": _texts, "source_files": _files,
     "chat_template": _template, "text_format": _str_map, "fingerprints": _str_map,
     "options": lambda where, key, v: RecordedOptions.from_json(v, where),
     "max_dropped": _number, "seconds": _number,
