@@ -293,14 +293,14 @@ def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, 
 
 
 def diff(old: str | Path, new: str | Path, *, fail_on: list[str] | None = None,
-         tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+         tolerance: float = DEFAULT_TOLERANCE, rows: bool = False) -> dict[str, Any]:
     """Compare two plan directories (`plancc.review.diff.diff_plans`): the JSON-able report, with `fail_on` (the
-    checks asked for: any, config, dataset, metrics-regression; repeated or comma-separated) and `failed` (why
-    those checks fail; empty: none does)."""
+    checks asked for: any, config, dataset, masks, metrics-regression; repeated or comma-separated) and `failed`
+    (why those checks fail; empty: none does). `rows`: name every changed row (else the first 10 of each kind)."""
     from plancc.review import diff as diff_mod
 
     checks = diff_mod.parse_fail_on(fail_on)
-    report = diff_mod.diff_plans(old, new, tolerance=tolerance)
+    report = diff_mod.diff_plans(old, new, tolerance=tolerance, rows=rows)
     return {**report, "fail_on": checks, "failed": diff_mod.failures(report, checks)}
 
 

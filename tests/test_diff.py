@@ -19,7 +19,8 @@ from plancc.cli import app
 from plancc.cli.diff_render import render_markdown
 from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
-from plancc.review.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
+from plancc.review.diff import diff_plans
+from plancc.review.diff_churn import EpochRows, _segments_equal, epoch_churn
 from plancc.store.parquet import sample_arrays
 from plancc.store.scan_record import ScanRecord
 
