@@ -57,7 +57,7 @@ def _dataset_item(d: dict[str, Any], recipe: bool) -> str | None:
     rows = rows_summary(d["rows"]) if d["rows"] else "content changed"
     what = f"{name} rows" if recipe else "rows"
     if st == "rederived":
-        return f"{what}: {rows}, made anew by the settings below from an unchanged source ({counts})"
+        return f"{what}: {rows} by the settings changed, the source being unchanged ({counts})"
     return f"{what}: {rows} ({counts})"
 
 
@@ -117,7 +117,7 @@ def training_table(report: dict[str, Any]) -> tuple[str, list[tuple[str, str, st
     """(title, rows, line): the totals old vs new, or one line when none moved."""
     t = report["training"]
     ep = t["epochs"]
-    title = f"Training ({ep['old']} epochs)" if ep["old"] == ep["new"] else \
+    title = f"Training ({ep['old']} epoch{'s' if ep['old'] != 1 else ''})" if ep["old"] == ep["new"] else \
         f"Training ({ep['old']} → {ep['new']} epochs)"
     keys = (("samples", "samples"), ("tokens", "tokens"), ("updates", "updates"), ("label_tokens", "label tokens"))
     rows = [(label, format_number(t[k]["old"]), format_number(t[k]["new"]), _change(t[k]["old"], t[k]["new"]))
@@ -205,11 +205,13 @@ def verdict(report: dict[str, Any]) -> str:
     if report["identical"]:
         return "plans are identical (dataset, metadata, config and every epoch's plan fingerprint match)"
     ch = report["changes"]
-    samples = ch["data"] or ch["rows"] or ch["dataset"] or ch["metadata"]
     kinds = [name for key, name in (("data", "data"), ("masks", "masks"), ("config", "settings"), ("plan", "plan"),
                                     ("eval", "eval plan"), ("plancc", "plancc version")) if ch.get(key)]
-    if samples and not ch["data"]:
+    if (ch["rows"] or ch["dataset"]) and not ch["data"]:
         kinds.insert(0, "samples")
+    if not kinds:
+        return ("plans differ only in the metadata fingerprint: the same samples in the same plan, made by a "
+                "tokenizer or template recorded differently (see below)")
     line = "plans differ: " + ", ".join(kinds)
     if report["regressions"]:
         line += f"; {len(report['regressions'])} metric regression(s)"

@@ -282,7 +282,7 @@ def _data_reasons(report: dict[str, Any]) -> list[str]:
         if d["status"] in ("added", "removed"):
             out.append(f"{d['name']} {d['status']}")
         elif d["status"] == "content_changed":
-            out.append(f"{d['name']}: " + (rows_summary(d["rows"]) + " rows" if d["rows"] else "content changed"))
+            out.append(f"{d['name']}: " + (rows_summary(d["rows"], noun=True) if d["rows"] else "content changed"))
     return out
 
 

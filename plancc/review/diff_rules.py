@@ -37,7 +37,11 @@ REGRESSION_RULE = (
 )
 
 
-def rows_summary(rows: dict) -> str:
-    """A dataset's row changes as people say them: `5 edited, 20 added, 3 removed` (the kinds that happened)."""
+def rows_summary(rows: dict, noun: bool = False) -> str:
+    """A dataset's row changes as people say them: `5 edited, 20 added, 3 removed` (the kinds that happened), with
+    `noun`: `... removed rows` (`1 edited row`)."""
     parts = [f"{rows[k]:,} {k}" for k in ("edited", "added", "removed") if rows[k]]
-    return ", ".join(parts) if parts else "no row changed"
+    if not parts:
+        return "no row changed"
+    total = rows["edited"] + rows["added"] + rows["removed"]
+    return ", ".join(parts) + ((" row" if total == 1 else " rows") if noun else "")
