@@ -252,6 +252,7 @@ class Validation:
 
     problems: tuple[str, ...]
     has_eval: bool
+    skipped: tuple[str, ...] = ()  # checks the directory's contents did not allow, each with why
 
     @property
     def ok(self) -> bool:
@@ -266,14 +267,15 @@ def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str
     `dataset` is where the plan's data is now: a plan, scan or token store folder is checked against the plan
     chunk by chunk; any other source is rescanned with the plan's scan options (its tokenizer at `tokenizer`
     when it moved) and its content fingerprint compared. `fast` checks the token store's metadata only."""
-    from plancc.review.validate import validate_plan
+    from plancc.review.validate import skipped_checks, validate_plan
     from plancc.store.token_store import store_in
 
     tokens_dir, dataset_fp = (store_in(dataset) if dataset is not None else None), None
     if dataset is not None and tokens_dir is None:
         dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
     problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
-    return Validation(tuple(problems), "eval" in meta)
+    skipped = skipped_checks(Plan(plan_dir), tokens_dir) if meta else []
+    return Validation(tuple(problems), "eval" in meta, tuple(skipped))
 
 
 def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,

@@ -21,8 +21,8 @@ from plancc.cli.diff_render import render_markdown
 from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.diff import diff_plans
-from plancc.review.diff_rules import REGRESSION_METRICS
 from plancc.review.diff_churn import EpochRows, _segments_equal, epoch_churn
+from plancc.review.diff_rules import REGRESSION_METRICS
 from plancc.store.parquet import sample_arrays
 from plancc.store.scan_record import ScanRecord
 

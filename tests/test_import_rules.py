@@ -75,6 +75,9 @@ EXCEPTIONS = {
     ("plancc.review.validate", PLANNER),
     # show decodes a sample with the plan's tokenizer, loaded exactly as the scan loaded it
     ("plancc.review.show", SCAN),
+    # diff measures the seed-to-seed spread of a plan's metrics by planning its own samples with other seeds, with
+    # the compiler's own function (a stand-in planner would measure another planner's noise)
+    ("plancc.review.diff_noise", PLANNER),
 }
 
 
