@@ -8,12 +8,14 @@ import shutil
 from pathlib import Path
 
 import orjson
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 import plancc
 from plancc.cli import app
 from plancc.scan.sources.templates import BUILTIN_TEMPLATES
+from plancc.store import schemas
 from tests.sources_fixtures import DEEPSEEK_JSON
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "data"
@@ -67,6 +69,33 @@ def test_a_mix_change_is_named_per_dataset(recipe_plans):
     shares = {s["dataset"]: s for s in r["training"]["label_shares"]}
     assert shares["chat"]["new"] > shares["chat"]["old"]
     assert r["training"]["samples"]["new"] > r["training"]["samples"]["old"]
+
+
+def _as_older_plancc(plan: Path, out: Path) -> Path:
+    """A copy of `plan` as an older plancc wrote it: no per-dataset options, source fingerprints or files."""
+    shutil.copytree(plan, out)
+    table = pq.read_table(out / schemas.PLAN_FILE)
+    meta = json.loads(table.schema.metadata[schemas.META_KEY])
+    for d in meta["recipe"]["datasets"]:
+        for key in ("options", "source_fingerprint", "source_files"):
+            d.pop(key)
+    pq.write_table(table.replace_schema_metadata({schemas.META_KEY: json.dumps(meta).encode()}),
+                   out / schemas.PLAN_FILE)
+    (out / schemas.MANIFEST_FILE).write_text(json.dumps({k: v for k, v in meta.items() if k != "kind"}))
+    return out
+
+
+def test_a_plan_of_an_older_plancc_still_diffs(recipe_plans, tmp_path):
+    older = _as_older_plancc(recipe_plans["base"], tmp_path / "older")
+    code, r = report(older, recipe_plans["base"], "any")
+    assert code == 0 and r["identical"] and r["config"] == []
+    assert r["notes"] == [f"dataset {n!r}: the old plan records no scan options (a samples table, or an older "
+                          "plancc): its settings are not compared" for n in ("chat", "alpaca")]
+    _, r = report(older, recipe_plans["eos"])
+    chat = r["datasets"][0]
+    assert chat["status"] == "content_changed"  # without the old source fingerprint a data change cannot be ruled out
+    assert chat["rows"]["edited"] > 0 and chat["rows"]["examples"]["edited"][0]["old"]["file"] == \
+        str(recipe_plans["base"].parent / "chat.jsonl")  # the path as given names a one-file dataset
 
 
 def test_rows_are_named_by_file_of_a_glob(tmp_path):

@@ -110,8 +110,12 @@ def datasets_report(old: Plan, new: Plan, sides: dict[str, tuple[DatasetSide | N
 
 
 def paired_sides(old: Plan, new: Plan) -> dict[str, tuple[DatasetSide | None, DatasetSide | None]]:
-    """Both plans' datasets by name, old order first."""
+    """Both plans' datasets by name, old order first (two one-source plans: their one dataset each, whatever the
+    sources are called)."""
     a, b = dataset_sides(old), dataset_sides(new)
+    if not (old.settings.mixture or new.settings.mixture):
+        ((_, one_a),), ((name, one_b),) = a.items(), b.items()
+        return {name: (one_a, one_b)}
     return {name: (a.get(name), b.get(name)) for name in dict.fromkeys([*a, *b])}
 
 
