@@ -40,6 +40,14 @@ class RowChanges:
         return bool(self.added.size or self.removed.size or self.edited_new.size)
 
 
+def _rank_in_runs(values: np.ndarray) -> np.ndarray:
+    """Each entry's position within its run of equal neighbours ([5, 5, 7, 5] -> [0, 1, 0, 0])."""
+    idx = np.arange(values.size, dtype=np.int64)
+    starts = np.ones(values.size, dtype=bool)
+    starts[1:] = values[1:] != values[:-1]
+    return idx - np.maximum.accumulate(np.where(starts, idx, 0))
+
+
 def _occurrence(values: np.ndarray) -> np.ndarray:
     """Each entry's rank among the entries equal to it, in array order (0 for the first); only repeated values
     are ranked by a stable sort (most rows are unique)."""
@@ -51,10 +59,7 @@ def _occurrence(values: np.ndarray) -> np.ndarray:
     at = np.flatnonzero(np.isin(values, repeated))
     sub = values[at]
     order = np.argsort(sub, kind="stable")
-    idx = np.arange(sub.size, dtype=np.int64)
-    starts = np.ones(sub.size, dtype=bool)
-    starts[1:] = sub[order][1:] != sub[order][:-1]
-    out[at[order]] = idx - np.maximum.accumulate(np.where(starts, idx, 0))
+    out[at[order]] = _rank_in_runs(sub[order])
     return out
 
 
@@ -82,12 +87,8 @@ def _match(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _gaps(matched: np.ndarray) -> np.ndarray:
     """For each unmatched entry, one key: the count of matched entries before it (its gap between two matched
     rows) in the high 32 bits, its rank within that gap in the low ones."""
-    before = np.cumsum(matched) - matched
-    gap = before[~matched]
-    idx = np.arange(gap.size, dtype=np.int64)
-    starts = np.ones(gap.size, dtype=bool)
-    starts[1:] = gap[1:] != gap[:-1]
-    return (gap << 32) | (idx - np.maximum.accumulate(np.where(starts, idx, 0)))
+    gap = (np.cumsum(matched) - matched)[~matched]  # non-decreasing: one run per gap
+    return (gap << 32) | _rank_in_runs(gap)
 
 
 def row_changes(old_rows: np.ndarray, old_hash: np.ndarray, new_rows: np.ndarray, new_hash: np.ndarray
