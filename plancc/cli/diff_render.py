@@ -136,12 +136,12 @@ def training_table(report: dict[str, Any]) -> tuple[str, list[tuple[str, str, st
 
 def _refs(rows: list[dict[str, Any]], total: int, edited: bool = False) -> str:
     """Named rows, the file said once per run of rows from it, consecutive rows as a range (`rows 3-7`); an
-    edited row that moved says where it was."""
+    edited row that moved says where it was (and stands alone)."""
     runs: list[list[Any]] = []  # [file, first row, last row, was]
     for r in rows:
         o = r.get("old") if edited else None
         was = None if o is None or (o.get("file"), o["row"]) == (r.get("file"), r["row"]) else o
-        if runs and not edited and runs[-1][0] == r.get("file") and runs[-1][2] + 1 == r["row"]:
+        if runs and was is None and runs[-1][3] is None and runs[-1][0] == r.get("file") and runs[-1][2] + 1 == r["row"]:
             runs[-1][2] = r["row"]
         else:
             runs.append([r.get("file"), r["row"], r["row"], was])

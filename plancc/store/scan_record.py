@@ -309,6 +309,8 @@ def _json_value(value: Any, name: str) -> Any:
     """One entry as JSON values."""
     if name in ("text_format", "fingerprints"):
         return dict(value)
+    if name == "source_files":
+        return [list(f) for f in value]
     if name == "part":
         return {"lo": value.lo, "hi": value.hi, "rows": value.rows}
     if name == "merged_from":
