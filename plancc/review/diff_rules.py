@@ -9,7 +9,7 @@ FAIL_ON_HELP = (
     "data changed: rows added, removed or edited in a source, or a dataset added or removed (not samples that a "
     "settings change re-derived from unchanged sources); masks = what is trained or the template that renders it "
     "changed (roles_to_train, train_on_eos, train_on_inputs, train_on, chat_template by content, prompt_format, "
-    "...); metrics-regression = a quality metric got worse beyond noise (below)."
+    "...);"
 )
 
 DEFAULT_TOLERANCE = 0.02
@@ -28,7 +28,8 @@ QUALITY_METRICS: dict[str, int] = {
 REGRESSION_METRICS: dict[str, int] = {k: QUALITY_METRICS[k] for k in
                                       ("label_cv", "update_label_cv", "packing_efficiency", "padding_ratio")}
 REGRESSION_RULE = (
-    "metrics-regression: in an epoch both plans have, an after-stage metric is worse than in OLD by more than both "
+    "metrics-regression = a quality metric got worse beyond noise: in an epoch both plans have, an after-stage "
+    "metric is worse than in OLD by more than both "
     "max(0.001, TOL x |old value|), TOL = --tolerance (default 0.02, i.e. 2%), and 3 x the spread expected between "
     "two plans of this size from seed to seed alone (measured from the plans' own epochs and, when they are too "
     "few, by planning the new plan's samples again with other seeds). Checked: label_cv and update_label_cv "
