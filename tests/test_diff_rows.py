@@ -45,7 +45,8 @@ def test_empty_sides():
 @st.composite
 def edited_dataset(draw):
     """A dataset of unique rows, and a new version with edits, insertions and deletions at sites at least two rows
-    apart, plus rows appended; with the changes that were made."""
+    apart, plus rows appended (not after a deleted last row: that is the last row edited); with the changes that
+    were made."""
     n = draw(st.integers(0, 120))
     sites = sorted(draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n // 3)) if n else [])
     sites = [s for i, s in enumerate(sites) if i == 0 or s - sites[i - 1] >= 2]
@@ -65,7 +66,8 @@ def edited_dataset(draw):
             new.append(next(fresh))
         else:
             new.append(i + 1)
-    for _ in range(draw(st.integers(0, 5))):
+    appended = draw(st.integers(0, 5)) if kinds.get(n - 1) != "delete" else 0  # else: the last row edited
+    for _ in range(appended):
         added.append(len(new))
         new.append(next(fresh))
     return [i + 1 for i in range(n)], new, added, removed, edited

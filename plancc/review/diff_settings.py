@@ -6,7 +6,9 @@ The settings come from what the plan recorded: `Plan.settings` (how samples are 
 and mix (its manifest entry). Each change has a kind, the classes `plancc diff --fail-on` tells apart:
 
 * `plan`: how samples are planned (grad_accum, world_size, seed, mode, ...), one value for the whole plan;
-* `data`: how rows become tokens (tokenizer, format, columns, long, add_eos, message_fields, ...);
+* `data`: how rows become tokens (tokenizer, format, columns, long, add_eos, message_fields, ...): the scan options
+  of the settings registry (`plancc.config.registry`), one value for the plan unless a recipe's dataset may give
+  its own (`PerDataset.OWN`);
 * `masks`: what is trained and the template that renders it (roles_to_train, train_on_eos, train_on_inputs,
   train_on, drop_eos_only, template_date, chat_template, prompt_format, no_input_format, separator);
 * `mix`: a recipe dataset's role, repeat or weight.
@@ -22,25 +24,32 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from plancc.config import registry
+from plancc.config.fields import PerDataset
 from plancc.config.recipe import default_name
-from plancc.config.settings import SHARED_SETTINGS, SUPERVISION, PlanSettings, ScanOptions
+from plancc.config.settings import PlanSettings
 from plancc.core.choices import Choice
 from plancc.store.plan import Plan
 from plancc.store.scan_record import RecordedOptions
 
-MASKS = (*SUPERVISION, "chat_template", "prompt_format", "no_input_format", "separator")
+# what is trained, and the template or text format that renders it: a change of these is its own class
+MASKS = ("roles_to_train", "train_on_eos", "train_on_inputs", "train_on", "drop_eos_only", "template_date",
+         "chat_template", "prompt_format", "no_input_format", "separator")
 MIX = ("role", "repeat", "weight")
-SCAN_KEYS = frozenset(f.name for f in dataclasses.fields(ScanOptions))
-PLAN_WIDE_OPTIONS = ("tokenizer", *SHARED_SETTINGS)  # recorded per dataset, but one value for a recipe: said once
+# recorded per scan, one value for a whole plan (a recipe's datasets share them): compared once, plan-wide
+PLAN_WIDE_OPTIONS = tuple(f.name for f in dataclasses.fields(RecordedOptions)
+                          if registry.SETTINGS[f.name].setting.dataset != PerDataset.OWN
+                          and registry.SETTINGS[f.name].stage == "scan" and f.name != "tokenizer")
 
 
 def setting_kind(name: str) -> str:
-    """The class of a setting's change: mix, masks, data (a scan option) or plan."""
+    """The class of a setting's change: mix, masks, data (a scan option: how rows become tokens) or plan."""
     if name in MIX:
         return "mix"
     if name in MASKS:
         return "masks"
-    return "data" if name in SCAN_KEYS and name not in SHARED_SETTINGS else "plan"
+    declared = registry.SETTINGS.get(name)
+    return "data" if declared is not None and declared.stage == "scan" else "plan"
 
 
 @dataclass(frozen=True)
@@ -119,9 +128,19 @@ def _template_change(a: DatasetSide, b: DatasetSide, dataset: str | None, notes:
     return [_change("chat_template", *names, dataset)]
 
 
+def _option_changes(a: RecordedOptions, b: RecordedOptions, names: tuple[str, ...], dataset: str | None
+                    ) -> list[dict[str, Any]]:
+    return [_change(n, getattr(a, n), getattr(b, n), dataset) for n in names if getattr(a, n) != getattr(b, n)]
+
+
+OWN_OPTIONS = tuple(f.name for f in dataclasses.fields(RecordedOptions)
+                    if registry.SETTINGS[f.name].setting.dataset == PerDataset.OWN and f.name != "chat_template")
+
+
 def dataset_changes(a: DatasetSide, b: DatasetSide, dataset: str | None, notes: list[str]
                     ) -> list[dict[str, Any]]:
-    """One dataset's own settings that differ: its mix, then its scan options (template by content)."""
+    """One dataset's own settings that differ (a recipe entry's own keys): its mix, then its scan options (the
+    template by content)."""
     out = [_change(k, a.mix.get(k), b.mix.get(k), dataset) for k in MIX if a.mix.get(k) != b.mix.get(k)]
     if a.options is None or b.options is None:
         if (a.options is None) != (b.options is None):
@@ -129,12 +148,7 @@ def dataset_changes(a: DatasetSide, b: DatasetSide, dataset: str | None, notes: 
             notes.append(f"{'dataset ' + repr(dataset) if dataset else 'the samples'}: the {which} plan records no "
                          "scan options (a samples table, or an older plancc): its settings are not compared")
         return out
-    skip = (*PLAN_WIDE_OPTIONS, "chat_template")
-    for f in dataclasses.fields(RecordedOptions):
-        va, vb = getattr(a.options, f.name), getattr(b.options, f.name)
-        if f.name not in skip and va != vb:
-            out.append(_change(f.name, va, vb, dataset))
-    return out + _template_change(a, b, dataset, notes)
+    return out + _option_changes(a.options, b.options, OWN_OPTIONS, dataset) + _template_change(a, b, dataset, notes)
 
 
 def setting_changes(old: Plan, new: Plan, sides: dict[str, tuple[DatasetSide | None, DatasetSide | None]]
@@ -144,6 +158,8 @@ def setting_changes(old: Plan, new: Plan, sides: dict[str, tuple[DatasetSide | N
     notes: list[str] = []
     out = plan_changes(old.settings, new.settings)
     ro, rn = old.scan_record, new.scan_record
+    if ro.options is not None and rn.options is not None:
+        out += _option_changes(ro.options, rn.options, PLAN_WIDE_OPTIONS, None)
     if ro.tokenizer_fingerprint != rn.tokenizer_fingerprint and ro.tokenizer_fingerprint and rn.tokenizer_fingerprint:
         names = (ro.tokenizer, rn.tokenizer) if ro.tokenizer != rn.tokenizer else \
             (f"{ro.tokenizer} (old vocabulary)", f"{rn.tokenizer} (new vocabulary)")
