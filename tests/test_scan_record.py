@@ -65,8 +65,10 @@ def test_an_old_scan_json_reads_and_writes_back_byte_identical(tmp_path):
 
 
 def test_a_scan_writes_what_plancc_wrote_before(tmp_path):
-    """Same key, fingerprints, options and counts as the old writer: only where and how long differ."""
+    """Same key, fingerprints, options and counts as the old writer: only where and how long differ, and the
+    entry added since (each source file's name and rows, which `plancc diff` names rows by)."""
     written = orjson.loads((_scan(tmp_path) / schemas.SCAN_MANIFEST_FILE).read_bytes())
+    assert written.pop("source_files") == [["d.jsonl", 3]]
     assert {k: v for k, v in written.items() if k not in RUN_TO_RUN} == \
         {k: v for k, v in OLD.items() if k not in RUN_TO_RUN}
 

@@ -162,6 +162,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
         source=str(source),
         source_kind=probe.kind,
         source_paths=tuple(reader.paths),
+        source_files=reader.manifest.named_files(),
         source_fingerprint=reader.fingerprint,
         tokenizer=tok.name if tok else None,
         tokenizer_fingerprint=tok.fingerprint if tok else None,
