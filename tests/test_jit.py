@@ -124,3 +124,19 @@ def test_every_kernel_says_what_its_parameters_are():
 def test_no_kernel_parameter_is_one_letter():
     short = [f"{module}:{name}({p})" for module, name, params, _ in _kernels() for p in params if len(p) == 1]
     assert not short, short
+
+
+def test_no_inlined_kernel_takes_a_structure():
+    """An `inline="always"` kernel's parameters are copied into the caller on every call, and numba reference-counts
+    each array of a NamedTuple it copies (atomic operations): inlining a helper that takes the trade kernel's `State`,
+    `Rules` or `Tables` made the trades a third slower. Such helpers are plain calls on rare paths instead."""
+    import ast
+
+    structures = {"state", "rules", "tables"}  # the kernel's names for them (a hash's `state` elsewhere is a number)
+    inlined = []
+    for path in sorted((ROOT / "plancc" / "planner").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    "inline" in ast.unparse(d) and "always" in ast.unparse(d) for d in node.decorator_list):
+                inlined.append((node.name, {a.arg for a in node.args.args} & structures))
+    assert inlined and not [(name, taken) for name, taken in inlined if taken], inlined
