@@ -340,8 +340,10 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
     slot_b = tables.slot_of[row_b]
     n_a = tables.n_items[slot_a]
     n_b = tables.n_items[slot_b]
-    tables.keep_a[:n_a] = tables.items[slot_a, :n_a]
-    tables.keep_b[:n_b] = tables.items[slot_b, :n_b]
+    for x in range(n_a):  # (loops, not slice copies: see `_subset_tables.radix_order`)
+        tables.keep_a[x] = tables.items[slot_a, x]
+    for x in range(n_b):
+        tables.keep_b[x] = tables.items[slot_b, x]
     for x in range(n_a):
         if (mask_a >> x) & 1:
             state.row_of[tables.keep_a[x]] = row_b
