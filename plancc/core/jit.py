@@ -22,13 +22,13 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from plancc.core.paths import default_cache_dir
+from plancc.core.paths import cache_path
 
 # every module holding @numba.njit(cache=True) kernels (a test checks the list against the sources)
 KERNEL_MODULES = ("plancc.store.token_hash", "plancc.planner.sort", "plancc.core.row_sums", "plancc.planner.pack.best_fit",
                   "plancc.planner.pack._rows", "plancc.planner.pack.exact_fill", "plancc.planner.balance._cost_spread",
                   "plancc.planner.balance._exchange", "plancc.planner.balance._subset_tables",
-                  "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.scan.sources.nesting")
+                  "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.store.json_rows")
 COMPILING = "compiling kernels (first run only)"
 PACKAGE = Path(__file__).resolve().parent.parent  # the installed `plancc` folder
 INSTALLED = "_kernels"  # the installation's kernel cache, a folder of PACKAGE
@@ -66,7 +66,7 @@ def kernel_cache_dir(package: Path = PACKAGE) -> Path | None:
     installed = _fresh(package / INSTALLED, key, only=True)
     if installed is not None:
         return installed
-    user = _fresh(default_cache_dir() / "numba", key, only=False)  # other installations may share it
+    user = _fresh(cache_path(None, "numba"), key, only=False)  # other installations may share it
     shipped = package / INSTALLED / key
     if user is not None and shipped.is_dir() and not any(user.iterdir()):
         shutil.copytree(shipped, user, dirs_exist_ok=True)
