@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import itertools
 import json
 import os
 import shutil
@@ -189,7 +190,7 @@ def plancc_rows(config: Path, plan: Path) -> tuple[list[tuple], str | None]:
 
     store = open_store(plan / "tokens")
     ids, labels, offsets = store.input_ids, store.labels, store.offsets
-    return [(tuple(ids[a:b].tolist()), tuple(labels[a:b].tolist())) for a, b in zip(offsets[:-1], offsets[1:])], None
+    return [(tuple(ids[a:b].tolist()), tuple(labels[a:b].tolist())) for a, b in itertools.pairwise(offsets)], None
 
 
 def compare(theirs: list[tuple], ours: list[tuple]) -> dict[str, int]:
@@ -218,7 +219,7 @@ def first_difference(theirs: list[tuple], ours: list[tuple], tokenizer) -> str:
         near = [o for o in ours if o[0] == ids] or [o for o in ours if o[0][:8] == ids[:8]]
 
         def shown(row):
-            trained = [t for t, lab in zip(row[0], row[1]) if lab != -100]
+            trained = [t for t, lab in zip(row[0], row[1], strict=True) if lab != -100]
             return f"text {tokenizer.decode(row[0])!r}\n      trained {tokenizer.decode(trained)!r}"
 
         return f"    axolotl: {shown((ids, labels))}\n    plancc:  {shown(near[0]) if near else '(no close row)'}"

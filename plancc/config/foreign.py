@@ -90,6 +90,9 @@ def _tokenizer(data: dict[str, Any], keys: tuple[str, ...]) -> str | None:
 
 
 def _axolotl(data: dict[str, Any], path: Path) -> Imported:
+    if data.get("rl"):
+        raise SettingsError(f"config file {path}: rl: {data['rl']} trains on preference or feedback data, not SFT "
+                            "data: plancc does not plan it yet (an SFT config has no rl key)")
     out = Imported({}, "axolotl")
     tokenizer = _tokenizer(data, ("tokenizer_config", "base_model_config", "base_model"))
     if tokenizer is not None:
@@ -182,6 +185,12 @@ def _axolotl_type(entry: dict[str, Any], where: str, path: Path) -> dict[str, An
 
 
 def _trl(data: dict[str, Any], path: Path) -> Imported:
+    from plancc.config.foreign_keys import TRL_PREFERENCE_ONLY
+
+    preference = [k for k in data if k in TRL_PREFERENCE_ONLY]
+    if preference:
+        raise SettingsError(f"config file {path}: {', '.join(preference)} belong to a DPO or KTO config (preference "
+                            "or feedback data, not SFT data): plancc does not plan it yet")
     out = Imported({}, "trl")
     tokenizer = _tokenizer(data, ("tokenizer_name_or_path", "model_name_or_path"))
     if tokenizer is not None:

@@ -140,6 +140,8 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
     tok, template, loc = ident or identity(source, options)
     reader = reader or RowReader(loc, options.split)
     probe = detect.map_columns(reader.read(0, min(reader.manifest.rows, PROBE_ROWS)), options.columns)
+    if options.format != "tokenized":
+        detect.refuse_preference(probe)
     fmt = detect.detect_format(probe) if options.format == "auto" else options.format
     detect.canonical(probe, fmt, options.message_fields)  # a missing or mistyped column is named now
     detect.check_shaping(fmt, options)

@@ -48,6 +48,21 @@ def detect_format(src: Source) -> str:
     )
 
 
+def refuse_preference(src: Source) -> None:
+    """Preference pairs (chosen/rejected) and unpaired feedback (prompt, completion and a label) are never compiled
+    as SFT: trained as SFT, a rejected or undesirable completion would be taught as a target."""
+    cols = set(src.column_names)
+    where = src.paths[0] if src.paths else "source"
+    if {"chosen", "rejected"} <= cols:
+        raise InputError(f"{where}: columns chosen and rejected are preference pairs (DPO, ORPO, ...), not SFT data: "
+                         "plancc does not plan them yet; to train on the chosen answers as SFT, keep only them "
+                         "(e.g. prompt+chosen as prompt+completion)")
+    if {"completion", "label"} <= cols:
+        raise InputError(f"{where}: a label column beside prompt and completion is unpaired feedback (KTO), not SFT "
+                         "data: plancc does not plan it yet; to train on the completions as SFT, drop the label column "
+                         "(and the rows it marks undesirable)")
+
+
 def map_columns(src: Source, columns: tuple[tuple[str, str], ...]) -> Source:
     """Rename source fields onto format roles (`--columns role=field`); a role's own column, if any, gives way."""
     if not columns:
