@@ -92,14 +92,19 @@ class Encoded:
     labels: np.ndarray  # int32, flat, same layout as ids
     offsets: np.ndarray  # int64, n+1
     end_only: np.ndarray | None = None  # bool, n; None: no row is known to be
+    blank: np.ndarray | None = None  # bool, n: the row has a turn to train whose text renders to nothing (not trained)
 
     def end_only_rows(self) -> np.ndarray:
         """`end_only` as a bool array of one entry a row."""
         return self.end_only if self.end_only is not None else np.zeros(len(self.offsets) - 1, bool)
 
+    def blank_rows(self) -> np.ndarray:
+        """`blank` as a bool array of one entry a row."""
+        return self.blank if self.blank is not None else np.zeros(len(self.offsets) - 1, bool)
+
     def to_table(self, start: int = 0, stop: int | None = None) -> pa.Table:
         """Rows [start, stop) as `input_ids`/`labels` list<int32> columns (int32 offsets: keep slices < 2**31)
-        and the bool column `end_only`."""
+        and the bool columns `end_only` and `blank`."""
         stop = len(self.offsets) - 1 if stop is None else stop
         a, b = int(self.offsets[start]), int(self.offsets[stop])
         off = pa.array((self.offsets[start:stop + 1] - a).astype(np.int32), pa.int32())
@@ -107,6 +112,7 @@ class Encoded:
             "input_ids": pa.ListArray.from_arrays(off, pa.array(self.ids[a:b], pa.int32())),
             "labels": pa.ListArray.from_arrays(off, pa.array(self.labels[a:b], pa.int32())),
             "end_only": pa.array(self.end_only_rows()[start:stop], pa.bool_()),
+            "blank": pa.array(self.blank_rows()[start:stop], pa.bool_()),
         })
 
     @staticmethod
@@ -122,7 +128,8 @@ class Encoded:
         shifts = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
         offsets = np.concatenate([np.zeros(1, np.int64)] + [p.offsets[1:] + s for p, s in zip(parts, shifts, strict=True)])
         return Encoded(np.concatenate([p.ids for p in parts]), np.concatenate([p.labels for p in parts]), offsets,
-                       np.concatenate([p.end_only_rows() for p in parts]))
+                       np.concatenate([p.end_only_rows() for p in parts]),
+                       np.concatenate([p.blank_rows() for p in parts]))
 
 
 def _flat(encodings) -> tuple[np.ndarray, np.ndarray]:
@@ -235,18 +242,30 @@ def _chosen(turns: list[Turn], sup: Supervise) -> list[Turn]:
     return trained[-1:] if sup.last_turn else trained
 
 
+def _renders_nothing(renderer: Renderer, messages: list[dict[str, str]], text: str, turn: Turn) -> bool:
+    """Whether `turn`'s text renders to nothing (no content, or whitespace a template trims): Axolotl finds no span
+    for such a turn and trains neither it nor its end of turn; so does plancc (counted: `blank_turns`)."""
+    m = messages[turn.index]
+    if m["content"].strip():
+        return False
+    return not m["content"] or renderer.render(
+        [*messages[:turn.index], {**m, "content": ""}, *messages[turn.index + 1:]]) == text
+
+
 def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Supervise
-                ) -> tuple[str, list[tuple[int, int]], bool]:
-    """Rendered text, the character spans trained (tokens starting inside one are supervised) and whether the
-    trained turns' content is empty (only end-of-turn markup is trained)."""
+                ) -> tuple[str, list[tuple[int, int]], bool, bool]:
+    """Rendered text, the character spans trained (tokens starting inside one are supervised), whether the
+    trained turns' content is empty (only end-of-turn markup is trained) and whether a turn to train was left out
+    because its text renders to nothing (`_renders_nothing`)."""
     roles = {m["role"] for m in messages} if sup.eos == "all" else set(sup.roles)
     text, turns = renderer.turns(messages, roles, split=sup.eos != "turn" or sup.roles != ("assistant",))
-    trained = _chosen(turns, sup)
+    chosen = _chosen(turns, sup)
+    trained = [t for t in chosen if not _renders_nothing(renderer, messages, text, t)]
     spans = [(t.start, t.content_end) for t in trained]
     ends = {"turn": trained, "last": trained[-1:], "all": turns, "none": []}[sup.eos]
     spans += [(t.content_end, t.end) for t in ends]
     empty = all(not messages[t.index]["content"].strip() for t in trained)
-    return text, spans, empty
+    return text, spans, empty, len(trained) < len(chosen)
 
 
 def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Supervise
@@ -257,7 +276,7 @@ def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Super
     replies = [m for m in messages if m["role"] == "assistant" and m.get("training") is not False]
     if sup.last_turn:
         spans, replies = spans[-1:], replies[-1:]
-    return text, spans, all(not m["content"].strip() for m in replies)
+    return text, spans, all(not m["content"].strip() for m in replies), False
 
 
 def _mask(ids: np.ndarray, offsets: np.ndarray, encodings, spans: list, overlap: bool) -> np.ndarray:
@@ -284,24 +303,25 @@ def _messages(tok: Tok, template: str, conversations: list, row0: int, keep: int
               sup: Supervise) -> Encoded:
     renderer = Renderer(template, tok.bos_token, tok.eos_token, sup.date)
     locate = _tagged_spans if renderer.tagged else _turn_spans
-    texts, spans, empty = [], [], []
+    texts, spans, empty, blank = [], [], [], []
     for i, conv in enumerate(conversations):
         try:
             messages = normalize(conv)
         except TemplateProblem as exc:
             raise RowError(row0 + i, f"column 'messages', {exc}") from None
         try:
-            text, sp, blank = locate(renderer, messages, sup)
+            text, sp, ends_only, skipped = locate(renderer, messages, sup)
         except TemplateProblem as exc:
             raise RowError(row0 + i, str(exc)) from None
         texts.append(text)
         spans.append(sp)
-        empty.append(blank)
+        empty.append(ends_only)
+        blank.append(skipped)
     texts = _heads(tok, texts, False, keep)  # spans past a cut select no token
     encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
     ids, offsets = _flat(encodings)
     labels = _mask(ids, offsets, encodings, spans, renderer.tagged)
-    return Encoded(ids, labels, offsets, np.array(empty, dtype=bool))
+    return Encoded(ids, labels, offsets, np.array(empty, dtype=bool), np.array(blank, dtype=bool))
 
 
 def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: int = 0,

@@ -38,7 +38,8 @@ def _from_table(table: pa.Table) -> Encoded:
     # copies: the arrays must outlive the memory-mapped file they were read from
     return Encoded(np.array(ids.flatten().to_numpy(), dtype=np.int32),
                    np.array(labels.flatten().to_numpy(), dtype=np.int32), offsets - offsets[0],
-                   np.array(table.column("end_only").to_numpy(), dtype=bool))
+                   np.array(table.column("end_only").to_numpy(), dtype=bool),
+                   np.array(table.column("blank").to_numpy(), dtype=bool))
 
 
 def _init_worker(threads: int) -> None:
