@@ -166,7 +166,7 @@ def test_an_alias_bomb_or_deep_config_is_refused_at_once(tmp_path, chat_source, 
 
 
 def test_yaml_anchors_and_aliases_are_read_and_the_bomb_is_refused_in_well_under_a_second(tmp_path):
-    from plancc.config.settings import read_config_file
+    from plancc.config.files import read_config_file
     from plancc.errors import SettingsError
 
     shared = tmp_path / "shared.yaml"

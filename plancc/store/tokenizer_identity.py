@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from plancc.config.settings import canonical_hash
+from plancc.core.hashing import canonical_hash
 
 PARTS = ("model", "added_tokens", "normalizer", "pre_tokenizer", "post_processor", "eos", "bos")
 ADDED_FLAGS = ("special", "normalized", "lstrip", "rstrip", "single_word")
