@@ -229,7 +229,7 @@ def _renders_nothing(renderer: Renderer, messages: list[dict[str, str]], text: s
     """Whether `turn`'s text renders to nothing (no content, or whitespace a template trims): Axolotl finds no span
     for such a turn and trains neither it nor its end of turn; so does plancc (counted: `blank_turns`)."""
     m = messages[turn.index]
-    if m["content"].strip():
+    if m["content"].strip() or m.get("tool_calls"):  # a tool call is text to train, content or not
         return False
     return not m["content"] or renderer.render(
         [*messages[:turn.index], {**m, "content": ""}, *messages[turn.index + 1:]]) == text
