@@ -284,7 +284,7 @@ _UNDER_A_MEMORY_LIMIT = """
 import resource, sys
 import numpy as np
 from plancc.cli import app
-from plancc.scan.sources.nesting import _too_deep
+from plancc.store.json_rows import _too_deep
 import plancc.scan.scanner, plancc.store.token_hash, pyarrow.json  # loaded, and the kernels compiled, before the limit
 _too_deep(np.zeros(1, np.uint8), 1, True)
 size = int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmSize")).split()[1]) * 1024
@@ -311,11 +311,11 @@ def test_a_lock_left_by_a_killed_scan_does_not_block_the_next(tmp_path):
     with its holder, so the next scan goes ahead (and reuses the finished shards)."""
     source = _prompts(tmp_path / "pc.jsonl", 45)
     args = ["scan", source, "-o", tmp_path / "out", "--tokenizer", "builtin", "--shard-rows", "10", "-q"]
-    os.environ["PLANCC_SCAN_FAULT"] = "parts:2"
+    os.environ["PLANCC_FAULT"] = "parts_written@parts=2"
     try:
         killed = plancc(args, tmp_path)
     finally:
-        del os.environ["PLANCC_SCAN_FAULT"]
+        del os.environ["PLANCC_FAULT"]
     assert killed.returncode == -9
     assert list((tmp_path / "cache" / "scans").glob(".*.scan.lock"))
     again = plancc(args, tmp_path, timeout=120)

@@ -12,13 +12,13 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-from plancc.core.paths import default_cache_dir
+from plancc.core.paths import cache_path
 
 # every module holding @numba.njit(cache=True) kernels (a test checks the list against the sources)
 KERNEL_MODULES = ("plancc.store.token_hash", "plancc.planner.sort", "plancc.core.row_sums", "plancc.planner.pack.best_fit",
                   "plancc.planner.pack._rows", "plancc.planner.pack.exact_fill", "plancc.planner.balance._cost_spread",
                   "plancc.planner.balance._exchange", "plancc.planner.balance._subset_tables",
-                  "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.scan.sources.nesting")
+                  "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.store.json_rows")
 COMPILING = "compiling kernels (first run only)"
 
 
@@ -27,7 +27,7 @@ def _point_numba_cache() -> None:
     caches beside the sources, as it does by default)."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
-    path = default_cache_dir() / "numba"
+    path = cache_path(None, "numba")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:
