@@ -27,7 +27,7 @@ from plancc.store.atomic import read_regular
 from plancc.store.parquet import write_json
 from plancc.store.schemas import SCAN_MANIFEST_FILE
 
-COUNTS = ("truncated", "dropped_long", "dropped_all_masked", "end_only")  # entries {count, first_rows}
+COUNTS = ("truncated", "dropped_long", "dropped_all_masked", "end_only", "blank_turns")  # {count, first_rows}
 TOTALS = ("rows_read", "retained", "dropped_samples", "truncated_samples")
 _DEFAULTS = ScanOptions()
 
@@ -235,6 +235,7 @@ class ScanRecord:
     dropped_long: Counted = Counted(0, ())
     dropped_all_masked: Counted = Counted(0, ())
     end_only: Counted = Counted(0, ())
+    blank_turns: Counted = Counted(0, ())  # rows with a turn to train whose text renders to nothing
     fingerprints: tuple[tuple[str, str], ...] = ()  # dataset, metadata
     part: PartRange | None = None  # a partial scan's rows
     seconds: float = 0.0
