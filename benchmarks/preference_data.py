@@ -19,8 +19,9 @@ from plancc.build import run as build
 from plancc.config.settings import PlanSettings
 from plancc.core.plan_arrays import SampleArrays
 from plancc.planner.pipeline import compile_run
-from plancc.store import parquet, plan_files, token_writer
+from plancc.store import parquet, token_writer
 from plancc.store.fingerprint import token_hashes
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import ScanRecord
 
 # the shared data folder beside the checkout (a worktree sits one folder deeper than the main checkout)
@@ -126,7 +127,7 @@ def build_preference_plan(tmp: Path, tok: pa.Table, **settings) -> Path:
     lab = _shifted(tok.column("labels")) if shift == "none" else tok.column("labels").combine_chunks()
     token_writer.write_store(tmp / "tokens", ids.flatten().to_numpy(), lab.flatten().to_numpy(),
                              np.asarray(ids.offsets, dtype=np.int64),
-                             fingerprints=plan_files.samples_fingerprints(table), labels_shifted=shift == "none",
+                             fingerprints=samples_fingerprints(table), labels_shifted=shift == "none",
                              chunk_tokens=4096)
     s = parquet.sample_arrays(table)
     ps = PlanSettings(**settings)

@@ -40,6 +40,7 @@ from plancc.runtime import (
 )
 from plancc.runtime.preference import REFERENCE_FREE, kl_reference_point, preference_loss, sequence_logps
 from plancc.runtime.preference_eval import evaluate_preference
+from plancc.store.plan import replay_grad_accum
 
 
 def tiny_llama(vocab_size: int, seed: int) -> torch.nn.Module:
@@ -109,7 +110,7 @@ def main() -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         plan = verified_plan(args.plan)
-        plan.replay_grad_accum(world, args.grad_accum, flag="--grad-accum")
+        replay_grad_accum(plan.settings, world, args.grad_accum, flag="--grad-accum")
     except PlanccError as e:
         fail(str(e))
     if plan.data_kind == "sft":
@@ -152,7 +153,7 @@ def main() -> None:
         else:
             continue
         break
-    if plan.has_eval:
+    if plan.manifest.has_eval:
         result = evaluate_preference(model, None if args.loss_type in REFERENCE_FREE else ref, plan, tokens,
                                      loss_type=args.loss_type, beta=args.beta, rank=rank, world_size=world)
         if rank == 0:

@@ -35,7 +35,7 @@ def main() -> None:
     tokenizer = tokenizer_for(args.tokenizer, plan)
     model = tiny_llama(max(len(tokenizer), tokens.max_id + 1))
     common = dict(**training_settings(args, plan, world), bf16=torch.cuda.is_available(), gradient_checkpointing=False,
-                  beta=args.beta, eval_strategy="steps" if plan.has_eval else "no", eval_steps=args.save_steps)
+                  beta=args.beta, eval_strategy="steps" if plan.manifest.has_eval else "no", eval_steps=args.save_steps)
     unpaired = plan.data_kind == "unpaired_preference"
     trainer_class = PlanKTOTrainer if unpaired else PlanDPOTrainer
     config = KTOConfig(**common) if unpaired else DPOConfig(**common, loss_type=args.loss_type)
@@ -44,7 +44,7 @@ def main() -> None:
     except PlanMismatchError as e:  # another tokenizer than the plan's, SFT data: one line, nothing trained
         fail(str(e))
     trainer.train(resume_from_checkpoint=True if args.resume else None)
-    if plan.has_eval:
+    if plan.manifest.has_eval:
         metrics = trainer.evaluate()
         if trainer.is_world_process_zero():
             print({k: v for k, v in metrics.items() if k.startswith("eval_") and "runtime" not in k})

@@ -79,7 +79,7 @@ def test_pairs_render_as_trl_renders_them(tmp_path, form):
         if form == "implicit":
             rows = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in rows]
     plan, samples = compiled(tmp_path, rows)
-    assert plan.data_kind == "preference" and plan.scan["format"] == "preference"
+    assert plan.data_kind == "preference" and plan.scan_record.format == "preference"
     assert assert_as_trl(samples, trl_tokens(DPOTrainer, rows, tmp_path, DPOConfig), paired=True) == 2 * len(rows)
 
 
@@ -98,14 +98,14 @@ def test_a_pair_is_dropped_or_truncated_whole_and_counted_as_a_pair(tmp_path):
     common = dict(tokenizer="builtin", sequence_len=64, micro_batch_size=2)
     dropped = plancc.compile(str(tmp_path / "rows.jsonl"), str(tmp_path / "drop"), long="drop", max_dropped=0.5,
                              **common)
-    assert dropped.scan["dropped_samples"] == 10 and dropped.scan["rows_read"] == 40
+    assert dropped.scan_record.dropped_samples == 10 and dropped.scan_record.rows_read == 40
     ids = dropped.samples_table().column("pair_id").to_pylist()
     assert sorted(set(ids)) == [i for i in range(40) if i % 4] and len(ids) == 60
     with pytest.raises(PlanccError, match="dropped 10 of 40"):
         plancc.compile(str(tmp_path / "rows.jsonl"), str(tmp_path / "refused"), long="drop", max_dropped=0.2,
                        **common)
     cut = plancc.compile(str(tmp_path / "rows.jsonl"), str(tmp_path / "cut"), long="truncate", **common)
-    assert cut.scan["truncated_samples"] == 10 and cut.samples_table().num_rows == 80
+    assert cut.scan_record.truncated_samples == 10 and cut.samples_table().num_rows == 80
     assert max(cut.samples_table().column("length").to_pylist()) == 64
 
 

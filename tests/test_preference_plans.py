@@ -20,6 +20,7 @@ from plancc.errors import InputError
 from plancc.planner.metrics import entry_targets
 from plancc.planner.pipeline import compile_run, plan_columns
 from plancc.store import schemas
+from plancc.store.plan import Plan
 
 
 def random_pairs(rng: np.random.Generator, n: int, max_len: int) -> SampleArrays:
@@ -105,9 +106,9 @@ def test_a_pair_missing_its_other_completion_is_one_clear_error():
 def test_sft_tables_keep_their_schema():
     assert schemas.samples_schema(False) == schemas.SAMPLES_SCHEMA
     assert schemas.plan_schema() == schemas.PLAN_SCHEMA
-    assert schemas.samples_kind(schemas.SAMPLES_SCHEMA.names) == "sft"
+    assert schemas.data_kind_of(schemas.SAMPLES_SCHEMA.names) == "sft"
     pref = schemas.samples_schema(False, "preference")
-    assert pref.names[-2:] == ["pair_id", "pair_role"] and schemas.samples_kind(pref.names) == "preference"
+    assert pref.names[-2:] == ["pair_id", "pair_role"] and schemas.data_kind_of(pref.names) == "preference"
 
 
 def test_a_written_plan_validates_and_a_split_pair_is_named(tmp_path):
@@ -119,8 +120,9 @@ def test_a_written_plan_validates_and_a_split_pair_is_named(tmp_path):
     tok = tokenize_pairs(pairs, lambda t: list(t.encode()), 256)
     plan = build_preference_plan(tmp_path, tok, mode="packed", micro_batch_size=1, sequence_len=64, grad_accum=2,
                                  val_set_size=4)
-    problems, meta = validate_plan(str(plan))
-    assert problems == [] and meta["data_kind"] == "preference" and meta["eval"]["pairs"] == 4
+    problems, has_eval = validate_plan(str(plan))
+    manifest = Plan(plan).manifest
+    assert problems == [] and has_eval and manifest.data_kind == "preference" and manifest.eval.counts == {"pairs": 4}
     table = pq.read_table(plan / schemas.PLAN_FILE)
     ids = table.column("sample_ids").to_pylist()
     row = ids[0][0]

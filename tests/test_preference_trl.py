@@ -118,7 +118,7 @@ def test_dpo_evaluate_is_the_exact_eval_pair_mean(plans, tmp_path):
     metrics = trainer.evaluate()
     plan = verified_plan(plans["pairs"])
     tokens, s = load_tokens(plan), sample_arrays(plan.samples_table())
-    ids = [k for row in plan.eval_rows().column("sample_ids").to_pylist() for r in row for k in r]
+    ids = plan.eval().sample_ids.tolist()
     pairs = [(c, r) for c, r in zip(ids[0::2], ids[1::2], strict=True)]
     assert all(s.pair_id[c] == s.pair_id[r] for c, r in pairs) and len(pairs) == 6
     logps, ref_logps = one_at_a_time(policy, tokens, plan.settings.shift), one_at_a_time(ref, tokens, "sample")

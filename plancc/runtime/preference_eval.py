@@ -128,7 +128,7 @@ def evaluate_preference(model: torch.nn.Module, ref_model: torch.nn.Module | Non
     docstring): this rank's share, then one all-reduce when torch.distributed runs with more than one process.
     `kw`: the loss's options (`preference_loss`)."""
     plan = verified_plan(plan)
-    plan.require_eval()
+    plan.eval()  # refused, saying how to compile one, for a plan without an eval plan
     tokens = load_tokens(plan) if tokens is None else tokens
     sampler = PlanEvalSampler(plan, rank=rank, world_size=world_size)
     loader = eval_loader(PlanDataset(tokens, PlanCollator.from_plan(plan, pad_token_id=pad_token_id)), sampler,

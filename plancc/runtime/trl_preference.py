@@ -61,7 +61,7 @@ def _decoded(tokens: TokenStore, sid: int, processing_class: Any) -> tuple[str, 
 
 def _preview(plan: Plan, tokens: TokenStore, processing_class: Any) -> Dataset:
     """The plan's first pair (or completion) decoded as a one-row `datasets.Dataset`: what TRL inspects."""
-    first = plan.epoch_rows(0).column("sample_ids")[0].as_py()[0]
+    first = plan.epoch(0)[0][0]
     prompt, chosen = _decoded(tokens, first[0], processing_class)
     if plan.data_kind == "preference":
         return Dataset.from_dict({"prompt": [prompt], "chosen": [chosen],

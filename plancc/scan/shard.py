@@ -38,11 +38,12 @@ from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
 from plancc.scan.sources.samples import finish
 from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
-from plancc.store import outputs, plan_files, schemas, token_writer
+from plancc.store import outputs, schemas, token_writer
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import COUNTS, Counted, PartRange, RecordedOptions, ScanRecord, Template
 from plancc.store.scan_store import ScanDir
 
-SCAN_VERSION = 6  # 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
+SCAN_VERSION = 7  # 7: a turn whose text renders to nothing is not trained (blank_turns); 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
 # when several); 3: the token store
 SHARD_ROWS = 65_536  # rows per shard of a local scan: memory per shard and resume granularity, never the result
 PROBE_ROWS = 1_000  # rows the format is detected from (the first of the source, the same for every shard)
@@ -131,7 +132,7 @@ class ScanJob:
 
     @property
     def data_kind(self) -> str:
-        """What the samples table holds (`schemas.samples_kind`): sft, or the format's preference data."""
+        """What the samples table holds (`schemas.data_kind_of`): sft, or the format's preference data."""
         return formats.get(self.format).data_kind
 
     def reader(self) -> RowReader:
@@ -171,6 +172,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
         source=str(source),
         source_kind=probe.kind,
         source_paths=tuple(reader.paths),
+        source_files=reader.manifest.named_files(),
         source_fingerprint=reader.fingerprint,
         tokenizer=tok.name if tok else None,
         tokenizer_fingerprint=tok.fingerprint if tok else None,
@@ -229,7 +231,7 @@ def part_report(job: ScanJob, lo: int, hi: int, counts: ScanRecord, samples: pa.
                 seconds: float) -> ScanRecord:
     """A part's record: the job's, the part's counts and row range, fingerprints of its rows."""
     report = job.report.but(**counts.held(), part=PartRange(lo, hi, job.rows), seconds=round(seconds, 3))
-    return report.but(fingerprints=tuple(plan_files.samples_fingerprints(samples, report.identity).items()))
+    return report.but(fingerprints=tuple(samples_fingerprints(samples, report.identity).items()))
 
 
 def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: RowReader | None = None,

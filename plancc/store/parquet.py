@@ -29,7 +29,7 @@ from plancc.store.schemas import (
     PAIR_ROLES,
     SCHEMA_VERSION,
     StoreError,
-    samples_kind,
+    data_kind_of,
     samples_schema,
 )
 
@@ -222,7 +222,7 @@ def read_samples(source: str | Path | Held) -> pa.Table:
     held = as_held(source)
     path = held.path
     present = held.parquet().schema_arrow.names
-    schema = samples_schema(DATASET_COLUMN in present, samples_kind(present))
+    schema = samples_schema(DATASET_COLUMN in present, data_kind_of(present))
     table = read_table(held, schema, columns=schema.names)
     for name in table.column_names:
         values = table.column(name)
@@ -254,3 +254,11 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
         desirable=column(table, DESIRABLE_COLUMN) if DESIRABLE_COLUMN in names else None,
     )
 
+
+def nested_arrays(sample_ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat sample ids, row bounds, batch bounds) of a `list<list<int64>>` column, without a Python loop."""
+    batches = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
+    rows = batches.flatten()
+    batch_bounds = np.asarray(batches.offsets, dtype=np.int64) - batches.offsets[0].as_py()
+    row_bounds = np.asarray(rows.offsets, dtype=np.int64) - rows.offsets[0].as_py()
+    return rows.flatten().to_numpy().astype(np.int64), row_bounds, batch_bounds

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from plancc.core.metric_columns import KIND_METRIC_COLUMNS, METRIC_COLUMNS
+from plancc.core.pairs import DESIRABLE_COLUMN, PAIR_ID_COLUMN, PAIR_ROLE_COLUMN, PAIR_ROLES  # noqa: F401 (re-exported)
 from plancc.errors import PlanccError
 
 SCHEMA_VERSION = 1
@@ -38,10 +39,6 @@ RECIPE_SAMPLES_SCHEMA = SAMPLES_SCHEMA.append(pa.field(DATASET_COLUMN, pa.string
 
 # preference data (docs/preference.md): each completion is a sample; paired data names its pair and role, unpaired
 # (KTO) data its label. An SFT samples table has none of these columns.
-PAIR_ID_COLUMN = "pair_id"
-PAIR_ROLE_COLUMN = "pair_role"
-DESIRABLE_COLUMN = "desirable"
-PAIR_ROLES = ("chosen", "rejected")
 KIND_FIELDS = {
     "sft": (),
     "preference": (pa.field(PAIR_ID_COLUMN, pa.int64(), nullable=False),
@@ -50,7 +47,7 @@ KIND_FIELDS = {
 }
 
 
-def samples_kind(names: list[str] | set[str]) -> str:
+def data_kind_of(names: list[str] | set[str]) -> str:
     """What a samples table with columns `names` holds: `sft`, `preference` (pairs) or `unpaired_preference`."""
     return next((kind for kind, extra in KIND_FIELDS.items() if extra and {f.name for f in extra} <= set(names)),
                 "sft")
@@ -92,7 +89,7 @@ KIND_PLAN_FIELDS = {
 
 
 def plan_schema(kind: str = "sft") -> pa.Schema:
-    """The plan table's schema for a plan of `kind` (`samples_kind`): preference plans add their update totals."""
+    """The plan table's schema for a plan of `kind` (`data_kind_of`): preference plans add their update totals."""
     schema = PLAN_SCHEMA
     for extra in KIND_PLAN_FIELDS[kind]:
         schema = schema.append(extra)

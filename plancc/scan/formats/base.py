@@ -120,7 +120,7 @@ class RowFormat(ABC):
     named: ClassVar[FormatName]
     detected_by: ClassVar[str]  # the columns that say a source is of it, as the detection error lists them
     sequences: ClassVar[int] = 1  # sequences each source row gives (`Encoded`)
-    data_kind: ClassVar[str] = "sft"  # what its samples table holds (`schemas.samples_kind`)
+    data_kind: ClassVar[str] = "sft"  # what its samples table holds (`schemas.data_kind_of`)
     tokenizes: ClassVar[bool] = True  # rows are text: a scan of them needs a tokenizer
     chat: ClassVar[bool] = False  # rows are conversations: a scan of them needs a chat template
     shaping: ClassVar[tuple[str, ...]] = ()  # the text-shaping settings (`ScanOptions.shaping`) it reads

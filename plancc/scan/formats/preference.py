@@ -19,11 +19,11 @@ import pyarrow as pa
 
 from plancc.config.formats import BY_NAME
 from plancc.config.settings import ScanOptions
+from plancc.core.pairs import PAIR_ROLE_COLUMN, PAIR_ROLES
 from plancc.errors import InputError
 from plancc.scan.formats import completions
 from plancc.scan.formats.base import Encoded, Encoding, RowFormat
 from plancc.scan.sources.read import Source
-from plancc.store.schemas import PAIR_ROLE_COLUMN, PAIR_ROLES
 
 
 class Preference(RowFormat):

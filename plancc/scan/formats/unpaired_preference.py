@@ -18,11 +18,11 @@ import pyarrow.compute as pc
 
 from plancc.config.formats import BY_NAME
 from plancc.config.settings import ScanOptions
+from plancc.core.pairs import DESIRABLE_COLUMN
 from plancc.errors import InputError, clip
 from plancc.scan.formats import columns, completions
 from plancc.scan.formats.base import Encoded, Encoding, RowFormat
 from plancc.scan.sources.read import Source
-from plancc.store.schemas import DESIRABLE_COLUMN
 
 
 def _labels(src: Source) -> pa.ChunkedArray:
