@@ -112,7 +112,7 @@ def test_a_pair_is_dropped_or_truncated_whole_and_counted_as_a_pair(tmp_path):
 def test_preference_rows_are_never_compiled_as_sft(tmp_path):
     rows = [{"prompt": "Say hi. ", "completion": "hi", "label": bool(i % 2)} for i in range(10)]
     (tmp_path / "kto.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    with pytest.raises(PlanccError, match=r"unpaired_preference data.*--format prompt_completion would train every"):
+    with pytest.raises(PlanccError, match=r"unpaired feedback \(KTO\), not SFT data: --format prompt_completion"):
         plancc.compile(str(tmp_path / "kto.jsonl"), str(tmp_path / "p"), tokenizer="builtin", format="prompt_completion")
     with pytest.raises(PlanccError, match="train_on_inputs does not apply to unpaired_preference data"):
         plancc.compile(str(tmp_path / "kto.jsonl"), str(tmp_path / "q"), tokenizer="builtin", train_on_inputs=True)

@@ -1,5 +1,6 @@
 """Preference pairs and unpaired feedback are never compiled as SFT: a rejected or undesirable completion would be
-taught as a target. Until preference plans land, each is one exit-2 line saying so, with nothing written."""
+taught as a target. Auto-detection compiles them as preference plans (docs/preference.md); an SFT format forced on
+them is one exit-2 line saying so, with nothing written. Axolotl and TRL preference configs are not read yet."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ FEEDBACK = [{**row, "label": i % 2 == 0} for i, row in enumerate(pc_rows(8))]
     ([{**r, "messages": [{"role": "user", "content": "hi"}]} for r in PAIRS], "preference pairs"),
     (FEEDBACK, r"a label column beside prompt and completion is unpaired feedback \(KTO\)"),
 ])
-def test_preference_or_feedback_rows_are_refused(tmp_path, rows, says):
+def test_preference_or_feedback_rows_are_refused_as_sft(tmp_path, rows, says):
     src = write_rows(tmp_path / "rows.jsonl", rows)
-    for fmt in ("auto", "prompt_completion", "messages"):
+    for fmt in ("prompt_completion", "messages"):
         with pytest.raises(InputError, match=says):
             plancc.compile(src, tmp_path / "plan", tokenizer="builtin", chat_template="chatml", sequence_len=64,
                            format=fmt, cache_dir=tmp_path / "cache")
@@ -45,12 +46,19 @@ def test_an_axolotl_rl_config_or_a_dpo_config_is_refused(tmp_path):
     assert not (tmp_path / "plan").exists()
 
 
+def test_auto_detection_compiles_them_as_preference_plans(tmp_path):
+    for rows, kind in ((PAIRS, "preference"), (FEEDBACK, "unpaired_preference")):
+        plan = plancc.compile(write_rows(tmp_path / f"{kind}.jsonl", rows), tmp_path / kind, tokenizer="builtin",
+                              sequence_len=64, cache_dir=tmp_path / "cache")
+        assert plan.data_kind == kind and plan.scan_record.format == kind
+
+
 def test_the_command_says_it_in_one_line(tmp_path):
     src = write_rows(tmp_path / "rows.jsonl", FEEDBACK)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "PLANCC_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-m", "plancc", "compile", str(src), "-o", str(tmp_path / "plan"),
-                           "--tokenizer", "builtin", "--sequence-len", "64", "--quiet"], capture_output=True, text=True,
-                          env=env, timeout=300)
+                           "--tokenizer", "builtin", "--sequence-len", "64", "--format", "prompt_completion",
+                           "--quiet"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "unpaired feedback (KTO)" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "plan").exists()
