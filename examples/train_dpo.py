@@ -113,11 +113,11 @@ def main() -> None:
         replay_grad_accum(plan.settings, world, args.grad_accum, flag="--grad-accum")
     except PlanccError as e:
         fail(str(e))
-    if plan.data_kind == "sft":
+    if plan.manifest.data_kind == "sft":
         fail(f"{plan.path} holds SFT data: train it with examples/train_ddp.py")
-    args.loss_type = args.loss_type or ("kto" if plan.data_kind == "unpaired_preference" else "sigmoid")
-    if (args.loss_type == "kto") != (plan.data_kind == "unpaired_preference"):
-        fail(f"--loss-type {args.loss_type} does not fit {plan.data_kind} data (kto trains unpaired data)")
+    args.loss_type = args.loss_type or ("kto" if plan.manifest.data_kind == "unpaired_preference" else "sigmoid")
+    if (args.loss_type == "kto") != (plan.manifest.data_kind == "unpaired_preference"):
+        fail(f"--loss-type {args.loss_type} does not fit {plan.manifest.data_kind} data (kto trains unpaired data)")
     if world > 1:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank() if world > 1 else 0

@@ -36,7 +36,7 @@ def main() -> None:
     model = tiny_llama(max(len(tokenizer), tokens.max_id + 1))
     common = dict(**training_settings(args, plan, world), bf16=torch.cuda.is_available(), gradient_checkpointing=False,
                   beta=args.beta, eval_strategy="steps" if plan.manifest.has_eval else "no", eval_steps=args.save_steps)
-    unpaired = plan.data_kind == "unpaired_preference"
+    unpaired = plan.manifest.data_kind == "unpaired_preference"
     trainer_class = PlanKTOTrainer if unpaired else PlanDPOTrainer
     config = KTOConfig(**common) if unpaired else DPOConfig(**common, loss_type=args.loss_type)
     try:

@@ -79,7 +79,7 @@ def test_pairs_render_as_trl_renders_them(tmp_path, form):
         if form == "implicit":
             rows = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in rows]
     plan, samples = compiled(tmp_path, rows)
-    assert plan.data_kind == "preference" and plan.scan_record.format == "preference"
+    assert plan.manifest.data_kind == "preference" and plan.scan_record.format == "preference"
     assert assert_as_trl(samples, trl_tokens(DPOTrainer, rows, tmp_path, DPOConfig), paired=True) == 2 * len(rows)
 
 
@@ -87,7 +87,7 @@ def test_unpaired_rows_render_as_trl_kto_renders_them(tmp_path):
     rows = [{"prompt": p["prompt"], "completion": p[side], "label": side == "chosen"}
             for p in alpaca_pairs(40, seed=5) for side in ("chosen", "rejected")]
     plan, samples = compiled(tmp_path, rows)
-    assert plan.data_kind == "unpaired_preference"
+    assert plan.manifest.data_kind == "unpaired_preference"
     assert [r["desirable"] for r, _, _ in samples.values()] == [r["label"] for r in rows]
     assert assert_as_trl(samples, trl_tokens(KTOTrainer, rows, tmp_path, KTOConfig), paired=False) == len(rows)
 

@@ -50,7 +50,7 @@ def test_auto_detection_compiles_them_as_preference_plans(tmp_path):
     for rows, kind in ((PAIRS, "preference"), (FEEDBACK, "unpaired_preference")):
         plan = plancc.compile(write_rows(tmp_path / f"{kind}.jsonl", rows), tmp_path / kind, tokenizer="builtin",
                               sequence_len=64, cache_dir=tmp_path / "cache")
-        assert plan.data_kind == kind and plan.scan_record.format == kind
+        assert plan.manifest.data_kind == kind and plan.scan_record.format == kind
 
 
 def test_the_command_says_it_in_one_line(tmp_path):

@@ -365,7 +365,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         return [str(exc)], None
     files = plan.files
     problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
-    kind = plan.data_kind
+    kind = plan.manifest.data_kind
     tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture), kind)),
               (schemas.METRICS_FILE, "metrics", schemas.metrics_schema(kind)),
               (schemas.PLAN_FILE, "plan", schemas.plan_schema(kind))]

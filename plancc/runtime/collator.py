@@ -58,7 +58,7 @@ class PlanCollator:
         """A collator for the plan's layout, shift and padding multiple (`kwargs`: pad token, ...); a preference
         plan's batches also say which sequence is whose (`fields`: `plancc.runtime.pairs.PreferenceFields`)."""
         plan = verified_plan(plan)
-        if plan.data_kind != "sft" and "fields" not in kwargs:
+        if plan.manifest.data_kind != "sft" and "fields" not in kwargs:
             from plancc.runtime.pairs import PreferenceFields
 
             kwargs["fields"] = PreferenceFields.of_plan(plan)

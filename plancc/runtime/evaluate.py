@@ -101,8 +101,8 @@ def evaluate_plan(model: torch.nn.Module, plan: str | Path | Plan, tokens: Token
     all-reduce when torch.distributed runs with more than one process. `tokens` default to the plan's data.
     Without torch.distributed, `rank`/`world_size` pick one share and the result covers that share only."""
     plan = verified_plan(plan)
-    if plan.data_kind != "sft":
-        raise PlanMismatchError(f"{plan.path} holds {plan.data_kind} data: its eval loss is a pair mean, not a token "
+    if plan.manifest.data_kind != "sft":
+        raise PlanMismatchError(f"{plan.path} holds {plan.manifest.data_kind} data: its eval loss is a pair mean, not a token "
                                 "mean; use plancc.runtime.preference_eval.evaluate_preference")
     tokens = load_tokens(plan) if tokens is None else tokens
     sampler = PlanEvalSampler(plan, rank=rank, world_size=world_size)

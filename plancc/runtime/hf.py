@@ -74,7 +74,7 @@ from plancc.store.atomic import fsync_dir
 from plancc.store.plan import Plan, replay_grad_accum, verified_plan
 
 STATE_FILE = "plancc_sampler.json"
-# the trainers of each kind of plan (`Plan.data_kind`), named when a plan reaches another kind's trainer
+# the trainers of each kind of plan (`Manifest.data_kind`), named when a plan reaches another kind's trainer
 TRAINER_OF = {"sft": "PlanTrainer or PlanSFTTrainer",
               "preference": "PlanDPOTrainer (plancc.runtime.trl_preference)",
               "unpaired_preference": "PlanKTOTrainer (plancc.runtime.trl_preference)"}
@@ -147,15 +147,15 @@ class PlanTrainer(Trainer):
     `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`). A
     `processing_class` must be the tokenizer the plan was compiled with (`plancc.runtime.check_tokenizer`)."""
 
-    data_kind = "sft"  # what the plans it trains hold (`Plan.data_kind`): preference trainers train theirs
+    data_kind = "sft"  # what the plans it trains hold (`Manifest.data_kind`): preference trainers train theirs
 
     def __init__(self, *args: Any, plan: str | Path | Plan, tokens: TokenStore | None = None,
                  verify: str = "chunks", allow_dataset_change: bool = False, pad_token_id: int = 0,
                  explicit_mask: bool = False, **kwargs: Any):
         self.plan = verified_plan(plan)
-        if self.plan.data_kind != self.data_kind:
-            raise PlanMismatchError(f"{self.plan.path} holds {self.plan.data_kind} data; {type(self).__name__} trains "
-                                    f"{self.data_kind} data: use {TRAINER_OF[self.plan.data_kind]}")
+        if self.plan.manifest.data_kind != self.data_kind:
+            raise PlanMismatchError(f"{self.plan.path} holds {self.plan.manifest.data_kind} data; {type(self).__name__} trains "
+                                    f"{self.data_kind} data: use {TRAINER_OF[self.plan.manifest.data_kind]}")
         if kwargs.get("processing_class") is not None:  # saved with every checkpoint: it must be the plan's
             check_tokenizer(self.plan, kwargs["processing_class"])
         self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask

@@ -23,7 +23,7 @@ from plancc.runtime.evaluate import plan_forward
 from plancc.runtime.loader import PlanDataset, eval_loader
 from plancc.runtime.preference import REFERENCE_FREE, kl_reference_point, preference_terms, sequence_logps
 from plancc.runtime.sampler import PlanEvalSampler
-from plancc.store.plan import Plan, verified_plan
+from plancc.store.plan import Plan, eval_counts, verified_plan
 
 TOTALS = ("loss_sum", "nll_sum", "chosen_targets", "correct", "items")
 
@@ -104,7 +104,7 @@ def preference_eval_result(totals: torch.Tensor, plan: Plan, loss_type: str, *, 
     """The eval figures from all-reduced `TOTALS`; under `distributed`, the count is checked against the plan's."""
     loss_sum, nll_sum, chosen_targets, correct, items = (float(x) for x in totals)
     items = round(items)
-    expected = sum(plan.eval_counts.values())
+    expected = sum(eval_counts(plan.manifest).values())
     if distributed and items != expected:
         raise PlanMismatchError(f"the ranks evaluated {items} {'completions' if loss_type == 'kto' else 'pairs'} "
                                 f"but the eval plan holds {expected}: every rank must evaluate its share")

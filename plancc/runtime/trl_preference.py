@@ -63,7 +63,7 @@ def _preview(plan: Plan, tokens: TokenStore, processing_class: Any) -> Dataset:
     """The plan's first pair (or completion) decoded as a one-row `datasets.Dataset`: what TRL inspects."""
     first = plan.epoch(0)[0][0]
     prompt, chosen = _decoded(tokens, first[0], processing_class)
-    if plan.data_kind == "preference":
+    if plan.manifest.data_kind == "preference":
         return Dataset.from_dict({"prompt": [prompt], "chosen": [chosen],
                                   "rejected": [_decoded(tokens, first[1], processing_class)[1]]})
     return Dataset.from_dict({"prompt": [prompt], "completion": [chosen], "label": [True]})
@@ -90,9 +90,9 @@ class _PlanPreference(PlanTrainer):
                tokens: TokenStore | None, verify: str, allow_dataset_change: bool, pad_token_id: int | None,
                loss_type: str) -> dict[str, Any]:
         plan = verified_plan(plan)
-        if plan.data_kind != self.data_kind:
-            raise PlanMismatchError(f"{plan.path} holds {plan.data_kind} data; {type(self).__name__} trains "
-                                    f"{self.data_kind} data: use {TRAINER_OF[plan.data_kind]}")
+        if plan.manifest.data_kind != self.data_kind:
+            raise PlanMismatchError(f"{plan.path} holds {plan.manifest.data_kind} data; {type(self).__name__} trains "
+                                    f"{self.data_kind} data: use {TRAINER_OF[plan.manifest.data_kind]}")
         if tokens is None:
             tokens = load_tokens(plan, verify=verify, allow_dataset_change=allow_dataset_change)
         if pad_token_id is None:

@@ -64,7 +64,7 @@ class EpochMicrobatches:
     num_items: np.ndarray
     total_batches: int
     tail_num_items: int
-    # a preference plan's update totals by column (`Plan.kind_columns`: pairs, chosen targets, ...), and the tail's
+    # a preference plan's update totals by column (`PlanFiles.kind_columns`: pairs, chosen targets, ...), and the tail's
     counts: dict[str, np.ndarray] = field(default_factory=dict)
     tail_counts: dict[str, int] = field(default_factory=dict)
 
@@ -93,7 +93,7 @@ class EvalMicrobatches:
     label_count: np.ndarray
     total_batches: int
     total_label_count: int
-    counts: dict[str, int] = field(default_factory=dict)  # a preference plan's eval totals (`Plan.eval_counts`)
+    counts: dict[str, int] = field(default_factory=dict)  # a preference plan's eval totals (`eval_counts`)
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -157,25 +157,6 @@ class Plan:
         return self.manifest.scan
 
     @property
-    def data_kind(self) -> str:
-        """What the plan trains: `sft`, or preference data's `preference` (pairs) or `unpaired_preference` (KTO)
-        (docs/preference.md)."""
-        return self.manifest.data_kind
-
-    @property
-    def kind_columns(self) -> list[str]:
-        """The plan table's columns of its data kind: a preference plan's update totals (none for SFT)."""
-        return self.files.kind_columns
-
-    @property
-    def eval_counts(self) -> dict[str, int]:
-        """A preference plan's eval totals under the plan table's column names (what a preference loss over the
-        whole eval set divides by: `num_pairs`, or `num_desirable` and `num_undesirable`); empty for SFT or
-        without an eval plan."""
-        counts = self.manifest.eval.counts if self.manifest.eval is not None else {}
-        return {f"num_{name}": value for name, value in counts.items()}
-
-    @property
     def warnings(self) -> tuple[str, ...]:
         """What compile found suspicious (drops, chat template markers that are not single tokens, ...), and every
         epoch without one complete update."""
@@ -197,7 +178,7 @@ class Plan:
         table = self._verified_epoch(int(epoch))
         total = table.num_rows
         keep = np.arange(total, dtype=np.int64) if rank is None else layout.rank_indices(total, W, rank)
-        kinds = self.kind_columns
+        kinds = self.files.kind_columns  # a preference plan's update totals (pairs, ...)
         mine = table.select(["sample_ids", "tokens", "label_count", "num_items", *kinds]).take(pa.array(keep))
         ids, row_bounds, batch_bounds = nested_arrays(mine.column("sample_ids"))
         update, ranks, micro_step = (a[keep] for a in layout.update_mapping(total, W, G))
@@ -223,7 +204,7 @@ class Plan:
         ids, row_bounds, batch_bounds = nested_arrays(mine.column("sample_ids"))
         assert self.manifest.eval is not None  # checked by `_verified_eval`
         return EvalMicrobatches(keep, ids, row_bounds, batch_bounds, column(mine, "label_count"), table.num_rows,
-                                self.manifest.eval.label_count, self.eval_counts)
+                                self.manifest.eval.label_count, eval_counts(self.manifest))
 
     def samples_table(self) -> pa.Table:
         """The plan's samples table, checked against the dataset and metadata fingerprints (and its file's
@@ -351,6 +332,14 @@ _MOVED: dict[str, tuple[Any, str]] = {
         "read_before", "before_problems", "before_labels", "read_eval", "eval_problems", "read_rows", "read_epoch",
         "epoch_problems", "row_count")},
 }
+
+
+def eval_counts(manifest: Manifest) -> dict[str, int]:
+    """A preference plan's eval totals under the plan table's column names (what a preference loss over the whole
+    eval set divides by: `num_pairs`, or `num_desirable` and `num_undesirable`); empty for SFT or without an eval
+    plan."""
+    counts = manifest.eval.counts if manifest.eval is not None else {}
+    return {f"num_{name}": value for name, value in counts.items()}
 
 
 def check_epoch(epochs: list[int], epoch: int) -> None:
