@@ -212,10 +212,12 @@ def _as_path(source: Any, cache: Path | None) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Validation:
-    """What `validate` found: every violation (none: the plan is sound) and whether an eval plan was checked."""
+    """What `validate` found: every violation (none: the plan is sound), whether an eval plan was checked, and what
+    it found true but worth saying (`notes`: eval samples with a training sample's tokens, as the plan warns)."""
 
     problems: tuple[str, ...]
     has_eval: bool
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -236,8 +238,9 @@ def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str
     tokens_dir, dataset_fp = (store_in(dataset) if dataset is not None else None), None
     if dataset is not None and tokens_dir is None:
         dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
-    problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
-    return Validation(tuple(problems), "eval" in meta)
+    notes: list[str] = []
+    problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir, notes=notes)
+    return Validation(tuple(problems), "eval" in meta, tuple(notes))
 
 
 def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,

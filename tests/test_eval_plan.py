@@ -150,7 +150,8 @@ def test_an_eval_plan_is_bound_by_its_fingerprint_and_documented(tmp_path):
     assert _described("eval") == _actual(schemas.EVAL_SCHEMA)  # schemas/eval.arrow.json documents the file
     assert validate_plan(str(path))[0] == []
     res = runner.invoke(app, ["validate", str(path)])
-    assert res.exit_code == 0 and "eval plan (held-out set once each, none trained on)" in res.output, res.output
+    assert res.exit_code == 0 and "eval plan (held-out set once each, none trained on, none a training sample's " \
+                                   "tokens)" in res.output, res.output
 
 
 def test_too_large_or_too_small_val_set_size_is_one_line_exit_2(tmp_path):

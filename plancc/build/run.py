@@ -23,6 +23,7 @@ from plancc.config.resolve import Resolved
 from plancc.config.settings import PlanSettings
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
+from plancc.planner import holdout
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
@@ -54,12 +55,16 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     settings = resolved.plan
     s = parquet.sample_arrays(samples.table)
     drops = SourceDrops(samples.record.dropped_samples, samples.record.truncated_samples)
-    run = compile_run(s, settings, progress=progress, drops=drops, index=samples.index)
+    eval_ids = holdout.eval_ids(s.sample_id, settings, samples.index) if len(s) else None
+    shared = None if eval_ids is None else holdout.shared_content(
+        parquet.column(samples.table, "token_hash"), s.sample_id, eval_ids, samples.index, settings.mixture)
+    run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids, index=samples.index)
     mixed = None if samples.datasets is None else {
         "datasets": samples.datasets, "metrics": epoch_metrics(run.epochs, samples, settings.shift)}
     atomic.fault("prepared")
     return write_plan_dir(out_dir, samples.table, run.train, settings, run.epochs, samples.record, samples.tokens,
-                          progress, overwrite=overwrite, recipe=mixed, evaluation=run.evaluation)
+                          progress, overwrite=overwrite, recipe=mixed, evaluation=run.evaluation,
+                          notes=(shared,) if shared else ())
 
 
 def _one_source(source: str, resolved: Resolved, *, cache_dir: Path | None, progress: Progress | None
@@ -119,10 +124,12 @@ def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table,
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_info: ScanRecord, tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
-                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> dict[str, Any]:
+                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None,
+                   notes: tuple[str, ...] = ()) -> dict[str, Any]:
     """Write PLAN_DIR atomically from planned epochs (over the training samples `s`) and the eval plan, if any:
     plan, samples (all of `samples_table`), metrics, before and eval tables, the manifest (and the token store,
-    hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
+    hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics; `notes`: the plan's own
+    warnings, after the scan's."""
     if progress:
         progress("writing plan", 0, 1)
     settings_dict = settings.to_dict()
@@ -157,7 +164,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         "tokenizer": ({"name": scan_info.tokenizer, "fingerprint": scan_info.tokenizer_fingerprint}
                       if scan_info.tokenizer else None),
         "chat_template": scan_info.chat_template.to_json() if scan_info.chat_template else None,
-        "warnings": list(scan_info.warnings),
+        "warnings": [*scan_info.warnings, *notes],
         "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
                       "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
     }

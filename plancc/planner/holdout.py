@@ -107,3 +107,44 @@ def split(s: SampleArrays, eval_ids: np.ndarray) -> tuple[SampleArrays, SampleAr
 def subset(s: SampleArrays, keep: np.ndarray) -> SampleArrays:
     """The samples where `keep` is true, in table order."""
     return s.take(np.flatnonzero(keep))
+
+
+def training_twins(token_hash: np.ndarray, sample_id: np.ndarray, eval_ids: np.ndarray) -> np.ndarray:
+    """For each sample of the table, the id of a training sample (one not in `eval_ids`) with the same tokens
+    (`token_hash`: input ids and labels), or -1; -1 for every training sample. Eval samples copied from training
+    data pass the id checks yet measure the eval loss on what the model trained on."""
+    token_hash = np.asarray(token_hash, dtype=np.uint64)
+    held = np.isin(sample_id, eval_ids)
+    train_hash, train_ids = token_hash[~held], np.asarray(sample_id, dtype=np.int64)[~held]
+    twins = np.full(token_hash.shape[0], -1, dtype=np.int64)
+    if not train_hash.size:
+        return twins
+    order = np.argsort(train_hash, kind="stable")
+    pos = np.minimum(np.searchsorted(train_hash[order], token_hash), train_hash.size - 1)
+    found = held & (train_hash[order][pos] == token_hash)
+    twins[found] = train_ids[order][pos[found]]
+    return twins
+
+
+def shared_content(token_hash: np.ndarray, sample_id: np.ndarray, eval_ids: np.ndarray,
+                   index: np.ndarray | None = None, mix: tuple = ()) -> str | None:
+    """The warning naming how many eval samples have a training sample's tokens (None: none has), the same text
+    at compile and in `validate`. An eval dataset of a recipe (`index`: each sample's entry of `mix`) whose every
+    sample is training data is refused: it is a copy of the training data, not a held-out set."""
+    twins = training_twins(token_hash, sample_id, eval_ids)
+    if index is not None:
+        for d in np.unique(index[eval_positions(index, mix)]).tolist():
+            members = twins[index == d]
+            if members.size and (members >= 0).all():
+                first = int(np.flatnonzero(index == d)[0])
+                raise SettingsError(f"eval dataset {mix[d].name!r}: all {members.size:,} of its samples have the "
+                                    "same tokens as training samples (first: sample_id "
+                                    f"{int(sample_id[first])} = training sample_id {int(members[0])}): it is "
+                                    "training data, not held out; evaluate on data that is not in [[datasets]]")
+    shared = np.flatnonzero(twins >= 0)
+    if not shared.size:
+        return None
+    total = int(np.isin(sample_id, eval_ids).sum())
+    return (f"{shared.size:,} of {total:,} eval samples have the same tokens (token_hash) as a training sample "
+            f"(first: sample_id {int(sample_id[shared[0]])} = training sample_id {int(twins[shared[0]])}): the eval "
+            "loss partly measures training data; deduplicate the data to hold them out")

@@ -6,7 +6,8 @@ dataset and metadata fingerprints, metrics against their checksum, every file's 
 against the plan file's). On top, this module recomputes from the samples table what a plan must satisfy
 (coverage, capacity, per-microbatch tokens, targets and cost), recomputes each epoch's final metrics from its rows,
 checks the eval plan (the held-out samples `--val-set-size` draws, each exactly once, none of them in training,
-in the training layout, counted right, against the eval fingerprint), checks that the settings the plan shares
+none a copy of a training sample's tokens the plan does not warn of, in the training layout, counted right, against
+the eval fingerprint), checks that the settings the plan shares
 with its scan (`sequence_len`, `shift`) are the scan's, and checks the
 tokenized data the trainer will load: every header value against its `header_hash`, present, complete and, unless
 `fast`, equal in content to the dataset fingerprint (each planned sample's hash against the samples table). The result is a list of
@@ -165,6 +166,24 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
     return problems + found, expected
 
 
+def _eval_content_problems(plan: Plan, samples: pa.Table, eval_ids: np.ndarray, index: np.ndarray | None,
+                           notes: list[str]) -> list[str]:
+    """Eval samples must not be copies of training samples unawares: an eval dataset that is training data is a
+    violation, and eval samples with a training sample's tokens (`holdout.shared_content`, recomputed) must be
+    what the plan warns of (then they go into `notes`)."""
+    if not eval_ids.size:
+        return []
+    try:
+        shared = holdout.shared_content(parquet.column(samples, "token_hash"), parquet.column(samples, "sample_id"),
+                                        eval_ids, index, plan.settings.mixture)
+    except SettingsError as exc:
+        return [f"{schemas.EVAL_FILE}: {exc}"]
+    if shared is None:
+        return []
+    notes.append(shared)
+    return [] if shared in plan.warnings else [f"{schemas.EVAL_FILE}: {shared}; the plan does not warn of it"]
+
+
 def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> list[str]:
     """Held-out samples must never be trained on."""
     ids = plan_store.nested_arrays(table.column("sample_ids"))[0]
@@ -318,20 +337,24 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
 
 
 def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast: bool = False,
-                  tokens_dir: str | Path | None = None) -> tuple[list[str], dict[str, Any]]:
+                  tokens_dir: str | Path | None = None, notes: list[str] | None = None
+                  ) -> tuple[list[str], dict[str, Any]]:
     """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
-    `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
+    `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing); `notes`, when
+    given, gets what was found true but is worth saying (eval samples with a training sample's tokens, as the
+    plan warns).
 
     Raises `StoreError` only when PLAN_DIR is not a plan directory at all, and `token_store.FileTypeError` when a
     file of it is a FIFO, device or directory (refused before reading); a plan file that cannot be read or
     trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
     """
-    problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
+    problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir,
+                                 notes=[] if notes is None else notes)
     return list(dict.fromkeys(problems)), meta
 
 
 def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
-                tokens_dir: str | Path | None) -> tuple[list[str], dict[str, Any]]:
+                tokens_dir: str | Path | None, notes: list[str]) -> tuple[list[str], dict[str, Any]]:
     if not (Path(plan_dir) / schemas.PLAN_FILE).exists():
         Plan(plan_dir)  # raises the "not a plan directory" error
     try:
@@ -369,7 +392,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     problems += recipe_problems
     recipe_rows: list[dict[str, Any]] = []
     found, eval_ids = _eval_problems(plan, s, index)
-    problems += found
+    problems += found + _eval_content_problems(plan, samples, eval_ids, index, notes)
     train = s if index is not None else holdout.subset(s, ~np.isin(s.sample_id, eval_ids))
     if index is not None:  # a recipe's held-out samples are in no dataset (`pipeline.compile_run`)
         index = holdout.without(index, s.sample_id, eval_ids)
