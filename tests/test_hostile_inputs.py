@@ -169,6 +169,28 @@ def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path, chat_source):
     assert line == f"error: config file {config} is not valid UTF-8 (byte 0xff at offset 8)", line
 
 
+@pytest.mark.parametrize(("make", "kind"), [
+    (lambda path: os.mkfifo(path), "a FIFO (named pipe)"),  # blocked forever waiting for a writer
+    (lambda path: path.symlink_to("/dev/zero"), "a character device"),  # read until memory ran out
+    (lambda path: path.mkdir(), "a directory"),
+])
+def test_a_config_that_is_not_a_regular_file_is_refused_before_reading(tmp_path, chat_source, make, kind):
+    config = tmp_path / "c.toml"
+    make(config)
+    line = one_line(plancc(compile_args(chat_source, tmp_path, "--config", config), tmp_path, timeout=60,
+                           limits={resource.RLIMIT_AS: 4 << 30}))
+    assert line == f"error: config file {config} is {kind}, not a regular file; plancc reads a config from a " \
+                   "regular file", line
+
+
+def test_a_config_file_over_the_size_bound_is_refused(tmp_path, chat_source):
+    config = tmp_path / "c.toml"
+    config.write_text("# " + "x" * (16 << 20) + "\n")
+    line = one_line(plancc(compile_args(chat_source, tmp_path, "--config", config), tmp_path, timeout=60))
+    assert line == f"error: config file {config} is larger than 16 MiB; a config holds settings and dataset " \
+                   "entries, not data"
+
+
 # ---------------------------------------------------------------- invalid UTF-8 in typed string columns
 
 

@@ -26,6 +26,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from plancc.core.paths import not_regular
 from plancc.errors import InputError, PlanccWarning
 from plancc.scan.sources.nesting import check_depth
 from plancc.store import parquet
@@ -285,6 +286,9 @@ def _expand(source: str) -> list[str] | None:
     p = Path(source).expanduser()
     if p.is_file():
         return [os.path.abspath(p)]
+    special = not_regular(p, "a source from regular files or a directory")
+    if special:
+        raise InputError(special)
     if p.exists() or not globlib.has_magic(source):
         return None
     matches = _unique_files(_glob(os.path.expanduser(source)))

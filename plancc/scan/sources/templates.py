@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plancc.core.paths import not_regular
 from plancc.errors import InputError
 from plancc.scan.sources.chat import has_generation_tags
 from plancc.scan.sources.tokenizer import Tok
@@ -72,6 +73,9 @@ def resolve(spec: str | None, tok: Tok | None) -> ChatTemplate | None:
     if spec in BUILTIN_TEMPLATES:
         return ChatTemplate(spec, BUILTIN_TEMPLATES[spec], "builtin")
     path = Path(spec).expanduser()
+    special = not_regular(path, "a chat template from a regular file")
+    if special:
+        raise InputError(f"--chat-template {spec}: {special}")
     if not path.is_file():
         raise InputError(f"--chat-template {spec}: no such file, and not a built-in template "
                          f"({', '.join(BUILTIN_TEMPLATES)})")
