@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -323,3 +325,66 @@ def test_a_lock_left_by_a_killed_scan_does_not_block_the_next(tmp_path):
     again = plancc(args, tmp_path, timeout=120)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out" / "samples.parquet").is_file()
+
+
+# ---------------------------------------------------------------- two compiles sharing a cold cache
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (`T`: stopped), '' once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _holds(pid: int, suffix: str) -> bool:
+    """Whether process `pid` has a file ending in `suffix` open (a lock it holds or waits for)."""
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").endswith(suffix) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def test_two_recipe_compiles_share_one_cache_entry_written_once(tmp_path):
+    """Two compiles of one recipe to different -o: the second failed 5 of 5 times with "another plancc process is
+    writing .../recipes/KEY". Here the first is stopped (SIGSTOP) with the entry written but not yet in place; the
+    second must wait for it, not fail, and both plans must map the one entry."""
+    a, b = _prompts(tmp_path / "a.jsonl", 300), _prompts(tmp_path / "b.jsonl", 200)
+    for source in (a, b):  # the scan cache warm: the recipe's entry is the first directory a compile writes
+        assert plancc(["scan", source, "-o", tmp_path / f"scan-{source.stem}", "--tokenizer", "builtin", "-q"],
+                      tmp_path).returncode == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "cache")}
+    args = [sys.executable, "-m", "plancc", "compile", str(a), str(b), "--tokenizer", "builtin", "-q", "-o"]
+    first = subprocess.Popen([*args, str(tmp_path / "one")], env={**env, "PLANCC_FAULT": "written:stop"},
+                             stderr=subprocess.PIPE, text=True)
+    second = None
+    try:
+        for _ in range(1200):  # the first stops once its recipe entry is written (at most 120 s)
+            if _state(first.pid) in ("T", ""):
+                break
+            time.sleep(0.1)
+        assert _state(first.pid) == "T", first.stderr.read() if first.poll() is not None else "still running"
+        second = subprocess.Popen([*args, str(tmp_path / "two")], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(1200):  # the second reaches the entry: it waits for the first's lock, or gives up
+            if second.poll() is not None or _holds(second.pid, ".recipe.lock"):
+                break
+            time.sleep(0.1)
+        while first.poll() is None:  # go on (the first stops again writing its own plan)
+            if _state(first.pid) == "T":
+                os.kill(first.pid, signal.SIGCONT)
+            time.sleep(0.1)
+        assert second.wait(timeout=300) == 0, second.stderr.read()
+        assert first.returncode == 0, first.stderr.read()
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    entries = list((tmp_path / "cache" / "recipes").iterdir())
+    assert len(entries) == 1 and entries[0].is_dir(), entries  # one entry, no leftovers
+    cached = (entries[0] / "tokens" / "tokens.json").stat().st_ino
+    assert (tmp_path / "one" / "tokens" / "tokens.json").stat().st_ino == cached  # both plans link the one entry
+    assert (tmp_path / "two" / "tokens" / "tokens.json").stat().st_ino == cached
+    assert json.loads((tmp_path / "one" / "manifest.json").read_text())["fingerprints"] == \
+        json.loads((tmp_path / "two" / "manifest.json").read_text())["fingerprints"]
