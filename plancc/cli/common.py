@@ -19,7 +19,7 @@ import orjson
 import typer
 from typer.core import TyperCommand
 
-from plancc.errors import PlanccError, PlanccWarning
+from plancc.errors import PlanccError, PlanccWarning, descriptors_hint, out_of_descriptors
 
 MESSAGE_LIMIT = 1000  # an error is a few lines: whatever a message quotes (values, types, paths) is cut to fit
 
@@ -113,11 +113,11 @@ def fail_on_errors(output: str | Path | None = None, what: str = "plan") -> Iter
         text = str(exc)
         if len(text) > MESSAGE_LIMIT:
             text = f"{text[:MESSAGE_LIMIT]}... ({len(text)} chars)"
-        typer.echo(f"error: {text}", err=True)
+        typer.echo(f"error: {_with_hint(text, exc)}", err=True)
         raise typer.Exit(2) from None
     except OSError as exc:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
-        typer.echo(f"error:{where} {exc.strerror or exc}", err=True)
+        typer.echo(f"error:{where} {_with_hint(str(exc.strerror or exc), exc)}", err=True)
         raise typer.Exit(2) from None
     except MemoryError as exc:
         typer.echo(f"error: out of memory while {_doing(exc)}; free memory or raise the limit (`ulimit -v`), "
@@ -131,6 +131,12 @@ def fail_on_errors(output: str | Path | None = None, what: str = "plan") -> Iter
         warnings.showwarning = _default_show_warning
         if _takes_over(term):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _with_hint(text: str, exc: BaseException) -> str:
+    """`text` with what to do when the machine ran out of file descriptors under it (the same hint wherever)."""
+    hint = descriptors_hint()
+    return f"{text}; {hint}" if out_of_descriptors(exc) and hint not in text else text
 
 
 def _interrupted(output: str | Path | None, what: str) -> str:

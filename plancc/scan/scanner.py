@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import resource
 import shutil
 import signal
 import time
@@ -49,7 +48,7 @@ import pyarrow as pa
 
 from plancc.config.settings import ScanOptions
 from plancc.core.paths import default_cache_dir
-from plancc.errors import InputError, PlanccError
+from plancc.errors import InputError, PlanccError, descriptors_hint, out_of_descriptors
 from plancc.scan import merge, shard
 from plancc.scan.sources.parallel import workers
 from plancc.scan.sources.rows import RowReader
@@ -182,10 +181,8 @@ def _system_error(exc: OSError, cache: Path) -> PlanccError:
     """What an OSError during a scan means: a resource limit is named as such, and only a file of the cache that
     cannot be written is blamed on the cache."""
     what = exc.strerror or str(exc)
-    if exc.errno in (errno.EMFILE, errno.ENFILE):
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return PlanccError(f"too many open files while scanning ({what}; this process may open {soft}, see "
-                           "`ulimit -n`): raise the limit (e.g. `ulimit -n 4096`) or lower --num-proc")
+    if out_of_descriptors(exc):
+        return PlanccError(f"cannot scan: {descriptors_hint()}")
     if exc.filename is not None and not str(exc.filename).startswith(str(cache)):
         return PlanccError(f"{exc.filename}: {what}")
     hint = "; set PLANCC_CACHE to a writable directory" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""

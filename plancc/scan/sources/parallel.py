@@ -70,6 +70,7 @@ def workers(num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
         yield None
         return
     threads = max(1, (os.cpu_count() or 1) // num_proc)
+    tempfile.gettempdir()  # found now, before the pool takes descriptors: its probe reports EMFILE as "no usable dir"
     pool = ProcessPoolExecutor(num_proc, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                initargs=(threads,))
     try:
