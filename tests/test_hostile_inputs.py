@@ -311,7 +311,7 @@ _UNDER_A_MEMORY_LIMIT = """
 import resource, sys
 import numpy as np
 from plancc.cli import app
-from plancc.scan.sources.nesting import _too_deep
+from plancc.store.json_rows import _too_deep
 import plancc.scan.scanner, plancc.store.token_hash, pyarrow.json  # loaded, and the kernels compiled, before the limit
 _too_deep(np.zeros(1, np.uint8), 1, True)
 size = int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmSize")).split()[1]) * 1024

@@ -206,6 +206,33 @@ def test_a_plan_without_a_store_never_follows_the_source_paths_it_records(tmp_pa
     assert np.array_equal(tokens.input_ids, TokenStore.from_table(tok).input_ids)
 
 
+def test_data_files_are_read_by_the_table_a_scan_reads_sources_with(tmp_path):
+    """data= a tokenized file: every file type a scan reads gives the same tokens (a JSON array file was refused);
+    another type, and a malformed line, are one error naming the file (and line)."""
+    tok = make_tokenized(25, seed=4, max_len=20)
+    table = samples_table(tok)
+    s = parquet.sample_arrays(table)
+    ps = PlanSettings(mode="flattened", micro_batch_size=2, sequence_len=24)
+    from plancc.planner.pipeline import compile_plan
+
+    build.write_plan_dir(tmp_path / "plan", table, s, ps, compile_plan(s, ps), ScanRecord(), None)
+    rows = tok.to_pylist()
+    pq.write_table(tok, tmp_path / "d.parquet")
+    (tmp_path / "d.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    (tmp_path / "d.json").write_bytes(orjson.dumps(rows))
+    (tmp_path / "columns.json").write_bytes(orjson.dumps(tok.to_pydict()))
+    whole = TokenStore.from_table(tok)
+    for name in ("d.parquet", "d.jsonl", "d.json", "columns.json"):
+        tokens = load_tokens(tmp_path / "plan", data=tmp_path / name)
+        assert np.array_equal(tokens.input_ids, whole.input_ids) and np.array_equal(tokens.targets, whole.targets)
+    (tmp_path / "d.txt").write_text("x")
+    with pytest.raises(PlanMismatchError, match=r"d.txt: unsupported file type '.txt' \(use one of .jsonl"):
+        load_tokens(tmp_path / "plan", data=tmp_path / "d.txt")
+    (tmp_path / "bad.jsonl").write_bytes(orjson.dumps(rows[0]) + b"\n{not json\n")
+    with pytest.raises(PlanMismatchError, match=r"bad.jsonl line 2: malformed JSON"):
+        load_tokens(tmp_path / "plan", data=tmp_path / "bad.jsonl")
+
+
 def test_worker_copies_reopen_the_maps_and_verify_their_own_reads(tmp_path):
     plan = build_plan(tmp_path, n=30, mode="packed", micro_batch_size=2, sequence_len=24)
     tokens = load_tokens(plan)

@@ -18,7 +18,7 @@ from plancc.core.paths import default_cache_dir
 KERNEL_MODULES = ("plancc.store.token_hash", "plancc.planner.sort", "plancc.core.row_sums", "plancc.planner.pack.best_fit",
                   "plancc.planner.pack._rows", "plancc.planner.pack.exact_fill", "plancc.planner.balance._cost_spread",
                   "plancc.planner.balance._exchange", "plancc.planner.balance._subset_tables",
-                  "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.scan.sources.nesting")
+                  "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.store.json_rows")
 COMPILING = "compiling kernels (first run only)"
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import InputError
 from plancc.store import parquet, plan_files, schemas
 from plancc.store.plan import Plan
@@ -37,7 +38,7 @@ class SampleView:
     tokenizer: str
     dataset: str | None = None  # a recipe's: the sample's dataset and its row there (`plancc.build.recipe`)
     row: int | None = None
-    trained: str = ""  # what the scan trained (`trained_summary`)
+    trained: str = ""  # what the scan trained (`plancc.scan.describe.trained`)
 
     def to_json(self) -> dict[str, Any]:
         """The view as `show --json` prints it."""
@@ -49,25 +50,6 @@ class SampleView:
                 "segments": [{"text": t, "supervised": s} for t, s in self.segments],
                 "input_ids": self.input_ids.tolist(), "labels": self.labels.tolist(),
                 "supervised": self.supervised.tolist()}
-
-
-def trained_summary(report: ScanRecord) -> str:
-    """What the scan supervised, in one line: the what-is-trained settings (`ScanOptions`) that apply to its
-    format, defaults included."""
-    from plancc.config.settings import ScanOptions
-
-    options = report.options or ScanOptions()
-    fmt = report.format
-    eos = f"train_on_eos {options.train_on_eos}"
-    if fmt == "messages":
-        if report.chat_template and report.chat_template.generation:
-            return f"the chat template's {{% generation %}} blocks, train_on {options.train_on}"
-        return f"roles_to_train {','.join(options.roles_to_train)}, {eos}, train_on {options.train_on}"
-    if fmt in ("alpaca", "prompt_completion"):
-        return f"train_on_inputs {str(options.train_on_inputs).lower()}, {eos}"
-    if fmt == "text":
-        return eos
-    return "the source's own labels" if fmt == "tokenized" else ""
 
 
 def _report(info: dict[str, Any], plan: Plan | None) -> ScanRecord:
@@ -114,9 +96,7 @@ def _dataset_row(recipe: dict[str, Any], table: Any, at: int, sample_id: int) ->
 
 def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
     """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now."""
-    from plancc.scan.scanner import options_from_record
-    from plancc.scan.sources.tokenizer import load_tokenizer
-    from plancc.store.token_store import IGNORE_INDEX
+    from plancc.scan.describe import recorded_tokenizer, trained
 
     d = Path(directory)
     given = plan_files.read_samples_source(d) if d.is_dir() else None
@@ -140,7 +120,7 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     supervised = labels != IGNORE_INDEX
     if shifted:
         supervised = np.concatenate([[False], supervised[:-1]])
-    tok = load_tokenizer(options_from_record(report, tokenizer).tokenizer)
+    tok = recorded_tokenizer(report, tokenizer)
     decode = tok.tokenizer.decode
     bounds = np.flatnonzero(np.diff(supervised.astype(np.int8))) + 1
     runs = zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(input_ids)]]), strict=True)
@@ -150,13 +130,11 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
                       int(parquet.column(table, "label_count")[at]),
                       bool(parquet.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
                       segments, pieces, tok.name, *_dataset_row(_recipe(plan), table, at, int(sample_id)),
-                      trained_summary(report))
+                      trained(report))
 
 
 def _targets(labels: np.ndarray, offsets: np.ndarray, shifted: bool) -> np.ndarray:
     """Targets of each row: its labels != -100, less a supervised first label (never a target) unless shifted."""
-    from plancc.store.token_store import IGNORE_INDEX
-
     sup = np.zeros(len(labels) + 1, np.int64)
     np.cumsum(np.asarray(labels) != IGNORE_INDEX, out=sup[1:])
     counts = sup[offsets[1:]] - sup[offsets[:-1]]

@@ -10,9 +10,9 @@ A plan's data is its token store (`plancc.store.token_store`, the `tokens/` fold
 parts of a sharded scan, mapped as one dataset): the arrays are
 memory maps, so opening costs the same for 1M or 10B tokens, the ranks of a node share the pages through the OS
 page cache, and a process's memory grows only with what it reads. `targets` is the label column the plan's shift
-reads (the store's `labels`, already shifted under shift `none`). Other data (`data=` a Parquet, Arrow or JSON
-lines file, a `datasets.save_to_disk` folder, an Arrow table, or an older plan's `tokenized.parquet`) is read into
-memory, as before the store existed.
+reads (the store's `labels`, already shifted under shift `none`). Other data (`data=` a file of a type a scan reads,
+`plancc.store.data_files`; a `datasets.save_to_disk` folder, an Arrow table, or an older plan's `tokenized.parquet`)
+is read into memory, as before the store existed.
 
 The data is the plan's own `tokens/` (opened with the plan, its digest compared with the `fingerprints.tokens` the
 plan binds) or what the caller gives (`data=`); no path is ever read from the plan's metadata.
@@ -35,11 +35,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from plancc.core.choices import Shift
-from plancc.errors import PlanMismatchError
-from plancc.store import parquet, plan_store, token_store
+from plancc.errors import InputError, PlanMismatchError
+from plancc.store import plan_store, token_store
 from plancc.store.plan import Plan, verified_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
@@ -183,27 +182,25 @@ def _flat(col: pa.ChunkedArray, where: str, name: str) -> tuple[np.ndarray, np.n
 
 
 def _read_any(path: Path) -> pa.Table:
-    """One tokenized file read into memory: Parquet, Arrow IPC (file or stream, as `datasets` writes), JSON lines,
-    or a `datasets.Dataset.save_to_disk` directory (its Arrow shards in order)."""
+    """One tokenized file read into memory, by its suffix as a scan reads a source (`plancc.store.data_files`:
+    Parquet, Arrow IPC file or stream, JSON lines, JSON), or a `datasets.Dataset.save_to_disk` directory (its Arrow
+    shards in order)."""
+    from plancc.store import data_files  # a file given as data= only: its readers load with it
+
     if path.is_dir():
         state = path / "state.json"
         if not state.exists():
             raise PlanMismatchError(f"{path} is a directory but neither a token store nor a saved dataset")
         files = [path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
         return pa.concat_tables([_read_any(f) for f in files])
-    suffix = path.suffix.lower()
     try:
-        if suffix == ".parquet":
-            return pq.read_table(path)
-        if suffix == ".arrow":
-            return parquet.read_arrow(path)
-        if suffix in (".jsonl", ".json"):
-            import pyarrow.json as pj
-
-            return pj.read_json(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise PlanMismatchError(f"cannot read tokenized data {path}: {exc}") from None
-    raise PlanMismatchError(f"cannot read tokenized data {path}: unsupported file type '{suffix}'")
+        table, loose = data_files.read_file(str(path))
+    except InputError as exc:
+        raise PlanMismatchError(f"cannot read tokenized data: {exc}") from None
+    if loose:
+        raise PlanMismatchError(f"cannot read tokenized data: {path}: column '{next(iter(loose))}' holds values of "
+                                "mixed types, expected lists of integers")
+    return table
 
 
 def data_location(plan: Plan, data: str | Path | None = None) -> Path | None:

@@ -53,7 +53,7 @@ from plancc.scan import merge, shard
 from plancc.scan.sources.parallel import workers
 from plancc.scan.sources.rows import RowReader
 from plancc.scan.sources.samples import check_drops
-from plancc.scan.sources.tokenizer import BUILTIN, BUILTIN_NAME
+from plancc.scan.sources.tokenizer import spec_of
 from plancc.store import atomic, outputs, schemas, token_store, token_writer
 from plancc.store.scan_record import ScanRecord
 from plancc.store.scan_store import ScanDir
@@ -261,7 +261,7 @@ def options_from_record(record: ScanRecord, tokenizer: str | None = None) -> Sca
     template = record.chat_template
     kept = {f.name: getattr(recorded, f.name) for f in dataclasses.fields(recorded)
             if f.name not in ("tokenizer", "chat_template", "template_date")}
-    return ScanOptions(**kept, tokenizer=tokenizer or (BUILTIN if record.tokenizer == BUILTIN_NAME else record.tokenizer),
+    return ScanOptions(**kept, tokenizer=spec_of(record.tokenizer, tokenizer),
                        chat_template=template.name if template and template.origin in ("builtin", "file") else None,
                        **({"template_date": recorded.template_date} if recorded.template_date else {}),
                        max_dropped=1.0)

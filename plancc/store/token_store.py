@@ -53,10 +53,9 @@ import numpy as np
 import orjson
 import xxhash
 
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import PlanccError
 from plancc.store.schemas import TOKENS_DIR
-
-IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
 
 FORMAT = "plancc.tokens/2"  # 2: the header carries header_hash (1 did not: an edited chunk_tokens went unseen)
 HEADER_FILE = "tokens.json"

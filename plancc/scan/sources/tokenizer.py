@@ -96,6 +96,12 @@ def load_tokenizer(spec: str) -> Tok:
     return _load_tokenizer(spec, str(path.absolute()))
 
 
+def spec_of(recorded: str | None, override: str | None = None) -> str | None:
+    """The `--tokenizer` value that loads a tokenizer a scan recorded by name (`builtin` for the built-in one's
+    name); `override` (where it is now) wins. None: none was recorded or given."""
+    return override or (BUILTIN if recorded == BUILTIN_NAME else recorded)
+
+
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
 
 
