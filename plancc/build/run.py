@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -21,9 +22,10 @@ from plancc.build.recipe import epoch_metrics, join_recipe
 from plancc.build.samples import Samples, open_stored, scan_source
 from plancc.config.resolve import Resolved
 from plancc.config.settings import PlanSettings
+from plancc.core.machine import available_memory
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
-from plancc.planner import holdout
+from plancc.planner import budget, holdout
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
@@ -48,6 +50,7 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     A stored scan's sequence_len and shift become the plan's (`plancc.build.carry`), and the settings given on
     purpose (`resolved.given`) must not contradict them."""
     outputs.check_output(out_dir, overwrite=overwrite)
+    budget.check_fits(None, resolved.plan, available_memory())  # what the settings alone ask for, before any work
     if resolved.datasets is None:
         resolved, samples = _one_source(resolved.source, resolved, cache_dir=cache_dir, progress=progress)
     else:
@@ -55,9 +58,8 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     settings = resolved.plan
     s = parquet.sample_arrays(samples.table)
     drops = SourceDrops(samples.record.dropped_samples, samples.record.truncated_samples)
-    eval_ids = holdout.eval_ids(s.sample_id, settings, samples.index) if len(s) else None
-    shared = None if eval_ids is None else holdout.shared_content(
-        parquet.column(samples.table, "token_hash"), s.sample_id, eval_ids, samples.index, settings.mixture)
+    eval_ids, shared = _eval_set(s, samples, settings)
+    budget.check_fits(_trained_sizes(s, samples.index, settings, eval_ids), settings, available_memory())
     run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids, index=samples.index)
     mixed = None if samples.datasets is None else {
         "datasets": samples.datasets, "metrics": epoch_metrics(run.epochs, samples, settings.shift)}
@@ -65,6 +67,25 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     return write_plan_dir(out_dir, samples.table, run.train, settings, run.epochs, samples.record, samples.tokens,
                           progress, overwrite=overwrite, recipe=mixed, evaluation=run.evaluation,
                           notes=(shared,) if shared else ())
+
+
+def _eval_set(s: SampleArrays, samples: Samples, settings: PlanSettings) -> tuple[np.ndarray | None, str | None]:
+    """The held-out sample ids (None: no eval plan), and the warning when some have a training sample's tokens
+    (an eval dataset that copies training data is refused: `holdout.shared_content`)."""
+    eval_ids = holdout.eval_ids(s.sample_id, settings, samples.index) if len(s) else None
+    if eval_ids is None:
+        return None, None
+    return eval_ids, holdout.shared_content(parquet.column(samples.table, "token_hash"), s.sample_id, eval_ids,
+                                            samples.index, settings.mixture)
+
+
+def _trained_sizes(s: SampleArrays, index: np.ndarray | None, settings: PlanSettings,
+                   eval_ids: np.ndarray | None) -> np.ndarray:
+    """The samples each mixture entry trains on (for one source: all but the held-out ones)."""
+    trained = ~np.isin(s.sample_id, eval_ids) if eval_ids is not None else np.ones(len(s), dtype=bool)
+    if index is None:
+        return np.array([int(trained.sum())])
+    return np.bincount(index[trained & (index >= 0)], minlength=len(settings.mixture))
 
 
 def _one_source(source: str, resolved: Resolved, *, cache_dir: Path | None, progress: Progress | None

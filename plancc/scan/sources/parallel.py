@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from plancc.errors import PlanccError
+from plancc.core.machine import usable_cpus
+from plancc.errors import PlanccError, SettingsError
 from plancc.scan import formats
 from plancc.scan.formats import Encoded, Encoding, RowError, RowFormat
 from plancc.scan.sources.tokenizer import load_tokenizer
@@ -52,6 +53,16 @@ def _work(args: tuple) -> tuple[str, int, str]:
         with pa.ipc.new_file(sink, out.schema) as writer:
             writer.write_table(out)
     return "ok", a, out_path
+
+
+def check_processes(num_proc: int) -> None:
+    """Refuse more tokenizer processes than this process has CPUs (2 always allowed): each loads the tokenizer and
+    holds its rows, so beyond the CPUs they only cost memory (1,024 of them took the machine down)."""
+    most = max(2, usable_cpus())
+    if num_proc > most:
+        raise SettingsError(f"--num-proc {num_proc}: this process may run on {usable_cpus()} CPUs, and tokenizer "
+                            "processes beyond them only cost memory (each loads the tokenizer); use --num-proc "
+                            f"{most} or fewer", "num_proc")
 
 
 @contextlib.contextmanager
