@@ -43,15 +43,9 @@ _NO_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 def out_of_descriptors(exc: BaseException | None) -> bool:
     """Whether `exc`, or an exception it was raised from or while handling (shown or not), is running out of file
     descriptors: wherever it happens (reading a part, writing the cache, opening a plan) it gets one hint."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _NO_DESCRIPTORS:
-            return True
-        if any(os.strerror(code) in str(exc) for code in _NO_DESCRIPTORS):  # a message made from one
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any((isinstance(e, OSError) and e.errno in _NO_DESCRIPTORS)
+               or any(os.strerror(code) in str(e) for code in _NO_DESCRIPTORS)  # a message made from one
+               for e in _chain(exc))
 
 
 def descriptors_hint() -> str:
@@ -59,3 +53,28 @@ def descriptors_hint() -> str:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return (f"too many open files (this process may open {soft}, see `ulimit -n`): raise the limit (e.g. "
             "`ulimit -n 4096`) or lower --num-proc")
+
+
+# what libraries say when a thread cannot start (its stack does not fit under `ulimit -v`, or no task is left):
+# Python's threading, Arrow's thread pool, the tokenizer's (Rust rayon) pool
+_NO_THREAD = ("can't start new thread", "Failed to launch worker thread", "ThreadPoolBuildError")
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    """`exc` and what it was raised from or while handling, shown or not."""
+    out: list[BaseException] = []
+    while exc is not None and all(e is not exc for e in out):
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """What ran out when `exc` (or what it came from) means the process is out of memory: "memory" (a MemoryError,
+    ENOMEM), "thread" (a thread could not start, a library's way of saying so), else None."""
+    for e in _chain(exc):
+        if any(text in str(e) for text in _NO_THREAD):
+            return "thread"
+        if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.ENOMEM):
+            return "memory"
+    return None

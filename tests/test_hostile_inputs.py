@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.sources_fixtures import DEEPSEEK_JSON
+
 pytestmark = pytest.mark.slow  # runs the CLI in a subprocess per hostile input
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -315,7 +317,7 @@ from plancc.store.json_rows import _too_deep
 import plancc.scan.scanner, plancc.store.token_hash, pyarrow.json  # loaded, and the kernels compiled, before the limit
 _too_deep(np.zeros(1, np.uint8), 1, True)
 size = int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmSize")).split()[1]) * 1024
-resource.setrlimit(resource.RLIMIT_AS, (size + (100 << 20),) * 2)
+resource.setrlimit(resource.RLIMIT_AS, (size + (ROOM << 20),) * 2)
 app(sys.argv[1:], prog_name="plancc")
 """
 
@@ -325,12 +327,105 @@ def test_out_of_memory_is_one_line_naming_where(tmp_path):
     40 MB row is what does not fit."""
     source = tmp_path / "big.jsonl"
     source.write_text(json.dumps({"text": "a b " * 10_000_000}) + "\n")
-    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT, "scan", str(source), "-o", str(tmp_path / "out"),
+    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT.replace("ROOM", "100"), "scan", str(source), "-o", str(tmp_path / "out"),
                         "--tokenizer", "builtin", "-q", "--long", "truncate"], capture_output=True, text=True,
                        timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "c")})
     line = one_line(r)
     assert line.startswith("error: out of memory while running plancc.") and "ulimit -v" in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_a_thread_that_cannot_start_is_out_of_memory_in_one_line(tmp_path):
+    """Under `ulimit -v` a thread whose stack does not fit was a traceback (`RuntimeError: can't start new thread`
+    from the encode pool, `ArrowException: Failed to launch worker thread` from the reader). Here every thread
+    reserves 1 GiB of stack (`ulimit -s`) and 600 MB of address space is left."""
+    source = _prompts(tmp_path / "pc.jsonl", 3000)
+
+    def big_stacks() -> None:
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 30, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+
+    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT.replace("ROOM", "600"), "compile", str(source), "-o", str(tmp_path / "out"),
+                        "--tokenizer", "builtin", "-q"], capture_output=True, text=True, timeout=300,
+                       preexec_fn=big_stacks, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                   "PLANCC_CACHE": str(tmp_path / "c")})
+    line = one_line(r)
+    assert line.startswith("error: out of memory while ") and line.endswith(
+        ": a thread could not start (each reserves `ulimit -s` of the address space `ulimit -v` allows); free memory "
+        "or raise the limit (`ulimit -v`), lower --num-proc, or scan in shards (`plancc scan --shard I/N`)"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_too_little_address_space_for_a_tokenizer_is_refused_naming_the_limit(tmp_path):
+    """Below a measured minimum the tokenizer's failed allocations abort the process ("memory allocation of 16
+    bytes failed", exit 134) or deadlock it: plancc refuses to start tokenizing there and names the limit."""
+    source = _prompts(tmp_path / "pc.jsonl", 50)
+    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT.replace("ROOM", "300"), "compile", str(source),
+                        "-o", str(tmp_path / "out"), "--tokenizer", str(DEEPSEEK_JSON), "-q"], capture_output=True,
+                       text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "c")})
+    line = one_line(r)
+    assert line.startswith("error: `ulimit -v` leaves ") and (
+        f"MiB plancc maps; tokenizing with {DEEPSEEK_JSON} needs at least 640 MiB more (below that the tokenizer's "
+        "failed allocations abort or hang the process): raise it to at least ") in line, line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "c" / "scans").exists()
+
+
+_STUCK_IN_NATIVE_CODE = """
+import ctypes, sys
+from pathlib import Path
+import plancc.scan.sources.tokenizer as tokenizer
+from plancc.cli import app
+
+libc = ctypes.CDLL(None)
+mutex = ctypes.create_string_buffer(64)  # a zeroed pthread mutex is an unlocked normal one
+libc.pthread_mutex_lock(mutex)
+
+
+class Stuck:
+    \"\"\"The tokenizer library, deadlocked: its call never returns, whatever signal comes.\"\"\"
+
+    @staticmethod
+    def from_str(text):
+        Path(sys.argv[1]).touch()
+        libc.pthread_mutex_lock(mutex)  # locked already: waits forever (no signal ends pthread_mutex_lock)
+
+
+tokenizer.Tokenizer = Stuck
+app(sys.argv[2:], prog_name="plancc")
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_plancc_stuck_in_native_code(tmp_path, signum):
+    """Out of memory under `ulimit -v` the tokenizer deadlocked in its allocation-failure path, and plancc ignored
+    SIGTERM and SIGINT for 15 minutes: its handler runs only when the main thread comes back from native code. The
+    deadlock is reproduced with a pthread mutex locked twice where the tokenizer is loaded."""
+    from plancc.cli.watchdog import GRACE
+
+    source, stuck = _prompts(tmp_path / "pc.jsonl", 20), tmp_path / "stuck"
+    child = subprocess.Popen([sys.executable, "-c", _STUCK_IN_NATIVE_CODE, str(stuck), "compile", str(source), "-o",
+                              str(tmp_path / "out"), "--tokenizer", str(DEEPSEEK_JSON), "-q"],
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "c")})
+    try:
+        for _ in range(1200):
+            if stuck.exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert stuck.exists(), child.stderr.read()
+        time.sleep(0.5)
+        sent = time.monotonic()
+        child.send_signal(signum)
+        child.wait(timeout=GRACE + 30)
+        assert GRACE - 1 < time.monotonic() - sent < GRACE + 30
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 128 + signum
+    assert child.stderr.read() == (f"interrupted before the plan was written: nothing was written at {tmp_path / 'out'} "
+                                   f"(plancc ended itself {GRACE:g} s after the signal: a native call did not "
+                                   "return)\n")
 
 
 def test_a_lock_left_by_a_killed_scan_does_not_block_the_next(tmp_path):

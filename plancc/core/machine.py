@@ -43,13 +43,12 @@ def _cgroup_room() -> int | None:
     return None
 
 
-def _address_room() -> int | None:
+def address_room() -> int | None:
     """What `ulimit -v` (RLIMIT_AS) leaves this process beyond what it maps now (None: no limit)."""
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
     if soft == resource.RLIM_INFINITY:
         return None
-    mapped = _status_bytes("VmSize")
-    return max(0, soft - (mapped or 0))
+    return max(0, soft - (mapped_bytes() or 0))
 
 
 def _status_bytes(key: str) -> int | None:
@@ -66,17 +65,11 @@ def _status_bytes(key: str) -> int | None:
 def available_memory() -> int | None:
     """Bytes this process can still allocate, the least of what the kernel has free (MemAvailable and free swap),
     what the container's limit leaves and what `ulimit -v` leaves; None where none of them is known."""
-    known = [room for room in (_meminfo("MemAvailable", "SwapFree"), _cgroup_room(), _address_room())
+    known = [room for room in (_meminfo("MemAvailable", "SwapFree"), _cgroup_room(), address_room())
              if room is not None]
     return min(known) if known else None
 
 
-def address_limit() -> int | None:
-    """The address-space limit (`ulimit -v`) in bytes, None when there is none."""
-    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
 def mapped_bytes() -> int | None:
-    """The address space this process maps now (VmSize)."""
+    """The address space this process maps now (VmSize), None where unknown."""
     return _status_bytes("VmSize")

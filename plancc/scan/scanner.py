@@ -48,9 +48,9 @@ import pyarrow as pa
 
 from plancc.config.settings import ScanOptions
 from plancc.core.paths import default_cache_dir
-from plancc.errors import InputError, PlanccError, descriptors_hint, out_of_descriptors
+from plancc.errors import InputError, PlanccError, descriptors_hint, out_of_descriptors, out_of_memory
 from plancc.scan import merge, shard
-from plancc.scan.sources.parallel import check_processes, workers
+from plancc.scan.sources.parallel import bound_workers, workers
 from plancc.scan.sources.rows import RowReader
 from plancc.scan.sources.samples import check_drops
 from plancc.scan.sources.tokenizer import spec_of
@@ -139,7 +139,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc <= 0:
         raise InputError(f"--num-proc must be a positive integer, got {num_proc!r}")
     if engine is None:  # processes of this machine (Ray counts its own)
-        check_processes(num_proc)
+        bound_workers(num_proc, options.tokenizer)
     shard.local_ranges(1, shard_rows)  # a bad --shard-rows is named before any work
     ident = shard.identity(source, options)
     tok, template, loc = ident
@@ -171,6 +171,8 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
                               started=started, engine=engine)
                 done = _load_cached(entry, key)
     except OSError as exc:
+        if out_of_memory(exc):  # ENOMEM: the CLI says out of memory, and where
+            raise
         raise _system_error(exc, entry.parent) from None
     finally:
         reader.close()
@@ -225,7 +227,7 @@ def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_di
                num_proc: int = 1, progress: Progress = None) -> ScanRecord:
     """`plancc scan --shard I/N`: shard `index` of `count` of SOURCE's rows into the partial scan `out_dir`
     (atomically, the `-o` rules); `plancc merge` joins the parts. Returns the part's record."""
-    check_processes(num_proc)
+    bound_workers(num_proc, options.tokenizer)
     if progress:
         progress("reading", 0, 1)
     ident = shard.identity(source, options)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from plancc.core.machine import usable_cpus
+from plancc.core.machine import address_room, mapped_bytes, usable_cpus
 from plancc.errors import PlanccError, SettingsError
 from plancc.scan import formats
 from plancc.scan.formats import Encoded, Encoding, RowError, RowFormat
-from plancc.scan.sources.tokenizer import load_tokenizer
+from plancc.scan.sources.tokenizer import BUILTIN, load_tokenizer
 
 Progress = Callable[[str, int, int], None] | None
 
@@ -55,14 +55,38 @@ def _work(args: tuple) -> tuple[str, int, str]:
     return "ok", a, out_path
 
 
-def check_processes(num_proc: int) -> None:
-    """Refuse more tokenizer processes than this process has CPUs (2 always allowed): each loads the tokenizer and
-    holds its rows, so beyond the CPUs they only cost memory (1,024 of them took the machine down)."""
+THREAD_ROOM = 128 << 20  # address space one thread takes in practice: its stack and its malloc arena (64 MiB)
+# address space a tokenizer.json tokenizer needs beyond what plancc maps when a scan starts (~600 MiB): measured
+# (2 CPUs, a 100k-token vocabulary, `ulimit -v` in 50 MiB steps, 3-4 runs each) 400-600 MiB sometimes aborted,
+# 650 MiB and more never did
+TOKENIZER_ROOM = 640 << 20
+
+
+def bound_workers(num_proc: int, tokenizer: str | None = None) -> None:
+    """Before a scan on this machine: refuse more tokenizer processes than CPUs (2 always allowed; each loads the
+    tokenizer and holds its rows, so beyond the CPUs they only cost memory: 1,024 took the machine down), and under
+    `ulimit -v` start no more threads than fit (the tokenizer's pool, where a thread that cannot start is a panic
+    printed from native code, and Arrow's take one per CPU otherwise; a count the user set is kept), and refuse a
+    limit that leaves a `tokenizer` file (not the built-in one) less than `TOKENIZER_ROOM`: below it the tokenizer's
+    failed allocations abort the process, or deadlock it, in native code that plancc cannot catch."""
     most = max(2, usable_cpus())
     if num_proc > most:
         raise SettingsError(f"--num-proc {num_proc}: this process may run on {usable_cpus()} CPUs, and tokenizer "
                             "processes beyond them only cost memory (each loads the tokenizer); use --num-proc "
                             f"{most} or fewer", "num_proc")
+    room = address_room()
+    if room is not None and tokenizer not in (None, BUILTIN) and room < TOKENIZER_ROOM:
+        mapped = mapped_bytes() or 0
+        raise SettingsError(f"`ulimit -v` leaves {room >> 20:,} MiB of address space beyond the {mapped >> 20:,} MiB "
+                            f"plancc maps; tokenizing with {tokenizer} needs at least {TOKENIZER_ROOM >> 20} MiB more "
+                            "(below that the tokenizer's failed allocations abort or hang the process): raise it to "
+                            f"at least {(mapped + TOKENIZER_ROOM) >> 20:,} MiB (`ulimit -v "
+                            f"{(mapped + TOKENIZER_ROOM) >> 10}`)")
+    if room is not None:
+        threads = max(1, min(usable_cpus(), room // THREAD_ROOM))
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+        pa.set_cpu_count(min(pa.cpu_count(), threads))
+        pa.set_io_thread_count(min(pa.io_thread_count(), threads))
 
 
 @contextlib.contextmanager
