@@ -67,7 +67,11 @@ def _watch(read_end: int, done: threading.Event, message: Callable[[], str], gra
         os.close(read_end)
     if done.wait(grace):  # the command's own handler ended it, message, exit code and all
         return
-    with contextlib.suppress(Exception):
-        os.write(2, f"{message()} (plancc ended itself {grace:g} s after the signal: a native call did not "
-                    "return)\n".encode())
+    try:
+        said = message()
+    except Exception:  # what is on disk could not be read: say the rest
+        said = "interrupted"
+    with contextlib.suppress(OSError):
+        os.write(2, f"{said} (plancc ended itself {grace:g} s after the signal: a native call did not return)\n"
+                 .encode())
     os._exit(128 + signum)
