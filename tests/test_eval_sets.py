@@ -81,18 +81,33 @@ def test_eval_samples_sharing_a_training_sample_are_counted_in_a_warning_validat
     # a plan that hides the overlap (its warning removed from the plan file's metadata and its mirror) fails
     _drop_warnings(tmp_path / "plan")
     problems, _ = validate_plan(str(tmp_path / "plan"))
-    assert problems == [f"{schemas.EVAL_FILE}: {warning}; the plan does not warn of it"]
+    assert problems == [f"{schemas.EVAL_FILE}: 10 of 25 eval samples have the same tokens (token_hash) as a training "
+                        "sample (first: sample_id 30); the plan does not warn of it"]
+
+
+def test_validate_names_an_eval_dataset_forged_into_a_copy_of_training(tmp_path):
+    train, ev = _pc(tmp_path / "train.jsonl", range(30)), _pc(tmp_path / "ev.jsonl", range(100, 110))
+    assert _compile(tmp_path, "--config", _recipe(tmp_path, train, ev)).exit_code == 0
+    path = tmp_path / "plan" / schemas.SAMPLES_FILE
+    table = pq.read_table(path)
+    hashes = table.column("token_hash").to_numpy().copy()
+    hashes[30:] = hashes[:10]  # the eval dataset's rows now hash like training rows 0..9
+    table = table.set_column(table.schema.get_field_index("token_hash"), "token_hash", [hashes])
+    pq.write_table(table.replace_schema_metadata(pq.read_table(path).schema.metadata), path)
+    problems, _ = validate_plan(str(tmp_path / "plan"))
+    assert f"{schemas.EVAL_FILE}: eval dataset 'held': all 10 of its samples have the same tokens as training " \
+           "samples: it is training data, not held out" in problems, problems
 
 
 def _drop_warnings(plan_dir: Path) -> None:
     """Remove the manifest's warnings where a reader reads them: the plan file's metadata and manifest.json."""
     table = pq.read_table(plan_dir / schemas.PLAN_FILE)
     meta = json.loads(table.schema.metadata[schemas.META_KEY])
-    meta["warnings"] = []
+    meta["scan"]["warnings"] = []
     pq.write_table(table.replace_schema_metadata({**table.schema.metadata, schemas.META_KEY: json.dumps(meta)}),
                    plan_dir / schemas.PLAN_FILE)
     manifest = json.loads((plan_dir / schemas.MANIFEST_FILE).read_text())
-    manifest["warnings"] = []
+    manifest["scan"]["warnings"] = []
     (plan_dir / schemas.MANIFEST_FILE).write_text(json.dumps(manifest))
 
 

@@ -17,6 +17,11 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("PLANCC_CACHE") or "~/.cache/plancc").expanduser()  # empty: unset, as shells mean it
 
 
+def cache_path(cache_dir: str | Path | None, *parts: str) -> Path:
+    """`parts` under the cache a caller gave (`--cache-dir`, `cache_dir=`), else under `default_cache_dir()`."""
+    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()).joinpath(*parts)
+
+
 def file_kind(mode: int) -> str | None:
     """What a file of `mode` (`st_mode`) is when it is neither a regular file nor a directory (None otherwise)."""
     return next((kind for test, kind in _SPECIAL if test(mode)), None)
