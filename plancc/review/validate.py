@@ -178,7 +178,8 @@ def _eval_copies(plan: Plan, samples: pa.Table, eval_ids: np.ndarray, index: np.
         return []
     token_hash, ids = parquet.column(samples, "token_hash"), parquet.column(samples, "sample_id")
     held = np.isin(ids, eval_ids)
-    copied = held & np.isin(token_hash, token_hash[~held])
+    copied = np.zeros(ids.shape[0], dtype=bool)
+    copied[held] = np.isin(token_hash[held], token_hash[~held])
     for d, m in enumerate(plan.settings.mixture if index is not None else ()):
         mine = index == d
         if m.role == DatasetRole.EVAL and mine.any() and copied[mine].all():
