@@ -8,7 +8,8 @@ Cases (tiny Llamas built from a config, fp32, no download; every token supervise
   (hidden 512, 4 layers, 8 heads, ~82M parameters), one microbatch of 2 x 1024-token rows an update.
 
 Each (case, path, seed) runs in a fresh process: build the model, run `--updates` updates (forward, backward,
-SGD step) and report the process's peak RSS (`ru_maxrss`) and the median seconds an update. `logits` is the
+SGD step) and report the process's peak RSS (`ru_maxrss`) and the median seconds an update, wall and CPU (all
+threads: on a shared machine the CPU time is the steadier figure). `logits` is the
 full-logits path (`token_loss`), `chunked` plancc's default, `model` the model's own loss function. The losses of
 each path are checked against the `logits` path's (relative 1e-5).
 
@@ -73,18 +74,19 @@ def run_one(case_name: str, path: str, seed: int, updates: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     batch = batch_for(case, seed)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    seconds, losses = [], []
+    seconds, cpu, losses = [], [], []
     for _ in range(updates):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         _, loss = microbatch_loss(model, batch, batch["num_items_in_batch"], path=path)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         seconds.append(time.perf_counter() - start)
-        losses.append(float(loss))
+        cpu.append(time.process_time() - cpu_start)
+        losses.append(float(loss.detach()))
     return {"case": case_name, "path": path, "seed": seed, "params": sum(p.numel() for p in model.parameters()),
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "model_mb": base,
-            "seconds": statistics.median(seconds), "losses": losses}
+            "seconds": statistics.median(seconds), "cpu_seconds": statistics.median(cpu), "losses": losses}
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -113,7 +115,7 @@ def main() -> None:
                 print(f"{case} {path} seed {seed}: peak {rows[-1]['peak_mb']:.0f} MB, "
                       f"{rows[-1]['seconds']:.2f} s/update", flush=True)
     lines = ["| case | params | path | peak RSS MB (min / median / max) | s per update (min / median / max) | "
-             "max rel. loss diff vs logits |", "|---|---|---|---|---|---|"]
+             "CPU s per update | max rel. loss diff vs logits |", "|---|---|---|---|---|---|---|"]
     for case in args.cases:
         for path in args.paths:
             mine = [r for r in rows if r["case"] == case and r["path"] == path]
@@ -122,6 +124,7 @@ def main() -> None:
                         for a, b in zip(r["losses"], ref[r["seed"]], strict=True)), default=float("nan"))
             lines.append(f"| {case} | {mine[0]['params'] / 1e6:.1f}M | {path} | "
                          f"{spread([r['peak_mb'] for r in mine], '{:.0f}')} | {spread([r['seconds'] for r in mine])} | "
+                         f"{spread([r['cpu_seconds'] for r in mine])} | "
                          f"{diff:.1e} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))
