@@ -1,7 +1,7 @@
 """Token store: open time, memory per rank, page sharing and per-microbatch cost, against in-memory loading.
 
 Data: a synthetic tokenized SFT dataset (lengths from `synthetic.sft_mix`, random ids in a 32k vocabulary, prompt
-masked) written as Parquet shards, then taken through the project's own path: `plancc.build.run.compile_to_dir` on the
+masked) written as Parquet shards, then taken through the project's own path: `plancc.compile` on the
 shard glob scans it (the shards become one token store in the scan cache) and compiles a plan (packed 1 x 4096,
 W=2, G=4, no balancing), which hard-links the store. Two sizes (default 20M and 200M tokens) show that opening
 does not grow with the data. Everything lives under $PLANCC_BENCH_DIR/tokens (default /tmp/plancc-bench) and is
@@ -75,7 +75,7 @@ def write_shards(out: Path, tokens: int, shards: int = 8, seed: int = 0) -> list
 
 
 def build(tokens: int) -> tuple[Path, list[Path], dict]:
-    from plancc.build import run as build
+    import plancc
     from plancc.config.settings import PlanSettings, ScanOptions
 
     root = WORK / f"{tokens}"
@@ -87,9 +87,10 @@ def build(tokens: int) -> tuple[Path, list[Path], dict]:
     t0 = time.perf_counter()
     shards = write_shards(root / "source", tokens)
     t1 = time.perf_counter()
-    build.compile_to_dir(str(root / "source" / "part-*.parquet"), ScanOptions(sequence_len=4096),
-                       PlanSettings(mode="packed", micro_batch_size=1, sequence_len=4096, world_size=WORLD,
-                                    grad_accum=4, balance=False), plan, cache_dir=root / "cache")
+    plancc.compile(str(root / "source" / "part-*.parquet"), plan, cache_dir=root / "cache",
+                   scan=ScanOptions(sequence_len=4096),
+                   plan=PlanSettings(mode="packed", micro_batch_size=1, sequence_len=4096, world_size=WORLD,
+                                     grad_accum=4, balance=False))
     t2 = time.perf_counter()
     return plan, shards, {"write_source_s": t1 - t0, "scan_compile_s": t2 - t1}
 

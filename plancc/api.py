@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from plancc.config.settings import PlanSettings, ScanOptions, resolve_settings
+from plancc.config import resolve as resolution
+from plancc.config.resolve import Resolved
+from plancc.config.settings import PlanSettings, ScanOptions
 from plancc.errors import InputError, SettingsError
 from plancc.review.diff_rules import DEFAULT_TOLERANCE
 from plancc.store import atomic, outputs
@@ -81,26 +83,50 @@ def _engine(engine: str, ray_address: str | None, num_proc: int | None, progress
     return ray_engine.ray_engine(address=ray_address, num_cpus=num_proc, progress=progress), ray_engine.SHARD_ROWS
 
 
+def resolve(source: Any = None, *, config: str | Path | None = None, config_format: str = "auto",
+            num_proc: int | None = None, mix: str | list[str] | dict[str, tuple[str, float]] | None = None,
+            scan: ScanOptions | None = None, plan: PlanSettings | None = None, **settings: Any) -> Resolved:
+    """The settings `compile` would use, resolved once (`plancc.config.resolve`): defaults < `config` file <
+    `scan=`/`plan=` fields and keyword settings (see `compile`); also a recipe's datasets, and the note on an
+    Axolotl or TRL config's unused keys. `compile(None, output, resolved=...)` takes the result."""
+    return resolution.resolve(source, config=config, config_format=config_format, mix=mix, scan=scan, plan=plan,
+                              num_proc=num_proc, **settings)
+
+
+def scan_settings(*, config: str | Path | None = None, config_format: str = "auto", num_proc: int | None = None,
+                  scan: ScanOptions | None = None, **settings: Any) -> Resolved:
+    """The settings `scan` would use (`resolve` without a recipe: a scan reads one source)."""
+    return resolution.resolve(None, config=config, config_format=config_format, scan=scan, num_proc=num_proc,
+                              recipe_allowed=False, **settings)
+
+
 def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
          config_format: str = "auto", num_proc: int | None = None, cache_dir: str | Path | None = None,
          progress: Progress | None = None, shard: str | tuple[int, int] | None = None, shard_rows: int | None = None,
          engine: str = "local", ray_address: str | None = None, scan: ScanOptions | None = None,
-         **settings: Any) -> dict[str, Any]:
+         resolved: Resolved | None = None, **settings: Any) -> dict[str, Any]:
     """Tokenize and scan `source` only, write the scan directory `output` (compile it later); returns its report.
 
     Takes the scan's settings of `compile` (`scan=ScanOptions(...)` and/or `format`, `tokenizer`, `sequence_len`,
-    `long`, `shift`, ... by name, as there) and its `overwrite` rule for `output`. `shard="I/N"` (or `(I, N)`)
-    scans only shard I of N of the source's rows into a partial scan, for `merge` to join with the others; `shard_rows` is the scan's shard size (memory, resume
-    granularity and, on Ray, the unit of work; the result is the same for any value). `engine="ray"` scans on
-    Ray (`plancc.scan.ray_engine`): a local Ray of `num_proc` CPUs (default all) started for the call, or the cluster at
-    `ray_address` (`"auto"`: the one this machine belongs to); the result is the local engine's, byte for byte.
+    `long`, `shift`, ... by name, as there, or `resolved=scan_settings(...)`) and its `overwrite` rule for
+    `output`. `shard="I/N"` (or `(I, N)`) scans only shard I of N of the source's rows into a partial scan, for
+    `merge` to join with the others; `shard_rows` is the scan's shard size (memory, resume granularity and, on
+    Ray, the unit of work; the result is the same for any value). `engine="ray"` scans on Ray
+    (`plancc.scan.ray_engine`): a local Ray of `num_proc` CPUs (default all) started for the call, or the cluster
+    at `ray_address` (`"auto"`: the one this machine belongs to); the result is the local engine's, byte for byte.
     """
     from plancc.scan import scanner as scan_mod
 
     cache = Path(cache_dir) if cache_dir is not None else None
-    options, _, procs, _ = resolve_settings(config, num_proc, config_format, **typed_settings(scan, None, settings))
+    if resolved is None:
+        resolved = scan_settings(config=config, config_format=config_format, num_proc=num_proc, scan=scan,
+                                 **settings)
+    elif config or scan or any(v is not None for v in (num_proc, *settings.values())):
+        raise SettingsError("resolved= holds every setting: give no other")
+    options, procs = resolved.scan, resolved.run.num_proc
     index_count = parse_shard(shard) if shard is not None else None
-    runner, default_rows = _engine(engine, ray_address, num_proc, progress)
+    # Ray: the processes asked for, else all of the machine's
+    runner, default_rows = _engine(engine, ray_address, procs if "num_proc" in resolved.given else None, progress)
     if runner is not None and index_count is not None:
         raise SettingsError("--shard scans one part in this process (a job runner runs the others): use "
                             "--engine local, or --engine ray without --shard for the whole source")
@@ -143,7 +169,8 @@ def merge(parts: list[str | Path], output: str | Path, *, overwrite: bool = Fals
 def compile(source: Any, output: str | Path, *, overwrite: bool = False, config: str | Path | None = None,
             config_format: str = "auto", num_proc: int | None = None, cache_dir: str | Path | None = None,
             progress: Progress | None = None, mix: str | list[str] | dict[str, tuple[str, float]] | None = None,
-            scan: ScanOptions | None = None, plan: PlanSettings | None = None, **settings: Any) -> Plan:
+            scan: ScanOptions | None = None, plan: PlanSettings | None = None, resolved: Resolved | None = None,
+            **settings: Any) -> Plan:
     """Scan `source` (or reuse its scan), plan every epoch and write the plan directory `output`.
 
     `source` is what `plancc compile` takes (file, glob, `save_to_disk` dir, Hub id, samples table, scan or plan
@@ -152,95 +179,32 @@ def compile(source: Any, output: str | Path, *, overwrite: bool = False, config:
     recipe (`plancc.config.recipe`), as is a config file listing `datasets` (then `source` is None). `mix` is `--mix`:
     "chat=2x,alpaca=0.5" (a repeat with x, else a weight). The settings are typed, `scan=ScanOptions(...)` and
     `plan=PlanSettings(...)`, and/or the flags' names with underscores (`sequence_len=2048, world_size=8,
-    tokenizer="tok/"`), which override the objects' fields (`typed_settings`); `config` is a TOML/YAML file under
-    both (an Axolotl or TRL config too: `config_format`, `plancc.config.foreign`). `output` must be absent, empty,
-    or (with `overwrite`) a plan or scan to replace that holds only what plancc wrote (anything else there is refused,
-    `outputs.OutputError`, before any work). Errors are `plancc.errors.PlanccError` with a message
-    naming the setting to change.
+    tokenizer="tok/"`), which override the objects' fields (`plancc.config.resolve.typed_settings`); `config` is a
+    TOML/YAML file under both (an Axolotl or TRL config too: `config_format`, `plancc.config.foreign`); or all of
+    them resolved beforehand, `resolved=resolve(source, ...)` (which holds the source: then give neither). `output`
+    must be absent, empty, or (with `overwrite`) a plan or scan to replace that holds only what plancc wrote
+    (anything else there is refused, `outputs.OutputError`, before any work). Errors are
+    `plancc.errors.PlanccError` with a message naming the setting to change.
     """
-    from plancc.build.run import compile_recipe, compile_to_dir
+    from plancc.build.run import compile_plan
 
     cache = Path(cache_dir) if cache_dir is not None else None
-    scan_options, plan_settings, procs, given = resolve_settings(config, num_proc, config_format,
-                                                                 **typed_settings(scan, plan, settings))
-    specs = _recipe(source, config, config_format, mix, cache)
-    if specs is None:
-        if plan_settings.samples_per_epoch is not None:
-            raise SettingsError("--samples-per-epoch sizes a recipe's weighted datasets: give several sources (or a "
-                                "config listing datasets) with weights", "samples_per_epoch")
-        if not isinstance(source, str | os.PathLike):
-            source = _materialize(source, cache)
-        compile_to_dir(str(source), scan_options, plan_settings, output, num_proc=procs, cache_dir=cache,
-                       progress=progress, given=given, overwrite=overwrite)
-    else:
-        scan_options, plan_settings, given = _recipe_settings(specs, scan_options, plan_settings, given)
-        compile_recipe(specs, scan_options, plan_settings, output, num_proc=procs, cache_dir=cache,
-                       progress=progress, given=given, overwrite=overwrite)
+    if resolved is None:
+        source = [_as_path(s, cache) for s in source] if isinstance(source, list | tuple) else \
+            _as_path(source, cache)
+        resolved = resolve(source, config=config, config_format=config_format, num_proc=num_proc, mix=mix, scan=scan,
+                           plan=plan, **settings)
+    elif source is not None or config or scan or plan or mix or any(v is not None
+                                                                    for v in (num_proc, *settings.values())):
+        raise SettingsError("resolved= holds the source and every setting: give no other")
+    compile_plan(resolved, output, cache_dir=cache, progress=progress, overwrite=overwrite)
     return open_plan(output)
 
 
-def _recipe(source: Any, config: str | Path | None, config_format: str, mix: Any, cache: Path | None
-            ) -> tuple | None:
-    """The recipe's datasets when `source` is several sources or entries, or the config lists datasets (or `mix`
-    is given); None for one plain source."""
-    from plancc.config import recipe
-    from plancc.config.settings import load_config_file
-
-    train, evals = (recipe.from_config(load_config_file(config, config_format), Path(config).parent) if config
-                    else ([], []))
-    sources = list(source) if isinstance(source, list | tuple) else [] if source is None else [source]
-    if sources and train:
-        raise SettingsError(f"config file {config} lists datasets and sources were given too: give one or the other")
-    if not sources and not train:
-        raise SettingsError("no source: give SOURCE, several sources, or a config file listing datasets")
-    mixes = mix if isinstance(mix, dict) else recipe.parse_mix(mix)
-    if len(sources) == 1 and not isinstance(sources[0], dict) and not evals and not mixes:
-        return None
-    sources = [s if isinstance(s, str | os.PathLike | dict) else _materialize(s, cache) for s in sources]
-    return recipe.build(train or sources, evals, mixes)
-
-
-def _recipe_settings(specs: tuple, scan_options: Any, plan_settings: PlanSettings, given: set[str]
-                     ) -> tuple[Any, PlanSettings, set[str]]:
-    """The recipe-wide settings its entries set (checked against each other and the given ones) applied."""
-    from plancc.config.recipe import SHARED_KEYS, shared_settings
-
-    shared = shared_settings(specs, {k: getattr(scan_options, k) for k in SHARED_KEYS if k in given})
-    scan_options = dataclasses.replace(scan_options, **shared)
-    plan_settings = dataclasses.replace(plan_settings, **{k: v for k, v in shared.items()
-                                                          if k in ("sequence_len", "shift")})
-    return scan_options, plan_settings, given | set(shared)
-
-
-def typed_settings(scan: ScanOptions | None, plan: PlanSettings | None, settings: dict[str, Any]) -> dict[str, Any]:
-    """The keyword settings a typed call stands for: the fields of `scan` and `plan` that differ from their
-    defaults (a field at its default leaves the config file's value, as an unset flag does), then the keywords
-    themselves, which override the objects' fields by name (`plan=base, seed=3`: base with another seed). A wrong
-    type, or a `sequence_len`/`shift` on which `scan` and `plan` disagree, is a SettingsError."""
-    fields: dict[str, Any] = {}
-    for name, obj, cls in (("scan", scan, ScanOptions), ("plan", plan, PlanSettings)):
-        if obj is None:
-            continue
-        if not isinstance(obj, cls):
-            raise SettingsError(f"{name}= takes a plancc.config.{cls.__name__}, got {type(obj).__name__}", name)
-        default = cls()
-        for f in dataclasses.fields(cls):
-            value = getattr(obj, f.name)
-            if value == getattr(default, f.name):
-                continue
-            if f.name in fields and fields[f.name] != value and settings.get(f.name) is None:
-                raise SettingsError(f"{f.name}: scan= says {fields[f.name]!r}, plan= says {value!r}; give the same "
-                                    f"value to both (or {f.name}= to override both)", f.name)
-            fields[f.name] = value
-    return {**fields, **{k: v for k, v in settings.items() if v is not None}}
-
-
-def config_note(config: str | Path, config_format: str = "auto") -> str | None:
-    """What an Axolotl or TRL config file holds that plancc does not use (None: nothing, or a plancc config)."""
-    from plancc.config import foreign
-    from plancc.config.settings import read_config_file
-
-    return foreign.translate(read_config_file(config), Path(config), config_format).note(Path(config))
+def _as_path(source: Any, cache: Path | None) -> Any:
+    """A source as `resolve` reads it: an in-memory `datasets.Dataset` written into the cache, anything else as
+    it is (a path, Hub id or recipe entry)."""
+    return source if source is None or isinstance(source, str | os.PathLike | dict) else _materialize(source, cache)
 
 
 # ---------------------------------------------------------------- review: what `plancc validate|diff|inspect|show` ask

@@ -11,7 +11,7 @@ class InputError(PlanccError):
 
 class SettingsError(PlanccError):
     """A setting is missing, out of range or inconsistent; the message names it (`setting`: its name, when one
-    setting alone is wrong, so that `resolve_settings` can say which config file set it)."""
+    setting alone is wrong, so that `plancc.config.resolve` can say which config file set it)."""
 
     def __init__(self, message: str, setting: str | None = None):
         super().__init__(message)

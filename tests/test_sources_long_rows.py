@@ -75,8 +75,8 @@ def test_a_cut_long_row_keeps_exactly_the_tokens_the_whole_text_gives(tokenizer,
     tok = load_tokenizer(tokenizer)
     table = _table(fmt, _texts())
     template = BUILTIN_TEMPLATES["chatml"] if fmt == "messages" else None
-    whole = encode_table(table, fmt, tok, add_eos=True, template=template)
-    cut = encode_table(table, fmt, tok, add_eos=True, template=template, keep=KEEP)
+    whole = encode_table(table, fmt, tok, template=template)
+    cut = encode_table(table, fmt, tok, template=template, keep=KEEP)
     lengths = np.diff(cut.offsets)
     assert (np.diff(whole.offsets) > KEEP).sum() >= len(lengths) // 2  # most rows are long: the test tests cuts
     assert lengths.max() < np.diff(whole.offsets).max()  # and some were cut
@@ -95,6 +95,6 @@ def test_any_cut_text_keeps_the_whole_texts_first_tokens(pieces, repeat):
     text = "".join(pieces) * repeat
     for fmt, table in (("text", pa.table({"text": [text]})),
                        ("prompt_completion", pa.table({"prompt": ["q"], "completion": [text]}))):
-        whole = encode_table(table, fmt, tok, add_eos=True)
-        cut = encode_table(table, fmt, tok, add_eos=True, keep=KEEP)
+        whole = encode_table(table, fmt, tok)
+        cut = encode_table(table, fmt, tok, keep=KEEP)
         _check(whole, cut, 1)

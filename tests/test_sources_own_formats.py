@@ -257,7 +257,7 @@ def test_shaped_rows_are_the_prompt_then_the_supervised_completion(prompt, compl
                          "alpaca", ScanOptions(prompt_format="<{instruction}|{input}>", no_input_format="<{instruction}>"))
     for table, f, head in ((pc_table, fmt, prompt + separator),
                            (alpaca, afmt, f"<{instruction}|{given_input}>" if given_input else f"<{instruction}>")):
-        enc = encode_table(table, f, TOK, add_eos=True)
+        enc = encode_table(table, f, TOK)
         ids, labels = enc.ids.tolist(), enc.labels.tolist()
         n = len(TOK.tokenizer.encode(head).ids)
         assert ids == TOK.tokenizer.encode(head).ids + TOK.tokenizer.encode(completion, add_special_tokens=False).ids \

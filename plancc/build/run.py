@@ -1,6 +1,8 @@
-"""Build a plan directory: load the samples (scan a source or reuse a scan), plan every epoch, write it atomically.
+"""Build a plan directory: load the samples (scan a source or reuse a scan; a recipe's datasets joined), settle the
+settings once against any stored scan, plan every epoch, write it atomically.
 
-The public API (`plancc.api`) and the CLI call `compile_to_dir`; tests and benchmarks reuse `write_plan_dir`.
+`plancc.api.compile` resolves the settings (`plancc.config.resolve`) and calls `compile_plan`, the one place a
+compile is orchestrated; tests and benchmarks reuse `write_plan_dir`.
 
 Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) -> Parquet (store).
 """
@@ -8,17 +10,17 @@ Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc.build.carry import carry
-from plancc.build.samples import load_samples
-from plancc.config.recipe import DatasetSpec
-from plancc.config.settings import PlanSettings, ScanOptions
+from plancc.build.carry import Stored, settle
+from plancc.build.recipe import epoch_metrics, join_recipe
+from plancc.build.samples import Samples, open_stored, scan_source
+from plancc.config.resolve import Resolved
+from plancc.config.settings import PlanSettings
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
 from plancc.planner.evaluation import EvalPlan, eval_columns
@@ -36,48 +38,41 @@ from plancc.store.scan_record import ScanRecord
 from plancc.version import __version__
 
 
-def compile_to_dir(source: str, scan_options: ScanOptions, settings: PlanSettings, out_dir: str | Path, *,
-                   num_proc: int = 1, cache_dir: Path | None = None, progress: Progress | None = None,
-                   given: Collection[str] = (), overwrite: bool = False) -> dict[str, Any]:
-    """Scan (or reuse) `source`, plan every epoch and write PLAN_DIR atomically; returns the manifest.
+def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | None = None,
+                 progress: Progress | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Load the samples of `resolved.source` (or of the recipe `resolved.datasets`), plan every epoch and write
+    PLAN_DIR atomically; returns the manifest.
 
     The output is checked first (`outputs.check_output`): a refused `-o` costs no work and gets nothing written.
-    The scan's sequence_len and shift become the plan's (`plancc.build.carry`); for a scan or plan directory as `source`
-    that is what it was made with, and `given` (the settings the caller set on purpose) must not contradict it."""
+    A stored scan's sequence_len and shift become the plan's (`plancc.build.carry`), and the settings given on
+    purpose (`resolved.given`) must not contradict them."""
     outputs.check_output(out_dir, overwrite=overwrite)
-    samples_table, scan_info, tokenized = load_samples(
-        source, scan_options, num_proc=num_proc, cache_dir=cache_dir, progress=progress
-    )
-    if schemas.DATASET_COLUMN in samples_table.column_names:
+    if resolved.datasets is None:
+        resolved, samples = _one_source(resolved.source, resolved, cache_dir=cache_dir, progress=progress)
+    else:
+        resolved, samples = join_recipe(resolved, cache_dir=cache_dir, progress=progress)
+    settings = resolved.plan
+    s = parquet.sample_arrays(samples.table)
+    drops = SourceDrops(samples.record.dropped_samples, samples.record.truncated_samples)
+    run = compile_run(s, settings, progress=progress, drops=drops, index=samples.index)
+    mixed = None if samples.datasets is None else {
+        "datasets": samples.datasets, "metrics": epoch_metrics(run.epochs, samples, settings.shift)}
+    atomic.fault("prepared")
+    return write_plan_dir(out_dir, samples.table, run.train, settings, run.epochs, samples.record, samples.tokens,
+                          progress, overwrite=overwrite, recipe=mixed, evaluation=run.evaluation)
+
+
+def _one_source(source: str, resolved: Resolved, *, cache_dir: Path | None, progress: Progress | None
+                ) -> tuple[Resolved, Samples]:
+    """The samples of one source (read as stored, or scanned) and the settings settled by a stored scan."""
+    stored = open_stored(source)
+    if stored is None:
+        return resolved, scan_source(source, resolved.scan, num_proc=resolved.run.num_proc, cache_dir=cache_dir,
+                                     progress=progress)
+    if schemas.DATASET_COLUMN in stored.table.column_names:
         raise InputError(f"{source} holds a recipe's samples (several datasets): compile the recipe again (its config "
                          "or sources), or list it as one dataset of a recipe")
-    settings = carry(scan_info, scan_options, settings, given, f"the scan of {source}")
-    s = parquet.sample_arrays(samples_table)
-    drops = SourceDrops(scan_info.dropped_samples, scan_info.truncated_samples)
-    run = compile_run(s, settings, progress=progress, drops=drops)
-    atomic.fault("prepared")
-    return write_plan_dir(out_dir, samples_table, run.train, settings, run.epochs, scan_info, tokenized, progress,
-                          overwrite=overwrite, evaluation=run.evaluation)
-
-
-def compile_recipe(specs: tuple[DatasetSpec, ...], scan_options: ScanOptions, settings: PlanSettings,
-                   out_dir: str | Path, *, num_proc: int = 1, cache_dir: Path | None = None,
-                   progress: Progress | None = None, given: Collection[str] = (), overwrite: bool = False
-                   ) -> dict[str, Any]:
-    """`compile_to_dir` for a recipe: each dataset scanned (or reused) on its own, joined into one samples table and
-    token store (`plancc.build.recipe`), planned as the recipe's mixture; returns the manifest."""
-    from plancc.build import recipe as recipe_data
-
-    outputs.check_output(out_dir, overwrite=overwrite)
-    joined = recipe_data.load(specs, scan_options, settings, given, num_proc=num_proc, cache_dir=cache_dir,
-                              progress=progress)
-    settings = joined.settings
-    s = parquet.sample_arrays(joined.table)
-    drops = SourceDrops(joined.report.dropped_samples, joined.report.truncated_samples)
-    run = compile_run(s, settings, progress=progress, drops=drops, index=joined.index)
-    recipe = {"datasets": joined.datasets, "metrics": recipe_data.epoch_metrics(run.epochs, joined, settings.shift)}
-    return write_plan_dir(out_dir, joined.table, run.train, settings, run.epochs, joined.report, joined.tokens,
-                          progress, overwrite=overwrite, recipe=recipe, evaluation=run.evaluation)
+    return settle(resolved, [Stored(None, f"the scan of {source}", stored, resolved.scan)]), stored
 
 
 # scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
@@ -95,6 +90,30 @@ def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool
     data["source"] = absolute
     data["source_relative"] = [os.path.relpath(p, plan) for p in absolute]
     return data
+
+
+def _epoch_tables(epochs: list[EpochPlan], s: SampleArrays, settings: PlanSettings
+                  ) -> tuple[pa.Table, dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The planned epochs as the plan table (sorted by epoch, rank, index), each epoch's plan fingerprint, the
+    metric rows and what the manifest says of each epoch."""
+    tables, fingerprints, metric_rows, epoch_info = [], {}, [], []
+    for p in epochs:
+        cols = plan_columns(p, s, settings)
+        fingerprints[str(p.epoch)] = plan_fingerprint(cols)
+        tables.append(plan_files.plan_table(cols))
+        metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
+        after = p.metrics[-1][1]
+        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
+                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
+    plan = pa.concat_tables(tables)
+    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
+    return plan, fingerprints, metric_rows, epoch_info
+
+
+def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table, dict[str, Any], str]:
+    """The eval plan as its table, what the manifest says of it, and its fingerprint."""
+    cols = eval_columns(evaluation, settings)
+    return plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size), eval_fingerprint(cols)
 
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
@@ -115,23 +134,10 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     }
     if tokenized is not None:  # binds the token store: a reader compares its digest at open
         fingerprints["tokens"] = token_store.open_store(tokenized).digest
-    tables, plan_fps, metric_rows, epoch_info = [], {}, [], []
-    for p in epochs:
-        cols = plan_columns(p, s, settings)
-        plan_fps[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_files.plan_table(cols))
-        metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
-        after = p.metrics[-1][1]
-        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
-                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
-    fingerprints["plan"] = plan_fps
+    plan, fingerprints["plan"], metric_rows, epoch_info = _epoch_tables(epochs, s, settings)
     eval_table, eval_info = None, None
     if evaluation is not None:
-        cols = eval_columns(evaluation, settings)
-        fingerprints["eval"] = eval_fingerprint(cols)
-        eval_table, eval_info = plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size)
-    plan = pa.concat_tables(tables)
-    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
+        eval_table, eval_info, fingerprints["eval"] = _eval_table(evaluation, settings)
     data = data_manifest(out_dir, list(scan_info.source_paths), tokenized is not None)
     metrics = plan_files.metrics_table(metric_rows)
     before = plan_files.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])

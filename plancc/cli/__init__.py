@@ -32,6 +32,7 @@ from plancc.cli.options import (
     Opt,
     OverwriteOpt,
     ProcOpt,
+    SamplesPerEpochOpt,
     ScanOutputOpt,
     grouped,
 )
@@ -45,14 +46,9 @@ _RECIPE_HELP = ("\n\nSeveral SOURCEs (or a --config listing `datasets`, then no 
                 "a seeded half) or NAME=W (weight: its share of the epoch's samples).")
 
 
-def config_note(config: Path | None, config_format: str, quiet: bool) -> None:
+def config_note(note: str | None, quiet: bool) -> None:
     """Say, on stderr, which keys of an Axolotl or TRL config plancc does not use."""
-    if config is None or quiet:
-        return
-    from plancc import api
-
-    note = api.config_note(config, config_format)
-    if note:
+    if note and not quiet:
         typer.echo(note, err=True)
 
 
@@ -77,9 +73,7 @@ def compile_cmd(
                                                        "seeded half), NAME=W gives it weight W (its share of the "
                                                        "weighted datasets' samples).",
                                          show_default="each dataset once (repeat 1x)")] = None,
-    samples_per_epoch: Annotated[int | None, Opt("--samples-per-epoch", help="Samples an epoch draws from the "
-                                                                             "weighted datasets.",
-                                                 show_default="the largest weighted dataset's size")] = None,
+    samples_per_epoch: SamplesPerEpochOpt = None,
     num_proc: ProcOpt = None,
     cache_dir: CacheOpt = None,
     quiet: QuietOpt = False,
@@ -89,12 +83,13 @@ def compile_cmd(
     from plancc import api
 
     with fail_on_errors(output, "plan"):
-        config_note(config, config_format, quiet or json)
+        resolved = api.resolve(sources[0] if sources and len(sources) == 1 else sources or None, config=config,
+                               config_format=config_format, num_proc=num_proc, mix=mix,
+                               samples_per_epoch=samples_per_epoch, **scan_flags, **plan_flags)
+        config_note(resolved.note, quiet or json)
         with reporter(quiet or json) as progress:
-            plan = api.compile(
-                sources[0] if sources and len(sources) == 1 else sources or None, output, overwrite=overwrite,
-                config=config, config_format=config_format, num_proc=num_proc, cache_dir=cache_dir, progress=progress,
-                mix=mix, samples_per_epoch=samples_per_epoch, **scan_flags, **plan_flags)
+            plan = api.compile(None, output, resolved=resolved, overwrite=overwrite, cache_dir=cache_dir,
+                               progress=progress)
         warn(plan.warnings)
         if json:
             print_json({"plan_dir": str(output), **plan.manifest, "warnings": list(plan.warnings)})
@@ -136,10 +131,11 @@ def scan_cmd(
     from plancc import api
 
     with fail_on_errors(output, "scan"), reporter(quiet or json) as progress:
-        config_note(config, config_format, quiet or json)
-        report = api.scan(source, output, overwrite=overwrite, config=config, config_format=config_format,
-                          num_proc=num_proc, cache_dir=cache_dir, progress=progress, shard=shard,
-                          shard_rows=shard_rows, engine=engine, ray_address=ray_address, **scan_flags)
+        resolved = api.scan_settings(config=config, config_format=config_format, num_proc=num_proc, **scan_flags)
+        config_note(resolved.note, quiet or json)
+        report = api.scan(source, output, resolved=resolved, overwrite=overwrite, cache_dir=cache_dir,
+                          progress=progress, shard=shard, shard_rows=shard_rows, engine=engine,
+                          ray_address=ray_address)
     _print_scan(output, report, quiet, json)
 
 

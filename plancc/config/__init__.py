@@ -1,4 +1,6 @@
-"""Settings: what can be set, how a config file, a recipe and another tool's config become typed settings.
+"""Settings: every setting declared once (`settings`, with `fields` and `checks`), listed by name (`registry`),
+resolved once from defaults, a config file (`files`; another tool's: `foreign`) and flags (`resolve`), and a
+recipe's datasets (`recipe`).
 
 The typed settings users build themselves (`plancc.compile(src, out, scan=ScanOptions(...),
 plan=PlanSettings(...))`) are importable from here.

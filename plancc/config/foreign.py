@@ -1,117 +1,177 @@
 """Read an Axolotl or TRL (`SFTConfig` / `trl sft --config`) YAML as it is: its data section as plancc settings.
 
-Users come with a training config already written; the keys that decide which tokens a model sees and how they are
-batched map onto plancc's (the table in docs/compiling.md, "Axolotl and TRL configs"), and the training keys plancc
-has no use for (learning rate, optimizer, LoRA, ...) are listed in one note, not refused. A config is taken for
-Axolotl's when it has `base_model` or a dataset entry with a `type`, for TRL's when it has `model_name_or_path`,
-`dataset_name` or `output_dir`; `--config-format` says so outright. Anything else is a plancc config, returned
-as written.
+Users come with a training config already written. Each of their keys is one of:
+
+* a key that means a plancc setting: declared with the setting, as one of its spellings (`axolotl(...)`,
+  `trl(...)` in `plancc.config.settings`), with how their value becomes plancc's; top level or a dataset entry's;
+* a key read here because it takes more than one key to say (the tokenizer from `tokenizer_config`, else
+  `base_model_config`, else `base_model`; a chat template; a dataset entry's `type` and field names);
+* a key the tool's catalogue (`KNOWN`) lists: only training reads it (learning rate, LoRA, ...: named in one note),
+  or it shapes data in a way plancc cannot honour yet (refused, exit 2, saying what to do);
+* any other key: named in the note; once a tool's catalogue is `complete`, refused with a did-you-mean over
+  plancc's settings and every key the tool is known to have.
+
+A config is taken for Axolotl's when it has `base_model` or a dataset entry with a `type`, for TRL's when it has
+`model_name_or_path`, `dataset_name` or `output_dir`; `--config-format` says so outright. Anything else is a plancc
+config, returned as written. The table is in docs/compiling.md, "Axolotl and TRL configs".
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from plancc.config import registry
+from plancc.config.fields import closest
+from plancc.core.choices import ConfigFormat
 from plancc.errors import SettingsError
 
-CONFIG_FORMATS = ("auto", "plancc", "axolotl", "trl")
 BUILTIN_TEMPLATES = ("chatml", "llama3")  # Axolotl chat_template names that are plancc built-ins too
-
-# top-level keys that are the same setting under another name: {their key: plancc setting}
-AXOLOTL_KEYS = {"sequence_len": "sequence_len", "micro_batch_size": "micro_batch_size",
-                "gradient_accumulation_steps": "grad_accum", "num_epochs": "epochs", "seed": "seed",
-                "val_set_size": "val_set_size", "train_on_inputs": "train_on_inputs",
-                "roles_to_train": "roles_to_train", "train_on_eos": "train_on_eos",
-                "dataset_processes": "num_proc"}
-TRL_KEYS = {"max_length": "sequence_len", "max_seq_length": "sequence_len",
-            "per_device_train_batch_size": "micro_batch_size", "gradient_accumulation_steps": "grad_accum",
-            "num_train_epochs": "epochs", "seed": "seed", "dataset_num_proc": "num_proc",
-            "chat_template_path": "chat_template"}
-ENTRY_OWN = ("roles_to_train", "train_on_eos")  # what an Axolotl entry trains: the recipe entry's own keys too
-# per-dataset keys of an Axolotl entry that become the entry's own (recipe) keys
-ENTRY_KEYS = {"path", "split", "type", "field_messages", "message_property_mappings", "message_field_role",
-              "message_field_content", *ENTRY_OWN, "field", "data_files", "ds_type"}
 ENTRY_TYPES = ("alpaca", "chat_template", "completion", "a mapping with field_instruction/field_output/format")
+# the keys read here (module docstring), top level and per dataset entry
+AXOLOTL_READ = ("tokenizer_config", "base_model_config", "base_model", "datasets", "test_datasets", "chat_template",
+                "chat_template_jinja")
+AXOLOTL_ENTRY_READ = ("path", "data_files", "type", "field_messages", "message_property_mappings",
+                      "message_field_role", "message_field_content", "field", "ds_type")
+TRL_READ = ("tokenizer_name_or_path", "model_name_or_path", "dataset_name", "dataset_train_split",
+            "assistant_only_loss")
+
+
+@dataclass(frozen=True)
+class Known:
+    """A tool's catalogue of the keys that mean no plancc setting: `training_only` (named in the note),
+    `unsupported` (`{key: what to do}`: refused), and whether it is `complete` (every key the tool has is a
+    setting's spelling, read here, or listed: then any other key is refused as unknown)."""
+
+    training_only: frozenset[str] = frozenset()
+    unsupported: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    complete: bool = False
+
+
+KNOWN: dict[str, Known] = {"axolotl": Known(), "trl": Known()}
 
 
 @dataclass
 class Imported:
-    """A config read as plancc settings: `kind` (plancc, axolotl or trl) and the keys it did not use."""
+    """A config read as plancc settings: `kind` (plancc, axolotl or trl), the keys it did not use, and the key
+    that set each setting (`spelled`: `{setting: their key}`, so that a message names what the user wrote)."""
 
     settings: dict[str, Any]
-    kind: str = "plancc"
+    kind: str = ConfigFormat.PLANCC
     ignored: list[str] = field(default_factory=list)
+    spelled: dict[str, str] = field(default_factory=dict)
 
     def note(self, path: Path) -> str | None:
         """The one line a user reads about what was not used (None for a plancc config)."""
-        if self.kind == "plancc":
+        if self.kind == ConfigFormat.PLANCC:
             return None
         unused = ", ".join(self.ignored) if self.ignored else "none"
         return (f"note: read {path} as a{'n' if self.kind == 'axolotl' else ''} {self.kind.capitalize()} config "
                 f"(its data settings); keys plancc does not use: {unused}")
 
 
-def kind_of(data: dict[str, Any]) -> str:
+def kind_of(data: dict[str, Any]) -> ConfigFormat:
     """Which tool wrote `data`, by its keys (see the module docstring)."""
     entries = data.get("datasets")
     if "base_model" in data or (isinstance(entries, list) and any(isinstance(e, dict) and "type" in e
                                                                    for e in entries)):
-        return "axolotl"
+        return ConfigFormat.AXOLOTL
     if {"model_name_or_path", "dataset_name", "output_dir"} & set(data):
-        return "trl"
-    return "plancc"
+        return ConfigFormat.TRL
+    return ConfigFormat.PLANCC
 
 
-def translate(data: dict[str, Any], path: Path, config_format: str = "auto") -> Imported:
-    """`data` (config file `path`'s mapping) as plancc settings, by `config_format` (auto: `kind_of`)."""
-    if config_format not in CONFIG_FORMATS:
-        raise SettingsError(f"--config-format must be one of {', '.join(CONFIG_FORMATS)}; got {config_format!r}",
+def translate(data: dict[str, Any], path: Path, config_format: str = "auto",
+              known: Mapping[str, Known] | None = None) -> Imported:
+    """`data` (config file `path`'s mapping) as plancc settings, by `config_format` (auto: `kind_of`); `known`:
+    the tools' catalogues (`KNOWN`)."""
+    if config_format not in tuple(ConfigFormat):
+        raise SettingsError(f"--config-format must be one of {', '.join(ConfigFormat)}; got {config_format!r}",
                             "config_format")
-    kind = kind_of(data) if config_format == "auto" else config_format
-    if kind == "axolotl":
-        return _axolotl(data, path)
-    if kind == "trl":
-        return _trl(data, path)
-    return Imported(dict(data))
+    kind = kind_of(data) if config_format == ConfigFormat.AUTO else ConfigFormat(config_format)
+    if kind == ConfigFormat.PLANCC:
+        return Imported(dict(data))
+    reader = _Reader(kind, path, (known or KNOWN)[kind])
+    settings = _axolotl(data, reader) if kind == ConfigFormat.AXOLOTL else _trl(data, reader)
+    reader.refuse()
+    return Imported(settings, kind, reader.noted, reader.spelled)
 
 
-def _mapped(out: Imported, name: str, value: Any, key: str) -> None:
-    """Set plancc setting `name` from their `key` (every name the key tables map to is a plancc setting, a test
-    holds them to that)."""
-    out.settings[name] = value
+@dataclass
+class _Reader:
+    """One config's keys as its tool spells them, sorted into settings, notes and refusals (module docstring)."""
+
+    tool: str
+    path: Path
+    known: Known
+    noted: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    spelled: dict[str, str] = field(default_factory=dict)  # top-level settings: the key that set each
+
+    def settings(self, data: dict[str, Any], read: tuple[str, ...], where: str = "", entry: bool = False
+                 ) -> dict[str, Any]:
+        """The plancc settings `data`'s keys spell (a transform given None may leave the setting unset); every
+        other key not in `read` noted or refused."""
+        spelled = registry.spellings(self.tool, entry=entry)
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in spelled:
+                name, spelling = spelled[key]
+                if value is not None or spelling.to_plancc is not None:
+                    value = spelling.value(value)
+                if value is not None:
+                    out[name] = value
+                    if not entry:
+                        self.spelled[name] = key
+            elif key not in read:
+                self._other(f"{where}{key}", str(key), entry)
+        return out
+
+    def _other(self, shown: str, key: str, entry: bool) -> None:
+        if key in self.known.unsupported:
+            self.refused.append(f"{shown!r} ({self.known.unsupported[key]})")
+        elif key in self.known.training_only or not self.known.complete:
+            self.noted.append(shown)
+        else:
+            close = closest(key, self.vocabulary(entry))
+            self.refused.append(f"{shown!r} (unknown" + (f"; did you mean {close!r}?)" if close else ")"))
+
+    def vocabulary(self, entry: bool) -> list[str]:
+        """Every key a did-you-mean may suggest: plancc's settings and every key the tool is known to have."""
+        read = AXOLOTL_ENTRY_READ if entry else AXOLOTL_READ if self.tool == ConfigFormat.AXOLOTL else TRL_READ
+        return sorted({*registry.GIVEN, *registry.spellings(self.tool, entry=entry), *read,
+                       *self.known.training_only, *self.known.unsupported})
+
+    def refuse(self) -> None:
+        """The error naming every key refused, when there is one."""
+        if self.refused:
+            raise SettingsError(f"config file {self.path}: {self.tool.capitalize()} key"
+                                f"{'s' if len(self.refused) > 1 else ''} plancc cannot honour: "
+                                f"{', '.join(self.refused)}")
 
 
-def _tokenizer(data: dict[str, Any], keys: tuple[str, ...]) -> str | None:
-    """The first of `keys` set: a local tokenizer directory or a Hub id (`load_config_file` reads a relative one
-    beside the config file)."""
-    return next((data[k] for k in keys if isinstance(data.get(k), str) and data[k]), None)
+def _tokenizer(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The first of `keys` set: a local tokenizer directory or a Hub id (read beside the config file when
+    something is there)."""
+    found = next((data[k] for k in keys if isinstance(data.get(k), str) and data[k]), None)
+    return {} if found is None else {"tokenizer": found}
 
 
-def _axolotl(data: dict[str, Any], path: Path) -> Imported:
-    out = Imported({}, "axolotl")
-    tokenizer = _tokenizer(data, ("tokenizer_config", "base_model_config", "base_model"))
-    if tokenizer is not None:
-        out.settings["tokenizer"] = tokenizer
-    used = {"tokenizer_config", "base_model_config", "base_model", "datasets", "test_datasets", "chat_template",
-            "chat_template_jinja", "sample_packing"}
-    for key, value in data.items():
-        if key in AXOLOTL_KEYS:
-            _mapped(out, AXOLOTL_KEYS[key], value, key)
-        elif key not in used:
-            out.ignored.append(key)
-    if "sample_packing" in data:
-        out.settings["mode"] = "packed" if data["sample_packing"] else "padded"
-    template = _axolotl_template(data, path)
+def _axolotl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
+    settings = {**_tokenizer(data, ("tokenizer_config", "base_model_config", "base_model")),
+                **reader.settings(data, AXOLOTL_READ)}
+    template = _axolotl_template(data, reader.path)
     if template is not None:
-        out.settings["chat_template"] = template
+        settings["chat_template"] = template
     for key, target in (("datasets", "datasets"), ("test_datasets", "eval_datasets")):
         entries = data.get(key) or []
         if not isinstance(entries, list):
-            raise SettingsError(f"config file {path}: {key} must be a list of datasets, got {entries!r}")
-        out.settings[target] = [_axolotl_entry(e, f"{key}[{i}]", path, out) for i, e in enumerate(entries)]
-    return out
+            raise SettingsError(f"config file {reader.path}: {key} must be a list of datasets, got {entries!r}")
+        settings[target] = [_axolotl_entry(e, f"{key}[{i}]", reader) for i, e in enumerate(entries)]
+    return settings
 
 
 def _axolotl_template(data: dict[str, Any], path: Path) -> str | None:
@@ -132,20 +192,16 @@ def _axolotl_template(data: dict[str, Any], path: Path) -> str | None:
                         f"{', '.join(BUILTIN_TEMPLATES)}, tokenizer_default, or jinja with chat_template_jinja FILE")
 
 
-def _axolotl_entry(entry: Any, where: str, path: Path, out: Imported) -> dict[str, Any]:
-    """One Axolotl dataset entry as a plancc recipe entry, with its own roles_to_train and train_on_eos (a recipe
-    entry's what-is-trained settings, over the top level's)."""
+def _axolotl_entry(entry: Any, where: str, reader: _Reader) -> dict[str, Any]:
+    """One Axolotl dataset entry as a plancc recipe entry, with its own settings (an entry's `roles_to_train`,
+    `train_on_eos`, ...: over the top level's)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("path") or entry.get("data_files"), str):
-        raise SettingsError(f"config file {path}: {where} needs a path, got {entry!r}")
+        raise SettingsError(f"config file {reader.path}: {where} needs a path, got {entry!r}")
     source = entry["data_files"] if isinstance(entry.get("data_files"), str) else entry["path"]
-    spec: dict[str, Any] = {"path": source}
-    if entry.get("split") is not None:
-        spec["split"] = entry["split"]
-    spec.update(_axolotl_type(entry, where, path))
-    spec.update({k: entry[k] for k in ENTRY_OWN if entry.get(k) is not None})
-    out.ignored += [f"{where}.{k}" for k in entry if k not in ENTRY_KEYS]
-    out.ignored += [f"{where}.message_property_mappings.{k}" for k in entry.get("message_property_mappings") or {}
-                    if k not in ("role", "content")]
+    own = reader.settings(entry, AXOLOTL_ENTRY_READ, f"{where}.", entry=True)
+    spec = {"path": source, **_axolotl_type(entry, where, reader.path), **own}
+    reader.noted += [f"{where}.message_property_mappings.{k}" for k in entry.get("message_property_mappings") or {}
+                     if k not in ("role", "content")]
     return spec
 
 
@@ -181,32 +237,15 @@ def _axolotl_type(entry: dict[str, Any], where: str, path: Path) -> dict[str, An
                         f"{', '.join(ENTRY_TYPES)}")
 
 
-def _trl(data: dict[str, Any], path: Path) -> Imported:
-    out = Imported({}, "trl")
-    tokenizer = _tokenizer(data, ("tokenizer_name_or_path", "model_name_or_path"))
-    if tokenizer is not None:
-        out.settings["tokenizer"] = tokenizer
-    used = {"tokenizer_name_or_path", "model_name_or_path", "packing", "dataset_name", "dataset_train_split",
-            "dataset_text_field", "completion_only_loss", "assistant_only_loss"}
-    for key, value in data.items():
-        if key in TRL_KEYS:
-            number = int(value) if key == "num_train_epochs" and isinstance(value, float) and value.is_integer() \
-                else value
-            _mapped(out, TRL_KEYS[key], number, key)
-        elif key not in used:
-            out.ignored.append(key)
-    if "packing" in data:
-        out.settings["mode"] = "packed" if data["packing"] else "padded"
-    if data.get("dataset_text_field", "text") != "text":
-        out.settings["columns"] = {"text": data["dataset_text_field"]}
-    if data.get("completion_only_loss") is not None:
-        _mapped(out, "train_on_inputs", not data["completion_only_loss"], "completion_only_loss")
+def _trl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
+    settings = {**_tokenizer(data, ("tokenizer_name_or_path", "model_name_or_path")),
+                **reader.settings(data, TRL_READ)}
     if data.get("assistant_only_loss"):
-        out.settings["roles_to_train"] = ["assistant"]
+        settings["roles_to_train"] = ["assistant"]
     elif data.get("assistant_only_loss") is False:  # TRL then trains every token of a conversation
-        out.ignored.append("assistant_only_loss false (plancc trains the turns of roles_to_train, not a whole "
+        reader.noted.append("assistant_only_loss false (plancc trains the turns of roles_to_train, not a whole "
                            "conversation)")
     if isinstance(data.get("dataset_name"), str):
         split = {"split": data["dataset_train_split"]} if data.get("dataset_train_split") else {}
-        out.settings["datasets"] = [{"path": data["dataset_name"], **split}]
-    return out
+        settings["datasets"] = [{"path": data["dataset_name"], **split}]
+    return settings

@@ -10,9 +10,12 @@ to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of 
     train_on_inputs = true        # and what is trained (roles_to_train, train_on_eos, train_on, ...)
     repeat = 2                    # or weight = 0.3 (one of them; default repeat 1)
 
-A relative `path` (or `chat_template` file) is read beside the config file when something is there. The tokenizer, `sequence_len`, `shift` and `long` are the recipe's: an entry may repeat them, but two entries (or
-an entry and the top-level settings) that disagree are an error naming both. `--mix NAME=2x` sets a repeat,
-`--mix NAME=0.3` a weight (the `x` says "times"); it overrides the entry's.
+The keys an entry may give for its own dataset are the settings declared `PerDataset.OWN`; those declared
+`PerDataset.RECIPE` (the tokenizer, `sequence_len`, `shift`, `long`) are the recipe's: an entry may repeat them,
+but two entries (or an entry and the top-level settings) that disagree are an error naming both
+(`plancc.config.registry`). A relative `path` (or `chat_template` file) is read beside the config file when
+something is there. `--mix NAME=2x` sets a repeat, `--mix NAME=0.3` a weight (the `x` says "times"); it overrides
+the entry's.
 """
 
 from __future__ import annotations
@@ -22,81 +25,66 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plancc.config.settings import CONFIG_DATASETS, SUPERVISION, ScanOptions, beside, did_you_mean, flag
+from plancc.config import registry
+from plancc.config.fields import did_you_mean, flag
+from plancc.config.files import beside
+from plancc.config.settings import MixEntry, ScanOptions
+from plancc.core.choices import DatasetRole, MixKind
 from plancc.errors import SettingsError
 
-OWN_KEYS = ("format", "columns", "split", "chat_template", "prompt_format", "no_input_format", "separator",
-            "message_fields")  # scan options a dataset may set for itself
-ENTRY_KEYS = ("path", "name", *OWN_KEYS, *SUPERVISION, "repeat", "weight")
-SHARED_KEYS = ("tokenizer", "sequence_len", "shift", "long")  # one value for the whole recipe
+CONFIG_DATASETS = ("datasets", "eval_datasets")  # config keys listing a recipe's datasets
+ENTRY_KEYS = ("path", "name", *registry.OWN, "repeat", "weight", *registry.RECIPE_WIDE)
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """One dataset of a recipe: where it is, how to read it, how it mixes, and whether it trains or evaluates."""
+    """One dataset of a recipe: where it is, how it mixes (and whether it trains or evaluates), its own settings."""
 
-    name: str
     path: str
-    role: str = "train"
-    format: str | None = None
-    columns: Any = None
-    split: str | None = None
-    chat_template: str | None = None
-    prompt_format: str | None = None
-    no_input_format: str | None = None
-    separator: str | None = None
-    message_fields: Any = None
-    supervision: tuple[tuple[str, Any], ...] = ()  # its own what-is-trained settings (`config.SUPERVISION`)
-    repeat: float | None = None
-    weight: float | None = None
-    shared: tuple[tuple[str, Any], ...] = ()  # recipe-wide settings this entry repeats (checked, not per dataset)
+    mix: MixEntry
+    own: tuple[tuple[str, Any], ...] = ()  # its own settings (`registry.OWN`), over the recipe's
+    shared: tuple[tuple[str, Any], ...] = ()  # recipe-wide settings it repeats (checked, not per dataset)
 
-    def mix(self) -> tuple[str, str, str, float]:
-        """Its `PlanSettings.mixture` entry."""
-        if self.weight is not None:
-            return (self.name, self.role, "weight", self.weight)
-        return (self.name, self.role, "repeat", 1.0 if self.repeat is None else self.repeat)
+    @property
+    def name(self) -> str:
+        """Its name in the recipe (unique)."""
+        return self.mix.name
+
+    @property
+    def role(self) -> DatasetRole:
+        """Whether it trains or evaluates."""
+        return self.mix.role
 
     def scan_options(self, base: ScanOptions) -> ScanOptions:
-        """The recipe's scan options with this dataset's own (format, columns, split, chat template, ...) and
-        what is trained."""
-        own = {k: getattr(self, k) for k in OWN_KEYS if getattr(self, k) is not None}
+        """The recipe's scan options with this dataset's own."""
         try:
-            return dataclasses.replace(base, **own, **dict(self.supervision))
+            return dataclasses.replace(base, **dict(self.own))
         except SettingsError as exc:
-            raise SettingsError(f"dataset {self.name!r}: {str(exc).replace(flag(exc.setting or ''), exc.setting or '', 1)}",
+            name = exc.setting or ""
+            raise SettingsError(f"dataset {self.name!r}: {str(exc).replace(flag(name), name, 1)}",
                                 exc.setting) from None
 
 
-def _number(name: str, key: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise SettingsError(f"dataset {name!r}: {key} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def dataset_spec(entry: Any, role: str = "train") -> DatasetSpec:
-    """One entry (a path, or a mapping of `ENTRY_KEYS` and `SHARED_KEYS`) as a DatasetSpec."""
+def dataset_spec(entry: Any, role: DatasetRole = DatasetRole.TRAIN) -> DatasetSpec:
+    """One entry (a path, or a mapping of `ENTRY_KEYS`) as a DatasetSpec."""
     if isinstance(entry, str | Path):
         entry = {"path": str(entry)}
     if not isinstance(entry, dict) or not isinstance(entry.get("path"), str | Path) or not str(entry["path"]):
         raise SettingsError(f"a dataset entry needs a path, got {entry!r}")
     entry = {str(k).replace("-", "_"): v for k, v in entry.items()}
     for key in entry:
-        if key not in ENTRY_KEYS + SHARED_KEYS:
-            raise SettingsError(f"dataset {entry['path']}: unknown key {key!r}"
-                                f"{did_you_mean(key, ENTRY_KEYS + SHARED_KEYS)}; keys: "
-                                f"{', '.join(ENTRY_KEYS + SHARED_KEYS)}")
+        if key not in ENTRY_KEYS:
+            raise SettingsError(f"dataset {entry['path']}: unknown key {key!r}{did_you_mean(key, ENTRY_KEYS)}; "
+                                f"keys: {', '.join(ENTRY_KEYS)}")
     path = str(entry["path"])
     name = str(entry.get("name") or default_name(path))
     if entry.get("repeat") is not None and entry.get("weight") is not None:
         raise SettingsError(f"dataset {name!r}: give repeat or weight, not both")
-    return DatasetSpec(name=name, path=path, role=role, **{k: entry.get(k) for k in OWN_KEYS},
-                       supervision=tuple((k, entry[k]) for k in SUPERVISION if entry.get(k) is not None),
-                       repeat=_number(name, "repeat", entry.get("repeat")),
-                       weight=_number(name, "weight", entry.get("weight")),
-                       shared=tuple((k, entry[k]) for k in SHARED_KEYS if entry.get(k) is not None))
+    kind = MixKind.WEIGHT if entry.get("weight") is not None else MixKind.REPEAT
+    amount = entry.get(kind)
+    return DatasetSpec(path, MixEntry(name, role, kind, 1.0 if amount is None else amount),
+                       own=tuple((k, entry[k]) for k in registry.OWN if entry.get(k) is not None),
+                       shared=tuple((k, entry[k]) for k in registry.RECIPE_WIDE if entry.get(k) is not None))
 
 
 def default_name(path: str) -> str:
@@ -107,17 +95,17 @@ def default_name(path: str) -> str:
     return p.name or path
 
 
-def parse_mix(values: list[str] | str | None) -> dict[str, tuple[str, float]]:
+def parse_mix(values: list[str] | str | None) -> dict[str, tuple[MixKind, float]]:
     """`--mix a=2x,b=0.5` (repeatable): NAME=Nx is a repeat, NAME=W a weight; {name: (kind, value)}."""
     if isinstance(values, str):
         values = [values]
-    out: dict[str, tuple[str, float]] = {}
+    out: dict[str, tuple[MixKind, float]] = {}
     for value in values or []:
         for part in str(value).split(","):
             name, eq, amount = (x.strip() for x in part.partition("="))
-            kind = "repeat" if amount.lower().endswith("x") else "weight"
+            kind = MixKind.REPEAT if amount.lower().endswith("x") else MixKind.WEIGHT
             try:
-                number = float(amount[:-1] if kind == "repeat" else amount)
+                number = float(amount[:-1] if kind == MixKind.REPEAT else amount)
             except ValueError:
                 number = -1.0
             if not eq or not name or not 0 < number < float("inf"):
@@ -130,7 +118,7 @@ def parse_mix(values: list[str] | str | None) -> dict[str, tuple[str, float]]:
 def build(train: list[Any], evals: list[Any] = (), mix: dict[str, tuple[str, float]] | None = None
           ) -> tuple[DatasetSpec, ...]:
     """The recipe's datasets in order (training, then eval), with `mix` applied; names unique."""
-    specs = [dataset_spec(e, "train") for e in train] + [dataset_spec(e, "eval") for e in evals]
+    specs = [dataset_spec(e, DatasetRole.TRAIN) for e in train] + [dataset_spec(e, DatasetRole.EVAL) for e in evals]
     names = [s.name for s in specs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -142,8 +130,7 @@ def build(train: list[Any], evals: list[Any] = (), mix: dict[str, tuple[str, flo
             raise SettingsError(f"--mix {name}=...: no dataset named {name!r}{did_you_mean(name, names)}; datasets: "
                                 f"{', '.join(names)}", "mix")
         i = names.index(name)
-        specs[i] = dataclasses.replace(specs[i], repeat=value if kind == "repeat" else None,
-                                       weight=value if kind == "weight" else None)
+        specs[i] = dataclasses.replace(specs[i], mix=MixEntry(name, specs[i].role, kind, value))
     return tuple(specs)
 
 
@@ -151,7 +138,7 @@ def shared_settings(specs: tuple[DatasetSpec, ...], top: dict[str, Any]) -> dict
     """The recipe-wide settings its entries set, checked: two entries, or an entry and `top` (the settings given
     outside the entries), that disagree are an error naming both."""
     seen: dict[str, tuple[Any, str]] = {k: (v, "the recipe's settings") for k, v in top.items()
-                                        if k in SHARED_KEYS and v is not None}
+                                        if k in registry.RECIPE_WIDE and v is not None}
     for spec in specs:
         for key, value in spec.shared:
             if key in seen and seen[key][0] != value:
@@ -162,8 +149,8 @@ def shared_settings(specs: tuple[DatasetSpec, ...], top: dict[str, Any]) -> dict
 
 
 def _entry_beside(folder: Path, entry: dict[str, Any]) -> dict[str, Any]:
-    """A config entry with its path and chat template file read beside the config file (`config.beside`)."""
-    return {**entry, **{k: beside(folder, str(entry[k])) for k in ("path", "chat_template") if k in entry}}
+    """A config entry with its path and path-valued settings read beside the config file (`files.beside`)."""
+    return {**entry, **{k: beside(folder, str(entry[k])) for k in ("path", *registry.PATHS) if k in entry}}
 
 
 def from_config(config: dict[str, Any], folder: Path) -> tuple[list[Any], list[Any]]:

@@ -44,3 +44,52 @@ class LongPolicy(Choice):
     TRUNCATE = "truncate"
     DROP = "drop"
     ERROR = "error"
+
+
+class ChatRole(Choice):
+    """A chat turn's role, as `roles_to_train` names the turns trained."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class TrainOnEos(Choice):
+    """Which end-of-turn markup (or appended EOS) is trained: each trained turn's, the last trained turn's, every
+    turn's, or none."""
+
+    TURN = "turn"
+    LAST = "last"
+    ALL = "all"
+    NONE = "none"
+
+
+class TrainOn(Choice):
+    """Which of a conversation's trained turns are trained: all of them, or only the last."""
+
+    ALL_TURNS = "all_turns"
+    LAST_TURN = "last_turn"
+
+
+class DatasetRole(Choice):
+    """What a recipe's dataset is for: training, or the eval plan only."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+class MixKind(Choice):
+    """How a recipe's dataset mixes into an epoch: repeated a number of times, or weighted by its share."""
+
+    REPEAT = "repeat"
+    WEIGHT = "weight"
+
+
+class ConfigFormat(Choice):
+    """Which tool wrote a config file: found from its keys (auto), or said outright."""
+
+    AUTO = "auto"
+    PLANCC = "plancc"
+    AXOLOTL = "axolotl"
+    TRL = "trl"

@@ -90,7 +90,7 @@ def _check_left(left: np.ndarray, before: np.ndarray, settings: PlanSettings) ->
     """A training dataset the draw takes whole would silently leave the mixture: refused, naming it."""
     for d in np.setdiff1d(before, left).tolist():
         raise SettingsError(f"--val-set-size {settings.val_set_size} holds out every sample of dataset "
-                            f"{settings.mixture[d][0]!r}, leaving it nothing to train on: lower it", "val_set_size")
+                            f"{settings.mixture[d].name!r}, leaving it nothing to train on: lower it", "val_set_size")
 
 
 def without(index: np.ndarray, sample_ids: np.ndarray, held: np.ndarray) -> np.ndarray:

@@ -15,12 +15,15 @@ only when the count asks for more than n. The stream is seeded from (seed, datas
 the same settings give the same multiset on any machine.
 
 `eval` datasets (a recipe's `eval_datasets`) are in the samples table but never in a training epoch:
-`eval_sample_ids` names them for the eval plan. This module imports numpy only.
+`eval_sample_ids` names them for the eval plan. A mixture is `PlanSettings.mixture`: a tuple of `MixEntry`.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from plancc.config.settings import MixEntry
+from plancc.core.choices import DatasetRole, MixKind
 
 MIX_TAG = 0x6D6978  # separates the mixture's random streams from the epochs' (`pipeline.epoch_rng`)
 
@@ -34,16 +37,16 @@ def largest_remainder(targets: np.ndarray, total: int) -> np.ndarray:
     return base
 
 
-def epoch_counts(sizes: np.ndarray, mixture: tuple, samples_per_epoch: int | None) -> np.ndarray:
+def epoch_counts(sizes: np.ndarray, mixture: tuple[MixEntry, ...], samples_per_epoch: int | None) -> np.ndarray:
     """Samples each mixture entry contributes to every epoch (0 for eval datasets)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     counts = np.zeros(len(mixture), dtype=np.int64)
-    weighted = [i for i, (_, role, kind, _) in enumerate(mixture) if role == "train" and kind == "weight"]
-    for i, (_, role, kind, value) in enumerate(mixture):
-        if role == "train" and kind == "repeat":
-            counts[i] = int(np.floor(value * sizes[i] + 0.5))
+    weighted = [i for i, m in enumerate(mixture) if m.role == DatasetRole.TRAIN and m.kind == MixKind.WEIGHT]
+    for i, m in enumerate(mixture):
+        if m.role == DatasetRole.TRAIN and m.kind == MixKind.REPEAT:
+            counts[i] = int(np.floor(m.value * sizes[i] + 0.5))
     if weighted:
-        w = np.array([mixture[i][3] for i in weighted], dtype=np.float64)
+        w = np.array([mixture[i].value for i in weighted], dtype=np.float64)
         total = samples_per_epoch if samples_per_epoch is not None else int(sizes[weighted].max())
         counts[weighted] = largest_remainder(w / w.sum() * total, total)
     return counts
@@ -88,7 +91,7 @@ def _stream_window(n: int, part: int, epoch: int, seed: int, dataset: int) -> np
     return np.concatenate(taken)
 
 
-def epoch_positions(index: np.ndarray, mixture: tuple, samples_per_epoch: int | None, seed: int,
+def epoch_positions(index: np.ndarray, mixture: tuple[MixEntry, ...], samples_per_epoch: int | None, seed: int,
                     epoch: int) -> np.ndarray:
     """Sorted positions in the samples table of the samples epoch `epoch` holds (a multiset).
 
@@ -106,16 +109,16 @@ def epoch_positions(index: np.ndarray, mixture: tuple, samples_per_epoch: int | 
     return np.sort(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
 
 
-def dataset_index(codes: np.ndarray, names: list[str], mixture: tuple) -> np.ndarray:
+def dataset_index(codes: np.ndarray, names: list[str], mixture: tuple[MixEntry, ...]) -> np.ndarray:
     """Each sample's mixture entry, from its dataset as `codes` into `names` (-1: a name the mixture lacks)."""
-    where = {name: i for i, (name, *_rest) in enumerate(mixture)}
+    where = {m.name: i for i, m in enumerate(mixture)}
     lookup = np.array([where.get(n, -1) for n in names] + [-1], dtype=np.int64)
     return lookup[np.asarray(codes, dtype=np.int64)]
 
 
-def eval_positions(index: np.ndarray, mixture: tuple) -> np.ndarray:
+def eval_positions(index: np.ndarray, mixture: tuple[MixEntry, ...]) -> np.ndarray:
     """Positions of the samples of the recipe's `eval` datasets."""
-    evals = [i for i, (_, role, _, _) in enumerate(mixture) if role == "eval"]
+    evals = [i for i, m in enumerate(mixture) if m.role == DatasetRole.EVAL]
     return np.flatnonzero(np.isin(index, evals))
 
 

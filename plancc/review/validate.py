@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from plancc.config.settings import SHARED_SETTINGS, PlanSettings
+from plancc.config.registry import BOTH
+from plancc.config.settings import PlanSettings
 from plancc.core.choices import Mode, Shift
 from plancc.core.layout import tail_batches
 from plancc.core.plan_arrays import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
@@ -42,7 +43,7 @@ def _shared_problems(plan: Plan) -> list[str]:
         return []
     return [f"{plan.plan_file} metadata: settings.{name} is {getattr(plan.settings, name)!r}, but its samples were "
             f"scanned with {name} {getattr(recorded, name)!r} (scan.options.{name})"
-            for name in SHARED_SETTINGS if getattr(recorded, name) != getattr(plan.settings, name)]
+            for name in BOTH if getattr(recorded, name) != getattr(plan.settings, name)]
 
 
 def _mismatch(name: str, where: str, got: np.ndarray, want: np.ndarray) -> str | None:
@@ -183,14 +184,14 @@ def _recipe_index(plan: Plan, samples: pa.Table) -> tuple[np.ndarray | None, lis
     if (index < 0).any():
         row = int(np.flatnonzero(index < 0)[0])
         return index, [f"{schemas.SAMPLES_FILE} row {row}: dataset {names[codes[row]]!r} is not one of the recipe's "
-                       f"({', '.join(m[0] for m in plan.settings.mixture)})"]
+                       f"({', '.join(m.name for m in plan.settings.mixture)})"]
     return index, []
 
 
 def _dataset_after(epoch: int, b: Batches, s_e, index: np.ndarray, plan: Plan) -> list[dict[str, Any]]:
     """One epoch's per-dataset `after` metrics recomputed from its rows (`b` indexes the epoch's samples `s_e`,
     whose datasets `index` gives)."""
-    names = [m[0] for m in plan.settings.mixture]
+    names = [m.name for m in plan.settings.mixture]
     return dataset_rows(epoch, "after", names, index[b.samples], s_e.length[b.samples],
                         entry_targets(b, s_e, plan.settings.shift))
 

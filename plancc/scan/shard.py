@@ -26,11 +26,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from plancc.config.settings import ScanOptions, canonical_hash
+from plancc.config.settings import ScanOptions
+from plancc.core.hashing import canonical_hash
 from plancc.errors import InputError, SettingsError
 from plancc.scan.sources import detect, templates
 from plancc.scan.sources.chat import has_generation_tags, reads_clock
-from plancc.scan.sources.encode import Encoded, RowError, Supervise
+from plancc.scan.sources.encode import Encoded, RowError
 from plancc.scan.sources.parallel import encode_rows
 from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
@@ -204,9 +205,8 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
     shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
     try:
         keep = options.sequence_len if options.long in ("truncate", "drop") else None  # error: exact lengths
-        enc = encode_rows(work, fmt, options.tokenizer, add_eos=options.add_eos, num_proc=num_proc,
-                          progress=shifted, template=job.template, pool=pool, keep=keep,
-                          sup=Supervise.of(options))
+        enc = encode_rows(work, fmt, options.tokenizer, options, num_proc=num_proc, progress=shifted,
+                          template=job.template, pool=pool, keep=keep)
     except RowError as exc:
         raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
     return enc, False, src.where

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from plancc.config.settings import canonical_hash
+from plancc.core.hashing import canonical_hash
 
 PLAN_FINGERPRINT_COLUMNS = ("index", "update", "rank", "micro_step", "batch_bounds", "row_bounds", "sample_ids",
                             "tokens", "label_count", "cost", "num_items")

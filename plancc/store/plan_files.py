@@ -11,8 +11,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from plancc.config.settings import ROLES, canonical_hash
+from plancc.config.settings import ROLES
 from plancc.core import layout
+from plancc.core.hashing import canonical_hash
 from plancc.errors import InputError
 from plancc.store import atomic, token_store
 from plancc.store.fingerprint import (

@@ -17,7 +17,11 @@ from typing import Any
 
 import orjson
 
-from plancc.config.settings import SHAPING, SUPERVISION, ScanOptions
+from plancc.config import registry
+from plancc.config.checks import Pairs, Positive, Roles, Switch
+from plancc.config.fields import Record
+from plancc.config.settings import ScanOptions
+from plancc.core.choices import Choice
 from plancc.errors import InputError
 from plancc.store.atomic import read_regular
 from plancc.store.parquet import write_json
@@ -65,81 +69,73 @@ def _pairs(where: str, key: str, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple((a, b) for a, b in items)
 
 
-@dataclass(frozen=True, kw_only=True)
-class RecordedOptions:
-    """The scan options as recorded (and hashed into the scan cache key): what decides the samples table. The
-    tokenizer and template are their content fingerprints, not where they were found; `max_dropped` (a check on
-    the result) is not here; the what-is-trained and shaping settings are written only away from their defaults (a
-    scan made before they existed keeps its key), `template_date` only for a template that reads the date."""
+def _plain(value: Any) -> Any:
+    """A setting's value as the record holds it: named choices as their text."""
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return str(value) if isinstance(value, Choice) else value
 
-    format: str
-    tokenizer: str | None
-    chat_template: str | None
-    columns: tuple[tuple[str, str], ...]
-    split: str | None
-    sequence_len: int
-    long: str
-    shift: str
-    add_eos: bool
-    template_date: str | None = None  # None: the template does not read the date
-    prompt_format: str | None = _DEFAULTS.prompt_format
-    no_input_format: str | None = _DEFAULTS.no_input_format
-    separator: str = _DEFAULTS.separator
-    message_fields: tuple[tuple[str, str], ...] = _DEFAULTS.message_fields
-    roles_to_train: tuple[str, ...] = _DEFAULTS.roles_to_train
-    train_on_eos: str = _DEFAULTS.train_on_eos
-    train_on_inputs: bool = _DEFAULTS.train_on_inputs
-    train_on: str = _DEFAULTS.train_on
-    drop_eos_only: bool = _DEFAULTS.drop_eos_only
+
+def _reader(d: registry.Declared) -> Any:
+    """How the record reads the entry of setting `d` back, by its check."""
+    check = d.setting.check
+    if isinstance(check, Switch):
+        return lambda where, key, v: _of(where, key, v, (bool,), "true or false")
+    if isinstance(check, Positive):
+        return _int
+    if isinstance(check, Pairs):
+        return _pairs
+    if isinstance(check, Roles):
+        return _texts
+    nullable = d.default is None or d.setting.record == Record.WHEN_USED
+    return lambda where, key, v: _text(where, key, v, nullable)
+
+
+# every scan option the record holds, in declaration order: those always recorded are required entries; the others
+# (`Record.UNLESS_DEFAULT`) are written only away from their defaults (a scan made before they existed keeps its
+# key), `template_date` (`Record.WHEN_USED`) only for a template that reads the date
+_RECORDED = tuple(d for d in registry.of_stage("scan", "both") if d.setting.record != Record.NEVER)
+_READERS = {d.name: _reader(d) for d in _RECORDED}
+
+
+class _Recorded:
+    """The methods of `RecordedOptions` (its fields are made from the settings' declarations)."""
 
     @staticmethod
     def of(options: ScanOptions, tokenizer: str | None, chat_template: str | None,
            reads_date: bool) -> RecordedOptions:
         """What a scan with `options` records, given its tokenizer's and template's fingerprints (and whether its
         template reads the date)."""
-        kept = {f.name: getattr(options, f.name) for f in fields(RecordedOptions)
-                if f.name not in ("tokenizer", "chat_template", "template_date", "long", "shift")}
+        kept = {d.name: _plain(getattr(options, d.name)) for d in _RECORDED
+                if d.name not in ("tokenizer", "chat_template", "template_date")}
         return RecordedOptions(**kept, tokenizer=tokenizer, chat_template=chat_template,
-                               template_date=options.template_date if reads_date else None,
-                               long=str(options.long), shift=str(options.shift))
+                               template_date=options.template_date if reads_date else None)
 
     def to_json(self) -> dict[str, Any]:
-        """The recorded options as plain JSON values, the optional ones only when recorded (see the class)."""
+        """The recorded options as plain JSON values, the optional ones only when recorded (see `_RECORDED`)."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "template_date" and value is None:
+        for d in _RECORDED:
+            value = getattr(self, d.name)
+            if (d.setting.record == Record.WHEN_USED and value is None) or (
+                    d.setting.record == Record.UNLESS_DEFAULT and value == d.default):
                 continue
-            if f.name != "template_date" and f.name in (*SUPERVISION, *SHAPING) and value == getattr(_DEFAULTS,
-                                                                                                    f.name):
-                continue
-            out[f.name] = [list(p) for p in value] if f.name in ("columns", "message_fields") else \
-                list(value) if f.name == "roles_to_train" else value
+            out[d.name] = [list(p) for p in value] if isinstance(d.setting.check, Pairs) else \
+                list(value) if isinstance(value, tuple) else value
         return out
 
     @staticmethod
     def from_json(d: Any, where: str) -> RecordedOptions:
         """The options `to_json` wrote; a ScanRecordError naming `where` and the entry otherwise."""
         d = _of(where, "options", d, (dict,), "an object")
-        unknown = sorted(set(d) - {f.name for f in fields(RecordedOptions)})
+        unknown = sorted(set(d) - set(_READERS))
         if unknown:
             raise ScanRecordError(f"{where}: unknown scan option {unknown[0]!r} (not a scan record plancc wrote: "
                                   "rescan the source)")
-        missing = [f.name for f in fields(RecordedOptions) if f.default is dataclasses.MISSING and f.name not in d]
+        missing = [r.name for r in _RECORDED if r.setting.record == Record.ALWAYS and r.name not in d]
         if missing:
             raise ScanRecordError(f"{where}: scan options lack {missing[0]!r} (not a scan record plancc wrote: "
                                   "rescan the source)")
-        at = f"{where} options"
-        kw = {name: _text(at, name, d[name]) for name in ("tokenizer", "chat_template", "split", "template_date",
-                                                         "prompt_format", "no_input_format") if name in d}
-        kw |= {name: _text(at, name, d[name], False) for name in ("format", "long", "shift", "separator",
-                                                                "train_on_eos", "train_on") if name in d}
-        kw |= {name: _of(at, name, d[name], (bool,), "true or false")
-               for name in ("add_eos", "train_on_inputs", "drop_eos_only") if name in d}
-        kw |= {name: _pairs(at, name, d[name]) for name in ("columns", "message_fields") if name in d}
-        if "roles_to_train" in d:
-            kw["roles_to_train"] = _texts(at, "roles_to_train", d["roles_to_train"])
-        return RecordedOptions(**kw, sequence_len=_int(at, "sequence_len", d["sequence_len"]))
+        return RecordedOptions(**{name: _READERS[name](f"{where} options", name, value) for name, value in d.items()})
 
     @staticmethod
     def from_metadata(settings: Any) -> RecordedOptions | None:
@@ -148,6 +144,18 @@ class RecordedOptions:
         if not isinstance(settings, dict) or "format" not in settings or "mode" in settings:
             return None
         return RecordedOptions.from_json(settings, "samples file metadata")
+
+
+RecordedOptions = dataclasses.make_dataclass(
+    "RecordedOptions",
+    [(d.name, d.type) if d.setting.record == Record.ALWAYS else
+     (d.name, d.type, field(default=None if d.setting.record == Record.WHEN_USED else _plain(d.default)))
+     for d in _RECORDED],
+    bases=(_Recorded,), frozen=True, kw_only=True)
+RecordedOptions.__module__ = __name__
+RecordedOptions.__doc__ = """The scan options as recorded (and hashed into the scan cache key): what decides the
+samples table. The tokenizer and template are their content fingerprints, not where they were found; a setting
+declared `Record.NEVER` (`max_dropped`, a check on the result) is not here."""
 
 
 @dataclass(frozen=True)

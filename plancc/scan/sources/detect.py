@@ -15,7 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc.config.settings import ScanOptions, flag
+from plancc.config.fields import flag
+from plancc.config.settings import ScanOptions
 from plancc.errors import InputError, SettingsError, clip
 from plancc.scan.sources.read import Source
 

@@ -10,10 +10,11 @@ Per-sample Python work is kept to what the tokenizer API forces (one `encode_bat
 Returns `Encoded(ids, labels, offsets, end_only)`: CSR layout, sample i is `ids[offsets[i]:offsets[i+1]]`; `end_only[i]`:
 its supervised part is at most the end of a turn (an empty completion or assistant turn trains on EOS alone).
 
-What is trained is `Supervise` (ScanOptions' settings of the same names): `train_on_inputs` supervises the prompt
+What is trained is read from the scan options under their own names: `train_on_inputs` supervises the prompt
 too; `train_on_eos` the appended EOS (`none`: not) or, for chat, the end-of-turn markup after each trained turn's
 content (`turn`: every trained turn's, `last`: the last trained turn's only, `all`: every turn's, trained or not);
-`roles_to_train` which roles' turns are trained, `train_on` all of them or the conversation's last one only.
+`roles_to_train` which roles' turns are trained, `train_on` all of them or the conversation's last one only;
+`add_eos` whether a non-chat sample ends in the tokenizer's EOS; `template_date` the date a chat template reads.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from itertools import chain
 import numpy as np
 import pyarrow as pa
 
-from plancc.config.settings import DEFAULT_TEMPLATE_DATE, ScanOptions
+from plancc.config.settings import ScanOptions
+from plancc.core.choices import TrainOn, TrainOnEos
 from plancc.scan.sources.chat import Renderer, TemplateProblem, Turn, normalize
 from plancc.scan.sources.tokenizer import Tok
 from plancc.store.token_store import IGNORE_INDEX
@@ -62,25 +64,7 @@ class RowError(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class Supervise:
-    """What is trained: ScanOptions' `roles_to_train`, `train_on_eos`, `train_on_inputs`, `train_on` and the
-    `template_date` chat templates read."""
-
-    roles: tuple[str, ...] = ("assistant",)
-    eos: str = "turn"
-    inputs: bool = False
-    last_turn: bool = False
-    date: str = DEFAULT_TEMPLATE_DATE
-
-    @staticmethod
-    def of(options: ScanOptions) -> Supervise:
-        """The settings of `options`."""
-        return Supervise(options.roles_to_train, options.train_on_eos, options.train_on_inputs,
-                         options.train_on == "last_turn", options.template_date)
-
-
-TRAIN_DEFAULT = Supervise()
+DEFAULTS = ScanOptions()
 
 
 @dataclass
@@ -206,56 +190,57 @@ def _heads(tok: Tok, texts: list[str], special: bool, keep: int | None) -> list[
     return [_head(tok, t, special, keep) if len(t) > chars else t for t in texts]
 
 
-def _pair(tok: Tok, prompts: list[str], completions: list[str], add_eos: bool, keep: int | None,
-          sup: Supervise) -> Encoded:
+def _pair(tok: Tok, prompts: list[str], completions: list[str], keep: int | None, options: ScanOptions) -> Encoded:
     p_ids, p_off = _ids(tok, _heads(tok, prompts, True, keep), True)
     c_ids, c_off = _ids(tok, _heads(tok, completions, False, keep), False)
-    eos = add_eos and tok.eos_id is not None
+    eos = options.add_eos and tok.eos_id is not None
     if eos:
         c_ids, c_off = _append(c_ids, c_off, tok.eos_id)
-    enc = _join(p_ids, p_off, c_ids, c_off, sup.inputs)
-    if eos and sup.eos == "none":
+    enc = _join(p_ids, p_off, c_ids, c_off, options.train_on_inputs)
+    if eos and options.train_on_eos == TrainOnEos.NONE:
         enc = _eos_unsupervised(enc)
-    enc.end_only = _blank(completions) & (not sup.inputs)
+    enc.end_only = _blank(completions) & (not options.train_on_inputs)
     return enc
 
 
-def _text(tok: Tok, texts: list[str], add_eos: bool, keep: int | None, sup: Supervise) -> Encoded:
+def _text(tok: Tok, texts: list[str], keep: int | None, options: ScanOptions) -> Encoded:
     ids, off = _ids(tok, _heads(tok, texts, True, keep), True)
-    eos = add_eos and tok.eos_id is not None
+    eos = options.add_eos and tok.eos_id is not None
     if eos:
         ids, off = _append(ids, off, tok.eos_id)
     enc = Encoded(ids, ids.copy(), off, _blank(texts))
-    return _eos_unsupervised(enc) if eos and sup.eos == "none" else enc
+    return _eos_unsupervised(enc) if eos and options.train_on_eos == TrainOnEos.NONE else enc
 
 
-def _chosen(turns: list[Turn], sup: Supervise) -> list[Turn]:
+def _chosen(turns: list[Turn], options: ScanOptions) -> list[Turn]:
     """The turns trained: those of `roles_to_train`, or only the last of them (`train_on = last_turn`)."""
-    trained = [t for t in turns if t.role in sup.roles]
-    return trained[-1:] if sup.last_turn else trained
+    trained = [t for t in turns if t.role in options.roles_to_train]
+    return trained[-1:] if options.train_on == TrainOn.LAST_TURN else trained
 
 
-def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Supervise
+def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
                 ) -> tuple[str, list[tuple[int, int]], bool]:
     """Rendered text, the character spans trained (tokens starting inside one are supervised) and whether the
     trained turns' content is empty (only end-of-turn markup is trained)."""
-    roles = {m["role"] for m in messages} if sup.eos == "all" else set(sup.roles)
-    text, turns = renderer.turns(messages, roles, split=sup.eos != "turn" or sup.roles != ("assistant",))
-    trained = _chosen(turns, sup)
+    eos = options.train_on_eos
+    roles = {m["role"] for m in messages} if eos == TrainOnEos.ALL else set(options.roles_to_train)
+    text, turns = renderer.turns(messages, roles, split=eos != TrainOnEos.TURN or options.roles_to_train != (
+        "assistant",))
+    trained = _chosen(turns, options)
     spans = [(t.start, t.content_end) for t in trained]
-    ends = {"turn": trained, "last": trained[-1:], "all": turns, "none": []}[sup.eos]
+    ends = {TrainOnEos.TURN: trained, TrainOnEos.LAST: trained[-1:], TrainOnEos.ALL: turns, TrainOnEos.NONE: []}[eos]
     spans += [(t.content_end, t.end) for t in ends]
     empty = all(not messages[t.index]["content"].strip() for t in trained)
     return text, spans, empty
 
 
-def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], sup: Supervise
+def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
                   ) -> tuple[str, list[tuple[int, int]], bool]:
     """Rendered text, the `{% generation %}` blocks' spans (tokens overlapping one are supervised) and whether
     the assistant turns they train have empty content."""
     text, spans = renderer.generation_spans(messages)
     replies = [m for m in messages if m["role"] == "assistant" and m.get("training") is not False]
-    if sup.last_turn:
+    if options.train_on == TrainOn.LAST_TURN:
         spans, replies = spans[-1:], replies[-1:]
     return text, spans, all(not m["content"].strip() for m in replies)
 
@@ -281,8 +266,8 @@ def _mask(ids: np.ndarray, offsets: np.ndarray, encodings, spans: list, overlap:
 
 
 def _messages(tok: Tok, template: str, conversations: list, row0: int, keep: int | None,
-              sup: Supervise) -> Encoded:
-    renderer = Renderer(template, tok.bos_token, tok.eos_token, sup.date)
+              options: ScanOptions) -> Encoded:
+    renderer = Renderer(template, tok.bos_token, tok.eos_token, options.template_date)
     locate = _tagged_spans if renderer.tagged else _turn_spans
     texts, spans, empty = [], [], []
     for i, conv in enumerate(conversations):
@@ -291,7 +276,7 @@ def _messages(tok: Tok, template: str, conversations: list, row0: int, keep: int
         except TemplateProblem as exc:
             raise RowError(row0 + i, f"column 'messages', {exc}") from None
         try:
-            text, sp, blank = locate(renderer, messages, sup)
+            text, sp, blank = locate(renderer, messages, options)
         except TemplateProblem as exc:
             raise RowError(row0 + i, str(exc)) from None
         texts.append(text)
@@ -304,22 +289,22 @@ def _messages(tok: Tok, template: str, conversations: list, row0: int, keep: int
     return Encoded(ids, labels, offsets, np.array(empty, dtype=bool))
 
 
-def encode_table(table: pa.Table, fmt: str, tok: Tok, *, add_eos: bool, row0: int = 0,
-                 template: str | None = None, keep: int | None = None, sup: Supervise = TRAIN_DEFAULT) -> Encoded:
+def encode_table(table: pa.Table, fmt: str, tok: Tok, options: ScanOptions = DEFAULTS, *, row0: int = 0,
+                 template: str | None = None, keep: int | None = None) -> Encoded:
     """Encode canonical rows (see detect.canonical) of one format; `row0` is the global index of the first row;
-    `template` is the chat template's text (messages only); `sup` what is trained. `keep`: only a row's first
+    `template` is the chat template's text (messages only); `options` say what is trained (the module docstring)
+    and whether an EOS is appended. `keep`: only a row's first
     `keep` tokens matter (its longer tail is truncated or the row dropped), so a row far longer is tokenized from a
     cut of its text: its first `keep` tokens and labels are exact, and it still has more than `keep`, but not all,
     of its tokens."""
     if fmt == "text":
-        return _text(tok, table.column("text").to_pylist(), add_eos, keep, sup)
+        return _text(tok, table.column("text").to_pylist(), keep, options)
     if fmt == "prompt_completion":
-        return _pair(tok, table.column("prompt").to_pylist(), table.column("completion").to_pylist(), add_eos, keep,
-                     sup)
+        return _pair(tok, table.column("prompt").to_pylist(), table.column("completion").to_pylist(), keep, options)
     if fmt == "alpaca":
-        return _pair(tok, alpaca_prompts(table), table.column("output").to_pylist(), add_eos, keep, sup)
+        return _pair(tok, alpaca_prompts(table), table.column("output").to_pylist(), keep, options)
     if fmt == "messages":
         if template is None:
             raise ValueError("messages need a chat template")
-        return _messages(tok, template, table.column("messages").to_pylist(), row0, keep, sup)
+        return _messages(tok, template, table.column("messages").to_pylist(), row0, keep, options)
     raise ValueError(f"no encoder for format {fmt}")

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from plancc.config.settings import ScanOptions
 from plancc.errors import PlanccError
-from plancc.scan.sources.encode import TRAIN_DEFAULT, Encoded, RowError, Supervise, encode_table
+from plancc.scan.sources.encode import DEFAULTS, Encoded, RowError, encode_table
 from plancc.scan.sources.tokenizer import load_tokenizer
 
 Progress = Callable[[str, int, int], None] | None
@@ -48,12 +49,11 @@ def _init_worker(threads: int) -> None:
 
 def _work(args: tuple) -> tuple[str, int, str]:
     """Encode rows [a, b) of the memory-mapped input; returns ("ok", a, out_path) or ("error", row, message)."""
-    in_path, out_path, a, b, fmt, spec, add_eos, template, keep, sup = args
+    in_path, out_path, a, b, fmt, spec, options, template, keep = args
     with pa.memory_map(in_path) as source:
         table = pa.ipc.open_file(source).read_all().slice(a, b - a)
         try:
-            enc = encode_table(table, fmt, load_tokenizer(spec), add_eos=add_eos, row0=a, template=template,
-                               keep=keep, sup=sup)
+            enc = encode_table(table, fmt, load_tokenizer(spec), options, row0=a, template=template, keep=keep)
         except RowError as exc:
             return "error", exc.row, exc.message
     with pa.OSFile(out_path, "wb") as sink:
@@ -78,17 +78,16 @@ def workers(num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc: int = 1,
+def encode_rows(work: pa.Table, fmt: str, spec: str, options: ScanOptions = DEFAULTS, *, num_proc: int = 1,
                 progress: Progress = None, template: str | None = None,
-                pool: ProcessPoolExecutor | None = None, keep: int | None = None,
-                sup: Supervise = TRAIN_DEFAULT) -> Encoded:
-    """Encode all rows of a canonical table (`template`: the chat template's text; `keep`, `sup`: see
+                pool: ProcessPoolExecutor | None = None, keep: int | None = None) -> Encoded:
+    """Encode all rows of a canonical table (`template`: the chat template's text; `options`, `keep`: see
     `encode_table`); raises RowError for a row that cannot be rendered. `pool` (from `workers`) encodes in its processes; else
     `num_proc > 1` starts one for this call."""
     if pool is None and num_proc > 1:
         with workers(num_proc) as own:
-            return encode_rows(work, fmt, spec, add_eos=add_eos, num_proc=num_proc, progress=progress,
-                               template=template, pool=own, keep=keep, sup=sup)
+            return encode_rows(work, fmt, spec, options, num_proc=num_proc, progress=progress,
+                               template=template, pool=own, keep=keep)
     n = work.num_rows
     size = _chunk_size(n, num_proc if pool is not None else 1)
     bounds = [(a, min(n, a + size)) for a in range(0, n, size)]
@@ -98,9 +97,8 @@ def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc:
         # reading ids) overlaps the next chunk's encoding. Results are collected in row order.
         tok = load_tokenizer(spec)
         with ThreadPoolExecutor(2) as threads:
-            chunks = threads.map(lambda ab: encode_table(work.slice(ab[0], ab[1] - ab[0]), fmt, tok,
-                                                         add_eos=add_eos, row0=ab[0], template=template,
-                                                         keep=keep, sup=sup),
+            chunks = threads.map(lambda ab: encode_table(work.slice(ab[0], ab[1] - ab[0]), fmt, tok, options,
+                                                         row0=ab[0], template=template, keep=keep),
                                  bounds)
             for (_, b), enc in zip(bounds, chunks, strict=True):
                 parts.append(enc)
@@ -111,7 +109,7 @@ def encode_rows(work: pa.Table, fmt: str, spec: str, *, add_eos: bool, num_proc:
         in_path = str(Path(tmp) / "input.arrow")
         with pa.OSFile(in_path, "wb") as sink, pa.ipc.new_file(sink, work.schema) as writer:
             writer.write_table(work)
-        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, add_eos, template, keep, sup)
+        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, options, template, keep)
                 for a, b in bounds]
         try:
             for status, where, payload in pool.map(_work, jobs):
