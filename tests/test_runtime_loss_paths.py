@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from transformers import TrainingArguments
 
 from benchmarks.synthetic import build_plan
-from plancc.runtime import PlanCollator, PlanMismatchError, PlanSampler, load_tokens, token_loss_sum, verified_plan
+from plancc.runtime import (
+    PlanCollator,
+    PlanMismatchError,
+    PlanSampler,
+    load_tokens,
+    token_loss_sum,
+    verified_plan,
+)
 from plancc.runtime.chunked_loss import chunked_loss_sum
 from plancc.runtime.evaluate import evaluate_plan
 from plancc.runtime.forward import LOSS_PATHS, microbatch_loss, output_head

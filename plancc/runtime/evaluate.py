@@ -21,8 +21,8 @@ import torch
 from plancc.errors import PlanMismatchError
 from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore, load_tokens
-from plancc.runtime.loader import PlanDataset, eval_loader
 from plancc.runtime.forward import microbatch_loss, plan_forward
+from plancc.runtime.loader import PlanDataset, eval_loader
 from plancc.runtime.sampler import PlanEvalSampler
 from plancc.store.plan import Plan, verified_plan
 
