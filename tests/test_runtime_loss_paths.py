@@ -191,3 +191,20 @@ def test_trainer_trains_the_plain_loop_by_every_path(plan, tmp_path, path):
 def test_trainer_refuses_an_unknown_loss_path(plan, tmp_path):
     with pytest.raises(ValueError, match="chunked, logits, model"):
         PlanTrainer(model=tiny_model(), args=args_for(tmp_path), plan=plan, loss="fused")
+
+
+@pytest.mark.slow
+def test_the_128k_vocabulary_case_trains_in_a_fraction_of_the_full_logits_memory():
+    """benchmarks/bench_loss_memory.py's `small` case (4M parameters, vocabulary 128256, 2 x 2048 tokens), one
+    update by the chunked path in a fresh process: peak RSS under 1.5 GB (the full logits alone are 2.1 GB)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_loss_memory.py"
+    out = subprocess.run([sys.executable, str(bench), "--one", "small", "chunked", "0", "--updates", "1"],
+                         check=True, capture_output=True, text=True, timeout=1800).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["peak_mb"] < 1500, result
+    assert 11.0 < result["losses"][0] < 12.5  # about ln(128256) = 11.76 at random init

@@ -6,8 +6,8 @@ exist at once (about 64 MB by default, whatever the vocabulary):
 
     hidden (n, H) ── rows with a target only ──▶ for each chunk of rows:
         z = hidden[c] @ W.T (+ b), in the head's dtype, upcast to fp32 (what `token_loss_sum` sees)
-        loss += logsumexp(z) - z[target]
-        dz = softmax(z) - onehot(target)     (fp32, while z is at hand)
+        loss -= log_softmax(z)[target]
+        dz = softmax(z) - onehot(target)     (fp32, while z is at hand: exp of the log_softmax, in place)
         d hidden[c] = dz @ W ; dW += dz.T @ hidden[c] ; db += dz.sum(0)
 
 The gradients are computed in the forward (so backward neither recomputes nor needs the head's weight, which a
@@ -50,11 +50,11 @@ def _chunks(hidden, weight, bias, targets, chunk, scale, softcap, grads):
         if softcap:
             t = torch.tanh(z / softcap)
             z = t * softcap
-        lse = torch.logsumexp(z, dim=-1)
-        total += (lse - z.gather(1, y[:, None]).squeeze(1)).sum()
+        logp = torch.log_softmax(z, dim=-1)
+        total -= logp.gather(1, y[:, None]).sum()
         if not any(grads):
             continue
-        dz = z.sub_(lse[:, None]).exp_()  # softmax, in place of z
+        dz = logp.exp_()  # softmax, in place
         dz[torch.arange(y.shape[0], device=y.device), y] -= 1.0
         if t is not None:
             dz *= 1.0 - t * t
