@@ -5,7 +5,7 @@ Cases (tiny Llamas built from a config, fp32, no download; every token supervise
 * `small`: a 4M-parameter model (hidden 16, 2 layers) with the 128k Llama-3 vocabulary (128256), one microbatch
   of 2 x 2048-token rows an update: the logits dominate everything;
 * `1b-like`: the shape of a 1B Llama-3 (tied 128k embeddings, GQA 4:1, MLP 4x) scaled to fit 2 cores
-  (hidden 512, 4 layers, 8 heads, ~82M parameters), one microbatch of 2 x 1024-token rows an update.
+  (hidden 512, 4 layers, 8 heads, ~81M parameters), one microbatch of 2 x 1024-token rows an update.
 
 Each (case, path, seed) runs in a fresh process: build the model, run `--updates` updates (forward, backward,
 SGD step) and report the process's peak RSS (`ru_maxrss`) and the median seconds an update, wall and CPU (all
