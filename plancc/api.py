@@ -26,11 +26,15 @@ import pyarrow.parquet as pq
 from plancc.config import resolve as resolution
 from plancc.config.resolve import Resolved
 from plancc.config.settings import PlanSettings, ScanOptions
+from plancc.core.faults import fault
+from plancc.core.paths import cache_path
 from plancc.errors import InputError, SettingsError
 from plancc.review.diff_rules import DEFAULT_TOLERANCE
 from plancc.store import atomic, outputs
-from plancc.store.plan import Plan
-from plancc.store.plan_store import EpochMicrobatches  # noqa: F401 (public: plancc.EpochMicrobatches)
+from plancc.store.plan import (
+    EpochMicrobatches,  # noqa: F401 (public: plancc.EpochMicrobatches)
+    Plan,
+)
 
 if TYPE_CHECKING:
     from plancc.review.inspect import PlanView
@@ -52,9 +56,7 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
 
     if not isinstance(dataset, Dataset):
         raise SettingsError(f"source must be a path, glob, Hub id or datasets.Dataset, got {type(dataset).__name__}")
-    from plancc.scan.scanner import default_cache_dir
-
-    folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "datasets"
+    folder = cache_path(cache_dir, "datasets")
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{uuid.uuid4().hex}.parquet"
     try:
@@ -138,7 +140,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
                                    num_proc=procs, progress=progress).to_json()
     result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
                            shard_rows=default_rows if shard_rows is None else shard_rows, engine=runner)
-    atomic.fault("prepared")
+    fault("prepared")
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report.to_json()
 
@@ -216,6 +218,7 @@ class Validation:
 
     problems: tuple[str, ...]
     has_eval: bool
+    skipped: tuple[str, ...] = ()  # checks the directory's contents did not allow, each with why
 
     @property
     def ok(self) -> bool:
@@ -230,21 +233,22 @@ def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str
     `dataset` is where the plan's data is now: a plan, scan or token store folder is checked against the plan
     chunk by chunk; any other source is rescanned with the plan's scan options (its tokenizer at `tokenizer`
     when it moved) and its content fingerprint compared. `fast` checks the token store's metadata only."""
-    from plancc.review.validate import validate_plan
+    from plancc.review.validate import skipped_checks, validate_plan
     from plancc.store.token_store import store_in
 
     tokens_dir, dataset_fp = (store_in(dataset) if dataset is not None else None), None
     if dataset is not None and tokens_dir is None:
         dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
-    problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
-    return Validation(tuple(problems), "eval" in meta)
+    problems, has_eval = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
+    skipped = skipped_checks(Plan(plan_dir), tokens_dir) if not problems else []
+    return Validation(tuple(problems), has_eval, tuple(skipped))
 
 
 def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,
                            cache_dir: str | Path | None) -> str:
     """The content fingerprint of `dataset` scanned with the options the plan's scan recorded."""
     from plancc.scan import scanner as scan_mod
-    from plancc.store import plan_files
+    from plancc.store.samples import samples_fingerprints
 
     plan = Plan(plan_dir)
     if plan.settings.mixture:
@@ -253,18 +257,18 @@ def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, 
     options = scan_mod.options_from_record(plan.scan_record, tokenizer)
     result = scan_mod.scan(dataset, options, num_proc=num_proc or 1,
                            cache_dir=Path(cache_dir) if cache_dir is not None else None)
-    return plan_files.samples_fingerprints(result.samples)["dataset"]
+    return samples_fingerprints(result.samples)["dataset"]
 
 
 def diff(old: str | Path, new: str | Path, *, fail_on: list[str] | None = None,
-         tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+         tolerance: float = DEFAULT_TOLERANCE, rows: bool = False) -> dict[str, Any]:
     """Compare two plan directories (`plancc.review.diff.diff_plans`): the JSON-able report, with `fail_on` (the
-    checks asked for: any, config, dataset, metrics-regression; repeated or comma-separated) and `failed` (why
-    those checks fail; empty: none does)."""
+    checks asked for: any, config, dataset, masks, metrics-regression; repeated or comma-separated) and `failed`
+    (why those checks fail; empty: none does). `rows`: name every changed row (else the first 10 of each kind)."""
     from plancc.review import diff as diff_mod
 
     checks = diff_mod.parse_fail_on(fail_on)
-    report = diff_mod.diff_plans(old, new, tolerance=tolerance)
+    report = diff_mod.diff_plans(old, new, tolerance=tolerance, rows=rows)
     return {**report, "fail_on": checks, "failed": diff_mod.failures(report, checks)}
 
 

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from plancc.cli import app
 from plancc.errors import InputError, PlanccWarning
 from plancc.runtime import load_tokens
-from plancc.scan.sources.read import check_utf8, locate, read_source
+from plancc.scan.sources.read import locate, read_source
+from plancc.store.data_files import check_utf8
 from tests.sources_fixtures import DEEPSEEK_JSON
 
 runner = CliRunner()

@@ -96,3 +96,18 @@ def test_bad_sample_exits_2(dirs, args, message):
 def test_not_a_plan_or_scan_exits_2(tmp_path):
     res = _run("show", tmp_path, "--sample", "0")
     assert res.exit_code == 2 and "not a plan or scan directory" in res.output
+
+
+def test_a_tokenized_source_scanned_without_a_tokenizer_asks_for_one(tmp_path):
+    """Rows already tokenized need no tokenizer to scan; decoding them does: one line naming --tokenizer (it was a
+    traceback), and with it the sample is shown with the source's own labels."""
+    rows = [{"input_ids": [104, 105, 33, 2], "labels": [-100, 105, 33, 2]} for _ in range(3)]
+    src = write_rows(tmp_path / "t.jsonl", rows)
+    res = _run("scan", src, "-o", tmp_path / "scan", "--cache-dir", tmp_path / "cache", "--quiet")
+    assert res.exit_code == 0, res.output
+    res = _run("show", tmp_path / "scan", "--sample", 1)
+    assert res.exit_code == 2 and "recorded no tokenizer" in res.output and "--tokenizer" in res.output
+    res = _run("show", tmp_path / "scan", "--sample", 1, "--tokenizer", "builtin", "--json")
+    assert res.exit_code == 0, res.output
+    view = json.loads(res.stdout)
+    assert view["trained"] == "the source's own labels" and view["supervised"] == [False, True, True, True]

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
+from plancc.scan.formats.alpaca import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
 from plancc.scan.scanner import scan
-from plancc.scan.sources.encode import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
 from plancc.scan.sources.tokenizer import load_tokenizer
 from plancc.store import token_store
 from tests.sources_fixtures import DEEPSEEK_JSON, alpaca_rows, pc_rows, write_rows
@@ -214,9 +214,9 @@ def test_label_counts_text_sources_each_shift(tmp_path):
 
 @given(texts=st.lists(st.text(max_size=30), min_size=1, max_size=6))
 def test_builtin_byte_fast_path_equals_tokenizer(texts):
-    from plancc.scan.sources.encode import _ids
+    from plancc.scan.formats.tokens import token_ids
 
-    ids, offsets = _ids(TOK, texts, True)
+    ids, offsets = token_ids(TOK, texts, True)
     expected = [TOK.tokenizer.encode(t).ids for t in texts]
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(texts))] == expected
 

@@ -14,8 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from plancc.config.settings import ScanOptions
+from plancc.scan import formats
+from plancc.scan.formats import Encoding
+from plancc.scan.formats.tokens import CHARS_PER_TOKEN, MARGIN
 from plancc.scan.sources.chat import normalize
-from plancc.scan.sources.encode import CHARS_PER_TOKEN, MARGIN, encode_table
 from plancc.scan.sources.templates import BUILTIN_TEMPLATES
 from plancc.scan.sources.tokenizer import load_tokenizer
 from tests.sources_fixtures import DEEPSEEK_JSON, chatterbot_conversations
@@ -69,14 +72,20 @@ def _table(fmt: str, texts: list[str]) -> pa.Table:
     return pa.table({"messages": pa.array(conversations)})
 
 
+def _encode(table: pa.Table, fmt: str, tok, keep: int | None, template: str | None = None):
+    """`table` encoded as `fmt`, tokenizing only what the first `keep` tokens need (None: every text whole)."""
+    options = ScanOptions(sequence_len=keep, long="truncate") if keep is not None else ScanOptions(long="error")
+    return formats.get(fmt).encode(table, Encoding(tok, options, template))
+
+
 @pytest.mark.parametrize("tokenizer", ["builtin", str(DEEPSEEK_JSON)])
 @pytest.mark.parametrize("fmt", ["text", "prompt_completion", "alpaca", "messages"])
 def test_a_cut_long_row_keeps_exactly_the_tokens_the_whole_text_gives(tokenizer, fmt):
     tok = load_tokenizer(tokenizer)
     table = _table(fmt, _texts())
     template = BUILTIN_TEMPLATES["chatml"] if fmt == "messages" else None
-    whole = encode_table(table, fmt, tok, template=template)
-    cut = encode_table(table, fmt, tok, template=template, keep=KEEP)
+    whole = _encode(table, fmt, tok, None, template)
+    cut = _encode(table, fmt, tok, KEEP, template)
     lengths = np.diff(cut.offsets)
     assert (np.diff(whole.offsets) > KEEP).sum() >= len(lengths) // 2  # most rows are long: the test tests cuts
     assert lengths.max() < np.diff(whole.offsets).max()  # and some were cut
@@ -95,6 +104,6 @@ def test_any_cut_text_keeps_the_whole_texts_first_tokens(pieces, repeat):
     text = "".join(pieces) * repeat
     for fmt, table in (("text", pa.table({"text": [text]})),
                        ("prompt_completion", pa.table({"prompt": ["q"], "completion": [text]}))):
-        whole = encode_table(table, fmt, tok)
-        cut = encode_table(table, fmt, tok, keep=KEEP)
+        whole = _encode(table, fmt, tok, None)
+        cut = _encode(table, fmt, tok, KEEP)
         _check(whole, cut, 1)

@@ -248,16 +248,18 @@ def test_shaped_rows_are_the_prompt_then_the_supervised_completion(prompt, compl
     exactly the completion and eos are supervised."""
     import pyarrow as pa
 
-    from plancc.scan.sources.detect import shape
-    from plancc.scan.sources.encode import encode_table
+    from plancc.scan import formats
+    from plancc.scan.formats import Encoding
 
-    pc_table, fmt = shape(pa.table({"prompt": [prompt], "completion": [completion]}), "prompt_completion",
-                          ScanOptions(separator=separator))
-    alpaca, afmt = shape(pa.table({"instruction": [instruction], "input": [given_input], "output": [completion]}),
-                         "alpaca", ScanOptions(prompt_format="<{instruction}|{input}>", no_input_format="<{instruction}>"))
+    pc_table, fmt = formats.get("prompt_completion").shape(pa.table({"prompt": [prompt], "completion": [completion]}),
+                                                           ScanOptions(separator=separator))
+    alpaca, afmt = formats.get("alpaca").shape(
+        pa.table({"instruction": [instruction], "input": [given_input], "output": [completion]}),
+        ScanOptions(prompt_format="<{instruction}|{input}>", no_input_format="<{instruction}>"))
+    assert fmt.name == afmt.name == "prompt_completion"
     for table, f, head in ((pc_table, fmt, prompt + separator),
                            (alpaca, afmt, f"<{instruction}|{given_input}>" if given_input else f"<{instruction}>")):
-        enc = encode_table(table, f, TOK)
+        enc = f.encode(table, Encoding(TOK))
         ids, labels = enc.ids.tolist(), enc.labels.tolist()
         n = len(TOK.tokenizer.encode(head).ids)
         assert ids == TOK.tokenizer.encode(head).ids + TOK.tokenizer.encode(completion, add_special_tokens=False).ids \

@@ -92,11 +92,11 @@ def compile_cmd(
                                progress=progress)
         warn(plan.warnings)
         if json:
-            print_json({"plan_dir": str(output), **plan.manifest, "warnings": list(plan.warnings)})
+            print_json({"plan_dir": str(output), **plan.manifest.to_json(), "warnings": list(plan.warnings)})
         elif not quiet:
             from plancc.cli.summary import compile_summary
 
-            typer.echo("\n".join(compile_summary(str(output), plan.manifest, plan.metrics())))
+            typer.echo("\n".join(compile_summary(str(output), plan.manifest.to_json(), plan.metrics())))
 
 
 @app.command("scan", cls=SourceCommand, help="Tokenize + scan SOURCE only: write the samples table and the tokenized dataset."
@@ -196,16 +196,20 @@ def validate_cmd(
                               cache_dir=cache_dir)
     problems = list(result.problems)
     if json:
-        print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
+        print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems,
+                    "skipped": list(result.skipped)})
     elif problems:
         for p in problems:
             typer.echo(f"violation: {p}", err=True)
     elif not quiet:
-        checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, token data "
-                   + ("metadata" if fast else "content")
+        checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest"
+                   + ("" if result.skipped else ", token data " + ("metadata" if fast else "content"))
                    + (f", dataset content of {dataset}" if dataset else "")
                    + (", eval plan (held-out set once each, none trained on)" if result.has_eval else ""))
         typer.echo(f"{plan_dir}: ok ({checked})")
+    if not json and not quiet:
+        for s in result.skipped:
+            typer.echo(f"skipped: {s}", err=True)
     raise typer.Exit(1 if problems else 0)
 
 

@@ -26,11 +26,12 @@ from typing import Any
 
 from plancc.config import registry
 from plancc.config.fields import closest
+from plancc.config.formats import AXOLOTL_TYPES
 from plancc.core.choices import ConfigFormat
 from plancc.errors import SettingsError
 
 BUILTIN_TEMPLATES = ("chatml", "llama3")  # Axolotl chat_template names that are plancc built-ins too
-ENTRY_TYPES = ("alpaca", "chat_template", "completion", "a mapping with field_instruction/field_output/format")
+ENTRY_TYPES = (*AXOLOTL_TYPES, "a mapping with field_instruction/field_output/format")
 # the keys read here (module docstring), top level and per dataset entry
 AXOLOTL_READ = ("tokenizer_config", "base_model_config", "base_model", "datasets", "test_datasets", "chat_template",
                 "chat_template_jinja")
@@ -161,6 +162,9 @@ def _tokenizer(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _axolotl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
+    if data.get("rl"):
+        raise SettingsError(f"config file {reader.path}: rl: {data['rl']} trains on preference or feedback data, "
+                            "not SFT data: plancc does not plan it yet (an SFT config has no rl key)")
     settings = {**_tokenizer(data, ("tokenizer_config", "base_model_config", "base_model")),
                 **reader.settings(data, AXOLOTL_READ)}
     template = _axolotl_template(data, reader.path)
@@ -216,12 +220,11 @@ def _axolotl_type(entry: dict[str, Any], where: str, path: Path) -> dict[str, An
             if kind.get(key) is not None:
                 spec[name] = kind[key]
         return spec
-    if kind == "alpaca":
-        return {"format": "alpaca"}
-    if kind == "completion":
+    fmt = AXOLOTL_TYPES.get(kind) if isinstance(kind, str) else None
+    if fmt == "text":
         text = entry.get("field", "text")
         return {"format": "text", **({"columns": {"text": text}} if text != "text" else {})}
-    if kind == "chat_template":
+    if fmt == "messages":
         spec = {"format": "messages"}
         if entry.get("field_messages", "messages") != "messages":
             spec["columns"] = {"messages": entry["field_messages"]}
@@ -233,11 +236,19 @@ def _axolotl_type(entry: dict[str, Any], where: str, path: Path) -> dict[str, An
         if fields:
             spec["message_fields"] = fields
         return spec
+    if fmt is not None:
+        return {"format": fmt}
     raise SettingsError(f"config file {path}: {where} has type {kind!r}, which plancc does not read; types: "
                         f"{', '.join(ENTRY_TYPES)}")
 
 
 def _trl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
+    from plancc.config.foreign_keys import TRL_PREFERENCE_ONLY
+
+    preference = [k for k in data if k in TRL_PREFERENCE_ONLY]
+    if preference:
+        raise SettingsError(f"config file {reader.path}: {', '.join(preference)} belong to a DPO or KTO config "
+                            "(preference or feedback data, not SFT data): plancc does not plan it yet")
     settings = {**_tokenizer(data, ("tokenizer_name_or_path", "model_name_or_path")),
                 **reader.settings(data, TRL_READ)}
     if data.get("assistant_only_loss"):

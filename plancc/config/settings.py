@@ -45,6 +45,7 @@ from plancc.config.fields import (
     setting_of,
     trl,
 )
+from plancc.config.formats import FORMATS, ROLES
 from plancc.core.choices import (
     ChatRole,
     Choice,
@@ -59,10 +60,6 @@ from plancc.core.choices import (
 )
 from plancc.errors import SettingsError
 
-FORMATS = ("auto", "tokenized", "prompt_completion", "alpaca", "messages", "text")
-# what --columns may map a source field onto: every column name some format reads
-ROLES = ("input_ids", "labels", "shift_labels", "prompt", "completion", "instruction", "input", "output", "messages",
-         "conversations", "text")
 MESSAGE_KEYS = ("role", "content")
 DEFAULT_TEMPLATE_DATE = "2024-01-01"  # the date `strftime_now` gives chat templates unless `template_date` is set
 ROW_TOKENS = 2**31 - 1  # tokens of one row: int32 offsets
@@ -103,7 +100,7 @@ ADDED = Record.UNLESS_DEFAULT  # in the record only away from its default: a sca
 class ScanOptions:
     """What turns a source into a samples table (the order of the fields is the order of the flags)."""
 
-    format: str = setting("auto", "auto|tokenized|prompt_completion|alpaca|messages|text", OneOf(FORMATS),
+    format: str = setting("auto", "|".join(FORMATS), OneOf(FORMATS),
                           dataset=OWN, spellings=(elsewhere("type"),))
     tokenizer: str | None = setting(
         None, "The model's tokenizer.json or HF tokenizer dir, a Hub id in the local HF cache, or 'builtin' (byte "
@@ -120,7 +117,7 @@ class ScanOptions:
     split: str | None = setting(None, "Split of a dataset dict directory or Hub id.", Name(),
                                 shown="train, said on stderr", dataset=OWN, spellings=(axolotl("split", top=False,
                                                                                                entry=True),))
-    # how a format's fields become text (`plancc.scan.sources.detect.shape`)
+    # how a format's fields become text (each format's `shape`, `plancc.scan.formats`)
     prompt_format: str | None = setting(None, "Alpaca: the prompt, with {instruction} and {input}.",
                                         PromptFormat(("instruction", "input")), shown="the Alpaca one",
                                         record=ADDED, dataset=OWN)
@@ -142,7 +139,7 @@ class ScanOptions:
     shift: Shift = both(SHIFT)
     add_eos: bool = setting(True, "Append the tokenizer's EOS to each sample of a non-chat format.", Switch(),
                             flag=Flag.NONE)
-    # what is trained (`plancc.scan.sources.encode`)
+    # what is trained (`plancc.scan.formats`)
     roles_to_train: tuple[ChatRole, ...] = setting(
         ("assistant",), "Chat: roles whose turns are trained, comma-separated (system, user, assistant, tool).",
         Roles(), record=ADDED, dataset=OWN, spellings=(axolotl("roles_to_train", entry=True),))

@@ -21,6 +21,8 @@ import numpy as np
 
 from plancc.core.choices import Mode, Shift
 
+IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
+
 
 @dataclass(frozen=True)
 class SampleArrays:

@@ -10,9 +10,9 @@ A plan's data is its token store (`plancc.store.token_store`, the `tokens/` fold
 parts of a sharded scan, mapped as one dataset): the arrays are
 memory maps, so opening costs the same for 1M or 10B tokens, the ranks of a node share the pages through the OS
 page cache, and a process's memory grows only with what it reads. `targets` is the label column the plan's shift
-reads (the store's `labels`, already shifted under shift `none`). Other data (`data=` a Parquet, Arrow or JSON
-lines file, a `datasets.save_to_disk` folder, an Arrow table, or an older plan's `tokenized.parquet`) is read into
-memory, as before the store existed.
+reads (the store's `labels`, already shifted under shift `none`). Other data (`data=` a file of a type a scan reads,
+`plancc.store.data_files`; a `datasets.save_to_disk` folder, an Arrow table, or an older plan's `tokenized.parquet`)
+is read into memory, as before the store existed.
 
 The data is the plan's own `tokens/` (opened with the plan, its digest compared with the `fingerprints.tokens` the
 plan binds) or what the caller gives (`data=`); no path is ever read from the plan's metadata.
@@ -35,11 +35,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from plancc.core.choices import Shift
-from plancc.errors import PlanMismatchError
-from plancc.store import parquet, plan_store, token_store
+from plancc.errors import InputError, PlanMismatchError
+from plancc.store import token_store
 from plancc.store.plan import Plan, verified_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
@@ -99,11 +98,6 @@ class TokenStore:
             raise PlanMismatchError(f"{where}: row {bad} has {int(np.diff(ids_off)[bad])} input_ids but "
                                     f"{int(np.diff(lab_off)[bad])} {name}")
         return cls(ids, lab, ids_off)
-
-    @classmethod
-    def from_lists(cls, input_ids: list[list[int]], targets: list[list[int]]) -> TokenStore:
-        """A store held in memory from per-row lists of ids and targets (tests and small data)."""
-        return cls.from_table(pa.table({"input_ids": input_ids, "labels": targets}))
 
 
 class ChunkGuard:
@@ -183,32 +177,30 @@ def _flat(col: pa.ChunkedArray, where: str, name: str) -> tuple[np.ndarray, np.n
 
 
 def _read_any(path: Path) -> pa.Table:
-    """One tokenized file read into memory: Parquet, Arrow IPC (file or stream, as `datasets` writes), JSON lines,
-    or a `datasets.Dataset.save_to_disk` directory (its Arrow shards in order)."""
+    """One tokenized file read into memory, by its suffix as a scan reads a source (`plancc.store.data_files`:
+    Parquet, Arrow IPC file or stream, JSON lines, JSON), or a `datasets.Dataset.save_to_disk` directory (its Arrow
+    shards in order)."""
+    from plancc.store import data_files  # a file given as data= only: its readers load with it
+
     if path.is_dir():
         state = path / "state.json"
         if not state.exists():
             raise PlanMismatchError(f"{path} is a directory but neither a token store nor a saved dataset")
         files = [path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
         return pa.concat_tables([_read_any(f) for f in files])
-    suffix = path.suffix.lower()
     try:
-        if suffix == ".parquet":
-            return pq.read_table(path)
-        if suffix == ".arrow":
-            return parquet.read_arrow(path)
-        if suffix in (".jsonl", ".json"):
-            import pyarrow.json as pj
-
-            return pj.read_json(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise PlanMismatchError(f"cannot read tokenized data {path}: {exc}") from None
-    raise PlanMismatchError(f"cannot read tokenized data {path}: unsupported file type '{suffix}'")
+        table, loose = data_files.read_file(str(path))
+    except InputError as exc:
+        raise PlanMismatchError(f"cannot read tokenized data: {exc}") from None
+    if loose:
+        raise PlanMismatchError(f"cannot read tokenized data: {path}: column '{next(iter(loose))}' holds values of "
+                                "mixed types, expected lists of integers")
+    return table
 
 
 def data_location(plan: Plan, data: str | Path | None = None) -> Path | None:
     """The data the caller gives (`load_tokens(..., data=)`): a token store folder (that of a plan or scan folder)
-    or a tokenized file; None for the plan's own token store (`Plan.own_tokens`)."""
+    or a tokenized file; None for the plan's own token store (`Plan.tokens`)."""
     if data is None:
         return None
     p = Path(data)
@@ -221,20 +213,15 @@ def data_location(plan: Plan, data: str | Path | None = None) -> Path | None:
 
 def _own_tokens(plan: Plan) -> token_store.MappedTokens:
     """The plan's token store as opened with the plan; refused for a plan that ships none or does not bind it."""
-    held = plan.own_tokens()
-    if held is not None:
-        return held
-    problems = plan.data_problems()
-    if problems or plan.binds_tokens:
-        try:
-            return plan.open_tokens()  # raises: tokens/ gone (moved away; the caller may give it as data=)
-        except (plan_store.PlanIntegrityError, token_store.FileTypeError) as exc:
-            problems = [str(exc)]
-    if problems:
-        raise PlanMismatchError(f"{problems[0]}; or pass data= (a plan, scan or token store folder, or a tokenized "
-                                "file) to load_tokens")
-    raise PlanMismatchError(f"{plan.path}: the plan holds no tokenized data (compiled from a bare samples table); "
-                            "pass data= to load_tokens")
+    try:
+        held = plan.tokens()
+    except PlanMismatchError as exc:  # tokens/ gone (moved away), or not the plan's: the caller may give data=
+        raise PlanMismatchError(f"{exc}; or pass data= (a plan, scan or token store folder, or a tokenized file) to "
+                                "load_tokens") from None
+    if held is None:
+        raise PlanMismatchError(f"{plan.path}: the plan holds no tokenized data (compiled from a bare samples "
+                                "table); pass data= to load_tokens")
+    return held
 
 
 def load_tokens(plan: str | Path | Plan, *, data: str | Path | pa.Table | None = None,

@@ -29,19 +29,21 @@ import pyarrow as pa
 from plancc.config.settings import ScanOptions
 from plancc.core.hashing import canonical_hash
 from plancc.errors import InputError, SettingsError
-from plancc.scan.sources import detect, templates
+from plancc.scan import formats
+from plancc.scan.formats import Encoded, Encoding, RowError
+from plancc.scan.sources import templates
 from plancc.scan.sources.chat import has_generation_tags, reads_clock
-from plancc.scan.sources.encode import Encoded, RowError
 from plancc.scan.sources.parallel import encode_rows
 from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
-from plancc.scan.sources.samples import finish, from_tokenized
+from plancc.scan.sources.samples import finish
 from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
-from plancc.store import outputs, plan_files, schemas, token_writer
+from plancc.store import outputs, schemas, token_writer
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import COUNTS, Counted, PartRange, RecordedOptions, ScanRecord, Template
 from plancc.store.scan_store import ScanDir
 
-SCAN_VERSION = 6  # 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
+SCAN_VERSION = 7  # 7: a turn whose text renders to nothing is not trained (blank_turns); 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in shards (a multi-part token store
 # when several); 3: the token store
 SHARD_ROWS = 65_536  # rows per shard of a local scan: memory per shard and resume granularity, never the result
 PROBE_ROWS = 1_000  # rows the format is detected from (the first of the source, the same for every shard)
@@ -140,16 +142,14 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
     from the first rows; raises InputError for a source or setting that cannot work."""
     tok, template, loc = ident or identity(source, options)
     reader = reader or RowReader(loc, options.split)
-    probe = detect.map_columns(reader.read(0, min(reader.manifest.rows, PROBE_ROWS)), options.columns)
-    fmt = detect.detect_format(probe) if options.format == "auto" else options.format
-    detect.canonical(probe, fmt, options.message_fields)  # a missing or mistyped column is named now
-    detect.check_shaping(fmt, options)
+    probe = formats.map_columns(reader.read(0, min(reader.manifest.rows, PROBE_ROWS)), options.columns)
+    fmt = formats.choose(probe, options)
     warnings = reader.notes
     chat = None
-    if fmt != "tokenized":
+    if fmt.tokenizes:
         if tok is None:
-            raise needs_tokenizer(str(source), fmt)
-        if fmt == "messages":
+            raise needs_tokenizer(str(source), fmt.name)
+        if fmt.chat:
             chat = templates.require(template, tok)
             _check_tagged(chat, options)
             warnings += filter(None, [templates.marker_warning(chat, tok)])
@@ -158,16 +158,17 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
     key = scan_key(reader.fingerprint, opts)
     described = chat.describe() if chat else None
     report = ScanRecord.of(
-        format=fmt,
+        format=fmt.name,
         source=str(source),
         source_kind=probe.kind,
         source_paths=tuple(reader.paths),
+        source_files=reader.manifest.named_files(),
         source_fingerprint=reader.fingerprint,
         tokenizer=tok.name if tok else None,
         tokenizer_fingerprint=tok.fingerprint if tok else None,
         chat_template=Template(described["name"], described["fingerprint"], described["origin"],
                                bool(described.get("generation"))) if described else None,
-        **({"text_format": tuple(shaped.items())} if (shaped := detect.text_format(fmt, options)) else {}),
+        **({"text_format": tuple(shaped.items())} if (shaped := fmt.text_format(options)) else {}),
         eos_token=tok.eos_token if tok else None,
         options=opts,
         max_dropped=options.max_dropped,
@@ -176,7 +177,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
         plancc_scan_version=SCAN_VERSION,
         warnings=tuple(warnings),
     )
-    return ScanJob(loc, reader.manifest, options, fmt, chat.text if chat else None, key, report)
+    return ScanJob(loc, reader.manifest, options, fmt.name, chat.text if chat else None, key, report)
 
 
 def shard_range(rows: int, index: int, count: int) -> tuple[int, int]:
@@ -196,20 +197,18 @@ def local_ranges(rows: int, shard_rows: int = SHARD_ROWS) -> list[tuple[int, int
 def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int, pool, progress: Progress):
     """(encoded rows, labels already shifted, where) of rows [lo, hi)."""
     options = job.options
-    src = detect.map_columns(reader.read(lo, hi), options.columns)
-    work, fmt = detect.shape(detect.canonical(src, job.format, options.message_fields), job.format, options)
-    if fmt == "tokenized":
-        tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
-        return from_tokenized(work, options.shift, tok.vocab_size if tok else None, src.where), \
-            options.shift == "none", src.where
+    src = formats.map_columns(reader.read(lo, hi), options.columns)
+    fmt = formats.get(job.format)
+    work, fmt = fmt.shape(fmt.canonical(src, options), options)
+    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    how = Encoding(tok, options, job.template)
     shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
     try:
-        keep = options.sequence_len if options.long in ("truncate", "drop") else None  # error: exact lengths
-        enc = encode_rows(work, fmt, options.tokenizer, options, num_proc=num_proc, progress=shifted,
-                          template=job.template, pool=pool, keep=keep)
+        enc = encode_rows(work, fmt, how, num_proc=num_proc, progress=shifted, pool=pool) if fmt.tokenizes \
+            else fmt.encode(work, how)
     except RowError as exc:
         raise InputError(f"{src.where(exc.row)}: {exc.message}") from None
-    return enc, False, src.where
+    return enc, fmt.labels_shifted(options), src.where
 
 
 def _global(counts: ScanRecord, lo: int) -> ScanRecord:
@@ -222,7 +221,7 @@ def part_report(job: ScanJob, lo: int, hi: int, counts: ScanRecord, samples: pa.
                 seconds: float) -> ScanRecord:
     """A part's record: the job's, the part's counts and row range, fingerprints of its rows."""
     report = job.report.but(**counts.held(), part=PartRange(lo, hi, job.rows), seconds=round(seconds, 3))
-    return report.but(fingerprints=tuple(plan_files.samples_fingerprints(samples, report.identity).items()))
+    return report.but(fingerprints=tuple(samples_fingerprints(samples, report.identity).items()))
 
 
 def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: RowReader | None = None,

@@ -53,10 +53,9 @@ import numpy as np
 import orjson
 import xxhash
 
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import PlanccError
 from plancc.store.schemas import TOKENS_DIR
-
-IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the loss skips (PyTorch's default)
 
 FORMAT = "plancc.tokens/2"  # 2: the header carries header_hash (1 did not: an edited chunk_tokens went unseen)
 HEADER_FILE = "tokens.json"
@@ -450,11 +449,6 @@ def chunk_where(m: MappedTokens, k: int) -> str:
 def verify_all(m: MappedTokens) -> int | None:
     """The first chunk that does not match its hash, or None (reads the whole store)."""
     return next((k for k in range(m.num_chunks) if not verify_chunk(m, k)), None)
-
-
-def chunks_of(m: MappedTokens, rows: np.ndarray) -> np.ndarray:
-    """The chunk holding each row."""
-    return np.searchsorted(m.chunks, rows, side="right") - 1
 
 
 def to_table(path: str | Path):

@@ -143,7 +143,7 @@ class Renderer:
 
     def generation_spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Full rendering and the [start, end) character spans of its `{% generation %}` blocks, in order, less
-        those starting inside a turn with `training` false (a prompt's turn, `detect`)."""
+        those starting inside a turn with `training` false (a prompt's turn, `formats.messages`)."""
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
         ext = next(e for e in self.template.environment.extensions.values() if isinstance(e, _Generation))
@@ -175,7 +175,7 @@ class Renderer:
         out: list[Turn] = []
         cursor = 0
         for i, m in enumerate(messages):
-            if m["role"] in roles and m.get("training") is not False:  # False: a prompt's turn (`detect`)
+            if m["role"] in roles and m.get("training") is not False:  # False: a prompt's turn (`formats.messages`)
                 out.append(self._turn(messages, i, full, cursor, split))
                 cursor = out[-1].end
         return full, out
@@ -231,7 +231,7 @@ def normalize(conversation: Any, fields: tuple[tuple[str, str], ...] = ()) -> li
     `fields` maps `role`/`content` onto other message keys (`--message-fields role=speaker`). Every turn must have
     a string `content` (or `value`), or a list of OpenAI content parts whose text parts are joined in order: a turn
     without one is an error, not an empty turn, unless it calls tools (`tool_calls`). `tool_calls` (a JSON string
-    in a canonical table, see `detect`), `tool_call_id`, `name` and `training` are kept when set."""
+    in a canonical table, see `formats.messages`), `tool_call_id`, `name` and `training` are kept when set."""
     if not isinstance(conversation, list):
         raise TemplateProblem(f"expected a list of messages, got {type(conversation).__name__}")
     names = dict(fields)

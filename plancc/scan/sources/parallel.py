@@ -17,12 +17,11 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
-from plancc.config.settings import ScanOptions
 from plancc.errors import PlanccError
-from plancc.scan.sources.encode import DEFAULTS, Encoded, RowError, encode_table
+from plancc.scan import formats
+from plancc.scan.formats import Encoded, Encoding, RowError, RowFormat
 from plancc.scan.sources.tokenizer import load_tokenizer
 
 Progress = Callable[[str, int, int], None] | None
@@ -32,28 +31,20 @@ def _chunk_size(n: int, num_proc: int) -> int:
     return int(min(8192, max(512, math.ceil(n / max(2, num_proc * 4)))))
 
 
-def _from_table(table: pa.Table) -> Encoded:
-    ids = table.column("input_ids").combine_chunks()
-    labels = table.column("labels").combine_chunks()
-    offsets = np.asarray(ids.offsets, dtype=np.int64)
-    # copies: the arrays must outlive the memory-mapped file they were read from
-    return Encoded(np.array(ids.flatten().to_numpy(), dtype=np.int32),
-                   np.array(labels.flatten().to_numpy(), dtype=np.int32), offsets - offsets[0],
-                   np.array(table.column("end_only").to_numpy(), dtype=bool))
-
-
 def _init_worker(threads: int) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
 
 
 def _work(args: tuple) -> tuple[str, int, str]:
-    """Encode rows [a, b) of the memory-mapped input; returns ("ok", a, out_path) or ("error", row, message)."""
-    in_path, out_path, a, b, fmt, spec, options, template, keep = args
+    """Encode rows [a, b) of the memory-mapped input as format `name`, with the tokenizer `options` name; returns
+    ("ok", a, out_path) or ("error", row, message)."""
+    in_path, out_path, a, b, name, options, template = args
     with pa.memory_map(in_path) as source:
         table = pa.ipc.open_file(source).read_all().slice(a, b - a)
         try:
-            enc = encode_table(table, fmt, load_tokenizer(spec), options, row0=a, template=template, keep=keep)
+            how = Encoding(load_tokenizer(options.tokenizer), options, template)
+            enc = formats.get(name).encode(table, how, row0=a)
         except RowError as exc:
             return "error", exc.row, exc.message
     with pa.OSFile(out_path, "wb") as sink:
@@ -78,16 +69,14 @@ def workers(num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def encode_rows(work: pa.Table, fmt: str, spec: str, options: ScanOptions = DEFAULTS, *, num_proc: int = 1,
-                progress: Progress = None, template: str | None = None,
-                pool: ProcessPoolExecutor | None = None, keep: int | None = None) -> Encoded:
-    """Encode all rows of a canonical table (`template`: the chat template's text; `options`, `keep`: see
-    `encode_table`); raises RowError for a row that cannot be rendered. `pool` (from `workers`) encodes in its processes; else
-    `num_proc > 1` starts one for this call."""
+def encode_rows(work: pa.Table, fmt: RowFormat, how: Encoding, *, num_proc: int = 1, progress: Progress = None,
+                pool: ProcessPoolExecutor | None = None) -> Encoded:
+    """Encode all rows of a canonical table as `fmt` does with `how`; raises RowError for a row that cannot be
+    rendered. `pool` (from `workers`) encodes in its processes (each loading the tokenizer `how.options` name);
+    else `num_proc > 1` starts one for this call."""
     if pool is None and num_proc > 1:
         with workers(num_proc) as own:
-            return encode_rows(work, fmt, spec, options, num_proc=num_proc, progress=progress,
-                               template=template, pool=own, keep=keep)
+            return encode_rows(work, fmt, how, num_proc=num_proc, progress=progress, pool=own)
     n = work.num_rows
     size = _chunk_size(n, num_proc if pool is not None else 1)
     bounds = [(a, min(n, a + size)) for a in range(0, n, size)]
@@ -95,11 +84,8 @@ def encode_rows(work: pa.Table, fmt: str, spec: str, options: ScanOptions = DEFA
     if pool is None or len(bounds) == 1:
         # Two threads: the tokenizer releases the GIL while encoding, so one chunk's Python-side work (rendering,
         # reading ids) overlaps the next chunk's encoding. Results are collected in row order.
-        tok = load_tokenizer(spec)
         with ThreadPoolExecutor(2) as threads:
-            chunks = threads.map(lambda ab: encode_table(work.slice(ab[0], ab[1] - ab[0]), fmt, tok, options,
-                                                         row0=ab[0], template=template, keep=keep),
-                                 bounds)
+            chunks = threads.map(lambda ab: fmt.encode(work.slice(ab[0], ab[1] - ab[0]), how, row0=ab[0]), bounds)
             for (_, b), enc in zip(bounds, chunks, strict=True):
                 parts.append(enc)
                 if progress:
@@ -109,14 +95,14 @@ def encode_rows(work: pa.Table, fmt: str, spec: str, options: ScanOptions = DEFA
         in_path = str(Path(tmp) / "input.arrow")
         with pa.OSFile(in_path, "wb") as sink, pa.ipc.new_file(sink, work.schema) as writer:
             writer.write_table(work)
-        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt, spec, options, template, keep)
+        jobs = [(in_path, str(Path(tmp) / f"out-{a}.arrow"), a, b, fmt.name, how.options, how.template)
                 for a, b in bounds]
         try:
             for status, where, payload in pool.map(_work, jobs):
                 if status == "error":
                     raise RowError(where, payload)
                 with pa.memory_map(payload) as source:
-                    parts.append(_from_table(pa.ipc.open_file(source).read_all()))
+                    parts.append(Encoded.from_table(pa.ipc.open_file(source).read_all()))
                 if progress:
                     progress("tokenizing", bounds[len(parts) - 1][1], n)
         except BrokenProcessPool:

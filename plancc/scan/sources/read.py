@@ -1,36 +1,26 @@
 """Read a SOURCE (file, glob, `save_to_disk` directory or Hub id) into one Arrow table, remembering where rows came from.
 
-Arrow readers are tried first because they are fast; when they refuse a JSON file, the file is re-read line by line
-with orjson so the error names the exact file and line. A column whose JSON values have mixed types is kept as a
-Python list (`Source.loose`) instead of failing the read: it is only an error if the chosen format needs it, and
-then `detect.py` names its first bad row. A scan reads row ranges through `sources.rows`, which builds on these
-readers (`JsonlRows` reads a JSON lines file by range, whole files being one range).
+Files are read by their suffix through the one table of file types (`plancc.store.data_files`, which the runtime
+reads `data=` through too). A column whose JSON values have mixed types is kept as a Python list (`Source.loose`)
+instead of failing the read: it is only an error if the chosen format needs it, and then the format's module
+(`plancc.scan.formats`) names its first bad row. A scan reads row ranges through `sources.rows`.
 """
 
 from __future__ import annotations
 
-import codecs
 import fnmatch
 import glob as globlib
 import hashlib
 import os
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.json as pajson
-import pyarrow.parquet as pq
 
 from plancc.errors import InputError, PlanccWarning
-from plancc.scan.sources.nesting import check_depth
-from plancc.store import parquet
-
-SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv")
+from plancc.store.data_files import SUFFIXES, read_file
 
 
 @dataclass
@@ -85,164 +75,6 @@ def _file_digest(paths: list[str]) -> str:
             while chunk := f.read(1 << 22):
                 h.update(chunk)
     return h.hexdigest()
-
-
-# ---------------------------------------------------------------- per-file readers
-
-
-def _rows_to_columns(rows: list[Any], path: str, what: str) -> tuple[pa.Table, dict[str, list[Any]]]:
-    names: dict[str, None] = {}
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise InputError(f"{path} {what(i)}: expected a JSON object, got {type(row).__name__}")
-        for k in row:
-            names.setdefault(k, None)
-    arrays, loose = {}, {}
-    for name in names:
-        values = [row.get(name) for row in rows]
-        try:
-            arrays[name] = pa.array(values)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            loose[name] = values
-    table = pa.table(arrays) if arrays else pa.table({"__row": pa.nulls(len(rows))}).drop(["__row"])
-    return table, loose
-
-
-class JsonlRows:
-    """A JSON lines file read forward by row range (rows are its non-blank lines); a range behind the cursor
-    reopens the file. Arrow parses a range; where it refuses (malformed or mixed-type values), orjson re-reads it
-    line by line, naming the bad line and keeping mixed-type columns loose."""
-
-    def __init__(self, path: str):
-        self.path, self.f, self.row, self.lineno = path, None, 0, 0
-
-    def _skip_to(self, a: int) -> None:
-        if self.f is None or a < self.row:
-            self.close()
-            self.f, self.row, self.lineno = open(self.path, "rb"), 0, 0  # noqa: SIM115 (held across calls)
-        while self.row < a and self._next_row() is not None:
-            pass
-
-    def _next_row(self) -> bytes | None:
-        """The next non-blank line (one row), or None at the end of the file; counts lines and rows."""
-        while line := self.f.readline():
-            self.lineno += 1
-            if line.strip():
-                self.row += 1
-                return line
-        return None
-
-    def read(self, a: int, b: int) -> tuple[pa.Table, dict[str, list[Any]]]:
-        """Rows [a, b) of the file and their line numbers (a range behind the cursor reopens the file)."""
-        self._skip_to(a)
-        first, lines, numbers = self.row, [], []
-        while self.row < b and (line := self._next_row()) is not None:
-            lines.append(line if line.endswith(b"\n") else line + b"\n")
-            numbers.append(self.lineno)
-        data = b"".join(lines)
-        check_depth(data, self.path, numbers, first)  # before Arrow, which crashes on deep nesting
-        try:
-            table = pajson.read_json(pa.BufferReader(data),
-                                     read_options=pajson.ReadOptions(block_size=1 << 26))
-            if table.num_rows == len(lines):
-                return table, {}
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-            pass
-        rows = []
-        for line, lineno in zip(lines, numbers, strict=True):
-            try:
-                rows.append(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
-                raise InputError(f"{self.path} line {lineno}: malformed JSON ({exc.msg})") from None
-        return _rows_to_columns(rows, self.path, lambda i: f"line {numbers[i]}")
-
-    def close(self) -> None:
-        """Close the file."""
-        if self.f is not None:
-            self.f.close()
-            self.f = None
-
-
-def _read_jsonl(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
-    rows = JsonlRows(path)
-    try:
-        return rows.read(0, sys.maxsize)
-    finally:
-        rows.close()
-
-
-def _count_nonblank(path: str) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for ln in f if ln.strip())
-
-
-def _read_json(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
-    data = Path(path).read_bytes()
-    head = data.lstrip()[:1]
-    check_depth(data, path)
-    if head == b"[":
-        try:
-            rows = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise InputError(f"{path} line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})") from None
-        return _rows_to_columns(rows, path, lambda i: f"row {i}")
-    if head == b"{":
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return _read_jsonl(path)  # JSON lines in a .json file
-        if isinstance(obj, dict) and obj and all(isinstance(v, list) for v in obj.values()):
-            if len({len(v) for v in obj.values()}) != 1:
-                raise InputError(f"{path}: columns of the JSON object have different lengths")
-            n = len(next(iter(obj.values())))
-            return _rows_to_columns([{k: v[i] for k, v in obj.items()} for i in range(n)], path,
-                                    lambda i: f"row {i}")
-        return _rows_to_columns([obj], path, lambda i: f"row {i}")
-    if not head:
-        return pa.table({}), {}
-    raise InputError(f"{path} line 1: malformed JSON (expected a list of objects or JSON lines)")
-
-
-def check_utf8(path: str, chunk_size: int = 1 << 22) -> None:
-    """Text sources must be UTF-8: the first bad byte is an error naming its line and byte offset (Arrow's
-    readers would otherwise keep the bytes and fail far later, or turn a CSV column into binary)."""
-    done, lines, rest = 0, 0, b""
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(chunk_size)
-            block = rest + chunk
-            cut = len(block) if not chunk else block.rfind(b"\n") + 1  # whole lines: never split a character
-            try:
-                codecs.decode(block[:cut], "utf-8")
-            except UnicodeDecodeError as exc:
-                line = lines + block.count(b"\n", 0, exc.start) + 1
-                raise InputError(f"{path} line {line} (byte offset {done + exc.start}): not valid UTF-8 (byte "
-                                 f"0x{block[exc.start]:02x}); save the file as UTF-8") from None
-            if not chunk:
-                return
-            done, lines, rest = done + cut, lines + block.count(b"\n", 0, cut), block[cut:]
-
-
-def _read_file(path: str) -> tuple[pa.Table, dict[str, list[Any]]]:
-    suffix = Path(path).suffix.lower()
-    try:
-        if suffix in (".jsonl", ".json", ".csv"):
-            check_utf8(path)
-        if suffix == ".jsonl":
-            return _read_jsonl(path)
-        if suffix == ".json":
-            return _read_json(path)
-        if suffix == ".parquet":
-            return pq.read_table(path), {}
-        if suffix == ".arrow":
-            return parquet.read_arrow(path), {}
-        if suffix == ".csv":
-            return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
-    except InputError:
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read {suffix[1:]} file ({exc})") from None
-    raise InputError(f"{path}: unsupported file type '{suffix}' (use one of {', '.join(SUFFIXES)})")
 
 
 # ---------------------------------------------------------------- sources
@@ -491,7 +323,7 @@ def read_source(source: str | Located, split: str | None = None) -> Source:
     if split is not None and loc.kind == "files":
         raise InputError(f"{loc.source}: --split {split} applies to dataset directories and Hub ids, not to files")
     if loc.kind == "files":
-        parts = [(p, *_read_file(p)) for p in loc.paths]
+        parts = [(p, *read_file(p)) for p in loc.paths]
         src = _combine(parts, "glob" if len(parts) > 1 else Path(loc.paths[0]).suffix[1:], loc.fingerprint or "")
     elif loc.kind == "directory":
         src = _saved_dataset(Path(loc.paths[0]), split)

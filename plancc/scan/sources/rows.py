@@ -7,8 +7,8 @@ any machine, sees the same rows under the same ids, and a sharded scan needs no 
     files  a.jsonl (3 rows)   b.jsonl (2 rows)
     rows   0 1 2              3 4              shard [2, 4) = a.jsonl row 2 + b.jsonl row 0
 
-Memory follows the range, not the source: JSON lines stream line by line, Parquet by row group, Arrow IPC by record
-batch (memory-mapped). A `.json` array or `.csv` file is parsed whole (one file at a time: memory grows with the
+Memory follows the range, not the source (each file type's reader is `plancc.store.data_files`): JSON lines stream
+line by line, Parquet by row group, Arrow IPC by record batch (memory-mapped). A `.json` array or `.csv` file is parsed whole (one file at a time: memory grows with the
 largest file, not with the number of files), a `save_to_disk` directory or Hub dataset is memory-mapped by
 `datasets`. `RowReader` keeps the file it read last open, so consecutive ranges (a local scan's shards) read
 each file once, and never more than one file is open; a range far into a JSON lines file skips the lines before
@@ -18,26 +18,14 @@ it without parsing them.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from plancc.errors import InputError
-from plancc.scan.sources.read import (
-    JsonlRows,
-    Located,
-    Source,
-    _combine,
-    _count_nonblank,
-    _read_file,
-    check_utf8,
-    read_source,
-)
-
-Block = tuple[pa.Table, dict[str, list[Any]]]
+from plancc.scan.sources.read import Located, Source, _combine, read_source
+from plancc.store.data_files import Rows, open_rows
 
 
 @dataclass(frozen=True)
@@ -55,6 +43,13 @@ class Manifest:
         """Rows in all files."""
         return sum(n for _, n in self.files)
 
+    def named_files(self) -> tuple[tuple[str, int], ...]:
+        """(name, rows) of each file, named relative to the folder the files share (a lone file by its base name):
+        where a sample's row is, without this machine's paths (`ScanRecord.source_files`)."""
+        paths = [os.path.abspath(p) for p, _ in self.files]
+        top = os.path.commonpath([os.path.dirname(p) for p in paths])
+        return tuple((os.path.relpath(p, top), n) for p, (_, n) in zip(paths, self.files, strict=True))
+
     def to_dict(self) -> dict[str, Any]:
         """The manifest as JSON-able data."""
         return {"source": self.source, "kind": self.kind, "files": [list(f) for f in self.files], "split": self.split}
@@ -63,94 +58,6 @@ class Manifest:
     def from_dict(d: dict[str, Any]) -> Manifest:
         """The manifest `to_dict` wrote."""
         return Manifest(d["source"], d["kind"], tuple((str(p), int(n)) for p, n in d["files"]), d.get("split"))
-
-
-# ---------------------------------------------------------------- per-file cursors
-
-
-class _Parquet:
-    def __init__(self, path: str):
-        self.path = path
-        try:
-            self.file = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as exc:
-            raise InputError(f"{path}: cannot read parquet file ({exc})") from None
-        sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
-        self.starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-
-    def read(self, a: int, b: int) -> Block:
-        groups = [i for i in range(len(self.starts) - 1) if self.starts[i] < b and self.starts[i + 1] > a]
-        if not groups:
-            return self.file.schema_arrow.empty_table(), {}
-        table = self.file.read_row_groups(groups)
-        return table.slice(a - self.starts[groups[0]], b - a), {}
-
-    def close(self) -> None:
-        self.file.close()
-
-
-class _Arrow:
-    """An Arrow IPC file, memory-mapped, by record batch (the stream format has no index: read whole, mapped)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        try:
-            self.reader = pa.ipc.open_file(pa.memory_map(path))
-            sizes = [self.reader.get_batch(i).num_rows for i in range(self.reader.num_record_batches)]
-            self.table = None
-        except pa.ArrowInvalid:
-            table, _ = _read_file(path)
-            self.reader, self.table, sizes = None, table, [table.num_rows]
-        self.starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-
-    def read(self, a: int, b: int) -> Block:
-        if self.table is not None:
-            return self.table.slice(a, b - a), {}
-        ks = [k for k in range(len(self.starts) - 1) if self.starts[k] < b and self.starts[k + 1] > a]
-        if not ks:
-            return self.reader.schema.empty_table(), {}
-        table = pa.Table.from_batches([self.reader.get_batch(k) for k in ks], self.reader.schema)
-        return table.slice(a - self.starts[ks[0]], b - a), {}
-
-    def close(self) -> None:
-        pass
-
-
-class _Whole:
-    """A file parsed whole (`.json` arrays, `.csv`), kept while ranges of it are read."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.table, self.loose = _read_file(path)
-        self.rows = self.table.num_rows if self.table.num_columns else (
-            len(next(iter(self.loose.values()))) if self.loose else 0)
-
-    def read(self, a: int, b: int) -> Block:
-        return self.table.slice(a, b - a), {k: v[a:b] for k, v in self.loose.items()}
-
-    def close(self) -> None:
-        pass
-
-
-def _cursor(path: str):
-    suffix = Path(path).suffix.lower()
-    if suffix in (".jsonl", ".json", ".csv"):
-        check_utf8(path)
-    if suffix == ".jsonl":
-        return JsonlRows(path)
-    if suffix == ".parquet":
-        return _Parquet(path)
-    if suffix == ".arrow":
-        return _Arrow(path)
-    return _Whole(path)  # .json, .csv; anything else: _read_file names the unsupported type
-
-
-def _count(cursor) -> int:
-    if isinstance(cursor, JsonlRows):
-        return _count_nonblank(cursor.path)
-    if isinstance(cursor, _Whole):
-        return cursor.rows
-    return cursor.starts[-1]
 
 
 # ---------------------------------------------------------------- the reader
@@ -165,13 +72,13 @@ class RowReader:
             raise InputError(f"{loc.source}: --split {split} applies to dataset directories and Hub ids, not to "
                              "files")
         self.loc, self.split = loc, split
-        self.current: tuple[str, Any] | None = None  # one file open at a time: bounded memory and descriptors
+        self.current: tuple[str, Rows] | None = None  # one file open at a time: bounded memory and descriptors
         self.whole: Source | None = None  # a directory or Hub dataset: memory-mapped by datasets
         if loc.kind != "files":
             self.whole = read_source(loc, split)
             counts = [(loc.source, self.whole.num_rows)]
         elif manifest is None:
-            counts = [(p, _count(self._cursor(p))) for p in loc.paths]
+            counts = [(p, self._cursor(p).count()) for p in loc.paths]
         self.manifest = manifest or Manifest(loc.source, loc.kind, tuple(counts), split)
         if self.manifest.rows == 0:
             raise InputError(f"{loc.source}: the dataset is empty (no rows)")
@@ -184,7 +91,7 @@ class RowReader:
     def _cursor(self, path: str):
         if self.current is None or self.current[0] != path:
             self.close()
-            self.current = (path, _cursor(path))
+            self.current = (path, open_rows(path))
         return self.current[1]
 
     @property

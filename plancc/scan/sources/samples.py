@@ -18,70 +18,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from plancc.config.settings import ScanOptions
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import InputError
-from plancc.scan.sources.encode import Encoded
+from plancc.scan.formats.base import Encoded
 from plancc.store import schemas
 from plancc.store.fingerprint import token_hashes
 from plancc.store.scan_record import Counted, ScanRecord
-from plancc.store.token_store import IGNORE_INDEX
 
 FIRST_ROWS = 10
-
-
-def _list_flat(arr: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, pa.Array]:
-    """(values int64, offsets int64 n+1, flattened values) of a list column."""
-    a = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    if pa.types.is_fixed_size_list(a.type):
-        offsets = np.arange(len(a) + 1, dtype=np.int64) * a.type.list_size
-    else:
-        offsets = np.asarray(a.offsets, dtype=np.int64)
-        offsets = offsets - offsets[0]
-    values = a.flatten()
-    return values, offsets, a
-
-
-def _row_of(offsets: np.ndarray, flat_index: int) -> int:
-    return int(np.searchsorted(offsets, flat_index, side="right") - 1)
-
-
-def from_tokenized(table: pa.Table, shift: str, vocab_size: int | None, where: Callable[[int], str]) -> Encoded:
-    """Flat arrays of a tokenized source; labels are `shift_labels` under shift none, else `labels` (or input_ids)."""
-    values, offsets, _ = _list_flat(table.column("input_ids"))
-    if values.null_count:
-        raise InputError(f"{where(_row_of(offsets, pc.index(pc.is_null(values), True).as_py()))}: "
-                         "column 'input_ids' holds a null token")
-    ids64 = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    limit = vocab_size if vocab_size is not None else 2**31
-    bad = np.flatnonzero((ids64 < 0) | (ids64 >= limit))
-    if bad.size:
-        j = int(bad[0])
-        hint = f" (tokenizer vocabulary has {vocab_size} tokens: wrong --tokenizer?)" if vocab_size else ""
-        raise InputError(f"{where(_row_of(offsets, j))}: column 'input_ids' has token id {ids64[j]} at position "
-                         f"{j - offsets[_row_of(offsets, j)]}, outside [0, {limit}){hint}")
-    ids = ids64.astype(np.int32)
-    name = "shift_labels" if shift == "none" else "labels"
-    if shift == "none" and name not in table.column_names:
-        raise InputError(f"{where(0)}: --shift none needs a 'shift_labels' column (labels already shifted); "
-                         "this tokenized source has none (use --shift sample)")
-    if name not in table.column_names:
-        return Encoded(ids, ids.copy(), offsets)
-    lvalues, loffsets, _ = _list_flat(table.column(name))
-    if not np.array_equal(loffsets, offsets):
-        row = int(np.flatnonzero(np.diff(loffsets) != np.diff(offsets))[0])
-        raise InputError(f"{where(row)}: column '{name}' has {loffsets[row + 1] - loffsets[row]} values but "
-                         f"'input_ids' has {offsets[row + 1] - offsets[row]}")
-    if lvalues.null_count:
-        lvalues = pc.fill_null(lvalues, IGNORE_INDEX)
-    lab64 = lvalues.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    bad = np.flatnonzero(((lab64 < 0) & (lab64 != IGNORE_INDEX)) | (lab64 >= limit))
-    if bad.size:
-        j = int(bad[0])
-        raise InputError(f"{where(_row_of(offsets, j))}: column '{name}' has value {lab64[j]}; expected -100 or a "
-                         f"token id in [0, {limit})")
-    return Encoded(ids, lab64.astype(np.int32), offsets)
 
 
 def _first_rows(mask: np.ndarray) -> Counted:
@@ -96,7 +42,7 @@ def _truncate(enc: Encoded, limit: int) -> Encoded:
     keep = pos < limit
     offsets = np.zeros_like(enc.offsets)
     np.cumsum(new_len, out=offsets[1:])
-    return Encoded(enc.ids[keep], enc.labels[keep], offsets, enc.end_only)
+    return Encoded(enc.ids[keep], enc.labels[keep], offsets, enc.end_only, enc.attributes)
 
 
 def _shift_left(enc: Encoded) -> Encoded:
@@ -105,7 +51,7 @@ def _shift_left(enc: Encoded) -> Encoded:
     out[:-1] = enc.labels[1:]
     ends = enc.offsets[1:][np.diff(enc.offsets) > 0] - 1
     out[ends] = IGNORE_INDEX
-    return Encoded(enc.ids, out, enc.offsets, enc.end_only)
+    return Encoded(enc.ids, out, enc.offsets, enc.end_only, enc.attributes)
 
 
 @dataclass
@@ -146,6 +92,7 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     counts["dropped_all_masked"] = _first_rows(masked)
     end_only = enc.end_only_rows() & ~masked & ~(over & (options.long == "drop"))
     counts["end_only"] = _first_rows(end_only)
+    counts["blank_turns"] = _first_rows(enc.attributes.get("blank", np.zeros(len(lengths), bool)))
     keep = ~masked & ~(over & (options.long == "drop")) & ~(end_only & options.drop_eos_only)
     counts["retained"] = int(keep.sum())
     counts["dropped_samples"] = len(lengths) - counts["retained"]
@@ -201,6 +148,17 @@ def _end_only_warning(report: ScanRecord) -> list[str]:
             f"(rows {rows}{', ...' if ends > 5 else ''}); drop them with drop_eos_only = true"]
 
 
+def _blank_warning(report: ScanRecord) -> list[str]:
+    """The line for conversations with a turn to train whose text renders to nothing (left untrained)."""
+    blank = report.blank_turns
+    if not blank.count:
+        return []
+    rows = ", ".join(map(str, blank.first_rows[:5]))
+    return [f"{blank.count} conversations have a turn to train with no text (empty, or whitespace the template "
+            f"trims): that turn and its end of turn are not trained, as Axolotl does (rows {rows}"
+            f"{', ...' if blank.count > 5 else ''})"]
+
+
 def drop_warning(report: ScanRecord) -> str | None:
     """One line saying how many samples the scan dropped or truncated, why, and how many train on an end of turn
     alone; None when none of these happened."""
@@ -208,7 +166,7 @@ def drop_warning(report: ScanRecord) -> str | None:
     truncated = report.truncated_samples
     parts = ([f"dropped {text}"] if dropped else []) + (
         [f"truncated {truncated} samples to --sequence-len {report.sequence_len}"]
-        if truncated else []) + _end_only_warning(report)
+        if truncated else []) + _end_only_warning(report) + _blank_warning(report)
     return "; ".join(parts) or None
 
 

@@ -1,0 +1,228 @@
+"""`messages`: conversations rendered with a chat template, the turns of `roles_to_train` supervised (Axolotl's
+`type: chat_template`, TRL's conversational datasets).
+
+    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
+        ->  "<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n" | "Hello<|im_end|>" "\\n"   (chatml)
+
+Read from a `messages` or `conversations` column: `{role, content}` or ShareGPT `{from, value}` turns (other keys
+with `--message-fields`), OpenAI content parts (text parts joined), tool calls; or TRL's conversational
+prompt/completion (`prompt` and `completion` both lists of messages: the prompt's turns are context, never
+trained). `plancc.scan.sources.chat` renders and finds each turn's span; a template with `{% generation %}`
+blocks says itself what is trained.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from plancc.config.formats import BY_NAME
+from plancc.config.settings import ScanOptions
+from plancc.core.plan_arrays import IGNORE_INDEX
+from plancc.errors import InputError, clip
+from plancc.scan.formats import columns
+from plancc.scan.formats.base import Encoded, Encoding, RowError, RowFormat
+from plancc.scan.formats.tokens import flat, heads
+from plancc.scan.sources.chat import Renderer, TemplateProblem, Turn, normalize
+from plancc.scan.sources.read import Source
+
+PLAIN_MESSAGE = {"role", "content", "from", "value"}
+
+
+def _conversational(src: Source) -> bool:
+    """TRL's conversational prompt/completion: `prompt` and `completion` both lists of messages."""
+    def is_list(name: str) -> bool:
+        if name in src.loose:
+            return any(isinstance(v, list) for v in src.loose[name])
+        if name not in src.table.column_names:
+            return False
+        t = src.table.column(name).type
+        return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+    return is_list("prompt") and is_list("completion")
+
+
+def _arrow_messages(src: Source, name: str) -> pa.ChunkedArray | None:
+    """Column `name` as it is when it is a list of plain `{role, content}` (or `{from, value}`) string structs,
+    checked; None when its rows must be normalized one by one."""
+    arr = src.table.column(name)
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not (
+        pa.types.is_struct(arr.type.value_type)
+    ):
+        raise InputError(f"{src.where(0)}: column '{name}' has type {clip(arr.type)}, expected a list of "
+                         "{role, content} (or {from, value}) objects")
+    fields = {f.name: f.type for f in arr.type.value_type}
+    if not ({"role", "content"} <= set(fields) or {"from", "value"} <= set(fields)):
+        raise InputError(f"{src.where(0)}: column '{name}' messages have fields {clip(sorted(fields))}, expected "
+                         "role+content or from+value")
+    columns.first_null(src, name, arr, "a list of messages")
+    if set(fields) <= PLAIN_MESSAGE and all(pa.types.is_string(t) or pa.types.is_large_string(t)
+                                              for t in fields.values()):
+        columns.valid_strings(src, name, arr)
+        return arr
+    return None
+
+
+def _calls_json(calls: Any) -> str:
+    """A message's tool calls as JSON text, so that Arrow does not give each call every other call's argument
+    names; a null argument is dropped, since reading JSON lines into Arrow already gave each call every argument
+    name of its file, as null."""
+    def clean(call: Any) -> Any:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
+            arguments = {k: v for k, v in function["arguments"].items() if v is not None}
+            return {**call, "function": {**function, "arguments": arguments}}
+        return call
+
+    return json.dumps([clean(c) for c in calls] if isinstance(calls, list) else calls)
+
+
+def _normalized(src: Source, name: str | None, message_fields: tuple[tuple[str, str], ...]) -> pa.Table:
+    """Every row normalized (`chat.normalize`: other field names, content parts, tool calls; TRL's conversational
+    prompt + completion when `name` is None, whose prompt's turns get `training` false)."""
+    rows = columns.column_values(src, name) if name is not None else zip(
+        columns.column_values(src, "prompt"), columns.column_values(src, "completion"), strict=True)
+    normalized = []
+    for i, value in enumerate(rows):
+        try:
+            if name is None:
+                prompt = [{**m, "training": False} for m in normalize(value[0], message_fields)]
+                turns = prompt + normalize(value[1], message_fields)
+            else:
+                turns = normalize(value, message_fields)
+        except TemplateProblem as exc:
+            raise InputError(f"{src.where(i)}: column '{name or 'prompt/completion'}', {exc}") from None
+        normalized.append([{**m, "tool_calls": _calls_json(m["tool_calls"])} if "tool_calls" in m else m
+                           for m in turns])
+    return pa.table({"messages": pa.array(normalized)})
+
+
+def _chosen(turns: list[Turn], options: ScanOptions) -> list[Turn]:
+    """The turns trained: those of `roles_to_train`, or only the last of them (`train_on = last_turn`)."""
+    trained = [t for t in turns if t.role in options.roles_to_train]
+    return trained[-1:] if options.train_on == "last_turn" else trained
+
+
+def _renders_nothing(renderer: Renderer, messages: list[dict[str, str]], text: str, turn: Turn) -> bool:
+    """Whether `turn`'s text renders to nothing (no content, or whitespace a template trims): Axolotl finds no span
+    for such a turn and trains neither it nor its end of turn; so does plancc (counted: `blank_turns`)."""
+    m = messages[turn.index]
+    if m["content"].strip() or m.get("tool_calls"):  # a tool call is text to train, content or not
+        return False
+    return not m["content"] or renderer.render(
+        [*messages[:turn.index], {**m, "content": ""}, *messages[turn.index + 1:]]) == text
+
+
+def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
+                ) -> tuple[str, list[tuple[int, int]], bool, bool]:
+    """Rendered text, the character spans trained (tokens starting inside one are supervised), whether the
+    trained turns' content is empty (only end-of-turn markup is trained) and whether a turn to train was left out
+    because its text renders to nothing (`_renders_nothing`)."""
+    eos, roles_to_train = options.train_on_eos, options.roles_to_train
+    roles = {m["role"] for m in messages} if eos == "all" else set(roles_to_train)
+    text, turns = renderer.turns(messages, roles, split=eos != "turn" or roles_to_train != ("assistant",))
+    chosen = _chosen(turns, options)
+    trained = [t for t in chosen if not _renders_nothing(renderer, messages, text, t)]
+    spans = [(t.start, t.content_end) for t in trained]
+    ends = {"turn": trained, "last": trained[-1:], "all": turns, "none": []}[eos]
+    spans += [(t.content_end, t.end) for t in ends]
+    empty = all(not messages[t.index]["content"].strip() for t in trained)
+    return text, spans, empty, len(trained) < len(chosen)
+
+
+def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
+                  ) -> tuple[str, list[tuple[int, int]], bool]:
+    """Rendered text, the `{% generation %}` blocks' spans (tokens overlapping one are supervised) and whether
+    the assistant turns they train have empty content."""
+    text, spans = renderer.generation_spans(messages)
+    replies = [m for m in messages if m["role"] == "assistant" and m.get("training") is not False]
+    if options.train_on == "last_turn":
+        spans, replies = spans[-1:], replies[-1:]
+    return text, spans, all(not m["content"].strip() for m in replies), False
+
+
+def _mask(ids: np.ndarray, offsets: np.ndarray, encodings, spans: list, overlap: bool) -> np.ndarray:
+    """Labels: each row's tokens that start inside one of its spans (`overlap`: that overlap one) keep their id."""
+    labels = np.full(len(ids), IGNORE_INDEX, np.int32)
+    for i, (enc, sp) in enumerate(zip(encodings, spans, strict=True)):
+        if not sp:
+            continue
+        if overlap:
+            bounds = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+            starts, ends = bounds[:, 0], bounds[:, 1]
+        else:
+            starts = np.fromiter((s for s, _ in enc.offsets), dtype=np.int64, count=len(enc))
+        chosen = np.zeros(len(starts), bool)
+        for a, b in sp:
+            chosen |= (starts < b) & (ends > a) if overlap else (starts >= a) & (starts < b)
+        o = offsets[i]
+        seg = ids[o:o + len(starts)]
+        labels[o:o + len(starts)][chosen] = seg[chosen]
+    return labels
+
+
+class Messages(RowFormat):
+    """Rows of one conversation each."""
+
+    named = BY_NAME["messages"]
+    detected_by = "messages/conversations"
+    chat: ClassVar[bool] = True
+    shaping: ClassVar[tuple[str, ...]] = ("message_fields",)
+
+    def detects(self, src: Source) -> bool:
+        """A `messages` or `conversations` column, or `prompt` and `completion` both lists of messages."""
+        cols = set(src.column_names)
+        return "messages" in cols or "conversations" in cols or _conversational(src)
+
+    def canonical(self, src: Source, options: ScanOptions) -> pa.Table:
+        """One `messages` column of `{role, content}` lists: read as Arrow when it is one already, else every
+        row normalized (`chat.normalize`)."""
+        cols = set(src.column_names)
+        name = "messages" if "messages" in cols else "conversations" if "conversations" in cols else None
+        if name is None and not _conversational(src):
+            raise columns.missing(src, self.name, "messages")
+        if name is not None and name not in src.loose and not options.message_fields:
+            arr = _arrow_messages(src, name)
+            if arr is not None:
+                return pa.table({"messages": arr})
+        return _normalized(src, name, options.message_fields)
+
+    def encode(self, table: pa.Table, how: Encoding, row0: int = 0) -> Encoded:
+        """Each conversation rendered, tokenized once with offsets, its trained spans' tokens supervised."""
+        if how.template is None:
+            raise ValueError("messages need a chat template")
+        options = how.options
+        renderer = Renderer(how.template, how.tok.bos_token, how.tok.eos_token, options.template_date)
+        locate = _tagged_spans if renderer.tagged else _turn_spans
+        texts, spans, empty, blank = [], [], [], []
+        for i, conv in enumerate(table.column("messages").to_pylist()):
+            try:
+                messages = normalize(conv)
+            except TemplateProblem as exc:
+                raise RowError(row0 + i, f"column 'messages', {exc}") from None
+            try:
+                text, sp, ends_only, skipped = locate(renderer, messages, options)
+            except TemplateProblem as exc:
+                raise RowError(row0 + i, str(exc)) from None
+            texts.append(text)
+            spans.append(sp)
+            empty.append(ends_only)
+            blank.append(skipped)
+        texts = heads(how.tok, texts, False, how.keep)  # spans past a cut select no token
+        encodings = how.tok.tokenizer.encode_batch(texts, add_special_tokens=False)
+        ids, offsets = flat(encodings)
+        labels = _mask(ids, offsets, encodings, spans, renderer.tagged)
+        return Encoded(ids, labels, offsets, np.array(empty, dtype=bool), {"blank": np.array(blank, dtype=bool)})
+
+    def trained(self, options: ScanOptions, *, generation: bool = False) -> str:
+        """The template's `{% generation %}` blocks, or `roles_to_train` and `train_on_eos`; and `train_on`."""
+        if generation:
+            return f"the chat template's {{% generation %}} blocks, train_on {options.train_on}"
+        return (f"roles_to_train {','.join(options.roles_to_train)}, train_on_eos {options.train_on_eos}, "
+                f"train_on {options.train_on}")
+
+
+FORMAT = Messages()
