@@ -131,7 +131,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc <= 0:
         raise InputError(f"--num-proc must be a positive integer, got {num_proc!r}")
     if engine is None:  # processes of this machine (Ray counts its own)
-        bound_workers(num_proc, options.tokenizer)
+        num_proc = bound_workers(num_proc, options.tokenizer)
     shard.local_ranges(1, shard_rows)  # a bad --shard-rows is named before any work
     ident = shard.identity(source, options)
     tok, template, loc = ident
@@ -219,7 +219,7 @@ def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_di
                num_proc: int = 1, progress: Progress = None) -> ScanRecord:
     """`plancc scan --shard I/N`: shard `index` of `count` of SOURCE's rows into the partial scan `out_dir`
     (atomically, the `-o` rules); `plancc merge` joins the parts. Returns the part's record."""
-    bound_workers(num_proc, options.tokenizer)
+    num_proc = bound_workers(num_proc, options.tokenizer)
     if progress:
         progress("reading", 0, 1)
     ident = shard.identity(source, options)

@@ -12,6 +12,7 @@ import math
 import multiprocessing as mp
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -20,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from plancc.core.machine import address_room, mapped_bytes, usable_cpus
-from plancc.errors import PlanccError, SettingsError
+from plancc.errors import PlanccError, PlanccWarning, SettingsError
 from plancc.scan import formats
 from plancc.scan.formats import Encoded, Encoding, RowError, RowFormat
 from plancc.scan.sources.tokenizer import BUILTIN, load_tokenizer
@@ -62,18 +63,20 @@ THREAD_ROOM = 128 << 20  # address space one thread takes in practice: its stack
 TOKENIZER_ROOM = 640 << 20
 
 
-def bound_workers(num_proc: int, tokenizer: str | None = None) -> None:
-    """Before a scan on this machine: refuse more tokenizer processes than CPUs (2 always allowed; each loads the
-    tokenizer and holds its rows, so beyond the CPUs they only cost memory: 1,024 took the machine down), and under
-    `ulimit -v` start no more threads than fit (the tokenizer's pool, where a thread that cannot start is a panic
-    printed from native code, and Arrow's take one per CPU otherwise; a count the user set is kept), and refuse a
-    limit that leaves a `tokenizer` file (not the built-in one) less than `TOKENIZER_ROOM`: below it the tokenizer's
-    failed allocations abort the process, or deadlock it, in native code that plancc cannot catch."""
+def bound_workers(num_proc: int, tokenizer: str | None = None) -> int:
+    """Before a scan on this machine: the tokenizer processes to start, at most the CPUs (2 always allowed; each
+    loads the tokenizer and holds its rows, so beyond the CPUs they only cost memory: 1,024 took the machine down;
+    the result is the same for any count, so more are lowered with a warning, not refused); and under `ulimit -v`
+    start no more threads than fit (the tokenizer's pool, where a thread that cannot start is a panic printed from
+    native code, and Arrow's take one per CPU otherwise; a count the user set is kept), and refuse a limit that
+    leaves a `tokenizer` file (not the built-in one) less than `TOKENIZER_ROOM`: below it the tokenizer's failed
+    allocations abort the process, or deadlock it, in native code that plancc cannot catch."""
     most = max(2, usable_cpus())
     if num_proc > most:
-        raise SettingsError(f"--num-proc {num_proc}: this process may run on {usable_cpus()} CPUs, and tokenizer "
-                            "processes beyond them only cost memory (each loads the tokenizer); use --num-proc "
-                            f"{most} or fewer", "num_proc")
+        warnings.warn(f"--num-proc {num_proc}: this process may run on {usable_cpus()} CPUs, and tokenizer processes "
+                      f"beyond them only cost memory (each loads the tokenizer); using {most}", PlanccWarning,
+                      stacklevel=2)
+        num_proc = most
     room = address_room()
     if room is not None and tokenizer not in (None, BUILTIN) and room < TOKENIZER_ROOM:
         mapped = mapped_bytes() or 0
@@ -87,6 +90,7 @@ def bound_workers(num_proc: int, tokenizer: str | None = None) -> None:
         os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         pa.set_cpu_count(min(pa.cpu_count(), threads))
         pa.set_io_thread_count(min(pa.io_thread_count(), threads))
+    return num_proc
 
 
 @contextlib.contextmanager
