@@ -35,6 +35,7 @@ from axolotl.integrations.base import BasePlugin
 from datasets import Dataset
 from pydantic import BaseModel
 
+from plancc.core import layout
 from plancc.errors import PlanMismatchError
 from plancc.runtime.data import load_tokens
 from plancc.runtime.forward import LOSS_PATHS
@@ -62,7 +63,7 @@ def _preview(plan_dir: str) -> Dataset:
 def plan_steps(plan_dir: str, epochs: float | None) -> int:
     """The optimizer steps of the plan's first `epochs` epochs (all of them when None)."""
     plan = verified_plan(plan_dir)
-    sampler = PlanSampler(plan, rank=0, world_size=1, grad_accum=plan.settings.world_size * plan.settings.grad_accum)
+    sampler = PlanSampler(plan, rank=0, world_size=1, grad_accum=layout.batches_per_update(plan.settings.world_size, plan.settings.grad_accum))
     count = len(plan.epochs) if epochs is None else int(epochs)
     return sum(sampler.updates_per_epoch(e) for e in plan.epochs[:count])
 
