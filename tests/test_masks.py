@@ -17,7 +17,7 @@ from plancc.cli import app
 from plancc.config.settings import ScanOptions
 from plancc.errors import SettingsError
 from plancc.scan.scanner import scan
-from plancc.scan.sources import chat, clock
+from plancc.scan.sources import clock
 from plancc.scan.sources.tokenizer import load_tokenizer
 from plancc.store import token_store
 from tests.sources_fixtures import (

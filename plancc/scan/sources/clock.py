@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 _DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
@@ -77,7 +77,7 @@ def _format(fields: dict[str, Field], fmt: str) -> str:
 
 def strftime_now(date: str) -> Callable[[str], str]:
     """`strftime_now` for a template rendered on `date` (YYYY-MM-DD): midnight UTC that day, in the C locale."""
-    fields = _fields(datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=timezone.utc))
+    fields = _fields(datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=UTC))
 
     @functools.lru_cache(maxsize=64)
     def formatted(fmt: str) -> str:
