@@ -40,6 +40,8 @@ OLD = {
     "truncated": {"count": 0, "first_rows": []}, "truncated_samples": 0, "warnings": [],
 }
 RUN_TO_RUN = ("source", "source_paths", "seconds")
+# what a scan writes now: OLD under the scan version since (7: the template clock in UTC), whose key follows it
+NOW = {**OLD, "plancc_scan_version": 7, "key": "023759ce23e140ad635d383a15d0585b"}
 runner = CliRunner()
 
 
@@ -68,7 +70,7 @@ def test_a_scan_writes_what_plancc_wrote_before(tmp_path):
     """Same key, fingerprints, options and counts as the old writer: only where and how long differ."""
     written = orjson.loads((_scan(tmp_path) / schemas.SCAN_MANIFEST_FILE).read_bytes())
     assert {k: v for k, v in written.items() if k not in RUN_TO_RUN} == \
-        {k: v for k, v in OLD.items() if k not in RUN_TO_RUN}
+        {k: v for k, v in NOW.items() if k not in RUN_TO_RUN}
 
 
 def test_a_plan_manifest_scan_entry_round_trips(tmp_path):
@@ -83,7 +85,7 @@ def test_a_plan_manifest_scan_entry_round_trips(tmp_path):
 
 def test_scan_dir_opens_and_checks(tmp_path):
     scan = ScanDir.open(_scan(tmp_path))
-    assert scan.samples().num_rows == 3 and scan.tokens is not None and scan.record.key == OLD["key"]
+    assert scan.samples().num_rows == 3 and scan.tokens is not None and scan.record.key == NOW["key"]
 
 
 _pairs = st.lists(st.tuples(st.sampled_from(["prompt", "completion", "text"]), st.text(min_size=1, max_size=5)),
