@@ -272,8 +272,8 @@ def _extra(name: str, value: Any, j: int, role: str) -> Any:
 
 
 def _tool_calls(calls: Any, j: int, role: str) -> Any:
-    """A message's tool calls; a JSON string of them (as some datasets keep them, and a canonical table does)
-    parsed, once it is known to nest no deeper than a file may."""
+    """A message's tool calls; JSON text of them (as some datasets keep them) parsed, once it is known to nest no
+    deeper than a file may."""
     if not isinstance(calls, str):
         return calls
     if json_rows.too_deep(calls.encode("utf-8", "surrogatepass")) >= 0:

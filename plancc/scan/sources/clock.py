@@ -11,9 +11,9 @@ directives are formatted here, as the C ("POSIX") locale formats them, for one i
     %u 1   %U 00   %V 01   %w 1   %W 01   %x 01/01/24   %X 00:00:00   %y 24   %Y 2024   %z +0000   %:z +00:00
     %Z UTC   %f 000000   %% %
 
-glibc's flags `-` (no padding), `_` (spaces), `0` (zeros), `^` (upper case), `#` (names in upper case, `%p` and `%Z` in lower) and its `E`/`O`
-modifiers (no effect in the C locale) are read too; anything else is kept as written, as glibc keeps a directive
-it does not know.
+glibc's flags `-` (no padding), `_` (spaces), `0` (zeros), `^` (upper case), `#` (names in upper case, `%p` and
+`%Z` in lower) and its `E`/`O` modifiers (no effect in the C locale) are read too; anything else is kept as written,
+as glibc keeps a directive it does not know.
 """
 
 from __future__ import annotations
