@@ -75,7 +75,7 @@ def compile_recipe(args: argparse.Namespace, seed: int, out: Path) -> plancc.Pla
                     val_set_size=args.val_set_size, seed=seed, max_dropped=1.0)
     cache = out / "cache"
     probe = plancc.compile(entries, out / "probe", cache_dir=cache, epochs=1, **settings)
-    per_epoch = probe.manifest["epochs"][0]["updates"]
+    per_epoch = probe.manifest.epochs[0].updates
     plan = plancc.compile(entries, out / "plan", cache_dir=cache, epochs=math.ceil(args.updates / per_epoch),
                           **settings)
     return verified_plan(plan.path)

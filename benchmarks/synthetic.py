@@ -18,8 +18,9 @@ from plancc.build import run as build
 from plancc.config.settings import PlanSettings
 from plancc.core.plan_arrays import SampleArrays
 from plancc.planner.pipeline import compile_run
-from plancc.store import parquet, plan_files, token_writer
+from plancc.store import parquet, token_writer
 from plancc.store.fingerprint import token_hashes
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import ScanRecord
 
 
@@ -107,6 +108,6 @@ def write_tokens(path: Path, tok: pa.Table, samples: pa.Table, shift: str = "sam
     ids = tok.column("input_ids").combine_chunks()
     lab = tok.column("shift_labels" if shift == "none" else "labels").combine_chunks()
     token_writer.write_store(path, ids.flatten().to_numpy(), lab.flatten().to_numpy(),
-                             np.asarray(ids.offsets, dtype=np.int64), fingerprints=plan_files.samples_fingerprints(samples),
+                             np.asarray(ids.offsets, dtype=np.int64), fingerprints=samples_fingerprints(samples),
                              labels_shifted=shift == "none", chunk_tokens=64)
     return path

@@ -10,6 +10,8 @@ import os
 import signal
 import sys
 
+from plancc.core.faults import fault
+
 
 def _startup_interrupt(signum: int, _frame: object) -> None:
     os.write(2, b"interrupted while plancc was starting: nothing was written\n")
@@ -23,10 +25,7 @@ def main() -> None:
     """Install the start-up interrupt handler, then import and run the CLI."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _startup_interrupt)
-    if os.environ.get("PLANCC_FAULT"):  # tests only; plancc.store.atomic is not imported for nothing
-        from plancc.store import atomic
-
-        atomic.fault("startup")
+    fault("startup")  # the tests' crash point before the CLI is imported (`plancc.core.faults`)
     from plancc.cli import app
 
     try:

@@ -26,11 +26,15 @@ import pyarrow.parquet as pq
 from plancc.config import resolve as resolution
 from plancc.config.resolve import Resolved
 from plancc.config.settings import PlanSettings, ScanOptions
+from plancc.core.faults import fault
+from plancc.core.paths import cache_path
 from plancc.errors import InputError, SettingsError
 from plancc.review.diff_rules import DEFAULT_TOLERANCE
 from plancc.store import atomic, outputs
-from plancc.store.plan import Plan
-from plancc.store.plan_store import EpochMicrobatches  # noqa: F401 (public: plancc.EpochMicrobatches)
+from plancc.store.plan import (
+    EpochMicrobatches,  # noqa: F401 (public: plancc.EpochMicrobatches)
+    Plan,
+)
 
 if TYPE_CHECKING:
     from plancc.review.inspect import PlanView
@@ -52,9 +56,7 @@ def _materialize(dataset: Any, cache_dir: Path | None) -> str:
 
     if not isinstance(dataset, Dataset):
         raise SettingsError(f"source must be a path, glob, Hub id or datasets.Dataset, got {type(dataset).__name__}")
-    from plancc.scan.scanner import default_cache_dir
-
-    folder = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "datasets"
+    folder = cache_path(cache_dir, "datasets")
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{uuid.uuid4().hex}.parquet"
     try:
@@ -138,7 +140,7 @@ def scan(source: Any, output: str | Path, *, overwrite: bool = False, config: st
                                    num_proc=procs, progress=progress).to_json()
     result = scan_mod.scan(str(source), options, num_proc=procs, cache_dir=cache, progress=progress,
                            shard_rows=default_rows if shard_rows is None else shard_rows, engine=runner)
-    atomic.fault("prepared")
+    fault("prepared")
     scan_mod.write_scan(result, Path(output), overwrite=overwrite)
     return result.report.to_json()
 
@@ -236,15 +238,15 @@ def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str
     tokens_dir, dataset_fp = (store_in(dataset) if dataset is not None else None), None
     if dataset is not None and tokens_dir is None:
         dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
-    problems, meta = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
-    return Validation(tuple(problems), "eval" in meta)
+    problems, has_eval = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
+    return Validation(tuple(problems), has_eval)
 
 
 def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,
                            cache_dir: str | Path | None) -> str:
     """The content fingerprint of `dataset` scanned with the options the plan's scan recorded."""
     from plancc.scan import scanner as scan_mod
-    from plancc.store import plan_files
+    from plancc.store.samples import samples_fingerprints
 
     plan = Plan(plan_dir)
     if plan.settings.mixture:
@@ -253,7 +255,7 @@ def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, 
     options = scan_mod.options_from_record(plan.scan_record, tokenizer)
     result = scan_mod.scan(dataset, options, num_proc=num_proc or 1,
                            cache_dir=Path(cache_dir) if cache_dir is not None else None)
-    return plan_files.samples_fingerprints(result.samples)["dataset"]
+    return samples_fingerprints(result.samples)["dataset"]
 
 
 def diff(old: str | Path, new: str | Path, *, fail_on: list[str] | None = None,

@@ -27,14 +27,14 @@ def test_compile_an_in_memory_dataset_and_open_it(tmp_path):
     plan = plancc.compile(Dataset.from_list(_rows()), tmp_path / "p", cache_dir=tmp_path / "cache", **settings)
     assert isinstance(plan, plancc.Plan)
     assert plan.settings == PlanSettings(**{k: v for k, v in settings.items() if k != "tokenizer"})
-    assert plan.epochs == [0, 1] and plan.scan["format"] == "prompt_completion" and plan.scan["retained"] == 40
+    assert plan.epochs == [0, 1] and plan.scan_record.format == "prompt_completion" and plan.scan_record.retained == 40
     opened = plancc.open_plan(tmp_path / "p")
     assert opened == plan
     assert repr(plan) == (f"Plan({str(tmp_path / 'p')!r}, samples=40, epochs=[0, 1], mode='packed', world_size=2, "
                           "grad_accum=2)")
     assert {m["stage"] for m in opened.metrics(0)} >= {"before", "after"}
     epoch = opened.epoch(1)
-    assert len(epoch) == opened.manifest["epochs"][1]["batches"]
+    assert len(epoch) == opened.manifest.epochs[1].batches
     seen = sorted(i for b in range(len(epoch)) for row in epoch[b] for i in row)
     assert seen == list(range(40))  # every sample exactly once per epoch
     one_rank = opened.epoch(1, rank=1)

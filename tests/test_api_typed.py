@@ -47,7 +47,7 @@ def test_keywords_override_the_objects_fields(tmp_path, source):
     plan = plancc.compile(source, tmp_path / "p", cache_dir=tmp_path / "c", scan=ScanOptions(**SCAN),
                           plan=PlanSettings(**PLAN), seed=4, sequence_len=512)
     assert (plan.settings.seed, plan.settings.sequence_len, plan.settings.world_size) == (4, 512, 2)
-    assert plan.scan["options"]["sequence_len"] == 512
+    assert plan.scan_record.options.sequence_len == 512
 
 
 def test_a_field_at_its_default_leaves_the_config_files_value(tmp_path, source):
@@ -78,4 +78,4 @@ def test_scan_takes_scan_options_only(tmp_path, source):
 def test_a_keyword_settles_a_disagreement(tmp_path, source):
     plan = plancc.compile(source, tmp_path / "p", cache_dir=tmp_path / "c", tokenizer="builtin",
                           scan=ScanOptions(sequence_len=512), plan=PlanSettings(sequence_len=256), sequence_len=128)
-    assert plan.settings.sequence_len == plan.scan["options"]["sequence_len"] == 128
+    assert plan.settings.sequence_len == plan.scan_record.options.sequence_len == 128

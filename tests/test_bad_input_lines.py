@@ -21,7 +21,8 @@ from plancc import api
 from plancc.cli import app
 from plancc.errors import SettingsError
 from plancc.review.validate import validate_plan
-from plancc.store import plan_store, schemas
+from plancc.store import schemas
+from plancc.store.plan import Plan
 from tests.plan_helpers import write_samples_file
 
 runner = CliRunner()
@@ -210,10 +211,13 @@ def test_an_edited_samples_table_of_a_scan_or_plan_is_not_compiled(scanned, tmp_
     full validate comparing them with the tokens could tell."""
     directory = _copy(scanned, name, tmp_path)
     _edit_label_count(directory / schemas.SAMPLES_FILE)
-    record = schemas.SCAN_MANIFEST_FILE if name == "scan" else schemas.MANIFEST_FILE
     line = refused("compile", directory, "-o", tmp_path / "out", out=tmp_path / "out")
-    assert f"{directory / schemas.SAMPLES_FILE}: its rows do not hash to the metadata fingerprint " \
-           f"{directory / record} records" in line, line
+    if name == "scan":  # against the record of the scan
+        assert f"{directory / schemas.SAMPLES_FILE}: its rows do not hash to the metadata fingerprint " \
+               f"{directory / schemas.SCAN_MANIFEST_FILE} records" in line, line
+    else:  # through the plan, against its plan file (manifest.json is only a mirror)
+        assert f"{directory / schemas.SAMPLES_FILE}: its rows do not hash to the plan's metadata fingerprint" \
+               in line, line
 
 
 def test_a_token_store_swapped_into_a_scan_is_not_compiled(scanned, tmp_path):
@@ -255,8 +259,8 @@ def test_a_scans_samples_table_alone_carries_the_scans_sequence_len_and_shift(sc
     assert r.exit_code == 0, r.output
     assert {k: json.loads(r.stdout)["settings"][k] for k in ("sequence_len", "shift")} == {"sequence_len": 128,
                                                                                            "shift": "sample"}
-    same = plan_store.PlanDir(scanned / "plan")  # compiled from the scan directory: the same plan
-    assert plan_store.PlanDir(tmp_path / "p").fingerprints["plan"] == same.fingerprints["plan"]
+    same = Plan(scanned / "plan")  # compiled from the scan directory: the same plan
+    assert Plan(tmp_path / "p").fingerprints["plan"] == same.fingerprints["plan"]
     r = runner.invoke(app, ["compile", str(samples), "-o", str(tmp_path / "q"), "--shift", "none", "-q"])
     assert r.exit_code == 0, r.output  # a samples table no plancc scan wrote: nothing recorded, the flags rule
 

@@ -14,8 +14,9 @@ from plancc.config.settings import PlanSettings
 from plancc.errors import SettingsError
 from plancc.planner.pipeline import compile_plan, plan_columns
 from plancc.review.validate import validate_plan
-from plancc.store import plan_store, schemas
+from plancc.store import schemas
 from plancc.store.parquet import sample_arrays
+from plancc.store.plan import Plan
 from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import direct_targets, random_dataset, samples_table
 
@@ -152,13 +153,14 @@ def test_plan_on_disk_reads_back_per_rank(tmp_path_factory, case):
     plans = compile_plan(s, settings)
     write_plan_dir(d, table, s, settings, plans, ScanRecord(), None)
     for plan in plans:
-        full = plan_store.PlanDir(d).read_share(plan.epoch)
+        opened = Plan(d)
+        full = opened.epoch(plan.epoch)
         assert full.index.tolist() == list(range(plan.batches.num_batches))
         assert (full.sample_ids == s.sample_id[plan.batches.samples]).all()
         assert (full.row_bounds == plan.batches.row_bounds).all()
         assert (full.batch_bounds == plan.batches.batch_bounds).all()
         for r in range(settings.world_size):
-            part = plan_store.PlanDir(d).read_share(plan.epoch, rank=r)
+            part = opened.epoch(plan.epoch, rank=r)
             assert part.index.tolist() == list(range(r, plan.batches.num_batches, settings.world_size))
             assert [part[i] for i in range(len(part))] == [full[i] for i in part.index.tolist()]
 

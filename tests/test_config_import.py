@@ -56,7 +56,7 @@ def test_relative_paths_resolve_beside_the_config_file(tmp_path, monkeypatch):
     monkeypatch.chdir(elsewhere)
     assert read_config(project / "plancc.toml").settings["chat_template"] == str(project / "chat.jinja")
     plan = plancc.compile(None, tmp_path / "plan", config=project / "plancc.toml", cache_dir=tmp_path / "cache")
-    assert plan.scan["chat_template"]["name"] == str((project / "chat.jinja").resolve())
+    assert plan.scan_record.chat_template.name == str((project / "chat.jinja").resolve())
 
 
 def _axolotl(tmp_path: Path) -> Path:

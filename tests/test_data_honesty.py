@@ -75,7 +75,9 @@ def test_small_drops_warn_once_and_are_counted_everywhere(tmp_path):
     assert warnings == ["warning: dropped 2 of 100 samples (2.0%): 2 longer than --sequence-len 64, "
                         "0 without a supervised target"]
     manifest = json.loads((out / schemas.MANIFEST_FILE).read_text())
-    assert (manifest["rows_read"], manifest["samples"], manifest["dropped_samples"]) == (100, 98, 2)
+    scan = manifest["scan"]  # the counts are the scan record's, held once
+    assert (scan["rows_read"], manifest["samples"], scan["dropped_samples"]) == (100, 98, 2)
+    assert not {"rows_read", "dropped_samples", "truncated_samples", "tokenizer", "warnings"} & set(manifest)
     assert manifest["scan"]["dropped_long"]["first_rows"] == [98, 99]
     metrics = pq.read_table(out / schemas.METRICS_FILE).to_pylist()
     assert {m["dropped_samples"] for m in metrics} == {2} and {m["truncated_samples"] for m in metrics} == {0}
@@ -89,7 +91,8 @@ def test_truncation_is_counted_in_scan_plan_and_metrics(tmp_path):
     assert res.exit_code == 0, res.output
     assert "warning: truncated 3 samples to --sequence-len 64" in res.stderr
     manifest = json.loads((out / schemas.MANIFEST_FILE).read_text())
-    assert (manifest["dropped_samples"], manifest["truncated_samples"], manifest["samples"]) == (0, 3, 10)
+    scan = manifest["scan"]
+    assert (scan["dropped_samples"], scan["truncated_samples"], manifest["samples"]) == (0, 3, 10)
     metrics = pq.read_table(out / schemas.METRICS_FILE).to_pylist()
     assert {m["truncated_samples"] for m in metrics} == {3} and {m["dropped_samples"] for m in metrics} == {0}
 
@@ -203,8 +206,8 @@ def test_plan_manifest_names_tokenizer_and_template(tmp_path):
                "--cache-dir", tmp_path / "cache")
     assert res.exit_code == 0, res.output
     manifest = json.loads((out / schemas.MANIFEST_FILE).read_text())
-    assert manifest["tokenizer"]["name"] == "plancc-byte-level"
-    assert manifest["chat_template"]["name"] == "llama3"
+    assert manifest["scan"]["tokenizer"] == "plancc-byte-level"
+    assert manifest["scan"]["chat_template"]["name"] == "llama3"
     assert "chat template llama3" in res.output
     assert _run("validate", out).exit_code == 0  # the metadata fingerprint folds both in, and validates
     res = _run("validate", out, "--dataset", src, "--cache-dir", tmp_path / "cache2")  # rescans with llama3

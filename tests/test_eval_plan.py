@@ -29,7 +29,9 @@ from plancc.planner.holdout import hold_out
 from plancc.planner.pipeline import compile_plan, compile_run
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, verified_plan
-from plancc.store import parquet, plan_store, schemas
+from plancc.store import parquet, schemas
+from plancc.store.plan import Plan
+from plancc.store.plan_store import PlanFiles
 from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import random_dataset, samples_table
 from tests.test_store import _actual, _described
@@ -135,16 +137,16 @@ def test_held_out_samples_are_never_trained_on_and_evaluated_exactly_once(seed, 
 
 
 def test_training_metrics_count_only_the_training_samples(tmp_path):
-    plan = plan_store.PlanDir(_write(tmp_path / "p", val_set_size=0.25))
-    after = [r for r in plan.read_metrics().to_pylist() if r["stage"] == "after"]
+    plan = Plan(_write(tmp_path / "p", val_set_size=0.25))
+    after = [r for r in plan.metrics() if r["stage"] == "after"]
     assert all(r["samples"] == 90 and r["dropped_samples"] == 0 for r in after)
-    assert plan.meta["samples"] == 120 and plan.meta["eval"]["samples"] == 30
+    assert plan.manifest.samples == 120 and plan.manifest.eval.samples == 30
 
 
 def test_an_eval_plan_is_bound_by_its_fingerprint_and_documented(tmp_path):
     path = _write(tmp_path / "p", val_set_size=0.25)
-    plan = plan_store.PlanDir(path)
-    assert plan.has_eval and plan.eval_problems(plan.read_eval()) == []
+    plan = Plan(path)
+    assert plan.manifest.has_eval and plan.files.eval_problems(plan.files.read_eval()) == []
     manifest = json.loads((path / schemas.MANIFEST_FILE).read_text())
     jsonschema.validate(manifest, json.loads((SCHEMAS / "manifest.schema.json").read_text()))
     assert _described("eval") == _actual(schemas.EVAL_SCHEMA)  # schemas/eval.arrow.json documents the file
@@ -177,11 +179,11 @@ def test_val_set_size_from_a_config_file_and_the_api(tmp_path):
     assert "eval       12 samples held out (--val-set-size 12)" in res.output
     plan = plancc.compile(str(source), tmp_path / "api", sequence_len=64, val_set_size=0.24)
     for path in (tmp_path / "cli", tmp_path / "api"):
-        assert plan_store.PlanDir(path).meta["eval"]["samples"] == 12
-    assert plan.manifest["settings"]["val_set_size"] == 0.24
+        assert Plan(path).manifest.eval.samples == 12
+    assert plan.manifest.to_json()["settings"]["val_set_size"] == 0.24
     # eval.parquet is plancc's own: --overwrite replaces a plan holding one (and keeps refusing foreign files)
     again = plancc.compile(str(source), tmp_path / "api", sequence_len=64, val_set_size=12, overwrite=True)
-    assert again.manifest["eval"]["samples"] == 12
+    assert again.manifest.eval.samples == 12
 
 
 # ---------------------------------------------------------------- validate, runtime, inspect, diff
@@ -204,7 +206,7 @@ def sound(tmp_path_factory) -> Path:
 
 def test_validate_and_the_runtime_refuse_an_eval_sample_exchanged_for_a_training_one(sound, tmp_path):
     plan = shutil.copytree(sound, tmp_path / "p")
-    trained = int(plan_store.PlanDir(plan).read_epoch(0).column("sample_ids")[0].as_py()[0][0])
+    trained = int(Plan(plan).epoch(0).sample_ids[0])
 
     def swap(rows):
         rows[0]["sample_ids"] = [[trained], *rows[0]["sample_ids"][1:]]
@@ -214,7 +216,7 @@ def test_validate_and_the_runtime_refuse_an_eval_sample_exchanged_for_a_training
     assert any("do not hash to the plan's eval fingerprint" in p for p in problems), problems
     assert any("the held-out draw" in p and "lacks 1" in p for p in problems), problems
     with pytest.raises(PlanMismatchError, match="eval fingerprint"):
-        verified_plan(plan).eval_rows()
+        verified_plan(plan).eval()
 
 
 def test_validate_reports_a_missing_eval_file_and_held_out_samples_in_training(sound, tmp_path):
@@ -234,8 +236,7 @@ def test_inspect_metrics_reports_eval_sizes(sound):
     res = runner.invoke(app, ["inspect", "metrics", str(sound), "--json"])
     assert res.exit_code == 0, res.output
     ev = orjson.loads(res.output)["eval"]
-    plan = plan_store.PlanDir(sound)
-    table = plan.read_eval()
+    table = PlanFiles(sound).read_eval()
     assert ev["samples"] == 30 and ev["val_set_size"] == 0.25
     assert ev["label_count"] == int(parquet.column(table, "label_count").sum())
     assert ev["tokens"] == int(parquet.column(table, "tokens").sum()) and ev["batches"] == table.num_rows
@@ -263,7 +264,7 @@ def test_diff_reports_eval_plan_changes(sound, tmp_path):
 def test_settings_other_than_val_set_size_do_not_change_the_held_out_set(tmp_path):
     a = _write(tmp_path / "a", val_set_size=0.25, mode="packed")
     b = _write(tmp_path / "b", val_set_size=0.25, mode="flattened", micro_batch_size=3)
-    ids = [np.sort(plan_store.nested_arrays(plan_store.PlanDir(p).read_eval().column("sample_ids"))[0]) for p in (a, b)]
+    ids = [np.sort(Plan(p).eval().sample_ids) for p in (a, b)]
     np.testing.assert_array_equal(*ids)
 
 
@@ -272,11 +273,11 @@ def test_settings_other_than_val_set_size_do_not_change_the_held_out_set(tmp_pat
 
 def _eval_ids(plan_dir: Path) -> np.ndarray:
     """Every sample id of the eval plan, as often as it is in it."""
-    return plan_store.nested_arrays(plan_store.PlanDir(plan_dir).read_eval().column("sample_ids"))[0]
+    return Plan(plan_dir).eval().sample_ids
 
 
 def _trained(plan_dir: Path, epoch: int) -> np.ndarray:
-    return plan_store.nested_arrays(plan_store.PlanDir(plan_dir).read_epoch(epoch).column("sample_ids"))[0]
+    return Plan(plan_dir).epoch(epoch).sample_ids
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -345,11 +346,11 @@ def recipe_eval(tmp_path_factory) -> Path:
 
 
 def test_a_compiled_recipe_evaluates_its_eval_dataset_and_its_held_out_share_once(recipe_eval):
-    from plancc.build.recipe import plan_eval_sample_ids
     from plancc.runtime import PlanEvalSampler
 
     ev = _eval_ids(recipe_eval)
-    dataset_eval = plan_eval_sample_ids(recipe_eval)
+    samples = parquet.read_samples(recipe_eval / schemas.SAMPLES_FILE)
+    dataset_eval = parquet.column(samples, "sample_id")[np.asarray(samples.column("dataset").to_pylist()) == "heldout"]
     assert dataset_eval.tolist() == list(range(42, 47))
     assert np.unique(ev).size == ev.size == 11 and np.isin(dataset_eval, ev).all()
     drawn = np.setdiff1d(ev, dataset_eval)

@@ -291,11 +291,11 @@ def test_a_lock_left_by_a_killed_scan_does_not_block_the_next(tmp_path):
     with its holder, so the next scan goes ahead (and reuses the finished shards)."""
     source = _prompts(tmp_path / "pc.jsonl", 45)
     args = ["scan", source, "-o", tmp_path / "out", "--tokenizer", "builtin", "--shard-rows", "10", "-q"]
-    os.environ["PLANCC_SCAN_FAULT"] = "parts:2"
+    os.environ["PLANCC_FAULT"] = "parts_written@parts=2"
     try:
         killed = plancc(args, tmp_path)
     finally:
-        del os.environ["PLANCC_SCAN_FAULT"]
+        del os.environ["PLANCC_FAULT"]
     assert killed.returncode == -9
     assert list((tmp_path / "cache" / "scans").glob(".*.scan.lock"))
     again = plancc(args, tmp_path, timeout=120)

@@ -30,6 +30,11 @@ CLI_MAY = ("plancc.cli", "plancc.api", "plancc.config.settings", "plancc.config.
            "plancc.core.metric_columns", "plancc.review.diff_rules", "plancc.version")
 
 
+# what the compiler counts a plan's rows with: the read side's checks count them with code of their own
+COMPILER_SUMS = ("Batches", "batch_sums", "batch_cost", "batch_targets", "batch_tokens", "batch_attention",
+                 "row_sums", "row_tokens", "row_targets", "segment_sum", "segment_max")
+
+
 def matches(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
@@ -64,20 +69,22 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (SCAN, (PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer")),
     # the algorithms: arrays in, arrays out (numpy and numba only; pyarrow stays in the store)
     (PLANNER, (STORE, SCAN, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "pyarrow", "torch", "typer", "datasets")),
+    # validate checks the plan with code of its own: it must not share the compiler's sums (core.plan_arrays,
+    # core.row_sums) or draws (planner), or a bug there would make it agree with a wrong plan
+    *((name, (SCAN, PLANNER, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets", "plancc.core.row_sums",
+              *(f"plancc.core.plan_arrays.{n}" for n in COMPILER_SUMS)))
+      for name in ("plancc.review.validate", "plancc.review.recount")),
     (REVIEW, (SCAN, PLANNER, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
     (RUNTIME, (SCAN, PLANNER, REVIEW, *ORCHESTRATION, *FRONT, "typer", "datasets")),
     *((name, (REVIEW, RUNTIME, *FRONT, "torch", "typer")) for name in ORCHESTRATION),
     ("plancc.api", ("plancc.cli", RUNTIME, "torch", "typer")),
     ("plancc.cli", (*all_but(*CLI_MAY), "torch")),
-    # the script runs the CLI; and, under `PLANCC_FAULT` only, the interrupt tests' start-up crash point
-    ("plancc.__main__", (*all_but("plancc.cli", "plancc.store.atomic"), "torch")),
+    # the script runs the CLI, and the interrupt tests' start-up crash point (a small leaf module)
+    ("plancc.__main__", (*all_but("plancc.cli", "plancc.core.faults"), "torch")),
     ("plancc", ("torch",)),  # the package itself: compiling never imports torch
 )
 EXCEPTIONS = {
     ("plancc.runtime.trl", "datasets"),  # TRL's SFTTrainer takes nothing but a datasets.Dataset
-    # validate re-derives what the compile promised (stage summaries, the held-out draw, mixture counts) from the
-    # stored arrays with the compile's own functions: a second implementation could agree with a wrong plan
-    ("plancc.review.validate", PLANNER),
     # show decodes a sample with the plan's tokenizer, loaded exactly as the scan loaded it, and says what its format
     # trained: through the scan's one public entry for that
     ("plancc.review.show", "plancc.scan.describe"),
@@ -135,6 +142,15 @@ def test_the_cli_may_import_the_api_and_plain_values_only():
         assert any(matches(name, f) for f in forbidden), name
     assert any(matches("plancc.api", f) for f in rule_for("plancc.__main__"))
     assert any(matches("plancc.store.plan_store", f) for f in rule_for("plancc.__main__"))
+    assert any(matches("plancc.store.atomic", f) for f in rule_for("plancc.__main__"))
+
+
+def test_validate_shares_no_counting_code_with_the_compiler():
+    """The rule that keeps validate independent catches the imports it forbids."""
+    forbidden = rule_for("plancc.review.validate")
+    for name in ("plancc.planner.holdout", "plancc.core.plan_arrays.batch_cost", "plancc.core.row_sums"):
+        assert any(matches(name, f) for f in forbidden), name
+    assert not any(matches("plancc.core.plan_arrays.SampleArrays", f) for f in forbidden)  # the samples' container
 
 
 def test_the_checker_sees_imports():

@@ -307,7 +307,7 @@ def test_recipe_entry_sets_what_is_trained(tmp_path):
     b = write_rows(tmp_path / "b.jsonl", rows)
     plan = plancc.compile([str(a), {"path": str(b), "train_on_inputs": True}], tmp_path / "plan",
                           tokenizer="builtin", cache_dir=tmp_path / "c")
-    datasets = {d["name"]: d for d in plan.manifest["recipe"]["datasets"]}
+    datasets = {d["name"]: d for d in plan.manifest.recipe["datasets"]}
     assert datasets["b"]["label_tokens"] == datasets["b"]["tokens"]  # the prompt trained too
     assert datasets["a"]["label_tokens"] == sum(len(r["output"]) + 1 for r in rows)  # bytes + eos
     with pytest.raises(SettingsError, match=r"^dataset 'b': train_on must be one of all_turns, last_turn"):

@@ -16,14 +16,16 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import plancc
-from plancc.build.recipe import eval_sample_ids, plan_eval_sample_ids
 from plancc.cli import app
 from plancc.config import recipe
 from plancc.config.settings import MixEntry
 from plancc.errors import PlanccError, SettingsError
 from plancc.planner import mixture
 from plancc.review.validate import check_epoch, validate_plan
-from plancc.store import parquet, plan_files, plan_store, schemas, token_store
+from plancc.store import parquet, schemas, token_store
+from plancc.store.plan import Plan
+from plancc.store.plan_store import PlanFiles
+from plancc.store.samples import dataset_codes
 from tests.sources_fixtures import alpaca_rows, write_rows
 
 BASE = {"tokenizer": "builtin", "sequence_len": 512, "micro_batch_size": 2, "world_size": 2, "seed": 5}
@@ -172,7 +174,7 @@ def test_one_tokenizer_and_sequence_len_for_the_recipe_a_contradiction_names_bot
     # unless given, a raw dataset is scanned with the stored scan's sequence_len
     plan = plancc.compile([str(a), str(tmp_path / "scan")], tmp_path / "p", cache_dir=tmp_path / "c",
                           tokenizer="builtin")
-    assert plan.settings.sequence_len == 256 and plan.scan["options"]["sequence_len"] == 256
+    assert plan.settings.sequence_len == 256 and plan.scan_record.options.sequence_len == 256
 
 
 # ---------------------------------------------------------------- compile, validate, read
@@ -199,7 +201,7 @@ def test_a_recipe_compiles_to_one_sample_id_space_and_token_store_and_validates(
     samples = parquet.read_samples(plan.path / schemas.SAMPLES_FILE)
     assert parquet.column(samples, "sample_id").tolist() == list(range(42))
     assert samples.column("dataset").to_pylist() == ["big"] * 30 + ["small"] * 12
-    datasets = plan.manifest["recipe"]["datasets"]
+    datasets = plan.manifest.recipe["datasets"]
     assert [(d["name"], d["first_id"], d["rows"], d.get("repeat")) for d in datasets] == [
         ("big", 0, 30, 1.0), ("small", 30, 12, 2.5)]
     # each dataset's rows, by sample id, are its own scan's rows (the runtime reads one store, O(1) per sample)
@@ -236,7 +238,7 @@ def test_the_runtime_reads_a_recipe_plan(mixed):
     tokens = load_tokens(rt, verify="hash")
     samples = parquet.read_samples(plan.path / schemas.SAMPLES_FILE)
     assert np.array_equal(tokens.lengths[parquet.column(samples, "sample_id")], parquet.column(samples, "length"))
-    rows = plan_store.PlanDir(plan.path).read_epoch(0)
+    rows = PlanFiles(plan.path).read_epoch(0)
     for rank in range(2):
         loader = PlanDataLoader(PlanDataset(tokens, PlanCollator.from_plan(rt)), PlanSampler(rt, rank=rank,
                                                                                             world_size=2))
@@ -246,12 +248,12 @@ def test_the_runtime_reads_a_recipe_plan(mixed):
 
 def test_validate_checks_each_sample_against_its_mixture_count(mixed):
     _, plan, _ = mixed
-    d = plan_store.PlanDir(plan.path)
-    samples = d.read_samples()
+    d = Plan(plan.path)
+    samples = d.samples_table()
     s = parquet.sample_arrays(samples)
-    codes, names = plan_files.dataset_codes(samples)
+    codes, names = dataset_codes(samples)
     index = mixture.dataset_index(codes, names, d.settings.mixture)
-    table = d.read_epoch(1)
+    table = d.files.read_epoch(1)
     epoch_samples = s.take(mixture.plan_positions(index, d.settings, 1))
     assert check_epoch(1, table, epoch_samples, d.settings)[0] == []
     # against "every sample once" (the one-source invariant) the same rows are wrong
@@ -264,7 +266,7 @@ def test_validate_checks_each_sample_against_its_mixture_count(mixed):
 
 def test_per_dataset_metrics_and_inspect_by_dataset(mixed):
     _, plan, _ = mixed
-    rows = plan.manifest["recipe"]["metrics"]
+    rows = plan.manifest.recipe["metrics"]
     after0 = {r["dataset"]: r for r in rows if r["epoch"] == 0 and r["stage"] == "after"}
     assert after0["big"]["samples"] == 30 and after0["small"]["samples"] == 30
     assert after0["big"]["sample_share"] == pytest.approx(0.5)
@@ -292,15 +294,14 @@ def test_eval_datasets_are_scanned_into_the_samples_table_but_never_trained_on(t
     res = CliRunner().invoke(app, ["compile", "-o", str(tmp_path / "p"), "--config", str(config), "--cache-dir",
                                    str(tmp / "cache"), "--quiet"])
     assert res.exit_code == 0, res.output
-    eval_ids = plan_eval_sample_ids(tmp_path / "p")
+    samples = parquet.read_samples(tmp_path / "p" / schemas.SAMPLES_FILE)
+    eval_ids = parquet.column(samples, "sample_id")[np.asarray(samples.column("dataset").to_pylist()) == "heldout"]
     assert eval_ids.tolist() == list(range(42, 47))
     plan = plancc.open_plan(tmp_path / "p")
     for e in plan.epochs:
         ids = {i for k in range(len(plan.epoch(e))) for row in plan.epoch(e)[k] for i in row}
         assert not ids & set(eval_ids.tolist())
-    samples = parquet.read_samples(tmp_path / "p" / schemas.SAMPLES_FILE)
-    assert eval_sample_ids(samples, plan.settings.mixture).tolist() == eval_ids.tolist()
-    assert [d["role"] for d in plan.manifest["recipe"]["datasets"]] == ["train", "train", "eval"]
+    assert [d["role"] for d in plan.manifest.recipe["datasets"]] == ["train", "train", "eval"]
     assert validate_plan(str(tmp_path / "p"))[0] == []
 
 
@@ -314,7 +315,7 @@ def test_changing_one_dataset_rescans_only_that_one(tmp_path):
     after = {p.name: p.stat().st_mtime_ns for p in (cache / "scans").iterdir()}
     assert len(after) == len(scans) + 1  # one new scan: small's
     assert all(after[k] == v for k, v in scans.items())  # big's entry untouched
-    assert plan.manifest["recipe"]["datasets"][1]["retained"] == 13
+    assert plan.manifest.recipe["datasets"][1]["retained"] == 13
 
 
 def test_max_dropped_is_checked_per_dataset_and_the_error_names_it(tmp_path):
@@ -347,7 +348,7 @@ def test_weights_share_each_epoch(tmp_path):
     a, b = _data(tmp_path)
     plan = plancc.compile([str(a), str(b)], tmp_path / "p", cache_dir=tmp_path / "c", mix="big=1,small=3",
                           samples_per_epoch=40, **BASE)
-    before = {r["dataset"]: r["samples"] for r in plan.manifest["recipe"]["metrics"] if r["stage"] == "before"}
+    before = {r["dataset"]: r["samples"] for r in plan.manifest.recipe["metrics"] if r["stage"] == "before"}
     assert before == {"big": 10, "small": 30}
     assert validate_plan(str(plan.path))[0] == []
 
@@ -356,7 +357,7 @@ def test_a_one_source_plan_is_unchanged(tmp_path):
     """No recipe settings in the manifest, no dataset column: the config fingerprint of one source is as before."""
     a, _ = _data(tmp_path)
     plan = plancc.compile(str(a), tmp_path / "p", cache_dir=tmp_path / "c", **BASE)
-    assert "mixture" not in plan.manifest["settings"] and "recipe" not in plan.manifest
+    assert "mixture" not in plan.manifest.to_json()["settings"] and plan.manifest.recipe is None
     assert parquet.read_samples(plan.path / schemas.SAMPLES_FILE).column_names == schemas.SAMPLES_SCHEMA.names
 
 
@@ -409,7 +410,7 @@ def test_the_example_recipe_compiles_from_its_config_alone_from_any_folder(tmp_p
                          cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     plan = plancc.open_plan(tmp_path / "p")
-    assert [(d["name"], d["retained"], d.get("repeat")) for d in plan.manifest["recipe"]["datasets"]] == [
+    assert [(d["name"], d["retained"], d.get("repeat")) for d in plan.manifest.recipe["datasets"]] == [
         ("chat", 800, 2.0), ("alpaca", 300, 0.5)]
     assert validate_plan(str(tmp_path / "p"))[0] == []
     spec = importlib.util.spec_from_file_location("make_example_data", root / "examples" / "make_example_data.py")
@@ -429,7 +430,7 @@ def test_a_recipe_plan_as_one_source_or_a_rescan_is_refused_and_as_a_dataset_it_
     assert res.exit_code == 2 and "is a recipe of several datasets" in res.output
     nested = plancc.compile([str(plan.path), str(a)], tmp_path / "n", cache_dir=tmp / "cache", **{
         k: v for k, v in BASE.items() if k != "sequence_len"})
-    assert [(d["name"], d["first_id"]) for d in nested.manifest["recipe"]["datasets"]] == [("plan", 0), ("big", 42)]
+    assert [(d["name"], d["first_id"]) for d in nested.manifest.recipe["datasets"]] == [("plan", 0), ("big", 42)]
     assert validate_plan(str(nested.path))[0] == []
 
 

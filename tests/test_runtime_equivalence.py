@@ -99,7 +99,7 @@ def max_rel(res_a, res_b):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_one_batch_equals_accumulation_equals_ddp(layout, plans, ddp_results):
     accumulated, one_batch, naive = single_process(plans[layout])
-    total = PlanSampler(plans[layout], rank=0, world_size=1, grad_accum=4).plan.total_batches(0)
+    total = PlanSampler(plans[layout], rank=0, world_size=1, grad_accum=4).plan.manifest.epochs[0].batches
     assert total % 2 == 1 and len(accumulated) == len(one_batch) == -(-total // 4)  # complete updates + tail
     loss_err, grad_err = max_rel(accumulated, one_batch)
     assert loss_err < TOL and grad_err < TOL, (loss_err, grad_err)

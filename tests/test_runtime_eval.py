@@ -27,7 +27,6 @@ from plancc.runtime import (
     verified_plan,
 )
 from plancc.runtime.hf import PlanTrainer
-from plancc.store import plan_store
 from tests.runtime_helpers import tiny_model
 from tests.test_runtime_hf import args_for
 
@@ -44,7 +43,7 @@ def plan(tmp_path_factory) -> Path:
 
 
 def eval_ids(plan) -> np.ndarray:
-    return plan_store.nested_arrays(plan_store.PlanDir(plan).read_eval().column("sample_ids"))[0]
+    return verified_plan(plan).eval().sample_ids
 
 
 def reference_loss(model, plan) -> float:
@@ -60,7 +59,7 @@ def reference_loss(model, plan) -> float:
             logits = model(input_ids=x).logits[0].double()
             total += float(F.cross_entropy(logits[:-1], y[1:], ignore_index=-100, reduction="sum"))
             count += int((y[1:] != -100).sum())
-    assert count == verified_plan(plan).eval_label_count
+    assert count == verified_plan(plan).eval().total_label_count
     return total / count
 
 
@@ -85,7 +84,7 @@ def test_one_process_eval_loss_is_the_exact_token_mean(plan):
     model = tiny_model(seed=7, layers=2, hidden=32)
     want = reference_loss(model, plan)
     result = evaluate_plan(model, plan, rank=0, world_size=1)
-    assert result.targets == verified_plan(plan).eval_label_count
+    assert result.targets == verified_plan(plan).eval().total_label_count
     assert rel(result.loss, want) < RTOL
     assert rel(naive_loss(model, plan), want) > 1e-3  # the per-batch mean is a different number
 
@@ -99,7 +98,7 @@ def test_eval_sampler_covers_every_eval_sample_once_for_any_world_size(plan):
         np.testing.assert_array_equal(seen, ids)
         placeholders = [mb for s in shares for mb in s if mb.placeholder]
         assert all(mb.label_count == 0 for mb in placeholders)
-        assert all(mb.num_items == verified_plan(plan).eval_label_count for s in shares for mb in s)
+        assert all(mb.num_items == verified_plan(plan).eval().total_label_count for s in shares for mb in s)
 
 
 def test_plan_without_eval_plan_is_refused_saying_how_to_compile_one(tmp_path):
@@ -141,7 +140,7 @@ def test_trainer_evaluate_and_eval_strategy_log_the_exact_eval_loss(plan, tmp_pa
     assert len({g for _, g, _ in rec.seen}) == 3  # training moved the model between evaluations
     metrics = trainer.evaluate()
     assert rel(metrics["eval_loss"], reference_loss(trainer.model, plan)) < RTOL
-    assert metrics["eval_targets"] == verified_plan(plan).eval_label_count
+    assert metrics["eval_targets"] == verified_plan(plan).eval().total_label_count
 
 
 def test_trainer_evaluates_at_the_end_of_each_plan_epoch(tmp_path):

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from benchmarks.synthetic import build_plan
-from plancc.runtime.checkpoint import FAULT_ENV, LATEST, load_tensors, step_dir
+from plancc.core.faults import FAULT_ENV
+from plancc.runtime.checkpoint import LATEST, load_tensors, step_dir
 from tests.runtime_helpers import rel_err
 
 pytestmark = pytest.mark.slow  # runs the examples under torchrun
@@ -47,7 +48,7 @@ def test_train_ddp_kill_during_save_then_resume_exact_and_elastic(tmp_path):
     assert sorted(full) == [1, 2, 3]
 
     # rank 1 dies (SIGKILL) with its step-3 file half-saved, after rank 0 finished its own: step 2 stays current
-    out = run([*common, "--checkpoint", str(ckpt)], 2, fault="tensors_temp:3:1", ok=False)
+    out = run([*common, "--checkpoint", str(ckpt)], 2, fault="tensors_temp@step=3,rank=1", ok=False)
     assert (step_dir(ckpt, 3) / "rank0.json").exists() and list(step_dir(ckpt, 3).glob(".rank1.pt.tmp-*"))
     assert '"step": 2' in (ckpt / LATEST).read_text()
     assert losses(out) == full

@@ -136,7 +136,7 @@ def _hf_worker(rank: int, plan: str, root: str, port: int, phase: str) -> None:
               gradient_accumulation_steps=1)
     if phase == "train":
         PlanTrainer(model=tiny_model(seed=3), args=args_for(f"{root}/full", **kw), plan=plan).train()
-        os.environ["PLANCC_CHECKPOINT_FAULT"] = "tensors_written:4:1"  # rank 1 dies in the save of step 4
+        os.environ["PLANCC_FAULT"] = "tensors_written@step=4,rank=1"  # rank 1 dies in the save of step 4
         PlanTrainer(model=tiny_model(seed=3), args=args_for(f"{root}/run", **kw), plan=plan).train()
         return
     trainer = PlanTrainer(model=tiny_model(seed=99), args=args_for(f"{root}/run", **kw), plan=plan)

@@ -22,7 +22,8 @@ from plancc.runtime import (
     load_tokens,
     restore_checkpoint_state,
 )
-from plancc.store import plan_store, schemas
+from plancc.store import schemas
+from plancc.store.plan_store import PlanFiles
 
 PACKED = dict(mode="packed", micro_batch_size=2, sequence_len=24)
 
@@ -51,7 +52,7 @@ def test_import_loads_no_cli_or_datasets():
 
 
 def test_plan_order_coverage_and_lockstep(plan):
-    table = plan_store.PlanDir(plan).read_epoch(1)
+    table = PlanFiles(plan).read_epoch(1)
     total = len(table)
     assert total == 19
     seqs = {r: list(PlanSampler(plan, rank=r, world_size=2, epoch=1)) for r in range(2)}

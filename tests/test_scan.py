@@ -12,8 +12,9 @@ from plancc.config.settings import ScanOptions
 from plancc.core.paths import default_cache_dir
 from plancc.errors import InputError
 from plancc.scan.scanner import scan, write_scan
-from plancc.store import parquet, plan_files, schemas, token_store
-from plancc.store.plan_files import read_samples_source
+from plancc.store import parquet, schemas, token_store
+from plancc.store.samples import samples_fingerprints
+from plancc.store.samples_source import open_samples
 from tests.sources_fixtures import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
 
 
@@ -52,6 +53,20 @@ def test_an_empty_cache_variable_means_unset(monkeypatch):
     assert default_cache_dir() == Path("/home/someone/.cache/plancc")
 
 
+def test_one_module_knows_where_the_cache_is():
+    """The cache-path rule is written once (`plancc.core.paths`): nothing else reads PLANCC_CACHE or names the
+    default folder, and every cache user goes through `cache_path`."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "plancc"
+    found = [f"{p.relative_to(root)}:{node.lineno}" for p in sorted(root.rglob("*.py")) if p.name != "paths.py"
+             for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+             if (isinstance(node, ast.Constant) and node.value in ("PLANCC_CACHE", "~/.cache/plancc"))
+             or (isinstance(node, ast.Name | ast.Attribute) and getattr(node, "id", getattr(node, "attr", None))
+                 == "default_cache_dir")]
+    assert found == []
+
+
 @pytest.mark.slow
 def test_num_proc_identical(tmp_path):
     convs = chatterbot_conversations(200)
@@ -87,29 +102,33 @@ def test_write_scan_and_read_back(tmp_path):
     assert tokens.header["rows"] == 9 and tokens.header["fingerprints"] == result.report.to_json()["fingerprints"]
     assert token_store.verify_all(tokens) is None
     for source in (out, out / "samples.parquet"):
-        loaded = read_samples_source(source)
+        loaded = open_samples(source)
         assert loaded is not None
-        table, info = loaded
-        assert table.equals(result.samples)
-        assert plan_files.samples_fingerprints(table, info["record"].identity) == result.report.to_json()["fingerprints"]
-        assert info["record"].key == result.key
+        assert loaded.table.equals(result.samples)
+        if loaded.kind == "scan":
+            assert samples_fingerprints(loaded.table, loaded.record.identity) == \
+                result.report.to_json()["fingerprints"]
+            assert loaded.record.key == result.key and loaded.tokens == out / schemas.TOKENS_DIR
+        else:  # the scan's samples file alone still records the options it was made under
+            assert loaded.kind == "table" and loaded.record.options == result.report.options
 
 
-def test_read_samples_source_foreign_and_not_samples(tmp_path):
+def test_open_samples_foreign_and_not_samples(tmp_path):
     foreign = tmp_path / "foreign.parquet"
     table = pa.table({"sample_id": pa.array([0, 2], pa.int64()), "length": pa.array([5, 7], pa.int32()),
                       "label_count": pa.array([3, 7], pa.int32()),
                       "first_label_supervised": pa.array([False, True]),
                       "token_hash": pa.array([1, 2], pa.uint64())}, schema=schemas.SAMPLES_SCHEMA)
     pq.write_table(table, foreign)
-    loaded = read_samples_source(foreign)
-    assert loaded is not None and loaded[0].equals(table) and loaded[1]["meta"] is None
-    assert read_samples_source(write_rows(tmp_path / "t.parquet", [{"text": "a"}])) is None
-    assert read_samples_source(tmp_path / "t.jsonl") is None
+    loaded = open_samples(foreign)
+    assert loaded is not None and loaded.kind == "table" and loaded.table.equals(table)
+    assert loaded.record.keys == frozenset() and loaded.tokens is None  # nothing records how it was made
+    assert open_samples(write_rows(tmp_path / "t.parquet", [{"text": "a"}])) is None
+    assert open_samples(tmp_path / "t.jsonl") is None
     bad = tmp_path / "bad.parquet"
     pq.write_table(table.set_column(0, "sample_id", pa.array([2, 0], pa.int64())), bad)
     with pytest.raises(InputError, match=r"bad\.parquet row 1: sample_id is not strictly increasing"):
-        read_samples_source(bad)
+        open_samples(bad)
 
 
 def test_cache_hit_points_at_current_files(tmp_path):

@@ -195,9 +195,9 @@ def test_more_shards_than_rows(tmp_path):
 
 def _scan_cli(source: Path, out: Path, cache: Path, fault: str | None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PLANCC_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
-    env.pop("PLANCC_SCAN_FAULT", None)
+    env.pop("PLANCC_FAULT", None)
     if fault:
-        env["PLANCC_SCAN_FAULT"] = fault
+        env["PLANCC_FAULT"] = fault
     return subprocess.run([sys.executable, "-m", "plancc", "scan", str(source), "-o", str(out), "--tokenizer",
                            "builtin", "--shard-rows", "10", "-q"], env=env, capture_output=True, text=True,
                           timeout=300)
@@ -207,7 +207,7 @@ def _scan_cli(source: Path, out: Path, cache: Path, fault: str | None) -> subpro
 def test_a_killed_scan_resumes_from_its_finished_shards(tmp_path):
     source = write_rows(tmp_path / "d.jsonl", alpaca_rows(45))  # 5 shards of 10 rows
     cache = tmp_path / "cache"
-    killed = _scan_cli(source, tmp_path / "out", cache, "parts:3")
+    killed = _scan_cli(source, tmp_path / "out", cache, "parts_written@parts=3")
     assert killed.returncode == -signal.SIGKILL
     assert not (tmp_path / "out").exists()
     work = next((cache / "scans").glob("*.parts"))

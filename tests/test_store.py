@@ -17,8 +17,10 @@ import pytest
 from plancc.build.run import write_plan_dir
 from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
-from plancc.store import atomic, outputs, parquet, plan_files, plan_store, schemas, token_store, token_writer
+from plancc.store import atomic, outputs, parquet, schemas, token_store, token_writer
 from plancc.store.parquet import sample_arrays
+from plancc.store.plan_store import PlanFiles
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import random_dataset, samples_table
 
@@ -59,7 +61,7 @@ def test_token_store_matches_its_documented_schema(tmp_path):
     ids, labels = random_dataset(np.random.default_rng(3), 30, 40)
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in ids])])
     token_writer.write_store(tmp_path / "tokens", np.concatenate(ids), np.concatenate(labels), offsets,
-                             fingerprints=plan_files.samples_fingerprints(samples_table(ids, labels)), chunk_tokens=100)
+                             fingerprints=samples_fingerprints(samples_table(ids, labels)), chunk_tokens=100)
     jsonschema.validate(json.loads((tmp_path / "tokens" / token_store.HEADER_FILE).read_text()), doc)
     m = token_store.open_store(tmp_path / "tokens")
     assert m.num_chunks > 1 and token_store.verify_all(m) is None
@@ -112,7 +114,7 @@ def test_corrupt_and_foreign_files_are_clear_errors(tmp_path):
     data = (plan_dir / schemas.PLAN_FILE).read_bytes()
     (plan_dir / schemas.PLAN_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(schemas.StoreError, match=r"plan\.parquet"):
-        plan_store.PlanDir(plan_dir).read_epoch(0)
+        PlanFiles(plan_dir).read_epoch(0)
     foreign = tmp_path / "foreign.parquet"
     pq.write_table(pa.table({"x": [1, 2]}), foreign)
     with pytest.raises(schemas.StoreError, match="not written by plancc"):
@@ -194,7 +196,7 @@ def test_a_plan_recompiled_under_an_open_run_changes_nothing_for_it(tmp_path):
     assert np.array_equal(np.array(tokens.input_ids), old_tokens)
     assert load_tokens(job, verify="hash") is not None  # the held store still proves against the held plan
     fresh = verified_plan(plan_dir)
-    assert fresh.fingerprints != job.fingerprints and fresh.meta["samples"] == 90
+    assert fresh.fingerprints != job.fingerprints and fresh.manifest.samples == 90
     assert len(load_tokens(fresh)) == 90
 
 

@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 from plancc.cli import app
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, load_tokens
-from plancc.store import parquet, plan_store, schemas, token_store, token_writer
+from plancc.store import parquet, schemas, token_store, token_writer
+from plancc.store.plan import Plan
 from tests.plan_helpers import byte_flip_verdicts
 
 pytestmark = pytest.mark.slow  # exhaustive tampering: every byte of plans flipped, every file damaged
@@ -318,7 +319,7 @@ def test_an_edited_samples_table_in_the_scan_cache_is_scanned_again(tmp_path):
     cached.unlink()  # a hard link to the first plan's: a file of its own
     pq.write_table(table.set_column(2, "label_count", pa.array(counts, pa.int32())), cached)
     _cli(*args, "-o", str(tmp_path / "b"))
-    assert plan_store.PlanDir(tmp_path / "b").fingerprints == plan_store.PlanDir(tmp_path / "a").fingerprints
+    assert Plan(tmp_path / "b").fingerprints == Plan(tmp_path / "a").fingerprints
 
 
 # ---------------------------------------------------------------- the store bound to the plan

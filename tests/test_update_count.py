@@ -98,7 +98,7 @@ def test_every_count_of_updates_is_the_trainers(tmp_path_factory, lengths, mode,
     except PlanccError:  # --drop-last with less than one update: refused at compile, nothing to count
         assume(False)
     plan = tmp_path_factory.mktemp("u") / "plan"
-    manifest = write_plan_dir(plan, table, s, ps, epochs, ScanRecord(), None)
+    manifest = write_plan_dir(plan, table, s, ps, epochs, ScanRecord(), None).to_json()
     metrics = read_metrics(plan)
     assert_one_count(plan, manifest, metrics)
     if drop_last:

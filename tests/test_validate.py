@@ -27,8 +27,9 @@ from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanCollator, PlanDataset, PlanMismatchError, PlanSampler, load_tokens
-from plancc.store import plan_store, schemas, token_store
+from plancc.store import schemas, token_store
 from plancc.store.parquet import sample_arrays
+from plancc.store.plan_store import PlanFiles
 from plancc.store.scan_record import ScanRecord
 from tests.plan_helpers import byte_flip_verdicts, random_dataset, samples_table
 
@@ -320,8 +321,8 @@ def test_unreadable_plan_file_is_a_violation(plan):
 
 
 @pytest.fixture(scope="module")
-def epoch0(pristine) -> tuple[plan_store.PlanDir, pa.Table]:
-    plan = plan_store.PlanDir(pristine)
+def epoch0(pristine) -> tuple[PlanFiles, pa.Table]:
+    plan = PlanFiles(pristine)
     return plan, plan.read_epoch(0)
 
 

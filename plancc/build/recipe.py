@@ -12,7 +12,7 @@ recipe order:
 * the token store: a multi-part store (`token_writer.write_parts`) of the datasets' stores, hard-linked from the
   scan cache into `recipes/KEY/` of the cache (KEY: the datasets' fingerprints, names and order); the runtime maps
   it as one store, so its per-sample read stays O(1) and each chunk is still hashed on first read;
-* the report: rows, drops and cuts summed, the tokenizer (one for the recipe: datasets scanned with different
+* the record: rows, drops and cuts summed, the tokenizer (one for the recipe: datasets scanned with different
   ones are an error naming both), and per dataset its counts, fingerprints, first id and mix (`datasets`).
 """
 
@@ -30,11 +30,11 @@ from plancc.build.samples import Samples, open_stored, scan_source
 from plancc.config.recipe import DatasetSpec
 from plancc.config.resolve import Resolved
 from plancc.core.hashing import canonical_hash
-from plancc.core.paths import default_cache_dir
+from plancc.core.paths import cache_path
 from plancc.errors import InputError, PlanccError, SettingsError
 from plancc.planner.mixture import dataset_index
-from plancc.store import outputs, parquet, plan_files, schemas, token_store, token_writer
-from plancc.store.plan import Plan
+from plancc.store import outputs, parquet, schemas, token_store, token_writer
+from plancc.store.samples import dataset_codes, samples_fingerprints
 from plancc.store.scan_record import TOTALS, ScanRecord, Template
 
 
@@ -46,7 +46,7 @@ class Loaded:
     samples: Samples
 
     @property
-    def report(self) -> ScanRecord:
+    def record(self) -> ScanRecord:
         """Its scan record."""
         return self.samples.record
 
@@ -86,10 +86,10 @@ def _agree(loaded: list[Loaded]) -> None:
     """One tokenizer for the recipe: the first dataset tokenized by another is named with the first."""
     first = loaded[0]
     for d in loaded[1:]:
-        a, b = first.report.tokenizer_fingerprint, d.report.tokenizer_fingerprint
+        a, b = first.record.tokenizer_fingerprint, d.record.tokenizer_fingerprint
         if a != b and a and b:
             raise SettingsError(f"datasets {first.spec.name!r} and {d.spec.name!r} were tokenized by different "
-                                f"tokenizers ({first.report.tokenizer} and {d.report.tokenizer}): a "
+                                f"tokenizers ({first.record.tokenizer} and {d.record.tokenizer}): a "
                                 "recipe has one tokenizer")
 
 
@@ -113,34 +113,34 @@ def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
     """What the manifest says of one dataset: where it is, how it mixes, its scan's counts and fingerprints."""
     table = d.samples.table
     length, labels = parquet.column(table, "length"), parquet.column(table, "label_count")
-    report = d.report
+    record = d.record
     return {
         "name": d.spec.name, "role": str(d.spec.role), "path": d.spec.path, str(d.spec.mix.kind): d.spec.mix.value,
         "first_id": first_id, "rows": rows,
-        "rows_read": report.rows_read if "rows_read" in report.keys else table.num_rows,
-        "retained": table.num_rows, "dropped_samples": report.dropped_samples,
-        "truncated_samples": report.truncated_samples,
+        "rows_read": record.rows_read if "rows_read" in record.keys else table.num_rows,
+        "retained": table.num_rows, "dropped_samples": record.dropped_samples,
+        "truncated_samples": record.truncated_samples,
         "tokens": int(length.sum()), "label_tokens": int(labels.sum()),
-        "format": report.format, "chat_template": report.chat_template.name if report.chat_template else None,
-        "fingerprints": plan_files.samples_fingerprints(table, report.identity),
+        "format": record.format, "chat_template": record.chat_template.name if record.chat_template else None,
+        "fingerprints": samples_fingerprints(table, record.identity),
     }
 
 
-def _report(loaded: list[Loaded], datasets: list[dict[str, Any]]) -> ScanRecord:
+def _record(loaded: list[Loaded], datasets: list[dict[str, Any]]) -> ScanRecord:
     """The recipe's scan record: the first dataset's options and tokenizer, counts summed, every warning named."""
-    first = loaded[0].report
-    templates = [d.report.chat_template for d in loaded]
+    first = loaded[0].record
+    templates = [d.record.chat_template for d in loaded]
     values = {k: v for k, v in first.held().items() if k in ("tokenizer", "tokenizer_fingerprint", "options")}
     values |= {k: sum(int(d.get(k, 0)) for d in datasets) for k in TOTALS}
     if any(templates):  # each dataset's own template: the metadata fingerprint folds them all in
         values["chat_template"] = Template(", ".join(sorted({t.name for t in templates if t})),
                                            canonical_hash({"templates": [t and t.fingerprint for t in templates]}))
-    values["warnings"] = tuple(f"dataset {d.spec.name!r}: {w}" for d in loaded for w in d.report.warnings)
-    values["source_paths"] = tuple(p for d in loaded for p in d.report.source_paths)
+    values["warnings"] = tuple(f"dataset {d.spec.name!r}: {w}" for d in loaded for w in d.record.warnings)
+    values["source_paths"] = tuple(p for d in loaded for p in d.record.source_paths)
     return ScanRecord.of(**values)
 
 
-def _token_store(loaded: list[Loaded], table: pa.Table, report: ScanRecord, shift: str,
+def _token_store(loaded: list[Loaded], table: pa.Table, record: ScanRecord, shift: str,
                  cache_dir: Path | None) -> Path | None:
     """The datasets' token stores as one multi-part store in the cache, bound to the joined samples `table` (reused
     when its fingerprints match); None for bare samples tables."""
@@ -150,10 +150,10 @@ def _token_store(loaded: list[Loaded], table: pa.Table, report: ScanRecord, shif
             raise InputError(f"dataset {missing[0]!r} has no token store (a bare samples table) while others do: a "
                              "recipe's datasets are all scanned sources (or all bare tables)")
         return None
-    fingerprints = plan_files.samples_fingerprints(table, report.identity)
+    fingerprints = samples_fingerprints(table, record.identity)
     key = canonical_hash({"fingerprints": fingerprints,
                           "stores": [token_store.read_header(d.samples.tokens)["fingerprints"] for d in loaded]})
-    entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "recipes" / key
+    entry = cache_path(cache_dir, "recipes", key)
     tokens = entry / schemas.TOKENS_DIR
     try:
         if token_store.open_store(tokens).header["fingerprints"] == fingerprints:
@@ -179,10 +179,10 @@ def join_recipe(resolved: Resolved, *, cache_dir: Path | None = None, progress: 
         datasets.append(_summary(d, first_id, rows))
         first_id += rows
     table = pa.concat_tables(tables).combine_chunks()
-    report = _report(loaded, datasets)
-    tokens = _token_store(loaded, table, report, resolved.plan.shift, cache_dir)
-    codes, names = plan_files.dataset_codes(table)
-    return resolved, Samples(table, report, tokens, dataset_index(codes, names, resolved.plan.mixture), datasets)
+    record = _record(loaded, datasets)
+    tokens = _token_store(loaded, table, record, resolved.plan.shift, cache_dir)
+    codes, names = dataset_codes(table)
+    return resolved, Samples(table, record, tokens, dataset_index(codes, names, resolved.plan.mixture), datasets)
 
 
 def epoch_metrics(epochs: list[Any], joined: Samples, shift: str) -> list[dict[str, Any]]:
@@ -199,21 +199,3 @@ def epoch_metrics(epochs: list[Any], joined: Samples, shift: str) -> list[dict[s
         rows += dataset_rows(p.epoch, "after", names, index[b.samples], s.length[b.samples],
                              entry_targets(b, s, shift))
     return rows
-
-
-def eval_sample_ids(samples: pa.Table, mixture: tuple) -> np.ndarray:
-    """The sample ids of a recipe's eval datasets (`eval_datasets`): in the samples table, never in a training
-    epoch; the eval plan draws on them. Empty for a recipe without eval datasets or a one-source table."""
-    if schemas.DATASET_COLUMN not in samples.column_names:
-        return np.zeros(0, dtype=np.int64)
-    from plancc.planner.mixture import eval_positions
-
-    codes, names = plan_files.dataset_codes(samples)
-    positions = eval_positions(dataset_index(codes, names, mixture), mixture)
-    return parquet.column(samples, "sample_id")[positions]
-
-
-def plan_eval_sample_ids(plan_dir: str | Path) -> np.ndarray:
-    """`eval_sample_ids` of a plan directory (its samples table and its settings' mixture)."""
-    plan = Plan(plan_dir)
-    return eval_sample_ids(plan.read_samples(), plan.settings.mixture)

@@ -21,12 +21,13 @@ from plancc.build.recipe import epoch_metrics, join_recipe
 from plancc.build.samples import Samples, open_stored, scan_source
 from plancc.config.resolve import Resolved
 from plancc.config.settings import PlanSettings
+from plancc.core.faults import fault
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
-from plancc.store import atomic, outputs, parquet, plan_files, schemas, token_store, token_writer
+from plancc.store import outputs, parquet, plan_tables, schemas, token_store, token_writer
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -34,14 +35,16 @@ from plancc.store.fingerprint import (
     metrics_checksum,
     plan_fingerprint,
 )
+from plancc.store.manifest import DataPaths, EpochSummary, EvalSummary, Manifest
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import ScanRecord
 from plancc.version import __version__
 
 
 def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | None = None,
-                 progress: Progress | None = None, overwrite: bool = False) -> dict[str, Any]:
+                 progress: Progress | None = None, overwrite: bool = False) -> Manifest:
     """Load the samples of `resolved.source` (or of the recipe `resolved.datasets`), plan every epoch and write
-    PLAN_DIR atomically; returns the manifest.
+    PLAN_DIR atomically; returns its manifest.
 
     The output is checked first (`outputs.check_output`): a refused `-o` costs no work and gets nothing written.
     A stored scan's sequence_len and shift become the plan's (`plancc.build.carry`), and the settings given on
@@ -57,7 +60,7 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     run = compile_run(s, settings, progress=progress, drops=drops, index=samples.index)
     mixed = None if samples.datasets is None else {
         "datasets": samples.datasets, "metrics": epoch_metrics(run.epochs, samples, settings.shift)}
-    atomic.fault("prepared")
+    fault("prepared")
     return write_plan_dir(out_dir, samples.table, run.train, settings, run.epochs, samples.record, samples.tokens,
                           progress, overwrite=overwrite, recipe=mixed, evaluation=run.evaluation)
 
@@ -75,99 +78,76 @@ def _one_source(source: str, resolved: Resolved, *, cache_dir: Path | None, prog
     return settle(resolved, [Stored(None, f"the scan of {source}", stored, resolved.scan)]), stored
 
 
-# scan report keys kept out of the plan: where this call found the source (`data` holds it), and how long the scan
-# took (a cold and a warm cache must give the same plan bytes)
+# scan record entries kept out of the plan: where this call found the source (`data` holds it), and how long the
+# scan took (a cold and a warm cache must give the same plan bytes)
 NOT_PLANNED = ("source_paths", "seconds")
 
 
-def data_manifest(out_dir: str | Path, source_paths: list[str], has_tokens: bool) -> dict[str, Any]:
-    """The manifest's `data`: the token store inside the plan (a relative path, so the plan moves as one folder),
-    and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan moved
-    together with its data still finds it)."""
-    plan = os.path.realpath(out_dir)
-    absolute = [os.path.abspath(p) for p in source_paths]
-    data: dict[str, Any] = {"tokens": schemas.TOKENS_DIR} if has_tokens else {"format": "tokenized"}
-    data["source"] = absolute
-    data["source_relative"] = [os.path.relpath(p, plan) for p in absolute]
-    return data
+def data_paths(out_dir: str | Path, source_paths: tuple[str, ...], has_tokens: bool) -> DataPaths:
+    """The manifest's `data`: whether the plan ships its token store (a relative folder, so the plan moves as
+    one), and the source files, absolute and relative to the plan (a trainer may run from any folder, and a plan
+    moved together with its data still finds it)."""
+    plan_dir = os.path.realpath(out_dir)
+    absolute = tuple(os.path.abspath(p) for p in source_paths)
+    return DataPaths(has_tokens, absolute, tuple(os.path.relpath(p, plan_dir) for p in absolute))
 
 
 def _epoch_tables(epochs: list[EpochPlan], s: SampleArrays, settings: PlanSettings
-                  ) -> tuple[pa.Table, dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The planned epochs as the plan table (sorted by epoch, rank, index), each epoch's plan fingerprint, the
-    metric rows and what the manifest says of each epoch."""
-    tables, fingerprints, metric_rows, epoch_info = [], {}, [], []
+                  ) -> tuple[pa.Table, dict[str, str], list[dict[str, Any]], tuple[EpochSummary, ...]]:
+    """The planned epochs as the plan table's rows (sorted by epoch, rank, index: one rank's epoch is a filtered
+    read), each epoch's plan fingerprint, the metric rows and what the manifest says of each epoch."""
+    tables, fingerprints, metric_rows, summaries = [], {}, [], []
     for p in epochs:
         cols = plan_columns(p, s, settings)
         fingerprints[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_files.plan_table(cols))
+        tables.append(plan_tables.plan_table(cols))
         metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
         after = p.metrics[-1][1]
-        epoch_info.append({"epoch": p.epoch, "batches": after["batches"], "updates": after["updates"],
-                           "samples": after["samples"], "dropped_samples": after["dropped_samples"]})
-    plan = pa.concat_tables(tables)
-    plan = plan.take(pc.sort_indices(plan, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    return plan, fingerprints, metric_rows, epoch_info
+        summaries.append(EpochSummary(p.epoch, after["batches"], after["updates"], after["samples"],
+                                      after["dropped_samples"]))
+    rows = pa.concat_tables(tables)
+    rows = rows.take(pc.sort_indices(rows, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
+    return rows, fingerprints, metric_rows, tuple(summaries)
 
 
-def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table, dict[str, Any], str]:
+def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table, EvalSummary, str]:
     """The eval plan as its table, what the manifest says of it, and its fingerprint."""
     cols = eval_columns(evaluation, settings)
-    return plan_files.eval_table(cols), plan_files.eval_summary(cols, settings.world_size), eval_fingerprint(cols)
+    return plan_tables.eval_table(cols), EvalSummary.of(cols, settings.world_size), eval_fingerprint(cols)
 
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
-                   epochs: list[EpochPlan], scan_info: ScanRecord, tokenized: Path | None,
+                   epochs: list[EpochPlan], scan_record: ScanRecord, tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
-                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> dict[str, Any]:
+                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> Manifest:
     """Write PLAN_DIR atomically from planned epochs (over the training samples `s`) and the eval plan, if any:
     plan, samples (all of `samples_table`), metrics, before and eval tables, the manifest (and the token store,
     hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
     if progress:
         progress("writing plan", 0, 1)
-    settings_dict = settings.to_dict()
     fingerprints: dict[str, Any] = {
-        **plan_files.samples_fingerprints(samples_table, scan_info.identity),
-        "config": config_fingerprint(settings_dict),
+        **samples_fingerprints(samples_table, scan_record.identity),
+        "config": config_fingerprint(settings.to_dict()),
         "plancc": __version__,
         "schema": schemas.SCHEMA_VERSION,
     }
     if tokenized is not None:  # binds the token store: a reader compares its digest at open
         fingerprints["tokens"] = token_store.open_store(tokenized).digest
-    plan, fingerprints["plan"], metric_rows, epoch_info = _epoch_tables(epochs, s, settings)
-    eval_table, eval_info = None, None
+    rows, fingerprints["plan"], metric_rows, summaries = _epoch_tables(epochs, s, settings)
+    eval_table, eval_summary = None, None
     if evaluation is not None:
-        eval_table, eval_info, fingerprints["eval"] = _eval_table(evaluation, settings)
-    data = data_manifest(out_dir, list(scan_info.source_paths), tokenized is not None)
-    metrics = plan_files.metrics_table(metric_rows)
-    before = plan_files.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
-    manifest = {
-        "plancc": __version__,
-        "schema": schemas.SCHEMA_VERSION,
-        "fingerprints": fingerprints,
-        "settings": settings_dict,
-        "scan": scan_info.without(*NOT_PLANNED).to_json(),
-        "data": data,
-        "epochs": epoch_info,
-        "samples": samples_table.num_rows,
-        # what the summary must say: every source sample dropped or cut, and what tokenized them
-        "rows_read": scan_info.rows_read if "rows_read" in scan_info.keys else len(s),
-        "dropped_samples": scan_info.dropped_samples,
-        "truncated_samples": scan_info.truncated_samples,
-        "tokenizer": ({"name": scan_info.tokenizer, "fingerprint": scan_info.tokenizer_fingerprint}
-                      if scan_info.tokenizer else None),
-        "chat_template": scan_info.chat_template.to_json() if scan_info.chat_template else None,
-        "warnings": list(scan_info.warnings),
-        "checksums": {"metrics": metrics_checksum(metrics.to_pylist()),
-                      "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
-    }
-    if eval_info is not None:
-        manifest["eval"] = eval_info
-    if recipe is not None:
-        manifest["recipe"] = recipe
+        eval_table, eval_summary, fingerprints["eval"] = _eval_table(evaluation, settings)
+    metrics = plan_tables.metrics_table(metric_rows)
+    before = plan_tables.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
+    manifest = Manifest(
+        plancc=__version__, schema=schemas.SCHEMA_VERSION, fingerprints=fingerprints, settings=settings,
+        scan=scan_record.without(*NOT_PLANNED), data=data_paths(out_dir, scan_record.source_paths, tokenized is not None),
+        epochs=summaries, samples=samples_table.num_rows,
+        checksums={"metrics": metrics_checksum(metrics.to_pylist()),
+                   "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
+        eval=eval_summary, recipe=recipe)
     with outputs.atomic_directory(out_dir, overwrite=overwrite) as tmp:
-        plan_files.write_plan_files(tmp, plan, samples_table, metrics, before, fingerprints, settings_dict, manifest,
-                               eval_table)
+        plan_tables.write_plan_files(tmp, manifest, rows, samples_table, metrics, before, eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens
             token_writer.link_store(tokenized, tmp / schemas.TOKENS_DIR)
             if token_store.open_store(tmp / schemas.TOKENS_DIR).digest != fingerprints["tokens"]:

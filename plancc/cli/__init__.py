@@ -92,11 +92,11 @@ def compile_cmd(
                                progress=progress)
         warn(plan.warnings)
         if json:
-            print_json({"plan_dir": str(output), **plan.manifest, "warnings": list(plan.warnings)})
+            print_json({"plan_dir": str(output), **plan.manifest.to_json(), "warnings": list(plan.warnings)})
         elif not quiet:
             from plancc.cli.summary import compile_summary
 
-            typer.echo("\n".join(compile_summary(str(output), plan.manifest, plan.metrics())))
+            typer.echo("\n".join(compile_summary(str(output), plan.manifest.to_json(), plan.metrics())))
 
 
 @app.command("scan", cls=SourceCommand, help="Tokenize + scan SOURCE only: write the samples table and the tokenized dataset."

@@ -1,6 +1,7 @@
 """The short summaries `compile` and `scan` print: a few lines under 80 columns; full tables are `inspect metrics`.
 
-Each summary is a list of `label: value` lines built from the manifest / scan report. Fields other parts of plancc
+Each summary is a list of `label: value` lines built from the manifest's JSON (`Manifest.to_json`) / the scan
+record's (`ScanRecord.to_json`). Fields other parts of plancc
 may or may not record (drop counts, tokenizer and chat template names) are read with a fallback, so a summary of
 an older plan still renders; a new line is one more entry in `_sample_lines` or `compile_summary`.
 """
@@ -86,11 +87,8 @@ def _dataset_lines(recipe: dict[str, Any] | None) -> list[str]:
 def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[str, Any]]) -> list[str]:
     """Lines for `plancc compile`: where, samples, tokenizer, template, layout, then one row per epoch."""
     s = manifest["settings"]
-    scan = {**manifest.get("scan", {}), **{k: manifest[k] for k in ("dropped_samples", "truncated_samples",
-                                                                      "tokenizer", "chat_template")
-                                            if k in manifest}}
     by = {(m["epoch"], m["stage"]): m for m in metrics}
-    lines = [f"plan       {output}", *_sample_lines(scan, int(manifest["samples"])),
+    lines = [f"plan       {output}", *_sample_lines(manifest["scan"], int(manifest["samples"])),
              f"layout     {s['mode']}, {s['micro_batch_size']} x {s['sequence_len']} tokens, world {s['world_size']} "
              f"x accum {s['grad_accum']}, {len(manifest['epochs'])} epoch(s)",
              *_eval_lines(manifest.get("eval"), s.get("val_set_size"), manifest.get("recipe")),

@@ -12,7 +12,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-from plancc.core.paths import default_cache_dir
+from plancc.core.paths import cache_path
 
 # every module holding @numba.njit(cache=True) kernels (a test checks the list against the sources)
 KERNEL_MODULES = ("plancc.store.token_hash", "plancc.planner.sort", "plancc.core.row_sums", "plancc.planner.pack.best_fit",
@@ -27,7 +27,7 @@ def _point_numba_cache() -> None:
     caches beside the sources, as it does by default)."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return
-    path = default_cache_dir() / "numba"
+    path = cache_path(None, "numba")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:

@@ -15,7 +15,7 @@ only when the count asks for more than n. The stream is seeded from (seed, datas
 the same settings give the same multiset on any machine.
 
 `eval` datasets (a recipe's `eval_datasets`) are in the samples table but never in a training epoch:
-`eval_sample_ids` names them for the eval plan. A mixture is `PlanSettings.mixture`: a tuple of `MixEntry`.
+`eval_positions` names them for the eval plan. A mixture is `PlanSettings.mixture`: a tuple of `MixEntry`.
 """
 
 from __future__ import annotations

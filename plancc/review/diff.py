@@ -11,7 +11,7 @@
   identical (same sample ids in the same rows, at the same global index) and the first differing microbatch.
 
 Churn is a columnar compare, never a loop over samples: each plan's `sample_ids` column becomes flat CSR arrays
-(`plan_store.nested_arrays`), each sample's (update, rank) key is scattered into a dense id-indexed array (or
+(`parquet.nested_arrays`), each sample's (update, rank) key is scattered into a dense id-indexed array (or
 matched by sort when ids are sparse), and microbatches of equal shape are compared element-wise through one
 gather. Epochs whose plan fingerprints are equal are not read at all: equal digests mean equal rows.
 
@@ -31,7 +31,7 @@ import pyarrow as pa
 from plancc.core.metric_columns import METRIC_COLUMNS
 from plancc.errors import SettingsError
 from plancc.review.diff_rules import ABS_FLOOR, DEFAULT_TOLERANCE, FAIL_ON, REGRESSION_METRICS
-from plancc.store import plan_store, schemas
+from plancc.store import parquet, schemas
 from plancc.store.plan import Plan
 
 # ---------------------------------------------------------------- loading
@@ -55,7 +55,7 @@ class EpochRows:
     """One epoch of one plan as flat arrays, addressable by global microbatch index."""
 
     def __init__(self, table: pa.Table):
-        ids, row_bounds, batch_bounds = plan_store.nested_arrays(table.column("sample_ids"))
+        ids, row_bounds, batch_bounds = parquet.nested_arrays(table.column("sample_ids"))
         n = table.num_rows
         index = table.column("index").to_numpy()
         # position (row of the file slice) of each global microbatch index
@@ -220,7 +220,7 @@ def _epoch_slices(table: pa.Table) -> dict[int, pa.Table]:
 
 
 def _load_rows(plan: Plan, epochs: list[int]) -> dict[int, EpochRows]:
-    slices = _epoch_slices(plan.read_rows(CHURN_COLUMNS))  # file order: (epoch, rank, index)
+    slices = _epoch_slices(plan.files.read_rows(CHURN_COLUMNS))  # file order: (epoch, rank, index)
     return {e: EpochRows(slices[e]) for e in epochs if e in slices}
 
 
@@ -231,19 +231,19 @@ EVAL_SIZES = ("samples", "tokens", "label_count", "batches", "cost")
 
 
 def _eval_ids(plan: Plan) -> np.ndarray:
-    return np.unique(plan_store.nested_arrays(plan.read_eval().column("sample_ids"))[0])
+    return np.unique(parquet.nested_arrays(plan.files.read_eval().column("sample_ids"))[0])
 
 
 def eval_changes(old: Plan, new: Plan) -> dict[str, Any]:
     """How the eval plans differ: which plan has one, its sizes (old, new, delta) and the held-out samples added
     and removed. Equal eval fingerprints mean equal eval plans: nothing is read."""
-    has = (old.has_eval, new.has_eval)
+    has = (old.manifest.has_eval, new.manifest.has_eval)
     status = {(True, True): "both", (True, False): "old_only", (False, True): "new_only"}.get(has, "none")
     out: dict[str, Any] = {"status": status, "changed": old.fingerprints.get("eval") != new.fingerprints.get("eval"),
                            "sizes": [], "added_samples": 0, "removed_samples": 0}
     if status == "none" or not out["changed"]:
         return out
-    so, sn = (info.meta["eval"] if h else {} for info, h in zip((old, new), has, strict=True))
+    so, sn = (p.manifest.eval.to_json() if p.manifest.eval is not None else {} for p in (old, new))
     out["sizes"] = [{"metric": m, "old": so.get(m), "new": sn.get(m),
                      "delta": sn[m] - so[m] if m in so and m in sn else None}
                     for m in EVAL_SIZES if so.get(m) != sn.get(m)]
@@ -285,7 +285,7 @@ def diff_plans(old_path: str | Path, new_path: str | Path, *, tolerance: float =
     epochs = sorted(set(old.epochs) | set(new.epochs))
     config = _config_changes(old, new)
     regressions = _regressions(m_old, m_new, epochs, tolerance)
-    datasets = dataset_changes(old.meta.get("recipe"), new.meta.get("recipe"))
+    datasets = dataset_changes(old.manifest.recipe, new.manifest.recipe)
     changes = {
         "datasets": any(d["status"] != "unchanged" for d in datasets),
         "config": fo.get("config") != fn.get("config") or bool(config),

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from plancc.core.layout import optimizer_updates, update_grid
 from plancc.errors import PlanccError
-from plancc.store import parquet, plan_store, schemas
+from plancc.store import parquet, schemas
 from plancc.store.plan import Plan
 
 SCALAR_COLUMNS = ["epoch", "index", "update", "rank", "micro_step", "tokens", "label_count", "cost", "num_items",
@@ -44,14 +44,15 @@ def eval_sizes(plan_dir: str | Path | Plan) -> dict[str, Any] | None:
     """The eval plan's sizes as compile recorded them (samples, tokens, label_count: the targets the eval loss
     divides by, batches, batches_per_rank, cost), or None for a plan without one."""
     plan = as_plan(plan_dir)
-    return {"val_set_size": plan.settings.val_set_size, **plan.meta["eval"]} if plan.has_eval else None
+    ev = plan.manifest.eval
+    return {"val_set_size": plan.settings.val_set_size, **ev.to_json()} if ev is not None else None
 
 
 def read_dataset_metrics(plan_dir: str | Path, epoch: int | None = None) -> list[dict[str, Any]]:
     """A recipe plan's per-dataset metrics `{epoch, stage, dataset, samples, tokens, label_tokens, *_share}`
     (stages `before`: the mixture as drawn, `after`: what the plan holds); an error for a one-source plan."""
     plan = Plan(plan_dir)
-    recipe = plan.meta.get("recipe")
+    recipe = plan.manifest.recipe
     if not recipe:
         raise PlanccError(f"{plan_dir} was compiled from one source: --by dataset needs a recipe (several sources "
                           "or a config listing datasets)")
@@ -88,8 +89,7 @@ def _filters(plan: Plan, epoch: int | None, update: int | None, rank: int | None
     updates are the optimizer steps a trainer runs (the incomplete tail included), from each epoch's microbatches."""
     epochs = plan.epochs
     W, G = plan.settings.world_size, plan.settings.grad_accum
-    updates = [optimizer_updates(e["batches"], W, G) for e in plan.meta.get("epochs", [])
-               if epoch is None or e["epoch"] == epoch]
+    updates = [optimizer_updates(e.batches, W, G) for e in plan.manifest.epochs if epoch is None or e.epoch == epoch]
     ranges = {  # name: (value, how many there are, what has that many)
         "epoch": (epoch, None, f"epochs {epochs}"),
         "update": (update, max(updates, default=0), "updates" + ("" if epoch is None else f" in epoch {epoch}")),
@@ -117,7 +117,7 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
     if limit < 0:
         raise PlanccError(f"--limit must be >= 0, got {limit}")
     filters = _filters(plan, epoch, update, rank, micro_step) or None
-    head = plan.read_rows(SCALAR_COLUMNS, filters)
+    head = plan.files.read_rows(SCALAR_COLUMNS, filters)
     head = head.take(pc.sort_indices(head, [("epoch", "ascending"), ("index", "ascending")]))
     matching = head.num_rows
     tokens = int(pc.sum(head.column("tokens")).as_py() or 0)
@@ -130,12 +130,12 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
         wanted = ep * (1 << 40) + ix
         f2 = [*(filters or []), ("epoch", ">=", int(ep.min())), ("epoch", "<=", int(ep.max())),
               ("index", ">=", int(ix.min())), ("index", "<=", int(ix.max()))]
-        full = plan.read_rows(["epoch", "index", "sample_ids"], f2)
+        full = plan.files.read_rows(["epoch", "index", "sample_ids"], f2)
         key = full.column("epoch").to_numpy().astype(np.int64) * (1 << 40) + full.column("index").to_numpy()
         order = np.argsort(key, kind="stable")
         at = order[np.searchsorted(key[order], wanted)]
         ids_col = full.column("sample_ids").take(pa.array(at))
-        flat, row_bounds, batch_bounds = plan_store.nested_arrays(ids_col)
+        flat, row_bounds, batch_bounds = parquet.nested_arrays(ids_col)
         scalars = shown.to_pydict()
         for i in range(shown.num_rows):
             r0, r1 = int(batch_bounds[i]), int(batch_bounds[i + 1])
@@ -176,8 +176,8 @@ def before_counts(plan_dir: str | Path | Plan, epoch: int) -> BeforeAfter:
     if epoch not in plan.epochs:
         raise PlanccError(f"--epoch {epoch}: the plan has epochs {plan.epochs}")
     W, G = plan.settings.world_size, plan.settings.grad_accum
-    after = _stage(parquet.column(plan.read_epoch(epoch, ["index", "label_count"]), "label_count"), W, G)
-    labels = plan.before_labels(epoch)
+    after = _stage(parquet.column(plan.files.read_epoch(epoch, ["index", "label_count"]), "label_count"), W, G)
+    labels = plan.files.before_labels(epoch)
     if labels is None:
         return BeforeAfter(epoch, None, after, "before stage not stored (a plan of an older plancc): after only")
     return BeforeAfter(epoch, _stage(labels, W, G), after, f"before as compiled ({schemas.BEFORE_FILE})")

@@ -17,9 +17,9 @@ import numpy as np
 
 from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import InputError
-from plancc.store import parquet, plan_files, schemas
-from plancc.store.plan import Plan
-from plancc.store.scan_record import Counted, ScanRecord
+from plancc.store import parquet, schemas
+from plancc.store.samples_source import StoredSamples, open_samples
+from plancc.store.scan_record import Counted
 
 
 @dataclass(frozen=True)
@@ -52,21 +52,16 @@ class SampleView:
                 "supervised": self.supervised.tolist()}
 
 
-def _report(info: dict[str, Any], plan: Plan | None) -> ScanRecord:
-    """The scan record of a scan directory, or of a plan directory's plan (empty for neither)."""
-    if info.get("record") is not None:
-        return info["record"]
-    return plan.scan_record if plan is not None else ScanRecord()
+def _stored(directory: str | Path) -> StoredSamples | None:
+    """The samples of a plan or scan directory (`open_samples`), None for anything else."""
+    d = Path(directory)
+    stored = open_samples(d) if d.is_dir() else None
+    return stored if stored is not None and stored.kind != "table" else None
 
 
-def _open_plan(directory: Path) -> Plan | None:
-    """The plan of a plan directory, opened once for its scan record and its recipe; None for a scan directory."""
-    return Plan(directory) if (directory / schemas.PLAN_FILE).is_file() else None
-
-
-def _recipe(plan: Plan | None) -> dict[str, Any]:
+def _recipe(stored: StoredSamples) -> dict[str, Any]:
     """A recipe plan's `recipe` entry ({} for one source, or a scan)."""
-    return (plan.manifest.get("recipe") if plan is not None else None) or {}
+    return (stored.plan.manifest.recipe if stored.plan is not None else None) or {}
 
 
 def _stored_row(path: Path, row: int) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -98,29 +93,26 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now."""
     from plancc.scan.describe import recorded_tokenizer, trained
 
-    d = Path(directory)
-    given = plan_files.read_samples_source(d) if d.is_dir() else None
-    if given is None:
+    stored = _stored(directory)
+    if stored is None:
         raise InputError(f"{directory} is not a plan or scan directory (no {schemas.SAMPLES_FILE})")
-    table, info = given
+    table, record = stored.table, stored.record
     ids = parquet.column(table, "sample_id")
     at = int(np.searchsorted(ids, sample_id))
-    plan = _open_plan(d)
-    report = _report(info, plan)
     if at == len(ids) or ids[at] != sample_id:
         dropped = " (the scan dropped it: see `plancc scan` or the manifest's scan report)" if (
             0 <= sample_id <= ids[-1]) else ""
         raise InputError(f"--sample {sample_id}: no such sample in {directory}{dropped}; sample ids run "
                          f"{int(ids[0])}..{int(ids[-1])} ({len(ids):,} samples)")
-    if not info.get("tokenized_path"):
+    if stored.tokens is None:
         raise InputError(f"{directory} has no {schemas.TOKENS_DIR}/ (it was compiled from a bare samples table): "
                          "nothing to decode")
-    first_row = report.part.lo if report.part else 0  # a partial scan's store starts at its first row
-    input_ids, labels, shifted = _stored_row(Path(info["tokenized_path"]), sample_id - first_row)
+    first_row = record.part.lo if record.part else 0  # a partial scan's store starts at its first row
+    input_ids, labels, shifted = _stored_row(stored.tokens, sample_id - first_row)
     supervised = labels != IGNORE_INDEX
     if shifted:
         supervised = np.concatenate([[False], supervised[:-1]])
-    tok = recorded_tokenizer(report, tokenizer)
+    tok = recorded_tokenizer(record, tokenizer)
     decode = tok.tokenizer.decode
     bounds = np.flatnonzero(np.diff(supervised.astype(np.int8))) + 1
     runs = zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(input_ids)]]), strict=True)
@@ -129,8 +121,8 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     return SampleView(int(sample_id), int(parquet.column(table, "length")[at]),
                       int(parquet.column(table, "label_count")[at]),
                       bool(parquet.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
-                      segments, pieces, tok.name, *_dataset_row(_recipe(plan), table, at, int(sample_id)),
-                      trained(report))
+                      segments, pieces, tok.name, *_dataset_row(_recipe(stored), table, at, int(sample_id)),
+                      trained(record))
 
 
 def _targets(labels: np.ndarray, offsets: np.ndarray, shifted: bool) -> np.ndarray:
@@ -148,29 +140,26 @@ def _targets(labels: np.ndarray, offsets: np.ndarray, shifted: bool) -> np.ndarr
 
 def dropped_rows(directory: str | Path) -> dict[str, Any]:
     """Every source row a plan or scan directory's scan dropped, with why, and its truncated rows (count and the
-    first the report names; a recipe's report has the count only): derived from its token store (one row per source row, dropped ones included), its
-    samples table (the kept ones) and its scan report, so nothing extra is stored or fingerprinted."""
+    first the record names; a recipe's record has the count only): derived from its token store (one row per source row, dropped ones included), its
+    samples table (the kept ones) and its scan record, so nothing extra is stored or fingerprinted."""
     from plancc.store import token_store
 
-    d = Path(directory)
-    given = plan_files.read_samples_source(d) if d.is_dir() else None
-    if given is None or not given[1].get("tokenized_path"):
+    stored = _stored(directory)
+    if stored is None or stored.tokens is None:
         raise InputError(f"{directory} is not a plan or scan directory with its {schemas.TOKENS_DIR}/")
-    table, info = given
-    plan = _open_plan(d)
-    report = _report(info, plan)
+    table, record = stored.table, stored.record
     try:
-        m = token_store.open_store(Path(info["tokenized_path"]))
+        m = token_store.open_store(stored.tokens)
     except token_store.TokenStoreError as exc:
         raise InputError(str(exc)) from None
     offsets = np.asarray(m.offsets, dtype=np.int64)
-    first_row = report.part.lo if report.part else 0
+    first_row = record.part.lo if record.part else 0
     kept = np.zeros(len(offsets) - 1, bool)
     kept[parquet.column(table, "sample_id").astype(np.int64) - first_row] = True
     lengths = np.diff(offsets)
     targets = _targets(m.labels, offsets, bool(m.header["labels_shifted"]))
-    seq = report.sequence_len
-    names = _dataset_starts(_recipe(plan))
+    seq = record.sequence_len
+    names = _dataset_starts(_recipe(stored))
     rows = []
     for r in np.flatnonzero(~kept).tolist():
         if seq is not None and lengths[r] > seq:
@@ -180,7 +169,7 @@ def dropped_rows(directory: str | Path) -> dict[str, Any]:
         else:
             why = "trains on the end of turn alone (drop_eos_only)"
         rows.append({"row": first_row + r, **names(first_row + r), "reason": why, "tokens": int(lengths[r])})
-    truncated = report.truncated if "truncated" in report.keys else Counted(report.truncated_samples, ())
+    truncated = record.truncated if "truncated" in record.keys else Counted(record.truncated_samples, ())
     return {"dropped": rows, "truncated": truncated.to_json()}
 
 

@@ -1,16 +1,18 @@
 """Re-check a plan on disk, every file it ships: invariants of docs/spec.md §4-6, fingerprints, checksums and the mirror.
 
-Nothing is trusted from the writer. `Plan` (`plan_store.PlanDir`) checks how the files vouch for each other (settings against
-the config fingerprint, each epoch's rows against the layout and its plan fingerprint, samples against the
-dataset and metadata fingerprints, metrics against their checksum, every file's metadata and `manifest.json`
-against the plan file's). On top, this module recomputes from the samples table what a plan must satisfy
-(coverage, capacity, per-microbatch tokens, targets and cost), recomputes each epoch's final metrics from its rows,
-checks the eval plan (the held-out samples `--val-set-size` draws, each exactly once, none of them in training,
-in the training layout, counted right, against the eval fingerprint), checks that the settings the plan shares
-with its scan (`sequence_len`, `shift`) are the scan's, and checks the
-tokenized data the trainer will load: every header value against its `header_hash`, present, complete and, unless
-`fast`, equal in content to the dataset fingerprint (each planned sample's hash against the samples table). The result is a list of
-violations, each naming its file and row or field (empty when the plan is sound).
+Nothing is trusted from the writer. `Plan` (`plan.files`, `PlanFiles`) checks how the files vouch for each other
+(settings against the config fingerprint, each epoch's rows against the layout and its plan fingerprint, samples
+against the dataset and metadata fingerprints, metrics against their checksum, every file's metadata and
+`manifest.json` against the plan file's). On top, this module checks what the plan must satisfy against the
+samples table, with code of its own rather than the compiler's, so that a compiler bug shows as a violation
+instead of agreeing with itself: coverage (each sample once, or its mixture count: the recipe's draw made again,
+`plancc.store.redraw`), capacity, per-microbatch tokens, targets and cost and each epoch's summary figures
+(`recount`), the eval plan (the held-out samples drawn again, each exactly once, none of them in training, in the
+training layout, counted right, against the eval fingerprint), that the settings the plan shares with its scan
+(`sequence_len`, `shift`) are the scan's, and the tokenized data the trainer will load: every header value against
+its `header_hash`, present, complete and, unless `fast`, equal in content to the dataset fingerprint (each planned
+sample's hash against the samples table). The result is a list of violations, each naming its file and row or
+field (empty when the plan is sound).
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from plancc.config.registry import BOTH
 from plancc.config.settings import PlanSettings
 from plancc.core.choices import Mode, Shift
 from plancc.core.layout import tail_batches
-from plancc.core.plan_arrays import Batches, batch_cost, batch_targets, batch_tokens, row_tokens, segment_sum
+from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
-from plancc.planner import holdout, mixture
-from plancc.planner.metrics import SourceDrops, dataset_rows, entry_targets, summarize
-from plancc.store import parquet, plan_files, plan_store, schemas, token_store
+from plancc.review import recount
+from plancc.review.recount import Microbatches, Rows
+from plancc.store import parquet, redraw, schemas, token_store
+from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
 from plancc.store.plan import Plan
+from plancc.store.plan_store import PlanIntegrityError
+from plancc.store.samples import dataset_codes
 
 
 def _shared_problems(plan: Plan) -> list[str]:
@@ -41,7 +46,7 @@ def _shared_problems(plan: Plan) -> list[str]:
     recorded = plan.scan_record.options
     if recorded is None:
         return []
-    return [f"{plan.plan_file} metadata: settings.{name} is {getattr(plan.settings, name)!r}, but its samples were "
+    return [f"{plan.files.plan_file} metadata: settings.{name} is {getattr(plan.settings, name)!r}, but its samples were "
             f"scanned with {name} {getattr(recorded, name)!r} (scan.options.{name})"
             for name in BOTH if getattr(recorded, name) != getattr(plan.settings, name)]
 
@@ -65,30 +70,34 @@ def mixture_counts(sample_id: np.ndarray) -> np.ndarray:
     return want
 
 
-def check_epoch(epoch: int, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
+Checked = tuple[list[str], Rows | None, Microbatches | None]
+
+
+def check_epoch(epoch: int, table: pa.Table, s: SampleArrays, settings: PlanSettings) -> Checked:
     """Coverage (each sample exactly its mixture count: once, for one source), capacity, microbatch shape and
-    per-microbatch counts of one epoch against the epoch's samples (`mixture.plan_positions`)."""
+    per-microbatch counts of one epoch against the epoch's samples (`redraw.epoch_positions` for a recipe)."""
     return check_rows(f"{schemas.PLAN_FILE} epoch {epoch}", table, s, settings)
 
 
-def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[list[str], Batches | None]:
+def check_rows(where: str, table: pa.Table, s: SampleArrays, settings: PlanSettings) -> Checked:
     """`check_epoch` of any plan rows (an epoch's, or the eval plan's) named `where` in the messages: they must
     hold each sample of the multiset `s` as often as it is in it (all unless --drop-last), fit the layout, and
-    count what `s` says."""
+    count what `s` says (`recount`); returns the rows as positions in `s` and what their microbatches hold."""
     problems: list[str] = []
-    ids, row_bounds, batch_bounds = plan_store.nested_arrays(table.column("sample_ids"))
+    ids, row_bounds, batch_bounds = parquet.nested_arrays(table.column("sample_ids"))
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
     unknown = s.sample_id[pos] != ids
     if unknown.any():
         return [f"{where}: {int(unknown.sum())} sample ids are not in {schemas.SAMPLES_FILE} "
-                f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None
-    b = Batches(pos, row_bounds, batch_bounds)
-    n = b.num_batches
+                f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None, None
+    rows = Rows(pos, row_bounds, batch_bounds)
+    mb = recount.microbatches(rows, s, settings)
+    n = rows.num_batches
 
     counts, want = np.bincount(pos, minlength=len(s)), mixture_counts(s.sample_id)
     over = np.flatnonzero(counts > want)
     if over.size and not settings.mixture:
-        row, sid, first = plan_store.repeated_sample(ids, b.row_bounds[b.batch_bounds])
+        row, sid, first = repeated_sample(ids, row_bounds[batch_bounds])
         problems.append(f"{where} row {row}: sample_id {sid} again (already in row {first}); "
                         f"{int((counts > 1).sum())} samples appear more than once")
     elif over.size:
@@ -102,57 +111,51 @@ def check_rows(where: str, table: pa.Table, s, settings: PlanSettings) -> tuple[
     if settings.drop_last and tail_batches(n, settings.world_size, settings.grad_accum):
         problems.append(f"{where}: --drop-last plan ends with an incomplete update")
 
-    over = np.flatnonzero(row_tokens(b, s) > settings.row_capacity)
+    over = np.flatnonzero(mb.row_tokens > settings.row_capacity)
     if over.size:
         problems.append(f"{where}: {over.size} rows exceed capacity {settings.row_capacity} "
                         f"(first: row {over[0]})")
     if settings.mode == Mode.PACKED:
-        too_many = np.flatnonzero(b.rows_per_batch() > (settings.micro_batch_size if settings.real_batches else 1))
+        too_many = np.flatnonzero(np.diff(batch_bounds) > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
             problems.append(f"{where} row {too_many[0]}: the microbatch has too many rows")
     else:
-        per_batch = segment_sum(b.samples_per_row(), b.batch_bounds)
+        per_batch = recount.sums(np.diff(row_bounds), batch_bounds)
         short = np.count_nonzero(per_batch != settings.micro_batch_size)  # the remainder's one microbatch
         if short > 1 or (n and not 1 <= per_batch.min() <= per_batch.max() <= settings.micro_batch_size):
             problems.append(f"{where}: microbatches do not hold exactly {settings.micro_batch_size} samples "
                             "(but one, holding the remainder)")
-    expect = {
-        "tokens": batch_tokens(b, s),
-        "label_count": batch_targets(b, s, settings.shift),
-        "cost": batch_cost(b, s, settings.pad_multiple),
-    }
-    for name, want in expect.items():
+    for name, want in (("tokens", mb.tokens), ("label_count", mb.label_count), ("cost", mb.cost)):
         msg = _mismatch(name, where, parquet.column(table, name), want)
         if msg:
             problems.append(msg)
-    return problems, b
+    return problems, rows, mb
 
 
 def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], np.ndarray]:
     """(violations of the eval plan, the eval sample ids training must not hold). The eval rows must hold the
-    samples compile held out (`holdout.eval_ids`, redrawn here: a recipe's eval datasets, `--val-set-size`'s draw)
-    each exactly once, fit the training layout and count what the samples table says; layout, eval fingerprint and
-    manifest summary: `PlanDir.eval_problems`."""
+    samples compile held out (`redraw.eval_ids`, drawn again here: a recipe's eval datasets, `--val-set-size`'s
+    draw) each exactly once, fit the training layout and count what the samples table says; layout, eval
+    fingerprint and manifest summary: `PlanFiles.eval_problems`."""
     size, path, none = plan.settings.val_set_size, plan.path / schemas.EVAL_FILE, np.zeros(0, dtype=np.int64)
     try:
-        drawn = holdout.eval_ids(s.sample_id, plan.settings, index) if len(s) else None
+        expected = redraw.eval_ids(s.sample_id, plan.settings, index) if len(s) else none
     except SettingsError as exc:
-        return [f"{plan.plan_file} metadata: {exc}"], none
-    expected = none if drawn is None else drawn
-    if not plan.has_eval:
+        return [f"{plan.files.plan_file} metadata: {exc}"], none
+    if not plan.manifest.has_eval:
         if expected.size:
-            return [f"{plan.plan_file} metadata: the settings hold out {expected.size} eval samples (val_set_size "
+            return [f"{plan.files.plan_file} metadata: the settings hold out {expected.size} eval samples (val_set_size "
                     f"{size}, eval datasets) but fingerprints.eval is missing (no eval plan)"], expected
-        return ([f"{path}: an eval plan, but {plan.plan_file} has no eval fingerprint"] if path.exists() else []), expected
-    held = plan.source(schemas.EVAL_FILE)
-    problems = [*plan_store.schema_problems(held, schemas.EVAL_SCHEMA), *plan_store.statistics_problems(held),
-                *plan.companion_problems(schemas.EVAL_FILE, "eval")]
+        return ([f"{path}: an eval plan, but {plan.files.plan_file} has no eval fingerprint"] if path.exists() else []), expected
+    held = plan.files.source(schemas.EVAL_FILE)
+    problems = [*schema_problems(held, schemas.EVAL_SCHEMA), *statistics_problems(held),
+                *plan.files.companion_problems(schemas.EVAL_FILE, "eval")]
     try:
-        table = plan.read_eval()
+        table = plan.files.read_eval()
     except schemas.StoreError as exc:
         return [*problems, str(exc)], expected
-    problems += plan.eval_problems(table)
-    ids = np.unique(plan_store.nested_arrays(table.column("sample_ids"))[0])
+    problems += plan.files.eval_problems(table)
+    ids = np.unique(parquet.nested_arrays(table.column("sample_ids"))[0])
     extra, lacking = np.setdiff1d(ids, expected), np.setdiff1d(expected, ids)
     if extra.size or lacking.size:
         first = int(extra[0]) if extra.size else int(lacking[0])
@@ -160,14 +163,14 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
                         f"val_set_size {size}, seed {plan.settings.seed}) does not and lacks {lacking.size} it does "
                         f"(first: sample_id {first})")
         return problems, expected
-    found, _ = check_rows(str(path), table, holdout.subset(s, np.isin(s.sample_id, expected)),
-                          replace(plan.settings, drop_last=False, mixture=(), samples_per_epoch=None))
+    found, _, _ = check_rows(str(path), table, s.take(np.flatnonzero(np.isin(s.sample_id, expected))),
+                             replace(plan.settings, drop_last=False, mixture=(), samples_per_epoch=None))
     return problems + found, expected
 
 
 def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> list[str]:
     """Held-out samples must never be trained on."""
-    ids = plan_store.nested_arrays(table.column("sample_ids"))[0]
+    ids = parquet.nested_arrays(table.column("sample_ids"))[0]
     leaked = np.intersect1d(ids, eval_ids)
     return [f"{schemas.PLAN_FILE} epoch {epoch}: {leaked.size} held-out eval samples are in the training plan "
             f"(first: sample_id {int(leaked[0])})"] if leaked.size else []
@@ -179,8 +182,8 @@ def _recipe_index(plan: Plan, samples: pa.Table) -> tuple[np.ndarray | None, lis
         return None, []
     if schemas.DATASET_COLUMN not in samples.column_names:
         return None, [f"{schemas.SAMPLES_FILE}: a recipe's samples table lacks its '{schemas.DATASET_COLUMN}' column"]
-    codes, names = plan_files.dataset_codes(samples)
-    index = mixture.dataset_index(codes, names, plan.settings.mixture)
+    codes, names = dataset_codes(samples)
+    index = redraw.dataset_index(codes, names, plan.settings)
     if (index < 0).any():
         row = int(np.flatnonzero(index < 0)[0])
         return index, [f"{schemas.SAMPLES_FILE} row {row}: dataset {names[codes[row]]!r} is not one of the recipe's "
@@ -188,24 +191,24 @@ def _recipe_index(plan: Plan, samples: pa.Table) -> tuple[np.ndarray | None, lis
     return index, []
 
 
-def _dataset_after(epoch: int, b: Batches, s_e, index: np.ndarray, plan: Plan) -> list[dict[str, Any]]:
-    """One epoch's per-dataset `after` metrics recomputed from its rows (`b` indexes the epoch's samples `s_e`,
+def _dataset_after(epoch: int, rows: Rows, s_e: SampleArrays, index: np.ndarray, plan: Plan) -> list[dict[str, Any]]:
+    """One epoch's per-dataset `after` metrics recounted from its rows (`rows` indexes the epoch's samples `s_e`,
     whose datasets `index` gives)."""
     names = [m.name for m in plan.settings.mixture]
-    return dataset_rows(epoch, "after", names, index[b.samples], s_e.length[b.samples],
-                        entry_targets(b, s_e, plan.settings.shift))
+    return recount.dataset_figures(epoch, names, index[rows.pos], s_e.length[rows.pos],
+                                   recount.entry_targets(rows, s_e, plan.settings.shift))
 
 
 def _recipe_metrics_problems(plan: Plan, recomputed: list[dict[str, Any]]) -> list[str]:
     """The manifest's per-dataset `after` metrics against those recomputed from the plan's rows."""
     if not plan.settings.mixture:
         return []
-    stored = [r for r in (plan.meta.get("recipe") or {}).get("metrics", []) if r.get("stage") == "after"]
+    stored = [r for r in (plan.manifest.recipe or {}).get("metrics", []) if r.get("stage") == "after"]
     key = ("epoch", "dataset")
     stored_by = {tuple(r[k] for k in key): r for r in stored}
     for row in recomputed:
         got = stored_by.get(tuple(row[k] for k in key))
-        found = plan_store.first_difference(got, row) if got is not None else "the row is missing"
+        found = first_difference(got, row) if got is not None else "the row is missing"
         if found:
             return [f"{schemas.PLAN_FILE} metadata: recipe metrics of dataset {row['dataset']!r} epoch {row['epoch']} "
                     f"after: {found} (recomputed from the rows)"]
@@ -213,7 +216,8 @@ def _recipe_metrics_problems(plan: Plan, recomputed: list[dict[str, Any]]) -> li
 
 
 def _metrics_problems(plan: Plan, metrics: pa.Table, after: dict[int, dict[str, Any]]) -> list[str]:
-    """Each epoch's stored `after` row against the one recomputed from its rows; the manifest's epoch summary."""
+    """Each epoch's stored `after` row against the figures recounted from its rows (`recount.FIGURES`); the
+    manifest's epoch summary."""
     problems = []
     stored = {(int(r["epoch"]), r["stage"]): r for r in metrics.to_pylist()}
     for epoch, again in after.items():
@@ -222,13 +226,13 @@ def _metrics_problems(plan: Plan, metrics: pa.Table, after: dict[int, dict[str, 
             problems.append(f"{schemas.METRICS_FILE}: no 'after' row for epoch {epoch}")
             continue
         for name, value in again.items():
-            if row[name] != value:
+            if recount.differs(row[name], value):
                 problems.append(f"{schemas.METRICS_FILE} epoch {epoch} stage after: {name} is {row[name]}, recomputed "
                                 f"from {schemas.PLAN_FILE} {value}")
                 break
     epochs = [{"epoch": e, **{k: a[k] for k in ("batches", "updates", "samples", "dropped_samples")}}
               for e, a in sorted(after.items())]
-    found = plan_store.first_difference(plan.meta["epochs"], epochs)
+    found = first_difference([e.to_json() for e in plan.manifest.epochs], epochs)
     if found:
         problems.append(f"{schemas.PLAN_FILE} metadata: epochs {found} (recomputed from the rows)")
     return problems
@@ -239,7 +243,7 @@ def _before_problems(plan: Plan, before: pa.Table, metrics: pa.Table) -> list[st
     stored = {int(r["epoch"]): r for r in metrics.to_pylist() if r["stage"] == "before"}
     problems = []
     for epoch in plan.epochs:
-        labels, row = plan.before_labels(epoch, before), stored.get(epoch)
+        labels, row = plan.files.before_labels(epoch, before), stored.get(epoch)
         if row is None:
             problems.append(f"{schemas.METRICS_FILE}: no 'before' row for epoch {epoch}")
             continue
@@ -265,19 +269,20 @@ def tokenized_problems(plan: Plan, samples: pa.Table, *, fast: bool,
                                     shift=plan.settings.shift, fast=fast)
         except token_store.TokenStoreError as exc:
             return [str(exc)]
-    if "tokenized" in plan.data:
-        return [f"{plan.path}: ships {plan.data['tokenized']} (an older plancc's tokenized data), which this plancc no "
+    older = plan.manifest.data.older_tokenized
+    if older is not None:
+        return [f"{plan.path}: ships {older} (an older plancc's tokenized data), which this plancc no "
                 "longer checks; recompile the plan to get a token store"]
-    problems = plan.data_problems()
+    problems = plan.files.data_problems()
     if problems:
         return problems
-    if not plan.binds_tokens:
+    if not plan.manifest.binds_tokens:
         own = plan.path / schemas.TOKENS_DIR
         return [f"{own} is there but the plan binds no token store (its metadata was edited)"] \
             if os.path.lexists(own) else []
     try:
-        m = plan.open_tokens()
-    except plan_store.PlanIntegrityError as exc:
+        m = plan.files.open_tokens()
+    except PlanIntegrityError as exc:
         return [str(exc)]
     return check_token_data(m, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
 
@@ -318,83 +323,84 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
 
 
 def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast: bool = False,
-                  tokens_dir: str | Path | None = None) -> tuple[list[str], dict[str, Any]]:
-    """(violations, plan metadata) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
+                  tokens_dir: str | Path | None = None) -> tuple[list[str], bool]:
+    """(violations, whether the plan holds an eval plan) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
     `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
 
     Raises `StoreError` only when PLAN_DIR is not a plan directory at all, and `token_store.FileTypeError` when a
     file of it is a FIFO, device or directory (refused before reading); a plan file that cannot be read or
     trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
     """
-    problems, meta = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
-    return list(dict.fromkeys(problems)), meta
+    problems, plan = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
+    return list(dict.fromkeys(problems)), plan is not None and plan.manifest.has_eval
 
 
 def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
-                tokens_dir: str | Path | None) -> tuple[list[str], dict[str, Any]]:
+                tokens_dir: str | Path | None) -> tuple[list[str], Plan | None]:
     if not (Path(plan_dir) / schemas.PLAN_FILE).exists():
         Plan(plan_dir)  # raises the "not a plan directory" error
     try:
         plan = Plan(plan_dir)
     except schemas.StoreError as exc:
-        return [str(exc)], {}
-    problems = plan.header_problems() + plan.manifest_problems() + _shared_problems(plan)
-    files = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))), (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()),
-             (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
-    if plan.has_before:
-        files.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
-    for name, kind, schema in files:
-        problems += plan_store.schema_problems(plan.source(name), schema) + plan_store.statistics_problems(plan.source(name))
+        return [str(exc)], None
+    files = plan.files
+    problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
+    tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))),
+              (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()), (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
+    if files.has_before:
+        tables.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
+    for name, kind, schema in tables:
+        problems += schema_problems(files.source(name), schema) + statistics_problems(files.source(name))
         if kind != "plan":
-            problems += plan.companion_problems(name, kind)
+            problems += files.companion_problems(name, kind)
     if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
         problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
                         f"{plan.fingerprints['dataset']}: the data changed since compile")
     try:
-        samples = plan.read_samples()
-        metrics = plan.read_metrics()
-        before = plan.read_before() if plan.has_before else None
+        samples = files.read_samples()
+        metrics = files.read_metrics()
+        before = files.read_before() if files.has_before else None
     except schemas.StoreError as exc:
-        return [*problems, str(exc)], plan.meta
-    problems += plan.samples_problems(samples) + plan.metrics_problems(metrics)
+        return [*problems, str(exc)], plan
+    problems += files.samples_problems(samples) + files.metrics_problems(metrics)
     if before is not None:
-        problems += plan.before_problems(before) + _before_problems(plan, before, metrics)
+        problems += files.before_problems(before) + _before_problems(plan, before, metrics)
     s = parquet.sample_arrays(samples)
     if (np.diff(s.sample_id) <= 0).any():
-        return [*problems, f"{schemas.SAMPLES_FILE} is not sorted by unique sample_id"], plan.meta
-    if plan.meta["samples"] != len(s):
-        problems.append(f"{schemas.PLAN_FILE} metadata: samples is {plan.meta['samples']}, {schemas.SAMPLES_FILE} holds "
+        return [*problems, f"{schemas.SAMPLES_FILE} is not sorted by unique sample_id"], plan
+    if plan.manifest.samples != len(s):
+        problems.append(f"{schemas.PLAN_FILE} metadata: samples is {plan.manifest.samples}, {schemas.SAMPLES_FILE} holds "
                         f"{len(s)}")
     index, recipe_problems = _recipe_index(plan, samples)
     problems += recipe_problems
     recipe_rows: list[dict[str, Any]] = []
     found, eval_ids = _eval_problems(plan, s, index)
     problems += found
-    train = s if index is not None else holdout.subset(s, ~np.isin(s.sample_id, eval_ids))
-    if index is not None:  # a recipe's held-out samples are in no dataset (`pipeline.compile_run`)
-        index = holdout.without(index, s.sample_id, eval_ids)
+    train = s if index is not None else s.take(np.flatnonzero(~np.isin(s.sample_id, eval_ids)))
+    if index is not None:  # a recipe's held-out samples are in no dataset (they leave the mixture)
+        index = np.where(np.isin(s.sample_id, eval_ids), -1, index)
     after: dict[int, dict[str, Any]] = {}
-    drops = SourceDrops(plan.meta.get("dropped_samples", 0), plan.meta.get("truncated_samples", 0))
     rows = 0
     for e in plan.epochs:
         try:
-            table = plan.read_epoch(e)
+            table = files.read_epoch(e)
         except schemas.StoreError as exc:
-            return [*problems, str(exc)], plan.meta
+            return [*problems, str(exc)], plan
         rows += table.num_rows
-        found = plan.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
-        positions = mixture.plan_positions(index, plan.settings, e)
+        found = files.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
+        positions = redraw.epoch_positions(index, plan.settings, e) if index is not None else None
         s_e = train.take(positions) if positions is not None else train
-        more, b = check_epoch(e, table, s_e, plan.settings)
+        more, epoch_rows, mb = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
-        if b is not None:
-            after[e] = summarize(b, s_e, plan.settings, drops)
+        if epoch_rows is not None and mb is not None:
+            after[e] = recount.epoch_figures(epoch_rows, mb, len(s_e), plan.settings, plan.manifest.dropped_samples,
+                                             plan.manifest.truncated_samples)
             if positions is not None:
-                recipe_rows += _dataset_after(e, b, s_e, index[positions], plan)
-    total = plan.row_count()
+                recipe_rows += _dataset_after(e, epoch_rows, s_e, index[positions], plan)
+    total = files.row_count()
     if total != rows:
         problems.append(f"{schemas.PLAN_FILE} holds {total} rows, its epochs {plan.epochs[0]}..{plan.epochs[-1]} {rows}")
     problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
     problems += tokenized_problems(plan, samples, fast=fast,
                                    tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
-    return problems, plan.meta
+    return problems, plan

@@ -35,7 +35,7 @@ each rank's newest, or refused on every rank when they share none. A second one-
 loading turns a failure on any rank (a damaged file, a sampler refusal) into an error on every rank: no rank can
 take another branch, so none is left waiting in a collective.
 
-Tests kill a save at a named point with `PLANCC_CHECKPOINT_FAULT=POINT[:STEP[:RANK]]` (see `FAULT_POINTS`).
+Tests kill a save at a named point with `PLANCC_FAULT=POINT@step=S,rank=R` (`FAULT_POINTS`, `plancc.core.faults`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import uuid
 import warnings
 from collections.abc import Callable
@@ -55,12 +54,13 @@ from typing import IO, Any
 
 import torch
 
+from plancc.core import faults
 from plancc.errors import PlanMismatchError
 from plancc.runtime.sampler import PlanSampler, state_problem
+from plancc.store.atomic import fsync_dir
 
 FORMAT = "plancc.checkpoint/2"  # /1 had no checksum
 LATEST = "latest"
-FAULT_ENV = "PLANCC_CHECKPOINT_FAULT"
 FAULT_POINTS = (
     "tensors_temp",     # this rank's .pt is complete in its temporary file, not yet renamed
     "tensors_written",  # this rank's .pt is in place, its .json not yet written
@@ -116,23 +116,9 @@ def restore_checkpoint_state(ckpt: dict[str, Any], sampler: PlanSampler, *, mode
 # ---------------------------------------------------------------- atomic files
 
 
-def _fault_from_env(point: str, step: int, rank: int) -> None:
-    """Die like a SIGKILL at `point` when PLANCC_CHECKPOINT_FAULT names it (and the step / rank, if given)."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    name, *rest = spec.split(":")
-    if name == point and (len(rest) < 1 or int(rest[0]) == step) and (len(rest) < 2 or int(rest[1]) == rank):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def fsync_dir(path: str | Path) -> None:
-    """fsync a directory, so the renames inside it survive a power loss."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def crash_point(point: str, step: int, rank: int) -> None:
+    """The save's crash point `point` of step `step` on rank `rank` (`plancc.core.faults`: tests only)."""
+    faults.fault(point, step=step, rank=rank)
 
 
 class _Sha256Writer:
@@ -278,7 +264,7 @@ def _steps(directory: Path) -> list[int]:
 
 def save_checkpoint(directory: str | Path, step: int, state: dict[str, Any], *, sampler: PlanSampler,
                     model: torch.nn.Module | None = None, keep: int = 2,
-                    fault: Callable[[str, int, int], None] = _fault_from_env) -> Path:
+                    fault: Callable[[str, int, int], None] = crash_point) -> Path:
     """Save this rank's `state` (tensors and containers of them, e.g. model and optimizer state dicts) and the
     sampler's data state as step `step`; every rank must call it. Returns the step directory.
 

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from plancc.core.choices import Shift
 from plancc.errors import InputError, PlanMismatchError
-from plancc.store import plan_store, token_store
+from plancc.store import token_store
 from plancc.store.plan import Plan, verified_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
@@ -98,11 +98,6 @@ class TokenStore:
             raise PlanMismatchError(f"{where}: row {bad} has {int(np.diff(ids_off)[bad])} input_ids but "
                                     f"{int(np.diff(lab_off)[bad])} {name}")
         return cls(ids, lab, ids_off)
-
-    @classmethod
-    def from_lists(cls, input_ids: list[list[int]], targets: list[list[int]]) -> TokenStore:
-        """A store held in memory from per-row lists of ids and targets (tests and small data)."""
-        return cls.from_table(pa.table({"input_ids": input_ids, "labels": targets}))
 
 
 class ChunkGuard:
@@ -205,7 +200,7 @@ def _read_any(path: Path) -> pa.Table:
 
 def data_location(plan: Plan, data: str | Path | None = None) -> Path | None:
     """The data the caller gives (`load_tokens(..., data=)`): a token store folder (that of a plan or scan folder)
-    or a tokenized file; None for the plan's own token store (`Plan.own_tokens`)."""
+    or a tokenized file; None for the plan's own token store (`Plan.tokens`)."""
     if data is None:
         return None
     p = Path(data)
@@ -218,20 +213,15 @@ def data_location(plan: Plan, data: str | Path | None = None) -> Path | None:
 
 def _own_tokens(plan: Plan) -> token_store.MappedTokens:
     """The plan's token store as opened with the plan; refused for a plan that ships none or does not bind it."""
-    held = plan.own_tokens()
-    if held is not None:
-        return held
-    problems = plan.data_problems()
-    if problems or plan.binds_tokens:
-        try:
-            return plan.open_tokens()  # raises: tokens/ gone (moved away; the caller may give it as data=)
-        except (plan_store.PlanIntegrityError, token_store.FileTypeError) as exc:
-            problems = [str(exc)]
-    if problems:
-        raise PlanMismatchError(f"{problems[0]}; or pass data= (a plan, scan or token store folder, or a tokenized "
-                                "file) to load_tokens")
-    raise PlanMismatchError(f"{plan.path}: the plan holds no tokenized data (compiled from a bare samples table); "
-                            "pass data= to load_tokens")
+    try:
+        held = plan.tokens()
+    except PlanMismatchError as exc:  # tokens/ gone (moved away), or not the plan's: the caller may give data=
+        raise PlanMismatchError(f"{exc}; or pass data= (a plan, scan or token store folder, or a tokenized file) to "
+                                "load_tokens") from None
+    if held is None:
+        raise PlanMismatchError(f"{plan.path}: the plan holds no tokenized data (compiled from a bare samples "
+                                "table); pass data= to load_tokens")
+    return held
 
 
 def load_tokens(plan: str | Path | Plan, *, data: str | Path | pa.Table | None = None,

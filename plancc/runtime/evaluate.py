@@ -81,9 +81,10 @@ def eval_result(totals: torch.Tensor, plan: Plan, *, distributed: bool) -> EvalR
 
         dist.all_reduce(totals)
     loss_sum, targets = float(totals[0]), round(float(totals[1]))
-    if distributed and targets != plan.eval_label_count:
-        raise PlanMismatchError(f"the ranks evaluated {targets} targets but the eval plan holds "
-                                f"{plan.eval_label_count}: every rank must evaluate its share (same world size)")
+    want = plan.eval().total_label_count
+    if distributed and targets != want:
+        raise PlanMismatchError(f"the ranks evaluated {targets} targets but the eval plan holds {want}: every rank "
+                                "must evaluate its share (same world size)")
     return EvalResult(loss_sum / max(targets, 1), loss_sum, targets)
 
 

@@ -57,9 +57,8 @@ from plancc.runtime.checkpoint import (
     CheckpointError,
     _all_gather_rows,
     _barrier,
-    _fault_from_env,
     agree_on_step,
-    fsync_dir,
+    crash_point,
     read_sealed_json,
     together,
     write_sealed_json,
@@ -71,7 +70,8 @@ from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss
 from plancc.runtime.sampler import PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer
-from plancc.store.plan import Plan, verified_plan
+from plancc.store.atomic import fsync_dir
+from plancc.store.plan import Plan, replay_grad_accum, verified_plan
 
 STATE_FILE = "plancc_sampler.json"
 
@@ -157,14 +157,14 @@ class PlanTrainer(Trainer):
         self.eval_plan = self._eval_plan_of(kwargs.get("eval_dataset"))
         if self.eval_plan is None and getattr(kwargs.get("args", args[1] if len(args) > 1 else None),
                                               "eval_strategy", "no") != "no":
-            self.plan.require_eval()  # the Trainer's own message would ask for an eval_dataset
+            self.plan.eval()  # refused, saying how to compile one: the Trainer's own message would ask for an eval_dataset
         kwargs["eval_dataset"] = None if self.eval_plan is None else self._eval_stand_in()
         super().__init__(*args, **kwargs)
         if self.compute_loss_func is not None or self.args.label_smoothing_factor:
             raise PlanMismatchError("PlanTrainer computes the plan's token-mean loss itself: compute_loss_func and "
                                     "label_smoothing_factor are not supported")
         gas, world = self.args.gradient_accumulation_steps, self.args.world_size
-        self.plan_grad_accum = self.plan.replay_grad_accum(world, gas, flag="gradient_accumulation_steps")
+        self.plan_grad_accum = replay_grad_accum(self.plan.settings, world, gas, flag="gradient_accumulation_steps")
         # Our loss is already normalized by the update's global count: the Trainer must not rescale it.
         self.model_accepts_loss_kwargs = True
         if hasattr(self, "loss_is_scaled_for_ga"):
@@ -251,10 +251,10 @@ class PlanTrainer(Trainer):
         """The plan whose eval plan `evaluate` runs: this plan's by default (None when it has none), or the plan
         given as `eval_dataset`; anything else is refused (its batches would not be the plan's)."""
         if eval_dataset is None:
-            return self.plan if self.plan.has_eval else None
+            return self.plan if self.plan.manifest.has_eval else None
         if isinstance(eval_dataset, str | os.PathLike | Plan):
             plan = verified_plan(eval_dataset)
-            plan.require_eval()
+            plan.eval()  # refused when it holds none
             return plan
         raise PlanMismatchError(
             f"PlanTrainer evaluates the plan's eval plan, not a {type(eval_dataset).__name__}: compile the plan with "
@@ -271,7 +271,7 @@ class PlanTrainer(Trainer):
         `<prefix>_loss` with `<prefix>_targets` (the global count it divides by) and the Trainer's speed metrics."""
         plan = self.eval_plan if eval_dataset is None else self._eval_plan_of(eval_dataset)
         if plan is None:
-            self.plan.require_eval()
+            self.plan.eval()  # refused: it holds none
         self._memory_tracker.start()
         start = time.time()
         tokens = self.plan_tokens if plan is self.plan else load_tokens(
@@ -287,7 +287,7 @@ class PlanTrainer(Trainer):
             result = eval_result(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
                             distributed=self.args.world_size > 1)
             metrics = {f"{metric_key_prefix}_loss": result.loss, f"{metric_key_prefix}_targets": result.targets,
-                       **speed_metrics(metric_key_prefix, start, num_samples=plan.meta["eval"]["samples"],
+                       **speed_metrics(metric_key_prefix, start, num_samples=plan.manifest.eval.samples,
                                        num_steps=len(sampler))}
             self.log(metrics)
         finally:
@@ -329,7 +329,7 @@ class PlanTrainer(Trainer):
             self.args.save_total_limit = limit
         run_dir, step, rank = Path(self._get_output_dir(trial=trial)), self.state.global_step, self.args.process_index
         ckpt = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{step}"
-        _fault_from_env("tensors_written", step, rank)
+        crash_point("tensors_written", step, rank)
         _barrier()  # every rank's Trainer files are written
         if self.args.should_save:  # durable before anything vouches for them
             for path in ckpt.rglob("*"):
@@ -339,7 +339,7 @@ class PlanTrainer(Trainer):
             fsync_dir(ckpt)
         _barrier()
         write_sealed_json(ckpt / state_file(rank), {**self.plan_state(step), "global_step": step})
-        _fault_from_env("rank_saved", step, rank)
+        crash_point("rank_saved", step, rank)
         _barrier()  # the checkpoint is complete on every rank
         if self.args.should_save:
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=limit, use_mtime=True,

@@ -27,7 +27,14 @@ import numpy as np
 
 from plancc.core import layout
 from plancc.errors import PlanMismatchError
-from plancc.store.plan import Plan, RankEpoch, check_rank, verified_plan
+from plancc.store.plan import (
+    EpochMicrobatches,
+    Plan,
+    check_epoch,
+    check_rank,
+    replay_grad_accum,
+    verified_plan,
+)
 
 STATE_FORMAT = "plancc.sampler/1"
 STRICT_FINGERPRINTS = ("config", "metadata", "plan", "schema")
@@ -126,10 +133,10 @@ class PlanSampler:
         self.full_updates = bool(full_updates)
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         check_rank(self.rank, self.world_size)
-        self.grad_accum = self.plan.replay_grad_accum(self.world_size, grad_accum)
+        self.grad_accum = replay_grad_accum(self.plan.settings, self.world_size, grad_accum)
         self.epoch = int(epoch)
-        self.plan.check_epoch(self.epoch)
-        self._cache: RankEpoch | None = None
+        check_epoch(self.plan.epochs, self.epoch)
+        self._cache: EpochMicrobatches | None = None
         self._shapes: dict[int, layout.RankWalk] = {}
         self._start = 0  # position each new iterator starts from (0, or where a resumed state left off)
         self._yielded = 0  # position after the last microbatch yielded
@@ -138,16 +145,18 @@ class PlanSampler:
         self._invalid: str | None = None
 
     # ------------------------------------------------------------ shape of the epoch
-    def _epoch_data(self) -> RankEpoch:
+    def _epoch_data(self) -> EpochMicrobatches:
         if self._cache is None or self._cache.epoch != self.epoch:
-            self._cache = self.plan.read_rank_epoch(self.epoch, self.rank, self.world_size)
+            self._cache = self.plan.epoch(self.epoch, self.rank, world_size=self.world_size,
+                                          grad_accum=self.grad_accum)
         return self._cache
 
     def _shape(self, epoch: int | None = None) -> layout.RankWalk:
         """The positions this rank walks through `epoch` (default: current), `layout.rank_walk`."""
         epoch = self.epoch if epoch is None else int(epoch)
         if epoch not in self._shapes:
-            self._shapes[epoch] = layout.rank_walk(self.plan.total_batches(epoch), self.world_size, self.grad_accum,
+            batches = self.plan.manifest.epochs[epoch].batches  # verified against the epoch's rows (`verify`)
+            self._shapes[epoch] = layout.rank_walk(batches, self.world_size, self.grad_accum,
                                                    full_updates=self.full_updates)
         return self._shapes[epoch]
 
@@ -183,7 +192,7 @@ class PlanSampler:
         epoch = int(epoch)
         if self._pending_resume and epoch == self.epoch:
             return
-        self.plan.check_epoch(epoch)
+        check_epoch(self.plan.epochs, epoch)
         self.epoch = epoch
         self._start = self._yielded = 0
         self._consumed = None
@@ -201,7 +210,7 @@ class PlanSampler:
         if position < len(ep):  # real microbatches are a prefix of the positions (see module docstring)
             r0, r1 = int(ep.batch_bounds[position]), int(ep.batch_bounds[position + 1])
             rows = ep.row_bounds[r0:r1 + 1]
-            ids = ep.samples[rows[0]:rows[-1]].tolist()
+            ids = ep.sample_ids[rows[0]:rows[-1]].tolist()
             return Microbatch(ids, epoch=self.epoch, index=int(ep.index[position]), update=update,
                               micro_step=micro_step, position=position, last_in_update=last,
                               rows=rows - rows[0], label_count=int(ep.label_count[position]),
@@ -290,7 +299,7 @@ class PlanSampler:
                 "impossible. Resume from another checkpoint, or start the epoch over explicitly with set_epoch()"
             )
         epoch = int(state["epoch"])
-        self.plan.check_epoch(epoch)
+        check_epoch(self.plan.epochs, epoch)
         shape = (int(state["world_size"]), int(state["grad_accum"]), bool(state.get("full_updates", False)))
         if shape == (self.world_size, self.grad_accum, self.full_updates):
             if state["rank"] != self.rank:  # same shape: each rank walks its own positions
@@ -330,7 +339,7 @@ class PlanEvalSampler:
     def __init__(self, plan: str | Path | Plan, *, rank: int | None = None, world_size: int | None = None):
         self.plan = verified_plan(plan)
         self.rank, self.world_size = _rank_and_world(rank, world_size)
-        self.share = self.plan.read_rank_eval(self.rank, self.world_size)
+        self.share = self.plan.eval(self.rank, self.world_size)
 
     def __len__(self) -> int:
         """Microbatches (placeholders included) each rank yields."""
@@ -345,7 +354,7 @@ class PlanEvalSampler:
             return Microbatch([], index=-1, rows=np.zeros(1, dtype=np.int64), label_count=0, **common)
         r0, r1 = int(share.batch_bounds[position]), int(share.batch_bounds[position + 1])
         rows = share.row_bounds[r0:r1 + 1]
-        return Microbatch(share.samples[rows[0]:rows[-1]].tolist(), index=int(share.index[position]),
+        return Microbatch(share.sample_ids[rows[0]:rows[-1]].tolist(), index=int(share.index[position]),
                           rows=rows - rows[0], label_count=int(share.label_count[position]), **common)
 
     def __iter__(self) -> Iterator[Microbatch]:

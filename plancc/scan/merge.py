@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from plancc.errors import InputError
 from plancc.scan.sources.samples import FIRST_ROWS, check_drops, check_retained, drop_warning
-from plancc.store import outputs, plan_files, schemas, token_store, token_writer
+from plancc.store import outputs, schemas, token_store, token_writer
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import COUNTS, TOTALS, Counted, MergedFrom, RecordedOptions, ScanRecord
 from plancc.store.scan_store import ScanDir
 
@@ -166,7 +167,7 @@ def join(paths: list[str | Path]) -> Joined:
     del tables  # the parts' tables: only the joined one stays (memory: the samples table once)
     report = joined_report(parts)
     check_retained(report)
-    report = report.but(fingerprints=tuple(plan_files.samples_fingerprints(samples, report.identity).items()))
+    report = report.but(fingerprints=tuple(samples_fingerprints(samples, report.identity).items()))
     report = report.but(warnings=(*report.warnings, *filter(None, [drop_warning(report)])))
     check_drops(report, float(report.max_dropped))
     return Joined(samples, parts, report)

@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import os
 import resource
 import shutil
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -48,7 +46,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from plancc.config.settings import ScanOptions
-from plancc.core.paths import default_cache_dir
+from plancc.core.faults import fault
+from plancc.core.paths import cache_path
 from plancc.errors import InputError, PlanccError
 from plancc.scan import merge, shard
 from plancc.scan.sources.parallel import workers
@@ -60,7 +59,6 @@ from plancc.store.scan_record import ScanRecord
 from plancc.store.scan_store import ScanDir
 
 SCAN_VERSION = shard.SCAN_VERSION
-FAULT_ENV = "PLANCC_SCAN_FAULT"  # tests: "parts:K" SIGKILLs the scan after it wrote K new parts
 Progress = Callable[[str, int, int], None] | None
 
 
@@ -100,12 +98,6 @@ def _current_paths(loc, cached: list[str]) -> list[str]:
     return cached
 
 
-def _fault(written: int) -> None:
-    spec = os.environ.get(FAULT_ENV, "")
-    if spec.startswith("parts:") and written == int(spec.split(":")[1]):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 Engine = Callable[[shard.ScanJob, list[tuple[int, int]], Path], None]
 """Runs shards: `engine(job, todo, work)` leaves a finished part (`shard.scan_part(job, lo, hi, work /
 shard.part_name(lo, hi), owned=True)`) for each range of `todo`; the scan reuses the others' and joins them."""
@@ -123,7 +115,7 @@ def local_engine(reader: RowReader, *, num_proc: int = 1, progress: Progress = N
                 single = progress if len(todo) == 1 else None  # one shard: its own row-by-row progress
                 shard.scan_part(job, lo, hi, path, reader=reader, num_proc=num_proc, pool=pool, progress=single,
                                 owned=True)
-                _fault(written)
+                fault("parts_written", parts=written)
                 if progress and len(todo) > 1:
                     tokens += token_store.open_store(path / schemas.TOKENS_DIR).header["tokens"]
                     rate = tokens / max(time.perf_counter() - started, 1e-9)
@@ -147,7 +139,7 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     reader = RowReader(loc, options.split) if loc.fingerprint is None else None
     source_fp = loc.fingerprint or reader.fingerprint
     key = shard.scan_key(source_fp, shard.recorded_options(options, tok, template))
-    entry = Path(cache_dir if cache_dir is not None else default_cache_dir()) / "scans" / key
+    entry = cache_path(cache_dir, "scans", key)
     cached = _load_cached(entry, key)
     if cached is not None:
         if progress:

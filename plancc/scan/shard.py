@@ -38,7 +38,8 @@ from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
 from plancc.scan.sources.samples import finish
 from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
-from plancc.store import outputs, plan_files, schemas, token_writer
+from plancc.store import outputs, schemas, token_writer
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import COUNTS, Counted, PartRange, RecordedOptions, ScanRecord, Template
 from plancc.store.scan_store import ScanDir
 
@@ -220,7 +221,7 @@ def part_report(job: ScanJob, lo: int, hi: int, counts: ScanRecord, samples: pa.
                 seconds: float) -> ScanRecord:
     """A part's record: the job's, the part's counts and row range, fingerprints of its rows."""
     report = job.report.but(**counts.held(), part=PartRange(lo, hi, job.rows), seconds=round(seconds, 3))
-    return report.but(fingerprints=tuple(plan_files.samples_fingerprints(samples, report.identity).items()))
+    return report.but(fingerprints=tuple(samples_fingerprints(samples, report.identity).items()))
 
 
 def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: RowReader | None = None,

@@ -27,10 +27,8 @@ Crash states (SIGKILL or power loss at each step) and what the next command does
 | any step               | as above                 | its `.NAME.lock` file      | removed (it blocks nothing meanwhile)  |
 
 Only leftovers whose lock can be taken are touched, so a live writer's temporaries are never reclaimed.
-`PLANCC_FAULT=POINT:kill|int|term|stop` (tests only) sends the process SIGKILL, SIGINT, SIGTERM or SIGSTOP at a
-named point of this sequence: `written`, `synced`, `moved_old` (two-rename fallback only), `swapped`, `cleanup`;
-or before it: `startup` (`plancc.__main__`, before the CLI is imported), `prepared` (the work done, nothing
-written yet).
+The tests crash a replace at the named points of this sequence (`plancc.core.faults`): `written`, `synced`,
+`moved_old` (two-rename fallback only), `swapped`, `cleanup`.
 
 Step 3 fails as a whole: an OSError while writing (a full disk, whichever file a copy read) is `WriteFailed`,
 naming the target and saying that what was there is unchanged.
@@ -54,9 +52,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from plancc.core.faults import fault
 from plancc.errors import PlanccError
 
-_FAULT = os.environ.get("PLANCC_FAULT", "")
 _EXCHANGE = os.environ.get("PLANCC_REPLACE", "exchange") != "rename"
 # DOTALL and fullmatch: a name may hold any character but "/" and NUL, a newline too
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.plancc-(?:tmp|old)-\d+-[0-9a-f]+", re.DOTALL)
@@ -80,16 +78,6 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(message)
         self.message = message
         self.signum = signum
-
-
-def fault(point: str) -> None:
-    """Deterministic crash injection for the tests (see the module docstring); a no-op unless PLANCC_FAULT names
-    this point."""
-    if not _FAULT or _FAULT.split(":")[0] != point:
-        return
-    how = _FAULT.split(":")[1] if ":" in _FAULT else "kill"
-    os.kill(os.getpid(), {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM,
-                          "stop": signal.SIGSTOP}[how])
 
 
 def read_regular(path: Path) -> bytes | None:
@@ -182,7 +170,7 @@ def _recover_name(parent: Path, name: str, leftovers: list[Path]) -> None:
     olds = sorted(p for p in leftovers if ".plancc-old-" in p.name)
     if olds and not os.path.lexists(target):
         os.rename(olds[0], target)  # killed between the two renames: the old directory is whole, put it back
-        _fsync_dir(parent)
+        fsync_dir(parent)
         leftovers = [p for p in leftovers if p != olds[0]]
     for p in leftovers:
         _remove(p)
@@ -218,7 +206,8 @@ def _is_our_lock(path: Path) -> bool:
 # ---------------------------------------------------------------- durability and the swap
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | Path) -> None:
+    """fsync a directory, so that the renames inside it survive a power loss."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -234,7 +223,7 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
 _RENAME_EXCHANGE = 2
@@ -372,7 +361,7 @@ def replace_directory(target: str | Path, check: Callable[[Path], None] | None =
                 old = _commit(tmp, target, stamp)
                 committed = True
                 _replaced.add(target)
-                _fsync_dir(parent)
+                fsync_dir(parent)
             for signum in caught[:1]:
                 signal.raise_signal(signum)  # the held-back interrupt, now that the new directory is in place
             fault("cleanup")

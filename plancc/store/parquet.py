@@ -236,3 +236,11 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
         first_label_supervised=column(table, "first_label_supervised"),
     )
 
+
+def nested_arrays(sample_ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat sample ids, row bounds, batch bounds) of a `list<list<int64>>` column, without a Python loop."""
+    batches = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
+    rows = batches.flatten()
+    batch_bounds = np.asarray(batches.offsets, dtype=np.int64) - batches.offsets[0].as_py()
+    row_bounds = np.asarray(rows.offsets, dtype=np.int64) - rows.offsets[0].as_py()
+    return rows.flatten().to_numpy().astype(np.int64), row_bounds, batch_bounds

@@ -17,7 +17,7 @@ import pyarrow as pa
 from plancc.errors import InputError
 from plancc.store import token_store
 from plancc.store.parquet import file_metadata, read_samples, write_parquet
-from plancc.store.plan_files import check_recorded
+from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import ScanRecord
 from plancc.store.schemas import SAMPLES_FILE, SCAN_MANIFEST_FILE, TOKENS_DIR
 
@@ -62,12 +62,25 @@ class ScanDir:
 
     def samples(self) -> pa.Table:
         """The samples table, checked against the record's fingerprints, and the token store's header against the
-        same (`plan_files.check_recorded`: an InputError naming what disagrees; a StoreError or TokenStoreError
+        same (an InputError naming what disagrees; a StoreError or TokenStoreError
         for a file that cannot be read)."""
         table = read_samples(self.samples_file)
-        check_recorded(table, self.samples_file, self.record.identity, self.record.fingerprint_map, self.record_file,
-                       self.tokens)
+        self.check(table)
         return table
+
+    def check(self, table: pa.Table) -> None:
+        """`table` (this scan's samples, read) against the record's fingerprints, and the token store's header
+        against the same: an InputError naming what disagrees."""
+        found, recorded = samples_fingerprints(table, self.record.identity), self.record.fingerprint_map
+        for key in ("dataset", "metadata"):
+            if found[key] != recorded.get(key):
+                raise InputError(f"{self.samples_file}: its rows do not hash to the {key} fingerprint "
+                                 f"{self.record_file} records (the samples table was edited or swapped in): rescan "
+                                 "the source")
+        tokens = self.tokens
+        if tokens is not None and token_store.open_store(tokens).header["fingerprints"] != recorded:
+            raise InputError(f"{tokens}: its fingerprints are not those {self.record_file} records (the token store "
+                             "was swapped in from another scan): rescan the source")
 
     def write(self, samples: pa.Table) -> None:
         """The samples table and the record into this (fresh) directory; the token store is the caller's."""

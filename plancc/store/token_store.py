@@ -451,11 +451,6 @@ def verify_all(m: MappedTokens) -> int | None:
     return next((k for k in range(m.num_chunks) if not verify_chunk(m, k)), None)
 
 
-def chunks_of(m: MappedTokens, rows: np.ndarray) -> np.ndarray:
-    """The chunk holding each row."""
-    return np.searchsorted(m.chunks, rows, side="right") - 1
-
-
 def to_table(path: str | Path):
     """The store as an Arrow table (`input_ids`, `labels`: large_list<int32>) over the maps, no copy; e.g.
     `datasets.Dataset(to_table("plan/tokens"))`."""

@@ -1,0 +1,90 @@
+"""The tables a compile writes into a plan directory (plan, eval, metrics, before, samples) and the one function
+that writes them with the manifest (`write_plan_files`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from plancc.store.manifest import Manifest
+from plancc.store.parquet import (
+    arrow_array,
+    file_metadata,
+    optional_array,
+    string_array,
+    write_json,
+    write_parquet,
+)
+from plancc.store.schemas import (
+    BEFORE_FILE,
+    BEFORE_SCHEMA,
+    DATASET_COLUMN,
+    EVAL_FILE,
+    EVAL_SCHEMA,
+    MANIFEST_FILE,
+    META_KEY,
+    METRICS_FILE,
+    PLAN_FILE,
+    PLAN_ROW_GROUP,
+    PLAN_SCHEMA,
+    SAMPLES_FILE,
+    metrics_schema,
+    samples_schema,
+)
+
+
+def metrics_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows of {epoch, stage, metric...} as the metrics table."""
+    schema = metrics_schema()
+    arrays = [string_array([row[f.name] for row in rows]) if pa.types.is_string(f.type)
+              else optional_array([row.get(f.name) for row in rows], f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def plan_table(cols: dict[str, Any], schema: pa.Schema = PLAN_SCHEMA) -> pa.Table:
+    """Arrow plan table from `pipeline.plan_columns` arrays: the CSR bounds become the nested `sample_ids` lists."""
+    rows = pa.ListArray.from_arrays(arrow_array(cols["row_bounds"], pa.int32()), arrow_array(cols["sample_ids"], pa.int64()))
+    nested = pa.ListArray.from_arrays(arrow_array(cols["batch_bounds"], pa.int32()), rows)
+    arrays = [nested if f.name == "sample_ids" else arrow_array(cols[f.name], f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def eval_table(cols: dict[str, Any]) -> pa.Table:
+    """Arrow eval plan table from `evaluation.eval_columns` arrays."""
+    return plan_table(cols, EVAL_SCHEMA)
+
+
+def before_table(epochs: list[int], label_counts: list[np.ndarray]) -> pa.Table:
+    """The before stage's label count per microbatch of each epoch, in (epoch, index) order."""
+    epoch = np.concatenate([np.full(len(c), e, dtype=np.int32) for e, c in zip(epochs, label_counts, strict=True)])
+    index = np.concatenate([np.arange(len(c), dtype=np.int64) for c in label_counts])
+    counts = np.concatenate(label_counts).astype(np.int64)
+    return pa.Table.from_arrays([arrow_array(epoch, pa.int32()), arrow_array(index, pa.int64()),
+                                 arrow_array(counts, pa.int64())], schema=BEFORE_SCHEMA)
+
+
+def write_plan_files(directory: Path, manifest: Manifest, rows: pa.Table, samples: pa.Table, metrics: pa.Table,
+                     before: pa.Table, evaluation: pa.Table | None = None) -> None:
+    """Write the plan directory's files into `directory` (a temporary one from `atomic_directory`): the plan
+    table's `rows`, the samples, metrics, before and eval tables, and the manifest.
+
+    The plan file's metadata is the whole manifest (plus its kind): `manifest.json` is its human-readable mirror,
+    so that nothing a reader relies on lives only in an unchecked JSON file. Every sibling file carries the
+    fingerprints and settings.
+    """
+    record = manifest.to_json()
+    plan_meta = {META_KEY: orjson.dumps({**record, "kind": "plan"}, option=orjson.OPT_SORT_KEYS)}
+    write_parquet(rows, directory / PLAN_FILE, plan_meta, PLAN_ROW_GROUP)
+    fingerprints, settings = record["fingerprints"], record["settings"]
+    schema = samples_schema(DATASET_COLUMN in samples.column_names)
+    write_parquet(samples.select(schema.names).cast(schema), directory / SAMPLES_FILE,
+                  file_metadata("samples", fingerprints, settings))
+    write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
+    write_parquet(before, directory / BEFORE_FILE, file_metadata("before", fingerprints, settings))
+    if evaluation is not None:
+        write_parquet(evaluation, directory / EVAL_FILE, file_metadata("eval", fingerprints, settings))
+    write_json(record, directory / MANIFEST_FILE)
