@@ -131,7 +131,7 @@ def test_a_plan_of_a_template_reading_the_clock_is_the_same_in_every_time_zone(t
         assert r.exit_code == 0, r.output
         plan = plancc.open_plan(out)
         plans.add(((out / "plan.parquet").read_bytes(), plan.fingerprints["dataset"]))
-        keys.add(plan.scan["key"])
+        keys.add(plan.scan_record.key)
     assert len(plans) == 1 and len(keys) == 1
 
 
