@@ -250,7 +250,7 @@ def test_invalid_utf8_inside_parquet_messages_names_the_row(tmp_path):
     ([{"input_ids": [1, 2, 3]}, {"input_ids": [1, 2.5, 3]}],
      "row 1 (line 3): column 'input_ids' has a list holding float 2.5 at position 1, expected a list of integers"),
     ([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [1, 2], "labels": [-100.0, 3.25]}],
-     "row 1 (line 3): column 'labels' has a list holding float 3.25 at position 1, expected a list of integers"),
+     "row 1 (line 3): column 'labels' has a list holding float -100.0 at position 0, expected a list of integers"),
 ])
 def test_a_fraction_in_a_tokenized_row_names_that_row_not_the_first(tmp_path, rows, says):
     """Arrow reads the whole column as floats when one row holds 1.5: the error named row 0 (line 1)."""
