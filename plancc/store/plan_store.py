@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plancc.core import layout
-from plancc.store import atomic, token_store
+from plancc.store import atomic, plan_body, token_store
 from plancc.store.file_checks import first_difference, first_row, repeated_sample
 from plancc.store.fingerprint import (
     before_checksum,
@@ -274,6 +274,55 @@ class PlanFiles:
         return problems
 
     # ------------------------------------------------------------ plan rows
+    @property
+    def has_rows_digest(self) -> bool:
+        """Whether the plan file carries its body digest (`plan_body`): then `body_problems` vouches for every row
+        and `read_ranks` reads one rank's; plans of earlier plancc versions are verified epoch by epoch."""
+        return plan_body.has_digest(self.held(PLAN_FILE))
+
+    def body_problems(self) -> list[str]:
+        """Every row of every epoch as compile wrote it, without decoding them (`plan_body.body_problems`), and each
+        epoch's row count (its `epoch` column) as the manifest's `epochs[e].batches`, what samplers size epochs by."""
+        held = self.held(PLAN_FILE)
+        problems = plan_body.body_problems(held)
+        if problems:
+            return problems
+        try:
+            epoch = column(held.parquet().read(columns=["epoch"], use_threads=True), "epoch")
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            return [f"{self.plan_file} is corrupt: {exc}"]
+        want = np.array([e.batches for e in self.manifest.epochs], dtype=np.int64)
+        got = np.bincount(epoch.clip(0, want.size), minlength=want.size + 1)
+        if (epoch.size and (np.any(np.diff(epoch) < 0) or epoch[0] < 0)) or got[-1] or not np.array_equal(got[:-1], want):
+            return [f"{self.plan_file}: its epochs hold {got[:-1].tolist()} rows (and {int(got[-1])} of other epochs), "
+                    f"its metadata's epochs[].batches say {want.tolist()}"]
+        return []
+
+    def read_microbatches(self, epoch: int, indices: np.ndarray, columns: list[str]) -> pa.Table:
+        """Rows of the global microbatch `indices` (ascending) of `epoch`, in that order, decoding only the row
+        groups that hold them (a rank's own rows are a block of the file: `plan_body`). Each row's epoch and index
+        are checked against where the layout puts it (`PlanIntegrityError` otherwise)."""
+        batches = [e.batches for e in self.manifest.epochs]
+        held = self.held(PLAN_FILE)
+        starts = plan_body.group_starts(held)
+        pos = sum(batches[:epoch]) + layout.rank_order_positions(indices, batches[epoch],
+                                                                 self.manifest.settings.world_size)
+        group = np.searchsorted(starts, pos, "right") - 1
+        groups = np.flatnonzero(np.bincount(group, minlength=1))  # not np.unique: it imports numpy.ma
+        before = np.concatenate([[0], np.cumsum(np.diff(starts)[groups])])  # rows read before each group
+        local = pos - starts[group] + before[np.searchsorted(groups, group)]
+        try:
+            table = held.parquet().read_row_groups(groups.tolist(), columns=sorted({*columns, "epoch", "index"}),
+                                                   use_threads=False)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise PlanIntegrityError(f"{self.plan_file} is corrupt: {exc}") from None
+        contiguous = bool(np.all(np.diff(local) == 1))  # one rank's own rows: a slice, no copy
+        table = table.slice(int(local[0]) if local.size else 0, local.size) if contiguous else table.take(local)
+        if not (np.array_equal(column(table, "index"), indices) and bool(np.all(column(table, "epoch") == epoch))):
+            raise PlanIntegrityError(f"{self.plan_file}: the rows of epoch {epoch} are not where the layout puts them "
+                                     "(the file was edited)")
+        return table.select(columns)
+
     def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
         """Plan rows matching Parquet `filters` on the plan columns (row groups skipped on their statistics), in
         file order: (epoch, rank, index)."""

@@ -1,0 +1,152 @@
+"""The plan file's body: its rows written in rank blocks, and the digest of its bytes that lets every rank trust
+every row of every epoch without decoding them.
+
+`plan.parquet` holds every epoch's rows sorted by (epoch, rank, index): one rank's rows of one epoch (a *block*)
+are consecutive. A block starts a row group of its own once the open one holds `MIN_GROUP` rows (and a row group
+never exceeds `PLAN_ROW_GROUP` rows), so a rank reads its rows by row group position, decoding little of any other
+rank's. The footer's `plancc.rows` key is the xxh3-128 of every byte before the footer (the *body*: the magic and
+every column chunk), computed from the bytes as the writer wrote them.
+
+What a reader checks at open (`body_problems`), on every rank, without decoding a row:
+
+- the body hashes to `plancc.rows` (one pass over the file at memory speed, its pages dropped from the reader's
+  resident set as it goes): a byte of any row of any epoch changed is refused;
+- the footer's column chunks tile the body in order (each starts where the one before ends, from byte 4 to the
+  footer), zstd, without dictionary pages: the footer cannot point a column at other bytes of the body.
+
+With the epoch column's count of each epoch (`PlanFiles.body_problems`: 4 bytes a row decoded, which also holds
+every row group to the rows it says it has), that makes what any rank decodes later exactly what compile wrote; a
+rank's rows are found by the layout (`core.layout.rank_order_positions`) and checked by their epoch, rank and
+index when read. A plan written before the key existed has no digest: its readers verify each epoch's rows
+against the epoch's plan fingerprint instead (decoding them all).
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from plancc.store.parquet import Held, column
+from plancc.store.schemas import PLAN_ROW_GROUP, ROWS_KEY
+
+MIN_GROUP = 4096  # rows a row group holds before a block may start a new one: tiny plans keep few row groups
+_WRITE_OPTIONS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True, "store_schema": True}
+
+
+def group_bounds(epoch: np.ndarray, rank: np.ndarray, max_rows: int = PLAN_ROW_GROUP,
+                 min_rows: int = MIN_GROUP) -> list[int]:
+    """Row group bounds over rows sorted by (epoch, rank): a block (rows of one epoch and rank) starts a new group
+    when the open one holds `min_rows` or more, and no group exceeds `max_rows`."""
+    n = int(epoch.shape[0])
+    starts = np.flatnonzero(np.r_[True, (epoch[1:] != epoch[:-1]) | (rank[1:] != rank[:-1])]) if n else []
+    bounds = [0]
+    for a, b in zip(list(starts), [*list(starts[1:]), n], strict=True):
+        if a - bounds[-1] >= min_rows:
+            bounds.append(int(a))
+        while b - bounds[-1] > max_rows:
+            bounds.append(bounds[-1] + max_rows)
+    return [*bounds, n] if n else [0]
+
+
+class _Hashing:
+    """A write-only file that hashes what passes through it: the Parquet writer's sink."""
+
+    def __init__(self, path: Path):
+        self.file, self.digest, self.size, self.closed = open(path, "wb"), xxhash.xxh3_128(), 0, False  # noqa: SIM115
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:  # the writer's close; the file itself is closed by `write_rows`
+        self.file.flush()
+
+
+def write_rows(rows: pa.Table, path: Path, metadata: dict[bytes, bytes]) -> None:
+    """Write the plan table (sorted by (epoch, rank, index)) in rank blocks, with `metadata` and the body digest
+    (module docstring); deterministic bytes for identical rows and metadata."""
+    sink = _Hashing(path)
+    try:
+        with pq.ParquetWriter(sink, rows.schema.with_metadata(metadata), **_WRITE_OPTIONS) as writer:
+            bounds = group_bounds(column(rows, "epoch"), column(rows, "rank"))
+            for a, b in itertools.pairwise(bounds):
+                writer.write_table(rows.slice(a, b - a), row_group_size=b - a)
+            body = sink.size
+            writer.add_key_value_metadata({ROWS_KEY: sink.digest.hexdigest().encode()})
+    finally:
+        sink.file.close()
+    if footer_start(path.stat().st_size, _tail(path)) != body:  # the writer kept bytes of the body for its close
+        raise RuntimeError(f"{path}: the Parquet writer wrote body bytes after the digest was taken")
+
+
+def _tail(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-8, 2)
+        return f.read(8)
+
+
+def footer_start(size: int, tail: bytes) -> int:
+    """Where the footer of a Parquet file of `size` bytes ending in `tail` (its last 8 bytes) starts."""
+    return size - 8 - struct.unpack("<I", tail[:4])[0]
+
+
+def body_problems(held: Held) -> list[str]:
+    """The plan file's body against its digest and its footer's layout (module docstring); [] when both hold."""
+    path, size = held.path, held.buffer.size
+    meta = held.parquet().metadata
+    recorded = (meta.metadata or {}).get(ROWS_KEY, b"").decode("ascii", "replace")
+    end = footer_start(size, held.buffer[size - 8:].to_pybytes())
+    at = 4
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+            if chunk.has_dictionary_page or start != at or chunk.compression != "ZSTD":
+                return [f"{path}: row group {g} column {chunk.path_in_schema} is not where or how compile wrote it (its "
+                        "footer was edited); recompile the plan"]
+            at += chunk.total_compressed_size
+    if at != end:
+        return [f"{path}: its column chunks end at byte {at}, its footer starts at {end} (the file was edited)"]
+    digest = xxhash.xxh3_128()
+    for block in held.scan(end):
+        digest.update(block)
+    if digest.hexdigest() != recorded:
+        return [f"{path}: its rows are not the bytes compile wrote (they do not hash to its {ROWS_KEY.decode()} "
+                "digest): rows were edited, or the file was rewritten"]
+    return []
+
+
+def has_digest(held: Held) -> bool:
+    """Whether the plan file carries a body digest (plans written before it existed do not)."""
+    return ROWS_KEY in (held.parquet().metadata.metadata or {})
+
+
+def group_starts(held: Held) -> np.ndarray:
+    """The first row of each row group, and the row count at the end (int64 [groups + 1])."""
+    meta = held.parquet().metadata
+    counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+
+
+def read_range(held: Held, a: int, b: int, columns: list[str]) -> pa.Table:
+    """Rows [a, b) of the plan file (`columns` only), decoding only the row groups that hold them."""
+    starts = group_starts(held)
+    first, last = int(np.searchsorted(starts, a, "right")) - 1, int(np.searchsorted(starts, b, "left"))
+    if b <= a:
+        return held.parquet().schema_arrow.empty_table().select(columns)
+    table = held.parquet().read_row_groups(list(range(first, last)), columns=columns, use_threads=True)
+    return table.slice(a - int(starts[first]), b - a)
