@@ -12,7 +12,7 @@ What a reader checks at open (`body_problems`), on every rank, without decoding 
 - the body hashes to `plancc.rows` (one pass over the file at memory speed, its pages dropped from the reader's
   resident set as it goes): a byte of any row of any epoch changed is refused;
 - the footer's column chunks tile the body in order (each starts where the one before ends, from byte 4 to the
-  footer), zstd, without dictionary pages: the footer cannot point a column at other bytes of the body.
+  footer), without dictionary pages: the footer cannot point a column at other bytes of the body.
 
 With the epoch column's count of each epoch (`PlanFiles.body_problems`: 4 bytes a row decoded, which also holds
 every row group to the rows it says it has), that makes what any rank decodes later exactly what compile wrote; a
@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from plancc.store import parquet_footer
 from plancc.store.parquet import Held, column
 from plancc.store.schemas import PLAN_ROW_GROUP, ROWS_KEY
 
@@ -44,14 +45,16 @@ def group_bounds(epoch: np.ndarray, rank: np.ndarray, max_rows: int = PLAN_ROW_G
     """Row group bounds over rows sorted by (epoch, rank): a block (rows of one epoch and rank) starts a new group
     when the open one holds `min_rows` or more, and no group exceeds `max_rows`."""
     n = int(epoch.shape[0])
-    starts = np.flatnonzero(np.r_[True, (epoch[1:] != epoch[:-1]) | (rank[1:] != rank[:-1])]) if n else []
+    if n == 0:
+        return [0]
+    starts = np.flatnonzero(np.r_[True, (epoch[1:] != epoch[:-1]) | (rank[1:] != rank[:-1])]).tolist()
     bounds = [0]
-    for a, b in zip(list(starts), [*list(starts[1:]), n], strict=True):
+    for a, b in zip(starts, [*starts[1:], n], strict=True):
         if a - bounds[-1] >= min_rows:
-            bounds.append(int(a))
+            bounds.append(a)
         while b - bounds[-1] > max_rows:
             bounds.append(bounds[-1] + max_rows)
-    return [*bounds, n] if n else [0]
+    return [*bounds, n]
 
 
 class _Hashing:
@@ -103,27 +106,38 @@ def footer_start(size: int, tail: bytes) -> int:
     return size - 8 - struct.unpack("<I", tail[:4])[0]
 
 
-def body_problems(held: Held) -> list[str]:
+def groups(held: Held) -> list[parquet_footer.Group]:
+    """The plan file's row groups as its footer describes them (`FooterError` when it is malformed)."""
+    size = held.buffer.size
+    end = footer_start(size, held.buffer[size - 8:].to_pybytes())
+    if not 4 <= end <= size - 8:
+        raise parquet_footer.FooterError(f"a footer length that does not fit the file's {size} bytes")
+    return parquet_footer.row_groups(held.buffer[end:size - 8].to_pybytes())
+
+
+def body_problems(held: Held, leaf_columns: int) -> list[str]:
     """The plan file's body against its digest and its footer's layout (module docstring); [] when both hold."""
     path, size = held.path, held.buffer.size
-    meta = held.parquet().metadata
-    recorded = (meta.metadata or {}).get(ROWS_KEY, b"").decode("ascii", "replace")
-    end = footer_start(size, held.buffer[size - 8:].to_pybytes())
+    try:
+        found = groups(held)
+    except parquet_footer.FooterError as exc:
+        return [f"{path}: its footer is damaged ({exc}); recompile the plan"]
     at = 4
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        for c in range(group.num_columns):
-            chunk = group.column(c)
-            start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
-            if chunk.has_dictionary_page or start != at or chunk.compression != "ZSTD":
-                return [f"{path}: row group {g} column {chunk.path_in_schema} is not where or how compile wrote it (its "
-                        "footer was edited); recompile the plan"]
-            at += chunk.total_compressed_size
+    for g, group in enumerate(found):
+        for chunk in group.chunks:
+            if chunk.has_dictionary or chunk.codec != parquet_footer.ZSTD or chunk.start != at:
+                return [f"{path}: row group {g}'s column chunks are not where or how compile wrote them (its footer "
+                        "was edited); recompile the plan"]
+            at += chunk.size
+        if len(group.chunks) != leaf_columns:
+            return [f"{path}: row group {g} has {len(group.chunks)} column chunks, a plan has {leaf_columns}"]
+    end = footer_start(size, held.buffer[size - 8:].to_pybytes())
     if at != end:
         return [f"{path}: its column chunks end at byte {at}, its footer starts at {end} (the file was edited)"]
     digest = xxhash.xxh3_128()
     for block in held.scan(end):
         digest.update(block)
+    recorded = (held.parquet().metadata.metadata or {}).get(ROWS_KEY, b"").decode("ascii", "replace")
     if digest.hexdigest() != recorded:
         return [f"{path}: its rows are not the bytes compile wrote (they do not hash to its {ROWS_KEY.decode()} "
                 "digest): rows were edited, or the file was rewritten"]
@@ -135,18 +149,6 @@ def has_digest(held: Held) -> bool:
     return ROWS_KEY in (held.parquet().metadata.metadata or {})
 
 
-def group_starts(held: Held) -> np.ndarray:
+def group_starts(found: list[parquet_footer.Group]) -> np.ndarray:
     """The first row of each row group, and the row count at the end (int64 [groups + 1])."""
-    meta = held.parquet().metadata
-    counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-
-
-def read_range(held: Held, a: int, b: int, columns: list[str]) -> pa.Table:
-    """Rows [a, b) of the plan file (`columns` only), decoding only the row groups that hold them."""
-    starts = group_starts(held)
-    first, last = int(np.searchsorted(starts, a, "right")) - 1, int(np.searchsorted(starts, b, "left"))
-    if b <= a:
-        return held.parquet().schema_arrow.empty_table().select(columns)
-    table = held.parquet().read_row_groups(list(range(first, last)), columns=columns, use_threads=True)
-    return table.slice(a - int(starts[first]), b - a)
+    return np.concatenate([[0], np.cumsum([g.num_rows for g in found], dtype=np.int64)])

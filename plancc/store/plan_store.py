@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from plancc.core import layout
-from plancc.store import atomic, plan_body, token_store
-from plancc.store.file_checks import first_difference, first_row, repeated_sample
+from plancc.store import atomic, parquet_footer, plan_body, token_store
+from plancc.store.file_checks import first_difference, first_row, repeated_sample, schema_problems
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -84,6 +84,7 @@ class PlanFiles:
                              "`plancc compile SOURCE -o PLAN_DIR`")
         self.path = p
         self.plan_file = p / PLAN_FILE
+        self._group_starts: np.ndarray | None = None  # the plan file's row group bounds (`read_microbatches`)
         self._dir_fd = token_store.open_dir(p, StoreError)
         weakref.finalize(self, os.close, self._dir_fd)
         self._files = {name: self._hold(name) for name in (PLAN_FILE, SAMPLES_FILE, METRICS_FILE, BEFORE_FILE,
@@ -284,7 +285,7 @@ class PlanFiles:
         """Every row of every epoch as compile wrote it, without decoding them (`plan_body.body_problems`), and each
         epoch's row count (its `epoch` column) as the manifest's `epochs[e].batches`, what samplers size epochs by."""
         held = self.held(PLAN_FILE)
-        problems = plan_body.body_problems(held)
+        problems = schema_problems(held, PLAN_SCHEMA) or plan_body.body_problems(held, len(PLAN_SCHEMA))
         if problems:
             return problems
         try:
@@ -304,7 +305,12 @@ class PlanFiles:
         are checked against where the layout puts it (`PlanIntegrityError` otherwise)."""
         batches = [e.batches for e in self.manifest.epochs]
         held = self.held(PLAN_FILE)
-        starts = plan_body.group_starts(held)
+        if self._group_starts is None:
+            try:
+                self._group_starts = plan_body.group_starts(plan_body.groups(held))
+            except parquet_footer.FooterError as exc:
+                raise PlanIntegrityError(f"{self.plan_file}: its footer is damaged ({exc})") from None
+        starts = self._group_starts
         pos = sum(batches[:epoch]) + layout.rank_order_positions(indices, batches[epoch],
                                                                  self.manifest.settings.world_size)
         group = np.searchsorted(starts, pos, "right") - 1
