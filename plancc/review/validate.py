@@ -345,6 +345,8 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         return [str(exc)], None
     files = plan.files
     problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
+    if files.has_rows_digest:  # what the runtime checks at open: the bytes and layout compile wrote
+        problems += files.body_problems()
     tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))),
               (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()), (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
     if files.has_before:
