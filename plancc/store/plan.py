@@ -318,7 +318,8 @@ class Plan:
                 table = self.files.read_eval()
             except StoreError as exc:
                 raise PlanMismatchError(str(exc)) from None
-            _refuse([*self.files.companion_problems(EVAL_FILE, "eval"), *self.files.eval_problems(table)])
+            _refuse([*self.files.companion_problems(EVAL_FILE, "eval"), *self.files.eval_problems(table),
+                     *self.files.eval_draw_problems(table)])
             self._eval = table
         return self._eval
 

@@ -26,8 +26,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from plancc.config.settings import PlanSettings
 from plancc.core import layout
-from plancc.store import atomic, parquet_footer, plan_body, token_store
+from plancc.errors import SettingsError
+from plancc.store import atomic, parquet_footer, plan_body, redraw, token_store
 from plancc.store.file_checks import first_difference, first_row, repeated_sample, schema_problems
 from plancc.store.fingerprint import (
     before_checksum,
@@ -38,10 +40,11 @@ from plancc.store.fingerprint import (
 )
 from plancc.store.manifest import EvalSummary, Manifest, ManifestError
 from plancc.store.parquet import Held, column, hold, nested_arrays, read_file_meta, read_samples, read_table
-from plancc.store.samples import samples_fingerprints
+from plancc.store.samples import dataset_codes, samples_fingerprints
 from plancc.store.schemas import (
     BEFORE_FILE,
     BEFORE_SCHEMA,
+    DATASET_COLUMN,
     EVAL_FILE,
     EVAL_SCHEMA,
     MANIFEST_FILE,
@@ -49,6 +52,7 @@ from plancc.store.schemas import (
     PLAN_FILE,
     PLAN_SCHEMA,
     SAMPLES_FILE,
+    SAMPLES_SCHEMA,
     SCHEMA_VERSION,
     TOKENS_DIR,
     StoreError,
@@ -57,6 +61,20 @@ from plancc.store.schemas import (
 
 EPOCH_COLUMNS = ["index", "update", "rank", "micro_step", "sample_ids", "tokens", "label_count", "cost", "num_items",
                  "complete_update"]
+
+
+def eval_set_problem(ids: np.ndarray, expected: np.ndarray, settings: PlanSettings) -> str | None:
+    """What differs between the samples an eval plan holds (`ids`) and the held-out set (`expected`, sorted), or
+    None when they are the same set."""
+    held = np.sort(ids)
+    held = held[np.r_[True, held[1:] != held[:-1]]] if held.size else held
+    extra, lacking = np.setdiff1d(held, expected, assume_unique=True), np.setdiff1d(expected, held, assume_unique=True)
+    if not (extra.size or lacking.size):
+        return None
+    first = int(extra[0]) if extra.size else int(lacking[0])
+    return (f"holds {extra.size} samples the eval set (eval datasets and the held-out draw of val_set_size "
+            f"{settings.val_set_size}, seed {settings.seed}) does not and lacks {lacking.size} it does (first: "
+            f"sample_id {first})")
 
 
 class PlanIntegrityError(StoreError):
@@ -273,6 +291,21 @@ class PlanFiles:
         if found:
             problems.append(f"{self.plan_file} metadata: eval.{found} (recomputed from {EVAL_FILE})")
         return problems
+
+    def eval_draw_problems(self, table: pa.Table) -> list[str]:
+        """The eval rows must hold exactly the samples compile held out: the draw made again from the samples
+        table's ids and the settings (`redraw.eval_ids`). Rows swapped for training samples, with the eval
+        fingerprint and summary recomputed into every file, hash consistently but are not that draw."""
+        s = self.manifest.settings
+        columns = ["sample_id", *([DATASET_COLUMN] if s.mixture else [])]
+        try:
+            samples = read_table(self.held(SAMPLES_FILE), SAMPLES_SCHEMA, columns=columns)
+            index = redraw.dataset_index(*dataset_codes(samples), s) if s.mixture else None
+            expected = redraw.eval_ids(column(samples, "sample_id"), s, index)
+        except (StoreError, SettingsError, KeyError) as exc:
+            return [f"{self.path / EVAL_FILE}: the held-out draw cannot be made again ({exc})"]
+        found = eval_set_problem(nested_arrays(table.column("sample_ids"))[0], expected, s)
+        return [f"{self.path / EVAL_FILE}: {found}"] if found else []
 
     # ------------------------------------------------------------ plan rows
     @property
