@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 DEMO_OUT ?= out/chat-plan
 RECIPE_OUT ?= out/recipe-plan
 
-.PHONY: install demo test lint bench clean
+.PHONY: install kernels demo test lint bench clean
 
-install: $(BIN)/plancc demo
+install: $(BIN)/plancc kernels demo
 
 $(BIN)/plancc: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(BIN)/plancc: pyproject.toml constraints.txt
 	# -qq: errors only (setuptools' notice about editable installs is not one); constraints.txt: the tested versions
 	$(BIN)/python -m pip install -qq -c constraints.txt -e ".[dev]"
 	touch $@
+
+# compile the kernels into the installation's cache (plancc/_kernels): the first compile, in any plancc cache dir, is warm
+kernels: $(BIN)/plancc
+	$(BIN)/python -m plancc.build.kernels
 
 demo: $(BIN)/plancc
 	$(BIN)/plancc compile examples/data/chat.jsonl -o $(DEMO_OUT) --config examples/chat.toml --overwrite

@@ -3,6 +3,8 @@
 The plans are built once from synthetic samples tables (library path: `compile_plan` + `write_plan_dir`) and
 cached under /tmp/plancc-bench-diff; later runs only diff. OLD and NEW differ in their seed, the worst case for
 churn: every epoch's plan fingerprint differs, so every microbatch and sample is compared (nothing short-cut).
+EDITED has OLD's seed and data with 0.1% of its rows edited, 0.01% removed and 0.01% appended: the row-level
+diff (`plancc.review.diff_rows`) matches every row of both samples tables.
 Prints the build times once, then the median (and min/max) of `diff_plans` and of the rendered CLI call.
 
     python benchmarks/bench_diff.py [--samples 10000000] [--repeat 5] [--balance]
@@ -34,6 +36,19 @@ def samples_table(n: int, seed: int = 0) -> pa.Table:
     })
 
 
+def edited_table(table: pa.Table) -> pa.Table:
+    """`table` with 0.1% of its rows edited (content hash changed), 0.01% removed and 0.01% appended."""
+    n = table.num_rows
+    rng = np.random.default_rng(1)
+    h = table.column("token_hash").to_numpy().copy()
+    h[rng.choice(n, n // 1000, replace=False)] ^= np.uint64(1)
+    keep = np.setdiff1d(np.arange(n), rng.choice(n, n // 10_000, replace=False))
+    edited = table.set_column(4, "token_hash", pa.array(h)).take(pa.array(keep))
+    extra = samples_table(n // 10_000, seed=2)
+    out = pa.concat_tables([edited, extra])
+    return out.set_column(0, "sample_id", pa.array(np.arange(out.num_rows, dtype=np.int64)))
+
+
 def build(path: Path, table: pa.Table, seed: int, balance: bool) -> float:
     from plancc.build.run import write_plan_dir
     from plancc.config.settings import PlanSettings
@@ -59,12 +74,13 @@ def main() -> None:
     from plancc.review.diff import diff_plans
 
     root = args.cache / f"n{args.samples}{'-balanced' if args.balance else ''}"
-    old, new = root / "old", root / "new"
-    if not ((old / "manifest.json").exists() and (new / "manifest.json").exists()):
+    old, new, edited = root / "old", root / "new", root / "edited"
+    if not all((p / "manifest.json").exists() for p in (old, new, edited)):
         table = samples_table(args.samples)
         print(f"building plans for {args.samples:,} samples under {root} (once)", flush=True)
         print(f"  old (seed 0): {build(old, table, 0, args.balance):.1f} s", flush=True)
         print(f"  new (seed 1): {build(new, table, 1, args.balance):.1f} s", flush=True)
+        print(f"  edited (seed 0): {build(edited, edited_table(table), 0, args.balance):.1f} s", flush=True)
     size = sum(f.stat().st_size for f in old.iterdir()) / 2**20
     times = []
     for _ in range(args.repeat):
@@ -85,6 +101,14 @@ def main() -> None:
         cli.append(time.perf_counter() - t0)
         assert r.returncode == 0, r.stderr
     print(f"plancc diff --format markdown (process, incl. imports): median {statistics.median(cli):.2f} s")
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        report = diff_plans(old, edited)
+        times.append(time.perf_counter() - t0)
+    rows = report["datasets"][0]["rows"]
+    print(f"edited data: {rows['edited']:,} edited, {rows['added']:,} added, {rows['removed']:,} removed rows; "
+          f"diff_plans median {statistics.median(times):.2f} s (min {min(times):.2f}, max {max(times):.2f})")
     t0 = time.perf_counter()
     same = diff_plans(old, old)
     print(f"identical plans (fingerprint short-cut): {time.perf_counter() - t0:.3f} s, identical={same['identical']}")

@@ -218,6 +218,7 @@ class Validation:
 
     problems: tuple[str, ...]
     has_eval: bool
+    skipped: tuple[str, ...] = ()  # checks the directory's contents did not allow, each with why
 
     @property
     def ok(self) -> bool:
@@ -232,14 +233,15 @@ def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str
     `dataset` is where the plan's data is now: a plan, scan or token store folder is checked against the plan
     chunk by chunk; any other source is rescanned with the plan's scan options (its tokenizer at `tokenizer`
     when it moved) and its content fingerprint compared. `fast` checks the token store's metadata only."""
-    from plancc.review.validate import validate_plan
+    from plancc.review.validate import skipped_checks, validate_plan
     from plancc.store.token_store import store_in
 
     tokens_dir, dataset_fp = (store_in(dataset) if dataset is not None else None), None
     if dataset is not None and tokens_dir is None:
         dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
     problems, has_eval = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
-    return Validation(tuple(problems), has_eval)
+    skipped = skipped_checks(Plan(plan_dir), tokens_dir) if not problems else []
+    return Validation(tuple(problems), has_eval, tuple(skipped))
 
 
 def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,
@@ -259,14 +261,14 @@ def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, 
 
 
 def diff(old: str | Path, new: str | Path, *, fail_on: list[str] | None = None,
-         tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+         tolerance: float = DEFAULT_TOLERANCE, rows: bool = False) -> dict[str, Any]:
     """Compare two plan directories (`plancc.review.diff.diff_plans`): the JSON-able report, with `fail_on` (the
-    checks asked for: any, config, dataset, metrics-regression; repeated or comma-separated) and `failed` (why
-    those checks fail; empty: none does)."""
+    checks asked for: any, config, dataset, masks, metrics-regression; repeated or comma-separated) and `failed`
+    (why those checks fail; empty: none does). `rows`: name every changed row (else the first 10 of each kind)."""
     from plancc.review import diff as diff_mod
 
     checks = diff_mod.parse_fail_on(fail_on)
-    report = diff_mod.diff_plans(old, new, tolerance=tolerance)
+    report = diff_mod.diff_plans(old, new, tolerance=tolerance, rows=rows)
     return {**report, "fail_on": checks, "failed": diff_mod.failures(report, checks)}
 
 

@@ -1,5 +1,6 @@
-"""`plancc diff`: identical plans, each kind of change attributed, exit codes under every --fail-on, JSON schema,
-markdown golden, churn arithmetic and bad input."""
+"""`plancc diff`: identical plans, each kind of change attributed (rows, settings by name, training totals), exit
+codes under every --fail-on, regressions against the seed-to-seed spread, JSON schema, markdown golden, churn
+arithmetic and bad input."""
 
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ from plancc.cli import app
 from plancc.cli.diff_render import render_markdown
 from plancc.config.settings import PlanSettings
 from plancc.planner.pipeline import compile_plan
-from plancc.review.diff import EpochRows, _segments_equal, diff_plans, epoch_churn
+from plancc.review.diff import diff_plans
+from plancc.review.diff_churn import EpochRows, _segments_equal, epoch_churn
+from plancc.review.diff_rules import REGRESSION_METRICS
 from plancc.store.parquet import sample_arrays
 from plancc.store.scan_record import ScanRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "schemas" / "diff.schema.json").read_text())
 GOLDEN = Path(__file__).parent / "golden"
-FAIL_ON = ("any", "config", "dataset", "metrics-regression")
+FAIL_ON = ("any", "config", "dataset", "masks", "metrics-regression")
 runner = CliRunner()
 
 BASE = {"sequence_len": 512, "world_size": 2, "grad_accum": 2, "epochs": 2, "seed": 3}
@@ -43,6 +46,10 @@ def samples(n: int = 600, seed: int = 0) -> pa.Table:
         "first_label_supervised": pa.array(rng.random(n) < 0.1),
         "token_hash": pa.array(rng.integers(0, 2**63, n).astype(np.uint64)),
     })
+
+
+def setting(name: str, old, new, dataset=None, kind: str = "plan") -> dict:
+    return {"setting": name, "dataset": dataset, "old": old, "new": new, "kind": kind}
 
 
 def make_plan(path: Path, table: pa.Table | None = None, **overrides) -> Path:
@@ -104,7 +111,7 @@ def test_schema_is_valid():
 
 def test_identical_plans_exit_0_and_say_so(plans):
     for fmt in ("text", "markdown"):
-        r = cli("diff", plans["base"], plans["same"], "--format", fmt, "--fail-on", "any,config,dataset",
+        r = cli("diff", plans["base"], plans["same"], "--format", fmt, "--fail-on", "any,config,dataset,masks",
                 "--fail-on", "metrics-regression")
         assert r.exit_code == 0
         assert "identical" in r.stdout
@@ -115,68 +122,110 @@ def test_identical_plans_exit_0_and_say_so(plans):
     assert all(c["identical_microbatch_share"] == 1.0 and c["first_differing_microbatch"] is None
                for c in report["churn"])
     assert all(m["changes"] == [] for m in report["metrics"])
+    assert [d["status"] for d in report["datasets"]] == ["unchanged"] and report["spread"] is None
 
 
 def test_plan_dir_and_plan_file_both_accepted(plans):
     assert cli("diff", plans["base"] / "plan.parquet", plans["same"]).exit_code == 0
 
 
-def test_seed_change(plans):
+def test_seed_change_is_membership_churn_only(plans):
     report = json_diff(plans["base"], plans["seed"])
-    assert report["config"] == [{"setting": "seed", "old": 3, "new": 4}]
+    assert report["config"] == [setting("seed", 3, 4)]
     ch = report["changes"]
-    assert ch["config"] and ch["plan"] and not ch["dataset"] and not ch["metadata"]
+    assert ch["config"] and ch["plan"] and not ch["dataset"] and not ch["metadata"] and not ch["rows"]
     names = {f["name"] for f in report["fingerprints"] if f["changed"]}
     assert names == {"config", "plan[0]", "plan[1]"}
     for c in report["churn"]:
         assert c["common_samples"] == 600 and c["added_samples"] == c["removed_samples"] == 0
         assert c["update_changed_share"] > 0.5 and c["identical_microbatch_share"] < 0.5
         assert c["first_differing_microbatch"] is not None
-    codes = exit_codes(plans["base"], plans["seed"])
-    assert codes["any"] == 1 and codes["config"] == 1 and codes["dataset"] == 0
-    assert codes["metrics-regression"] == (1 if report["regressions"] else 0)
+    t = report["training"]
+    assert all(t[k]["old"] == t[k]["new"] for k in ("samples", "tokens", "label_tokens"))
+    assert report["regressions"] == [] and report["quality"] == []  # another seed is noise, not a regression
+    assert exit_codes(plans["base"], plans["seed"]) == {"any": 1, "config": 1, "dataset": 0, "masks": 0,
+                                                        "metrics-regression": 0}
     text = cli("diff", plans["base"], plans["seed"]).stdout
-    assert "seed: 3 -> 4" in text and "membership churn" in text
+    assert "seed 3 -> 4" in text and "membership:" in text and "unchanged: samples 1,200" in text
+    assert "rows" not in text and "regression" not in text and len(text.splitlines()) <= 12
 
 
 def test_setting_change_grad_accum(plans):
     report = json_diff(plans["base"], plans["grad_accum"])
-    assert [c["setting"] for c in report["config"]] == ["grad_accum"]
+    assert report["config"] == [setting("grad_accum", 2, 4)]
     assert report["changes"]["config"] and not report["changes"]["dataset"]
     updates = {(m["epoch"], c["metric"]) for m in report["metrics"] if m["stage"] == "after" for c in m["changes"]}
     assert (0, "updates") in updates  # twice the microbatches per update: about half the updates
     codes = exit_codes(plans["base"], plans["grad_accum"])
-    assert codes["config"] == 1 and codes["dataset"] == 0 and codes["any"] == 1
+    assert codes["config"] == 1 and codes["dataset"] == 0 and codes["any"] == 1 and codes["masks"] == 0
+    assert report["training"]["updates"]["new"] < report["training"]["updates"]["old"]
+    md = cli("diff", plans["base"], plans["grad_accum"], "--format", "markdown").stdout
+    assert "- `grad_accum` 2 → 4" in md and "| updates |" in md
 
 
 def test_world_size_change(plans):
     report = json_diff(plans["base"], plans["world"])
-    assert report["config"] == [{"setting": "world_size", "old": 2, "new": 4}]
+    assert report["config"] == [setting("world_size", 2, 4)]
     assert not report["changes"]["dataset"] and report["changes"]["plan"]
     for c in report["churn"]:
         assert c["rank_changed_share"] > 0 and c["update_changed_share"] > 0
     codes = exit_codes(plans["base"], plans["world"])
-    assert codes == {"any": 1, "config": 1, "dataset": 0,
+    assert codes == {"any": 1, "config": 1, "dataset": 0, "masks": 0,
                      "metrics-regression": 1 if report["regressions"] else 0}
 
 
 def test_one_edited_sample_is_a_dataset_change(plans):
     report = json_diff(plans["base"], plans["edited"])
     ch = report["changes"]
-    assert ch["dataset"] and not ch["metadata"] and not ch["config"] and not ch["plan"]
+    assert ch["dataset"] and ch["data"] and ch["rows"] and not ch["metadata"] and not ch["config"] and not ch["plan"]
     assert report["config"] == [] and report["regressions"] == []
     assert [f["name"] for f in report["fingerprints"] if f["changed"]] == ["dataset"]
     assert all(c["identical_microbatch_share"] == 1.0 for c in report["churn"])  # same lengths: same plan
-    assert exit_codes(plans["base"], plans["edited"]) == {"any": 1, "config": 0, "dataset": 1,
+    (d,) = report["datasets"]
+    assert d["status"] == "content_changed"
+    assert {k: d["rows"][k] for k in ("unchanged", "edited", "added", "removed")} == \
+        {"unchanged": 599, "edited": 1, "added": 0, "removed": 0}
+    assert d["rows"]["examples"]["edited"] == [{"file": None, "row": 17, "old": {"file": None, "row": 17}}]
+    assert exit_codes(plans["base"], plans["edited"]) == {"any": 1, "config": 0, "dataset": 1, "masks": 0,
                                                            "metrics-regression": 0}
-    md = cli("diff", plans["base"], plans["edited"], "--format", "markdown").stdout
-    assert "| fingerprint | dataset |" in md
+    md = cli("diff", plans["base"], plans["edited"], "--format", "markdown", "--fail-on", "dataset").stdout
+    assert "**Failing:** dataset: samples: 1 edited row" in md and "- rows: 1 edited (600 → 600 samples)" in md
+    assert "- `samples` edited: row 17" in md
+
+
+def test_rows_added_removed_edited_named(tmp_path, plans):
+    """The pull request of a reviewer's nightmare made plain: 5 rows edited, 20 added, 3 removed, each named."""
+    base = samples(1000, seed=7)
+    h = base.column("token_hash").to_numpy().copy()
+    h[[3, 150, 400, 700, 900]] ^= np.uint64(1)
+    keep = np.setdiff1d(np.arange(1000), [50, 500, 950])
+    extra = samples(20, seed=8)
+    new = pa.concat_tables([with_column(base, "token_hash", h).take(keep), extra])
+    new = with_column(new, "sample_id", np.arange(new.num_rows))
+    old_dir, new_dir = make_plan(tmp_path / "old", base, epochs=1), make_plan(tmp_path / "new", new, epochs=1)
+    report = json_diff(old_dir, new_dir, "--fail-on", "dataset")
+    rows = report["datasets"][0]["rows"]
+    assert (rows["edited"], rows["added"], rows["removed"], rows["unchanged"]) == (5, 20, 3, 992)
+    assert [r["row"] for r in rows["examples"]["removed"]] == [50, 500, 950]
+    # edited rows keep their content's place: new rows shift down past each removed row above them
+    assert [(r["row"], r["old"]["row"]) for r in rows["examples"]["edited"]] == \
+        [(3, 3), (149, 150), (399, 400), (698, 700), (898, 900)]
+    assert [r["row"] for r in rows["examples"]["added"]] == list(range(997, 1007))  # the first 10 of 20
+    assert report["failed"] == ["dataset: samples: 5 edited, 20 added, 3 removed rows"]
+    text = cli("diff", old_dir, new_dir).stdout
+    assert "rows: 5 edited, 20 added, 3 removed (1,000 -> 1,017 samples)" in text
+    assert "samples added: rows 997-1006 ... (+10 more)" in text
+    assert "samples edited: row 3, row 149 (was row 150)" in text
+    listed = json_diff(old_dir, new_dir, "--rows")["datasets"][0]["rows"]
+    assert listed["listed"] == "all" and len(listed["examples"]["added"]) == 20
+    assert "rows 997-1016" in cli("diff", old_dir, new_dir, "--rows").stdout
 
 
 def test_longer_sample_changes_metadata_and_fails_dataset(plans):
     report = json_diff(plans["base"], plans["longer"])
     ch = report["changes"]
     assert ch["dataset"] and ch["metadata"] and not ch["config"]
+    assert report["datasets"][0]["rows"]["edited"] == 1
     assert cli("diff", plans["base"], plans["longer"], "--fail-on", "dataset").exit_code == 1
     assert cli("diff", plans["base"], plans["longer"], "--fail-on", "config").exit_code == 0
 
@@ -184,15 +233,16 @@ def test_longer_sample_changes_metadata_and_fails_dataset(plans):
 def test_fewer_epochs_and_drop_last(plans):
     report = json_diff(plans["base"], plans["one_epoch_drop"])
     assert {c["setting"] for c in report["config"]} == {"epochs", "drop_last"}
+    assert report["training"]["epochs"] == {"old": 2, "new": 1}
     assert [c["status"] for c in report["churn"]] == ["compared", "old_only"]
     assert {m["status"] for m in report["metrics"] if m["epoch"] == 1} == {"old_only"}
     e0 = report["churn"][0]
     assert e0["removed_samples"] > 0 and e0["added_samples"] == 0  # the dropped tail's samples
     assert e0["common_samples"] + e0["removed_samples"] == e0["samples_old"]
     text = cli("diff", plans["base"], plans["one_epoch_drop"]).stdout
-    assert "epoch 1: only in old plan" in text
+    assert "epoch 1 only in the old plan" in text
     md = cli("diff", plans["base"], plans["one_epoch_drop"], "--format", "markdown").stdout
-    assert "| epoch 1 | epoch | present | absent |" in md
+    assert "**Training (2 → 1 epochs)**" in md
 
 
 def test_metrics_regression_packed_to_padded(plans):
@@ -214,12 +264,43 @@ def test_tolerance_controls_regression(plans):
     assert len(strict["regressions"]) >= len(loose["regressions"])
 
 
+@pytest.mark.parametrize("mode, epochs, data_seed", [("padded", 1, 0), ("padded", 2, 1), ("packed", 2, 1)])
+def test_a_few_more_rows_is_not_a_regression(tmp_path, mode, epochs, data_seed):
+    """The same settings over 1,000 rows, then over them and 20 more: the quality metrics move by sampling noise
+    that a fixed 2% tolerance calls a regression; measured against the seed-to-seed spread, it is none."""
+    full = samples(1020, seed=data_seed)
+    kw = {"epochs": epochs, "mode": mode, "micro_batch_size": 4 if mode == "padded" else 1}
+    old_dir, new_dir = make_plan(tmp_path / "old", full.slice(0, 1000), **kw), make_plan(tmp_path / "new", full, **kw)
+    report = json_diff(old_dir, new_dir, "--fail-on", "dataset,metrics-regression")
+    after = [m for m in report["metrics"] if m["stage"] == "after"]
+    tolerance_alone = [(m["epoch"], c["metric"]) for m in after for c in m["changes"]
+                       if c["metric"] in REGRESSION_METRICS
+                       and c["delta"] * REGRESSION_METRICS[c["metric"]] > max(0.001, 0.02 * abs(c["old"]))]
+    assert tolerance_alone, "this case should tempt a tolerance-only rule"
+    assert report["regressions"] == [] and report["spread"]["df"] >= 4
+    assert report["failed"] == ["dataset: samples: 20 added rows"]
+
+
+def test_a_real_regression_fires_and_says_why(tmp_path):
+    """Balancing switched off: label_cv worse far beyond the spread; the report says both limits it passed."""
+    table = samples(1000, seed=3)
+    old_dir, new_dir = make_plan(tmp_path / "on", table, epochs=1), make_plan(tmp_path / "off", table, epochs=1,
+                                                                          balance=False)
+    report = json_diff(old_dir, new_dir, "--fail-on", "metrics-regression")
+    (r,) = [r for r in report["regressions"] if r["metric"] == "label_cv"]
+    assert r["delta"] > r["noise_limit"] > 0 and r["delta"] > r["tolerance_limit"]
+    assert "seed-to-seed spread of two plans of 1,000 samples" in r["why"] and "replans" in r["why"]
+    assert report["failed"][0].startswith("metrics-regression: label_cv (epoch 0)")
+    md = cli("diff", old_dir, new_dir, "--format", "markdown").stdout
+    assert "**Regressions** (tolerance 0.02)\n- epoch 0: label_cv" in md
+
+
 def test_markdown_end_to_end_is_deterministic_and_pathless(plans):
     a = cli("diff", plans["base"], plans["seed"], "--format", "markdown").stdout
     b = cli("diff", plans["base"], plans["seed"], "--format", "markdown").stdout
     assert a == b
     assert str(plans["base"]) not in a and str(plans["seed"]) not in a
-    assert "| where | what | old | new |" in a and "| setting | `seed` | 3 | 4 |" in a
+    assert a.startswith("### plancc plan diff\n\n⚠️ plans differ: settings, plan\n") and "- `seed` 3 → 4" in a
 
 
 def test_output_file(plans, tmp_path):
@@ -235,14 +316,15 @@ def _golden_report(name: str) -> dict:
     return json.loads((GOLDEN / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["diff_seed", "diff_identical", "diff_regression"])
+@pytest.mark.parametrize("name", ["diff_seed", "diff_identical", "diff_regression", "diff_edited"])
 def test_markdown_golden(name, plans):
     """Markdown is rendered from a stored report so that the golden file pins the format, not the algorithms.
 
     Regenerate with PLANCC_UPDATE_GOLDEN=1 (reports are recomputed from the fixture plans, paths blanked).
     """
     pairs = {"diff_seed": ("base", "seed", ["config"]), "diff_identical": ("base", "same", ["any"]),
-             "diff_regression": ("base", "padded", ["metrics-regression", "dataset"])}
+             "diff_regression": ("base", "padded", ["metrics-regression", "dataset"]),
+             "diff_edited": ("base", "edited", ["dataset"])}
     old, new, fail_on = pairs[name]
     if os.environ.get("PLANCC_UPDATE_GOLDEN"):
         from plancc.review.diff import failures

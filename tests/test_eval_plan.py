@@ -253,7 +253,8 @@ def test_diff_reports_eval_plan_changes(sound, tmp_path):
     assert report["changes"]["eval"] and ev["status"] == "both"
     assert (ev["added_samples"], ev["removed_samples"]) == (10, 0)  # the larger draw holds the smaller one
     assert {"metric": "samples", "old": 30, "new": 40, "delta": 10} in ev["sizes"]
-    assert "eval plan changed: held-out samples +10 -0" in runner.invoke(app, ["diff", str(sound), str(bigger)]).output
+    assert "eval plan: held-out samples +10 -0; samples 30 -> 40" in runner.invoke(app, ["diff", str(sound),
+                                                                                        str(bigger)]).output
     none = _write(tmp_path / "none", mode="padded", micro_batch_size=2)
     same = runner.invoke(app, ["diff", str(none), str(none), "--format", "json"])
     assert orjson.loads(same.output)["eval"]["status"] == "none"

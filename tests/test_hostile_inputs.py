@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -148,18 +149,37 @@ _BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
 
 
 @pytest.mark.parametrize(("name", "text", "says"), [
-    ("bomb.yaml", _BOMB, "line 2: YAML aliases (*name) are not allowed in a plancc config; write the value out"),
-    ("alias.yaml", "seed: &s 3\nworld_size: *s\n", "line 2: YAML aliases (*name) are not allowed"),
+    ("bomb.yaml", _BOMB, ": its YAML aliases expand to more than 100,000 values (an alias bomb?); write the values out"),
+    ("loop.yaml", "seed: 1\nlist: &a [1, *a]\n", "line 2 column 7: a YAML alias refers to a value that holds it"),
+    ("broken.yaml", "seed: [1, 2\nepochs: 3\n", "line 2 column 7: not valid YAML (expected ',' or ']', but got ':')"),
     ("deep.yaml", "seed: " + "[" * 100_000 + "]" * 100_000 + "\n", " nests values too deeply"),
     ("deep.toml", "seed = " + "[" * 100_000 + "]" * 100_000 + "\n", " nests values too deeply"),
 ])
 def test_an_alias_bomb_or_deep_config_is_refused_at_once(tmp_path, chat_source, name, text, says):
-    """A 1.3 KB alias bomb took 55 s and 1.7 GB before a MemoryError."""
+    """A 1.3 KB alias bomb took 55 s and 1.7 GB before a MemoryError; now aliases are read and the bomb is refused
+    from its composed nodes, before any value is built."""
     config = tmp_path / name
     config.write_text(text)
     line = one_line(plancc(compile_args(chat_source, tmp_path, "--chat-template", "chatml", "--config", config),
                            tmp_path, limits={resource.RLIMIT_CPU: 60}))
     assert line.startswith(f"error: config file {config}") and says in line, line
+
+
+def test_yaml_anchors_and_aliases_are_read_and_the_bomb_is_refused_in_well_under_a_second(tmp_path):
+    from plancc.config.files import read_config_file
+    from plancc.errors import SettingsError
+
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("base: &base {seed: 3, epochs: 2}\nrun:\n  <<: *base\n  epochs: 4\nworld_size: &w 2\n"
+                      "grad_accum: *w\n")
+    assert read_config_file(shared) == {"base": {"seed": 3, "epochs": 2}, "run": {"seed": 3, "epochs": 4},
+                                        "world_size": 2, "grad_accum": 2}
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_BOMB)
+    start = time.perf_counter()
+    with pytest.raises(SettingsError, match="expand to more than 100,000 values"):
+        read_config_file(bomb)
+    assert time.perf_counter() - start < 0.5
 
 
 def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path, chat_source):

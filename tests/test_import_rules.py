@@ -88,6 +88,9 @@ EXCEPTIONS = {
     # show decodes a sample with the plan's tokenizer, loaded exactly as the scan loaded it, and says what its format
     # trained: through the scan's one public entry for that
     ("plancc.review.show", "plancc.scan.describe"),
+    # diff measures the seed-to-seed spread of a plan's metrics by planning its own samples with other seeds, with
+    # the compiler's own function (a stand-in planner would measure another planner's noise)
+    ("plancc.review.diff_noise", PLANNER),
 }
 
 

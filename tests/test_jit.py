@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,12 +27,38 @@ def test_every_kernel_module_is_listed():
         assert not re.search(r"^import numba", path.read_text(), re.M), path
 
 
-def test_numba_caches_under_the_plancc_cache(tmp_path):
+def _cache_dir_of(package_parent: Path, plancc_cache: Path) -> Path:
+    """numba's cache dir in a fresh process importing the plancc found under `package_parent`."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    env["PLANCC_CACHE"] = str(tmp_path / "cache")
+    env.update(PLANCC_CACHE=str(plancc_cache), PYTHONPATH=str(package_parent))
     out = subprocess.run([sys.executable, "-c", "import plancc.core.jit, numba; print(numba.config.CACHE_DIR)"],
-                         env=env, capture_output=True, text=True, check=True).stdout.strip()
-    assert Path(out) == tmp_path / "cache" / "numba"
+                         env=env, capture_output=True, text=True, check=True, cwd=package_parent).stdout.strip()
+    return Path(out)
+
+
+def test_kernels_cache_in_the_installation_keyed_by_every_kernel_source(tmp_path):
+    """The kernels live beside the package (a fresh PLANCC_CACHE starts warm), in a folder named by the source of
+    every kernel module: an edit of any of them is a new folder (the stale one removed), an edit elsewhere is not."""
+    shutil.copytree(ROOT / "plancc", tmp_path / "plancc", ignore=shutil.ignore_patterns("_kernels", "__pycache__"))
+    package = tmp_path / "plancc"
+    first = _cache_dir_of(tmp_path, tmp_path / "cache")
+    assert first == package / "_kernels" / jit.kernel_key(package) and first.is_dir()
+    cli = package / "cli" / "__init__.py"
+    cli.write_text(cli.read_text() + "\n# not a kernel module\n")
+    assert _cache_dir_of(tmp_path, tmp_path / "other-cache") == first
+    callee = package / "planner" / "balance" / "_subset_tables.py"  # inlined into _exchange's kernels
+    callee.write_text(callee.read_text() + "\n# changed\n")
+    second = _cache_dir_of(tmp_path, tmp_path / "cache")
+    assert second.parent == first.parent and second != first and not first.exists()
+
+
+def test_a_read_only_installation_caches_under_the_plancc_cache(tmp_path):
+    """Where the package folder cannot take the cache (here `_kernels` is a file: root may write anywhere), kernels
+    go to `$PLANCC_CACHE/numba/<key>`."""
+    shutil.copytree(ROOT / "plancc", tmp_path / "plancc", ignore=shutil.ignore_patterns("_kernels", "__pycache__"))
+    (tmp_path / "plancc" / "_kernels").write_text("not a folder")
+    got = _cache_dir_of(tmp_path, tmp_path / "cache")
+    assert got == tmp_path / "cache" / "numba" / jit.kernel_key(tmp_path / "plancc")
 
 
 def test_the_notice_comes_from_compiles_not_cache_loads():
@@ -71,7 +98,8 @@ print(json.dumps([compiled, loaded]))
 @pytest.mark.slow
 def test_a_warm_run_compiles_nothing(tmp_path):
     """Every kernel module's own kernels (but the rare fallback's) come from numba's disk cache in a second fresh process that scans and compiles
-    every layout: nothing is compiled again. The first process fills the cache where it is cold."""
+    every layout, with a plancc cache dir of its own (a new CI job, node or container): nothing is compiled again.
+    The first process fills the installation's kernel cache where it is cold."""
     src = tmp_path / "pc.jsonl"
     src.write_text("".join(f'{{"prompt": "question {i} {"x" * i}", "completion": "answer {i}"}}\n'
                            for i in range(60)))
@@ -81,8 +109,10 @@ def test_a_warm_run_compiles_nothing(tmp_path):
                      "builtin", "--sequence-len", "256", "--micro-batch-size", "2", "--world-size", "2",
                      "--grad-accum", "2", "--cache-dir", str(tmp_path / f"c{mode}{run}")]
                     for mode in ("packed", "padded", "flattened")]
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+        env["PLANCC_CACHE"] = str(tmp_path / f"plancc-cache-{run}")
         out = subprocess.run([sys.executable, "-c", _WARM_RUN, json.dumps(commands)], capture_output=True,
-                             text=True, check=True)
+                             text=True, check=True, env=env)
         said.append(json.loads(out.stdout))
     compiled, loaded = said[1]
     rare = {"plancc.planner.pack._rows", "plancc.planner.pack.exact_fill"}  # closing left-out items: no small compile gets there
@@ -124,3 +154,19 @@ def test_every_kernel_says_what_its_parameters_are():
 def test_no_kernel_parameter_is_one_letter():
     short = [f"{module}:{name}({p})" for module, name, params, _ in _kernels() for p in params if len(p) == 1]
     assert not short, short
+
+
+def test_no_inlined_kernel_takes_a_structure():
+    """An `inline="always"` kernel's parameters are copied into the caller on every call, and numba reference-counts
+    each array of a NamedTuple it copies (atomic operations): inlining a helper that takes the trade kernel's `State`,
+    `Rules` or `Tables` made the trades a third slower. Such helpers are plain calls on rare paths instead."""
+    import ast
+
+    structures = {"state", "rules", "tables"}  # the kernel's names for them (a hash's `state` elsewhere is a number)
+    inlined = []
+    for path in sorted((ROOT / "plancc" / "planner").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    "inline" in ast.unparse(d) and "always" in ast.unparse(d) for d in node.decorator_list):
+                inlined.append((node.name, {a.arg for a in node.args.args} & structures))
+    assert inlined and not [(name, taken) for name, taken in inlined if taken], inlined

@@ -258,15 +258,35 @@ def test_empty_outputs_are_counted_warned_and_droppable(tmp_path):
     assert any("20 training on the end of turn alone (drop_eos_only)" in w for w in dropped.report.to_json()["warnings"])
 
 
-def test_empty_assistant_turns_counted(tmp_path):
+def test_empty_assistant_turns_are_not_trained_and_counted(tmp_path):
+    """As Axolotl: a turn with no text has no span, so neither it nor its end of turn is trained; a conversation
+    left with nothing to train is dropped as having no target, and every such turn's row is counted."""
     convs = chatterbot_conversations(8, system=False)
     for c in convs[:3]:
         for m in c:
             if m["role"] == "assistant":
                 m["content"] = ""
     src = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in convs])
-    result = scan(str(src), ScanOptions(tokenizer="builtin", chat_template="chatml"), cache_dir=tmp_path / "c")
-    assert result.report.to_json()["end_only"]["first_rows"] == [0, 1, 2]
+    result = scan(str(src), ScanOptions(tokenizer="builtin", chat_template="chatml", max_dropped=0.5),
+                  cache_dir=tmp_path / "c")
+    report = result.report.to_json()
+    assert report["blank_turns"] == {"count": 3, "first_rows": [0, 1, 2]}
+    assert report["dropped_all_masked"]["first_rows"] == [0, 1, 2] and report["end_only"]["count"] == 0
+    assert any("3 conversations have a turn to train with no text" in w and "(rows 0, 1, 2)" in w
+               for w in report["warnings"])
+
+
+@pytest.mark.parametrize(("template", "trained"), [("llama3", False), ("chatml", True)])
+def test_a_whitespace_turn_is_trained_only_where_the_template_renders_it(tmp_path, template, trained):
+    """llama3 trims a reply of spaces to nothing (Axolotl trains neither it nor its <|eot_id|>); chatml renders
+    the spaces, which Axolotl trains with their end of turn."""
+    conv = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "   "},
+            {"role": "user", "content": "Still there?"}, {"role": "assistant", "content": "Yes."}]
+    src = write_rows(tmp_path / "chat.jsonl", [{"messages": conv}])
+    result = scan(str(src), ScanOptions(tokenizer="builtin", chat_template=template), cache_dir=tmp_path / "c")
+    runs = _trained(load_tokenizer("builtin").tokenizer, _rows(result)[0])
+    assert runs[-1].startswith("Yes.") and (len(runs) == 2) is trained
+    assert result.report.to_json()["blank_turns"]["count"] == (0 if trained else 1)
 
 
 # ---------------------------------------------------------------- bad values: one line, exit 2

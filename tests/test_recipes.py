@@ -375,7 +375,8 @@ def test_diff_reports_per_dataset_changes_and_fails_on_them(tmp_path):
                                                                     "extra": "added"}
     assert report["changes"]["datasets"] is True
     text = CliRunner().invoke(app, ["diff", str(one.path), str(two.path)])
-    assert "small: reweighted (train, repeat 1x, 12 samples -> train, repeat 2x, 12 samples)" in text.output
+    assert "  - big rows: 30 edited (30 -> 30 samples)\n  - dataset extra added (8 samples)\n" \
+        "  - small: repeat 1 -> 2 (mix)\n" in text.output
     same = CliRunner().invoke(app, ["diff", str(one.path), str(one.path), "--fail-on", "dataset"])
     assert same.exit_code == 0
 

@@ -117,3 +117,24 @@ def test_trl_example_uses_the_plans_tokenizer_and_refuses_another(plans, tmp_pat
     good = subprocess.run([*cmd, str(tmp_path / "good")], capture_output=True, text=True, timeout=300, cwd=root)
     assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-3000:]
     assert "train_loss" in good.stdout + good.stderr
+
+
+def test_trainers_accept_a_saved_copy_of_the_plans_tokenizer(plans, tmp_path):
+    """What a checkpoint holds: the plan's tokenizer re-saved by transformers (other bytes, the same ids)."""
+    from transformers import TrainingArguments
+    from trl import SFTConfig
+
+    from plancc.runtime.hf import PlanTrainer
+    from plancc.runtime.trl import PlanSFTTrainer
+    from tests.runtime_helpers import tiny_model
+
+    saved = tmp_path / "checkpoint"
+    tok = AutoTokenizer.from_pretrained(plans["dir"], local_files_only=True)
+    tok.pad_token = "<｜end▁of▁sentence｜>"  # as a TRL run sets it: the pad token decides no id of the plan
+    tok.save_pretrained(saved)
+    assert (saved / "tokenizer.json").read_bytes() != (plans["dir"] / "tokenizer.json").read_bytes()
+    tok = AutoTokenizer.from_pretrained(saved, local_files_only=True)
+    check_tokenizer(plans["deepseek"], saved)
+    common = dict(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], save_strategy="no", bf16=False)
+    for trainer, args in ((PlanTrainer, TrainingArguments(**common)), (PlanSFTTrainer, SFTConfig(**common))):
+        trainer(model=tiny_model(vocab=len(tok)), args=args, plan=plans["deepseek"], processing_class=tok)

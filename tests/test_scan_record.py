@@ -40,6 +40,14 @@ OLD = {
     "truncated": {"count": 0, "first_rows": []}, "truncated_samples": 0, "warnings": [],
 }
 RUN_TO_RUN = ("source", "source_paths", "seconds")
+# what changed on purpose since: the tokenizer's fingerprint is its identity by content (so the options' tokenizer,
+# the metadata fingerprint and the cache key follow), scan version 7 leaves turns without text untrained and counts
+# them (`blank_turns`); the dataset fingerprint, the rows and every count are the old writer's
+CONTENT_FP = "d1f33403f5d7609f7aeade2c7446857e"
+NOW = {**OLD, "key": "816bfce5e06874087c48997dbbb2d4f3", "tokenizer_fingerprint": CONTENT_FP,
+       "options": {**OLD["options"], "tokenizer": CONTENT_FP},
+       "fingerprints": {**OLD["fingerprints"], "metadata": "8d6de1a7b49266e865fefeef05ef47d8"},
+       "plancc_scan_version": 7, "blank_turns": {"count": 0, "first_rows": []}}
 runner = CliRunner()
 
 
@@ -65,10 +73,12 @@ def test_an_old_scan_json_reads_and_writes_back_byte_identical(tmp_path):
 
 
 def test_a_scan_writes_what_plancc_wrote_before(tmp_path):
-    """Same key, fingerprints, options and counts as the old writer: only where and how long differ."""
+    """The old writer's rows, counts and dataset fingerprint, and the changes `NOW` names: only where and how long
+    differ besides, and the entry added since (each source file's name and rows, which `plancc diff` names rows by)."""
     written = orjson.loads((_scan(tmp_path) / schemas.SCAN_MANIFEST_FILE).read_bytes())
+    assert written.pop("source_files") == [["d.jsonl", 3]]
     assert {k: v for k, v in written.items() if k not in RUN_TO_RUN} == \
-        {k: v for k, v in OLD.items() if k not in RUN_TO_RUN}
+        {k: v for k, v in NOW.items() if k not in RUN_TO_RUN}
 
 
 def test_a_plan_manifest_scan_entry_round_trips(tmp_path):
@@ -83,7 +93,7 @@ def test_a_plan_manifest_scan_entry_round_trips(tmp_path):
 
 def test_scan_dir_opens_and_checks(tmp_path):
     scan = ScanDir.open(_scan(tmp_path))
-    assert scan.samples().num_rows == 3 and scan.tokens is not None and scan.record.key == OLD["key"]
+    assert scan.samples().num_rows == 3 and scan.tokens is not None and scan.record.key == NOW["key"]
 
 
 _pairs = st.lists(st.tuples(st.sampled_from(["prompt", "completion", "text"]), st.text(min_size=1, max_size=5)),

@@ -39,15 +39,16 @@ def _contradiction(name: str, given: Any, recorded: Any, where: str) -> Settings
                          f"leave {flag(name)} out to use the scan's, or rescan the source with it")
 
 
-def _fingerprint_of(name: str, options: ScanOptions) -> str | None:
+def _made_with(name: str, options: ScanOptions, recorded: str | None) -> bool:
+    """Whether `options`' tokenizer (or chat template) is the one a scan recorded as `recorded`."""
     from plancc.scan.sources import templates
     from plancc.scan.sources.tokenizer import load_tokenizer
 
     tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
     if name == "tokenizer":
-        return tok.fingerprint if tok else None
+        return tok.made(recorded) if tok else recorded is None
     template = templates.resolve(options.chat_template, tok)
-    return template.fingerprint if template else None
+    return (template.fingerprint if template else None) == recorded
 
 
 def _check_made_by(record: ScanRecord, options: ScanOptions, given: frozenset[str], where: str) -> None:
@@ -56,7 +57,7 @@ def _check_made_by(record: ScanRecord, options: ScanOptions, given: frozenset[st
     if "long" in given and options.long != recorded.long:
         raise _contradiction("long", options.long, recorded.long, where)
     for name in ("tokenizer", "chat_template"):
-        if name in given and _fingerprint_of(name, options) != getattr(recorded, name):
+        if name in given and not _made_with(name, options, getattr(recorded, name)):
             was = record.tokenizer if name == "tokenizer" else (record.chat_template.name if record.chat_template
                                                                  else None)
             raise _contradiction(name, getattr(options, name), was, where)

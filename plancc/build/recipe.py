@@ -123,6 +123,9 @@ def _summary(d: Loaded, first_id: int, rows: int) -> dict[str, Any]:
         "tokens": int(length.sum()), "label_tokens": int(labels.sum()),
         "format": record.format, "chat_template": record.chat_template.name if record.chat_template else None,
         "fingerprints": samples_fingerprints(table, record.identity),
+        # how its rows were made and where each came from: what `plancc diff` names per dataset
+        **({"options": record.options.to_json()} if record.options is not None else {}),
+        **{k: v for k, v in record.to_json().items() if k in ("source_fingerprint", "source_files")},
     }
 
 

@@ -196,16 +196,20 @@ def validate_cmd(
                               cache_dir=cache_dir)
     problems = list(result.problems)
     if json:
-        print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems})
+        print_json({"plan_dir": str(plan_dir), "ok": not problems, "violations": problems,
+                    "skipped": list(result.skipped)})
     elif problems:
         for p in problems:
             typer.echo(f"violation: {p}", err=True)
     elif not quiet:
-        checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest, token data "
-                   + ("metadata" if fast else "content")
+        checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest"
+                   + ("" if result.skipped else ", token data " + ("metadata" if fast else "content"))
                    + (f", dataset content of {dataset}" if dataset else "")
                    + (", eval plan (held-out set once each, none trained on)" if result.has_eval else ""))
         typer.echo(f"{plan_dir}: ok ({checked})")
+    if not json and not quiet:
+        for s in result.skipped:
+            typer.echo(f"skipped: {s}", err=True)
     raise typer.Exit(1 if problems else 0)
 
 

@@ -9,18 +9,18 @@ import typer
 
 from plancc.cli.common import QuietOpt, app, fail_on_errors, print_json
 from plancc.errors import PlanccError
-from plancc.review.diff_rules import DEFAULT_TOLERANCE, REGRESSION_RULE
+from plancc.review.diff_rules import DEFAULT_TOLERANCE, FAIL_ON, FAIL_ON_HELP, REGRESSION_RULE
 
 _HELP = (
-    "Compare two plan directories: config changes setting by setting, fingerprint changes (dataset, metadata, "
-    "config, plan per epoch), metric deltas per epoch and stage, and membership churn (share of samples whose "
-    "update or rank changed, identical microbatches, the first differing microbatch).\n\n"
+    "Compare two plan directories, the way a reviewer reads a pull request: what changed (rows added, removed and "
+    "edited per dataset, with example rows; every changed setting by name with both values, per dataset where it "
+    "applies), what it does to training (samples, tokens, updates, label tokens and label shares), and whether a "
+    "quality metric got worse beyond noise. Details: fingerprints, metric deltas, membership churn.\n\n"
     "Exit codes: 0 no failure (identical plans say so), 1 a change selected by --fail-on, 2 unreadable or "
     "foreign input.\n\n"
-    "--fail-on (repeatable or comma-separated): any = the plans differ at all; config = a plan setting changed; "
-    "dataset = the samples' content changed (dataset or metadata fingerprint); " + REGRESSION_RULE + "\n\n"
+    "--fail-on (repeatable or comma-separated): " + FAIL_ON_HELP + " " + REGRESSION_RULE + "\n\n"
     "Example:\n\n"
-    "    plancc diff base-plan/ pr-plan/ --format markdown --fail-on dataset,metrics-regression > comment.md"
+    "    plancc diff base-plan/ pr-plan/ --format markdown --fail-on dataset,masks,metrics-regression > comment.md"
 )
 
 
@@ -30,11 +30,14 @@ def diff_cmd(
     new: Annotated[Path, typer.Argument(help="The plan directory to compare with it.")],
     format: Annotated[str, typer.Option("--format", "-f", help="text|json|markdown (markdown: a compact CI "
                                                                "comment).")] = "text",
-    fail_on: Annotated[list[str] | None, typer.Option("--fail-on", help="any|config|dataset|metrics-regression; "
-                                                                         "repeat or comma-separate.",
+    fail_on: Annotated[list[str] | None, typer.Option("--fail-on", help="|".join(FAIL_ON) + "; repeat or "
+                                                                         "comma-separate.",
                                                   show_default="none, report only")] = None,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="Relative slack of metrics-regression.")
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Relative slack of metrics-regression (the "
+                                                                 "seed-to-seed spread is allowed besides).")
                          ] = DEFAULT_TOLERANCE,
+    rows: Annotated[bool, typer.Option("--rows", help="Name every added, removed and edited row (else the first "
+                                                      "10 of each kind per dataset).")] = False,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Also write the rendered diff to this "
                                                                        "file.", show_default="none")] = None,
     quiet: QuietOpt = False,
@@ -48,7 +51,7 @@ def diff_cmd(
     with fail_on_errors():
         if format not in ("text", "json", "markdown"):
             raise PlanccError(f"--format must be one of text, json, markdown; got {format!r}")
-        report = api.diff(old, new, fail_on=fail_on, tolerance=tolerance)
+        report = api.diff(old, new, fail_on=fail_on, tolerance=tolerance, rows=rows)
         failed = report["failed"]
         if format == "json":
             text = None

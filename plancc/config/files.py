@@ -10,21 +10,62 @@ from typing import Any
 
 from plancc.errors import SettingsError
 
+YAML_NODES = 100_000  # values a YAML config may hold once its aliases are expanded (real configs: hundreds)
 
-def _load_yaml(text: str, path: Path) -> Any:
-    """YAML without aliases: settings are flat values, and a kilobyte of nested aliases (an "alias bomb") expands
-    to gigabytes wherever the values are walked or printed."""
+
+def _expanded_size(root: Any, path: Path) -> int:
+    """How many values the composed YAML `root` holds with every alias expanded, counted without expanding (each
+    node once, memoized), so a kilobyte of nested aliases (an "alias bomb", 10^9 values) is refused at once."""
     import yaml
 
-    class NoAliases(yaml.SafeLoader):
-        def compose_node(self, parent, index):
-            if self.check_event(yaml.AliasEvent):
-                mark = self.peek_event().start_mark
-                raise SettingsError(f"config file {path} line {mark.line + 1}: YAML aliases (*name) are not "
-                                    "allowed in a plancc config; write the value out")
-            return super().compose_node(parent, index)
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = ([v for pair in node.value for v in pair] if isinstance(node, yaml.MappingNode)
+                    else node.value if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(1 + sum(sizes[id(c)] for c in children), YAML_NODES + 1)
+            continue
+        open_nodes.add(id(node))  # open nodes are the ancestors of what the stack holds above them
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_nodes:
+                mark = child.start_mark
+                raise SettingsError(f"config file {path} line {mark.line + 1} column {mark.column + 1}: a YAML "
+                                    "alias refers to a value that holds it (a loop)")
+            stack.append((child, False))
+    return sizes[id(root)]
 
-    return yaml.load(text, Loader=NoAliases) or {}  # a SafeLoader: builds plain values only
+
+def _load_yaml(text: str, path: Path) -> Any:
+    """YAML with anchors and aliases (real configs share values with them), bounded: the document must hold at most
+    `YAML_NODES` values once its aliases are expanded, checked on the composed nodes before any value is built."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)  # a SafeLoader: builds plain values only
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return {}
+        if _expanded_size(node, path) > YAML_NODES:
+            raise SettingsError(f"config file {path}: its YAML aliases expand to more than {YAML_NODES:,} values "
+                                "(an alias bomb?); write the values out")
+        return loader.construct_document(node) or {}
+    finally:
+        loader.dispose()
+
+
+def _yaml_error(path: Path, exc: Exception) -> SettingsError:
+    """One line naming the file, line and column of a YAML syntax error."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    return SettingsError(f"config file {path}{where}: not valid YAML ({problem})")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -51,7 +92,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, ValueError) as exc:
         raise SettingsError(f"config file {p} is not valid: {exc}") from None
     except Exception as exc:  # yaml.YAMLError has no common base we import eagerly
-        raise SettingsError(f"config file {p} is not valid YAML: {exc}") from None
+        raise _yaml_error(p, exc) from None
     if not isinstance(data, dict):
         raise SettingsError(f"config file {p} must hold a mapping of settings")
     return data

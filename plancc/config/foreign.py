@@ -162,6 +162,9 @@ def _tokenizer(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _axolotl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
+    if data.get("rl"):
+        raise SettingsError(f"config file {reader.path}: rl: {data['rl']} trains on preference or feedback data, "
+                            "not SFT data: plancc does not plan it yet (an SFT config has no rl key)")
     settings = {**_tokenizer(data, ("tokenizer_config", "base_model_config", "base_model")),
                 **reader.settings(data, AXOLOTL_READ)}
     template = _axolotl_template(data, reader.path)
@@ -240,6 +243,12 @@ def _axolotl_type(entry: dict[str, Any], where: str, path: Path) -> dict[str, An
 
 
 def _trl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
+    from plancc.config.foreign_keys import TRL_PREFERENCE_ONLY
+
+    preference = [k for k in data if k in TRL_PREFERENCE_ONLY]
+    if preference:
+        raise SettingsError(f"config file {reader.path}: {', '.join(preference)} belong to a DPO or KTO config "
+                            "(preference or feedback data, not SFT data): plancc does not plan it yet")
     settings = {**_tokenizer(data, ("tokenizer_name_or_path", "model_name_or_path")),
                 **reader.settings(data, TRL_READ)}
     if data.get("assistant_only_loss"):

@@ -276,11 +276,24 @@ def tokenized_problems(plan: Plan, samples: pa.Table, *, fast: bool,
         own = plan.path / schemas.TOKENS_DIR
         return [f"{own} is there but the plan binds no token store (its metadata was edited)"] \
             if os.path.lexists(own) else []
+    if skipped_checks(plan, tokens_dir):
+        return []
     try:
         m = plan.files.open_tokens()
     except PlanIntegrityError as exc:
         return [str(exc)]
     return check_token_data(m, samples, plan.fingerprints, shift=plan.settings.shift, fast=fast)
+
+
+def skipped_checks(plan: Plan, tokens_dir: Path | None = None) -> list[str]:
+    """The checks `validate` cannot run on what the directory holds, each with why and how to run it: the token
+    data, when the plan binds a token store that is not there (a plan kept in git without its `tokens/`, which
+    `plancc diff` does not need; the runtime refuses to train on it without `data=`)."""
+    own = plan.path / schemas.TOKENS_DIR
+    if tokens_dir is not None or not plan.manifest.binds_tokens or os.path.lexists(own):
+        return []
+    return [f"token data: {own} is not there (the plan binds token store {plan.fingerprints['tokens'][:12]}); "
+            "check the data training will read with --dataset DIR"]
 
 
 def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprints: dict[str, Any], *, shift: str,

@@ -3,15 +3,17 @@
 A plan's token ids mean something only under the tokenizer that made them: training with another one (another
 vocabulary, another eos) runs without an error and learns the wrong thing, and a Trainer saves that tokenizer beside
 the model. The plan records the tokenizer's name (its resolved path, or `plancc-byte-level` for the built-in one)
-and its fingerprint (`plancc.store.fingerprint.tokenizer_fingerprint`), bound by the plan's metadata fingerprint;
-`check_tokenizer` computes the same fingerprint of the tokenizer given to training and refuses another one.
+and its identity fingerprint (`plancc.store.tokenizer_identity`: vocabulary, merges, added tokens and their flags,
+normalizer, pre- and post-processor, eos and bos), bound by the plan's metadata fingerprint; `check_tokenizer`
+computes the identity of the tokenizer given to training and refuses another one, naming what differs when the
+plan's own tokenizer files are still where the plan says.
 
-How a tokenizer object is fingerprinted, as compile did: one loaded from a local directory or `tokenizer.json`
-(`name_or_path`, what `AutoTokenizer.from_pretrained(path)` records) by those files: the file's bytes, the eos and
-bos of its `tokenizer_config.json` (`plancc.store.fingerprint.tokenizer_specials`). One built in memory (the built-in
-tokenizer wrapped in a `PreTrainedTokenizerFast`, a `tokenizers.Tokenizer`) by its JSON and its eos and bos tokens,
-less the empty post-processor transformers adds (it changes no id). `tokenizers` is imported only here, and only
-when a tokenizer object is checked.
+A tokenizer object (a transformers tokenizer, a `tokenizers.Tokenizer`) is identified by what it holds in memory:
+its JSON as `tokenizers` writes it and its eos and bos (an eos it lacks is guessed as compile guessed it,
+`tokenizer_specials`); a path by its `tokenizer.json` and `tokenizer_config.json`. So a `save_pretrained` copy (what
+every checkpoint holds) passes, and a token added after loading is seen. Plans compiled before the identity recorded
+a digest of the file's bytes; that digest is accepted too. `tokenizers` is imported only here, and only when a
+tokenizer is checked.
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from plancc.errors import PlanMismatchError
-from plancc.store.fingerprint import tokenizer_fingerprint, tokenizer_specials
+from plancc.store.fingerprint import tokenizer_specials
 from plancc.store.plan import Plan, verified_plan
+from plancc.store.tokenizer_identity import (
+    file_fingerprint,
+    identity_difference,
+    identity_fingerprint,
+    tokenizer_identity,
+)
 
 BUILTIN_NAME = "plancc-byte-level"  # the name a plan records for `--tokenizer builtin`
 
@@ -51,8 +59,22 @@ def plan_tokenizer(plan: str | Path | Plan) -> PlanTokenizer | None:
     return PlanTokenizer(name, fingerprint)
 
 
-def _file_fingerprint(path: Path) -> str:
-    """The compiler's fingerprint of a tokenizer directory or `tokenizer.json` (see module docstring)."""
+@dataclass(frozen=True)
+class _Given:
+    """A tokenizer's JSON (as `tokenizers` writes it), eos and bos, and the digests older plans recorded of it."""
+
+    text: str
+    eos: str | None
+    bos: str | None
+    legacy: tuple[str, ...]
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return tokenizer_identity(self.text, self.eos, self.bos)
+
+
+def _from_file(path: Path) -> _Given:
+    """A tokenizer directory or `tokenizer.json`, read as compile reads it."""
     from tokenizers import Tokenizer
 
     json_path = path / "tokenizer.json" if path.is_dir() else path
@@ -65,21 +87,29 @@ def _file_fingerprint(path: Path) -> str:
         raise PlanMismatchError(f"tokenizer {path}: unreadable ({str(exc).splitlines()[0]})") from None
     eos, bos = tokenizer_specials(config if isinstance(config, dict) else {},
                                   lambda t: vocab.token_to_id(t) is not None)
-    return tokenizer_fingerprint(raw, eos, bos)
+    return _Given(vocab.to_str(), eos, bos, (file_fingerprint(raw, eos, bos),))
 
 
-def _object_fingerprint(tokenizer: Any) -> str:
-    """The compiler's fingerprint of a tokenizer built in memory (see module docstring)."""
+def _from_object(tokenizer: Any) -> _Given:
+    """A tokenizer in memory; its legacy digests: of its JSON less an empty post-processor (how older plancc
+    fingerprinted objects), and of the files it was loaded from (how older plancc preferred them)."""
     from tokenizers import Tokenizer
 
-    text = getattr(tokenizer, "backend_tokenizer", tokenizer).to_str()
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    text = backend.to_str()
+    specials = {"eos_token": getattr(tokenizer, "eos_token", None), "bos_token": getattr(tokenizer, "bos_token", None)}
+    eos, bos = tokenizer_specials(specials, lambda t: backend.token_to_id(t) is not None)
+    plain = text
     post = json.loads(text).get("post_processor") or {}
     if post.get("type") == "TemplateProcessing" and not post.get("special_tokens"):  # adds no token
         tok = Tokenizer.from_str(text)
         tok.post_processor = None
-        text = tok.to_str()
-    return tokenizer_fingerprint(text.encode(), getattr(tokenizer, "eos_token", None),
-                                 getattr(tokenizer, "bos_token", None))
+        plain = tok.to_str()
+    legacy = [file_fingerprint(plain.encode(), specials["eos_token"], specials["bos_token"])]
+    source = _source(tokenizer)
+    if source is not None:
+        legacy += _from_file(source).legacy
+    return _Given(text, eos, bos, tuple(legacy))
 
 
 def _source(tokenizer: Any) -> Path | None:
@@ -97,31 +127,49 @@ def describe(tokenizer: Any) -> str:
     return str(source.resolve()) if source is not None else f"an in-memory {type(tokenizer).__name__}"
 
 
-def fingerprint_of(tokenizer: Any) -> str | None:
-    """The compiler's fingerprint of `tokenizer` (a path, a Hugging Face or `tokenizers` tokenizer); None when it
-    has no tokenizer JSON to fingerprint (a slow tokenizer not loaded from a local directory)."""
-    source = _source(tokenizer)
-    if source is not None:
-        return _file_fingerprint(source)
+def _given(tokenizer: Any) -> _Given | None:
     if isinstance(tokenizer, str | os.PathLike):
-        raise PlanMismatchError(f"tokenizer {tokenizer}: no tokenizer.json there")
+        source = _source(tokenizer)
+        if source is None:
+            raise PlanMismatchError(f"tokenizer {tokenizer}: no tokenizer.json there")
+        return _from_file(source)
     if hasattr(getattr(tokenizer, "backend_tokenizer", tokenizer), "to_str"):
-        return _object_fingerprint(tokenizer)
+        return _from_object(tokenizer)
     return None
+
+
+def fingerprint_of(tokenizer: Any) -> str | None:
+    """The identity fingerprint of `tokenizer` (a path, a Hugging Face or `tokenizers` tokenizer), as compile records
+    it; None when it has no tokenizer JSON to fingerprint (a slow tokenizer)."""
+    given = _given(tokenizer)
+    return identity_fingerprint(given.identity) if given is not None else None
+
+
+def _difference(recorded: PlanTokenizer, given: _Given) -> str:
+    """What differs from the plan's tokenizer, when its files are still where the plan recorded them."""
+    source = _source(recorded.name) if not recorded.builtin else None
+    if source is None:
+        return ""
+    found = identity_difference(_from_file(source).identity, given.identity)
+    return f" ({found})" if found else ""
 
 
 def check_tokenizer(plan: str | Path | Plan, tokenizer: Any) -> None:
     """Refuse `tokenizer` (a path, a Hugging Face or `tokenizers` tokenizer) unless it is the one `plan` was
-    compiled with: PlanMismatchError naming both. A plan of already tokenized data records none: nothing to check."""
+    compiled with, by content: PlanMismatchError naming both and what differs. A plan of already tokenized data
+    records none: nothing to check."""
     plan = verified_plan(plan)
     recorded = plan_tokenizer(plan)
     if recorded is None:
         return
-    found = fingerprint_of(tokenizer)
-    if found == recorded.fingerprint:
-        return
-    got = (f"{describe(tokenizer)} (fingerprint {found})" if found is not None
-           else f"{describe(tokenizer)}, which has no tokenizer JSON to fingerprint")
+    given = _given(tokenizer)
+    if given is None:
+        got = f"{describe(tokenizer)}, which has no tokenizer JSON to fingerprint"
+    else:
+        found = identity_fingerprint(given.identity)
+        if recorded.fingerprint == found or recorded.fingerprint in given.legacy:
+            return
+        got = f"{describe(tokenizer)} (fingerprint {found}){_difference(recorded, given)}"
     raise PlanMismatchError(
         f"the tokenizer given is {got}, but plan {plan.path} was compiled with {recorded.name} (fingerprint "
         f"{recorded.fingerprint}): its token ids mean nothing under another tokenizer; load that one "

@@ -76,22 +76,13 @@ def _token_text(value: Any) -> str | None:
 
 
 def tokenizer_specials(config: dict[str, Any], has_token: Callable[[str], bool]) -> tuple[str | None, str | None]:
-    """(eos, bos) of a tokenizer directory: its tokenizer_config.json's, the eos else the first of `EOS_GUESSES`
-    in the vocabulary. Compile appends that eos, and the runtime fingerprints a trainer's tokenizer alike."""
+    """(eos, bos) of a tokenizer directory: its tokenizer_config.json's (or a tokenizer object's attributes), the eos
+    else the first of `EOS_GUESSES` in the vocabulary. Compile appends that eos, and the runtime identifies a
+    trainer's tokenizer alike (`plancc.store.tokenizer_identity`)."""
     eos = _token_text(config.get("eos_token"))
     if eos is None:
         eos = next((t for t in EOS_GUESSES if has_token(t)), None)
     return eos, _token_text(config.get("bos_token"))
-
-
-def tokenizer_fingerprint(tokenizer_json: bytes, eos: str | None, bos: str | None) -> str:
-    """Digest of what changes token ids: the tokenizer JSON and the eos/bos tokens. Compile records it in the plan;
-    the runtime compares the tokenizer a trainer is given with it."""
-    h = hashlib.blake2b(digest_size=16)
-    for part in (tokenizer_json, (eos or "").encode(), (bos or "").encode()):
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.hexdigest()
 
 
 def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
@@ -139,6 +130,5 @@ __all__ = [
     "metrics_checksum",
     "plan_fingerprint",
     "token_hashes",
-    "tokenizer_fingerprint",
     "tokenizer_specials",
 ]

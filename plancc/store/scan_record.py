@@ -27,7 +27,7 @@ from plancc.store.atomic import read_regular
 from plancc.store.parquet import write_json
 from plancc.store.schemas import SCAN_MANIFEST_FILE
 
-COUNTS = ("truncated", "dropped_long", "dropped_all_masked", "end_only")  # entries {count, first_rows}
+COUNTS = ("truncated", "dropped_long", "dropped_all_masked", "end_only", "blank_turns")  # {count, first_rows}
 TOTALS = ("rows_read", "retained", "dropped_samples", "truncated_samples")
 _DEFAULTS = ScanOptions()
 
@@ -214,6 +214,7 @@ class ScanRecord:
     source: str | None = None
     source_kind: str | None = None
     source_paths: tuple[str, ...] = ()
+    source_files: tuple[tuple[str, int], ...] = ()  # each source file's name (beside the others) and rows, in row order
     source_fingerprint: str | None = None
     tokenizer: str | None = None  # where the tokenizer was found (or the built-in's name)
     tokenizer_fingerprint: str | None = None
@@ -234,6 +235,7 @@ class ScanRecord:
     dropped_long: Counted = Counted(0, ())
     dropped_all_masked: Counted = Counted(0, ())
     end_only: Counted = Counted(0, ())
+    blank_turns: Counted = Counted(0, ())  # rows with a turn to train whose text renders to nothing
     fingerprints: tuple[tuple[str, str], ...] = ()  # dataset, metadata
     part: PartRange | None = None  # a partial scan's rows
     seconds: float = 0.0
@@ -316,6 +318,8 @@ def _json_value(value: Any, name: str) -> Any:
     """One entry as JSON values."""
     if name in ("text_format", "fingerprints"):
         return dict(value)
+    if name == "source_files":
+        return [list(f) for f in value]
     if name == "part":
         return {"lo": value.lo, "hi": value.hi, "rows": value.rows}
     if name == "merged_from":
@@ -342,6 +346,13 @@ def _template(where: str, key: str, v: Any) -> Template | None:
         raise _bad(where, key, "an object {name, fingerprint, ...} or null", v)
     return Template(_text(where, key, v["name"], False), _text(where, key, v["fingerprint"], False),
                     _text(where, key, v.get("origin")), "generation" in v)
+
+
+def _files(where: str, key: str, v: Any) -> tuple[tuple[str, int], ...]:
+    items = _of(where, key, v, (list,), "a list of [name, rows] pairs")
+    if not all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and type(p[1]) is int for p in items):
+        raise _bad(where, key, "a list of [name, rows] pairs", v)
+    return tuple((name, rows) for name, rows in items)
 
 
 def _str_map(where: str, key: str, v: Any) -> tuple[tuple[str, str], ...]:
@@ -371,7 +382,7 @@ def _number(where: str, key: str, v: Any) -> float:
 _READ: dict[str, Any] = {
     **dict.fromkeys(("source_kind", "source_fingerprint", "tokenizer", "tokenizer_fingerprint", "eos_token", "key",
                      "format", "source"), _text),
-    "source_paths": _texts, "warnings": _texts,
+    "source_paths": _texts, "warnings": _texts, "source_files": _files,
     "chat_template": _template, "text_format": _str_map, "fingerprints": _str_map,
     "options": lambda where, key, v: RecordedOptions.from_json(v, where),
     "max_dropped": _number, "seconds": _number,

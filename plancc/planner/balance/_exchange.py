@@ -29,7 +29,11 @@ candidate checks, in parallel over windows.
 
 The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the
 scalars that bound a trade and a window) and `Tables` (one window's subset tables, built and refilled in
-`_subset_tables`).
+`_subset_tables`). numba reference-counts an array each time a variable takes it, and an `inline="always"` helper's
+parameters are such variables: inlining one that takes `State` or `Tables` costs two atomic operations per array
+of them (25 arrays) on every call, which made the trades a third slower. So only scalar helpers are inlined; the
+search indexes the structures in place, and what takes them whole (`rebuild`, `_apply_trade`) runs only where a
+table is stale or a trade is made.
 
 Modes (`cost_mode`): PACKED (rows of items, capacity per row, microbatch cost = rows x padded longest row),
 FLATTENED (one row, exact item counts, cost = tokens), PADDED (one group of items per microbatch, exact counts,
@@ -45,10 +49,8 @@ import numpy as np
 
 from plancc.core.jit import numba
 from plancc.planner.balance._subset_tables import (
-    LOCAL,
-    fill_subsets,
     popcount,
-    radix_order,
+    rebuild,
     refill,
     window_tables,
 )
@@ -138,9 +140,11 @@ def _secondary(items, slot, mask, item_len, length, square):
     if not square:
         return length
     out = 0
-    for x in range(LOCAL):
+    x = 0
+    while mask >> x:  # up to the highest item of the subset
         if (mask >> x) & 1:
             out += item_len[items[slot, x]] * item_len[items[slot, x]]
+        x += 1
     return out
 
 
@@ -162,31 +166,12 @@ def _max_len_after(items, slot, n_items, item_len, out_mask, slot_in, in_mask):
         if (out_mask >> x) & 1:
             continue
         longest = max(longest, item_len[items[slot, x]])
-    for x in range(LOCAL):
+    x = 0
+    while in_mask >> x:  # up to the highest item taken
         if (in_mask >> x) & 1:
             longest = max(longest, item_len[items[slot_in, x]])
+        x += 1
     return longest
-
-
-@numba.njit(cache=True, inline="always")
-def _fresh_slot(row, state, rules, tables):
-    """The slot of kernel `row`, its subset table rebuilt first if its row traded since (`Tables.valid`).
-
-    Args:
-        row: int — a kernel row of the window.
-        state, rules, tables: `State`, `Rules`, the window's `Tables` (the slot's table written if stale).
-    """
-    slot = tables.slot_of[row]
-    if not tables.valid[slot]:
-        count = fill_subsets(tables.items[slot], tables.n_items[slot], state.item_len, state.item_val, rules.max_sub,
-                         rules.cost_mode != PACKED, tables.sub_len[slot], tables.sub_val[slot], tables.sub_mask[slot])
-        by_len = tables.by_len[slot]
-        radix_order(tables.sub_len[slot], count, by_len, tables.sort_scratch)
-        for i in range(count):
-            tables.sorted_len[slot, i] = tables.sub_len[slot, by_len[i]]
-        tables.n_subsets[slot] = count
-        tables.valid[slot] = True
-    return slot
 
 
 @numba.njit(cache=True)
@@ -263,7 +248,7 @@ def _trade_pairs(pairs, state, rules, tables):
     leaving a gap within `tol` is good enough. For each subset of an A row, by length, B's subsets that keep both
     rows within their capacity form a window of lengths that only moves up: a merge join of the two length-sorted
     tables, `scan_limit` candidates each. The pairs' searches are written out in one call: a call per pair (even
-    inlined) passes and reference-counts every array of `state` and `tables`, which measured slower.
+    inlined) reference-counts every array of `state` and `tables` (module docstring).
 
     Args:
         pairs: int64 (pairs, 2) — (mb_a, mb_b) per pair.
@@ -282,7 +267,11 @@ def _trade_pairs(pairs, state, rules, tables):
         simple_cost = rules.cost_mode == PACKED and rules.pad_multiple == 1 and rows_a == 1 and rows_b == 1
         for row_pair in range(rows_a * rows_b):  # a row each, unpadded (simple_cost): capacity bounds the cost
             row_a, row_b = bounds[mb_a] + row_pair // rows_b, bounds[mb_b] + row_pair % rows_b
-            slot_a, slot_b = _fresh_slot(row_a, state, rules, tables), _fresh_slot(row_b, state, rules, tables)
+            slot_a, slot_b = tables.slot_of[row_a], tables.slot_of[row_b]
+            if not tables.valid[slot_a]:  # (a call, not inlined: see the module docstring)
+                rebuild(slot_a, tables, state.item_len, state.item_val, rules.max_sub, exact)
+            if not tables.valid[slot_b]:
+                rebuild(slot_b, tables, state.item_len, state.item_val, rules.max_sub, exact)
             n_sub_a, n_sub_b = tables.n_subsets[slot_a], tables.n_subsets[slot_b]
             if n_sub_a == 0 or n_sub_b == 0:
                 continue
@@ -291,24 +280,21 @@ def _trade_pairs(pairs, state, rules, tables):
                                                         state.item_len, state.row_tok, bounds, rules)
             start = 0
             for i in range(n_sub_a):
-                sub_a = tables.by_len[slot_a, i]
-                len_a, mask_a = tables.sub_len[slot_a, sub_a], tables.sub_mask[slot_a, sub_a]
+                len_a, val_a, mask_a = tables.sub_len[slot_a, i], tables.sub_val[slot_a, i], tables.sub_mask[slot_a, i]
                 size_a = popcount(mask_a)
                 # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a, row_b at tok_b + len_a - len_b
                 low, high = len_a - free_b, len_a + free_a
-                while start < n_sub_b and tables.sorted_len[slot_b, start] < low:
+                while start < n_sub_b and tables.sub_len[slot_b, start] < low:
                     start += 1
                 for j in range(start, min(start + rules.scan_limit, n_sub_b)):
-                    if tables.sorted_len[slot_b, j] > high:
+                    len_b = tables.sub_len[slot_b, j]
+                    if len_b > high:
                         break
-                    sub_b = tables.by_len[slot_b, j]
-                    mask_b = tables.sub_mask[slot_b, sub_b]
-                    if (size_a == 0 and mask_b == 0) or (exact and popcount(mask_b) != size_a):
-                        continue
-                    len_b = tables.sub_len[slot_b, sub_b]
-                    val_a, val_b = tables.sub_val[slot_a, sub_a], tables.sub_val[slot_b, sub_b]
+                    val_b, mask_b = tables.sub_val[slot_b, j], tables.sub_mask[slot_b, j]
                     gap = gap0 - 2 * (val_a - val_b)  # val_a - val_b labels move from A to B
-                    if abs(gap) >= abs(gap0):
+                    # one test, no branch per condition (`|`): most candidates fail it, in no predictable pattern
+                    if ((abs(gap) >= abs(gap0)) | ((size_a == 0) & (mask_b == 0))
+                            | (exact & (popcount(mask_b) != size_a))):
                         continue
                     tgap, sec_a, sec_b = 0, len_a, len_b
                     if rules.cost_mode == FLATTENED or rules.tok_weight > 0.0:  # the secondary gap may not widen
@@ -337,7 +323,7 @@ def _trade_pairs(pairs, state, rules, tables):
     return made
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True)
 def _apply_trade(mb_a, mb_b, trade, state, tables):
     """Make `trade`: row_a gives its `mask_a` items (len_a tokens, val_a labels, sec_a secondary) to row_b for row_b's
     `mask_b` items. Changes the items' rows, both slots' item lists (marked for rebuilding) and the row and
@@ -354,8 +340,10 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
     slot_b = tables.slot_of[row_b]
     n_a = tables.n_items[slot_a]
     n_b = tables.n_items[slot_b]
-    tables.keep_a[:n_a] = tables.items[slot_a, :n_a]
-    tables.keep_b[:n_b] = tables.items[slot_b, :n_b]
+    for x in range(n_a):  # (loops, not slice copies: see `_subset_tables.radix_order`)
+        tables.keep_a[x] = tables.items[slot_a, x]
+    for x in range(n_b):
+        tables.keep_b[x] = tables.items[slot_b, x]
     for x in range(n_a):
         if (mask_a >> x) & 1:
             state.row_of[tables.keep_a[x]] = row_b

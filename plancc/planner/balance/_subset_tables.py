@@ -3,7 +3,10 @@
 
 A row's table is built lazily and rebuilt only after the row trades (`Tables.valid`); only its first LOCAL unpinned
 samples take part (a bit each in a mask), and only the first SUB_CAP subsets are kept: singles, then pairs, then
-triples (a longer table finds barely better trades for much more time).
+triples (a longer table finds barely better trades for much more time). A table is stored in length order, each
+column (tokens, labels, mask) contiguous: the merge join reads candidates one after another, and most of them (99%
+in fixed-count layouts) fail its first test, so a candidate's test must cost a few contiguous loads, not a lookup
+through an index.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 from plancc.core.jit import numba
 
 SUB_CAP = 128  # subsets enumerated per row (singles, then pairs, then triples)
+SHORT = 32  # tables of at most this many subsets are sorted by insertion (no digit counts to clear and sum)
 LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
 
 
@@ -27,11 +31,13 @@ class Tables(NamedTuple):
     n_items: np.ndarray  # (slots,) items of the slot (at most LOCAL, unpinned)
     items: np.ndarray  # (slots, LOCAL) the slot's items
     n_subsets: np.ndarray  # (slots,) subsets of the slot
-    sub_len: np.ndarray  # (slots, SUB_CAP) each subset's tokens
-    sub_val: np.ndarray  # (slots, SUB_CAP) each subset's labels
-    sub_mask: np.ndarray  # (slots, SUB_CAP) each subset's items, a bit per position in `items`
-    by_len: np.ndarray  # (slots, SUB_CAP) subsets by length
-    sorted_len: np.ndarray  # (slots, SUB_CAP) their lengths in that order
+    sub_len: np.ndarray  # (slots, SUB_CAP) each subset's tokens, the slot's subsets by length (ties: as enumerated)
+    sub_val: np.ndarray  # (slots, SUB_CAP) each subset's labels, same order
+    sub_mask: np.ndarray  # (slots, SUB_CAP) each subset's items, a bit per position in `items`, same order
+    new_len: np.ndarray  # (SUB_CAP,) scratch: a slot's subsets as enumerated, before sorting (tokens,
+    new_val: np.ndarray  # (SUB_CAP,) labels,
+    new_mask: np.ndarray  # (SUB_CAP,) masks)
+    by_len: np.ndarray  # (SUB_CAP,) scratch: their order by length
     sort_scratch: np.ndarray  # (SUB_CAP,) scratch for sorting
     keep_a: np.ndarray  # (LOCAL,) scratch for a trade's item lists
     keep_b: np.ndarray  # (LOCAL,)
@@ -105,7 +111,9 @@ def popcount(mask):
 def radix_order(keys, count, order, scratch):
     """Stable ascending order of the non-negative `keys[:count]` into `order[:count]`: LSD radix sort, 8 bits a pass.
 
-    A subset table is re-sorted after every trade of its row; there this beats argsort, which allocates.
+    A subset table is re-sorted after every trade of its row; there this beats argsort, which allocates. A short
+    table (a fixed-count microbatch of four samples has ten subsets) is sorted by insertion instead: the same
+    stable order without clearing and summing 257 digit counts a pass.
 
     Args:
         keys: int64 (>= count,) — the keys.
@@ -113,6 +121,9 @@ def radix_order(keys, count, order, scratch):
         order: int64 (>= count,) — written: positions of `keys` in ascending order, ties in position order.
         scratch: int64 (>= count,) — scratch.
     """
+    if count <= SHORT:
+        _insertion_order(keys, count, order)
+        return
     top = 0
     for i in range(count):
         order[i] = i
@@ -135,7 +146,20 @@ def radix_order(keys, count, order, scratch):
         flipped = not flipped
         shift += 8
     if flipped:
-        order[:count] = scratch[:count]
+        for i in range(count):  # a loop, not a slice copy: numba compiles a slice's shape check to a formatted error
+            order[i] = scratch[i]
+
+
+@numba.njit(cache=True)
+def _insertion_order(keys, count, order):
+    """`radix_order` of a short table (args as `radix_order`): stable insertion sort of positions by key."""
+    for i in range(count):
+        key = keys[i]
+        j = i - 1
+        while j >= 0 and keys[order[j]] > key:
+            order[j + 1] = order[j]
+            j -= 1
+        order[j + 1] = i
 
 
 @numba.njit(cache=True)
@@ -163,6 +187,27 @@ def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
 
 
 @numba.njit(cache=True)
+def rebuild(slot, tables, item_len, item_val, max_sub, exact):
+    """Rebuild the table of `slot` (stale since its row traded: `Tables.valid`): enumerate, sort, store by length.
+
+    Args:
+        slot: int — a slot of the window.
+        tables: `Tables` (the slot's table written).
+        item_len, item_val, max_sub, exact: as `fill_subsets`.
+    """
+    count = fill_subsets(tables.items[slot], tables.n_items[slot], item_len, item_val, max_sub, exact,
+                         tables.new_len, tables.new_val, tables.new_mask)
+    radix_order(tables.new_len, count, tables.by_len, tables.sort_scratch)
+    for i in range(count):
+        k = tables.by_len[i]
+        tables.sub_len[slot, i] = tables.new_len[k]
+        tables.sub_val[slot, i] = tables.new_val[k]
+        tables.sub_mask[slot, i] = tables.new_mask[k]
+    tables.n_subsets[slot] = count
+    tables.valid[slot] = True
+
+
+@numba.njit(cache=True)
 def window_tables(window_mbs, state, slot_of):
     """Subset tables for the kernel rows of the window's microbatches: item lists filled, every table stale.
 
@@ -177,9 +222,9 @@ def window_tables(window_mbs, state, slot_of):
     tables = Tables(slot_of, np.zeros(n_slots, dtype=np.bool_), np.zeros(n_slots, dtype=np.int64),
                     np.empty((n_slots, LOCAL), np.int64), np.zeros(n_slots, dtype=np.int64),
                     np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
-                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
-                    np.empty((n_slots, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(LOCAL, np.int64),
-                    np.empty(LOCAL, np.int64))
+                    np.empty((n_slots, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64),
+                    np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64),
+                    np.empty(LOCAL, np.int64), np.empty(LOCAL, np.int64))
     slot = 0
     for mb in window_mbs:
         for row in range(state.batch_bounds[mb], state.batch_bounds[mb + 1]):

@@ -19,6 +19,7 @@ from plancc.config.settings import PlanSettings
 from plancc.core.jit import numba
 from plancc.core.plan_arrays import Batches, SampleArrays, batch_targets, permute_batches
 from plancc.planner.balance import _common as common
+from plancc.planner.balance._subset_tables import radix_order
 
 BLOCK_UPDATES = 16
 MAX_TRADES = 256  # per block
@@ -37,7 +38,8 @@ def _assign_block(values, n_updates, per_update):
     Returns: int64 (n_updates * per_update,) — positions into `values`, update by update.
     """
     n = values.shape[0]
-    order = np.argsort(-values, kind="mergesort")
+    order, scratch = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    radix_order(values.max() - values, n, order, scratch)  # largest first, ties in position order
     total = np.zeros(n_updates, dtype=np.int64)
     filled = np.zeros(n_updates, dtype=np.int64)
     update_of = np.empty(n, dtype=np.int64)
@@ -51,8 +53,12 @@ def _assign_block(values, n_updates, per_update):
         total[best] += values[mb]
         filled[best] += 1
     for _ in range(MAX_TRADES):
-        heavy = np.argmax(total)
-        light = np.argmin(total)
+        heavy, light = 0, 0  # the first heaviest and the first lightest update
+        for update in range(n_updates):
+            if total[update] > total[heavy]:
+                heavy = update
+            if total[update] < total[light]:
+                light = update
         gap = total[heavy] - total[light]
         if gap <= 0:
             break
@@ -74,7 +80,8 @@ def _assign_block(values, n_updates, per_update):
         update_of[best_to] = heavy
         total[heavy] -= moved
         total[light] += moved
-    return np.argsort(update_of, kind="mergesort")
+    radix_order(update_of, n, order, scratch)  # update by update, each in position order
+    return order
 
 
 def order_for_accumulation(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> Batches:
@@ -103,7 +110,8 @@ def update_order(labels: np.ndarray, per_update: int) -> np.ndarray | None:
             bounds, members = common.contiguous_windows(n_upd, BLOCK_UPDATES)
         else:  # then groups of updates spanning the whole range of totals, so every group's mean is the global one
             bounds, members = common.stratified_windows(totals, BLOCK_UPDATES)
-        changed |= _reorder_groups(labels, slots, bounds, members, per_update)
+        group = np.repeat(np.arange(bounds.shape[0] - 1), np.diff(bounds))
+        changed |= _reorder_groups(labels, slots, bounds, members[np.lexsort((members, group))], per_update)
     return slots.reshape(-1) if changed else None
 
 
@@ -116,18 +124,19 @@ def _reorder_groups(labels, slots, bounds, members, per_update):
     Args:
         labels: int64 (microbatches,) — label count of each microbatch.
         slots: int64 (updates, per_update) — the microbatch in each slot of each update, changed in place.
-        bounds, members: int64 — CSR of the groups (bounds per group over `members`, update indices).
+        bounds, members: int64 — CSR of the groups (bounds per group over `members`, update indices ascending).
         per_update: int — microbatches an update.
     """
     changed = False
     for group in range(bounds.shape[0] - 1):
-        updates = np.sort(members[bounds[group]:bounds[group + 1]])
+        updates = members[bounds[group]:bounds[group + 1]]
         k = updates.shape[0]
         if k < 2:
             continue
-        held = np.empty(k * per_update, dtype=np.int64)
+        held = np.empty(k * per_update, dtype=np.int64)  # (loops, not slice copies: see `radix_order`)
         for i in range(k):
-            held[i * per_update:(i + 1) * per_update] = slots[updates[i]]
+            for j in range(per_update):
+                held[i * per_update + j] = slots[updates[i], j]
         values = labels[held]
         new = _assign_block(values, k, per_update)
         before = 0
@@ -142,6 +151,7 @@ def _reorder_groups(labels, slots, bounds, members, per_update):
             after += total_after * total_after
         if after < before:
             for i in range(k):
-                slots[updates[i]] = held[new[i * per_update:(i + 1) * per_update]]
+                for j in range(per_update):
+                    slots[updates[i], j] = held[new[i * per_update + j]]
             changed = True
     return changed

@@ -65,10 +65,27 @@ def detect(src: Source) -> RowFormat:
     )
 
 
+def refuse_preference(src: Source) -> None:
+    """Preference pairs (chosen/rejected) and unpaired feedback (prompt, completion and a label) are never compiled
+    as SFT: trained as SFT, a rejected or undesirable completion would be taught as a target."""
+    cols = set(src.column_names)
+    where = src.paths[0] if src.paths else "source"
+    if {"chosen", "rejected"} <= cols:
+        raise InputError(f"{where}: columns chosen and rejected are preference pairs (DPO, ORPO, ...), not SFT data: "
+                         "plancc does not plan them yet; to train on the chosen answers as SFT, keep only them "
+                         "(e.g. prompt+chosen as prompt+completion)")
+    if {"completion", "label"} <= cols:
+        raise InputError(f"{where}: a label column beside prompt and completion is unpaired feedback (KTO), not SFT "
+                         "data: plancc does not plan it yet; to train on the completions as SFT, drop the label column "
+                         "(and the rows it marks undesirable)")
+
+
 def choose(probe: Source, options: ScanOptions) -> RowFormat:
     """The scan's format, from its first rows `probe` (columns mapped): `--format`, or the one their columns
     imply; checked now that it reads them (a missing or mistyped column is named before any work) and that no
     text-shaping setting is for another format (it would do nothing)."""
+    if options.format != "tokenized":
+        refuse_preference(probe)
     fmt = detect(probe) if options.format == "auto" else get(options.format)
     fmt.canonical(probe, options)
     for name in options.shaping():

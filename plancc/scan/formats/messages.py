@@ -106,19 +106,31 @@ def _chosen(turns: list[Turn], options: ScanOptions) -> list[Turn]:
     return trained[-1:] if options.train_on == "last_turn" else trained
 
 
+def _renders_nothing(renderer: Renderer, messages: list[dict[str, str]], text: str, turn: Turn) -> bool:
+    """Whether `turn`'s text renders to nothing (no content, or whitespace a template trims): Axolotl finds no span
+    for such a turn and trains neither it nor its end of turn; so does plancc (counted: `blank_turns`)."""
+    m = messages[turn.index]
+    if m["content"].strip() or m.get("tool_calls"):  # a tool call is text to train, content or not
+        return False
+    return not m["content"] or renderer.render(
+        [*messages[:turn.index], {**m, "content": ""}, *messages[turn.index + 1:]]) == text
+
+
 def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
-                ) -> tuple[str, list[tuple[int, int]], bool]:
-    """Rendered text, the character spans trained (tokens starting inside one are supervised) and whether the
-    trained turns' content is empty (only end-of-turn markup is trained)."""
+                ) -> tuple[str, list[tuple[int, int]], bool, bool]:
+    """Rendered text, the character spans trained (tokens starting inside one are supervised), whether the
+    trained turns' content is empty (only end-of-turn markup is trained) and whether a turn to train was left out
+    because its text renders to nothing (`_renders_nothing`)."""
     eos, roles_to_train = options.train_on_eos, options.roles_to_train
     roles = {m["role"] for m in messages} if eos == "all" else set(roles_to_train)
     text, turns = renderer.turns(messages, roles, split=eos != "turn" or roles_to_train != ("assistant",))
-    trained = _chosen(turns, options)
+    chosen = _chosen(turns, options)
+    trained = [t for t in chosen if not _renders_nothing(renderer, messages, text, t)]
     spans = [(t.start, t.content_end) for t in trained]
     ends = {"turn": trained, "last": trained[-1:], "all": turns, "none": []}[eos]
     spans += [(t.content_end, t.end) for t in ends]
     empty = all(not messages[t.index]["content"].strip() for t in trained)
-    return text, spans, empty
+    return text, spans, empty, len(trained) < len(chosen)
 
 
 def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
@@ -129,7 +141,7 @@ def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], options: S
     replies = [m for m in messages if m["role"] == "assistant" and m.get("training") is not False]
     if options.train_on == "last_turn":
         spans, replies = spans[-1:], replies[-1:]
-    return text, spans, all(not m["content"].strip() for m in replies)
+    return text, spans, all(not m["content"].strip() for m in replies), False
 
 
 def _mask(ids: np.ndarray, offsets: np.ndarray, encodings, spans: list, overlap: bool) -> np.ndarray:
@@ -185,24 +197,25 @@ class Messages(RowFormat):
         options = how.options
         renderer = Renderer(how.template, how.tok.bos_token, how.tok.eos_token, options.template_date)
         locate = _tagged_spans if renderer.tagged else _turn_spans
-        texts, spans, empty = [], [], []
+        texts, spans, empty, blank = [], [], [], []
         for i, conv in enumerate(table.column("messages").to_pylist()):
             try:
                 messages = normalize(conv)
             except TemplateProblem as exc:
                 raise RowError(row0 + i, f"column 'messages', {exc}") from None
             try:
-                text, sp, blank = locate(renderer, messages, options)
+                text, sp, ends_only, skipped = locate(renderer, messages, options)
             except TemplateProblem as exc:
                 raise RowError(row0 + i, str(exc)) from None
             texts.append(text)
             spans.append(sp)
-            empty.append(blank)
+            empty.append(ends_only)
+            blank.append(skipped)
         texts = heads(how.tok, texts, False, how.keep)  # spans past a cut select no token
         encodings = how.tok.tokenizer.encode_batch(texts, add_special_tokens=False)
         ids, offsets = flat(encodings)
         labels = _mask(ids, offsets, encodings, spans, renderer.tagged)
-        return Encoded(ids, labels, offsets, np.array(empty, dtype=bool))
+        return Encoded(ids, labels, offsets, np.array(empty, dtype=bool), {"blank": np.array(blank, dtype=bool)})
 
     def trained(self, options: ScanOptions, *, generation: bool = False) -> str:
         """The template's `{% generation %}` blocks, or `roles_to_train` and `train_on_eos`; and `train_on`."""

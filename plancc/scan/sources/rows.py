@@ -18,6 +18,7 @@ it without parsing them.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,13 @@ class Manifest:
     def rows(self) -> int:
         """Rows in all files."""
         return sum(n for _, n in self.files)
+
+    def named_files(self) -> tuple[tuple[str, int], ...]:
+        """(name, rows) of each file, named relative to the folder the files share (a lone file by its base name):
+        where a sample's row is, without this machine's paths (`ScanRecord.source_files`)."""
+        paths = [os.path.abspath(p) for p, _ in self.files]
+        top = os.path.commonpath([os.path.dirname(p) for p in paths])
+        return tuple((os.path.relpath(p, top), n) for p, (_, n) in zip(paths, self.files, strict=True))
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest as JSON-able data."""

@@ -92,6 +92,7 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     counts["dropped_all_masked"] = _first_rows(masked)
     end_only = enc.end_only_rows() & ~masked & ~(over & (options.long == "drop"))
     counts["end_only"] = _first_rows(end_only)
+    counts["blank_turns"] = _first_rows(enc.attributes.get("blank", np.zeros(len(lengths), bool)))
     keep = ~masked & ~(over & (options.long == "drop")) & ~(end_only & options.drop_eos_only)
     counts["retained"] = int(keep.sum())
     counts["dropped_samples"] = len(lengths) - counts["retained"]
@@ -147,6 +148,17 @@ def _end_only_warning(report: ScanRecord) -> list[str]:
             f"(rows {rows}{', ...' if ends > 5 else ''}); drop them with drop_eos_only = true"]
 
 
+def _blank_warning(report: ScanRecord) -> list[str]:
+    """The line for conversations with a turn to train whose text renders to nothing (left untrained)."""
+    blank = report.blank_turns
+    if not blank.count:
+        return []
+    rows = ", ".join(map(str, blank.first_rows[:5]))
+    return [f"{blank.count} conversations have a turn to train with no text (empty, or whitespace the template "
+            f"trims): that turn and its end of turn are not trained, as Axolotl does (rows {rows}"
+            f"{', ...' if blank.count > 5 else ''})"]
+
+
 def drop_warning(report: ScanRecord) -> str | None:
     """One line saying how many samples the scan dropped or truncated, why, and how many train on an end of turn
     alone; None when none of these happened."""
@@ -154,7 +166,7 @@ def drop_warning(report: ScanRecord) -> str | None:
     truncated = report.truncated_samples
     parts = ([f"dropped {text}"] if dropped else []) + (
         [f"truncated {truncated} samples to --sequence-len {report.sequence_len}"]
-        if truncated else []) + _end_only_warning(report)
+        if truncated else []) + _end_only_warning(report) + _blank_warning(report)
     return "; ".join(parts) or None
 
 

@@ -3,9 +3,10 @@ chat template its directory ships, without transformers and without running any 
 
 The built-in tokenizer (`--tokenizer builtin`, chosen on purpose, never by default) is a real
 `tokenizers.Tokenizer`: a byte-level BPE with no merges (one token per UTF-8 byte, ids 0-255) plus ChatML-style
-special tokens, so that plancc works with nothing downloaded. It ships no chat template. The fingerprint covers what
-changes token ids: the tokenizer JSON and the eos/bos tokens; the chat template is fingerprinted on its own
-(`plancc.scan.sources.templates`).
+special tokens, so that plancc works with nothing downloaded. It ships no chat template. The fingerprint is the
+tokenizer's identity by content (`plancc.store.tokenizer_identity`: vocabulary, merges, added tokens, normalizer,
+pre- and post-processor, eos/bos), so a `save_pretrained` copy is the same tokenizer; the chat template is
+fingerprinted on its own (`plancc.scan.sources.templates`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import orjson
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from plancc.errors import InputError
-from plancc.store.fingerprint import tokenizer_fingerprint, tokenizer_specials
+from plancc.store.fingerprint import tokenizer_specials
+from plancc.store.tokenizer_identity import file_fingerprint, identity_fingerprint, tokenizer_identity
 
 BUILTIN = "builtin"  # the --tokenizer value that selects the built-in byte-level tokenizer
 BUILTIN_NAME = "plancc-byte-level"
@@ -39,8 +41,13 @@ class Tok:
     eos_id: int | None
     bos_token: str | None
     vocab_size: int
-    fingerprint: str
+    fingerprint: str  # identity by content (`plancc.store.tokenizer_identity`)
+    file_fingerprint: str  # what plans recorded before content identity: the file's bytes and eos/bos
     byte_ids: bool = False  # built-in: the ids of a text without special-token markup are its UTF-8 bytes
+
+    def made(self, fingerprint: str | None) -> bool:
+        """Whether a scan or plan that records `fingerprint` was made with this tokenizer (either digest)."""
+        return fingerprint in (self.fingerprint, self.file_fingerprint)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -135,9 +142,10 @@ def _load_tokenizer(spec: str, absolute: str) -> Tok:
     its snapshot's)."""
     if spec == BUILTIN:
         tok = _builtin()
+        text = tok.to_str()
         return Tok(tok, BUILTIN_NAME, None, None, "<|eos|>", tok.token_to_id("<|eos|>"), "<|bos|>",
-                   tok.get_vocab_size(with_added_tokens=True),
-                   tokenizer_fingerprint(tok.to_str().encode(), "<|eos|>", "<|bos|>"), byte_ids=True)
+                   tok.get_vocab_size(with_added_tokens=True), _content(text, "<|eos|>", "<|bos|>"),
+                   file_fingerprint(text.encode(), "<|eos|>", "<|bos|>"), byte_ids=True)
     path = Path(absolute)
     directory = path if path.is_dir() else path.parent
     json_path = path / "tokenizer.json" if path.is_dir() else path
@@ -164,4 +172,10 @@ def _load_tokenizer(spec: str, absolute: str) -> Tok:
     eos, bos = tokenizer_specials(config, lambda t: tok.token_to_id(t) is not None)
     eos_id = tok.token_to_id(eos) if eos is not None else None
     return Tok(tok, str(path.resolve()), template, template_source, eos, eos_id, bos,
-               tok.get_vocab_size(with_added_tokens=True), tokenizer_fingerprint(raw, eos, bos))
+               tok.get_vocab_size(with_added_tokens=True), _content(tok.to_str(), eos, bos),
+               file_fingerprint(raw, eos, bos))
+
+
+def _content(tokenizer_json: str, eos: str | None, bos: str | None) -> str:
+    """The identity fingerprint of a loaded tokenizer's JSON (as `tokenizers` writes it: defaults spelled out)."""
+    return identity_fingerprint(tokenizer_identity(tokenizer_json, eos, bos))
