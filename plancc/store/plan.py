@@ -18,7 +18,6 @@ other is `plan.files` (`plancc.store.plan_store.PlanFiles`), the reader `validat
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,17 +104,24 @@ class Plan:
 
     One type for every reader, so that settings, fingerprints and epochs are read in one place and mean one thing:
     the API returns it, inspect/diff/validate/show read through it, and the runtime trains on it. Opening is cheap
-    (the plan file's footer) and holds every file open, so a plan recompiled into the same directory
-    (`--overwrite`) while a run trains changes nothing for it; a read that finds a file changed since compile
-    raises `PlanMismatchError` with the first problem (`validate` lists them all instead).
+    (the plan file's footer, the token store's header and maps) and holds the directory and every file open, so a
+    plan recompiled into the same directory (`--overwrite`) while a run trains changes nothing for it (the old
+    directory stays, hidden, while it is held: `plancc.store.atomic`); a read that finds a file changed since
+    compile raises `PlanMismatchError` with the first problem (`validate` lists them all instead). `dir_fd`: the
+    plan directory already open (what a spawned DataLoader worker gets from its parent).
     """
 
-    def __init__(self, path: str | Path):
-        self.files = PlanFiles(path)
+    def __init__(self, path: str | Path, *, dir_fd: int | None = None):
+        self.files = PlanFiles(path, dir_fd=dir_fd)
         self.path: Path = self.files.path
         self.manifest: Manifest = self.files.manifest
-        self._tokens: token_store.MappedTokens | None = None  # the plan's own token store, once opened
+        self._tokens: token_store.MappedTokens | None = None  # the plan's own token store
         self._tokens_problem: str | None = None  # why it could not be held (raised when it is asked for)
+        if self.manifest.binds_tokens or self.files.data_problems():
+            try:  # mapped now, from the directory just opened: a recompile or a move later changes nothing
+                self._tokens = self.files.open_tokens()
+            except (PlanIntegrityError, token_store.FileTypeError) as exc:
+                self._tokens_problem = str(exc)
         self._verified_all = False
         self._body_verified: bool | None = None  # whether the plan file's body digest vouched for every row
         self._epoch: tuple[int, pa.Table] | None = None  # the last epoch read and verified
@@ -236,15 +242,9 @@ class Plan:
         return out
 
     def tokens(self) -> token_store.MappedTokens | None:
-        """The plan's own token store (`tokens/`), opened once through the directory opened with the plan and
+        """The plan's own token store (`tokens/`), opened with the plan through the directory opened with it and
         checked against the digest the plan binds; None for a plan that ships none (compiled from a bare samples
-        table). Refused (`PlanMismatchError`) when it is gone or is not the store the plan was compiled with."""
-        if self._tokens is None and self._tokens_problem is None and (
-                self.manifest.binds_tokens or self.files.data_problems()):
-            try:
-                self._tokens = self.files.open_tokens()
-            except (PlanIntegrityError, token_store.FileTypeError) as exc:
-                self._tokens_problem = str(exc)
+        table). Refused (`PlanMismatchError`) when it was gone or was not the store the plan was compiled with."""
         if self._tokens_problem is not None:
             raise PlanMismatchError(f"{self._tokens_problem}; recompile the plan")
         return self._tokens
@@ -258,9 +258,9 @@ class Plan:
         plan file's body digest vouches for every row without decoding them (`plancc.store.plan_body`: one hash
         pass over the file, each epoch's row count from its epoch column), and a rank then decodes only its own
         rows (`epoch`). A plan written before the digest existed has each epoch's rows decoded and checked against
-        the layout and the epoch's plan fingerprint instead. The token store is opened (and held) here too; one
-        that is gone or not the plan's is refused when it is asked for (`tokens()`): a caller may pass its data
-        elsewhere.
+        the layout and the epoch's plan fingerprint instead. (The token store was opened with the plan; one that
+        was gone or not the plan's is refused when it is asked for, `tokens()`: a caller may pass its data
+        elsewhere.)
         """
         if self._verified_all:
             return self
@@ -270,8 +270,6 @@ class Plan:
         if not self._body():
             for epoch in reversed(self.epochs):
                 self._verified_epoch(epoch)
-        with contextlib.suppress(PlanMismatchError):  # remembered: `tokens()` raises it
-            self.tokens()
         self._verified_all = True
         return self
 

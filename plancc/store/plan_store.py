@@ -84,29 +84,30 @@ class PlanIntegrityError(StoreError):
 class PlanFiles:
     """A plan directory opened for reading: its files, each opened once, the manifest, and the checks above.
 
-    Opening opens the directory and each of its files once (`Held`: every later read comes from what was opened, so
-    a plan replaced under a reader changes nothing for it) and reads only the plan file's footer: refuses a
+    Opening opens the directory, holds it for reading (a recompile into the same path moves it aside instead of
+    removing it: `atomic.hold_for_reading`) and opens each of its files once (`Held`: every later read comes from
+    what was opened, so a plan replaced under a reader changes nothing for it), and reads only the plan file's
+    footer. `dir_fd`: the directory already open (a spawned DataLoader worker's copy of its parent's). Refuses a
     missing, foreign or other-schema plan file, a file that is not a regular file, and a manifest plancc did not
     write (`Manifest.from_json`). `read_*` read one file; `*_problems` check one file each.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, dir_fd: int | None = None):
         p = Path(path)
         if p.is_file() and p.name == PLAN_FILE:
             p = p.parent
-        atomic.recover(p)  # a plan an interrupted replace left behind is put back (or finished) before it is read
-        if not p.is_dir():
-            raise StoreError(f"{path} is not a plan directory" + ("" if p.exists() else " (it does not exist)"))
-        if not (p / PLAN_FILE).exists():
-            raise StoreError(f"{path} is not a plan directory (no {PLAN_FILE}); write one with "
-                             "`plancc compile SOURCE -o PLAN_DIR`")
         self.path = p
         self.plan_file = p / PLAN_FILE
         self._group_starts: np.ndarray | None = None  # the plan file's row group bounds (`read_microbatches`)
-        self._dir_fd = token_store.open_dir(p, StoreError)
-        weakref.finalize(self, os.close, self._dir_fd)
+        if dir_fd is not None:  # a directory opened elsewhere (a DataLoader worker's, its parent's): held here too
+            atomic.hold_for_reading(dir_fd)
+        self.dir_fd = self._open_dir(p) if dir_fd is None else dir_fd
+        weakref.finalize(self, os.close, self.dir_fd)
         self._files = {name: self._hold(name) for name in (PLAN_FILE, SAMPLES_FILE, METRICS_FILE, BEFORE_FILE,
                                                            MANIFEST_FILE, EVAL_FILE)}
+        if self._files[PLAN_FILE] is None:
+            raise StoreError(f"{path} is not a plan directory (no {PLAN_FILE}); write one with "
+                             "`plancc compile SOURCE -o PLAN_DIR`")
         meta = read_file_meta(self.held(PLAN_FILE))
         if meta.get("kind") != "plan":
             raise PlanIntegrityError(f"{self.plan_file} is a plancc '{meta.get('kind')}' file, not a plan")
@@ -115,10 +116,29 @@ class PlanFiles:
         except ManifestError as exc:
             raise PlanIntegrityError(str(exc)) from None
 
+    @staticmethod
+    def _open_dir(p: Path) -> int:
+        """The plan directory at `p`, opened and held for reading (`atomic.hold_for_reading`: a recompile into `p`
+        then moves it aside instead of removing it). Opened again when `p` was replaced between the open and the
+        hold: what is held is a plan that was at `p`, whole."""
+        atomic.recover(p)  # a plan an interrupted replace left behind is put back (or finished) before it is read
+        for _ in range(16):
+            if not p.is_dir():
+                raise StoreError(f"{p} is not a plan directory" + ("" if p.exists() else " (it does not exist)"))
+            if not (p / PLAN_FILE).exists():
+                raise StoreError(f"{p} is not a plan directory (no {PLAN_FILE}); write one with "
+                                 "`plancc compile SOURCE -o PLAN_DIR`")
+            fd = token_store.open_dir(p, StoreError)
+            atomic.hold_for_reading(fd)
+            if atomic.is_at(fd, p):
+                return fd
+            os.close(fd)
+        raise StoreError(f"{p} was replaced 16 times while it was being opened; try again")
+
     def _hold(self, name: str) -> Held | None:
         """`name` opened through the directory opened at init (None when it is absent)."""
         try:
-            return hold(self.path / name, dir_fd=self._dir_fd, name=name)
+            return hold(self.path / name, dir_fd=self.dir_fd, name=name)
         except StoreError:
             if os.path.lexists(self.path / name):
                 raise
@@ -155,7 +175,7 @@ class PlanFiles:
             raise PlanIntegrityError(problems[0] if problems else f"{self.path} ships no token store")
         where, bound = self.path / TOKENS_DIR, self.manifest.fingerprints["tokens"]
         try:
-            fd = token_store.open_dir(TOKENS_DIR, token_store.TokenStoreError, dir_fd=self._dir_fd,
+            fd = token_store.open_dir(TOKENS_DIR, token_store.TokenStoreError, dir_fd=self.dir_fd,
                                       shown=f"token store {where}")
         except FileNotFoundError:
             raise PlanIntegrityError(f"{where} does not exist: the plan's token store was deleted or moved") from None
