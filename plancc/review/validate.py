@@ -37,7 +37,7 @@ from plancc.review.recount import Microbatches, Rows
 from plancc.store import parquet, redraw, schemas, token_store
 from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
 from plancc.store.plan import Plan
-from plancc.store.plan_store import PlanIntegrityError
+from plancc.store.plan_store import PlanIntegrityError, eval_set_problem
 from plancc.store.samples import dataset_codes
 
 
@@ -156,13 +156,9 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
     except schemas.StoreError as exc:
         return [*problems, str(exc)], expected
     problems += plan.files.eval_problems(table)
-    ids = np.unique(parquet.nested_arrays(table.column("sample_ids"))[0])
-    extra, lacking = np.setdiff1d(ids, expected), np.setdiff1d(expected, ids)
-    if extra.size or lacking.size:
-        first = int(extra[0]) if extra.size else int(lacking[0])
-        problems.append(f"{path}: holds {extra.size} samples the eval set (eval datasets and the held-out draw of "
-                        f"val_set_size {size}, seed {plan.settings.seed}) does not and lacks {lacking.size} it does "
-                        f"(first: sample_id {first})")
+    found = eval_set_problem(parquet.nested_arrays(table.column("sample_ids"))[0], expected, plan.settings)
+    if found:
+        problems.append(f"{path}: {found}")
         return problems, expected
     found, _, _ = check_rows(str(path), table, s.take(np.flatnonzero(np.isin(s.sample_id, expected))),
                              replace(plan.settings, drop_last=False, mixture=(), samples_per_epoch=None))
@@ -388,6 +384,8 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         return [str(exc)], None
     files = plan.files
     problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
+    if files.has_rows_digest:  # what the runtime checks at open: the bytes and layout compile wrote
+        problems += files.body_problems()
     tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))),
               (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()), (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
     if files.has_before:
