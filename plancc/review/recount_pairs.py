@@ -106,6 +106,4 @@ def eval_ids(s: SampleArrays, settings: PlanSettings, index: np.ndarray | None) 
     (one id a pair), both completions of each held out."""
     if s.kind != PAIRED:
         return redraw.eval_ids(s.sample_id, settings, index)
-    chosen = np.flatnonzero(s.chosen)
-    held = redraw.eval_ids(s.pair_id[chosen], settings, None if index is None else index[chosen])
-    return np.sort(s.sample_id[np.isin(s.pair_id, held)])
+    return redraw.pair_eval_ids(s.sample_id, s.pair_id, s.chosen, settings, index)

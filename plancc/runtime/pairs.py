@@ -152,13 +152,13 @@ def kl_sequences(ids: np.ndarray, tokens: TokenStore, shift: str, sequence_len: 
     input_ids, labels = [], []
     for j, head in enumerate(heads):
         x, y = tails[j - 1]
-        seq_x = np.concatenate([head, x])[:sequence_len]
+        input_ids.append(np.concatenate([head, x])[:sequence_len].astype(np.int32))
         seq_y = np.concatenate([np.full(head.shape[0], IGNORE_INDEX, dtype=y.dtype), y])[:sequence_len]
-        input_ids.append(seq_x.tolist())
-        labels.append(_shifted(seq_y, shift).tolist())
+        labels.append(np.asarray(_shifted(seq_y, shift), dtype=np.int32))
+    offsets = np.concatenate([[0], np.cumsum([x.shape[0] for x in input_ids])]).astype(np.int64)
     if not input_ids:
-        return TokenStore(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, np.int64))
-    return TokenStore.from_lists(input_ids, labels)
+        return TokenStore(np.zeros(0, np.int32), np.zeros(0, np.int32), offsets)
+    return TokenStore(np.concatenate(input_ids), np.concatenate(labels), offsets)
 
 
 def _shifted(labels: np.ndarray, shift: str) -> np.ndarray:
