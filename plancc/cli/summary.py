@@ -67,7 +67,8 @@ def _eval_lines(ev: dict[str, Any] | None, size: Any, recipe: dict[str, Any] | N
         return []
     evals = any(d["role"] == "eval" for d in (recipe or {}).get("datasets", []))
     why = ", ".join([*(["eval datasets"] if evals else []), *([f"--val-set-size {size}"] if size else [])])
-    return [f"eval       {ev['samples']:,} samples held out ({why}), {ev['label_count']:,} targets in "
+    held = f"{ev['pairs']:,} pairs ({ev['samples']:,} samples)" if "pairs" in ev else f"{ev['samples']:,} samples"
+    return [f"eval       {held} held out ({why}), {ev['label_count']:,} targets in "
             f"{ev['batches']:,} microbatches ({ev['batches_per_rank']:,} per rank)"]
 
 
