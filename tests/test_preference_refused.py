@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import plancc
-from plancc.errors import InputError, SettingsError
+from plancc.errors import InputError, PlanccError, SettingsError
 from tests.sources_fixtures import pc_rows, write_rows
 
 PAIRS = [{"prompt": f"What is {i} + {i}?", "chosen": str(2 * i), "rejected": str(2 * i + 1)} for i in range(8)]
@@ -33,16 +33,46 @@ def test_preference_or_feedback_rows_are_refused_as_sft(tmp_path, rows, says):
     assert not (tmp_path / "plan").exists()
 
 
-def test_an_axolotl_rl_config_or_a_dpo_config_is_refused(tmp_path):
-    src = write_rows(tmp_path / "rows.jsonl", pc_rows(8))
+def test_an_axolotl_rl_config_is_refused(tmp_path):
+    src = write_rows(tmp_path / "rows.jsonl", PAIRS)
     axolotl = tmp_path / "dpo.yml"
-    axolotl.write_text(f"base_model: builtin\nrl: dpo\ndatasets:\n  - path: {src}\n    type: chat_template\n")
-    with pytest.raises(SettingsError, match="rl: dpo trains on preference or feedback data"):
+    axolotl.write_text(f"base_model: builtin\nrl: dpo\ndatasets:\n  - path: {src}\n    type: chat_template.default\n")
+    with pytest.raises(SettingsError, match="rl: dpo trains on preference or feedback data rendered by Axolotl"):
         plancc.compile(None, tmp_path / "plan", config=axolotl, cache_dir=tmp_path / "cache")
-    trl = tmp_path / "dpo-trl.yml"
-    trl.write_text(f"model_name_or_path: builtin\ndataset_name: {src}\nbeta: 0.1\n")
-    with pytest.raises(SettingsError, match="beta belong to a DPO or KTO config"):
-        plancc.compile(None, tmp_path / "plan", config=trl, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "plan").exists()
+
+
+def _trl_config(tmp_path, extra: str) -> Path:
+    path = tmp_path / "trl.yml"
+    path.write_text(f"model_name_or_path: builtin\noutput_dir: out\nmax_length: 64\n"
+                    f"per_device_train_batch_size: 2\n{extra}")
+    return path
+
+
+@pytest.mark.parametrize(("rows", "extra", "kind"), [
+    (PAIRS, "beta: 0.1\nloss_type: [sigmoid]\n", "preference"),
+    (PAIRS, "f_divergence_type: reverse_kl\n", "preference"),
+    (FEEDBACK, "beta: 0.1\ndesirable_weight: 1.0\n", "unpaired_preference"),
+])
+def test_a_trl_dpo_or_kto_config_plans_its_preference_data(tmp_path, rows, extra, kind):
+    src = write_rows(tmp_path / "rows.jsonl", rows)
+    plan = plancc.compile(src, tmp_path / "plan", config=_trl_config(tmp_path, extra), cache_dir=tmp_path / "cache")
+    assert plan.manifest.data_kind == kind and plan.settings.sequence_len == 64
+    assert plan.settings.micro_batch_size == 2  # pairs a microbatch, as TRL's per_device_train_batch_size
+
+
+@pytest.mark.parametrize(("rows", "extra", "says"), [
+    (pc_rows(8), "desirable_weight: 1.0\n", "unpaired_preference"),  # a KTO config on SFT rows
+    (PAIRS, "desirable_weight: 1.0\nloss_weights: [1.0]\n", "desirable_weight is a KTOConfig key and loss_weights"),
+    (PAIRS, "beta: 0.1\nassistant_only_loss: true\n", "assistant_only_loss belong to an SFT config"),
+    (PAIRS, "beta: 0.1\ndataset_name: {src}\n", "a recipe .*plans SFT data only; compile preference data as one SOURCE"),
+])
+def test_a_trl_preference_config_that_cannot_hold_is_refused(tmp_path, rows, extra, says):
+    src = write_rows(tmp_path / "rows.jsonl", rows)
+    config = _trl_config(tmp_path, extra.format(src=src))
+    with pytest.raises(PlanccError, match=says):
+        plancc.compile(None if "dataset_name" in extra else src, tmp_path / "plan", config=config,
+                       cache_dir=tmp_path / "cache")
     assert not (tmp_path / "plan").exists()
 
 

@@ -163,8 +163,10 @@ def _tokenizer(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
 
 def _axolotl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
     if data.get("rl"):
-        raise SettingsError(f"config file {reader.path}: rl: {data['rl']} trains on preference or feedback data, "
-                            "not SFT data: plancc does not plan it yet (an SFT config has no rl key)")
+        raise SettingsError(f"config file {reader.path}: rl: {data['rl']} trains on preference or feedback data "
+                            "rendered by Axolotl's own prompt strategies, which plancc does not reproduce: compile "
+                            "the rows as plancc preference data (prompt, chosen, rejected; docs/preference.md) and "
+                            "train with PlanDPOTrainer or PlanKTOTrainer")
     settings = {**_tokenizer(data, ("tokenizer_config", "base_model_config", "base_model")),
                 **reader.settings(data, AXOLOTL_READ)}
     template = _axolotl_template(data, reader.path)
@@ -243,14 +245,8 @@ def _axolotl_type(entry: dict[str, Any], where: str, path: Path) -> dict[str, An
 
 
 def _trl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
-    from plancc.config.foreign_keys import TRL_PREFERENCE_ONLY
-
-    preference = [k for k in data if k in TRL_PREFERENCE_ONLY]
-    if preference:
-        raise SettingsError(f"config file {reader.path}: {', '.join(preference)} belong to a DPO or KTO config "
-                            "(preference or feedback data, not SFT data): plancc does not plan it yet")
     settings = {**_tokenizer(data, ("tokenizer_name_or_path", "model_name_or_path")),
-                **reader.settings(data, TRL_READ)}
+                **reader.settings(data, TRL_READ), **_trl_preference(data, reader.path)}
     if data.get("assistant_only_loss"):
         settings["roles_to_train"] = ["assistant"]
     elif data.get("assistant_only_loss") is False:  # TRL then trains every token of a conversation
@@ -260,3 +256,26 @@ def _trl(data: dict[str, Any], reader: _Reader) -> dict[str, Any]:
         split = {"split": data["dataset_train_split"]} if data.get("dataset_train_split") else {}
         settings["datasets"] = [{"path": data["dataset_name"], **split}]
     return settings
+
+
+def _trl_preference(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A DPOConfig or KTOConfig (a key SFTConfig lacks) plans preference data (docs/preference.md): KTO's keys
+    force the format `unpaired_preference`, DPO's `preference` (keys both have, such as `beta`, leave the data to
+    tell); the SFT what-is-trained keys mean nothing there and are refused. Read as SFTConfig otherwise: TRL's
+    preference trainers share its data keys (`max_length` bounds each completion, `per_device_train_batch_size`
+    counts pairs)."""
+    from plancc.config.foreign_keys import TRL_DPO_AND_KTO, TRL_KTO_ONLY, TRL_PREFERENCE_ONLY
+
+    preference = [k for k in data if k in TRL_PREFERENCE_ONLY]
+    if not preference:
+        return {}
+    sft = [k for k in ("assistant_only_loss", "completion_only_loss") if data.get(k) is not None]
+    if sft:
+        raise SettingsError(f"config file {path}: {', '.join(sft)} belong to an SFT config; {preference[0]} makes "
+                            "it a DPO or KTO config, whose completions are always the targets and prompts never")
+    kto = [k for k in preference if k in TRL_KTO_ONLY]
+    dpo = [k for k in preference if k not in TRL_KTO_ONLY and k not in TRL_DPO_AND_KTO]
+    if kto and dpo:
+        raise SettingsError(f"config file {path}: {kto[0]} is a KTOConfig key and {dpo[0]} a DPOConfig key; a "
+                            "config trains one of them")
+    return {"format": "unpaired_preference"} if kto else {"format": "preference"} if dpo else {}
