@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from plancc.core.choices import Shift
-from plancc.errors import InputError, PlanMismatchError
+from plancc.errors import InputError, PlanMismatchError, out_of_descriptors
 from plancc.store import token_parts, token_store
 from plancc.store.plan import Plan, verified_plan
 
@@ -87,8 +87,8 @@ class TokenStore:
         g = self.guard
         if g.own:
             return (_reopen_own, (_passed(g.plan.files.dir_fd), str(g.plan_path), g.mapped.digest,
-                                  g.allow_dataset_change))
-        return (_reopen, (str(g.mapped.path), str(g.plan_path), g.mapped.digest, g.allow_dataset_change))
+                                  g.allow_dataset_change, g.verify))
+        return (_reopen, (str(g.mapped.path), str(g.plan_path), g.mapped.digest, g.allow_dataset_change, g.verify))
 
     @classmethod
     def from_table(cls, table: pa.Table, *, shift: str = "sample", where: str = "dataset") -> TokenStore:
@@ -120,15 +120,16 @@ class _Chunks:
 class ChunkGuard:
     """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk (a multi-part
     store part by part: a part's chunk index is read when one of its rows first is). `pending`: chunks (of a
-    multi-part store: parts) not yet all verified."""
+    multi-part store: parts) not yet all verified; none under `verify=False` (verify="none": the guard then only
+    says how a worker reopens the store, and its copy checks nothing either)."""
 
     def __init__(self, mapped: token_store.MappedTokens, plan: Plan | Path, allow_dataset_change: bool, *,
-                 own: bool = False):
+                 own: bool = False, verify: bool = True):
         self.mapped, self._plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
-        self.own = own  # `mapped` is the plan's own store (`Plan.tokens`)
+        self.own, self.verify = own, verify  # own: `mapped` is the plan's own store (`Plan.tokens`)
         self._single = None if mapped.parts else _Chunks(mapped, 0)
         self._parts: dict[int, _Chunks] = {}
-        self.pending = self._single.pending if self._single is not None else len(mapped.parts)
+        self.pending = 0 if not verify else self._single.pending if self._single is not None else len(mapped.parts)
 
     @property
     def plan_path(self) -> Path:
@@ -158,6 +159,8 @@ class ChunkGuard:
                 try:
                     part = parts[k]
                 except (token_store.TokenStoreError, token_store.FileTypeError) as exc:
+                    if out_of_descriptors(exc):  # not the data: this process's limit (the message says so)
+                        raise
                     raise PlanMismatchError(f"{exc}; recompile the plan (or rescan the data)") from None
                 chunks = self._parts[k] = _Chunks(part, int(parts.row_starts[k]))
             if chunks.pending:
@@ -292,7 +295,7 @@ def load_tokens(plan: str | Path | Plan, *, data: str | Path | pa.Table | None =
 
 def _mapped(plan: Plan, m: token_store.MappedTokens, verify: str, allow: bool, *, own: bool = False) -> TokenStore:
     path = m.path
-    guard = ChunkGuard(m, plan, allow, own=own) if verify != "none" else None
+    guard = ChunkGuard(m, plan, allow, own=own, verify=verify != "none")
     tokens = _over_maps(m, guard)
     if verify == "none":
         return tokens
@@ -319,7 +322,7 @@ def _passed(fd: int) -> object | None:
     return reduction.DupFd(fd) if context.get_spawning_popen() is not None else None
 
 
-def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool) -> TokenStore:
+def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool, verify: bool) -> TokenStore:
     """A worker's copy of the plan's own store: the plan opened through the directory its parent holds (by path
     when no descriptor came), its store refused unless it is the one the parent opened."""
     plan = Plan(plan_path) if handle is None else Plan(plan_path, dir_fd=handle.detach())
@@ -331,10 +334,10 @@ def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool) -> TokenS
     if m is None or m.digest != digest:
         raise PlanMismatchError(f"the token store of {plan_path} was replaced since this run opened it (digest "
                                 f"{m.digest if m else None}, the run opened {digest}): restart the run")
-    return _over_maps(m, ChunkGuard(m, plan, allow, own=True))
+    return _over_maps(m, ChunkGuard(m, plan, allow, own=True, verify=verify))
 
 
-def _reopen(path: str, plan_path: str, digest: str, allow: bool) -> TokenStore:
+def _reopen(path: str, plan_path: str, digest: str, allow: bool, verify: bool) -> TokenStore:
     """A worker's copy of data given as `data=`: the store reopened by path, refused unless it is the one the
     parent opened (a store replaced meanwhile would give this worker other tokens than the parent's batches
     expect)."""
@@ -342,7 +345,7 @@ def _reopen(path: str, plan_path: str, digest: str, allow: bool) -> TokenStore:
     if m.digest != digest:
         raise PlanMismatchError(f"token store {path} was replaced since this run opened it (digest {m.digest}, the "
                                 f"run opened {digest}): restart the run")
-    return _over_maps(m, ChunkGuard(m, Path(plan_path), allow))
+    return _over_maps(m, ChunkGuard(m, Path(plan_path), allow, verify=verify))
 
 
 def _over_maps(m: token_store.MappedTokens, guard: ChunkGuard | None) -> TokenStore:

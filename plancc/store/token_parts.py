@@ -1,22 +1,38 @@
-"""A multi-part token store read as one dataset, its parts mapped only when read.
+"""A multi-part token store read as one dataset, its parts mapped only when read, no descriptor held per map.
 
 The store's header records each part's rows and tokens, which place every row and token without opening a part.
-`Parts` maps part `k` the first time a row or token of it is read (through the store's folder, one descriptor for
-the whole store, and no descriptor per map: `token_store`), so that opening costs the same for 1 part or 1,000.
+`Parts` opens part `k` the first time a row or token of it is read (the loader `token_store` gives: through the
+store's folder, one descriptor for the whole store), and `map_array` maps a file so that the map holds no descriptor:
+opening costs the same for 1 part or 1,000, and reading every part keeps the process's descriptors where they were.
 `Concat` indexes the parts' `input_ids` (or `labels`) as their concatenation, `PartOffsets` the rows' offsets into
 it, and `Joined` is what needs every part at once (the whole chunk index: `validate`, never the runtime). A row
-never spans two parts: a row's tokens are a view of one part's map. numpy only; the parts themselves are opened by
-the loader `token_store` gives.
+never spans two parts: a row's tokens are a view of one part's map.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import numpy as np
 
 T = TypeVar("T")
+
+
+def map_array(f: BinaryIO, offset: int, dtype: np.dtype, length: int) -> np.ndarray:
+    """`length` elements of `dtype` at `offset` of the open file `f`, mapped read-only, holding no descriptor once
+    `f` is closed: pyarrow maps the file through `/proc/self/fd` and closes its own descriptor, and the mapping
+    alone keeps the file (so a store of a thousand parts costs no descriptor per part, and a store deleted or
+    replaced after it was opened still reads as it was). Without /proc, numpy's map (one descriptor each)."""
+    proc = f"/proc/self/fd/{f.fileno()}"
+    if not os.path.exists(proc):
+        return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
+    import pyarrow as pa
+
+    with pa.memory_map(proc) as mm:
+        buffer = mm.read_buffer()
+    return np.frombuffer(buffer, dtype=dtype, count=length, offset=offset)
 
 
 def _starts(counts: Sequence[int]) -> np.ndarray:

@@ -26,23 +26,24 @@ largest id, fingerprints and its own `header_hash`::
     tokens/part-00000/   a single store: rows 0 .. n0-1 of the dataset
     tokens/part-00001/   rows n0 .. n0+n1-1
 
-`open_store` maps it as one dataset: `offsets`, `chunks` and `chunk_hashes` are the parts' concatenated (shifted;
-O(rows) at open, no token read), `input_ids`/`labels` a `Concat` of the parts' maps that indexes like one array
-(a row never spans two parts, so a row's slice is a view of one map). Stores are written, joined into parts and
-placed by hard links in `token_writer`.
+`open_store` opens it as one dataset from its header alone (`token_parts`): a part is opened, checked against the
+header's record of it and mapped the first time one of its rows is read, so that opening costs the same for 1 part
+or 1,000; `input_ids`/`labels` index like one array (a row never spans two parts, so a row's slice is a view of one
+part's map) and `offsets` like the whole store's. Every array is mapped without holding a descriptor (`token_parts.map_array`): a
+process needs one descriptor per multi-part store, whatever its parts and whatever it reads. Stores are written,
+joined into parts and placed by hard links in `token_writer`.
 
 Verification scales with what a reader touches: `open_store` checks the header (its `header_hash`: a value such as
 `chunk_tokens` or `max_id` that nothing else binds is edited in vain), every file's size and dtype, the offsets' ends
 and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of ids and labels
-at the default size, microseconds of hashing: docs/benchmarks.md; read through the file, so that the chunk's pages
-stay out of the reader's resident set) and is what readers call the first time they touch a chunk; `verify_all`
-rehashes every chunk. The dataset fingerprint keeps its meaning: it is computed from the
-samples table's per-sample `token_hash`, which the store records at write and a plan compares at open.
+at the default size, microseconds of hashing: docs/benchmarks.md) and is what readers call the first time they
+touch a chunk; `verify_all` rehashes every chunk (and `parts_problem` opens every part). The dataset fingerprint
+keeps its meaning: it is computed from the samples table's per-sample `token_hash`, which the store records at
+write and a plan compares at open.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import weakref
@@ -56,9 +57,9 @@ import orjson
 import xxhash
 
 from plancc.core.plan_arrays import IGNORE_INDEX
-from plancc.errors import PlanccError
+from plancc.errors import PlanccError, descriptors_hint, out_of_descriptors
 from plancc.store.schemas import TOKENS_DIR
-from plancc.store.token_parts import Concat, Joined, PartOffsets, Parts
+from plancc.store.token_parts import Concat, Joined, PartOffsets, Parts, map_array
 
 FORMAT = "plancc.tokens/2"  # 2: the header carries header_hash (1 did not: an edited chunk_tokens went unseen)
 HEADER_FILE = "tokens.json"
@@ -150,7 +151,7 @@ def open_dir(path: str | Path, error: type[PlanccError], *, dir_fd: int | None =
     except NotADirectoryError:
         raise error(f"{shown} is not a directory") from None
     except OSError as exc:
-        raise error(f"{shown}: cannot open it ({exc.strerror or exc})") from None
+        raise error(f"{shown}: cannot open it{_why(exc)}") from None
 
 
 # ---------------------------------------------------------------- hashes (what the writer records)
@@ -207,7 +208,7 @@ def _map(path: Path, dir_fd: int, name: str, length: int) -> np.ndarray:
     except FileNotFoundError:
         raise TokenStoreError(f"{where} is missing") from None
     except OSError as exc:
-        raise TokenStoreError(f"{where}: cannot read it ({exc.strerror or exc}){fd_hint(exc)}") from None
+        raise TokenStoreError(f"{where}: cannot read it{_why(exc)}") from None
     with f:
         try:
             version = np.lib.format.read_magic(f)
@@ -224,32 +225,15 @@ def _map(path: Path, dir_fd: int, name: str, length: int) -> np.ndarray:
             raise TokenStoreError(f"{where} has {size - offset - length * dtype.itemsize} bytes beyond its array (a "
                                   "file was appended to or replaced)")
         try:
-            return _mapped(f, offset, dtype, length)
+            return map_array(f, offset, dtype, length)
         except OSError as exc:
-            raise TokenStoreError(f"{where}: cannot map it ({exc.strerror or exc}){fd_hint(exc)}") from None
+            raise TokenStoreError(f"{where}: cannot map it{_why(exc)}") from None
 
 
-def _mapped(f: BinaryIO, offset: int, dtype: np.dtype, length: int) -> np.ndarray:
-    """`length` elements of `dtype` at `offset` of the open file `f`, mapped read-only, holding no descriptor once
-    `f` is closed: pyarrow maps the file through `/proc/self/fd` and closes its own descriptor, and the mapping
-    alone keeps the file (so a store of a thousand parts costs no descriptor per part, and a store deleted or
-    replaced after it was opened still reads as it was). Without /proc, numpy's map (one descriptor each)."""
-    proc = f"/proc/self/fd/{f.fileno()}"
-    if not os.path.exists(proc):
-        return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
-    import pyarrow as pa
-
-    with pa.memory_map(proc) as mm:
-        buffer = mm.read_buffer()
-    return np.frombuffer(buffer, dtype=dtype, count=length, offset=offset)
-
-
-def fd_hint(exc: OSError) -> str:
-    """What to do when the process ran out of file descriptors (EMFILE), else nothing."""
-    if exc.errno not in (errno.EMFILE, errno.ENFILE):
-        return ""
-    return ("; this process has too many files open: raise the limit (`ulimit -n 4096`, or the soft limit up to "
-            "`ulimit -Hn`)")
+def _why(exc: OSError) -> str:
+    """` (REASON)` of a failed open or map for a message, with what to do when the process ran out of file
+    descriptors."""
+    return f" ({exc.strerror or exc})" + (f"; {descriptors_hint()}" if out_of_descriptors(exc) else "")
 
 
 def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
@@ -263,7 +247,7 @@ def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
     except FileNotFoundError:
         raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
     except OSError as exc:
-        raise TokenStoreError(f"token store {path}: cannot read {HEADER_FILE} ({exc.strerror or exc})") from None
+        raise TokenStoreError(f"token store {path}: cannot read {HEADER_FILE}{_why(exc)}") from None
     except orjson.JSONDecodeError as exc:
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} is not valid JSON ({exc})") from None
     got = header.get("format") if isinstance(header, dict) else None
@@ -286,8 +270,9 @@ def _counts(header: dict[str, Any], names: tuple[str, ...]) -> bool:
 def open_store(path: str | Path, dir_fd: int | None = None) -> MappedTokens:
     """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash).
 
-    Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened), so
-    the store is read whole from the directory that was there at open, whatever later replaces its path."""
+    Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened; a
+    multi-part store holds a copy of it to open its parts when first read), so the store is read whole from the
+    directory that was there at open, whatever later replaces its path."""
     path = Path(path)
     own = dir_fd is None
     if own:
@@ -333,9 +318,8 @@ def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens
                               f"or no parts; a multi-part store's header holds exactly {PARTS_KEYS}")
     keys = set(PART_KEYS)
     for p in header["parts"]:  # a thousand parts: plain tests, no Path per part
-        if not (type(p) is dict and p.keys() == keys and type(p["dir"]) is str and p["dir"] not in ("", ".", "..")
-                and "/" not in p["dir"] and "\0" not in p["dir"] and type(p["rows"]) is int and p["rows"] >= 0
-                and type(p["tokens"]) is int and p["tokens"] >= 0):
+        if not (type(p) is dict and p.keys() == keys and _counts(p, ("rows", "tokens")) and type(p["dir"]) is str
+                and p["dir"] not in ("", ".", "..") and "/" not in p["dir"] and "\0" not in p["dir"]):
             raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it "
                                   f"with exactly {PART_KEYS}")
     records = header["parts"]
@@ -346,7 +330,7 @@ def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens
     try:
         held = os.dup(dir_fd)
     except OSError as exc:
-        raise TokenStoreError(f"token store {path}: cannot hold it open ({exc.strerror}){fd_hint(exc)}") from None
+        raise TokenStoreError(f"token store {path}: cannot hold it open{_why(exc)}") from None
     parts: Parts[MappedTokens] = Parts(rows, tokens, lambda k: _open_part(path, held, header, k))
     weakref.finalize(parts, os.close, held)
     dtype = ARRAYS["input_ids"]
