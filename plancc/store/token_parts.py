@@ -104,6 +104,8 @@ class Concat:
             k = self._part(i)
             return self._part_array(k)[i - self.starts[k]]
         idx = np.asarray(key, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
+            raise IndexError(f"indices {int(idx.min())}..{int(idx.max())} out of range (0..{self.size - 1})")
         out = np.empty(idx.shape, self.dtype)
         which = np.searchsorted(self.starts, idx, side="right") - 1
         for k in np.flatnonzero(np.bincount(which.ravel(), minlength=1)).tolist():

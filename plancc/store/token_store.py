@@ -318,7 +318,8 @@ def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens
                               f"or no parts; a multi-part store's header holds exactly {PARTS_KEYS}")
     keys = set(PART_KEYS)
     for p in header["parts"]:  # a thousand parts: plain tests, no Path per part
-        if not (type(p) is dict and p.keys() == keys and _counts(p, ("rows", "tokens")) and type(p["dir"]) is str
+        if not (type(p) is dict and p.keys() == keys and type(p["rows"]) is int and p["rows"] >= 0
+                and type(p["tokens"]) is int and p["tokens"] >= 0 and type(p["dir"]) is str
                 and p["dir"] not in ("", ".", "..") and "/" not in p["dir"] and "\0" not in p["dir"]):
             raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it "
                                   f"with exactly {PART_KEYS}")
