@@ -171,6 +171,7 @@ class Joined:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The array's shape (made now if it was not)."""
         return self.array.shape
 
     def __len__(self) -> int:
