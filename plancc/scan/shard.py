@@ -30,7 +30,7 @@ from plancc.config.settings import ScanOptions
 from plancc.core.hashing import canonical_hash
 from plancc.errors import InputError, SettingsError
 from plancc.scan import formats
-from plancc.scan.formats import Encoded, Encoding, RowError
+from plancc.scan.formats import Encoded, Encoding, RowError, turn_ends
 from plancc.scan.sources import templates
 from plancc.scan.sources.chat import has_generation_tags, reads_clock
 from plancc.scan.sources.parallel import encode_rows
@@ -154,6 +154,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
             _check_tagged(chat, options)
             warnings += filter(None, [templates.marker_warning(chat, tok)])
             warnings += _clock_note(chat, options)
+            warnings += turn_ends.check(tok, chat.text, chat.name, options)
     opts = recorded_options(options, tok, template)
     key = scan_key(reader.fingerprint, opts)
     described = chat.describe() if chat else None
