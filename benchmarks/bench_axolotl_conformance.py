@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import itertools
 import json
 import os
 import shutil
@@ -186,11 +185,14 @@ def plancc_rows(config: Path, plan: Path) -> tuple[list[tuple], str | None]:
                            "--overwrite", "--quiet"], capture_output=True, text=True)
     if done.returncode:
         return [], (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    import plancc
     from plancc.store.token_store import open_store
 
+    kept = plancc.open_plan(plan).samples_table().column("sample_id").to_numpy()  # the samples the plan holds
     store = open_store(plan / "tokens")
     ids, labels, offsets = store.input_ids, store.labels, store.offsets
-    return [(tuple(ids[a:b].tolist()), tuple(labels[a:b].tolist())) for a, b in itertools.pairwise(offsets)], None
+    return [(tuple(ids[offsets[i]:offsets[i + 1]].tolist()), tuple(labels[offsets[i]:offsets[i + 1]].tolist()))
+            for i in kept], None
 
 
 def compare(theirs: list[tuple], ours: list[tuple]) -> dict[str, int]:

@@ -43,6 +43,7 @@ def axolotl_settings(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
         raise SettingsError(f"config file {reader.path}: rl: {data['rl']} trains on preference or feedback data, "
                             "not SFT data: plancc does not plan it yet (an SFT config has no rl key)")
     settings = {**tokenizer(data, ("tokenizer_config", "base_model_config", "base_model")),
+                "max_dropped": 1.0,  # Axolotl drops rows too long or with nothing to train, however many (said)
                 **reader.settings(data, AXOLOTL_READ), **_tokens(data, reader), **layout(data, reader)}
     _fast_tokenizer(data, reader)
     template = chat_template(data, reader.path)
