@@ -34,6 +34,7 @@ PACKING_ATTENTION = ("flash_attention_2", "flash_attention_3", "flash_attention_
 # Axolotl's legacy attention flags, in its order of priority, and the attn_implementation each means
 LEGACY_ATTENTION = {"xformers_attention": "xformers", "sage_attention": "sage", "flex_attention": "flex_attention",
                     "flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}
+CHAT_ONLY = ("train_on_eos", "train_on_eot", "drop_system_message")  # entry settings of chat_template entries
 PAD_MULTIPLE = 64  # Axolotl's collator pads to this multiple unless pad_to_multiple_of or pad_to_sequence_len says
 
 
@@ -44,6 +45,7 @@ def axolotl_settings(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
                             "not SFT data: plancc does not plan it yet (an SFT config has no rl key)")
     settings = {**tokenizer(data, ("tokenizer_config", "base_model_config", "base_model")),
                 "max_dropped": 1.0,  # Axolotl drops rows too long or with nothing to train, however many (said)
+                "drop_eos_only": True,  # an empty output or text gets no eos in Axolotl: nothing to train
                 **reader.settings(data, AXOLOTL_READ), **_tokens(data, reader), **layout(data, reader)}
     _fast_tokenizer(data, reader)
     template = chat_template(data, reader.path)
@@ -146,7 +148,10 @@ def _entry(entry: Any, where: str, reader: Reader) -> dict[str, Any]:
         raise SettingsError(f"config file {reader.path}: {where} needs a path, got {entry!r}")
     source = entry["data_files"] if isinstance(entry.get("data_files"), str) else entry["path"]
     own = reader.settings(entry, AXOLOTL_ENTRY_READ, f"{where}.", entry=True)
-    return {"path": source, **_type(entry, where, reader), **own}
+    spec = _type(entry, where, reader)
+    if spec["format"] != "messages":  # Axolotl reads these for chat_template entries only
+        own = {k: v for k, v in own.items() if k not in CHAT_ONLY}
+    return {"path": source, **spec, **own}
 
 
 def _type(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from plancc.scan.sources.parallel import encode_rows
 from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
 from plancc.scan.sources.samples import finish
-from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
+from plancc.scan.sources.tokenizer import BUILTIN, Tok, scan_tokenizer
 from plancc.store import outputs, schemas, token_writer
 from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import COUNTS, Counted, PartRange, RecordedOptions, ScanRecord, Template
@@ -132,7 +132,7 @@ class ScanJob:
 
 def identity(source: str, options: ScanOptions) -> tuple[Tok | None, templates.ChatTemplate | None, Located]:
     """The tokenizer, chat template and location of a scan: all that its cache key needs besides the content."""
-    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    tok = scan_tokenizer(options)
     return tok, templates.resolve(options.chat_template, tok), locate(str(source))
 
 
@@ -201,7 +201,7 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
     src = formats.map_columns(reader.read(lo, hi), options.columns)
     fmt = formats.get(job.format)
     work, fmt = fmt.shape(fmt.canonical(src, options), options)
-    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    tok = scan_tokenizer(options)
     how = Encoding(tok, options, job.template)
     shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
     try:

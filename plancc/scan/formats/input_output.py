@@ -5,7 +5,7 @@
         ->  "Q: 2+2?\\n" "A: 4</s>",  only the second segment's tokens supervised
 
 Each segment is tokenized apart, without the tokenizer's special tokens, and the row is the segments joined: no
-template, no eos appended (the segments hold their own markup).
+template, no bos or eos added (the segments hold their own markup). `train_on_inputs` trains every segment.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class InputOutput(RowFormat):
     """Rows of labelled text segments."""
 
     named = BY_NAME["input_output"]
+    detected_by = "segments"
 
     def detects(self, src: Source) -> bool:
         """A `segments` column."""
@@ -42,8 +43,8 @@ class InputOutput(RowFormat):
         columns.require(src, self.name, ("segments",))
         rows = columns.column_values(src, "segments")
         for i, row in enumerate(rows):
-            if not (isinstance(row, list) and row and all(map(_segment_ok, row))):
-                raise InputError(f"{src.where(i)}: column 'segments' must be a non-empty list of "
+            if not (isinstance(row, list) and all(map(_segment_ok, row))):
+                raise InputError(f"{src.where(i)}: column 'segments' must be a list of "
                                  "{text: string, label: true/false}")
         return pa.table({"segments": pa.array(rows, pa.list_(SEGMENT))})
 
@@ -52,15 +53,16 @@ class InputOutput(RowFormat):
         segments = table.column("segments").combine_chunks()
         parts = segments.flatten()
         ids, seg_off = tokens.token_ids(how.tok, parts.field("text").to_pylist(), False)
-        trained = np.repeat(parts.field("label").to_numpy(zero_copy_only=False), np.diff(seg_off))
+        trained = np.repeat(parts.field("label").to_numpy(zero_copy_only=False) | how.options.train_on_inputs,
+                            np.diff(seg_off))
         labels = np.where(trained, ids, IGNORE_INDEX).astype(np.int32)
         rows = np.asarray(segments.offsets, dtype=np.int64)
         offsets = seg_off[rows - rows[0]]
         return Encoded(ids, labels, offsets)
 
     def trained(self, options: ScanOptions, *, generation: bool = False) -> str:
-        """The segments labelled true."""
-        return "the segments labelled true"
+        """The segments labelled true, or every one with `train_on_inputs`."""
+        return "every segment (train_on_inputs)" if options.train_on_inputs else "the segments labelled true"
 
 
 FORMAT = InputOutput()

@@ -22,7 +22,7 @@ import pyarrow as pa
 from plancc.errors import PlanccError
 from plancc.scan import formats
 from plancc.scan.formats import Encoded, Encoding, RowError, RowFormat
-from plancc.scan.sources.tokenizer import load_tokenizer
+from plancc.scan.sources.tokenizer import scan_tokenizer
 
 Progress = Callable[[str, int, int], None] | None
 
@@ -43,7 +43,7 @@ def _work(args: tuple) -> tuple[str, int, str]:
     with pa.memory_map(in_path) as source:
         table = pa.ipc.open_file(source).read_all().slice(a, b - a)
         try:
-            how = Encoding(load_tokenizer(options.tokenizer), options, template)
+            how = Encoding(scan_tokenizer(options), options, template)
             enc = formats.get(name).encode(table, how, row0=a)
         except RowError as exc:
             return "error", exc.row, exc.message
