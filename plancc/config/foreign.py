@@ -31,6 +31,7 @@ from plancc.config.foreign_trl import trl_settings
 from plancc.core.choices import ConfigFormat
 from plancc.errors import SettingsError
 
+
 @dataclass
 class Imported:
     """A config read as plancc settings: `kind` (plancc, axolotl or trl), its training-only keys (`ignored`), and
