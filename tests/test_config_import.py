@@ -198,6 +198,8 @@ def test_axolotl_masking_keys_map_onto_the_what_is_trained_settings(tmp_path):
     ({"val_set_size": 0.05}, "'val_set_size' (not honoured yet: holds out the last rows of Axolotl's shuffled merge"),
     ({"grad_accum": 4}, "'grad_accum' (a plancc setting, not an Axolotl key"),
     ({"sequnce_len": 2048}, "'sequnce_len' (unknown; did you mean 'sequence_len'?)"),
+    ({"dataset_exact_deduplication": True}, "'dataset_exact_deduplication' (not honoured yet: drops every prepared "
+                                            "row whose tokens and labels repeat"),
     ({"datasets": [{"path": "a.jsonl", "type": "chat_template", "feild_messages": "x"}]},
      "'datasets[0].feild_messages' (unknown; did you mean 'field_messages'?)"),
     ({"datasets": [{"path": "a.jsonl", "type": "chat_template", "message_field_training_detail": "d"}]},
@@ -215,14 +217,27 @@ def test_axolotl_keys_at_values_that_change_nothing_are_accepted(tmp_path):
     from plancc.config.foreign import translate
 
     got = translate({"base_model": "m", "val_set_size": 0, "min_sample_len": 2, "curriculum_sampling": False,
-                     "shuffle_merged_datasets": True, "default_system_message": "Be brief.", "lora_r": 8},
-                    tmp_path / "a.yml")
+                     "shuffle_merged_datasets": True, "default_system_message": "Be brief.", "lora_r": 8,
+                     "dataset_exact_deduplication": False}, tmp_path / "a.yml")
     assert got.ignored == ["lora_r"]
+
+
+@pytest.mark.parametrize(("strategy", "long"), [("drop", "drop"), ("truncate", "truncate"), ("raise", "error"),
+                                                ("Truncate", "truncate")])
+def test_axolotl_excess_length_strategy_and_dataset_num_proc_are_read(tmp_path, strategy, long):
+    """What Axolotl does with a row over sequence_len is `long` (its raise is plancc's error); its
+    dataset_num_proc, like dataset_processes, is num_proc."""
+    from plancc.config.resolve import resolve
+
+    config = tmp_path / "a.yml"
+    config.write_text(f"base_model: m\nexcess_length_strategy: {strategy}\ndataset_num_proc: 3\n")
+    got = resolve(config=config, recipe_allowed=False)
+    assert got.scan.long == long and got.run.num_proc == 3
 
 
 def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
     """completion_only_loss is not train_on_inputs; assistant_only_loss true trains the assistant turns, false
-    (TRL's whole-conversation loss, which plancc has no setting for) is in the note."""
+    (TRL's whole-conversation loss, which plancc has no setting for) is refused, naming it."""
     from plancc.config.foreign import translate
 
     for value in (True, False):
@@ -230,9 +245,8 @@ def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
         assert trl.kind == "trl" and trl.settings["train_on_inputs"] is (not value)
     only = translate({"output_dir": "o", "assistant_only_loss": True}, tmp_path / "sft.yaml")
     assert only.settings["roles_to_train"] == ["assistant"] and only.ignored == ["output_dir"]
-    whole = translate({"output_dir": "o", "assistant_only_loss": False}, tmp_path / "sft.yaml")
-    assert "roles_to_train" not in whole.settings
-    assert any(k.startswith("assistant_only_loss false") for k in whole.ignored), whole.ignored
+    with pytest.raises(SettingsError, match=r"'assistant_only_loss' \(false trains every token"):
+        translate({"output_dir": "o", "assistant_only_loss": False}, tmp_path / "sft.yaml")
 
 
 def test_axolotl_datasets_each_train_by_their_own_keys(tmp_path):

@@ -54,7 +54,6 @@ AXOLOTL_HONOURED = {
     "tokens": "added_tokens",
     "eot_tokens": "eot_tokens (end_of_turn tokens)",
     "excess_length_strategy": "long (drop, truncate; raise: error)",
-    "dataset_exact_deduplication": "dedupe",
     "shuffle_merged_datasets": "nothing: the order of the prepared rows; plancc plans its own seeded order",
     "shuffle_before_merging_datasets": "nothing: the order of the prepared rows; plancc plans its own seeded order",
     "tokenizer_use_fast": "true only (the tokenizer.json); false is refused",
@@ -77,6 +76,8 @@ AXOLOTL_TO_HONOUR = {
     "curriculum_sampling": "trains in dataset order: plancc plans a seeded order; remove it",
     "dataset_shard_num": "keeps one shard of Axolotl's shuffled rows: give that shard's files instead",
     "dataset_shard_idx": "keeps one shard of Axolotl's shuffled rows: give that shard's files instead",
+    "dataset_exact_deduplication": ("drops every prepared row whose tokens and labels repeat an earlier one's: "
+                                    "remove the duplicate rows from the files instead"),
     "tokenizer_legacy": "the legacy behaviour of Llama sentencepiece tokenizers: remove it (fast tokenizers only)",
 }
 
@@ -88,6 +89,7 @@ AXOLOTL_INERT = {
     "curriculum_sampling": (False,),
     "chat_template_kwargs": ({},),
     "added_tokens_overrides": ({},),
+    "dataset_exact_deduplication": (False,),
 }
 
 
@@ -291,8 +293,13 @@ AXOLOTL_TYPES_UNSUPPORTED = {
 
 # TRL SFT config keys (SFTConfig, ScriptArguments, ModelConfig) honoured today
 TRL_HONOURED = {
+    "tokenizer_name_or_path": "tokenizer",
     "model_name_or_path": "tokenizer (when tokenizer_name_or_path is not set)",
     "max_length": "sequence_len",
+    "max_seq_length": "sequence_len (older TRL spelling of max_length)",
+    "completion_only_loss": "train_on_inputs = not completion_only_loss",
+    "assistant_only_loss": ("true: roles_to_train assistant; false is refused (TRL then trains every token of a "
+                            "conversation, role markup too, which plancc has no setting for)"),
     "per_device_train_batch_size": "micro_batch_size",
     "gradient_accumulation_steps": "grad_accum",
     "num_train_epochs": "epochs (a whole number)",
@@ -308,8 +315,6 @@ TRL_HONOURED = {
 
 # TRL SFT config keys that shape the data and are not reproduced yet
 TRL_TO_HONOUR = {
-    "completion_only_loss": "prompt masked (plancc: not train_on_inputs), for every format it applies to",
-    "assistant_only_loss": "true: assistant turns only; false: every token of a conversation trained",
     "eos_token": "the eos appended and trained",
     "pad_token": "the pad token (no label; named so the trainer pads alike)",
     "padding_free": "samples concatenated without padding (plancc: mode flattened or packed rows)",
@@ -323,8 +328,6 @@ TRL_TO_HONOUR = {
     "dataset_config": "the Hub dataset's configuration",
     "dataloader_drop_last": "the last incomplete update dropped (plancc: drop_last)",
     "data_seed": "the sampler's seed (plancc: seed)",
-    "max_seq_length": "sequence_len (older TRL spelling of max_length)",
-    "tokenizer_name_or_path": "tokenizer",
     "model_revision": "the tokenizer's revision",
     "datasets": "TRL's dataset mixture: each entry a recipe dataset",
     "test_split_size": "the share of a mixture held out for evaluation",

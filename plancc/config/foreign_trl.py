@@ -22,8 +22,8 @@ def trl_settings(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
     if data.get("assistant_only_loss"):
         settings["roles_to_train"] = ["assistant"]
     elif data.get("assistant_only_loss") is False:  # TRL then trains every token of a conversation
-        reader.noted.append("assistant_only_loss false (plancc trains the turns of roles_to_train, not a whole "
-                            "conversation)")
+        reader.refuse_value("assistant_only_loss", "false trains every token of a conversation, its role markup "
+                            "too, which plancc has no setting for: set it true, or remove it")
     if isinstance(data.get("dataset_name"), str):
         split = {"split": data["dataset_train_split"]} if data.get("dataset_train_split") else {}
         settings["datasets"] = [{"path": data["dataset_name"], **split}]

@@ -85,6 +85,11 @@ def _text_column(field: Any) -> Any:
     return None if field in (None, "text") else {"text": field}
 
 
+def _long_policy(value: Any) -> Any:
+    """Axolotl's `excess_length_strategy` (drop, truncate, raise; any case) as `long`: raise is error."""
+    return {"raise": "error"}.get(value.lower(), value.lower()) if isinstance(value, str) else value
+
+
 def _negated(value: Any) -> Any:
     """TRL's `completion_only_loss` is `train_on_inputs` negated."""
     return not value if isinstance(value, bool) else value
@@ -146,7 +151,8 @@ class ScanOptions:
                                         spellings=(axolotl("drop_system_message", top=False, entry=True),))
     sequence_len: int = both(SEQUENCE_LEN)
     long: LongPolicy = setting(LongPolicy.DROP, "Over-long samples: truncate|drop|error.", OneOf(LongPolicy),
-                               dataset=PerDataset.RECIPE)
+                               dataset=PerDataset.RECIPE,
+                               spellings=(axolotl("excess_length_strategy", _long_policy),))
     max_dropped: float = setting(0.05, "Largest share of samples the scan may drop; more is an error.", Fraction(),
                                  record=Record.NEVER)
     shift: Shift = both(SHIFT)
@@ -331,7 +337,8 @@ class RunOptions:
 
     num_proc: int = setting(1, "Tokenizer processes (results identical for any count).", Positive(2**10),
                             flag=Flag.OWN, record=Record.NEVER,
-                            spellings=(axolotl("dataset_processes"), trl("dataset_num_proc")))
+                            spellings=(axolotl("dataset_processes"), axolotl("dataset_num_proc"),
+                                       trl("dataset_num_proc")))
 
     def __post_init__(self) -> None:
         normalize(self)
