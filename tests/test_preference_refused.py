@@ -64,7 +64,7 @@ def test_a_trl_dpo_or_kto_config_plans_its_preference_data(tmp_path, rows, extra
 @pytest.mark.parametrize(("rows", "extra", "says"), [
     (pc_rows(8), "desirable_weight: 1.0\n", "unpaired_preference"),  # a KTO config on SFT rows
     (PAIRS, "desirable_weight: 1.0\nloss_weights: [1.0]\n", "desirable_weight is a KTOConfig key and loss_weights"),
-    (PAIRS, "beta: 0.1\nassistant_only_loss: true\n", "assistant_only_loss belong to an SFT config"),
+    (PAIRS, "beta: 0.1\nassistant_only_loss: true\n", "assistant_only_loss belongs to an SFT config"),
     (PAIRS, "beta: 0.1\ndataset_name: {src}\n", "a recipe .*plans SFT data only; compile preference data as one SOURCE"),
 ])
 def test_a_trl_preference_config_that_cannot_hold_is_refused(tmp_path, rows, extra, says):

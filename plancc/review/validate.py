@@ -337,6 +337,9 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
     chunk hash, the chunk layout, and every planned sample's length, label count and content hash (reads the
     store)."""
     tokens_dir = m.path
+    problem = token_store.parts_problem(m)
+    if problem:
+        return [problem]
     for key in ("dataset", "metadata"):
         got = m.header["fingerprints"].get(key)
         if got != fingerprints[key]:
