@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_OUT ?= out/chat-plan
 RECIPE_OUT ?= out/recipe-plan
 
-.PHONY: install kernels demo test lint bench clean
+.PHONY: install kernels demo test lint bench clean axolotl-venv
 
 install: $(BIN)/plancc kernels demo
 
@@ -38,3 +38,16 @@ bench: $(BIN)/plancc
 
 clean:
 	rm -rf out bench-out .pytest_cache .ruff_cache
+
+# A separate venv with Axolotl for the plugin's test (tests/test_integration_axolotl.py): Axolotl pins its own
+# transformers/TRL, so it never shares the project's venv. The CPU torch wheel first, so Axolotl's deps keep it.
+AXOLOTL_VENV ?= /tmp/plancc-axolotl-venv
+AXOLOTL_VERSION ?= 0.19.0
+TORCH_VERSION ?= 2.13.0
+
+axolotl-venv: $(AXOLOTL_VENV)/bin/axolotl
+
+$(AXOLOTL_VENV)/bin/axolotl:
+	$(PYTHON) -m venv $(AXOLOTL_VENV)
+	$(AXOLOTL_VENV)/bin/python -m pip install -qq torch==$(TORCH_VERSION)
+	$(AXOLOTL_VENV)/bin/python -m pip install -qq axolotl==$(AXOLOTL_VERSION)

@@ -214,11 +214,13 @@ def _as_path(source: Any, cache: Path | None) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Validation:
-    """What `validate` found: every violation (none: the plan is sound) and whether an eval plan was checked."""
+    """What `validate` found: every violation (none: the plan is sound), whether an eval plan was checked, and what
+    it found true but worth saying (`notes`: eval samples with a training sample's tokens, as the plan warns)."""
 
     problems: tuple[str, ...]
     has_eval: bool
     skipped: tuple[str, ...] = ()  # checks the directory's contents did not allow, each with why
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -239,9 +241,10 @@ def validate(plan_dir: str | Path, *, dataset: str | None = None, tokenizer: str
     tokens_dir, dataset_fp = (store_in(dataset) if dataset is not None else None), None
     if dataset is not None and tokens_dir is None:
         dataset_fp = _rescanned_fingerprint(Path(plan_dir), dataset, tokenizer, num_proc, cache_dir)
-    problems, has_eval = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir)
+    notes: list[str] = []
+    problems, has_eval = validate_plan(str(plan_dir), dataset_fp, fast=fast, tokens_dir=tokens_dir, notes=notes)
     skipped = skipped_checks(Plan(plan_dir), tokens_dir) if not problems else []
-    return Validation(tuple(problems), has_eval, tuple(skipped))
+    return Validation(tuple(problems), has_eval, tuple(skipped), tuple(notes))
 
 
 def _rescanned_fingerprint(plan_dir: Path, dataset: str, tokenizer: str | None, num_proc: int | None,

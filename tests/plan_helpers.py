@@ -139,3 +139,37 @@ def byte_flip_verdicts(plan: Path, files: list[str], *, flips: int, seed: int, e
 def plan_files(plan_dir: Path) -> dict[str, bytes]:
     """Every file of a plan directory but its token store's, by name: the Parquet files and the manifest."""
     return {f.name: f.read_bytes() for f in sorted(plan_dir.iterdir()) if f.is_file()}
+
+
+# ---------------------------------------------------------------- a consistent forgery of the eval plan
+
+
+def swap_eval_for_training(plan: Path) -> None:
+    """Replace eval.parquet's rows by epoch 0's first training microbatches (as many as it held), with the eval
+    fingerprint and summary recomputed into every file's metadata and manifest.json: every hash a reader checks
+    then agrees, and only the held-out draw tells the rows are training samples."""
+    from plancc.core import layout
+    from plancc.store import parquet, plan_body, plan_tables
+    from plancc.store.fingerprint import eval_fingerprint
+    from plancc.store.manifest import EvalSummary
+    from plancc.store.plan import Plan
+
+    opened = Plan(plan)
+    n, W = opened.manifest.eval.batches, opened.settings.world_size
+    rows = opened.files.read_epoch(0).slice(0, n)
+    ids, row_bounds, batch_bounds = parquet.nested_arrays(rows.column("sample_ids"))
+    cols = {"index": np.arange(n, dtype=np.int64), "rank": layout.ranks(n, W), "sample_ids": ids,
+            "row_bounds": row_bounds, "batch_bounds": batch_bounds,
+            **{k: parquet.column(rows, k) for k in ("tokens", "label_count", "cost")}}
+    manifest = opened.manifest.to_json()
+    manifest["fingerprints"]["eval"] = eval_fingerprint(cols)
+    manifest["eval"] = EvalSummary.of(cols, W).to_json()
+    for name in (schemas.SAMPLES_FILE, schemas.METRICS_FILE, schemas.BEFORE_FILE, schemas.EVAL_FILE):
+        table = plan_tables.eval_table(cols) if name == schemas.EVAL_FILE else pq.read_table(plan / name)
+        meta = json.loads(pq.read_metadata(plan / name).metadata[schemas.META_KEY])
+        meta["fingerprints"] = manifest["fingerprints"]
+        parquet.write_parquet(table.replace_schema_metadata(None), plan / name,
+                              {schemas.META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    plan_body.write_rows(pq.read_table(plan / schemas.PLAN_FILE).replace_schema_metadata(None), plan / schemas.PLAN_FILE,
+                         {schemas.META_KEY: json.dumps({**manifest, "kind": "plan"}, sort_keys=True).encode()})
+    (plan / schemas.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))

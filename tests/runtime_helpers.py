@@ -85,8 +85,9 @@ def grads_of(model) -> dict[str, torch.Tensor]:
     return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in m.named_parameters()}
 
 
-def update_gradients(model, batches, *, world_size: int = 1, naive: bool = False, sync=None):
-    """Per update: (loss, gradients) from the token-mean loss over `batches` (collated, in sampler order).
+def update_gradients(model, batches, *, world_size: int = 1, naive: bool = False, sync=None, path: str = "chunked"):
+    """Per update: (loss, gradients) from the token-mean loss over `batches` (collated, in sampler order), by the
+    loss path `path` (`plancc.runtime.forward`; the trainers' default, so their arithmetic is the same).
 
     `naive=True` is the buggy mean-of-means loop: mean CE per microbatch, averaged over the update's microbatches.
     `sync(is_last)` returns the context to run a micro-step in (DDP no_sync for all but the last).
@@ -95,7 +96,7 @@ def update_gradients(model, batches, *, world_size: int = 1, naive: bool = False
 
     import torch.nn.functional as F
 
-    from plancc.runtime import token_loss
+    from plancc.runtime.forward import microbatch_loss
 
     out, loss_sum, per_update = [], 0.0, 0
     model.zero_grad(set_to_none=True)
@@ -103,13 +104,13 @@ def update_gradients(model, batches, *, world_size: int = 1, naive: bool = False
         per_update += 1
         ctx = sync(batch["plan"]["last_in_update"]) if sync else contextlib.nullcontext()
         with ctx:  # DDP decides at forward time whether the backward all-reduces
-            logits = forward_logits(model, batch)
             if naive:
+                logits = forward_logits(model, batch)
                 n_mb = len([b for b in batches if b["plan"]["update"] == batch["plan"]["update"]])
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                        batch["shift_labels"].reshape(-1), ignore_index=-100) / n_mb
             else:
-                loss = token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world_size)
+                loss = microbatch_loss(model, batch, batch["num_items_in_batch"], world_size=world_size, path=path)[1]
             loss.backward()
         loss_sum += float(loss.detach()) / world_size
         if batch["plan"]["last_in_update"]:

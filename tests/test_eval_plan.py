@@ -28,12 +28,12 @@ from plancc.planner.evaluation import eval_columns
 from plancc.planner.holdout import hold_out
 from plancc.planner.pipeline import compile_plan, compile_run
 from plancc.review.validate import validate_plan
-from plancc.runtime import PlanMismatchError, verified_plan
+from plancc.runtime import PlanEvalSampler, PlanMismatchError, verified_plan
 from plancc.store import parquet, schemas
 from plancc.store.plan import Plan
 from plancc.store.plan_store import PlanFiles
 from plancc.store.scan_record import ScanRecord
-from tests.plan_helpers import random_dataset, samples_table
+from tests.plan_helpers import random_dataset, samples_table, swap_eval_for_training
 from tests.test_store import _actual, _described
 
 runner = CliRunner()
@@ -152,7 +152,8 @@ def test_an_eval_plan_is_bound_by_its_fingerprint_and_documented(tmp_path):
     assert _described("eval") == _actual(schemas.EVAL_SCHEMA)  # schemas/eval.arrow.json documents the file
     assert validate_plan(str(path))[0] == []
     res = runner.invoke(app, ["validate", str(path)])
-    assert res.exit_code == 0 and "eval plan (held-out set once each, none trained on)" in res.output, res.output
+    assert res.exit_code == 0 and "eval plan (held-out set once each, none trained on, none a training sample's " \
+                                   "tokens)" in res.output, res.output
 
 
 def test_too_large_or_too_small_val_set_size_is_one_line_exit_2(tmp_path):
@@ -395,3 +396,19 @@ def test_diff_of_recipes_reports_an_eval_plan_change(recipe_eval, tmp_path):
     assert sizes["samples"] == (11, 13)  # a larger size only adds samples (per dataset: 4+2, then 6+2)
     assert (report["eval"]["added_samples"], report["eval"]["removed_samples"]) == (2, 0)
     assert {d["status"] for d in report["datasets"]} == {"unchanged"}
+
+
+def test_an_eval_plan_swapped_for_training_rows_and_refingerprinted_is_refused(sound, tmp_path):
+    """The eval rows replaced by epoch 0's first training microbatches, the eval fingerprint and summary recomputed
+    into every file: the runtime's eval read draws the held-out set again and refuses, naming the first sample that
+    is not held out (every other check passes, so nothing else could)."""
+    plan = shutil.copytree(sound, tmp_path / "p")
+    swap_eval_for_training(plan)
+    opened = verified_plan(plan)  # training is unaffected: every training file is as compiled
+    assert opened.epoch(0).total_batches
+    with pytest.raises(PlanMismatchError, match=r"eval\.parquet: holds \d+ samples the eval set .* does not"):
+        opened.eval()
+    with pytest.raises(PlanMismatchError, match="the held-out draw"):
+        list(PlanEvalSampler(plan, rank=0, world_size=1))
+    problems, _ = validate_plan(str(plan))
+    assert any("holds" in p and "samples the eval set" in p for p in problems), problems

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from tests.sources_fixtures import DEEPSEEK_JSON
 
 pytestmark = pytest.mark.slow  # runs the CLI in a subprocess per hostile input
 
@@ -189,6 +192,28 @@ def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path, chat_source):
     assert line == f"error: config file {config} is not valid UTF-8 (byte 0xff at offset 8)", line
 
 
+@pytest.mark.parametrize(("make", "kind"), [
+    (lambda path: os.mkfifo(path), "a FIFO (named pipe)"),  # blocked forever waiting for a writer
+    (lambda path: path.symlink_to("/dev/zero"), "a character device"),  # read until memory ran out
+    (lambda path: path.mkdir(), "a directory"),
+])
+def test_a_config_that_is_not_a_regular_file_is_refused_before_reading(tmp_path, chat_source, make, kind):
+    config = tmp_path / "c.toml"
+    make(config)
+    line = one_line(plancc(compile_args(chat_source, tmp_path, "--config", config), tmp_path, timeout=60,
+                           limits={resource.RLIMIT_AS: 4 << 30}))
+    assert line == f"error: config file {config} is {kind}, not a regular file; plancc reads a config from a " \
+                   "regular file", line
+
+
+def test_a_config_file_over_the_size_bound_is_refused(tmp_path, chat_source):
+    config = tmp_path / "c.toml"
+    config.write_text("# " + "x" * (16 << 20) + "\n")
+    line = one_line(plancc(compile_args(chat_source, tmp_path, "--config", config), tmp_path, timeout=60))
+    assert line == f"error: config file {config} is larger than 16 MiB; a config holds settings and dataset " \
+                   "entries, not data"
+
+
 # ---------------------------------------------------------------- invalid UTF-8 in typed string columns
 
 
@@ -225,7 +250,7 @@ def test_invalid_utf8_inside_parquet_messages_names_the_row(tmp_path):
     ([{"input_ids": [1, 2, 3]}, {"input_ids": [1, 2.5, 3]}],
      "row 1 (line 3): column 'input_ids' has a list holding float 2.5 at position 1, expected a list of integers"),
     ([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [1, 2], "labels": [-100.0, 3.25]}],
-     "row 1 (line 3): column 'labels' has a list holding float 3.25 at position 1, expected a list of integers"),
+     "row 1 (line 3): column 'labels' has a list holding float -100.0 at position 0, expected a list of integers"),
 ])
 def test_a_fraction_in_a_tokenized_row_names_that_row_not_the_first(tmp_path, rows, says):
     """Arrow reads the whole column as floats when one row holds 1.5: the error named row 0 (line 1)."""
@@ -275,9 +300,32 @@ def test_too_many_open_files_is_named_as_such(tmp_path):
     assert warm.returncode == 0, warm.stderr  # kernels compiled: the limited run fails on the scan itself
     r = plancc(["scan", source, "-o", tmp_path / "out", "--tokenizer", "builtin", "-q", "--num-proc", "2",
                 "--cache-dir", tmp_path / "fresh"], tmp_path, limits={resource.RLIMIT_NOFILE: 16})
-    assert one_line(r) == "error: too many open files while scanning (Too many open files; this process may open " \
-                          "16, see `ulimit -n`): raise the limit (e.g. `ulimit -n 4096`) or lower --num-proc"
+    assert one_line(r) == "error: cannot scan: too many open files (this process may open 16, see `ulimit -n`): " \
+                          "raise the limit (e.g. `ulimit -n 4096`) or lower --num-proc"
     assert not (tmp_path / "out").exists()
+
+
+def test_every_too_many_open_files_line_has_the_same_hint(tmp_path):
+    """At `ulimit -n` 16 and 24 the line had no hint (at 20 and 32 it had): wherever descriptors run out (scanning,
+    merging parts, reading a scan's token store, writing the recipe's cache entry) the line ends with one hint."""
+    a, b = _prompts(tmp_path / "a.jsonl", 3000), _prompts(tmp_path / "b.jsonl", 3000)
+    warm = plancc(["scan", a, "-o", tmp_path / "warm", "--tokenizer", "builtin", "-q"], tmp_path)
+    assert warm.returncode == 0, warm.stderr
+    runs = [("scan", ["scan", a], (12, 16)), ("scan2", ["scan", a, "--num-proc", "2"], (12, 16, 20)),
+            ("recipe", ["compile", a, b], (16, 18, 20, 22))]
+    failed = 0
+    for name, command, limits in runs:
+        for limit in limits:
+            out = tmp_path / f"{name}-{limit}"
+            r = plancc([*command, "-o", out, "--tokenizer", "builtin", "-q", "--cache-dir", tmp_path / f"c-{name}-{limit}"],
+                       tmp_path, limits={resource.RLIMIT_NOFILE: limit})
+            if r.returncode != 0:
+                failed += 1
+                line = one_line(r)
+                assert line.endswith(f"too many open files (this process may open {limit}, see `ulimit -n`): raise "
+                                     "the limit (e.g. `ulimit -n 4096`) or lower --num-proc"), (limit, name, line)
+                assert not out.exists()
+    assert failed >= 6, failed  # most limits are low enough to fail, each in its own place
 
 
 _UNDER_A_MEMORY_LIMIT = """
@@ -288,7 +336,7 @@ from plancc.store.json_rows import _too_deep
 import plancc.scan.scanner, plancc.store.token_hash, pyarrow.json  # loaded, and the kernels compiled, before the limit
 _too_deep(np.zeros(1, np.uint8), 1, True)
 size = int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmSize")).split()[1]) * 1024
-resource.setrlimit(resource.RLIMIT_AS, (size + (100 << 20),) * 2)
+resource.setrlimit(resource.RLIMIT_AS, (size + (ROOM << 20),) * 2)
 app(sys.argv[1:], prog_name="plancc")
 """
 
@@ -298,12 +346,105 @@ def test_out_of_memory_is_one_line_naming_where(tmp_path):
     40 MB row is what does not fit."""
     source = tmp_path / "big.jsonl"
     source.write_text(json.dumps({"text": "a b " * 10_000_000}) + "\n")
-    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT, "scan", str(source), "-o", str(tmp_path / "out"),
+    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT.replace("ROOM", "100"), "scan", str(source), "-o", str(tmp_path / "out"),
                         "--tokenizer", "builtin", "-q", "--long", "truncate"], capture_output=True, text=True,
                        timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "c")})
     line = one_line(r)
     assert line.startswith("error: out of memory while running plancc.") and "ulimit -v" in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_a_thread_that_cannot_start_is_out_of_memory_in_one_line(tmp_path):
+    """Under `ulimit -v` a thread whose stack does not fit was a traceback (`RuntimeError: can't start new thread`
+    from the encode pool, `ArrowException: Failed to launch worker thread` from the reader). Here every thread
+    reserves 1 GiB of stack (`ulimit -s`) and 600 MB of address space is left."""
+    source = _prompts(tmp_path / "pc.jsonl", 3000)
+
+    def big_stacks() -> None:
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 30, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+
+    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT.replace("ROOM", "600"), "compile", str(source), "-o", str(tmp_path / "out"),
+                        "--tokenizer", "builtin", "-q"], capture_output=True, text=True, timeout=300,
+                       preexec_fn=big_stacks, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                   "PLANCC_CACHE": str(tmp_path / "c")})
+    line = one_line(r)
+    assert line.startswith("error: out of memory while ") and line.endswith(
+        ": a thread could not start (each reserves `ulimit -s` of the address space `ulimit -v` allows); free memory "
+        "or raise the limit (`ulimit -v`), lower --num-proc, or scan in shards (`plancc scan --shard I/N`)"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_too_little_address_space_for_a_tokenizer_is_refused_naming_the_limit(tmp_path):
+    """Below a measured minimum the tokenizer's failed allocations abort the process ("memory allocation of 16
+    bytes failed", exit 134) or deadlock it: plancc refuses to start tokenizing there and names the limit."""
+    source = _prompts(tmp_path / "pc.jsonl", 50)
+    r = subprocess.run([sys.executable, "-c", _UNDER_A_MEMORY_LIMIT.replace("ROOM", "300"), "compile", str(source),
+                        "-o", str(tmp_path / "out"), "--tokenizer", str(DEEPSEEK_JSON), "-q"], capture_output=True,
+                       text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "c")})
+    line = one_line(r)
+    assert line.startswith("error: `ulimit -v` leaves ") and (
+        f"MiB plancc maps; tokenizing with {DEEPSEEK_JSON} needs at least 640 MiB more (below that the tokenizer's "
+        "failed allocations abort or hang the process): raise it to at least ") in line, line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "c" / "scans").exists()
+
+
+_STUCK_IN_NATIVE_CODE = """
+import ctypes, sys
+from pathlib import Path
+import plancc.scan.sources.tokenizer as tokenizer
+from plancc.cli import app
+
+libc = ctypes.CDLL(None)
+mutex = ctypes.create_string_buffer(64)  # a zeroed pthread mutex is an unlocked normal one
+libc.pthread_mutex_lock(mutex)
+
+
+class Stuck:
+    \"\"\"The tokenizer library, deadlocked: its call never returns, whatever signal comes.\"\"\"
+
+    @staticmethod
+    def from_str(text):
+        Path(sys.argv[1]).touch()
+        libc.pthread_mutex_lock(mutex)  # locked already: waits forever (no signal ends pthread_mutex_lock)
+
+
+tokenizer.Tokenizer = Stuck
+app(sys.argv[2:], prog_name="plancc")
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_plancc_stuck_in_native_code(tmp_path, signum):
+    """Out of memory under `ulimit -v` the tokenizer deadlocked in its allocation-failure path, and plancc ignored
+    SIGTERM and SIGINT for 15 minutes: its handler runs only when the main thread comes back from native code. The
+    deadlock is reproduced with a pthread mutex locked twice where the tokenizer is loaded."""
+    from plancc.cli.watchdog import GRACE
+
+    source, stuck = _prompts(tmp_path / "pc.jsonl", 20), tmp_path / "stuck"
+    child = subprocess.Popen([sys.executable, "-c", _STUCK_IN_NATIVE_CODE, str(stuck), "compile", str(source), "-o",
+                              str(tmp_path / "out"), "--tokenizer", str(DEEPSEEK_JSON), "-q"],
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "c")})
+    try:
+        for _ in range(1200):
+            if stuck.exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert stuck.exists(), child.stderr.read()
+        time.sleep(0.5)
+        sent = time.monotonic()
+        child.send_signal(signum)
+        child.wait(timeout=GRACE + 30)
+        assert GRACE - 1 < time.monotonic() - sent < GRACE + 30
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 128 + signum
+    assert child.stderr.read() == (f"interrupted before the plan was written: nothing was written at {tmp_path / 'out'} "
+                                   f"(plancc ended itself {GRACE:g} s after the signal: a native call did not "
+                                   "return)\n")
 
 
 def test_a_lock_left_by_a_killed_scan_does_not_block_the_next(tmp_path):
@@ -321,3 +462,66 @@ def test_a_lock_left_by_a_killed_scan_does_not_block_the_next(tmp_path):
     again = plancc(args, tmp_path, timeout=120)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out" / "samples.parquet").is_file()
+
+
+# ---------------------------------------------------------------- two compiles sharing a cold cache
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (`T`: stopped), '' once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _holds(pid: int, suffix: str) -> bool:
+    """Whether process `pid` has a file ending in `suffix` open (a lock it holds or waits for)."""
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").endswith(suffix) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def test_two_recipe_compiles_share_one_cache_entry_written_once(tmp_path):
+    """Two compiles of one recipe to different -o: the second failed 5 of 5 times with "another plancc process is
+    writing .../recipes/KEY". Here the first is stopped (SIGSTOP) with the entry written but not yet in place; the
+    second must wait for it, not fail, and both plans must map the one entry."""
+    a, b = _prompts(tmp_path / "a.jsonl", 300), _prompts(tmp_path / "b.jsonl", 200)
+    for source in (a, b):  # the scan cache warm: the recipe's entry is the first directory a compile writes
+        assert plancc(["scan", source, "-o", tmp_path / f"scan-{source.stem}", "--tokenizer", "builtin", "-q"],
+                      tmp_path).returncode == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PLANCC_CACHE": str(tmp_path / "cache")}
+    args = [sys.executable, "-m", "plancc", "compile", str(a), str(b), "--tokenizer", "builtin", "-q", "-o"]
+    first = subprocess.Popen([*args, str(tmp_path / "one")], env={**env, "PLANCC_FAULT": "written:stop"},
+                             stderr=subprocess.PIPE, text=True)
+    second = None
+    try:
+        for _ in range(1200):  # the first stops once its recipe entry is written (at most 120 s)
+            if _state(first.pid) in ("T", ""):
+                break
+            time.sleep(0.1)
+        assert _state(first.pid) == "T", first.stderr.read() if first.poll() is not None else "still running"
+        second = subprocess.Popen([*args, str(tmp_path / "two")], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(1200):  # the second reaches the entry: it waits for the first's lock, or gives up
+            if second.poll() is not None or _holds(second.pid, ".recipe.lock"):
+                break
+            time.sleep(0.1)
+        while first.poll() is None:  # go on (the first stops again writing its own plan)
+            if _state(first.pid) == "T":
+                os.kill(first.pid, signal.SIGCONT)
+            time.sleep(0.1)
+        assert second.wait(timeout=300) == 0, second.stderr.read()
+        assert first.returncode == 0, first.stderr.read()
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    entries = list((tmp_path / "cache" / "recipes").iterdir())
+    assert len(entries) == 1 and entries[0].is_dir(), entries  # one entry, no leftovers
+    cached = (entries[0] / "tokens" / "tokens.json").stat().st_ino
+    assert (tmp_path / "one" / "tokens" / "tokens.json").stat().st_ino == cached  # both plans link the one entry
+    assert (tmp_path / "two" / "tokens" / "tokens.json").stat().st_ino == cached
+    assert json.loads((tmp_path / "one" / "manifest.json").read_text())["fingerprints"] == \
+        json.loads((tmp_path / "two" / "manifest.json").read_text())["fingerprints"]

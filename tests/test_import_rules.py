@@ -4,7 +4,8 @@ function and class says what it is for.
 Imports, at module level or inside a function, are checked against the table below (a module belongs to the
 first rule whose prefix it has): the flat shared modules (settings, errors, plan arrays, layout) lie below every
 package; then store (files on disk) < scan (source -> samples table) and planner (samples -> plan arrays, arrays
-only) < review (reads what the store holds) and runtime (training on a plan) < build (source -> PLAN_DIR) < api < cli.
+only) < review (reads what the store holds) and runtime (training on a plan) < integrations (other trainers' plugins,
+on the runtime) < build (source -> PLAN_DIR) < api < cli.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ ROOT = Path(__file__).resolve().parents[1] / "plancc"
 # The packages, lowest first: each may import the shared ones (core, the leaf; config; errors, version: below every
 # package) and the packages listed before it, never one after it.
 STORE, SCAN, PLANNER, REVIEW, RUNTIME = "plancc.store", "plancc.scan", "plancc.planner", "plancc.review", "plancc.runtime"
+INTEGRATIONS = "plancc.integrations"  # other trainers' plugins: on top of the runtime
 ORCHESTRATION = ("plancc.build",)  # source -> PLAN_DIR: scan, plan, store
 FRONT = ("plancc.api", "plancc.cli", "plancc.__main__")
 SHARED = ("plancc.core", "plancc.config", "plancc.errors", "plancc.version")
-ABOVE_SHARED = (STORE, SCAN, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT)
+ABOVE_SHARED = (STORE, SCAN, PLANNER, REVIEW, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT)
 # the CLI parses, calls `plancc.api` and prints: besides the API, only plain values for its help text and messages
 CLI_MAY = ("plancc.cli", "plancc.api", "plancc.config.settings", "plancc.config.registry", "plancc.errors",
            "plancc.core.numbers",
@@ -63,21 +65,25 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plancc.config", (*ABOVE_SHARED, "numpy", "pyarrow", "torch")),
     ("plancc.core", (*ABOVE_SHARED, "plancc.config", "pyarrow", "torch", "typer", "datasets")),  # the leaf
     *((name, (*ABOVE_SHARED, "pyarrow", "torch", "typer", "datasets")) for name in SHARED),
-    (STORE, (SCAN, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
+    (STORE, (SCAN, PLANNER, REVIEW, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
     # the row formats read rows and give tokens: no files, no store (the scan writes what they give through it)
-    ("plancc.scan.formats", (STORE, PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
-    (SCAN, (PLANNER, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer")),
+    ("plancc.scan.formats", (STORE, PLANNER, REVIEW, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
+    (SCAN, (PLANNER, REVIEW, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT, "torch", "typer")),
     # the algorithms: arrays in, arrays out (numpy and numba only; pyarrow stays in the store)
-    (PLANNER, (STORE, SCAN, REVIEW, RUNTIME, *ORCHESTRATION, *FRONT, "pyarrow", "torch", "typer", "datasets")),
+    (PLANNER, (STORE, SCAN, REVIEW, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT, "pyarrow", "torch", "typer",
+               "datasets")),
     # validate checks the plan with code of its own: it must not share the compiler's sums (core.plan_arrays,
     # core.row_sums) or draws (planner), or a bug there would make it agree with a wrong plan
-    *((name, (SCAN, PLANNER, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets", "plancc.core.row_sums",
+    *((name, (SCAN, PLANNER, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets",
+               "plancc.core.row_sums",
               *(f"plancc.core.plan_arrays.{n}" for n in COMPILER_SUMS)))
       for name in ("plancc.review.validate", "plancc.review.recount")),
-    (REVIEW, (SCAN, PLANNER, RUNTIME, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
-    (RUNTIME, (SCAN, PLANNER, REVIEW, *ORCHESTRATION, *FRONT, "typer", "datasets")),
-    *((name, (REVIEW, RUNTIME, *FRONT, "torch", "typer")) for name in ORCHESTRATION),
-    ("plancc.api", ("plancc.cli", RUNTIME, "torch", "typer")),
+    (REVIEW, (SCAN, PLANNER, RUNTIME, INTEGRATIONS, *ORCHESTRATION, *FRONT, "torch", "typer", "datasets")),
+    (RUNTIME, (SCAN, PLANNER, REVIEW, INTEGRATIONS, *ORCHESTRATION, *FRONT, "typer", "datasets")),
+    # a trainer's plugin replays the plan through the runtime; it never compiles (datasets: the trainers' own type)
+    (INTEGRATIONS, (SCAN, PLANNER, REVIEW, *ORCHESTRATION, *FRONT, "typer")),
+    *((name, (REVIEW, RUNTIME, INTEGRATIONS, *FRONT, "torch", "typer")) for name in ORCHESTRATION),
+    ("plancc.api", ("plancc.cli", RUNTIME, INTEGRATIONS, "torch", "typer")),
     ("plancc.cli", (*all_but(*CLI_MAY), "torch")),
     # the script runs the CLI, and the interrupt tests' start-up crash point (a small leaf module)
     ("plancc.__main__", (*all_but("plancc.cli", "plancc.core.faults"), "torch")),

@@ -3,9 +3,13 @@ globs, globs the shell expanded, and plans used from another folder than the one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import subprocess
+import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from plancc.store.data_files import check_utf8
 from tests.sources_fixtures import DEEPSEEK_JSON
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tokenized(path: Path, n: int, first: int = 0) -> Path:
@@ -74,6 +79,76 @@ def test_utf8_check_finds_the_first_bad_byte_at_any_chunk_size(tmp_path_factory,
     else:
         with pytest.raises(InputError, match=want.replace("(", r"\(").replace(")", r"\)")):
             check_utf8(str(path), chunk)
+
+
+# ---------------------------------------------------------------- FIFOs, devices, /dev/stdin
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    """A FIFO; if a regression opens it for reading, a writer comes after 30 s so the test fails, not hangs."""
+    path = tmp_path / "pipe.jsonl"
+    os.mkfifo(path)
+
+    def release() -> None:
+        with contextlib.suppress(OSError):  # ENXIO: nobody reads it, as it should be
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    timer = threading.Timer(30, release)
+    timer.start()
+    yield path
+    timer.cancel()
+
+
+def _refused(res) -> str:
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    return lines[0]
+
+
+def test_a_fifo_or_device_source_is_named_for_what_it_is(tmp_path, fifo):
+    """A FIFO, a device or /dev/stdin given as SOURCE was "no such file or directory"."""
+    for source, kind in ((fifo, "a FIFO (named pipe)"), ("/dev/null", "a character device")):
+        line = _refused(_compile(source, "-o", tmp_path / "plan", "--tokenizer", "builtin"))
+        assert line == f"error: {source} is {kind}, not a regular file; plancc reads a source from regular files or " \
+                       "a directory"
+    assert not (tmp_path / "plan").exists()
+
+
+def test_dev_stdin_as_a_source_says_what_it_is(tmp_path):
+    """/dev/stdin is the pipe, terminal or file the shell connected: plancc reads a pipe or terminal never."""
+    r = subprocess.run([sys.executable, "-m", "plancc", "compile", "/dev/stdin", "-o", str(tmp_path / "plan"),
+                        "--tokenizer", "builtin", "-q"], input='{"text": "a"}\n', capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and r.stderr == ("error: /dev/stdin is a FIFO (named pipe), not a regular file; plancc "
+                                              "reads a source from regular files or a directory\n"), r.stderr
+
+
+def test_a_fifo_or_device_tokenizer_or_template_is_named_for_what_it_is(tmp_path, fifo):
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "yo"}]}) + "\n")
+    for tokenizer, kind in ((fifo, "a FIFO (named pipe)"), ("/dev/zero", "a character device")):
+        line = _refused(_compile(chat, "-o", tmp_path / "plan", "--tokenizer", tokenizer))
+        shown = fifo.absolute() if tokenizer == fifo else tokenizer
+        assert line == f"error: --tokenizer {tokenizer}: {shown} is {kind}, not a regular file; plancc reads a " \
+                       "tokenizer from a tokenizer.json file or a directory holding one"
+    line = _refused(_compile(chat, "-o", tmp_path / "plan", "--tokenizer", "builtin", "--chat-template", fifo))
+    assert line == f"error: --chat-template {fifo}: {fifo} is a FIFO (named pipe), not a regular file; plancc reads " \
+                   "a chat template from a regular file"
+
+
+def test_a_tokenizer_directory_whose_config_is_a_fifo_is_refused_not_ignored(tmp_path):
+    """A tokenizer_config.json that is not a regular file was skipped as absent: no EOS, no chat template."""
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(DEEPSEEK_JSON, tok / "tokenizer.json")
+    (tok / "tokenizer_config.json").symlink_to("/dev/zero")
+    line = _refused(_compile(_tokenized(tmp_path / "t.jsonl", 3), "-o", tmp_path / "plan", "--tokenizer", tok,
+                             "--format", "tokenized"))
+    assert line == f"error: --tokenizer {tok}: {tok.absolute() / 'tokenizer_config.json'} is a character device, " \
+                   "not a regular file; plancc reads a tokenizer from a tokenizer.json file or a directory holding one"
 
 
 # ---------------------------------------------------------------- globs and literal paths

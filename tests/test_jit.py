@@ -170,3 +170,14 @@ def test_no_inlined_kernel_takes_a_structure():
                     "inline" in ast.unparse(d) and "always" in ast.unparse(d) for d in node.decorator_list):
                 inlined.append((node.name, {a.arg for a in node.args.args} & structures))
     assert inlined and not [(name, taken) for name, taken in inlined if taken], inlined
+
+
+def test_install_step_warms_every_layout(tmp_path):
+    """`make install` runs `python -m plancc.build.kernels`: it compiles a plan in every layout through the public
+    settings path, so an API change that breaks it fails here and not on a user's first install."""
+    from plancc.build import kernels
+
+    kernels.warm(tmp_path)
+    plans = sorted(p.name for p in tmp_path.glob("plan-*"))
+    assert plans == [f"plan-{k}" for k in range(len(kernels.RUNS))]
+    assert all((tmp_path / name / "manifest.json").is_file() for name in plans)

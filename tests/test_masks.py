@@ -17,7 +17,7 @@ from plancc.cli import app
 from plancc.config.settings import ScanOptions
 from plancc.errors import SettingsError
 from plancc.scan.scanner import scan
-from plancc.scan.sources import chat
+from plancc.scan.sources import clock
 from plancc.scan.sources.tokenizer import load_tokenizer
 from plancc.store import token_store
 from tests.sources_fixtures import (
@@ -110,7 +110,7 @@ class _Clock(dt.datetime):
 
 def _dated_plan(tmp_path, name: str, monkeypatch, when: dt.datetime, **settings) -> bytes:
     monkeypatch.setattr(_Clock, "now_value", when)
-    monkeypatch.setattr(chat, "datetime", _Clock)
+    monkeypatch.setattr(clock, "datetime", _Clock)
     monkeypatch.setattr(dt, "datetime", _Clock)
     src = write_rows(tmp_path / "chat.jsonl", [{"messages": c} for c in chatterbot_conversations(40)])
     template = write_template(tmp_path, "dated", DATED_CHATML)

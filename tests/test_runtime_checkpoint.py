@@ -309,6 +309,17 @@ def test_an_edited_position_is_found_by_the_checksum(setup, tmp_path):
     _refused(setup, tmp_path, r"rank0.json: checksum: missing")
 
 
+@pytest.mark.parametrize("position", [1, 5, 17])
+def test_a_resealed_position_edit_is_refused(setup, tmp_path, position):
+    """A careful edit (checksum recomputed) of the position alone, update and micro-step as saved, would replay or
+    skip microbatches: the position no longer matches them on the plan's layout, and the step is refused."""
+    d = _one_step(setup, tmp_path)
+    assert {k: json.loads((d / "rank0.json").read_text())["sampler"][k] for k in ("position", "update", "micro_step")} \
+        == {"position": 4, "update": 1, "micro_step": 0}
+    _edit(d / "rank0.json", lambda m: m["sampler"].update(position=position))
+    _refused(setup, tmp_path, rf"rank0.json: sampler.position: {position} is (update|past the end)")
+
+
 def test_another_ranks_state_is_refused(setup, tmp_path):
     """Rank 3's files of a 4-rank save copied over rank 0's: rank 0 refuses them."""
     for rank in (3, 0):
@@ -371,6 +382,61 @@ def test_two_ranks_both_refuse_malformed_and_hostile_files(tmp_path):
     r0, r1 = _two_ranks(_hostile_worker, tmp_path, n=16)
     assert "rank0.json: sampler.epoch: 'x' is not an integer" in r0["malformed"]["error"]
     assert "no step is complete on every rank" in r1["malformed"]["error"]
+    assert "rank 1: complete here: step 1" in r1["malformed"]["error"]  # what is true on rank 1: its step is whole
     assert "rank0.pt: not a readable tensor checkpoint" in r0["pickle"]["error"]
     assert "rank(s) [0] could not resume from step 1" in r1["pickle"]["error"]
     assert not (tmp_path / "ran").exists()
+
+
+def _resume_fresh(plan: str, ckpt: str) -> dict:
+    """`_resume` with a new sampler, and where that sampler stands afterwards (untouched when refused)."""
+    sampler = PlanSampler(plan)
+    return {**_resume(ckpt, sampler, None), "at": [sampler.epoch, sampler.position]}
+
+
+def _position_worker(rank: int, plan: str, ckpt: str, out: str, results: dict) -> None:
+    """Steps 1 and 2 saved on both ranks (positions 2 and 4), then rank 1's sampler positions edited and resealed."""
+    sampler = PlanSampler(plan)  # 2 ranks x 2 micro-steps: an update is 2 positions on each rank
+    it = iter(sampler)
+    for step in (1, 2):
+        next(it), next(it)
+        save_checkpoint(ckpt, step, {"model": torch.nn.Linear(2, 2).state_dict()}, sampler=sampler, keep=3)
+    newest = step_dir(ckpt, 2) / "rank1.json"
+    saved = newest.read_bytes()
+    dist.barrier()
+    if rank == 0:  # rank 1's step 2 moved back, update and micro-step as saved
+        _edit(newest, lambda m: m["sampler"].update(position=2))
+    dist.barrier()
+    results["edited"] = _resume_fresh(plan, ckpt)
+    dist.barrier()
+    if rank == 0:  # and its step 1 moved forward: no step left in common
+        _edit(step_dir(ckpt, 1) / "rank1.json", lambda m: m["sampler"].update(position=3))
+    dist.barrier()
+    results["none_left"] = _resume_fresh(plan, ckpt)
+    dist.barrier()
+    if rank == 0:  # rank 1's step 2 moved back a whole update, consistently (position 2 is update 1)
+        newest.write_bytes(saved)
+        _edit(newest, lambda m: m["sampler"].update(position=2, update=1))
+    dist.barrier()
+    results["out_of_step"] = _resume_fresh(plan, ckpt)
+    dist.barrier()
+
+
+@pytest.mark.slow  # a 2-rank gloo process group
+def test_two_ranks_refuse_edited_positions_together(tmp_path):
+    """An edited, resealed sampler position never resumes: alone it contradicts its update (the step is skipped
+    like a damaged one); moved with its update it puts the ranks out of step, and every rank refuses."""
+    results = _two_ranks(_position_worker, tmp_path, n=24)
+    for r in results:
+        assert r["edited"]["step"] == 1 and r["edited"]["at"] == [0, 2], r
+        assert any("rank 0: step 2, rank 1: step 1" in w for w in r["edited"]["warnings"]), r
+        assert "no step is complete on every rank" in r["none_left"]["error"], r
+        assert "step" not in r["out_of_step"] and r["out_of_step"]["at"] == [0, 0], r  # refused, sampler untouched
+        assert ("the ranks' sampler states are out of step (rank 0: epoch 0, position 4, update 2, micro-step 0; "
+                "rank 1: epoch 0, position 2, update 1, micro-step 0)") in r["out_of_step"]["error"], r
+    r0, r1 = results
+    assert any("rank1.json: sampler.position: 2 is update 1, micro-step 0" in w for w in r1["edited"]["warnings"])
+    # each rank says what is true on it: rank 0's steps are whole, rank 1's are edited
+    assert "rank 0: complete here: step 2, step 1" in r0["none_left"]["error"]
+    assert "no complete step" not in r0["none_left"]["error"]
+    assert "step-00000001/rank1.json: sampler.position: 3 is update 1, micro-step 1" in r1["none_left"]["error"]

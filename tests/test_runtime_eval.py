@@ -6,6 +6,7 @@ model and divides the summed CE by the summed target count; the mean of per-batc
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from plancc.runtime import (
     verified_plan,
 )
 from plancc.runtime.hf import PlanTrainer
+from tests.plan_helpers import swap_eval_for_training
 from tests.runtime_helpers import tiny_model
 from tests.test_runtime_hf import args_for
 
@@ -141,6 +143,18 @@ def test_trainer_evaluate_and_eval_strategy_log_the_exact_eval_loss(plan, tmp_pa
     metrics = trainer.evaluate()
     assert rel(metrics["eval_loss"], reference_loss(trainer.model, plan)) < RTOL
     assert metrics["eval_targets"] == verified_plan(plan).eval().total_label_count
+
+
+def test_an_eval_plan_swapped_for_training_rows_is_refused_by_evaluate_plan_and_the_trainer(plan, tmp_path):
+    """The red team's forgery (`swap_eval_for_training`: training rows as the eval plan, every hash recomputed):
+    `evaluate_plan` and `PlanTrainer.evaluate()` refuse instead of reporting a loss over training samples."""
+    forged = Path(shutil.copytree(plan, tmp_path / "p"))
+    swap_eval_for_training(forged)
+    with pytest.raises(PlanMismatchError, match=r"eval\.parquet: holds \d+ samples the eval set"):
+        evaluate_plan(tiny_model(), forged)
+    trainer = PlanTrainer(model=tiny_model(), args=trainer_args(tmp_path / "o"), plan=forged)
+    with pytest.raises(PlanMismatchError, match=r"eval\.parquet: holds \d+ samples the eval set"):
+        trainer.evaluate()
 
 
 def test_trainer_evaluates_at_the_end_of_each_plan_epoch(tmp_path):

@@ -10,6 +10,8 @@ from collections import defaultdict
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from benchmarks.synthetic import build_plan, make_tokenized
 from plancc.runtime import (
@@ -177,6 +179,43 @@ def test_invalid_state_and_foreign_plan_refused(plan, tmp_path):
         PlanSampler(other, rank=0, world_size=2).load_state_dict(PlanSampler(plan, rank=0, world_size=2).state_dict())
     with pytest.raises(PlanMismatchError, match="not a plancc sampler state"):
         PlanSampler(plan, rank=0, world_size=2).load_state_dict({"epoch": 0})
+
+
+# (world_size, grad_accum, full_updates) of the saving run; the resuming run is always (2, 2, False)
+_SHAPES = [(2, 2, False), (1, 4, False), (2, 2, True), (4, 1, False)]
+
+
+@given(shape=st.sampled_from(_SHAPES), data=st.data())
+def test_a_position_that_contradicts_its_update_is_refused(plan, shape, data):
+    """A state's position is checked against its update and micro-step on the plan's layout: an edited position
+    (update and micro-step as saved) would resume at other microbatches, so it is refused; a consistent state of
+    the same shape resumes where it says."""
+    world, accum, full = shape
+    saver = PlanSampler(plan, rank=world - 1, world_size=world, grad_accum=accum, full_updates=full)
+    p = data.draw(st.integers(0, saver.epoch_length), label="position")
+    q = data.draw(st.integers(0, saver.epoch_length + 3).filter(lambda q: q != p), label="edited position")
+    state = {**saver.state_at(1, p), "position": q}
+    with pytest.raises(PlanMismatchError, match=rf"position: {q} is (update|past)"):
+        PlanSampler(plan, rank=1, world_size=2).load_state_dict(state)
+    flipped = {**saver.state_at(1, p), "at_update_boundary": saver.locate(p, 1)[1] != 0}
+    with pytest.raises(PlanMismatchError, match="at_update_boundary"):
+        PlanSampler(plan, rank=1, world_size=2).load_state_dict(flipped)
+    if shape == (2, 2, False):
+        resumed = PlanSampler(plan, rank=1, world_size=2)
+        resumed.load_state_dict(saver.state_at(1, p))
+        assert (resumed.epoch, resumed.position) == (1, p)
+
+
+def test_a_state_of_an_impossible_shape_is_refused(plan):
+    state = PlanSampler(plan, rank=0, world_size=2).state_at(0, 4)
+    with pytest.raises(PlanMismatchError, match=r"grad_accum: 2 ranks x 3 micro-steps cannot replay"):
+        PlanSampler(plan, rank=0, world_size=2).load_state_dict({**state, "grad_accum": 3})
+    with pytest.raises(PlanMismatchError, match=r"rank: 2 is not a rank of 2"):
+        PlanSampler(plan, rank=0, world_size=1, grad_accum=4).load_state_dict({**state, "rank": 2})
+    with pytest.raises(PlanMismatchError, match=r"plan_grad_accum: 4, the plan's is 2"):
+        PlanSampler(plan, rank=0, world_size=2).load_state_dict({**state, "plan_grad_accum": 4})
+    with pytest.raises(PlanMismatchError, match=r"epoch: 2 is not an epoch of the plan \(it has \[0, 1\]\)"):
+        PlanSampler(plan, rank=0, world_size=2).load_state_dict({**state, "epoch": 2})
 
 
 def test_dataset_change_is_an_error_unless_allowed(tmp_path):

@@ -312,8 +312,9 @@ def test_a_plan_whose_store_was_moved_away_trains_on_it_given_as_data(tmp_path):
 
 
 def test_a_worker_copy_refuses_a_store_replaced_since_the_parent_opened_it(tmp_path):
-    """A DataLoader worker (spawn) reopens the store by path: if the plan was recompiled meanwhile it would read
-    other tokens than the parent's batches expect, so it refuses them."""
+    """A copy pickled outside a process start (no descriptor to pass) reopens the store by path: replaced meanwhile,
+    it would hold other tokens than the parent's batches expect, so it refuses them. (A spawned worker reopens
+    through the directory its parent holds: tests/test_live_recompile.py.)"""
     plan = build_plan(tmp_path / "a", n=30, mode="packed", micro_batch_size=2, sequence_len=24)
     other = build_plan(tmp_path / "b", n=30, seed=1, data_seed=9, mode="packed", micro_batch_size=2, sequence_len=24)
     tokens = load_tokens(plan)

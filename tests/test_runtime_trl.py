@@ -86,3 +86,17 @@ def test_sft_trainer_refuses_trl_packing_and_other_losses(run, tmp_path):
     for kw, match in ((dict(packing=True), "already packs"), (dict(loss_type="dft"), "objective")):
         with pytest.raises(PlanMismatchError, match=match):
             PlanSFTTrainer(model=model(), args=config(tmp_path, **kw), plan=plan, processing_class=tokenizer())
+
+
+@pytest.mark.parametrize("loss", ["fused", "logits"])
+def test_sft_trainer_by_trls_fused_head_or_full_logits_equals_the_plain_loop(run, tmp_path, loss):
+    """loss="fused": TRL's fused LM head, handed `shift_labels` and the plan's count, trains the plain loop's
+    gradients (as does the full-logits path)."""
+    plan = run[0]
+    rec = GradRecorder()
+    PlanSFTTrainer(model=model(), args=config(tmp_path, max_steps=3), plan=plan, processing_class=tokenizer(),
+                   loss=loss, callbacks=[rec]).train()
+    ref, _ = plain_loop_grads(plan, model(), LR, 3)
+    assert len(rec.grads) == 3
+    for got, want in zip(rec.grads, ref, strict=True):
+        assert max(rel_err(got[k], want[k]) for k in want) < 1e-5

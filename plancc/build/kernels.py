@@ -10,14 +10,13 @@ rare inputs reach (closing rows that best fit left with gaps) still compile on f
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from plancc.build.run import compile_to_dir
-from plancc.config.settings import PlanSettings, ScanOptions
+from plancc.build.run import compile_plan
+from plancc.config.resolve import resolve
 from plancc.core import jit
 
 ROWS = 120
@@ -33,10 +32,9 @@ def warm(folder: Path) -> int:
                               for i in range(ROWS)))
     with jit.numba.core.event.install_recorder("numba:compile") as compiles:
         for k, (mode, mbs, shift, cost, pad) in enumerate(RUNS):
-            scan = ScanOptions(tokenizer="builtin", sequence_len=256, shift=shift)
-            plan = dataclasses.replace(PlanSettings(), mode=mode, micro_batch_size=mbs, sequence_len=256, shift=shift,
-                                       cost=cost, pad_multiple=pad, world_size=2, grad_accum=2, epochs=1)
-            compile_to_dir(str(source), scan, plan, folder / f"plan-{k}", cache_dir=folder / "cache")
+            resolved = resolve(str(source), tokenizer="builtin", sequence_len=256, shift=shift, mode=mode,
+                               micro_batch_size=mbs, cost=cost, pad_multiple=pad, world_size=2, grad_accum=2, epochs=1)
+            compile_plan(resolved, folder / f"plan-{k}", cache_dir=folder / "cache")
         return len(compiles.buffer)
 
 

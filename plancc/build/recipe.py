@@ -10,7 +10,8 @@ recipe order:
   `first_id + row` is row `row` of dataset d, so ids stay unique, sorted, and the row a trainer reads;
 * the samples table: the datasets' tables concatenated, with a `dataset` column (the dataset's name);
 * the token store: a multi-part store (`token_writer.write_parts`) of the datasets' stores, hard-linked from the
-  scan cache into `recipes/KEY/` of the cache (KEY: the datasets' fingerprints, names and order); the runtime maps
+  scan cache into `recipes/KEY/` of the cache (KEY: the datasets' fingerprints, names and order), written once:
+  compiles of the same recipe at once wait for the one writing it and reuse it; the runtime maps
   it as one store, so its per-sample read stays O(1) and each chunk is still hashed on first read;
 * the record: rows, drops and cuts summed, the tokenizer (one for the recipe: datasets scanned with different
   ones are an error naming both), and per dataset its counts, fingerprints, first id and mix (`datasets`).
@@ -33,7 +34,7 @@ from plancc.core.hashing import canonical_hash
 from plancc.core.paths import cache_path
 from plancc.errors import InputError, PlanccError, SettingsError
 from plancc.planner.mixture import dataset_index
-from plancc.store import outputs, parquet, schemas, token_store, token_writer
+from plancc.store import atomic, outputs, parquet, schemas, token_store, token_writer
 from plancc.store.samples import dataset_codes, samples_fingerprints
 from plancc.store.scan_record import TOTALS, ScanRecord, Template
 
@@ -158,16 +159,22 @@ def _token_store(loaded: list[Loaded], table: pa.Table, record: ScanRecord, shif
                           "stores": [token_store.read_header(d.samples.tokens)["fingerprints"] for d in loaded]})
     entry = cache_path(cache_dir, "recipes", key)
     tokens = entry / schemas.TOKENS_DIR
-    try:
-        if token_store.open_store(tokens).header["fingerprints"] == fingerprints:
-            return tokens
-    except token_store.TokenStoreError:
-        pass
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with outputs.atomic_directory(entry, owned=True, what="scan") as tmp:
-        token_writer.write_parts(tmp / schemas.TOKENS_DIR, [d.samples.tokens for d in loaded], fingerprints=fingerprints,
-                                 labels_shifted=shift == "none")
+    if _cached(tokens, fingerprints):
+        return tokens
+    with atomic.exclusive(entry.parent, f"{key}.recipe"):  # a compile of the same recipe meanwhile: wait, reuse
+        if not _cached(tokens, fingerprints):
+            with outputs.atomic_directory(entry, owned=True, what="scan") as tmp:
+                token_writer.write_parts(tmp / schemas.TOKENS_DIR, [d.samples.tokens for d in loaded],
+                                         fingerprints=fingerprints, labels_shifted=shift == "none")
     return tokens
+
+
+def _cached(tokens: Path, fingerprints: dict[str, str]) -> bool:
+    """Whether the cache holds the joined token store bound to `fingerprints`."""
+    try:
+        return token_store.open_store(tokens).header["fingerprints"] == fingerprints
+    except token_store.TokenStoreError:
+        return False
 
 
 def join_recipe(resolved: Resolved, *, cache_dir: Path | None = None, progress: Any = None) -> tuple[Resolved, Samples]:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -22,8 +23,10 @@ from plancc.build.samples import Samples, open_stored, scan_source
 from plancc.config.resolve import Resolved
 from plancc.config.settings import PlanSettings
 from plancc.core.faults import fault
+from plancc.core.machine import available_memory
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
+from plancc.planner import budget, holdout
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
@@ -50,6 +53,7 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     A stored scan's sequence_len and shift become the plan's (`plancc.build.carry`), and the settings given on
     purpose (`resolved.given`) must not contradict them."""
     outputs.check_output(out_dir, overwrite=overwrite)
+    budget.check_fits(None, resolved.plan, available_memory())  # what the settings alone ask for, before any work
     if resolved.datasets is None:
         resolved, samples = _one_source(resolved.source, resolved, cache_dir=cache_dir, progress=progress)
     else:
@@ -57,12 +61,39 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     settings = resolved.plan
     s = parquet.sample_arrays(samples.table)
     drops = SourceDrops(samples.record.dropped_samples, samples.record.truncated_samples)
-    run = compile_run(s, settings, progress=progress, drops=drops, index=samples.index)
+    eval_ids, shared = _eval_set(s, samples, settings)
+    budget.check_fits(_trained_sizes(s, samples.index, settings, eval_ids), settings, available_memory())
+    run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids, index=samples.index)
     mixed = None if samples.datasets is None else {
         "datasets": samples.datasets, "metrics": epoch_metrics(run.epochs, samples, settings.shift)}
     fault("prepared")
     return write_plan_dir(out_dir, samples.table, run.train, settings, run.epochs, samples.record, samples.tokens,
-                          progress, overwrite=overwrite, recipe=mixed, evaluation=run.evaluation)
+                          progress, overwrite=overwrite, recipe=mixed, evaluation=run.evaluation,
+                          notes=(shared,) if shared else ())
+
+
+def _with_notes(record: ScanRecord, notes: tuple[str, ...]) -> ScanRecord:
+    """The scan record a plan holds, with the plan's own warnings after the scan's (the manifest's warnings)."""
+    return record.but(warnings=(*record.warnings, *notes)) if notes else record
+
+
+def _eval_set(s: SampleArrays, samples: Samples, settings: PlanSettings) -> tuple[np.ndarray | None, str | None]:
+    """The held-out sample ids (None: no eval plan), and the warning when some have a training sample's tokens
+    (an eval dataset that copies training data is refused: `holdout.shared_content`)."""
+    eval_ids = holdout.eval_ids(s.sample_id, settings, samples.index) if len(s) else None
+    if eval_ids is None:
+        return None, None
+    return eval_ids, holdout.shared_content(parquet.column(samples.table, "token_hash"), s.sample_id, eval_ids,
+                                            samples.index, settings.mixture)
+
+
+def _trained_sizes(s: SampleArrays, index: np.ndarray | None, settings: PlanSettings,
+                   eval_ids: np.ndarray | None) -> np.ndarray:
+    """The samples each mixture entry trains on (for one source: all but the held-out ones)."""
+    trained = ~np.isin(s.sample_id, eval_ids) if eval_ids is not None else np.ones(len(s), dtype=bool)
+    if index is None:
+        return np.array([int(trained.sum())])
+    return np.bincount(index[trained & (index >= 0)], minlength=len(settings.mixture))
 
 
 def _one_source(source: str, resolved: Resolved, *, cache_dir: Path | None, progress: Progress | None
@@ -120,10 +151,12 @@ def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table,
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
                    epochs: list[EpochPlan], scan_record: ScanRecord, tokenized: Path | None,
                    progress: Progress | None = None, *, overwrite: bool = False,
-                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None) -> Manifest:
+                   recipe: dict[str, Any] | None = None, evaluation: EvalPlan | None = None,
+                   notes: tuple[str, ...] = ()) -> Manifest:
     """Write PLAN_DIR atomically from planned epochs (over the training samples `s`) and the eval plan, if any:
     plan, samples (all of `samples_table`), metrics, before and eval tables, the manifest (and the token store,
-    hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics."""
+    hard-linked); returns the manifest. `recipe`: a recipe's datasets and their metrics; `notes`: the plan's own
+    warnings, after the scan's."""
     if progress:
         progress("writing plan", 0, 1)
     fingerprints: dict[str, Any] = {
@@ -142,7 +175,8 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     before = plan_tables.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
     manifest = Manifest(
         plancc=__version__, schema=schemas.SCHEMA_VERSION, fingerprints=fingerprints, settings=settings,
-        scan=scan_record.without(*NOT_PLANNED), data=data_paths(out_dir, scan_record.source_paths, tokenized is not None),
+        scan=_with_notes(scan_record.without(*NOT_PLANNED), notes),
+        data=data_paths(out_dir, scan_record.source_paths, tokenized is not None),
         epochs=summaries, samples=samples_table.num_rows,
         checksums={"metrics": metrics_checksum(metrics.to_pylist()),
                    "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},

@@ -205,12 +205,19 @@ def validate_cmd(
         checked = ("coverage, capacity, mapping, counts, fingerprints, metrics, manifest"
                    + ("" if result.skipped else ", token data " + ("metadata" if fast else "content"))
                    + (f", dataset content of {dataset}" if dataset else "")
-                   + (", eval plan (held-out set once each, none trained on)" if result.has_eval else ""))
+                   + (_EVAL_CHECKED[bool(result.notes)] if result.has_eval else ""))
+        warn(result.notes)
         typer.echo(f"{plan_dir}: ok ({checked})")
     if not json and not quiet:
         for s in result.skipped:
             typer.echo(f"skipped: {s}", err=True)
     raise typer.Exit(1 if problems else 0)
+
+
+# what `validate` says of an eval plan: its tokens compared with training's too (True: some are a training sample's)
+_EVAL_CHECKED = {False: ", eval plan (held-out set once each, none trained on, none a training sample's tokens)",
+                 True: ", eval plan (held-out set once each, none trained on; some have a training sample's tokens, "
+                       "as the warning says)"}
 
 
 from plancc.cli import diff_cmd, inspect_cmd, show_cmd  # noqa: E402,F401  (registers commands)

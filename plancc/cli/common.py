@@ -19,7 +19,8 @@ import orjson
 import typer
 from typer.core import TyperCommand
 
-from plancc.errors import PlanccError, PlanccWarning
+from plancc.cli.watchdog import watchdog
+from plancc.errors import PlanccError, PlanccWarning, descriptors_hint, out_of_descriptors, out_of_memory
 
 MESSAGE_LIMIT = 1000  # an error is a few lines: whatever a message quotes (values, types, paths) is cut to fit
 
@@ -108,29 +109,43 @@ def fail_on_errors(output: str | Path | None = None, what: str = "plan") -> Iter
         signal.signal(signal.SIGTERM, _terminated)
     warnings.showwarning = _show_warning
     try:
-        yield
+        with watchdog(lambda: _interrupted(output, what)):
+            yield
     except PlanccError as exc:
         text = str(exc)
         if len(text) > MESSAGE_LIMIT:
             text = f"{text[:MESSAGE_LIMIT]}... ({len(text)} chars)"
-        typer.echo(f"error: {text}", err=True)
-        raise typer.Exit(2) from None
-    except OSError as exc:
-        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
-        typer.echo(f"error:{where} {exc.strerror or exc}", err=True)
-        raise typer.Exit(2) from None
-    except MemoryError as exc:
-        typer.echo(f"error: out of memory while {_doing(exc)}; free memory or raise the limit (`ulimit -v`), "
-                   "lower --num-proc, or scan in shards (`plancc scan --shard I/N`)", err=True)
+        typer.echo(f"error: {_with_hint(text, exc)}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt as exc:
         typer.echo(getattr(exc, "message", None) or _interrupted(output, what), err=True)
         signum = getattr(exc, "signum", exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT)
         raise typer.Exit(128 + signum) from None
+    except BaseException as exc:  # out of memory in whatever words a library says it (a tokenizer's panic too)
+        ran_out = out_of_memory(exc)
+        if ran_out is not None:
+            typer.echo(f"error: out of memory while {_doing(exc)}{_THREAD if ran_out == 'thread' else ''}; free "
+                       "memory or raise the limit (`ulimit -v`), lower --num-proc, or scan in shards (`plancc scan "
+                       "--shard I/N`)", err=True)
+        elif isinstance(exc, OSError):
+            where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+            typer.echo(f"error:{where} {_with_hint(str(exc.strerror or exc), exc)}", err=True)
+        else:
+            raise
+        raise typer.Exit(2) from None
     finally:
         warnings.showwarning = _default_show_warning
         if _takes_over(term):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+_THREAD = ": a thread could not start (each reserves `ulimit -s` of the address space `ulimit -v` allows)"
+
+
+def _with_hint(text: str, exc: BaseException) -> str:
+    """`text` with what to do when the machine ran out of file descriptors under it (the same hint wherever)."""
+    hint = descriptors_hint()
+    return f"{text}; {hint}" if out_of_descriptors(exc) and hint not in text else text
 
 
 def _interrupted(output: str | Path | None, what: str) -> str:

@@ -4,12 +4,16 @@ path values read beside it."""
 from __future__ import annotations
 
 import glob
+import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from plancc.core.paths import file_kind
 from plancc.errors import SettingsError
 
+CONFIG_BYTES = 16 << 20  # the largest config file read: settings and dataset entries are kilobytes
 YAML_NODES = 100_000  # values a YAML config may hold once its aliases are expanded (real configs: hundreds)
 
 
@@ -68,13 +72,36 @@ def _yaml_error(path: Path, exc: Exception) -> SettingsError:
     return SettingsError(f"config file {path}{where}: not valid YAML ({problem})")
 
 
+def _read_bytes(p: Path) -> bytes:
+    """A config file's bytes: only a regular file (a FIFO would block, `/dev/zero` read until memory runs out) of at
+    most `CONFIG_BYTES`, checked on the open descriptor before anything is read."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {p}: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = file_kind(mode) or "a directory"
+        raise SettingsError(f"config file {p} is {kind}, not a regular file; plancc reads a config from a regular "
+                            "file")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(CONFIG_BYTES + 1)  # a file may say 0 bytes and hold more (/proc): the read is the bound
+        except OSError as exc:
+            raise SettingsError(f"cannot read config file {p}: {exc.strerror}") from None
+    if len(data) > CONFIG_BYTES:
+        raise SettingsError(f"config file {p} is larger than {CONFIG_BYTES >> 20} MiB; a config holds settings and "
+                            "dataset entries, not data")
+    return data
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """A TOML or YAML config file's mapping, as written."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SettingsError(f"cannot read config file {p}: {exc.strerror}") from None
+        text = _read_bytes(p).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SettingsError(f"config file {p} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset "
                             f"{exc.start})") from None

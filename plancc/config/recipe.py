@@ -8,7 +8,7 @@ to `plancc compile` / `plancc.compile([...])` (paths, or dicts with the keys of 
     name = "chat"                 # default: the file stem; unique in the recipe
     format = "messages"           # format, columns, split, chat_template: this dataset's own
     train_on_inputs = true        # and what is trained (roles_to_train, train_on_eos, train_on, ...)
-    repeat = 2                    # or weight = 0.3 (one of them; default repeat 1)
+    repeat = 2                    # or weight = 0.3 (one of them; default repeat 1; not for eval_datasets)
 
 The keys an entry may give for its own dataset are the settings declared `PerDataset.OWN`; those declared
 `PerDataset.RECIPE` (the tokenizer, `sequence_len`, `shift`, `long`) are the recipe's: an entry may repeat them,
@@ -33,7 +33,8 @@ from plancc.core.choices import DatasetRole, MixKind
 from plancc.errors import SettingsError
 
 CONFIG_DATASETS = ("datasets", "eval_datasets")  # config keys listing a recipe's datasets
-ENTRY_KEYS = ("path", "name", *registry.OWN, "repeat", "weight", *registry.RECIPE_WIDE)
+TRAINING_ONLY = ("repeat", "weight")  # how a training dataset mixes: an eval dataset's entry refuses them
+ENTRY_KEYS = ("path", "name", *registry.OWN, *TRAINING_ONLY, *registry.RECIPE_WIDE)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ def dataset_spec(entry: Any, role: DatasetRole = DatasetRole.TRAIN) -> DatasetSp
                                 f"keys: {', '.join(ENTRY_KEYS)}")
     path = str(entry["path"])
     name = str(entry.get("name") or default_name(path))
+    for key in TRAINING_ONLY:
+        if role == DatasetRole.EVAL and key in entry:
+            raise SettingsError(f"eval dataset {name!r}: {key} applies to training datasets only (an eval dataset's "
+                                f"samples are each evaluated once); remove {key} from its [[eval_datasets]] entry")
     if entry.get("repeat") is not None and entry.get("weight") is not None:
         raise SettingsError(f"dataset {name!r}: give repeat or weight, not both")
     kind = MixKind.WEIGHT if entry.get("weight") is not None else MixKind.REPEAT
@@ -130,6 +135,9 @@ def build(train: list[Any], evals: list[Any] = (), mix: dict[str, tuple[str, flo
             raise SettingsError(f"--mix {name}=...: no dataset named {name!r}{did_you_mean(name, names)}; datasets: "
                                 f"{', '.join(names)}", "mix")
         i = names.index(name)
+        if specs[i].role == DatasetRole.EVAL:
+            raise SettingsError(f"--mix {name}=...: {name!r} is an eval dataset (its samples are each evaluated "
+                                "once); --mix sets how training datasets mix", "mix")
         specs[i] = dataclasses.replace(specs[i], mix=MixEntry(name, specs[i].role, kind, value))
     return tuple(specs)
 

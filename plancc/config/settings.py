@@ -14,7 +14,6 @@ key, record entry and Axolotl/TRL keys follow from the field (`plancc.config.reg
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -63,6 +62,7 @@ from plancc.errors import SettingsError
 MESSAGE_KEYS = ("role", "content")
 DEFAULT_TEMPLATE_DATE = "2024-01-01"  # the date `strftime_now` gives chat templates unless `template_date` is set
 ROW_TOKENS = 2**31 - 1  # tokens of one row: int32 offsets
+MIX_MOST = 2**40  # the largest repeat or weight: a repeat beyond it asks more samples of an epoch than counts hold
 
 
 def _packed_or_padded(packing: Any) -> Mode:
@@ -187,9 +187,9 @@ class MixEntry:
             raise SettingsError(f"mixture entry {self.to_json()!r}: role must be train or eval, kind repeat or "
                                 "weight", "mixture")
         number = self.value
-        if isinstance(number, bool) or not isinstance(number, int | float) or not 0 < number < math.inf:
-            raise SettingsError(f"dataset {self.name!r}: {self.kind} must be a positive number, got {number!r}",
-                                "mixture")
+        if isinstance(number, bool) or not isinstance(number, int | float) or not 0 < number <= MIX_MOST:
+            raise SettingsError(f"dataset {self.name!r}: {self.kind} must be a positive number of at most "
+                                f"{MIX_MOST:,} (2**40), got {number!r}", "mixture")
         for name, value in (("name", str(self.name)), ("role", DatasetRole(self.role)),
                             ("kind", MixKind(self.kind)), ("value", float(number))):
             object.__setattr__(self, name, value)

@@ -101,6 +101,20 @@ def rank_indices(num_batches: int, world_size: int, rank: int) -> np.ndarray:
     return np.arange(rank, num_batches, world_size, dtype=np.int64)
 
 
+def rank_counts(num_batches: int, world_size: int) -> np.ndarray:
+    """Microbatches each rank runs of an epoch (int64 [W]): `ceil((n - r) / W)` for rank `r`."""
+    r = np.arange(world_size, dtype=np.int64)
+    return np.maximum(num_batches - r + world_size - 1, 0) // world_size
+
+
+def rank_order_positions(indices: np.ndarray, num_batches: int, world_size: int) -> np.ndarray:
+    """Where global microbatch `indices` sit among an epoch's rows stored by (rank, index), as the plan file stores
+    them: rank `i % W`'s rows come after those of the ranks before it, and `i` is its `i // W`-th."""
+    indices = np.asarray(indices, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(rank_counts(num_batches, world_size))])
+    return starts[indices % world_size] + indices // world_size
+
+
 def elastic_grad_accum(per_update: int, world_size: int) -> int | None:
     """The grad_accum that replays updates of `per_update` microbatches on `world_size` ranks (W'G' = WG), or None
     when `world_size` does not divide it."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plancc.config.settings import PlanSettings
+from plancc.config.settings import MixEntry, PlanSettings
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
 from plancc.planner.mixture import eval_positions
@@ -107,3 +107,51 @@ def split(s: SampleArrays, eval_ids: np.ndarray) -> tuple[SampleArrays, SampleAr
 def subset(s: SampleArrays, keep: np.ndarray) -> SampleArrays:
     """The samples where `keep` is true, in table order."""
     return s.take(np.flatnonzero(keep))
+
+
+def training_twins(token_hash: np.ndarray, sample_id: np.ndarray, eval_ids: np.ndarray) -> np.ndarray:
+    """For each sample of the table (sorted by `sample_id`), the id of a training sample (one not in `eval_ids`, a
+    sorted subset of the ids) with the same tokens (`token_hash`: input ids and labels), or -1; -1 for every
+    training sample. Eval samples copied from training data pass the id checks yet measure the eval loss on what
+    the model trained on."""
+    token_hash = np.asarray(token_hash, dtype=np.uint64)
+    held = np.searchsorted(sample_id, eval_ids)
+    train = np.ones(token_hash.shape[0], dtype=bool)
+    train[held] = False
+    twins = np.full(token_hash.shape[0], -1, dtype=np.int64)
+    if not train.any() or not held.size:
+        return twins
+    train_hash, train_ids = token_hash[train], np.asarray(sample_id, dtype=np.int64)[train]
+    eval_hash, by_value = token_hash[held], np.sort(train_hash)  # a sort, not an argsort: 10x faster
+    copied = by_value[np.minimum(np.searchsorted(by_value, eval_hash), by_value.size - 1)] == eval_hash
+    values = np.unique(eval_hash[copied])  # the tokens shared: usually few; then the first training sample of each
+    if values.size:
+        at = np.minimum(np.searchsorted(values, train_hash), values.size - 1)
+        hit = np.flatnonzero(values[at] == train_hash)
+        _, first = np.unique(train_hash[hit], return_index=True)  # sorted like `values`, each found
+        twins[held[copied]] = train_ids[hit[first]][np.searchsorted(values, eval_hash[copied])]
+    return twins
+
+
+def shared_content(token_hash: np.ndarray, sample_id: np.ndarray, eval_ids: np.ndarray,
+                   index: np.ndarray | None = None, mix: tuple[MixEntry, ...] = ()) -> str | None:
+    """The warning naming how many eval samples have a training sample's tokens (None: none has), which the plan
+    keeps and `validate` recounts. An eval dataset of a recipe (`index`: each sample's entry of `mix`) whose every
+    sample is training data is refused: it is a copy of the training data, not a held-out set."""
+    twins = training_twins(token_hash, sample_id, eval_ids)
+    if index is not None:
+        for d in np.unique(index[eval_positions(index, mix)]).tolist():
+            members = twins[index == d]
+            if members.size and (members >= 0).all():
+                first = int(np.flatnonzero(index == d)[0])
+                raise SettingsError(f"eval dataset {mix[d].name!r}: all {members.size:,} of its samples have the "
+                                    "same tokens as training samples (first: sample_id "
+                                    f"{int(sample_id[first])} = training sample_id {int(members[0])}): it is "
+                                    "training data, not held out; evaluate on data that is not in [[datasets]]")
+    shared = np.flatnonzero(twins >= 0)
+    if not shared.size:
+        return None
+    total = int(np.asarray(eval_ids).size)
+    return (f"{shared.size:,} of {total:,} eval samples have the same tokens (token_hash) as a training sample "
+            f"(first: sample_id {int(sample_id[shared[0]])} = training sample_id {int(twins[shared[0]])}): the eval "
+            "loss partly measures training data; deduplicate the data to hold them out")

@@ -37,18 +37,33 @@ def largest_remainder(targets: np.ndarray, total: int) -> np.ndarray:
     return base
 
 
-def epoch_counts(sizes: np.ndarray, mixture: tuple[MixEntry, ...], samples_per_epoch: int | None) -> np.ndarray:
-    """Samples each mixture entry contributes to every epoch (0 for eval datasets)."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    counts = np.zeros(len(mixture), dtype=np.int64)
-    weighted = [i for i, m in enumerate(mixture) if m.role == DatasetRole.TRAIN and m.kind == MixKind.WEIGHT]
+def _weighted(mixture: tuple[MixEntry, ...]) -> list[int]:
+    return [i for i, m in enumerate(mixture) if m.role == DatasetRole.TRAIN and m.kind == MixKind.WEIGHT]
+
+
+def epoch_sizes(sizes: np.ndarray, mixture: tuple[MixEntry, ...], samples_per_epoch: int | None) -> np.ndarray:
+    """Samples each mixture entry asks of an epoch, as floats (0 for eval datasets): what `epoch_counts` rounds,
+    measured first, so that a mixture too large for the machine is refused before any count is made."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    out = np.zeros(len(mixture), dtype=np.float64)
     for i, m in enumerate(mixture):
         if m.role == DatasetRole.TRAIN and m.kind == MixKind.REPEAT:
-            counts[i] = int(np.floor(m.value * sizes[i] + 0.5))
+            out[i] = m.value * sizes[i]
+    weighted = _weighted(mixture)
     if weighted:
         w = np.array([mixture[i].value for i in weighted], dtype=np.float64)
-        total = samples_per_epoch if samples_per_epoch is not None else int(sizes[weighted].max())
-        counts[weighted] = largest_remainder(w / w.sum() * total, total)
+        out[weighted] = w / w.sum() * (samples_per_epoch if samples_per_epoch is not None else sizes[weighted].max())
+    return out
+
+
+def epoch_counts(sizes: np.ndarray, mixture: tuple[MixEntry, ...], samples_per_epoch: int | None) -> np.ndarray:
+    """Samples each mixture entry contributes to every epoch (0 for eval datasets)."""
+    targets = epoch_sizes(sizes, mixture, samples_per_epoch)
+    counts = np.floor(targets + 0.5).astype(np.int64)
+    weighted = _weighted(mixture)
+    if weighted:
+        total = samples_per_epoch if samples_per_epoch is not None else int(np.asarray(sizes)[weighted].max())
+        counts[weighted] = largest_remainder(targets[weighted], total)
     return counts
 
 

@@ -7,8 +7,9 @@ against the dataset and metadata fingerprints, metrics against their checksum, e
 samples table, with code of its own rather than the compiler's, so that a compiler bug shows as a violation
 instead of agreeing with itself: coverage (each sample once, or its mixture count: the recipe's draw made again,
 `plancc.store.redraw`), capacity, per-microbatch tokens, targets and cost and each epoch's summary figures
-(`recount`), the eval plan (the held-out samples drawn again, each exactly once, none of them in training, in the
-training layout, counted right, against the eval fingerprint), that the settings the plan shares with its scan
+(`recount`), the eval plan (the held-out samples drawn again, each exactly once, none of them in training, none a
+copy of a training sample's tokens the plan does not warn of, in the training layout, counted right, against the
+eval fingerprint), that the settings the plan shares with its scan
 (`sequence_len`, `shift`) are the scan's, and the tokenized data the trainer will load: every header value against
 its `header_hash`, present, complete and, unless `fast`, equal in content to the dataset fingerprint (each planned
 sample's hash against the samples table). The result is a list of violations, each naming its file and row or
@@ -27,7 +28,7 @@ import pyarrow as pa
 
 from plancc.config.registry import BOTH
 from plancc.config.settings import PlanSettings
-from plancc.core.choices import Mode, Shift
+from plancc.core.choices import DatasetRole, Mode, Shift
 from plancc.core.layout import tail_batches
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
@@ -36,7 +37,7 @@ from plancc.review.recount import Microbatches, Rows
 from plancc.store import parquet, redraw, schemas, token_store
 from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
 from plancc.store.plan import Plan
-from plancc.store.plan_store import PlanIntegrityError
+from plancc.store.plan_store import PlanIntegrityError, eval_set_problem
 from plancc.store.samples import dataset_codes
 
 
@@ -155,17 +156,39 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
     except schemas.StoreError as exc:
         return [*problems, str(exc)], expected
     problems += plan.files.eval_problems(table)
-    ids = np.unique(parquet.nested_arrays(table.column("sample_ids"))[0])
-    extra, lacking = np.setdiff1d(ids, expected), np.setdiff1d(expected, ids)
-    if extra.size or lacking.size:
-        first = int(extra[0]) if extra.size else int(lacking[0])
-        problems.append(f"{path}: holds {extra.size} samples the eval set (eval datasets and the held-out draw of "
-                        f"val_set_size {size}, seed {plan.settings.seed}) does not and lacks {lacking.size} it does "
-                        f"(first: sample_id {first})")
+    found = eval_set_problem(parquet.nested_arrays(table.column("sample_ids"))[0], expected, plan.settings)
+    if found:
+        problems.append(f"{path}: {found}")
         return problems, expected
     found, _, _ = check_rows(str(path), table, s.take(np.flatnonzero(np.isin(s.sample_id, expected))),
                              replace(plan.settings, drop_last=False, mixture=(), samples_per_epoch=None))
     return problems + found, expected
+
+
+def _eval_copies(plan: Plan, samples: pa.Table, eval_ids: np.ndarray, index: np.ndarray | None,
+                 notes: list[str]) -> list[str]:
+    """An eval set is held out by content too: an eval dataset whose every sample has a training sample's tokens
+    (`token_hash`) is a violation (compile refuses it), and eval samples with a training sample's tokens must be
+    what the plan warns of (its warning then goes into `notes`)."""
+    if not eval_ids.size:
+        return []
+    token_hash, ids = parquet.column(samples, "token_hash"), parquet.column(samples, "sample_id")
+    held = np.isin(ids, eval_ids)
+    copied = np.zeros(ids.shape[0], dtype=bool)
+    copied[held] = np.isin(token_hash[held], token_hash[~held])
+    for d, m in enumerate(plan.settings.mixture if index is not None else ()):
+        mine = index == d
+        if m.role == DatasetRole.EVAL and mine.any() and copied[mine].all():
+            return [f"{schemas.EVAL_FILE}: eval dataset {m.name!r}: all {int(mine.sum()):,} of its samples have the "
+                    "same tokens as training samples: it is training data, not held out"]
+    if not copied.any():
+        return []
+    said = (f"{int(copied.sum()):,} of {int(held.sum()):,} eval samples have the same tokens (token_hash) as a "
+            "training sample")
+    warned = [w for w in plan.warnings if w.startswith(said)]
+    notes += warned
+    return [] if warned else [f"{schemas.EVAL_FILE}: {said} (first: sample_id {int(ids[copied][0])}); the plan does "
+                              "not warn of it"]
 
 
 def _held_out_in_training(epoch: int, table: pa.Table, eval_ids: np.ndarray) -> list[str]:
@@ -336,20 +359,23 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
 
 
 def validate_plan(plan_dir: str, dataset_fingerprint: str | None = None, *, fast: bool = False,
-                  tokens_dir: str | Path | None = None) -> tuple[list[str], bool]:
+                  tokens_dir: str | Path | None = None, notes: list[str] | None = None) -> tuple[list[str], bool]:
     """(violations, whether the plan holds an eval plan) for PLAN_DIR; `dataset_fingerprint` is the rescanned source's, when given;
-    `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing).
+    `tokens_dir` a token store to check instead of the plan's own (`validate --dataset` repointing); `notes`, when
+    given, gets what was found true but is worth saying (the plan's warning that eval samples have a training
+    sample's tokens, recounted).
 
     Raises `StoreError` only when PLAN_DIR is not a plan directory at all, and `token_store.FileTypeError` when a
     file of it is a FIFO, device or directory (refused before reading); a plan file that cannot be read or
     trusted is a violation like any other. Each violation is listed once (a missing file fails every check of it).
     """
-    problems, plan = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir)
+    problems, plan = _violations(plan_dir, dataset_fingerprint, fast=fast, tokens_dir=tokens_dir,
+                                 notes=[] if notes is None else notes)
     return list(dict.fromkeys(problems)), plan is not None and plan.manifest.has_eval
 
 
 def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
-                tokens_dir: str | Path | None) -> tuple[list[str], Plan | None]:
+                tokens_dir: str | Path | None, notes: list[str]) -> tuple[list[str], Plan | None]:
     if not (Path(plan_dir) / schemas.PLAN_FILE).exists():
         Plan(plan_dir)  # raises the "not a plan directory" error
     try:
@@ -358,6 +384,8 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         return [str(exc)], None
     files = plan.files
     problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
+    if files.has_rows_digest:  # what the runtime checks at open: the bytes and layout compile wrote
+        problems += files.body_problems()
     tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))),
               (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()), (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
     if files.has_before:
@@ -388,7 +416,7 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     problems += recipe_problems
     recipe_rows: list[dict[str, Any]] = []
     found, eval_ids = _eval_problems(plan, s, index)
-    problems += found
+    problems += found + _eval_copies(plan, samples, eval_ids, index, notes)
     train = s if index is not None else s.take(np.flatnonzero(~np.isin(s.sample_id, eval_ids)))
     if index is not None:  # a recipe's held-out samples are in no dataset (they leave the mixture)
         index = np.where(np.isin(s.sample_id, eval_ids), -1, index)

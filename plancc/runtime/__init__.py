@@ -7,8 +7,8 @@ by `check_tokenizer`, transformers only by `plancc.runtime.hf`, TRL only by `pla
     sampler = PlanSampler(plan, rank=rank, world_size=world)       # + grad_accum=... for an elastic replay
     loader = PlanDataLoader(PlanDataset(load_tokens(plan), PlanCollator.from_plan(plan)), sampler)
     for batch in loader:                      # DDP: under ddp.no_sync() unless batch["plan"]["last_in_update"]
-        logits = model(**model_inputs(batch, model.config._attn_implementation)).logits
-        token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], world_size=world).backward()
+        _, loss = microbatch_loss(ddp, batch, batch["num_items_in_batch"], world_size=world)  # no full logits
+        loss.backward()          # or token_loss(logits, batch["shift_labels"], batch["num_items_in_batch"], ...)
         if batch["plan"]["last_in_update"]:
             optimizer.step(); optimizer.zero_grad()
     evaluate_plan(model, plan).loss           # plan compiled with --val-set-size: exact eval token mean
@@ -26,6 +26,7 @@ from plancc.runtime.checkpoint import (
 from plancc.runtime.collator import PlanCollator, block_causal_mask, model_inputs
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.evaluate import EvalResult, evaluate_plan
+from plancc.runtime.forward import microbatch_loss
 from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
 from plancc.runtime.loss import token_loss, token_loss_sum
 from plancc.runtime.sampler import Microbatch, PlanEvalSampler, PlanSampler
@@ -51,6 +52,7 @@ __all__ = [
     "evaluate_plan",
     "load_checkpoint",
     "load_tokens",
+    "microbatch_loss",
     "model_inputs",
     "plan_tokenizer",
     "restore_checkpoint_state",

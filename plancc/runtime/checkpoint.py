@@ -346,8 +346,9 @@ def _field(obj: dict[str, Any], path: Path, name: str, kind: type, check: Callab
     return value
 
 
-def _checked_meta(path: Path, rank: int, step: int) -> dict[str, Any]:
-    """The metadata of `rank{rank}.json` (`path`) of step `step`, every field checked (see module docstring)."""
+def _checked_meta(path: Path, rank: int, step: int, sampler: PlanSampler) -> dict[str, Any]:
+    """The metadata of `rank{rank}.json` (`path`) of step `step`, every field checked (see module docstring), the
+    sampler position against its update and micro-step on `sampler`'s plan too."""
     meta = read_sealed_json(path)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format: {meta.get('format')!r}, expected {FORMAT!r} (not a checkpoint of "
@@ -360,25 +361,26 @@ def _checked_meta(path: Path, rank: int, step: int) -> dict[str, Any]:
            f"rank{rank}.pt (the rank's own tensor file beside it)")
     _field(tensors, path, "tensors.bytes", int, lambda v: v >= 0, "a size")
     _field(tensors, path, "tensors.sha256", str, lambda v: re.fullmatch(r"[0-9a-f]{64}", v) is not None, "a sha256")
-    sampler = _field(meta, path, "sampler", dict)
-    problem = state_problem(sampler)
+    state = _field(meta, path, "sampler", dict)
+    problem = state_problem(state) or sampler.position_problem(state)
     if problem is not None:
         raise CheckpointError(f"{path}: sampler.{problem}")
-    if (sampler["rank"], sampler["world_size"]) != (rank, world):
-        raise CheckpointError(f"{path}: sampler.rank: rank {sampler['rank']} of {sampler['world_size']}, expected "
+    if (state["rank"], state["world_size"]) != (rank, world):
+        raise CheckpointError(f"{path}: sampler.rank: rank {state['rank']} of {state['world_size']}, expected "
                               f"rank {rank} of {world} (another rank's state)")
     return meta
 
 
-def _read_meta(d: Path, rank: int, step: int) -> dict[str, Any]:
+def _read_meta(d: Path, sampler: PlanSampler, step: int) -> dict[str, Any]:
     """This rank's metadata of step dir `d` (rank 0's when this rank has none: a run of another world size),
     after checking every field and that the tensor file it vouches for has its size. Raises CheckpointError saying
     what is wrong: the file and the field."""
+    rank = sampler.rank
     own = d / f"rank{rank}.json"
     meta_path = own if own.exists() or rank == 0 else d / "rank0.json"
     if not meta_path.exists():
         raise CheckpointError(f"{own} is missing (the save of step {step} did not finish)")
-    meta = _checked_meta(meta_path, 0 if meta_path != own else rank, step)
+    meta = _checked_meta(meta_path, 0 if meta_path != own else rank, step, sampler)
     if meta_path != own and meta["world_size"] > rank:  # that run had a rank `rank`: its files are unfinished
         raise CheckpointError(f"{own} is missing (the save of step {step} did not finish)")
     tensors = d / meta["tensors"]["file"]
@@ -419,8 +421,9 @@ def _latest(directory: Path) -> int | None:
         return None
 
 
-def complete_steps(directory: str | Path, rank: int) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
-    """Newest first: (step, metadata) of the steps this rank can resume from, (step, why not) of the others.
+def complete_steps(directory: str | Path, sampler: PlanSampler) -> tuple[list[tuple[int, dict]],
+                                                                         list[tuple[int, str]]]:
+    """Newest first: (step, metadata) of the steps `sampler`'s rank can resume from, (step, why not) of the others.
 
     Only steps up to `latest` count when it is readable: a newer step directory is a save that did not finish.
     Every step's files are checked for presence and size; the sha256 only of the newest good step (one file
@@ -433,7 +436,7 @@ def complete_steps(directory: str | Path, rank: int) -> tuple[list[tuple[int, di
         if latest is not None and s > latest:
             continue
         try:
-            meta = _read_meta(step_dir(directory, s), rank, s)
+            meta = _read_meta(step_dir(directory, s), sampler, s)
             if not good:
                 _verify(meta)
             good.append((s, meta))
@@ -481,27 +484,45 @@ def load_checkpoint(directory: str | Path, *, sampler: PlanSampler, model: torch
     than the checkpoint's reads rank 0's files (exact at update boundaries; the sampler refuses otherwise).
     """
     directory, rank = Path(directory), sampler.rank
-    good, bad = together(lambda: complete_steps(directory, rank), f"read {directory}")
+    good, bad = together(lambda: complete_steps(directory, sampler), f"read {directory}")
     row = [s for s, _ in good[:_AGREE_SLOTS]]
     rows = _all_gather_rows(row + [-1] * (_AGREE_SLOTS - len(row)))
     step, why = agree_on_step([[s for s in r if s >= 0] for r in rows])
     if step is None:
         detail = f"{why}; " if why else ""
-        problems = "; ".join(msg for _, msg in bad) or "no complete step directory"
-        raise CheckpointError(f"no checkpoint in {directory} to resume from: {detail}rank {rank}: {problems}")
+        raise CheckpointError(f"no checkpoint in {directory} to resume from: {detail}{_found(rank, good, bad)}")
     skipped = [msg for s, msg in bad if s > step]
     if skipped:
         warnings.warn(f"skipped damaged or unfinished checkpoints: {'; '.join(skipped)}", stacklevel=2)
     if why is not None:
         warnings.warn(f"{why}: every rank resumes from step {step}", stacklevel=2)
-    meta = dict(good)[step]
+    meta, what = dict(good)[step], f"resume from step {step} of {directory}"
 
-    def restore() -> dict[str, Any]:
+    def check() -> tuple[dict[str, Any], tuple[int, int]]:
         _verify(meta)
         saved = _checked_tensors(meta["_tensors_path"], map_location)
-        restore_checkpoint_state({"sampler": meta["sampler"], "grads": saved["grads"]}, sampler, model=model,
-                                 allow_dataset_change=allow_dataset_change)
-        return saved
+        return saved, sampler.resume_point(meta["sampler"], allow_dataset_change=allow_dataset_change)
 
-    saved = together(restore, f"resume from step {step} of {directory}")
+    saved, point = together(check, what)
+    _check_in_step(sampler, point, f"step {step} of {directory}")
+    together(lambda: restore_checkpoint_state({"sampler": meta["sampler"], "grads": saved["grads"]}, sampler,
+                                              model=model, allow_dataset_change=allow_dataset_change), what)
     return Resumed(step=step, state=saved["state"], path=step_dir(directory, step))
+
+
+def _found(rank: int, good: list[tuple[int, dict]], bad: list[tuple[int, str]]) -> str:
+    """What this rank found, for a refusal every rank raises: its complete steps, and what is wrong with the rest."""
+    parts = ([f"complete here: {', '.join(f'step {s}' for s, _ in good)}"] if good else []) + [m for _, m in bad]
+    return f"rank {rank}: {'; '.join(parts) or 'no complete step directory'}"
+
+
+def _check_in_step(sampler: PlanSampler, point: tuple[int, int], what: str) -> None:
+    """Refuse, on every rank, resume points that differ between the ranks: ranks walk the same positions in
+    lockstep, so states out of step were edited or come from different runs, and would train out of step."""
+    points = [tuple(p) for p in _all_gather_rows(list(point))]
+    if len(set(points)) == 1:
+        return
+    names = "; ".join(f"rank {r}: epoch {e}, position {p}, update {u}, micro-step {m}"
+                      for r, (e, p) in enumerate(points) for u, m in [sampler.locate(p, e)])
+    raise CheckpointError(f"{what}: the ranks' sampler states are out of step ({names}); every rank resumes at "
+                          "the same position, so these files were edited or mix runs: resume from another step")

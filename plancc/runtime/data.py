@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -77,10 +78,16 @@ class TokenStore:
             self.guard.check(rows)
 
     def __reduce__(self):
-        """DataLoader workers started by spawn reopen the maps (and verify their own reads), never copy them."""
+        """DataLoader workers started by spawn (or forkserver) reopen the maps (and verify their own reads), never
+        copy them. The plan's own store is reopened through the plan directory this run holds, its descriptor
+        passed to the worker as it starts (a recompile or a move of the plan since changes nothing for the run's
+        workers); other data by its path, refused unless it is still the store this run opened."""
         if self.guard is None:
             return (TokenStore, (self.input_ids, self.targets, self.offsets))
         g = self.guard
+        if g.own:
+            return (_reopen_own, (_passed(g.plan.files.dir_fd), str(g.plan_path), g.mapped.digest,
+                                  g.allow_dataset_change))
         return (_reopen, (str(g.mapped.path), str(g.plan_path), g.mapped.digest, g.allow_dataset_change))
 
     @classmethod
@@ -103,8 +110,10 @@ class TokenStore:
 class ChunkGuard:
     """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk."""
 
-    def __init__(self, mapped: token_store.MappedTokens, plan: Plan | Path, allow_dataset_change: bool):
+    def __init__(self, mapped: token_store.MappedTokens, plan: Plan | Path, allow_dataset_change: bool, *,
+                 own: bool = False):
         self.mapped, self._plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
+        self.own = own  # `mapped` is the plan's own store (`Plan.tokens`)
         self.bounds = np.asarray(mapped.chunks)  # a plain view: cheaper to search than the memmap object
         self.verified = np.zeros(mapped.num_chunks, dtype=bool)
         self.pending = mapped.num_chunks
@@ -235,7 +244,7 @@ def load_tokens(plan: str | Path | Plan, *, data: str | Path | pa.Table | None =
                         "the given dataset", verify, allow_dataset_change)
     where = data_location(plan, data)
     if where is None:
-        return _mapped(plan, _own_tokens(plan), verify, allow_dataset_change)
+        return _mapped(plan, _own_tokens(plan), verify, allow_dataset_change, own=True)
     if token_store.is_store(where):
         try:
             m = token_store.open_store(where)
@@ -246,9 +255,9 @@ def load_tokens(plan: str | Path | Plan, *, data: str | Path | pa.Table | None =
                     verify, allow_dataset_change)
 
 
-def _mapped(plan: Plan, m: token_store.MappedTokens, verify: str, allow: bool) -> TokenStore:
+def _mapped(plan: Plan, m: token_store.MappedTokens, verify: str, allow: bool, *, own: bool = False) -> TokenStore:
     path = m.path
-    guard = ChunkGuard(m, plan, allow) if verify != "none" else None
+    guard = ChunkGuard(m, plan, allow, own=own) if verify != "none" else None
     tokens = _over_maps(m, guard)
     if verify == "none":
         return tokens
@@ -267,9 +276,33 @@ def _mapped(plan: Plan, m: token_store.MappedTokens, verify: str, allow: bool) -
     return tokens
 
 
+def _passed(fd: int) -> object | None:
+    """`fd` handed to the process being started (spawn, forkserver: multiprocessing passes it on as the child
+    starts), else None: pickled for anything else, a descriptor's number would mean nothing."""
+    from multiprocessing import context, reduction
+
+    return reduction.DupFd(fd) if context.get_spawning_popen() is not None else None
+
+
+def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool) -> TokenStore:
+    """A worker's copy of the plan's own store: the plan opened through the directory its parent holds (by path
+    when no descriptor came), its store refused unless it is the one the parent opened."""
+    plan = Plan(plan_path) if handle is None else Plan(plan_path, dir_fd=handle.detach())
+    try:
+        m = plan.tokens()
+    except PlanMismatchError as exc:
+        raise PlanMismatchError(f"the token store of {plan_path} was replaced since this run opened it ({exc}): "
+                                "restart the run") from None
+    if m is None or m.digest != digest:
+        raise PlanMismatchError(f"the token store of {plan_path} was replaced since this run opened it (digest "
+                                f"{m.digest if m else None}, the run opened {digest}): restart the run")
+    return _over_maps(m, ChunkGuard(m, plan, allow, own=True))
+
+
 def _reopen(path: str, plan_path: str, digest: str, allow: bool) -> TokenStore:
-    """A worker's copy: the store reopened, refused unless it is the one the parent opened (a plan recompiled
-    meanwhile would give this worker other tokens than the parent's batches expect)."""
+    """A worker's copy of data given as `data=`: the store reopened by path, refused unless it is the one the
+    parent opened (a store replaced meanwhile would give this worker other tokens than the parent's batches
+    expect)."""
     m = token_store.open_store(path)
     if m.digest != digest:
         raise PlanMismatchError(f"token store {path} was replaced since this run opened it (digest {m.digest}, the "

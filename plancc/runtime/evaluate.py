@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from plancc.errors import PlanMismatchError
-from plancc.runtime.collator import PlanCollator, model_inputs
+from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore, load_tokens
+from plancc.runtime.forward import microbatch_loss, plan_forward
 from plancc.runtime.loader import PlanDataset, eval_loader
-from plancc.runtime.loss import token_loss_sum
 from plancc.runtime.sampler import PlanEvalSampler
 from plancc.store.plan import Plan, verified_plan
 
@@ -41,24 +41,16 @@ def _device(model: torch.nn.Module) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
-def plan_forward(model: torch.nn.Module, batch: dict[str, Any], *, explicit_mask: bool = False) -> tuple[Any, Any]:
-    """(outputs, logits) of a Hugging Face causal LM (DDP-wrapped or not) on one collated batch, called with
-    `model_inputs` for its attention implementation (training and evaluation call it alike)."""
-    inner = getattr(model, "module", model)
-    attn = getattr(getattr(inner, "config", None), "_attn_implementation", None)
-    outputs = model(**model_inputs(batch, attn, explicit_mask=explicit_mask,
-                                   dtype=getattr(inner, "dtype", torch.float32)))
-    return outputs, (outputs["logits"] if isinstance(outputs, dict) else outputs[0])
-
-
-def batch_loss_sum(model: torch.nn.Module, batch: dict[str, Any], *, explicit_mask: bool = False) -> torch.Tensor:
-    """Sum of CE over one collated batch, moved to the model's device first."""
+def batch_loss_sum(model: torch.nn.Module, batch: dict[str, Any], *, explicit_mask: bool = False,
+                   loss: str = "chunked") -> torch.Tensor:
+    """Sum of CE over one collated batch, moved to the model's device first, by the `loss` path
+    (`plancc.runtime.forward`: a count of 1 turns the token mean into the sum)."""
     device = _device(model)
     on_device = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-    return token_loss_sum(plan_forward(model, on_device, explicit_mask=explicit_mask)[1], on_device["shift_labels"])
+    return microbatch_loss(model, on_device, 1, path=loss, explicit_mask=explicit_mask)[1]
 
 
-def eval_totals(model: torch.nn.Module, batches, *, explicit_mask: bool = False) -> torch.Tensor:
+def eval_totals(model: torch.nn.Module, batches, *, explicit_mask: bool = False, loss: str = "chunked") -> torch.Tensor:
     """(sum of CE, targets) over `batches` as a float64 pair on the model's device, the model in eval mode."""
     totals = torch.zeros(2, dtype=torch.float64, device=_device(model))
     was_training = model.training
@@ -66,7 +58,7 @@ def eval_totals(model: torch.nn.Module, batches, *, explicit_mask: bool = False)
     try:
         with torch.no_grad():
             for batch in batches:  # placeholders too: every rank runs the same forwards (sharded models)
-                totals[0] += batch_loss_sum(model, batch, explicit_mask=explicit_mask).double()
+                totals[0] += batch_loss_sum(model, batch, explicit_mask=explicit_mask, loss=loss).double()
                 totals[1] += int(batch["label_count"])
     finally:
         model.train(was_training)
@@ -96,16 +88,17 @@ def _distributed() -> bool:
 
 def evaluate_plan(model: torch.nn.Module, plan: str | Path | Plan, tokens: TokenStore | None = None, *,
                   rank: int | None = None, world_size: int | None = None, pad_token_id: int = 0,
-                  explicit_mask: bool = False, **loader_kwargs: Any) -> EvalResult:
+                  explicit_mask: bool = False, loss: str = "chunked", **loader_kwargs: Any) -> EvalResult:
     """The eval loss of `model` over `plan`'s eval plan (see module docstring): this rank's share, then one
     all-reduce when torch.distributed runs with more than one process. `tokens` default to the plan's data.
-    Without torch.distributed, `rank`/`world_size` pick one share and the result covers that share only."""
+    Without torch.distributed, `rank`/`world_size` pick one share and the result covers that share only. `loss`:
+    how each batch's CE is computed (`plancc.runtime.forward.LOSS_PATHS`; all give the same sum)."""
     plan = verified_plan(plan)
     tokens = load_tokens(plan) if tokens is None else tokens
     sampler = PlanEvalSampler(plan, rank=rank, world_size=world_size)
     loader = eval_loader(PlanDataset(tokens, PlanCollator.from_plan(plan, pad_token_id=pad_token_id)), sampler,
                          **loader_kwargs)
-    totals = eval_totals(model, loader, explicit_mask=explicit_mask)
+    totals = eval_totals(model, loader, explicit_mask=explicit_mask, loss=loss)
     return eval_result(totals, plan, distributed=_distributed() and sampler.world_size > 1)
 
 

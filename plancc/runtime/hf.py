@@ -15,8 +15,12 @@ What it changes in `Trainer` (transformers is imported only here, and only when 
   global count for it (no gather, no recount);
 - the forward gets `model_inputs(batch, model.config._attn_implementation, explicit_mask=...)`: varlen kwargs
   for flash attention, or with `explicit_mask=True` a 4D block-diagonal causal mask;
-- the loss is `plancc.runtime.token_loss` (fp32 CE, sum, / num_items, x world size), whatever the model's own
-  loss function does with `num_items_in_batch`, so a model that ignores the kwarg cannot reintroduce the bug;
+- the loss is the plan's token mean (fp32 CE, sum, / num_items, x world size) by one of the paths of
+  `plancc.runtime.forward`, chosen with `loss=`: `"chunked"` (default: from the hidden states and the output head,
+  a chunk of tokens at a time, never every token's logits), `"logits"` (full logits, `token_loss`) or `"model"`
+  (the model's own loss function handed `labels`, `shift_labels` and the plan's `num_items_in_batch`: the way in
+  for a fused kernel patched into the model, Liger or cut-cross-entropy). A `compute_loss_func(outputs, labels,
+  num_items_in_batch=N)` gets the plan's count for its window and returns sum / N (the Trainer's convention);
 - every checkpoint gets each rank's sampler state at that optimizer step (`plancc_sampler.json` for rank 0,
   `plancc_sampler.rank<r>.json` for the others), written atomically once the Trainer's own files are saved and
   fsynced; it is the checkpoint's completion mark, and `save_total_limit` rotation waits for it, so a kill
@@ -30,7 +34,7 @@ What it changes in `Trainer` (transformers is imported only here, and only when 
   all-reduce of (sum of CE, targets), logged as `eval_loss`, the exact token mean over the whole eval set
   (`plancc.runtime.evaluate`). `eval_dataset` defaults to it; another plan directory evaluates that plan's eval
   plan; any other dataset is refused (its batches are not planned).
-Label smoothing and `compute_loss_func` are not supported (they would change the objective the plan counts for).
+Label smoothing is not supported (it would change the objective the plan counts for).
 """
 
 from __future__ import annotations
@@ -65,9 +69,9 @@ from plancc.runtime.checkpoint import (
 )
 from plancc.runtime.collator import PlanCollator
 from plancc.runtime.data import TokenStore, load_tokens
-from plancc.runtime.evaluate import eval_result, eval_totals, plan_forward
+from plancc.runtime.evaluate import eval_result, eval_totals
+from plancc.runtime.forward import LOSS_PATHS, microbatch_loss
 from plancc.runtime.loader import PlanDataLoader, PlanDataset, eval_loader
-from plancc.runtime.loss import token_loss
 from plancc.runtime.sampler import PlanEvalSampler, PlanSampler
 from plancc.runtime.tokenizer import check_tokenizer
 from plancc.store.atomic import fsync_dir
@@ -140,13 +144,18 @@ class _PlanEpoch(TrainerCallback):
 class PlanTrainer(Trainer):
     """A `Trainer` that replays a plancc plan (see module docstring). Extra keyword arguments: `plan` (a plan
     directory or `Plan`), `tokens` (a `TokenStore`; default: the plan's data, verified), `verify`,
-    `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`). A
+    `allow_dataset_change`, `pad_token_id`, `explicit_mask` (see `plancc.runtime.model_inputs`), `loss` (see
+    `plancc.runtime.forward`; the Trainer's `compute_loss_func` takes precedence over it). A
     `processing_class` must be the tokenizer the plan was compiled with (`plancc.runtime.check_tokenizer`)."""
+
+    loss_paths: tuple[str, ...] = LOSS_PATHS
 
     def __init__(self, *args: Any, plan: str | Path | Plan, tokens: TokenStore | None = None,
                  verify: str = "chunks", allow_dataset_change: bool = False, pad_token_id: int = 0,
-                 explicit_mask: bool = False, **kwargs: Any):
-        self.plan = verified_plan(plan)
+                 explicit_mask: bool = False, loss: str = "chunked", **kwargs: Any):
+        if loss not in self.loss_paths:
+            raise ValueError(f"loss={loss!r}: choose one of {', '.join(self.loss_paths)}")
+        self.plan, self.plan_loss = verified_plan(plan), loss
         if kwargs.get("processing_class") is not None:  # saved with every checkpoint: it must be the plan's
             check_tokenizer(self.plan, kwargs["processing_class"])
         self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask
@@ -160,9 +169,9 @@ class PlanTrainer(Trainer):
             self.plan.eval()  # refused, saying how to compile one: the Trainer's own message would ask for an eval_dataset
         kwargs["eval_dataset"] = None if self.eval_plan is None else self._eval_stand_in()
         super().__init__(*args, **kwargs)
-        if self.compute_loss_func is not None or self.args.label_smoothing_factor:
-            raise PlanMismatchError("PlanTrainer computes the plan's token-mean loss itself: compute_loss_func and "
-                                    "label_smoothing_factor are not supported")
+        if self.args.label_smoothing_factor:
+            raise PlanMismatchError("PlanTrainer trains the plan's token-mean loss: label_smoothing_factor is not "
+                                    "supported")
         gas, world = self.args.gradient_accumulation_steps, self.args.world_size
         self.plan_grad_accum = replay_grad_accum(self.plan.settings, world, gas, flag="gradient_accumulation_steps")
         # Our loss is already normalized by the update's global count: the Trainer must not rescale it.
@@ -284,7 +293,8 @@ class PlanTrainer(Trainer):
         was_training = self.model.training
         self.model.eval()  # while logging too: what TRL's `log` reads to tell eval logs from training ones
         try:
-            result = eval_result(eval_totals(model, loader, explicit_mask=self.explicit_mask), plan,
+            totals = eval_totals(model, loader, explicit_mask=self.explicit_mask, loss=self._eval_loss_path())
+            result = eval_result(totals, plan,
                             distributed=self.args.world_size > 1)
             metrics = {f"{metric_key_prefix}_loss": result.loss, f"{metric_key_prefix}_targets": result.targets,
                        **speed_metrics(metric_key_prefix, start, num_samples=plan.manifest.eval.samples,
@@ -302,9 +312,14 @@ class PlanTrainer(Trainer):
         plan."""
         if num_items_in_batch is None:
             num_items_in_batch = inputs["num_items_in_batch"]
-        outputs, logits = plan_forward(model, inputs, explicit_mask=self.explicit_mask)
-        loss = token_loss(logits, inputs["shift_labels"], num_items_in_batch, world_size=self.args.world_size)
+        outputs, loss = microbatch_loss(model, inputs, num_items_in_batch, path=self.plan_loss,
+                                        world_size=self.args.world_size, explicit_mask=self.explicit_mask,
+                                        compute_loss_func=self.compute_loss_func)
         return (loss, outputs) if return_outputs else loss
+
+    def _eval_loss_path(self) -> str:
+        """How evaluation sums CE: as training does."""
+        return self.plan_loss
 
     # ------------------------------------------------------------ checkpoints
     def plan_state(self, global_step: int) -> dict[str, Any]:

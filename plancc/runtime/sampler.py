@@ -12,8 +12,9 @@ needs when it runs several epochs as one stream.
 
 The sampler yields `Microbatch` objects: lists of sample ids (so it works as a `torch.utils.data` batch sampler)
 carrying where they sit in the plan. `state_dict()` saves the plan's fingerprints, the replay shape and the
-position; `load_state_dict()` resumes exactly, refuses another plan, and refuses a state whose position was
-recorded as invalid. Across an elastic change, resume is exact at update boundaries only.
+position; `load_state_dict()` resumes exactly, refuses another plan, a state whose position was recorded as
+invalid, and one whose position contradicts its update and micro-step on the plan's layout. Across an elastic
+change, resume is exact at update boundaries only.
 """
 
 from __future__ import annotations
@@ -274,9 +275,48 @@ class PlanSampler:
             "invalid_reason": invalid,
         }
 
-    def load_state_dict(self, state: dict[str, Any], *, allow_dataset_change: bool = False) -> None:
-        """Resume where `state` left off; refuses a malformed state (naming the field), another plan, another rank's
-        state, an invalid position or a mid-update elastic change."""
+    def position_problem(self, state: dict[str, Any]) -> str | None:
+        """What makes a well-formed state (`state_problem` None) of this plan no position on its layout (`field:
+        why`), or None. A state of another plan has no position here to check (`load_state_dict` refuses it).
+
+        A position is trusted only where it agrees with what is saved beside it: the replay shape replays the
+        plan's updates, the epoch is the plan's, and on that shape's walk (`layout.rank_walk`) the position is the
+        update and micro-step the state records. A position edited alone (a careful edit reseals the checkpoint
+        file) would otherwise resume at other microbatches.
+        """
+        if any(state["fingerprints"].get(k) != self.plan.fingerprints.get(k) for k in STRICT_FINGERPRINTS):
+            return None
+        settings = self.plan.settings
+        for key, ours in (("plan_world_size", settings.world_size), ("plan_grad_accum", settings.grad_accum)):
+            if state[key] != ours:
+                return f"{key}: {state[key]}, the plan's is {ours}"
+        world, accum, epoch = state["world_size"], state["grad_accum"], state["epoch"]
+        per_update = layout.batches_per_update(settings.world_size, settings.grad_accum)
+        if layout.batches_per_update(world, accum) != per_update:
+            return (f"grad_accum: {world} ranks x {accum} micro-steps cannot replay the plan's updates of "
+                    f"{per_update} microbatches")
+        if state["rank"] >= world:
+            return f"rank: {state['rank']} is not a rank of {world}"
+        if epoch not in self.plan.epochs:
+            return f"epoch: {epoch} is not an epoch of the plan (it has {self.plan.epochs})"
+        walk = layout.rank_walk(self.plan.manifest.epochs[epoch].batches, world, accum,
+                                full_updates=bool(state.get("full_updates", False)))
+        position, saved = state["position"], (state["update"], state["micro_step"])
+        shape = f"{world} ranks x {accum} micro-steps"
+        if position > walk.length:
+            return f"position: {position} is past the end of epoch {epoch} ({walk.length} positions on {shape})"
+        found = layout.locate(position, walk, accum)[:2]
+        if found != saved:
+            return (f"position: {position} is update {found[0]}, micro-step {found[1]} of epoch {epoch} on {shape}, "
+                    f"but the state says update {saved[0]}, micro-step {saved[1]}")
+        if state["at_update_boundary"] != (found[1] == 0):
+            return f"at_update_boundary: {state['at_update_boundary']} contradicts micro-step {found[1]}"
+        return None
+
+    def resume_point(self, state: dict[str, Any], *, allow_dataset_change: bool = False) -> tuple[int, int]:
+        """The (epoch, position) of this sampler where `state` resumes; changes nothing. Refuses (PlanMismatchError)
+        a malformed state (naming the field), another plan, changed data unless allowed, a position that
+        contradicts the plan's layout, an invalid position, another rank's state, a mid-update elastic change."""
         problem = state_problem(state)
         if problem is not None:
             raise PlanMismatchError(f"not a plancc sampler state: {problem}")
@@ -287,39 +327,41 @@ class PlanSampler:
                     f"the saved sampler state belongs to another plan: its {key} fingerprint differs from "
                     f"{self.plan.path}'s; resume with the plan the checkpoint was trained on"
                 )
-        if saved.get("dataset") != ours.get("dataset"):
-            msg = ("the saved sampler state was trained on different data: its dataset fingerprint differs from "
-                   f"{self.plan.path}'s")
-            if not allow_dataset_change:
-                raise PlanMismatchError(msg + "; pass allow_dataset_change=True to resume anyway")
-            warnings.warn(msg + " (allowed by allow_dataset_change=True)", stacklevel=2)
-        if not state.get("valid", False):
+        if saved.get("dataset") != ours.get("dataset") and not allow_dataset_change:
+            raise PlanMismatchError("the saved sampler state was trained on different data: its dataset fingerprint "
+                                    f"differs from {self.plan.path}'s; pass allow_dataset_change=True to resume anyway")
+        problem = self.position_problem(state)
+        if problem is not None:
+            raise PlanMismatchError(f"the saved sampler state is no position of {self.plan.path}: {problem} (edited, "
+                                    "or saved by another program)")
+        if not state["valid"]:
             raise PlanMismatchError(
                 f"the checkpoint's sampler position is invalid ({state.get('invalid_reason')}); exact resume is "
                 "impossible. Resume from another checkpoint, or start the epoch over explicitly with set_epoch()"
             )
-        epoch = int(state["epoch"])
-        check_epoch(self.plan.epochs, epoch)
-        shape = (int(state["world_size"]), int(state["grad_accum"]), bool(state.get("full_updates", False)))
-        if shape == (self.world_size, self.grad_accum, self.full_updates):
+        epoch = state["epoch"]
+        if (state["world_size"], state["grad_accum"], bool(state.get("full_updates", False))) \
+                == (self.world_size, self.grad_accum, self.full_updates):
             if state["rank"] != self.rank:  # same shape: each rank walks its own positions
                 raise PlanMismatchError(f"the saved sampler state is rank {state['rank']}'s; this is rank {self.rank}: "
                                         "each rank resumes from its own state")
-            position = int(state["position"])
-        elif state.get("at_update_boundary"):
-            self.epoch = epoch  # needed for the shape below
-            position = self.update_position(int(state["update"]))
-        else:
-            raise PlanMismatchError(
-                f"the checkpoint was saved mid-update (update {state['update']}, micro-step {state['micro_step']}) "
-                f"by a run of world_size {state['world_size']} x grad_accum {state['grad_accum']}; this run is "
-                f"{self.world_size} x {self.grad_accum}. Elastic resume is exact only at update boundaries: resume "
-                "with the original world size, or from a checkpoint taken at an optimizer step"
-            )
+            return epoch, state["position"]
+        if state["at_update_boundary"]:
+            return epoch, self.update_position(state["update"], epoch)
+        raise PlanMismatchError(
+            f"the checkpoint was saved mid-update (update {state['update']}, micro-step {state['micro_step']}) "
+            f"by a run of world_size {state['world_size']} x grad_accum {state['grad_accum']}; this run is "
+            f"{self.world_size} x {self.grad_accum}. Elastic resume is exact only at update boundaries: resume "
+            "with the original world size, or from a checkpoint taken at an optimizer step"
+        )
+
+    def load_state_dict(self, state: dict[str, Any], *, allow_dataset_change: bool = False) -> None:
+        """Resume where `state` left off (`resume_point` says where, or why not)."""
+        epoch, position = self.resume_point(state, allow_dataset_change=allow_dataset_change)
+        if state["fingerprints"].get("dataset") != self.plan.fingerprints.get("dataset"):
+            warnings.warn("the saved sampler state was trained on different data: its dataset fingerprint differs "
+                          f"from {self.plan.path}'s (allowed by allow_dataset_change=True)", stacklevel=2)
         self.epoch = epoch
-        length = self._shape().length
-        if not 0 <= position <= length:
-            raise PlanMismatchError(f"saved position {position} is outside epoch {epoch}'s {length} microbatches")
         self._start = self._yielded = position
         self._consumed = None
         self._invalid = None

@@ -15,8 +15,11 @@ and loss comes from the plan. What differs from a plain `SFTTrainer`:
   `skip_prepare_dataset=True`, and `packing`, `padding_free` and `max_length` are the plan's business (packing
   or padding-free in the config is refused). `train_dataset` defaults to a one-sample preview of the plan's data,
   only for the checks SFTTrainer makes at start-up; training reads the plan;
-- the loss is plancc's (fp32 cross entropy over the full logits, sum / the update's plan count x world size), not
-  TRL's fused-LM-head loss: `loss_type="nll"` only, and TRL's token-accuracy and entropy metrics are not logged;
+- the loss is the plan's token mean (fp32 cross entropy, sum / the update's plan count x world size), by
+  `loss="chunked"` (default), `"logits"` or `"model"` as in `PlanTrainer`, or `loss="fused"`: TRL's fused LM head
+  (the model called with `fused_lm_head=True`, `shift_labels` and the plan's `num_items_in_batch`), which also
+  never builds every token's logits. `compute_loss_func` gets the plan's count. `loss_type="nll"` only; TRL's
+  token-accuracy and entropy metrics are not logged;
 - evaluation is `PlanTrainer.evaluate`: the exact token-mean loss over the plan's eval plan (compile with
   `--val-set-size` or a recipe's `eval_datasets`), logged as `eval_loss`; an `eval_dataset` that is not a plan is
   refused;
@@ -36,7 +39,9 @@ from trl import SFTConfig, SFTTrainer
 
 from plancc.errors import PlanMismatchError
 from plancc.runtime.data import TokenStore, load_tokens
+from plancc.runtime.forward import LOSS_PATHS, plan_forward
 from plancc.runtime.hf import PlanTrainer
+from plancc.runtime.loss import plan_count
 from plancc.store.plan import Plan, verified_plan
 
 
@@ -49,7 +54,10 @@ def _preview(tokens: TokenStore) -> Dataset:
 
 class PlanSFTTrainer(PlanTrainer, SFTTrainer):
     """TRL's `SFTTrainer` on a plancc plan (see module docstring). Keyword arguments as `PlanTrainer`'s (`plan`,
-    `tokens`, `verify`, `allow_dataset_change`, `pad_token_id`, `explicit_mask`) plus SFTTrainer's."""
+    `tokens`, `verify`, `allow_dataset_change`, `pad_token_id`, `explicit_mask`, `loss`: also `"fused"`) plus
+    SFTTrainer's."""
+
+    loss_paths = (*LOSS_PATHS, "fused")
 
     def __init__(self, *args: Any, plan: str | Path | Plan, processing_class: Any,
                  tokens: TokenStore | None = None, verify: str = "hash", allow_dataset_change: bool = False,
@@ -74,6 +82,21 @@ class PlanSFTTrainer(PlanTrainer, SFTTrainer):
         kwargs.setdefault("train_dataset", _preview(tokens))
         super().__init__(*args, plan=plan, tokens=tokens, verify=verify, allow_dataset_change=allow_dataset_change,
                          pad_token_id=pad_token_id, processing_class=processing_class, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """`PlanTrainer.compute_loss`, or with `loss="fused"` TRL's fused LM head fed the plan's count."""
+        if self.plan_loss != "fused" or self.compute_loss_func is not None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        count = plan_count(inputs["num_items_in_batch"] if num_items_in_batch is None else num_items_in_batch,
+                           inputs["input_ids"].device)
+        outputs, _ = plan_forward(model, inputs, explicit_mask=self.explicit_mask, fused_lm_head=True,
+                                  shift_labels=inputs["shift_labels"], num_items_in_batch=count)
+        loss = outputs["loss"] * self.args.world_size
+        return (loss, outputs) if return_outputs else loss
+
+    def _eval_loss_path(self) -> str:
+        """Evaluation sums CE by the chunked path under `loss="fused"` (the same numbers)."""
+        return "chunked" if self.plan_loss == "fused" else self.plan_loss
 
     def _eval_stand_in(self) -> Dataset:
         """SFTTrainer inspects the eval dataset's columns at start-up: the same preview as for training."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import resource
 import shutil
 import time
 import uuid
@@ -48,9 +47,9 @@ import pyarrow as pa
 from plancc.config.settings import ScanOptions
 from plancc.core.faults import fault
 from plancc.core.paths import cache_path
-from plancc.errors import InputError, PlanccError
+from plancc.errors import InputError, PlanccError, descriptors_hint, out_of_descriptors, out_of_memory
 from plancc.scan import merge, shard
-from plancc.scan.sources.parallel import workers
+from plancc.scan.sources.parallel import bound_workers, workers
 from plancc.scan.sources.rows import RowReader
 from plancc.scan.sources.samples import check_drops
 from plancc.scan.sources.tokenizer import spec_of
@@ -131,6 +130,8 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
     started = time.perf_counter()
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc <= 0:
         raise InputError(f"--num-proc must be a positive integer, got {num_proc!r}")
+    if engine is None:  # processes of this machine (Ray counts its own)
+        num_proc = bound_workers(num_proc, options.tokenizer)
     shard.local_ranges(1, shard_rows)  # a bad --shard-rows is named before any work
     ident = shard.identity(source, options)
     tok, template, loc = ident
@@ -162,6 +163,8 @@ def scan(source: str, options: ScanOptions, *, num_proc: int = 1, cache_dir: Pat
                               started=started, engine=engine)
                 done = _load_cached(entry, key)
     except OSError as exc:
+        if out_of_memory(exc):  # ENOMEM: the CLI says out of memory, and where
+            raise
         raise _system_error(exc, entry.parent) from None
     finally:
         reader.close()
@@ -174,10 +177,8 @@ def _system_error(exc: OSError, cache: Path) -> PlanccError:
     """What an OSError during a scan means: a resource limit is named as such, and only a file of the cache that
     cannot be written is blamed on the cache."""
     what = exc.strerror or str(exc)
-    if exc.errno in (errno.EMFILE, errno.ENFILE):
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return PlanccError(f"too many open files while scanning ({what}; this process may open {soft}, see "
-                           "`ulimit -n`): raise the limit (e.g. `ulimit -n 4096`) or lower --num-proc")
+    if out_of_descriptors(exc):
+        return PlanccError(f"cannot scan: {descriptors_hint()}")
     if exc.filename is not None and not str(exc.filename).startswith(str(cache)):
         return PlanccError(f"{exc.filename}: {what}")
     hint = "; set PLANCC_CACHE to a writable directory" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
@@ -218,6 +219,7 @@ def scan_shard(source: str, options: ScanOptions, index: int, count: int, out_di
                num_proc: int = 1, progress: Progress = None) -> ScanRecord:
     """`plancc scan --shard I/N`: shard `index` of `count` of SOURCE's rows into the partial scan `out_dir`
     (atomically, the `-o` rules); `plancc merge` joins the parts. Returns the part's record."""
+    num_proc = bound_workers(num_proc, options.tokenizer)
     if progress:
         progress("reading", 0, 1)
     ident = shard.identity(source, options)

@@ -13,7 +13,15 @@ The protocol, for a target `D/NAME` (all names hidden, beside the target, never 
    exchange, two renames: `D/NAME -> D/.NAME.plancc-old-PID-HEX`, then `tmp -> D/NAME`. Then fsync `D`.
    SIGINT and SIGTERM are held back (in the main thread) for the few system calls of the commit, so an interrupt
    lands before it (old directory unchanged) or after it (new directory in place), and the message says which.
-5. Remove the old directory; unlink the lock.
+5. Remove the old directory, unless a reader holds it (see below): then it stays under its hidden name until no
+   process reads it, and a later command removes it. Unlink the lock.
+
+**Readers.** A process that reads a plan (`plancc.store.plan_store.PlanFiles`) holds its directory open with a
+shared `flock` (`hold_for_reading`) for as long as it reads it. Removal (step 5, and recovery's) takes the
+directory's lock exclusively without waiting first and leaves a held directory in place, so a run keeps the plan it
+opened, its spawned workers included (they read through the same descriptor), while a recompile puts a new one at
+the path. The kernel drops a reader's lock with its last descriptor of the directory (its process's end included).
+Where the filesystem has no `flock` on directories, nothing is held and removal is as before.
 
 Crash states (SIGKILL or power loss at each step) and what the next command does with them:
 
@@ -25,6 +33,7 @@ Crash states (SIGKILL or power loss at each step) and what the next command does
 | 4, second rename       | complete new             | old                        | old removed                            |
 | 5                      | complete new             | (part of) the old          | removed                                |
 | any step               | as above                 | its `.NAME.lock` file      | removed (it blocks nothing meanwhile)  |
+| 5, a reader holds old  | complete new             | the old (hidden)           | removed once no reader holds it        |
 
 Only leftovers whose lock can be taken are touched, so a live writer's temporaries are never reclaimed.
 The tests crash a replace at the named points of this sequence (`plancc.core.faults`): `written`, `synced`,
@@ -157,11 +166,44 @@ def _lock_owner(parent: Path, name: str) -> str:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
+    """Remove a leftover file or directory; a directory a reader holds (`hold_for_reading`) is left for later."""
+    if not (path.is_dir() and not path.is_symlink()):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a run reads it: a later command removes it once none does
+        except OSError:
+            pass  # no locks on this filesystem: nothing can be held
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def hold_for_reading(fd: int) -> None:
+    """Hold the directory open at `fd` for reading: a shared `flock` (waiting while a remover holds it) that keeps
+    a replace or a recovery from removing it (module docstring, Readers). Best effort: a filesystem without locks
+    on directories holds nothing."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def is_at(fd: int, path: Path) -> bool:
+    """Whether the directory open at `fd` is still the one at `path` (not replaced or removed since it was
+    opened)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _recover_name(parent: Path, name: str, leftovers: list[Path]) -> None:

@@ -14,6 +14,7 @@ string contents (a `[` inside a string is text, not nesting), before any parser 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,16 @@ def _too_deep(buf, limit, lines):  # pragma: no cover (compiled)
     return -1
 
 
+def too_deep(data: bytes, lines: bool = False) -> int:
+    """Offset in `data` (JSON text, or JSON lines: `lines`) of the first bracket nesting deeper than MAX_DEPTH, or
+    -1: a string holding JSON (a tool call's) is bounded as a file is, before it is parsed."""
+    return int(_too_deep(np.frombuffer(data, np.uint8), MAX_DEPTH, lines))
+
+
 def check_depth(data: bytes, path: str, line_numbers: list[int] | None = None, first_row: int = 0) -> None:
     """Refuse `data` where it nests deeper than MAX_DEPTH, naming the file and line: a JSON document, or JSON
     lines (one row each, the first being row `first_row`) whose file line numbers are `line_numbers`."""
-    at = int(_too_deep(np.frombuffer(data, np.uint8), MAX_DEPTH, line_numbers is not None))
+    at = too_deep(data, line_numbers is not None)
     if at < 0:
         return
     k = data.count(b"\n", 0, at)
@@ -163,29 +170,55 @@ def read_jsonl(path: str) -> Block:
         rows.close()
 
 
-def read_json(path: str) -> Block:
-    """A whole `.json` file: a list of objects, an object of equal-length columns, one object, or JSON lines."""
+def _document_rows(path: str) -> list[Any] | None:
+    """The rows of a whole `.json` file as orjson reads them: a list of objects, an object of equal-length columns,
+    or one object; None when the file holds JSON lines."""
     data = Path(path).read_bytes()
     head = data.lstrip()[:1]
     check_depth(data, path)
     if head == b"[":
         try:
-            rows = orjson.loads(data)
+            return orjson.loads(data)
         except orjson.JSONDecodeError as exc:
             raise InputError(f"{path} line {exc.lineno} column {exc.colno}: malformed JSON ({exc.msg})") from None
-        return rows_to_columns(rows, path, lambda i: f"row {i}")
     if head == b"{":
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return read_jsonl(path)  # JSON lines in a .json file
+            return None  # JSON lines in a .json file
         if isinstance(obj, dict) and obj and all(isinstance(v, list) for v in obj.values()):
             if len({len(v) for v in obj.values()}) != 1:
                 raise InputError(f"{path}: columns of the JSON object have different lengths")
-            n = len(next(iter(obj.values())))
-            return rows_to_columns([{k: v[i] for k, v in obj.items()} for i in range(n)], path,
-                                    lambda i: f"row {i}")
-        return rows_to_columns([obj], path, lambda i: f"row {i}")
+            return [{k: v[i] for k, v in obj.items()} for i in range(len(next(iter(obj.values()))))]
+        return [obj]
     if not head:
-        return pa.table({}), {}
+        return []
     raise InputError(f"{path} line 1: malformed JSON (expected a list of objects or JSON lines)")
+
+
+def read_json(path: str) -> Block:
+    """A whole `.json` file: a list of objects, an object of equal-length columns, one object, or JSON lines."""
+    rows = _document_rows(path)
+    if rows is None:
+        return read_jsonl(path)
+    return rows_to_columns(rows, path, lambda i: f"row {i}")
+
+
+def parsed_rows(path: str, first: int, count: int) -> Iterator[Any]:
+    """Rows [first, first + count) of a `.json` or `.jsonl` file parsed again, one by one, by orjson, which keeps
+    an integer an integer where Arrow types a column of integers and one float as floats: what an error names the
+    row by."""
+    rows = None if Path(path).suffix.lower() == ".jsonl" else _document_rows(path)
+    if rows is not None:
+        yield from rows[first:first + count]
+        return
+    with open(path, "rb") as f:
+        k = 0
+        for line in f:
+            if not line.strip():
+                continue
+            if k >= first + count:
+                return
+            if k >= first:
+                yield orjson.loads(line)
+            k += 1

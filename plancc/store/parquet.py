@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from plancc.store.schemas import (
     ARROW_SCHEMA_KEY,
     DATASET_COLUMN,
     META_KEY,
+    ROWS_KEY,
     SAMPLES_SCHEMA,
     SCHEMA_VERSION,
     StoreError,
@@ -73,13 +75,27 @@ class Held:
 
     path: Path  # for messages
     buffer: pa.Buffer
+    mapping: mmap.mmap | None = None  # the map under `buffer` (None for an empty file): `scan` reads through it
+
+    def scan(self, end: int, block: int = 1 << 24) -> Iterator[memoryview]:
+        """Bytes [0, end) a block at a time, each block's pages dropped from this process's resident set once read
+        (they stay in the shared page cache): hashing a large file costs no memory."""
+        view = memoryview(self.mapping) if self.mapping is not None else memoryview(b"")
+        for a in range(0, end, block):
+            yield view[a:min(a + block, end)]
+            if self.mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+                self.mapping.madvise(mmap.MADV_DONTNEED, a, min(block, end - a))
 
     def parquet(self) -> pq.ParquetFile:
-        """The file as Parquet (refused naming the file when it is not)."""
-        try:
-            return pq.ParquetFile(pa.BufferReader(self.buffer))
-        except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: e.g. a column name that is not UTF-8
-            raise StoreError(f"{self.path} is not a readable Parquet file ({exc})") from None
+        """The file as Parquet, its footer parsed once (refused naming the file when it is not Parquet)."""
+        found = self.__dict__.get("_parquet")
+        if found is None:
+            try:
+                found = pq.ParquetFile(pa.BufferReader(self.buffer))
+            except (pa.ArrowException, OSError, ValueError) as exc:  # ValueError: a column name that is not UTF-8
+                raise StoreError(f"{self.path} is not a readable Parquet file ({exc})") from None
+            self.__dict__["_parquet"] = found
+        return found
 
 
 def hold(path: str | Path, *, dir_fd: int | None = None, name: str | None = None) -> Held:
@@ -95,7 +111,8 @@ def hold(path: str | Path, *, dir_fd: int | None = None, name: str | None = None
     with f:
         if os.fstat(f.fileno()).st_size == 0:
             return Held(path, pa.py_buffer(b""))
-        return Held(path, pa.py_buffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)))
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return Held(path, pa.py_buffer(mapping), mapping)
 
 
 def as_held(source: str | Path | Held) -> Held:
@@ -120,7 +137,7 @@ def read_file_meta(source: str | Path | Held) -> dict[str, Any]:
     raw = pairs.get(META_KEY)
     if raw is None:
         raise StoreError(f"{path} was not written by plancc (no '{META_KEY.decode()}' metadata)")
-    extra = sorted(set(pairs) - {META_KEY, ARROW_SCHEMA_KEY})
+    extra = sorted(set(pairs) - {META_KEY, ARROW_SCHEMA_KEY, ROWS_KEY})
     if extra:
         raise StoreError(f"{path} has metadata keys plancc does not write ({extra[0]!r}): the file was edited")
     if (pf.schema_arrow.metadata or {}).get(META_KEY) != raw:
@@ -161,17 +178,23 @@ def read_table(source: str | Path | Held, expected: pa.Schema, *, columns: list[
 def column(table: pa.Table, name: str) -> np.ndarray:
     """One column as numpy, read straight from its Arrow buffers when it is primitive and null-free.
 
-    pyarrow's own converters (`to_numpy`, `pa.array`, `from_pylist`) import pandas on first use: a third of a
-    second of every command. The buffers hold the same values (a view for numbers, unpacked bits for booleans).
+    pyarrow's own converters (`to_numpy`, `np.asarray`, `pa.array`, `from_pylist`) import pandas on first use: a
+    third of a second of every command. The buffers hold the same values (a view for numbers, unpacked bits for
+    booleans).
     """
     arr = table.column(name).combine_chunks()
     t = arr.type
     if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
-        return np.frombuffer(arr.buffers()[1], dtype=np.dtype(str(t)))[arr.offset: arr.offset + len(arr)]
+        return numbers(arr)
     if arr.null_count == 0 and pa.types.is_boolean(t):
         bits = np.unpackbits(np.frombuffer(arr.buffers()[1], dtype=np.uint8), bitorder="little")
         return bits[arr.offset: arr.offset + len(arr)].astype(bool)
     return arr.to_numpy(zero_copy_only=False)
+
+
+def numbers(arr: pa.Array) -> np.ndarray:
+    """A null-free integer or float Arrow array's values: a read-only view of its buffer (see `column`)."""
+    return np.frombuffer(arr.buffers()[1], dtype=np.dtype(str(arr.type)))[arr.offset: arr.offset + len(arr)]
 
 
 def arrow_array(values: np.ndarray, type_: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
@@ -238,9 +261,10 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
 
 
 def nested_arrays(sample_ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(flat sample ids, row bounds, batch bounds) of a `list<list<int64>>` column, without a Python loop."""
+    """(flat sample ids, row bounds, batch bounds) of a `list<list<int64>>` column, without a Python loop (or
+    pandas: the buffers are read as `column` reads them)."""
     batches = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
     rows = batches.flatten()
-    batch_bounds = np.asarray(batches.offsets, dtype=np.int64) - batches.offsets[0].as_py()
-    row_bounds = np.asarray(rows.offsets, dtype=np.int64) - rows.offsets[0].as_py()
-    return rows.flatten().to_numpy().astype(np.int64), row_bounds, batch_bounds
+    batch_bounds = numbers(batches.offsets).astype(np.int64)
+    row_bounds = numbers(rows.offsets).astype(np.int64)
+    return numbers(rows.flatten()).astype(np.int64), row_bounds - row_bounds[0], batch_bounds - batch_bounds[0]

@@ -18,7 +18,6 @@ other is `plan.files` (`plancc.store.plan_store.PlanFiles`), the reader `validat
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,8 @@ from plancc.store.parquet import column, nested_arrays
 from plancc.store.plan_store import PlanFiles, PlanIntegrityError
 from plancc.store.scan_record import ScanRecord
 from plancc.store.schemas import EVAL_FILE, SAMPLES_FILE, StoreError
+
+SHARE_COLUMNS = ["sample_ids", "tokens", "label_count", "num_items"]  # what a share of an epoch is read for
 
 
 @dataclass(frozen=True)
@@ -103,18 +104,26 @@ class Plan:
 
     One type for every reader, so that settings, fingerprints and epochs are read in one place and mean one thing:
     the API returns it, inspect/diff/validate/show read through it, and the runtime trains on it. Opening is cheap
-    (the plan file's footer) and holds every file open, so a plan recompiled into the same directory
-    (`--overwrite`) while a run trains changes nothing for it; a read that finds a file changed since compile
-    raises `PlanMismatchError` with the first problem (`validate` lists them all instead).
+    (the plan file's footer, the token store's header and maps) and holds the directory and every file open, so a
+    plan recompiled into the same directory (`--overwrite`) while a run trains changes nothing for it (the old
+    directory stays, hidden, while it is held: `plancc.store.atomic`); a read that finds a file changed since
+    compile raises `PlanMismatchError` with the first problem (`validate` lists them all instead). `dir_fd`: the
+    plan directory already open (what a spawned DataLoader worker gets from its parent).
     """
 
-    def __init__(self, path: str | Path):
-        self.files = PlanFiles(path)
+    def __init__(self, path: str | Path, *, dir_fd: int | None = None):
+        self.files = PlanFiles(path, dir_fd=dir_fd)
         self.path: Path = self.files.path
         self.manifest: Manifest = self.files.manifest
-        self._tokens: token_store.MappedTokens | None = None  # the plan's own token store, once opened
+        self._tokens: token_store.MappedTokens | None = None  # the plan's own token store
         self._tokens_problem: str | None = None  # why it could not be held (raised when it is asked for)
+        if self.manifest.binds_tokens or self.files.data_problems():
+            try:  # mapped now, from the directory just opened: a recompile or a move later changes nothing
+                self._tokens = self.files.open_tokens()
+            except (PlanIntegrityError, token_store.FileTypeError) as exc:
+                self._tokens_problem = str(exc)
         self._verified_all = False
+        self._body_verified: bool | None = None  # whether the plan file's body digest vouched for every row
         self._epoch: tuple[int, pa.Table] | None = None  # the last epoch read and verified
         self._eval: pa.Table | None = None  # the eval plan, once read and verified
         self._checked: set[str] = set()  # what `_header` and `_companion` checked
@@ -171,17 +180,31 @@ class Plan:
         if rank is not None and not 0 <= rank < W:
             raise SettingsError(f"rank {rank}: the plan has ranks 0..{W - 1}" if world_size is None
                                 else f"rank {rank} is outside world_size {W}")
-        table = self._verified_epoch(int(epoch))
-        total = table.num_rows
-        keep = np.arange(total, dtype=np.int64) if rank is None else layout.rank_indices(total, W, rank)
-        mine = table.select(["sample_ids", "tokens", "label_count", "num_items"]).take(pa.array(keep))
+        total, keep, mine, tail_num_items = self._share(int(epoch), W, rank)
         ids, row_bounds, batch_bounds = nested_arrays(mine.column("sample_ids"))
         update, ranks, micro_step = (a[keep] for a in layout.update_mapping(total, W, G))
-        tail_start = layout.complete_batches(total, self.settings.world_size, self.settings.grad_accum)
         return EpochMicrobatches(
             int(epoch), keep, update, ranks, micro_step, ids, row_bounds, batch_bounds, column(mine, "tokens"),
-            column(mine, "label_count"), column(mine, "num_items"), total,
-            int(column(table, "num_items")[tail_start]) if tail_start < total else 0)
+            column(mine, "label_count"), column(mine, "num_items"), total, tail_num_items)
+
+    def _share(self, epoch: int, world_size: int, rank: int | None) -> tuple[int, np.ndarray, pa.Table, int]:
+        """(the epoch's microbatches, the global indices of `rank`'s share under `world_size` (all when None),
+        their rows in that order, the tail update's `num_items`). A plan whose body digest vouches for its rows
+        (`verify`) reads only the share's row groups; an older plan's epoch is read whole and verified first."""
+        s, body = self.settings, self._body()
+        table = None if body else self._verified_epoch(epoch)
+        total = self.manifest.epochs[epoch].batches if table is None else table.num_rows  # `_body` checked the count
+        keep = np.arange(total, dtype=np.int64) if rank is None else layout.rank_indices(total, world_size, rank)
+        tail = layout.complete_batches(total, s.world_size, s.grad_accum)
+        if table is not None:
+            tail_num_items = int(column(table, "num_items")[tail]) if tail < total else 0
+            return total, keep, table.select(SHARE_COLUMNS).take(pa.array(keep)), tail_num_items
+        try:
+            mine = self.files.read_microbatches(epoch, keep, SHARE_COLUMNS)
+            tail_row = self.files.read_microbatches(epoch, np.array([tail]), ["num_items"]) if tail < total else None
+        except PlanIntegrityError as exc:
+            _refuse([str(exc)])
+        return total, keep, mine, int(column(tail_row, "num_items")[0]) if tail_row is not None else 0
 
     def eval(self, rank: int | None = None, world_size: int = 1) -> EvalMicrobatches:
         """The eval plan's microbatches (only `rank`'s of a `world_size` split when given: every `world_size`-th,
@@ -219,15 +242,9 @@ class Plan:
         return out
 
     def tokens(self) -> token_store.MappedTokens | None:
-        """The plan's own token store (`tokens/`), opened once through the directory opened with the plan and
+        """The plan's own token store (`tokens/`), opened with the plan through the directory opened with it and
         checked against the digest the plan binds; None for a plan that ships none (compiled from a bare samples
-        table). Refused (`PlanMismatchError`) when it is gone or is not the store the plan was compiled with."""
-        if self._tokens is None and self._tokens_problem is None and (
-                self.manifest.binds_tokens or self.files.data_problems()):
-            try:
-                self._tokens = self.files.open_tokens()
-            except (PlanIntegrityError, token_store.FileTypeError) as exc:
-                self._tokens_problem = str(exc)
+        table). Refused (`PlanMismatchError`) when it was gone or was not the store the plan was compiled with."""
         if self._tokens_problem is not None:
             raise PlanMismatchError(f"{self._tokens_problem}; recompile the plan")
         return self._tokens
@@ -236,21 +253,23 @@ class Plan:
         """Check the plan for training once and hold its token store; returns the plan.
 
         Refuses (`PlanMismatchError`, the first problem) settings that do not hash to the config fingerprint, a
-        samples file of another plan, a `manifest.json` that differs from the plan file's metadata, and any
-        epoch's rows that break the layout or the plan fingerprint (so a changed last epoch is refused before
-        step 1); the first epoch stays cached for step 1. The token store is opened (and held) here too; one that
-        is gone or not the plan's is refused when it is asked for (`tokens()`): a caller may pass its data
-        elsewhere.
+        samples file of another plan, a `manifest.json` that differs from the plan file's metadata, and any row of
+        any epoch that is not as compile wrote it, so a changed row is refused before step 1 on every rank: the
+        plan file's body digest vouches for every row without decoding them (`plancc.store.plan_body`: one hash
+        pass over the file, each epoch's row count from its epoch column), and a rank then decodes only its own
+        rows (`epoch`). A plan written before the digest existed has each epoch's rows decoded and checked against
+        the layout and the epoch's plan fingerprint instead. (The token store was opened with the plan; one that
+        was gone or not the plan's is refused when it is asked for, `tokens()`: a caller may pass its data
+        elsewhere.)
         """
         if self._verified_all:
             return self
         self._header()
         _refuse(self.files.manifest_problems(required=False))
         self._companion(SAMPLES_FILE, "samples")
-        for epoch in reversed(self.epochs):
-            self._verified_epoch(epoch)
-        with contextlib.suppress(PlanMismatchError):  # remembered: `tokens()` raises it
-            self.tokens()
+        if not self._body():
+            for epoch in reversed(self.epochs):
+                self._verified_epoch(epoch)
         self._verified_all = True
         return self
 
@@ -260,6 +279,16 @@ class Plan:
         if "header" not in self._checked:
             _refuse(self.files.header_problems())
             self._checked.add("header")
+
+    def _body(self) -> bool:
+        """Whether the plan file's body digest vouches for every row (checked once, with each epoch's row count;
+        refused when it does not hold); False for a plan written before the digest existed."""
+        if self._body_verified is None:
+            self._header()
+            if self.files.has_rows_digest:
+                _refuse(self.files.body_problems())
+            self._body_verified = self.files.has_rows_digest
+        return self._body_verified
 
     def _companion(self, name: str, kind: str) -> None:
         """A sibling file's metadata against the plan file's (once)."""
@@ -287,7 +316,8 @@ class Plan:
                 table = self.files.read_eval()
             except StoreError as exc:
                 raise PlanMismatchError(str(exc)) from None
-            _refuse([*self.files.companion_problems(EVAL_FILE, "eval"), *self.files.eval_problems(table)])
+            _refuse([*self.files.companion_problems(EVAL_FILE, "eval"), *self.files.eval_problems(table),
+                     *self.files.eval_draw_problems(table)])
             self._eval = table
         return self._eval
 

@@ -26,9 +26,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from plancc.config.settings import PlanSettings
 from plancc.core import layout
-from plancc.store import atomic, token_store
-from plancc.store.file_checks import first_difference, first_row, repeated_sample
+from plancc.errors import SettingsError
+from plancc.store import atomic, parquet_footer, plan_body, redraw, token_store
+from plancc.store.file_checks import first_difference, first_row, repeated_sample, schema_problems
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -38,10 +40,11 @@ from plancc.store.fingerprint import (
 )
 from plancc.store.manifest import EvalSummary, Manifest, ManifestError
 from plancc.store.parquet import Held, column, hold, nested_arrays, read_file_meta, read_samples, read_table
-from plancc.store.samples import samples_fingerprints
+from plancc.store.samples import dataset_codes, samples_fingerprints
 from plancc.store.schemas import (
     BEFORE_FILE,
     BEFORE_SCHEMA,
+    DATASET_COLUMN,
     EVAL_FILE,
     EVAL_SCHEMA,
     MANIFEST_FILE,
@@ -49,6 +52,7 @@ from plancc.store.schemas import (
     PLAN_FILE,
     PLAN_SCHEMA,
     SAMPLES_FILE,
+    SAMPLES_SCHEMA,
     SCHEMA_VERSION,
     TOKENS_DIR,
     StoreError,
@@ -59,6 +63,20 @@ EPOCH_COLUMNS = ["index", "update", "rank", "micro_step", "sample_ids", "tokens"
                  "complete_update"]
 
 
+def eval_set_problem(ids: np.ndarray, expected: np.ndarray, settings: PlanSettings) -> str | None:
+    """What differs between the samples an eval plan holds (`ids`) and the held-out set (`expected`, sorted), or
+    None when they are the same set."""
+    held = np.sort(ids)
+    held = held[np.r_[True, held[1:] != held[:-1]]] if held.size else held
+    extra, lacking = np.setdiff1d(held, expected, assume_unique=True), np.setdiff1d(expected, held, assume_unique=True)
+    if not (extra.size or lacking.size):
+        return None
+    first = int(extra[0]) if extra.size else int(lacking[0])
+    return (f"holds {extra.size} samples the eval set (eval datasets and the held-out draw of val_set_size "
+            f"{settings.val_set_size}, seed {settings.seed}) does not and lacks {lacking.size} it does (first: "
+            f"sample_id {first})")
+
+
 class PlanIntegrityError(StoreError):
     """A plan file's content or metadata does not match what the plan's fingerprints and checksums bind."""
 
@@ -66,28 +84,30 @@ class PlanIntegrityError(StoreError):
 class PlanFiles:
     """A plan directory opened for reading: its files, each opened once, the manifest, and the checks above.
 
-    Opening opens the directory and each of its files once (`Held`: every later read comes from what was opened, so
-    a plan replaced under a reader changes nothing for it) and reads only the plan file's footer: refuses a
+    Opening opens the directory, holds it for reading (a recompile into the same path moves it aside instead of
+    removing it: `atomic.hold_for_reading`) and opens each of its files once (`Held`: every later read comes from
+    what was opened, so a plan replaced under a reader changes nothing for it), and reads only the plan file's
+    footer. `dir_fd`: the directory already open (a spawned DataLoader worker's copy of its parent's). Refuses a
     missing, foreign or other-schema plan file, a file that is not a regular file, and a manifest plancc did not
     write (`Manifest.from_json`). `read_*` read one file; `*_problems` check one file each.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, dir_fd: int | None = None):
         p = Path(path)
         if p.is_file() and p.name == PLAN_FILE:
             p = p.parent
-        atomic.recover(p)  # a plan an interrupted replace left behind is put back (or finished) before it is read
-        if not p.is_dir():
-            raise StoreError(f"{path} is not a plan directory" + ("" if p.exists() else " (it does not exist)"))
-        if not (p / PLAN_FILE).exists():
-            raise StoreError(f"{path} is not a plan directory (no {PLAN_FILE}); write one with "
-                             "`plancc compile SOURCE -o PLAN_DIR`")
         self.path = p
         self.plan_file = p / PLAN_FILE
-        self._dir_fd = token_store.open_dir(p, StoreError)
-        weakref.finalize(self, os.close, self._dir_fd)
+        self._group_starts: np.ndarray | None = None  # the plan file's row group bounds (`read_microbatches`)
+        if dir_fd is not None:  # a directory opened elsewhere (a DataLoader worker's, its parent's): held here too
+            atomic.hold_for_reading(dir_fd)
+        self.dir_fd = self._open_dir(p) if dir_fd is None else dir_fd
+        weakref.finalize(self, os.close, self.dir_fd)
         self._files = {name: self._hold(name) for name in (PLAN_FILE, SAMPLES_FILE, METRICS_FILE, BEFORE_FILE,
                                                            MANIFEST_FILE, EVAL_FILE)}
+        if self._files[PLAN_FILE] is None:
+            raise StoreError(f"{path} is not a plan directory (no {PLAN_FILE}); write one with "
+                             "`plancc compile SOURCE -o PLAN_DIR`")
         meta = read_file_meta(self.held(PLAN_FILE))
         if meta.get("kind") != "plan":
             raise PlanIntegrityError(f"{self.plan_file} is a plancc '{meta.get('kind')}' file, not a plan")
@@ -96,10 +116,29 @@ class PlanFiles:
         except ManifestError as exc:
             raise PlanIntegrityError(str(exc)) from None
 
+    @staticmethod
+    def _open_dir(p: Path) -> int:
+        """The plan directory at `p`, opened and held for reading (`atomic.hold_for_reading`: a recompile into `p`
+        then moves it aside instead of removing it). Opened again when `p` was replaced between the open and the
+        hold: what is held is a plan that was at `p`, whole."""
+        atomic.recover(p)  # a plan an interrupted replace left behind is put back (or finished) before it is read
+        for _ in range(16):
+            if not p.is_dir():
+                raise StoreError(f"{p} is not a plan directory" + ("" if p.exists() else " (it does not exist)"))
+            if not (p / PLAN_FILE).exists():
+                raise StoreError(f"{p} is not a plan directory (no {PLAN_FILE}); write one with "
+                                 "`plancc compile SOURCE -o PLAN_DIR`")
+            fd = token_store.open_dir(p, StoreError)
+            atomic.hold_for_reading(fd)
+            if atomic.is_at(fd, p):
+                return fd
+            os.close(fd)
+        raise StoreError(f"{p} was replaced 16 times while it was being opened; try again")
+
     def _hold(self, name: str) -> Held | None:
         """`name` opened through the directory opened at init (None when it is absent)."""
         try:
-            return hold(self.path / name, dir_fd=self._dir_fd, name=name)
+            return hold(self.path / name, dir_fd=self.dir_fd, name=name)
         except StoreError:
             if os.path.lexists(self.path / name):
                 raise
@@ -136,7 +175,7 @@ class PlanFiles:
             raise PlanIntegrityError(problems[0] if problems else f"{self.path} ships no token store")
         where, bound = self.path / TOKENS_DIR, self.manifest.fingerprints["tokens"]
         try:
-            fd = token_store.open_dir(TOKENS_DIR, token_store.TokenStoreError, dir_fd=self._dir_fd,
+            fd = token_store.open_dir(TOKENS_DIR, token_store.TokenStoreError, dir_fd=self.dir_fd,
                                       shown=f"token store {where}")
         except FileNotFoundError:
             raise PlanIntegrityError(f"{where} does not exist: the plan's token store was deleted or moved") from None
@@ -273,7 +312,76 @@ class PlanFiles:
             problems.append(f"{self.plan_file} metadata: eval.{found} (recomputed from {EVAL_FILE})")
         return problems
 
+    def eval_draw_problems(self, table: pa.Table) -> list[str]:
+        """The eval rows must hold exactly the samples compile held out: the draw made again from the samples
+        table's ids and the settings (`redraw.eval_ids`). Rows swapped for training samples, with the eval
+        fingerprint and summary recomputed into every file, hash consistently but are not that draw."""
+        s = self.manifest.settings
+        columns = ["sample_id", *([DATASET_COLUMN] if s.mixture else [])]
+        try:
+            samples = read_table(self.held(SAMPLES_FILE), SAMPLES_SCHEMA, columns=columns)
+            index = redraw.dataset_index(*dataset_codes(samples), s) if s.mixture else None
+            expected = redraw.eval_ids(column(samples, "sample_id"), s, index)
+        except (StoreError, SettingsError, KeyError) as exc:
+            return [f"{self.path / EVAL_FILE}: the held-out draw cannot be made again ({exc})"]
+        found = eval_set_problem(nested_arrays(table.column("sample_ids"))[0], expected, s)
+        return [f"{self.path / EVAL_FILE}: {found}"] if found else []
+
     # ------------------------------------------------------------ plan rows
+    @property
+    def has_rows_digest(self) -> bool:
+        """Whether the plan file carries its body digest (`plan_body`): then `body_problems` vouches for every row
+        and `read_ranks` reads one rank's; plans of earlier plancc versions are verified epoch by epoch."""
+        return plan_body.has_digest(self.held(PLAN_FILE))
+
+    def body_problems(self) -> list[str]:
+        """Every row of every epoch as compile wrote it, without decoding them (`plan_body.body_problems`), and each
+        epoch's row count (its `epoch` column) as the manifest's `epochs[e].batches`, what samplers size epochs by."""
+        held = self.held(PLAN_FILE)
+        problems = schema_problems(held, PLAN_SCHEMA) or plan_body.body_problems(held, len(PLAN_SCHEMA))
+        if problems:
+            return problems
+        try:
+            epoch = column(held.parquet().read(columns=["epoch"], use_threads=True), "epoch")
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            return [f"{self.plan_file} is corrupt: {exc}"]
+        want = np.array([e.batches for e in self.manifest.epochs], dtype=np.int64)
+        got = np.bincount(epoch.clip(0, want.size), minlength=want.size + 1)
+        if (epoch.size and (np.any(np.diff(epoch) < 0) or epoch[0] < 0)) or got[-1] or not np.array_equal(got[:-1], want):
+            return [f"{self.plan_file}: its epochs hold {got[:-1].tolist()} rows (and {int(got[-1])} of other epochs), "
+                    f"its metadata's epochs[].batches say {want.tolist()}"]
+        return []
+
+    def read_microbatches(self, epoch: int, indices: np.ndarray, columns: list[str]) -> pa.Table:
+        """Rows of the global microbatch `indices` (ascending) of `epoch`, in that order, decoding only the row
+        groups that hold them (a rank's own rows are a block of the file: `plan_body`). Each row's epoch and index
+        are checked against where the layout puts it (`PlanIntegrityError` otherwise)."""
+        batches = [e.batches for e in self.manifest.epochs]
+        held = self.held(PLAN_FILE)
+        if self._group_starts is None:
+            try:
+                self._group_starts = plan_body.group_starts(plan_body.groups(held))
+            except parquet_footer.FooterError as exc:
+                raise PlanIntegrityError(f"{self.plan_file}: its footer is damaged ({exc})") from None
+        starts = self._group_starts
+        pos = sum(batches[:epoch]) + layout.rank_order_positions(indices, batches[epoch],
+                                                                 self.manifest.settings.world_size)
+        group = np.searchsorted(starts, pos, "right") - 1
+        groups = np.flatnonzero(np.bincount(group, minlength=1))  # not np.unique: it imports numpy.ma
+        before = np.concatenate([[0], np.cumsum(np.diff(starts)[groups])])  # rows read before each group
+        local = pos - starts[group] + before[np.searchsorted(groups, group)]
+        try:
+            table = held.parquet().read_row_groups(groups.tolist(), columns=sorted({*columns, "epoch", "index"}),
+                                                   use_threads=False)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise PlanIntegrityError(f"{self.plan_file} is corrupt: {exc}") from None
+        contiguous = bool(np.all(np.diff(local) == 1))  # one rank's own rows: a slice, no copy
+        table = table.slice(int(local[0]) if local.size else 0, local.size) if contiguous else table.take(local)
+        if not (np.array_equal(column(table, "index"), indices) and bool(np.all(column(table, "epoch") == epoch))):
+            raise PlanIntegrityError(f"{self.plan_file}: the rows of epoch {epoch} are not where the layout puts them "
+                                     "(the file was edited)")
+        return table.select(columns)
+
     def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
         """Plan rows matching Parquet `filters` on the plan columns (row groups skipped on their statistics), in
         file order: (epoch, rank, index)."""

@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from plancc.store import plan_body
 from plancc.store.manifest import Manifest
 from plancc.store.parquet import (
     arrow_array,
@@ -29,7 +30,6 @@ from plancc.store.schemas import (
     META_KEY,
     METRICS_FILE,
     PLAN_FILE,
-    PLAN_ROW_GROUP,
     PLAN_SCHEMA,
     SAMPLES_FILE,
     metrics_schema,
@@ -78,7 +78,7 @@ def write_plan_files(directory: Path, manifest: Manifest, rows: pa.Table, sample
     """
     record = manifest.to_json()
     plan_meta = {META_KEY: orjson.dumps({**record, "kind": "plan"}, option=orjson.OPT_SORT_KEYS)}
-    write_parquet(rows, directory / PLAN_FILE, plan_meta, PLAN_ROW_GROUP)
+    plan_body.write_rows(rows, directory / PLAN_FILE, plan_meta)
     fingerprints, settings = record["fingerprints"], record["settings"]
     schema = samples_schema(DATASET_COLUMN in samples.column_names)
     write_parquet(samples.select(schema.names).cast(schema), directory / SAMPLES_FILE,

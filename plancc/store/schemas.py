@@ -22,6 +22,7 @@ SCAN_MANIFEST_FILE = "scan.json"
 
 ARROW_SCHEMA_KEY = b"ARROW:schema"  # pyarrow's serialized Arrow schema (store_schema=True)
 META_KEY = b"plancc"  # JSON: {"schema": int, "fingerprints": {...}, "settings": {...}, "kind": str}
+ROWS_KEY = b"plancc.rows"  # the plan file's footer: xxh3-128 of its bytes before the footer (`plancc.store.plan_body`)
 
 SAMPLES_SCHEMA = pa.schema(
     [

@@ -27,7 +27,7 @@ def map_columns(src: Source, columns: tuple[tuple[str, str], ...]) -> Source:
     table = src.table.drop([c for c in src.table.column_names if c in roles and c not in rename])
     table = table.rename_columns([rename.get(c, c) for c in table.column_names])
     loose = {rename.get(k, k): v for k, v in src.loose.items() if not (k in roles and k not in rename)}
-    return dataclasses.replace(src, table=table, loose=loose)
+    return dataclasses.replace(src, table=table, loose=loose, renamed={**src.renamed, **dict(columns)})
 
 
 def column_values(src: Source, name: str) -> list[Any]:
@@ -115,14 +115,20 @@ def string_column(src: Source, name: str, *, allow_null: bool = False) -> pa.Chu
     return arr
 
 
-def _first_fraction(src: Source, name: str, arr: pa.ChunkedArray) -> None:
-    """Name the first value of a list column that is not a whole number: Arrow reads a JSON column holding one
-    `1.5` as floats in every row, so the column's first row is not the one to blame."""
-    for i, values in enumerate(arr.to_pylist()):
-        k = next((k for k, x in enumerate(values or ()) if x is not None and not float(x).is_integer()), None)
-        if k is not None:
-            raise InputError(f"{src.where(i)}: column '{name}' has a list holding float {clip(repr(values[k]), 40)} "
-                             f"at position {k}, expected a list of integers")
+def _first_float(src: Source, name: str, arr: pa.ChunkedArray) -> None:
+    """Name the first row of a list column holding a float: Arrow reads a JSON column holding one `1.5`, `2.0` or
+    `99999999999999999999` as floats in every row, so the column's first row is not the one to blame. A JSON
+    file's text says which row wrote a float; another file's column says which value is not a whole number."""
+    def bad(values: Any, whole: bool) -> int | None:
+        return next((k for k, x in enumerate(values) if isinstance(x, float) and not (whole and x.is_integer())),
+                    None) if isinstance(values, list) else None
+
+    for rows, whole in ((src.json_values(name), False), (enumerate(arr.to_pylist()), True)):
+        for i, values in rows:
+            k = bad(values, whole)
+            if k is not None:
+                raise InputError(f"{src.where(i)}: column '{name}' has a list holding float "
+                                 f"{clip(repr(values[k]), 40)} at position {k}, expected a list of integers")
 
 
 def int_list_column(src: Source, name: str) -> pa.ChunkedArray:
@@ -134,7 +140,7 @@ def int_list_column(src: Source, name: str) -> pa.ChunkedArray:
     is_list = pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
     if not (is_list and (pa.types.is_integer(t.value_type) or pa.types.is_null(t.value_type))):
         if is_list and pa.types.is_floating(t.value_type):
-            _first_fraction(src, name, arr)
+            _first_float(src, name, arr)
         valid = pc.is_valid(arr)
         i = pc.index(valid, True).as_py() if arr.null_count < len(arr) else 0
         raise InputError(f"{src.where(max(i, 0))}: column '{name}' has type {clip(t)}, expected a list of integers")

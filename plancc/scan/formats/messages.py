@@ -66,9 +66,8 @@ def _arrow_messages(src: Source, name: str) -> pa.ChunkedArray | None:
     return None
 
 
-def _calls_json(calls: Any) -> str:
-    """A message's tool calls as JSON text, so that Arrow does not give each call every other call's argument
-    names; a null argument is dropped, since reading JSON lines into Arrow already gave each call every argument
+def _cleaned(calls: Any) -> Any:
+    """A message's tool calls less their null arguments: reading JSON lines into Arrow gave each call every argument
     name of its file, as null."""
     def clean(call: Any) -> Any:
         function = call.get("function") if isinstance(call, dict) else None
@@ -77,7 +76,27 @@ def _calls_json(calls: Any) -> str:
             return {**call, "function": {**function, "arguments": arguments}}
         return call
 
-    return json.dumps([clean(c) for c in calls] if isinstance(calls, list) else calls)
+    return [clean(c) for c in calls] if isinstance(calls, list) else calls
+
+
+def _stored(message: dict[str, Any], j: int) -> dict[str, Any]:
+    """Message `j`, normalized, as the canonical table keeps it: role, content, and its other fields (`tool_calls`,
+    `name`, ...) as one JSON text, `extras`, so that Arrow need not give a field one type in every row (a `name` 5
+    in one row and "weather" in another) nor each tool call every other call's argument names."""
+    role, content = message["role"], message["content"]
+    extras = {k: _cleaned(v) if k == "tool_calls" else v for k, v in message.items() if k not in ("role", "content")}
+    if not extras:
+        return {"role": role, "content": content}
+    try:
+        return {"role": role, "content": content, "extras": json.dumps(extras)}
+    except (TypeError, ValueError) as exc:  # a Parquet value JSON has no type for
+        raise TemplateProblem(f"message {j} ({role}): {exc}") from None
+
+
+def _restored(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A canonical row's messages as the template gets them: normalized, their `extras` put back."""
+    return [{**m, **json.loads(stored["extras"])} if stored.get("extras") else m
+            for m, stored in zip(normalize(conversation), conversation, strict=True)]
 
 
 def _normalized(src: Source, name: str | None, message_fields: tuple[tuple[str, str], ...]) -> pa.Table:
@@ -93,10 +112,9 @@ def _normalized(src: Source, name: str | None, message_fields: tuple[tuple[str, 
                 turns = prompt + normalize(value[1], message_fields)
             else:
                 turns = normalize(value, message_fields)
+            normalized.append([_stored(m, j) for j, m in enumerate(turns)])
         except TemplateProblem as exc:
             raise InputError(f"{src.where(i)}: column '{name or 'prompt/completion'}', {exc}") from None
-        normalized.append([{**m, "tool_calls": _calls_json(m["tool_calls"])} if "tool_calls" in m else m
-                           for m in turns])
     return pa.table({"messages": pa.array(normalized)})
 
 
@@ -200,7 +218,7 @@ class Messages(RowFormat):
         texts, spans, empty, blank = [], [], [], []
         for i, conv in enumerate(table.column("messages").to_pylist()):
             try:
-                messages = normalize(conv)
+                messages = _restored(conv)
             except TemplateProblem as exc:
                 raise RowError(row0 + i, f"column 'messages', {exc}") from None
             try:

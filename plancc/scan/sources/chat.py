@@ -15,7 +15,8 @@ A template with `{% generation %}...{% endgeneration %}` blocks says itself what
 blocks' output, recorded while rendering exactly as Hugging Face's `return_assistant_tokens_mask` does, and every
 token overlapping one is supervised (`generation_spans`).
 
-`strftime_now` reads a pinned date (`template_date`), never the clock: the same rows render the same text on any day.
+`strftime_now` reads a pinned date (`template_date`, midnight UTC, `sources.clock`), never the clock, the time zone
+or the locale: the same rows render the same text on any day and any machine.
 Rendering is sandboxed (no code runs from the template).
 """
 
@@ -25,7 +26,6 @@ import functools
 import json
 import re
 import threading
-from datetime import datetime
 from typing import Any, ClassVar, NamedTuple
 
 from jinja2 import TemplateError, nodes
@@ -33,14 +33,21 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from plancc.config.settings import DEFAULT_TEMPLATE_DATE
-from plancc.errors import clip
+from plancc.errors import PlanccError, clip
+from plancc.scan.sources.clock import strftime_now
+from plancc.store import json_rows
 
 ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
             "model": "assistant", "system": "system"}
 
 
-class TemplateProblem(Exception):
-    """A template failed or rendered a turn inconsistently; the caller adds the row."""
+class TemplateProblem(PlanccError):
+    """A template failed or rendered a turn inconsistently; the caller adds the row (or, for a template that does
+    not compile, its file: `line` is the template's line at fault, when Jinja knows it)."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
 
 
 def _raise(message: str):
@@ -91,7 +98,9 @@ class _Generation(Extension):
 
 
 @functools.lru_cache(maxsize=8)
-def _compile(template: str):
+def compiled(template: str):
+    """The template compiled in the sandbox (as transformers compiles one: `{% generation %}` and loop controls, no
+    other extension); one that does not compile is a `TemplateProblem` saying why, on one line, and where."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_Generation, "jinja2.ext.loopcontrols"])
     env.filters["tojson"] = _tojson
@@ -99,13 +108,10 @@ def _compile(template: str):
     try:
         return env.from_string(template)
     except TemplateError as exc:
-        raise TemplateProblem(f"chat template does not compile: {exc}") from None
-
-
-def _clock(date: str):
-    """`strftime_now` reading `date` (YYYY-MM-DD, midnight) instead of the clock."""
-    pinned = datetime.strptime(date, "%Y-%m-%d")
-    return lambda fmt: pinned.strftime(fmt)
+        raise TemplateProblem(f"chat template does not compile: {clip(exc.message or exc, 300)}",
+                              getattr(exc, "lineno", None)) from None
+    except RecursionError:
+        raise TemplateProblem("chat template does not compile: nested too deeply") from None
 
 
 class Turn(NamedTuple):
@@ -124,9 +130,9 @@ class Renderer:
 
     def __init__(self, template: str, bos_token: str | None, eos_token: str | None,
                  date: str = DEFAULT_TEMPLATE_DATE):
-        self.template = _compile(template)
+        self.template = compiled(template)
         self.tagged = has_generation_tags(template)
-        self.extra = {"bos_token": bos_token or "", "eos_token": eos_token or "", "strftime_now": _clock(date)}
+        self.extra = {"bos_token": bos_token or "", "eos_token": eos_token or "", "strftime_now": strftime_now(date)}
 
     def _blocks(self, messages: list[dict[str, str]], add_generation_prompt: bool):
         try:
@@ -230,8 +236,9 @@ def normalize(conversation: Any, fields: tuple[tuple[str, str], ...] = ()) -> li
 
     `fields` maps `role`/`content` onto other message keys (`--message-fields role=speaker`). Every turn must have
     a string `content` (or `value`), or a list of OpenAI content parts whose text parts are joined in order: a turn
-    without one is an error, not an empty turn, unless it calls tools (`tool_calls`). `tool_calls` (a JSON string
-    in a canonical table, see `formats.messages`), `tool_call_id`, `name` and `training` are kept when set."""
+    without one is an error, not an empty turn, unless it calls tools (`tool_calls`). `tool_calls` (a list, or JSON
+    text of one), `tool_call_id`, `name` and `training` are kept when set, as the template gets them in
+    transformers (`name` 5 stays a number); an object or list where a name belongs is an error."""
     if not isinstance(conversation, list):
         raise TemplateProblem(f"expected a list of messages, got {type(conversation).__name__}")
     names = dict(fields)
@@ -246,12 +253,37 @@ def normalize(conversation: Any, fields: tuple[tuple[str, str], ...] = ()) -> li
             raise TemplateProblem(f"message {j}: field '{names.get('role', 'role')}' (or 'from') is "
                                   f"{'missing' if role is None else type(role).__name__}, expected a string")
         message = {"role": ROLE_MAP.get(role, role), "content": _content(m.get(key), j, role, key, m)}
-        for extra in MESSAGE_EXTRAS:
-            if m.get(extra) is not None:
-                value = m[extra]
-                message[extra] = json.loads(value) if extra == "tool_calls" and isinstance(value, str) else value
+        message.update((extra, _extra(extra, m[extra], j, role)) for extra in MESSAGE_EXTRAS
+                       if m.get(extra) is not None)
         out.append(message)
     return out
+
+
+def _extra(name: str, value: Any, j: int, role: str) -> Any:
+    """A message's field kept for the template: tool calls parsed when given as JSON text; a `name` or
+    `tool_call_id` a string or number (an object or list there would be printed into the text as Python writes
+    it)."""
+    if name == "tool_calls":
+        return _tool_calls(value, j, role)
+    if name in ("name", "tool_call_id") and not isinstance(value, (str, int, float)):
+        raise TemplateProblem(f"message {j} ({role}): field '{name}' is {type(value).__name__} {clip(value, 40)}, "
+                              "expected a string")
+    return value
+
+
+def _tool_calls(calls: Any, j: int, role: str) -> Any:
+    """A message's tool calls; JSON text of them (as some datasets keep them) parsed, once it is known to nest no
+    deeper than a file may."""
+    if not isinstance(calls, str):
+        return calls
+    if json_rows.too_deep(calls.encode("utf-8", "surrogatepass")) >= 0:
+        raise TemplateProblem(f"message {j} ({role}): field 'tool_calls' is JSON text nested deeper than "
+                              f"{json_rows.MAX_DEPTH} levels")
+    try:
+        return json.loads(calls)
+    except ValueError as exc:  # JSONDecodeError, or an integer of too many digits
+        raise TemplateProblem(f"message {j} ({role}): field 'tool_calls' is a string that does not parse as JSON "
+                              f"({clip(exc.msg if isinstance(exc, json.JSONDecodeError) else exc, 80)})") from None
 
 
 def _content(content: Any, j: int, role: str, key: str, message: dict) -> str:
@@ -264,7 +296,12 @@ def _content(content: Any, j: int, role: str, key: str, message: dict) -> str:
         texts = []
         for k, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
+            if kind == "text" and not isinstance(part.get("text"), str):
+                text = part.get("text")
+                got = "missing (null)" if text is None else f"{type(text).__name__} {clip(text, 40)}"
+                raise TemplateProblem(f"message {j} ({role}): content part {k} (type 'text'): field 'text' is "
+                                      f"{got}, expected a string")
+            if kind != "text":
                 what = f"type {kind!r}" if kind is not None else f"{type(part).__name__} {clip(part, 40)}"
                 raise TemplateProblem(f"message {j} ({role}): content part {k} has {what}; plancc reads text "
                                       "only (parts {type: text, text}); drop the other parts from the row")

@@ -12,6 +12,7 @@ import math
 import multiprocessing as mp
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -19,10 +20,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from plancc.errors import PlanccError
+from plancc.core.machine import address_room, mapped_bytes, usable_cpus
+from plancc.errors import PlanccError, PlanccWarning, SettingsError
 from plancc.scan import formats
 from plancc.scan.formats import Encoded, Encoding, RowError, RowFormat
-from plancc.scan.sources.tokenizer import load_tokenizer
+from plancc.scan.sources.tokenizer import BUILTIN, load_tokenizer
 
 Progress = Callable[[str, int, int], None] | None
 
@@ -54,6 +56,43 @@ def _work(args: tuple) -> tuple[str, int, str]:
     return "ok", a, out_path
 
 
+THREAD_ROOM = 128 << 20  # address space one thread takes in practice: its stack and its malloc arena (64 MiB)
+# address space a tokenizer.json tokenizer needs beyond what plancc maps when a scan starts (~600 MiB): measured
+# (2 CPUs, a 100k-token vocabulary, `ulimit -v` in 50 MiB steps, 3-4 runs each) 400-600 MiB sometimes aborted,
+# 650 MiB and more never did
+TOKENIZER_ROOM = 640 << 20
+
+
+def bound_workers(num_proc: int, tokenizer: str | None = None) -> int:
+    """Before a scan on this machine: the tokenizer processes to start, at most the CPUs (2 always allowed; each
+    loads the tokenizer and holds its rows, so beyond the CPUs they only cost memory: 1,024 took the machine down;
+    the result is the same for any count, so more are lowered with a warning, not refused); and under `ulimit -v`
+    start no more threads than fit (the tokenizer's pool, where a thread that cannot start is a panic printed from
+    native code, and Arrow's take one per CPU otherwise; a count the user set is kept), and refuse a limit that
+    leaves a `tokenizer` file (not the built-in one) less than `TOKENIZER_ROOM`: below it the tokenizer's failed
+    allocations abort the process, or deadlock it, in native code that plancc cannot catch."""
+    most = max(2, usable_cpus())
+    if num_proc > most:
+        warnings.warn(f"--num-proc {num_proc}: this process may run on {usable_cpus()} CPUs, and tokenizer processes "
+                      f"beyond them only cost memory (each loads the tokenizer); using {most}", PlanccWarning,
+                      stacklevel=2)
+        num_proc = most
+    room = address_room()
+    if room is not None and tokenizer not in (None, BUILTIN) and room < TOKENIZER_ROOM:
+        mapped = mapped_bytes() or 0
+        raise SettingsError(f"`ulimit -v` leaves {room >> 20:,} MiB of address space beyond the {mapped >> 20:,} MiB "
+                            f"plancc maps; tokenizing with {tokenizer} needs at least {TOKENIZER_ROOM >> 20} MiB more "
+                            "(below that the tokenizer's failed allocations abort or hang the process): raise it to "
+                            f"at least {(mapped + TOKENIZER_ROOM) >> 20:,} MiB (`ulimit -v "
+                            f"{(mapped + TOKENIZER_ROOM) >> 10}`)")
+    if room is not None:
+        threads = max(1, min(usable_cpus(), room // THREAD_ROOM))
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+        pa.set_cpu_count(min(pa.cpu_count(), threads))
+        pa.set_io_thread_count(min(pa.io_thread_count(), threads))
+    return num_proc
+
+
 @contextlib.contextmanager
 def workers(num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
     """The tokenizer processes of a scan (None for `num_proc` 1), started once and shared by all its shards."""
@@ -61,6 +100,7 @@ def workers(num_proc: int) -> Iterator[ProcessPoolExecutor | None]:
         yield None
         return
     threads = max(1, (os.cpu_count() or 1) // num_proc)
+    tempfile.gettempdir()  # found now, before the pool takes descriptors: its probe reports EMFILE as "no usable dir"
     pool = ProcessPoolExecutor(num_proc, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                initargs=(threads,))
     try:

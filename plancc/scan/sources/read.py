@@ -13,14 +13,17 @@ import glob as globlib
 import hashlib
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from plancc.core.paths import not_regular
 from plancc.errors import InputError, PlanccWarning
 from plancc.store.data_files import SUFFIXES, read_file
+from plancc.store.json_rows import parsed_rows
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Source:
     num_rows: int = 0
     notes: list[str] = field(default_factory=list)  # what the user should hear (e.g. which split was used)
     row0: dict[str, int] = field(default_factory=dict)  # a range of a file (sources.rows): its first row's index
+    renamed: dict[str, str] = field(default_factory=dict)  # column -> the file's field it was read from (--columns)
     _lines: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
@@ -55,6 +59,15 @@ class Source:
                         text += f" (line {line})"
                 return text
         return f"{self.paths[0] if self.paths else '?'} row {row}"
+
+    def json_values(self, column: str) -> Iterator[tuple[int, Any]]:
+        """(row, value) of `column` in the rows from JSON files, parsed again from their text (an integer stays an
+        integer there, where Arrow made the column floats): what a format names its first bad row by."""
+        name = self.renamed.get(column, column)
+        for path, start, count in self.files:
+            if Path(path).suffix.lower() in (".json", ".jsonl"):
+                for k, row in enumerate(parsed_rows(path, self.row0.get(path, 0), count)):
+                    yield start + k, row.get(name) if isinstance(row, dict) else None
 
     def _line_of(self, path: str, local: int) -> int | None:
         if path not in self._lines:
@@ -117,6 +130,9 @@ def _expand(source: str) -> list[str] | None:
     p = Path(source).expanduser()
     if p.is_file():
         return [os.path.abspath(p)]
+    special = not_regular(p, "a source from regular files or a directory")
+    if special:
+        raise InputError(special)
     if p.exists() or not globlib.has_magic(source):
         return None
     matches = _unique_files(_glob(os.path.expanduser(source)))

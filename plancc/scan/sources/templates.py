@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plancc.core.paths import not_regular
 from plancc.errors import InputError
-from plancc.scan.sources.chat import has_generation_tags
+from plancc.scan.sources.chat import TemplateProblem, compiled, has_generation_tags
 from plancc.scan.sources.tokenizer import Tok
 
 BUILTIN_TEMPLATES = {
@@ -56,6 +57,15 @@ class ChatTemplate:
         """BLAKE2b-128 of the template text (folds into the metadata fingerprint)."""
         return hashlib.blake2b(self.text.encode(), digest_size=16).hexdigest()
 
+    def at(self, line: int | None) -> str:
+        """Where line `line` of the template's text is: a line of its file, or of the `chat_template` value of a
+        tokenizer_config.json."""
+        if line is None:
+            return self.name
+        if self.origin == "tokenizer" and self.name.endswith(".json"):
+            return f"{self.name}: chat_template line {line}"
+        return f"{self.name} line {line}"
+
     def describe(self) -> dict[str, Any]:
         """Name, origin and fingerprint, as the scan report and manifest record them (and `generation`: true for a
         template whose `{% generation %}` blocks mark what is trained)."""
@@ -72,6 +82,9 @@ def resolve(spec: str | None, tok: Tok | None) -> ChatTemplate | None:
     if spec in BUILTIN_TEMPLATES:
         return ChatTemplate(spec, BUILTIN_TEMPLATES[spec], "builtin")
     path = Path(spec).expanduser()
+    special = not_regular(path, "a chat template from a regular file")
+    if special:
+        raise InputError(f"--chat-template {spec}: {special}")
     if not path.is_file():
         raise InputError(f"--chat-template {spec}: no such file, and not a built-in template "
                          f"({', '.join(BUILTIN_TEMPLATES)})")
@@ -82,12 +95,17 @@ def resolve(spec: str | None, tok: Tok | None) -> ChatTemplate | None:
 
 
 def require(template: ChatTemplate | None, tok: Tok) -> ChatTemplate:
-    """`template`, or an error naming --chat-template when chat data has none."""
+    """`template`, once it compiles (a syntax error names its file and line), or an error naming --chat-template
+    when chat data has none."""
     if template is None:
         raise InputError(
             f"chat data needs a chat template and tokenizer {tok.name} ships none: pass --chat-template "
             f"FILE.jinja or a built-in name ({', '.join(BUILTIN_TEMPLATES)}) matching the model you train"
         )
+    try:
+        compiled(template.text)
+    except TemplateProblem as exc:
+        raise InputError(f"{template.at(exc.line)}: {exc}") from None
     return template
 
 

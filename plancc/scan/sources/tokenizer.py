@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from plancc.core.paths import not_regular
 from plancc.errors import InputError
 from plancc.store.fingerprint import tokenizer_specials
 from plancc.store.tokenizer_identity import file_fingerprint, identity_fingerprint, tokenizer_identity
@@ -149,6 +150,10 @@ def _load_tokenizer(spec: str, absolute: str) -> Tok:
     path = Path(absolute)
     directory = path if path.is_dir() else path.parent
     json_path = path / "tokenizer.json" if path.is_dir() else path
+    for where in (path, json_path, directory / "tokenizer_config.json", directory / "chat_template.jinja"):
+        special = not_regular(where, "a tokenizer from a tokenizer.json file or a directory holding one")
+        if special:
+            raise InputError(f"--tokenizer {spec}: {special}")
     if not json_path.is_file():
         hint = " (only tokenizer.json based tokenizers are supported)" if path.is_dir() else ""
         raise InputError(f"--tokenizer {spec}: {json_path} not found{hint}; `--tokenizer {BUILTIN}` selects the "
