@@ -59,7 +59,7 @@ class _Parquet:
         groups = [i for i in range(len(self.starts) - 1) if self.starts[i] < b and self.starts[i + 1] > a]
         if not groups:
             return self.file.schema_arrow.empty_table(), {}
-        table = self.file.read_row_groups(groups)
+        table = self.file.read_row_groups(groups, use_threads=parquet.THREADS)
         return table.slice(a - self.starts[groups[0]], b - a), {}
 
     def count(self) -> int:
@@ -119,7 +119,8 @@ class _Whole:
 
 
 def _csv(path: str) -> Block:
-    return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
+    return pacsv.read_csv(path, read_options=pacsv.ReadOptions(use_threads=parquet.THREADS),
+                         parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class FileType:
 FILE_TYPES = {
     ".jsonl": FileType(read_jsonl, JsonlRows, text=True),
     ".json": FileType(read_json, _Whole, text=True),
-    ".parquet": FileType(lambda path: (pq.read_table(path), {}), _Parquet),
+    ".parquet": FileType(lambda path: (pq.read_table(path, use_threads=parquet.THREADS, pre_buffer=False), {}), _Parquet),
     ".arrow": FileType(lambda path: (parquet.read_arrow(path), {}), _Arrow),
     ".csv": FileType(_csv, _Whole, text=True),
 }

@@ -30,6 +30,11 @@ from plancc.store.schemas import (
     StoreError,
 )
 
+# Reads decode on the calling thread: an Arrow worker thread alive when the interpreter exits can abort the process
+# (SIGABRT, "terminate called without an active exception", apache/arrow#34314), and a process that reads a plan is
+# the user's (a training script, a torchrun worker), which exits as Python does. Decoding a plan's columns is cheap.
+THREADS = False
+
 
 def file_metadata(kind: str, fingerprints: dict[str, Any], settings: dict[str, Any]) -> dict[bytes, bytes]:
     """The key-value metadata every sibling Parquet file of a plan carries: kind, schema version,
@@ -169,8 +174,9 @@ def read_table(source: str | Path | Held, expected: pa.Schema, *, columns: list[
     _check_columns(pf.schema_arrow, expected, path)
     try:
         if filters is None:  # the plain reader: skips importing pyarrow.dataset (half a second per process)
-            return pf.read(columns=columns, use_threads=True)
-        return pq.read_table(pa.BufferReader(held.buffer), columns=columns, filters=filters, use_threads=True)
+            return pf.read(columns=columns, use_threads=THREADS)
+        return pq.read_table(pa.BufferReader(held.buffer), columns=columns, filters=filters, use_threads=THREADS,
+                             pre_buffer=False)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreError(f"{path} is corrupt: {exc}") from None
 

@@ -39,7 +39,16 @@ from plancc.store.fingerprint import (
     plan_fingerprint,
 )
 from plancc.store.manifest import EvalSummary, Manifest, ManifestError
-from plancc.store.parquet import Held, column, hold, nested_arrays, read_file_meta, read_samples, read_table
+from plancc.store.parquet import (
+    THREADS,
+    Held,
+    column,
+    hold,
+    nested_arrays,
+    read_file_meta,
+    read_samples,
+    read_table,
+)
 from plancc.store.samples import dataset_codes, samples_fingerprints
 from plancc.store.schemas import (
     BEFORE_FILE,
@@ -342,7 +351,7 @@ class PlanFiles:
         if problems:
             return problems
         try:
-            epoch = column(held.parquet().read(columns=["epoch"], use_threads=True), "epoch")
+            epoch = column(held.parquet().read(columns=["epoch"], use_threads=THREADS), "epoch")
         except (pa.ArrowException, OSError, ValueError) as exc:
             return [f"{self.plan_file} is corrupt: {exc}"]
         want = np.array([e.batches for e in self.manifest.epochs], dtype=np.int64)
