@@ -33,6 +33,10 @@ def clip(value: object, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} chars)"
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from: missing, damaged, or not the same step on every rank."""
+
+
 class PlanccWarning(UserWarning):
     """Something the user should know that does not stop the command (the CLI prints it as one line)."""
 
