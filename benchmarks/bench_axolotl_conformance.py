@@ -19,7 +19,9 @@ tokenizer: eos `<|end_of_text|>`, no chat template), shipped by the `llama3.2-to
 
     python benchmarks/bench_axolotl_conformance.py [--scratch DIR] [--variants a,b] [--rows N] [--show N]
 
-Needs network access once (pip) to fill `--scratch` (default /tmp/plancc-axolotl-0.19.0).
+Needs network access once (pip) to fill `--scratch` (default /tmp/plancc-axolotl-0.19.0), and a Python with torch,
+transformers, datasets, TRL and `chatterbot-corpus==1.3.3` (`make axolotl-venv`, plus that package) that imports
+this plancc (`PYTHONPATH=.`). Results: docs/axolotl-trl.md.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import itertools
 import json
 import os
 import shutil
@@ -79,6 +80,21 @@ VARIANTS: dict[str, tuple[str, str, str]] = {
                     "roles_to_train: [human, gpt]"),
     "train_on_eot": ("chat_template: llama3\neot_tokens: [<|eot_id|>]\n", CHAT + "    train_on_eot: all\n",
                      "eot_tokens + train_on_eot: all"),
+    "eot_tokens": ("chat_template: llama3\neot_tokens: [<|eot_id|>]\n", CHAT,
+                   "eot_tokens: [<|eot_id|>], train_on_eot unset (as train_on_eos: turn)"),
+    "train_on_eot_last": ("chat_template: llama3\neot_tokens: [<|eot_id|>]\n", CHAT + "    train_on_eot: last\n",
+                          "eot_tokens + train_on_eot: last"),
+    "train_on_eos_all": ("chat_template: llama3\nspecial_tokens:\n  eos_token: <|eot_id|>\n",
+                         CHAT + "    train_on_eos: all\n", "eos <|eot_id|>, train_on_eos: all"),
+    "added_tokens": ("chat_template: llama3\nspecial_tokens:\n  eos_token: <|eot_id|>\n  pad_token: <pad>\n"
+                     "tokens: [\"Hello\", \"<tool>\"]\n", ALPACA + CHAT,
+                     "special_tokens eos + a new pad, tokens added (one already in the vocabulary)"),
+    "dedupe": ("chat_template: llama3\ndataset_exact_deduplication: true\n", ALPACA + CHAT + ALPACA.replace(
+        "alpaca.json", "alpaca_copy.json"), "dataset_exact_deduplication over a duplicated dataset"),
+    "long_drop": ("chat_template: llama3\nsequence_len: 256\n", ALPACA + CHAT,
+                  "sequence_len 256: longer rows dropped (excess_length_strategy: drop, the default)"),
+    "long_truncate": ("chat_template: llama3\nsequence_len: 256\nexcess_length_strategy: truncate\n",
+                      ALPACA + CHAT, "sequence_len 256, excess_length_strategy: truncate"),
     "train_on_eos_none": ("chat_template: llama3\n", CHAT + "    train_on_eos: none\n", "train_on_eos: none"),
     "field_training": ("chat_template: llama3\n", CHAT + "    message_field_training: train\n",
                        "message_field_training (per-turn flags)"),
@@ -115,13 +131,15 @@ def model_dir(site: Path, scratch: Path) -> Path:
 
 
 def write_data(folder: Path, alpaca: Path, rows: int | None) -> None:
-    """alpaca.json (the Alpaca rows), chat.jsonl (chatterbot-corpus English as ShareGPT), io.jsonl (segments)."""
+    """alpaca.json (the Alpaca rows; alpaca_copy.json the same), chat.jsonl (chatterbot-corpus English as
+    ShareGPT), io.jsonl (segments)."""
     import chatterbot_corpus
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
     records = json.loads(alpaca.read_text())[:rows]
     (folder / "alpaca.json").write_text(json.dumps(records))
+    (folder / "alpaca_copy.json").write_text(json.dumps(records))
     with open(folder / "io.jsonl", "w") as f:
         for r in records:
             prompt = f"Instruction: {r['instruction']}\n" + (f"Input: {r['input']}\n" if r["input"] else "")
@@ -186,11 +204,14 @@ def plancc_rows(config: Path, plan: Path) -> tuple[list[tuple], str | None]:
                            "--overwrite", "--quiet"], capture_output=True, text=True)
     if done.returncode:
         return [], (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    import plancc
     from plancc.store.token_store import open_store
 
+    kept = plancc.open_plan(plan).samples_table().column("sample_id").to_numpy()  # the samples the plan holds
     store = open_store(plan / "tokens")
     ids, labels, offsets = store.input_ids, store.labels, store.offsets
-    return [(tuple(ids[a:b].tolist()), tuple(labels[a:b].tolist())) for a, b in itertools.pairwise(offsets)], None
+    return [(tuple(ids[offsets[i]:offsets[i + 1]].tolist()), tuple(labels[offsets[i]:offsets[i + 1]].tolist()))
+            for i in kept], None
 
 
 def compare(theirs: list[tuple], ours: list[tuple]) -> dict[str, int]:
@@ -254,7 +275,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         config = work / "axolotl.yml"
-        config.write_text(BASE.format(model=model, work=work) + top + "datasets:\n" + entries.format(data=data))
+        base = BASE.replace("sequence_len: 2048\n", "") if "sequence_len:" in top else BASE  # a variant's own
+        config.write_text(base.format(model=model, work=work) + top + "datasets:\n" + entries.format(data=data))
         failed = axolotl_rows(site, config, work / "axolotl.jsonl")
         if failed:
             print(f"| {name} | {what} | Axolotl failed: {failed} |")

@@ -88,9 +88,13 @@ def _plancc_equivalent(tmp_path: Path) -> Path:
     path = tmp_path / "recipe.toml"
     path.write_text('tokenizer = "builtin"\nchat_template = "chatml"\nsequence_len = 256\nmode = "packed"\n'
                     'micro_batch_size = 2\ngrad_accum = 3\nepochs = 2\nseed = 7\n'
+                    'real_batches = true\npad_multiple = 256\n'  # Axolotl's defaults without flash attention
                     '[[datasets]]\npath = "data/alpaca.jsonl"\nformat = "alpaca"\n'
                     '[[datasets]]\npath = "data/chat.jsonl"\nformat = "messages"\n'
-                    'columns = {messages = "conversation"}\nmessage_fields = {role = "speaker", content = "text"}\n')
+                    'columns = {messages = "conversation"}\n'
+                    'message_fields = {role = "speaker", content = "text", training = ""}\n'
+                    'roles = {human = "user", user = "user", gpt = "assistant", assistant = "assistant", '
+                    'system = "system", tool = "tool"}\nend_of_turn = "tokens"\n')
     return path
 
 
@@ -99,9 +103,9 @@ def test_an_axolotl_config_compiles_to_the_plan_its_settings_describe(tmp_path):
     assert res.returncode == 0, res.stderr
     notes = [line for line in res.stderr.splitlines() if line.startswith("note: read axolotl.yml as an Axolotl")]
     assert len(notes) == 1
-    ignored = notes[0].split("keys plancc does not use: ")[1].split(", ")
+    ignored = notes[0].split("do not change the data): ")[1].split(", ")
     assert sorted(ignored) == sorted(["load_in_8bit", "adapter", "lora_r", "dataset_prepared_path", "output_dir",
-                                      "pad_to_sequence_len", "learning_rate", "optimizer", "lr_scheduler", "bf16"])
+                                      "learning_rate", "optimizer", "lr_scheduler", "bf16"])
     manifest = json.loads((tmp_path / "plan" / "manifest.json").read_text())
     settings = manifest["settings"]
     assert (settings["sequence_len"], settings["micro_batch_size"], settings["grad_accum"], settings["epochs"],
@@ -137,12 +141,12 @@ def test_axolotl_entries_map_types_and_fields(tmp_path):
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({"base_model": "m", "datasets": [{"path": "a.jsonl", "type": "input_output"}]},
-     "datasets[0] has type 'input_output', which plancc does not read; types: alpaca, chat_template, completion"),
+    ({"base_model": "m", "datasets": [{"path": "a.jsonl", "type": "alpaca_chat"}]},
+     "datasets[0] has type 'alpaca_chat', which plancc does not read; types: alpaca, chat_template, completion"),
     ({"base_model": "m", "chat_template": "gemma3", "datasets": []}, "chat_template 'gemma3' is not one plancc knows"),
     ({"base_model": "m", "datasets": [{"type": "alpaca"}]}, "datasets[0] needs a path"),
-    ({"base_model": "m", "chat_template_jinja": "{{ messages }}", "datasets": []},
-     "chat_template_jinja holds the template's text; save it as a file and give its path"),
+    ({"base_model": "m", "sequnce_len": 2048, "datasets": []},
+     "'sequnce_len' (unknown; did you mean 'sequence_len'?)"),
 ])
 def test_axolotl_values_plancc_cannot_read_are_one_line(tmp_path, config, message):
     path = tmp_path / "a.yml"
@@ -169,23 +173,71 @@ def test_a_trl_sft_config_maps_its_keys(tmp_path):
 
 
 def test_axolotl_masking_keys_map_onto_the_what_is_trained_settings(tmp_path):
-    """train_on_inputs, roles_to_train, train_on_eos and val_set_size keep their names (an entry's its own)."""
+    """train_on_inputs (top level) and an entry's roles_to_train (its source names mapped by Axolotl's roles),
+    train_on_eos and train_on_eot keep their meaning; a chat entry reads as Axolotl's strategy reads it."""
     from plancc.config.foreign import translate
 
-    data = {"base_model": "m", "train_on_inputs": True, "val_set_size": 0.05, "train_on_eos": "last",
-            "datasets": [{"path": "a.jsonl", "type": "chat_template", "roles_to_train": ["assistant", "user"],
-                          "train_on_eos": "all"}]}
+    data = {"base_model": "m", "train_on_inputs": True, "eot_tokens": ["<|im_end|>"],
+            "datasets": [{"path": "a.jsonl", "type": "chat_template", "roles_to_train": ["gpt", "human"],
+                          "train_on_eos": "all", "train_on_eot": "all", "field_messages": "dialog",
+                          "message_property_mappings": {"role": "from", "content": "value"}}]}
     got = translate(data, tmp_path / "a.yml")
-    assert got.settings["train_on_inputs"] is True and got.settings["train_on_eos"] == "last"
-    assert got.settings["datasets"] == [{"path": "a.jsonl", "format": "messages",
-                                         "roles_to_train": ["assistant", "user"], "train_on_eos": "all"}]
-    assert got.settings["val_set_size"] == 0.05 and not any(k.startswith("val_set_size") for k in got.ignored)
-    assert not any(k.startswith(("train_on", "roles_to_train", "datasets[0].")) for k in got.ignored), got.ignored
+    assert got.settings["train_on_inputs"] is True and got.settings["eot_tokens"] == ["<|im_end|>"]
+    [entry] = got.settings["datasets"]
+    assert entry["roles_to_train"] == ["assistant", "user"] and entry["roles"]["gpt"] == "assistant"
+    assert {k: entry[k] for k in ("format", "columns", "message_fields", "end_of_turn", "train_on_eos",
+                                  "train_on_eot")} == {
+        "format": "messages", "columns": {"messages": "dialog"},
+        "message_fields": {"role": "from", "content": "value", "training": ""}, "end_of_turn": "tokens",
+        "train_on_eos": "all", "train_on_eot": "all"}
+    assert got.ignored == []
+
+
+@pytest.mark.parametrize(("data", "refused"), [
+    ({"train_on_eos": "last"}, "'train_on_eos' (a key of each dataset entry in Axolotl: set it on the entries)"),
+    ({"val_set_size": 0.05}, "'val_set_size' (not honoured yet: holds out the last rows of Axolotl's shuffled merge"),
+    ({"grad_accum": 4}, "'grad_accum' (a plancc setting, not an Axolotl key"),
+    ({"sequnce_len": 2048}, "'sequnce_len' (unknown; did you mean 'sequence_len'?)"),
+    ({"dataset_exact_deduplication": True}, "'dataset_exact_deduplication' (not honoured yet: drops every prepared "
+                                            "row whose tokens and labels repeat"),
+    ({"datasets": [{"path": "a.jsonl", "type": "chat_template", "feild_messages": "x"}]},
+     "'datasets[0].feild_messages' (unknown; did you mean 'field_messages'?)"),
+    ({"datasets": [{"path": "a.jsonl", "type": "chat_template", "message_field_training_detail": "d"}]},
+     "'datasets[0].message_field_training_detail' (not honoured yet: per-turn character spans"),
+])
+def test_axolotl_keys_plancc_cannot_honour_are_refused(tmp_path, data, refused):
+    from plancc.config.foreign import translate
+
+    with pytest.raises(SettingsError) as err:
+        translate({"base_model": "m", **data}, tmp_path / "a.yml")
+    assert refused in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_axolotl_keys_at_values_that_change_nothing_are_accepted(tmp_path):
+    from plancc.config.foreign import translate
+
+    got = translate({"base_model": "m", "val_set_size": 0, "min_sample_len": 2, "curriculum_sampling": False,
+                     "shuffle_merged_datasets": True, "default_system_message": "Be brief.", "lora_r": 8,
+                     "dataset_exact_deduplication": False}, tmp_path / "a.yml")
+    assert got.ignored == ["lora_r"]
+
+
+@pytest.mark.parametrize(("strategy", "long"), [("drop", "drop"), ("truncate", "truncate"), ("raise", "error"),
+                                                ("Truncate", "truncate")])
+def test_axolotl_excess_length_strategy_and_dataset_num_proc_are_read(tmp_path, strategy, long):
+    """What Axolotl does with a row over sequence_len is `long` (its raise is plancc's error); its
+    dataset_num_proc, like dataset_processes, is num_proc."""
+    from plancc.config.resolve import resolve
+
+    config = tmp_path / "a.yml"
+    config.write_text(f"base_model: m\nexcess_length_strategy: {strategy}\ndataset_num_proc: 3\n")
+    got = resolve(config=config, recipe_allowed=False)
+    assert got.scan.long == long and got.run.num_proc == 3
 
 
 def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
     """completion_only_loss is not train_on_inputs; assistant_only_loss true trains the assistant turns, false
-    (TRL's whole-conversation loss, which plancc has no setting for) is in the note."""
+    (TRL's whole-conversation loss, which plancc has no setting for) is refused, naming it."""
     from plancc.config.foreign import translate
 
     for value in (True, False):
@@ -193,29 +245,44 @@ def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
         assert trl.kind == "trl" and trl.settings["train_on_inputs"] is (not value)
     only = translate({"output_dir": "o", "assistant_only_loss": True}, tmp_path / "sft.yaml")
     assert only.settings["roles_to_train"] == ["assistant"] and only.ignored == ["output_dir"]
-    whole = translate({"output_dir": "o", "assistant_only_loss": False}, tmp_path / "sft.yaml")
-    assert "roles_to_train" not in whole.settings
-    assert any(k.startswith("assistant_only_loss false") for k in whole.ignored), whole.ignored
+    with pytest.raises(SettingsError, match=r"'assistant_only_loss' \(false trains every token"):
+        translate({"output_dir": "o", "assistant_only_loss": False}, tmp_path / "sft.yaml")
 
 
 def test_axolotl_datasets_each_train_by_their_own_keys(tmp_path):
     """Two entries with different train_on_eos/roles_to_train each keep theirs through the recipe (Axolotl sets
-    them per dataset); the top level's applies to an entry without its own."""
+    them per dataset only); an entry without its own has Axolotl's defaults."""
     from plancc.config.foreign import translate
     from plancc.config.recipe import dataset_spec
     from plancc.config.settings import ScanOptions
 
     entries = [{"path": "a.jsonl", "type": "chat_template", "train_on_eos": "turn"},
-               {"path": "b.jsonl", "type": "chat_template", "train_on_eos": "all", "roles_to_train": ["user"]},
+               {"path": "b.jsonl", "type": "chat_template", "train_on_eos": "all", "roles_to_train": ["human"]},
                {"path": "c.jsonl", "type": "chat_template"}]
-    got = translate({"base_model": "m", "train_on_eos": "none", "datasets": entries}, tmp_path / "a.yml")
-    base = ScanOptions(train_on_eos=got.settings["train_on_eos"])
-    opts = [dataset_spec(e).scan_options(base) for e in got.settings["datasets"]]
+    got = translate({"base_model": "m", "datasets": entries}, tmp_path / "a.yml")
+    opts = [dataset_spec(e).scan_options(ScanOptions()) for e in got.settings["datasets"]]
     assert [(o.train_on_eos, o.roles_to_train) for o in opts] == [
-        ("turn", ("assistant",)), ("all", ("user",)), ("none", ("assistant",))]
+        ("turn", ("assistant",)), ("all", ("user",)), ("turn", ("assistant",))]
 
 
 def test_config_format_without_a_config_is_an_error(tmp_path):
     src = write_rows(tmp_path / "d.jsonl", [{"text": "hi"}])
     res = _cli("scan", src, "-o", tmp_path / "s", "--tokenizer", "builtin", "--config-format", "axolotl", cwd=tmp_path)
     assert res.returncode == 2 and "--config-format axolotl describes a --config file" in res.stderr, res.stderr
+
+
+def test_the_catalogue_says_what_the_reader_does():
+    """A key catalogued as honoured is one the reader reads (a setting's spelling, or read for the recipe), and
+    every key read is catalogued as honoured: a key listed as honoured but refused as unknown, or read and
+    silently dropped while listed as refused, is a catalogue that lies."""
+    from plancc.config import foreign_keys as fk
+    from plancc.config import registry
+    from plancc.config.foreign_reader import AXOLOTL_ENTRY_READ, AXOLOTL_READ, TRL_READ
+
+    read = {"top": {*registry.spellings("axolotl"), *AXOLOTL_READ},
+            "entry": {*registry.spellings("axolotl", entry=True), *AXOLOTL_ENTRY_READ},
+            "trl": {*registry.spellings("trl"), *TRL_READ}}
+    honoured = {"top": set(fk.AXOLOTL_HONOURED), "entry": set(fk.AXOLOTL_DATASET_HONOURED),
+                "trl": set(fk.TRL_HONOURED)}
+    for where in read:
+        assert read[where] == honoured[where], (where, read[where] ^ honoured[where])

@@ -28,6 +28,7 @@ ROWS = {  # one row of each format, in its own column names
     "alpaca": {"instruction": "Add.", "input": "2+2", "output": "4"},
     "prompt_completion": {"prompt": "2+2=", "completion": "4"},
     "text": {"text": "The quick brown fox."},
+    "input_output": {"segments": [{"text": "Q: 2+2?", "label": False}, {"text": " A: 4", "label": True}]},
 }
 
 

@@ -21,14 +21,17 @@ from plancc.config.checks import (
     Fraction,
     HoldOut,
     Name,
+    NamedTokens,
     OneOf,
     Pairs,
     Positive,
     PromptFormat,
+    RoleMap,
     Roles,
     Seed,
     Switch,
     Text,
+    Tokens,
 )
 from plancc.config.fields import Flag, Record, Setting, flag, setting, setting_of
 from plancc.config.resolve import resolve
@@ -46,7 +49,8 @@ def _other(d: registry.Declared) -> Any:
     values = {Switch: lambda: not d.default, Positive: lambda: 3, Seed: lambda: 7, Fraction: lambda: 0.5,
               HoldOut: lambda: 3, Name: lambda: "x", Text: lambda: "--", Roles: lambda: ("user",),
               Date: lambda: "2025-02-03", PromptFormat: lambda: "Q: {instruction}",
-              Pairs: lambda: ((check.roles[0], "f"),),
+              Pairs: lambda: ((check.roles[0], "f"),), RoleMap: lambda: (("gpt", "assistant"),),
+              Tokens: lambda: ("<|x|>",), NamedTokens: lambda: ((check.names[0], "<|x|>"),),
               OneOf: lambda: next(c for c in check.choices if c != d.default)}
     return values[type(check)]()
 
@@ -61,7 +65,7 @@ def _flag_args(name: str, value: Any) -> list[str]:
     s = registry.SETTINGS[name].setting
     if isinstance(s.check, Switch):
         return [flag(name) if value else s.off]
-    text = ",".join("=".join(p) for p in value) if isinstance(s.check, Pairs) else \
+    text = ",".join("=".join(p) for p in value) if isinstance(s.check, Pairs | NamedTokens) else \
         ",".join(value) if isinstance(value, tuple) else str(value)
     return [flag(name), text]
 
@@ -157,7 +161,8 @@ def test_a_recipe_entry_takes_the_per_dataset_settings():
     """An entry's keys are its path, name, mix and the settings declared per dataset; its own ones reach its scan
     options only, the recipe-wide ones are checked against the rest."""
     assert set(recipe.ENTRY_KEYS) == {"path", "name", "repeat", "weight", *registry.OWN, *registry.RECIPE_WIDE}
-    assert set(registry.RECIPE_WIDE) == {"tokenizer", "sequence_len", "shift", "long"}
+    assert set(registry.RECIPE_WIDE) == {"tokenizer", "special_tokens", "added_tokens", "added_special_tokens",
+                                         "sequence_len", "shift", "long"}
     base = ScanOptions()
     for name in registry.OWN:
         value = _other(registry.SETTINGS[name])
@@ -177,24 +182,27 @@ def test_another_tools_keys_are_honoured_noted_or_refused(tmp_path):
     """A key that spells a setting sets it (its value transformed); a training-only key is noted; one the
     catalogue lists as unsupported is refused saying what to do; with the catalogue complete, any other key is
     refused with a did-you-mean over plancc's settings and the tool's own keys."""
-    partial = foreign.Known(frozenset({"lora_r"}), {"shuffle_merged_datasets": "plancc shuffles by seed"})
+    partial = foreign.Known(frozenset({"lora_r"}), {"curriculum_sampling": "plancc plans a seeded order"})
     got = _axolotl(tmp_path, {"sample_packing": False, "lora_r": 8, "wandb_project": "w", "datasets": [
-        {"path": "a.jsonl", "type": "chat_template", "train_on_eos": "all", "roles": {"user": ["human"]}}]}, partial)
+        {"path": "a.jsonl", "type": "chat_template", "train_on_eos": "all", "field_humans": "x"}]}, partial)
     assert got.settings["mode"] == "padded" and got.settings["datasets"][0]["train_on_eos"] == "all"
-    assert got.ignored == ["lora_r", "wandb_project", "datasets[0].roles"]  # an incomplete catalogue notes the rest
+    assert got.ignored == ["lora_r", "wandb_project", "datasets[0].field_humans"]  # an incomplete catalogue notes
+    # the rest
     complete = dataclasses.replace(partial, complete=True)
     with pytest.raises(SettingsError) as err:
         _axolotl(tmp_path, {"lora_r": 8, "sequnce_len": 2048, "gradient_accumulation_step": 2,
-                            "shuffle_merged_datasets": True,
+                            "curriculum_sampling": True,
                             "datasets": [{"path": "a.jsonl", "type": "completion", "feild": "body"}]}, complete)
     message = str(err.value)
     assert "\n" not in message and "lora_r" not in message
     for part in ("'sequnce_len' (unknown; did you mean 'sequence_len'?)",
                  "'gradient_accumulation_step' (unknown; did you mean 'gradient_accumulation_steps'?)",
-                 "'shuffle_merged_datasets' (plancc shuffles by seed)",
+                 "'curriculum_sampling' (plancc plans a seeded order)",
                  "'datasets[0].feild' (unknown; did you mean 'field'?)"):
         assert part in message, message
     assert _axolotl(tmp_path, {"lora_r": 8, "datasets": []}, complete).ignored == ["lora_r"]
+    with pytest.raises(SettingsError, match=r"'sequnce_len' \(unknown; did you mean 'sequence_len'\?\)"):
+        foreign.translate({"base_model": "m", "sequnce_len": 2048}, tmp_path / "a.yml")  # the real catalogue
 
 
 def test_a_trl_key_set_to_null_leaves_the_setting_unset(tmp_path):
@@ -226,4 +234,4 @@ def test_a_config_file_is_read_once_per_compile(tmp_path, monkeypatch):
                                    str(tmp_path / "c")])
     assert res.exit_code == 0, res.output
     assert len(reads) == 1
-    assert re.search(r"note: read .*axolotl.yml as an Axolotl config .*: learning_rate", res.output)
+    assert re.search(r"note: read .*axolotl.yml as an Axolotl config: .*training-only keys .*: learning_rate", res.output)

@@ -42,9 +42,9 @@ def _contradiction(name: str, given: Any, recorded: Any, where: str) -> Settings
 def _made_with(name: str, options: ScanOptions, recorded: str | None) -> bool:
     """Whether `options`' tokenizer (or chat template) is the one a scan recorded as `recorded`."""
     from plancc.scan.sources import templates
-    from plancc.scan.sources.tokenizer import load_tokenizer
+    from plancc.scan.sources.tokenizer import scan_tokenizer
 
-    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    tok = scan_tokenizer(options)
     if name == "tokenizer":
         return tok.made(recorded) if tok else recorded is None
     template = templates.resolve(options.chat_template, tok)

@@ -46,9 +46,10 @@ _RECIPE_HELP = ("\n\nSeveral SOURCEs (or a --config listing `datasets`, then no 
                 "a seeded half) or NAME=W (weight: its share of the epoch's samples).")
 
 
-def config_note(note: str | None, quiet: bool) -> None:
-    """Say, on stderr, which keys of an Axolotl or TRL config plancc does not use."""
-    if note and not quiet:
+def config_note(note: str | None) -> None:
+    """Say, on stderr, how an Axolotl or TRL config was read and which of its keys only training reads: also under
+    --quiet and --json (it is about the data, not progress)."""
+    if note:
         typer.echo(note, err=True)
 
 
@@ -86,7 +87,7 @@ def compile_cmd(
         resolved = api.resolve(sources[0] if sources and len(sources) == 1 else sources or None, config=config,
                                config_format=config_format, num_proc=num_proc, mix=mix,
                                samples_per_epoch=samples_per_epoch, **scan_flags, **plan_flags)
-        config_note(resolved.note, quiet or json)
+        config_note(resolved.note)
         with reporter(quiet or json) as progress:
             plan = api.compile(None, output, resolved=resolved, overwrite=overwrite, cache_dir=cache_dir,
                                progress=progress)
@@ -132,7 +133,7 @@ def scan_cmd(
 
     with fail_on_errors(output, "scan"), reporter(quiet or json) as progress:
         resolved = api.scan_settings(config=config, config_format=config_format, num_proc=num_proc, **scan_flags)
-        config_note(resolved.note, quiet or json)
+        config_note(resolved.note)
         report = api.scan(source, output, resolved=resolved, overwrite=overwrite, cache_dir=cache_dir,
                           progress=progress, shard=shard, shard_rows=shard_rows, engine=engine,
                           ray_address=ray_address)

@@ -55,7 +55,9 @@ def watchdog(message: Callable[[], str], grace: float = GRACE) -> Iterator[None]
 
 
 def _watch(read_end: int, done: threading.Event, message: Callable[[], str], grace: float) -> None:
-    """Read signal numbers; after SIGINT or SIGTERM, end the process if it is still here `grace` seconds on."""
+    """Read signal numbers; after SIGINT or SIGTERM, end the process if it is still here `grace` seconds on. The
+    read end stays open until the command ends (`done`): a later signal written to a closed pipe would print a
+    `BrokenPipeError` from the C handler."""
     try:
         signum = None
         while signum is None:
@@ -63,10 +65,10 @@ def _watch(read_end: int, done: threading.Event, message: Callable[[], str], gra
             if not data:
                 return
             signum = next((s for s in data if s in _ENDING), None)
+        if done.wait(grace):  # the command's own handler ended it, message, exit code and all
+            return
     finally:
         os.close(read_end)
-    if done.wait(grace):  # the command's own handler ended it, message, exit code and all
-        return
     try:
         said = message()
     except Exception:  # what is on disk could not be read: say the rest

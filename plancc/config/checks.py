@@ -47,6 +47,7 @@ class OneOf(Check):
     """One of named values: a `Choice` enum (the value becomes its member) or a tuple of strings."""
 
     values: type[Choice] | tuple[str, ...]
+    optional: bool = False  # None too (unset: another setting decides)
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -54,6 +55,8 @@ class OneOf(Check):
         return tuple(str(v) for v in self.values)
 
     def __call__(self, name: str, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
         if not isinstance(value, str) or value not in self.choices:
             raise SettingsError(f"{flag(name)} must be one of {', '.join(self.choices)}; got {value!r}", name)
         return value if isinstance(self.values, tuple) else self.values(value)
@@ -136,13 +139,26 @@ class HoldOut(Check):
 
 @dataclass(frozen=True)
 class Pairs(Check):
-    """role=field pairs, each role one of `roles` (a string `a=x,b=y`, a mapping, or pairs), as sorted pairs."""
+    """role=field pairs, each role one of `roles` (a string `a=x,b=y`, a mapping, or pairs), as sorted pairs; a role
+    of `blank` may map to "" (none)."""
 
     roles: tuple[str, ...]
     example: str
+    blank: tuple[str, ...] = ()
+    what: str = "role=field"
 
     def __call__(self, name: str, value: Any) -> Any:
-        option = flag(name)
+        pairs = self.parsed(name, value)
+        for role, field in pairs:
+            if role not in self.roles:
+                raise SettingsError(f"{flag(name)}: unknown role {role!r}{did_you_mean(role, self.roles)}; roles are "
+                                    f"{', '.join(self.roles)}", name)
+            if not field and role not in self.blank:
+                raise SettingsError(f"{flag(name)} {value!r}: {role} maps to no field", name)
+        return pairs
+
+    def parsed(self, name: str, value: Any) -> tuple[tuple[str, str], ...]:
+        """`value` as sorted (left, right) pairs, each left name once."""
         if value is None or value == "" or value == ():
             return ()
         if isinstance(value, dict):
@@ -152,22 +168,80 @@ class Pairs(Check):
         elif isinstance(value, list | tuple) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
             pairs = [(str(r), str(f)) for r, f in value]
         else:
-            raise SettingsError(f"{option} must be role=field pairs (a string or a mapping), got {value!r}", name)
-        for role, _ in pairs:
-            if role not in self.roles:
-                raise SettingsError(f"{option}: unknown role {role!r}{did_you_mean(role, self.roles)}; roles are "
-                                    f"{', '.join(self.roles)}", name)
+            raise SettingsError(f"{flag(name)} must be {self.what} pairs (a string or a mapping), got {value!r}", name)
         mapped = [r for r, _ in pairs]
         if len(set(mapped)) != len(mapped):
-            raise SettingsError(f"{option} {value!r}: a role is mapped twice", name)
+            raise SettingsError(f"{flag(name)} {value!r}: a {self.what.partition('=')[0]} is mapped twice", name)
         return tuple(sorted(pairs))
 
     def _pair(self, name: str, value: str, part: str) -> tuple[str, str]:
-        role, eq, field = part.partition("=")
-        if not eq or not role.strip() or not field.strip():
-            raise SettingsError(f"{flag(name)} {value!r}: expected role=field pairs separated by commas, "
-                                f"e.g. {flag(name)} {self.example}", name)
-        return role.strip(), field.strip()
+        left, eq, right = part.partition("=")
+        if not eq or not left.strip() or not (right.strip() or left.strip() in self.blank):
+            raise SettingsError(f"{flag(name)} {value!r}: expected {self.what} pairs separated by commas, e.g. "
+                                f"{flag(name)} {self.example}", name)
+        return left.strip(), right.strip()
+
+
+@dataclass(frozen=True)
+class RoleMap(Pairs):
+    """Chat role names as a source spells them, each mapped onto a role (`gpt=assistant,human=user`): any source
+    name, a role of `ChatRole`; sorted (source, role) pairs."""
+
+    roles: tuple[str, ...] = tuple(ChatRole)
+    example: str = "gpt=assistant,human=user"
+    what: str = "source=role"
+
+    def __call__(self, name: str, value: Any) -> Any:
+        pairs = self.parsed(name, value)
+        for source, role in pairs:
+            if role not in self.roles:
+                raise SettingsError(f"{flag(name)}: {source}={role}: unknown role {role!r}"
+                                    f"{did_you_mean(role, self.roles)}; roles are {', '.join(self.roles)}", name)
+        return pairs
+
+
+@dataclass(frozen=True)
+class Tokens(Check):
+    """Token strings (a list, or a comma-separated string from a flag), each non-empty, in the order given (the
+    order new tokens get their ids in)."""
+
+    def __call__(self, name: str, value: Any) -> Any:
+        items = [t.strip() for t in value.split(",")] if isinstance(value, str) else value
+        if value is None or value == "":
+            return ()
+        if not isinstance(items, list | tuple) or not all(isinstance(t, str) and t for t in items):
+            raise SettingsError(f"{flag(name)} must be a list of non-empty token strings, got {value!r}", name)
+        return tuple(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class NamedTokens(Check):
+    """Tokens by the name of their part (`eos_token=<|eot_id|>`; names of `names`), in the order given (the order
+    new tokens get their ids in)."""
+
+    names: tuple[str, ...]
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if value is None or value == "" or value == ():
+            return ()
+        if isinstance(value, dict):
+            pairs = [(str(k), v) for k, v in value.items()]
+        elif isinstance(value, list | tuple) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
+            pairs = [(str(k), v) for k, v in value]
+        elif isinstance(value, str):
+            pairs = [tuple(x.strip() for x in part.partition("=")[::2]) for part in value.split(",")]
+        else:
+            raise SettingsError(f"{flag(name)} must be name=token pairs ({', '.join(self.names)}), got {value!r}",
+                                name)
+        for key, token in pairs:
+            if key not in self.names:
+                raise SettingsError(f"{flag(name)}: unknown token name {key!r}{did_you_mean(key, self.names)}; names "
+                                    f"are {', '.join(self.names)}", name)
+            if not isinstance(token, str) or not token:
+                raise SettingsError(f"{flag(name)}: {key} must be a non-empty token string, got {token!r}", name)
+        if len({k for k, _ in pairs}) != len(pairs):
+            raise SettingsError(f"{flag(name)} {value!r}: a name is given twice", name)
+        return tuple(pairs)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ A config that compiles must mean "these are the tokens and labels that tool woul
 - honoured: plancc reads it into the named setting and gives what the tool gives (the conformance benchmark,
   `benchmarks/bench_axolotl_conformance.py`, measures it against Axolotl's own data pipeline);
 - to honour: it shapes the data (which rows, which tokens, which labels, how they are batched) and plancc does not
-  reproduce it yet: until it does, a config that sets it is refused, naming it;
+  reproduce it yet: a config that sets it is refused, naming it and what to do (at a value that changes nothing,
+  the tool's default, it is accepted: `AXOLOTL_INERT`);
 - training-only: optimizer, schedule, LoRA, precision, logging, hardware, checkpoints: it changes how a model
   trains on the data, never the data; listed in a note, never refused;
 - unsupported: data plancc does not plan (preference or reward pairs, streams, multimodal rows, user code): refused
@@ -29,50 +30,72 @@ AXOLOTL_HONOURED = {
     "sequence_len": "sequence_len",
     "micro_batch_size": "micro_batch_size",
     "gradient_accumulation_steps": "grad_accum",
+    "batch_size": "grad_accum = batch_size / micro_batch_size (when gradient_accumulation_steps is not set)",
     "num_epochs": "epochs",
     "seed": "seed",
     "sample_packing": "mode (true: packed, false: padded)",
+    "batch_flattening": "mode flattened (without sample_packing)",
+    "multipack_real_batches": ("real_batches (unset: Axolotl's default, real batches unless attn_implementation (or "
+                               "its legacy flag) packs, e.g. flash_attention_2)"),
+    "pad_to_sequence_len": "pad_multiple (the sequence_len rounded up to pad_to_multiple_of, default 64)",
+    "pad_to_multiple_of": "pad_multiple (unset: 64 unless pad_to_sequence_len is false)",
+    "eval_sample_packing": "eval_mode (unset: as sample_packing)",
+    "dataloader_drop_last": "drop_last",
     "dataset_processes": "num_proc",
     "dataset_num_proc": "num_proc",
     "chat_template": "chat_template (chatml, llama3, tokenizer_default, jinja)",
-    "chat_template_jinja": "chat_template (a file)",
+    "chat_template_jinja": "chat_template (a file, or the template's text)",
+    "default_system_message": ("nothing: Axolotl 0.19.0 writes it into the tokenizer's saved chatml template only "
+                               "(its own chatml template has no default system message to replace)"),
     "datasets": "datasets",
     "test_datasets": "eval_datasets",
+    "train_on_inputs": "train_on_inputs (every format; chat: every turn)",
+    "special_tokens": "special_tokens (bos/eos/pad/unk_token), added_special_tokens (additional_special_tokens)",
+    "tokens": "added_tokens",
+    "eot_tokens": "eot_tokens (end_of_turn tokens)",
+    "excess_length_strategy": "long (drop, truncate; raise: error)",
+    "shuffle_merged_datasets": "nothing: the order of the prepared rows; plancc plans its own seeded order",
+    "shuffle_before_merging_datasets": "nothing: the order of the prepared rows; plancc plans its own seeded order",
+    "tokenizer_use_fast": "true only (the tokenizer.json); false is refused",
+    "tokenizer_type": "AutoTokenizer, PreTrainedTokenizerFast only (the tokenizer.json); others are refused",
 }
 
 
 # Axolotl top-level keys that shape the data and are not reproduced yet: key -> what they shape
 AXOLOTL_TO_HONOUR = {
-    "train_on_inputs": "prompt tokens trained, for every format (today alpaca and prompt/completion only)",
-    "special_tokens": "bos/eos/pad/unk overrides: the eos appended and the end-of-turn token trained",
-    "tokens": "tokens added to the tokenizer (new ids)",
-    "added_tokens_overrides": "added tokens renamed (their ids keep, their text changes)",
-    "eot_tokens": "which end-of-turn tokens train_on_eot supervises (default: the eos token)",
-    "default_system_message": "the system message of chatml conversations without one",
-    "chat_template_kwargs": "variables the chat template renders with",
-    "role_boundaries": "where each role's turn starts and ends in the rendered text",
-    "excess_length_strategy": "rows over sequence_len: drop, truncate or raise (plancc: long)",
-    "min_sample_len": "rows shorter than this are dropped (default 2)",
-    "eval_sequence_len": "the length eval rows are dropped or cut to",
-    "val_set_size": "the held-out rows (plancc holds out a seeded set of the same size, not Axolotl's rows)",
-    "dataset_exact_deduplication": "identical rows removed",
-    "shuffle_merged_datasets": "the order of merged datasets",
-    "shuffle_before_merging_datasets": "the order of each dataset before merging",
-    "curriculum_sampling": "rows trained in dataset order",
-    "dataset_shard_num": "one shard of the rows",
-    "dataset_shard_idx": "which shard of the rows",
-    "multipack_real_batches": "packed rows as micro_batch_size rows of sequence_len (plancc: real_batches)",
-    "pad_to_sequence_len": "every row padded to sequence_len",
-    "eval_sample_packing": "the eval plan packed or not",
-    "batch_flattening": "samples concatenated without packing (plancc: mode flattened)",
-    "pad_to_multiple_of": "rows padded to a multiple (plancc: pad_multiple)",
-    "batch_size": "micro_batch_size x gradient_accumulation_steps x world size: the update size",
-    "world_size": "the data-parallel ranks (plancc: world_size)",
-    "dataloader_drop_last": "the last incomplete update dropped (plancc: drop_last)",
-    "tokenizer_use_fast": "false: the slow tokenizer, whose ids may differ",
-    "tokenizer_legacy": "the legacy behaviour of Llama sentencepiece tokenizers",
-    "tokenizer_type": "the tokenizer class",
+    "added_tokens_overrides": ("renames added tokens in the tokenizer: give the renamed tokenizer's directory as "
+                               "tokenizer_config instead"),
+    "chat_template_kwargs": ("variables the chat template renders with: bake them into a template file "
+                             "(chat_template_jinja) instead"),
+    "role_boundaries": "where each role's turn starts and ends: plancc finds turns from the template's rendering",
+    "min_sample_len": "drops rows shorter than it (default 2, as plancc): remove it, or drop them from the files",
+    "eval_sequence_len": "the length eval rows are cut to: remove it (eval rows then share sequence_len)",
+    "val_set_size": ("holds out the last rows of Axolotl's shuffled merge, which plancc does not reproduce: give "
+                     "the held-out rows as test_datasets, or compile a plancc config with val_set_size (plancc's "
+                     "own seeded draw)"),
+    "curriculum_sampling": "trains in dataset order: plancc plans a seeded order; remove it",
+    "dataset_shard_num": "keeps one shard of Axolotl's shuffled rows: give that shard's files instead",
+    "dataset_shard_idx": "keeps one shard of Axolotl's shuffled rows: give that shard's files instead",
+    "dataset_exact_deduplication": ("drops every prepared row whose tokens and labels repeat an earlier one's: "
+                                    "remove the duplicate rows from the files instead"),
+    "tokenizer_legacy": "the legacy behaviour of Llama sentencepiece tokenizers: remove it (fast tokenizers only)",
 }
+
+
+# values of keys to honour at which they change nothing (Axolotl's defaults): accepted, like an unset key
+AXOLOTL_INERT = {
+    "min_sample_len": (1, 2),
+    "val_set_size": (0, 0.0),
+    "curriculum_sampling": (False,),
+    "chat_template_kwargs": ({},),
+    "added_tokens_overrides": ({},),
+    "dataset_exact_deduplication": (False,),
+}
+
+
+# Axolotl top-level keys of the batch layout, read together (`plancc.config.foreign_axolotl.layout`)
+AXOLOTL_LAYOUT_KEYS = ("batch_size", "batch_flattening", "multipack_real_batches", "pad_to_sequence_len",
+                       "pad_to_multiple_of", "dataloader_drop_last", "eval_sample_packing")
 
 
 # Axolotl top-level keys refused: key -> why, and what to do
@@ -169,7 +192,7 @@ AXOLOTL_TRAINING_ONLY = (
     "unfrozen_parameters", "use_comet", "use_eaft", "use_kernels", "use_mlflow", "use_onebitllms",
     "use_otel_metrics", "use_ray", "use_tensorboard", "use_trackio", "use_wandb", "vllm", "wandb_entity",
     "wandb_log_model", "wandb_mode", "wandb_name", "wandb_project", "wandb_run_id", "wandb_watch",
-    "warmup_ratio", "warmup_steps", "weight_decay", "xformers_attention",
+    "warmup_ratio", "world_size", "warmup_steps", "weight_decay", "xformers_attention",
 )
 
 
@@ -178,39 +201,40 @@ AXOLOTL_DATASET_HONOURED = {
     "path": "path",
     "data_files": "path",
     "split": "split",
-    "type": "format (alpaca, chat_template, completion, a mapping)",
-    "field_messages": "columns messages=FIELD",
-    "message_property_mappings": "message_fields (role, content)",
+    "type": "format (alpaca, chat_template, completion, input_output, a mapping)",
+    "field_messages": "columns messages=FIELD (default messages: a source without it is an error)",
+    "message_property_mappings": "message_fields role, content (each required in every message)",
     "message_field_role": "message_fields role",
     "message_field_content": "message_fields content",
+    "message_field_training": "message_fields training (the per-turn flag)",
     "field": "columns text=FIELD (type completion)",
-    "name": "the dataset's name",
-    "ds_type": "the file type",
+    "ds_type": "the file type (plancc reads it from the file's suffix)",
+    "roles": "roles (source names onto roles; unset: Axolotl's human, user, gpt, assistant, system, tool)",
+    "roles_to_train": "roles_to_train (source names mapped by roles)",
+    "train_on_eos": "train_on_eos (end_of_turn tokens)",
+    "train_on_eot": "train_on_eot (end_of_turn tokens)",
+    "drop_system_message": "drop_system_message (a leading system turn)",
+    "chat_template": "this dataset's chat_template",
+    "chat_template_jinja": "this dataset's chat_template (a file, or the template's text)",
+    "split_thinking": "split_thinking",
+    "field_thinking": "nothing: Axolotl 0.19.0 reads reasoning from the message key the template reads",
+    "template_thinking_key": "thinking_key (where split_thinking puts the reasoning)",
+    "preprocess_shards": "nothing: preprocessing in shards does not change the rows",
+    "input_format": "nothing: Axolotl 0.19.0 reads it nowhere (its schema has it)",
 }
 
 
 # keys of an entry that shape the data and are not reproduced yet
 AXOLOTL_DATASET_TO_HONOUR = {
-    "roles": "source role names mapped onto user/assistant/system/tool (gpt, human, ...)",
-    "roles_to_train": "which roles are trained, in the source's or the mapped spelling (gpt, human)",
-    "train_on_eos": "which eos tokens are trained (turn, last, all, none), by Axolotl's rule",
-    "train_on_eot": "which end-of-turn tokens (eot_tokens) are trained",
-    "drop_system_message": "system turns removed",
-    "message_field_training": "a per-turn field saying whether the turn is trained",
-    "message_field_training_detail": "per-turn character spans trained",
-    "field_thinking": "the message field holding reasoning",
-    "split_thinking": "reasoning split out of the content",
-    "template_thinking_key": "the template's name for reasoning",
-    "chat_template": "this dataset's chat template",
-    "chat_template_jinja": "this dataset's chat template text",
-    "field_tools": "the row field holding tools",
-    "field_human": "legacy ShareGPT: the human role's name",
-    "field_model": "legacy ShareGPT: the model role's name",
-    "shards": "one shard of the rows",
-    "shards_idx": "which shard",
-    "preprocess_shards": "preprocessing in shards (no change to rows)",
-    "revision": "the Hub revision of the dataset",
-    "input_format": "how an input_output row's segments are joined",
+    "message_field_training_detail": ("per-turn character spans trained: split the turns, or flag whole turns with "
+                                      "message_field_training"),
+    "field_tools": "the row field holding tools the template renders: remove it (plancc renders no tools)",
+    "field_human": "legacy ShareGPT role names: use roles",
+    "field_model": "legacy ShareGPT role names: use roles",
+    "shards": "one shard of Axolotl's shuffled rows: give that shard's files instead",
+    "shards_idx": "one shard of Axolotl's shuffled rows: give that shard's files instead",
+    "revision": "a Hub dataset's revision: give the files of that revision",
+    "name": "a Hub dataset's configuration: give that configuration's files as path",
 }
 
 
@@ -246,14 +270,13 @@ AXOLOTL_TYPE_MAPPING_TO_HONOUR = {
 
 # entry `type` values honoured today
 AXOLOTL_TYPES_HONOURED = (
-    "alpaca", "chat_template", "completion",
+    "alpaca", "chat_template", "completion", "input_output",
 )
 
 
 # entry `type` values of SFT prompt strategies not reproduced yet (refused until they are)
 AXOLOTL_TYPES_TO_HONOUR = (
-    "input_output", "alpaca_chat", "alpaca_w_system", "alpaca_instruct", "context_qa", "pretrain",
-    "user_defined",
+    "alpaca_chat", "alpaca_w_system", "alpaca_instruct", "context_qa", "pretrain", "user_defined",
 )
 
 
@@ -270,8 +293,13 @@ AXOLOTL_TYPES_UNSUPPORTED = {
 
 # TRL SFT config keys (SFTConfig, ScriptArguments, ModelConfig) honoured today
 TRL_HONOURED = {
+    "tokenizer_name_or_path": "tokenizer",
     "model_name_or_path": "tokenizer (when tokenizer_name_or_path is not set)",
     "max_length": "sequence_len",
+    "max_seq_length": "sequence_len (older TRL spelling of max_length)",
+    "completion_only_loss": "train_on_inputs = not completion_only_loss",
+    "assistant_only_loss": ("true: roles_to_train assistant; false is refused (TRL then trains every token of a "
+                            "conversation, role markup too, which plancc has no setting for)"),
     "per_device_train_batch_size": "micro_batch_size",
     "gradient_accumulation_steps": "grad_accum",
     "num_train_epochs": "epochs (a whole number)",
@@ -287,8 +315,6 @@ TRL_HONOURED = {
 
 # TRL SFT config keys that shape the data and are not reproduced yet
 TRL_TO_HONOUR = {
-    "completion_only_loss": "prompt masked (plancc: not train_on_inputs), for every format it applies to",
-    "assistant_only_loss": "true: assistant turns only; false: every token of a conversation trained",
     "eos_token": "the eos appended and trained",
     "pad_token": "the pad token (no label; named so the trainer pads alike)",
     "padding_free": "samples concatenated without padding (plancc: mode flattened or packed rows)",
@@ -302,11 +328,17 @@ TRL_TO_HONOUR = {
     "dataset_config": "the Hub dataset's configuration",
     "dataloader_drop_last": "the last incomplete update dropped (plancc: drop_last)",
     "data_seed": "the sampler's seed (plancc: seed)",
-    "max_seq_length": "sequence_len (older TRL spelling of max_length)",
-    "tokenizer_name_or_path": "tokenizer",
     "model_revision": "the tokenizer's revision",
     "datasets": "TRL's dataset mixture: each entry a recipe dataset",
     "test_split_size": "the share of a mixture held out for evaluation",
+}
+
+
+# values of TRL keys to honour at which they change nothing (its defaults): accepted
+TRL_INERT = {
+    "truncation_mode": ("keep_start",),
+    "packing_strategy": ("bfd",),
+    "shuffle_dataset": (False,),
 }
 
 
@@ -316,6 +348,10 @@ TRL_UNSUPPORTED = {
     "trust_remote_code": "plancc never runs a tokenizer's own code",
     "streaming": "streamed datasets",
 }
+
+
+# TRL keys of the batch layout, read together (`plancc.config.foreign_trl`)
+TRL_LAYOUT_KEYS = ()
 
 
 # TRL SFT config keys that never change the data (TrainingArguments' optimizer, logging, hardware, ...;

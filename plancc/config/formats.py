@@ -29,6 +29,7 @@ NAMED = (
     FormatName("alpaca", ("instruction", "input", "output"), axolotl=("alpaca",)),
     FormatName("messages", ("messages", "conversations"), axolotl=("chat_template",)),
     FormatName("text", ("text",), axolotl=("completion",)),
+    FormatName("input_output", ("segments",), axolotl=("input_output",)),
 )
 
 BY_NAME = {f.name: f for f in NAMED}

@@ -23,14 +23,17 @@ from plancc.config.checks import (
     HoldOut,
     Mixture,
     Name,
+    NamedTokens,
     OneOf,
     Pairs,
     Positive,
     PromptFormat,
+    RoleMap,
     Roles,
     Seed,
     Switch,
     Text,
+    Tokens,
 )
 from plancc.config.fields import (
     Flag,
@@ -50,6 +53,7 @@ from plancc.core.choices import (
     Choice,
     CostMode,
     DatasetRole,
+    EndOfTurn,
     LongPolicy,
     MixKind,
     Mode,
@@ -59,7 +63,8 @@ from plancc.core.choices import (
 )
 from plancc.errors import SettingsError
 
-MESSAGE_KEYS = ("role", "content")
+MESSAGE_KEYS = ("role", "content", "training")  # what `message_fields` maps: training may map to "" (none)
+SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")  # what `special_tokens` names
 DEFAULT_TEMPLATE_DATE = "2024-01-01"  # the date `strftime_now` gives chat templates unless `template_date` is set
 ROW_TOKENS = 2**31 - 1  # tokens of one row: int32 offsets
 MIX_MOST = 2**40  # the largest repeat or weight: a repeat beyond it asks more samples of an epoch than counts hold
@@ -78,6 +83,11 @@ def _whole(value: Any) -> Any:
 def _text_column(field: Any) -> Any:
     """TRL's `dataset_text_field`: the column read as `text` (None: the default, `text` itself)."""
     return None if field in (None, "text") else {"text": field}
+
+
+def _long_policy(value: Any) -> Any:
+    """Axolotl's `excess_length_strategy` (drop, truncate, raise; any case) as `long`: raise is error."""
+    return {"raise": "error"}.get(value.lower(), value.lower()) if isinstance(value, str) else value
 
 
 def _negated(value: Any) -> Any:
@@ -128,30 +138,63 @@ class ScanOptions:
                              Text("the text between prompt and completion"), shown="none", record=ADDED,
                              dataset=OWN)
     message_fields: tuple[tuple[str, str], ...] = setting(
-        (), "Messages whose keys differ, e.g. role=speaker,content=text.",
-        Pairs(MESSAGE_KEYS, "role=speaker,content=text"), shown="role/content or from/value", record=ADDED,
+        (), "Messages whose keys differ, e.g. role=speaker,content=text (training=FIELD: the per-turn flag that "
+            "trains or masks a turn whatever its role; training= reads none).",
+        Pairs(MESSAGE_KEYS, "role=speaker,content=text", blank=("training",)),
+        shown="role/content or from/value, training", record=ADDED, dataset=OWN)
+    roles: tuple[tuple[str, str], ...] = setting(
+        (), "Chat: source role names mapped onto roles, e.g. gpt=assistant,human=user (given: only these are "
+            "renamed).", RoleMap(), shown="human, gpt, bot, model and the roles' own names", record=ADDED,
         dataset=OWN)
+    drop_system_message: bool = setting(False, "Chat: leave out a conversation's leading system turn.", Switch(),
+                                        off="--keep-system-message", record=ADDED, dataset=OWN,
+                                        spellings=(axolotl("drop_system_message", top=False, entry=True),))
     sequence_len: int = both(SEQUENCE_LEN)
     long: LongPolicy = setting(LongPolicy.DROP, "Over-long samples: truncate|drop|error.", OneOf(LongPolicy),
-                               dataset=PerDataset.RECIPE)
+                               dataset=PerDataset.RECIPE,
+                               spellings=(axolotl("excess_length_strategy", _long_policy),))
     max_dropped: float = setting(0.05, "Largest share of samples the scan may drop; more is an error.", Fraction(),
                                  record=Record.NEVER)
     shift: Shift = both(SHIFT)
     add_eos: bool = setting(True, "Append the tokenizer's EOS to each sample of a non-chat format.", Switch(),
                             flag=Flag.NONE)
+    # the tokenizer as the trainer will have it (`plancc.scan.sources.tokenizer.scan_tokenizer`)
+    special_tokens: tuple[tuple[str, str], ...] = setting(
+        (), "Tokenizer tokens set before scanning, e.g. eos_token=<|eot_id|> (bos_token, eos_token, pad_token, "
+            "unk_token; one not in the vocabulary is added as a special token).", NamedTokens(SPECIAL_TOKENS),
+        shown="the tokenizer's", record=ADDED, dataset=PerDataset.RECIPE)
+    added_tokens: tuple[str, ...] = setting((), "Tokens added to the tokenizer before scanning (new ids, in order).",
+                                            Tokens(), shown="none", record=ADDED, dataset=PerDataset.RECIPE,
+                                            spellings=(axolotl("tokens"),))
+    added_special_tokens: tuple[str, ...] = setting((), "Special tokens added to the tokenizer before scanning, after "
+                                                        "added_tokens.", Tokens(), shown="none", record=ADDED,
+                                                    dataset=PerDataset.RECIPE)
     # what is trained (`plancc.scan.formats`)
     roles_to_train: tuple[ChatRole, ...] = setting(
         ("assistant",), "Chat: roles whose turns are trained, comma-separated (system, user, assistant, tool).",
-        Roles(), record=ADDED, dataset=OWN, spellings=(axolotl("roles_to_train", entry=True),))
+        Roles(), record=ADDED, dataset=OWN)
     train_on_eos: TrainOnEos = setting(
         TrainOnEos.TURN, "End of turn / EOS trained: turn (each trained turn's), last (the last trained turn's), all "
                          "(every turn's), none.", OneOf(TrainOnEos), record=ADDED, dataset=OWN,
-        spellings=(axolotl("train_on_eos", entry=True),))
-    train_on_inputs: bool = setting(False, "Alpaca, prompt_completion: train on the prompt too.", Switch(),
+        spellings=(axolotl("train_on_eos", top=False, entry=True),))
+    train_on_inputs: bool = setting(False, "Train on the prompt too (alpaca, prompt_completion, input_output) or on "
+                                           "every turn (chat).", Switch(),
                                     off="--no-train-on-inputs", record=ADDED, dataset=OWN,
                                     spellings=(axolotl("train_on_inputs"), trl("completion_only_loss", _negated)))
     train_on: TrainOn = setting(TrainOn.ALL_TURNS, "Chat: all_turns, or last_turn (only the last trained turn).",
                                 OneOf(TrainOn), record=ADDED, dataset=OWN)
+    end_of_turn: EndOfTurn = setting(
+        EndOfTurn.MARKUP, "Chat: what train_on_eos trains after a turn: markup (the template's text from the end of "
+                          "its content to the next turn) or tokens (the eos, and eot_tokens by train_on_eot, found "
+                          "within 3 tokens after its content: Axolotl's rule).", OneOf(EndOfTurn), record=ADDED,
+        dataset=OWN)
+    eot_tokens: tuple[str, ...] = setting((), "Chat, end_of_turn tokens: the end-of-turn tokens train_on_eot trains.",
+                                          Tokens(), shown="the eos", record=ADDED, dataset=OWN,
+                                          spellings=(axolotl("eot_tokens"),))
+    train_on_eot: TrainOnEos | None = setting(None, "Chat, end_of_turn tokens: which eot_tokens are trained: turn, "
+                                                    "last, all, none.", OneOf(TrainOnEos, optional=True),
+                                              shown="as train_on_eos", record=ADDED, dataset=OWN,
+                                              spellings=(axolotl("train_on_eot", top=False, entry=True),))
     drop_eos_only: bool = setting(False, "Drop samples whose supervised part is only the end of turn (an empty "
                                          "completion or reply).", Switch(), off="--keep-eos-only", record=ADDED,
                                   dataset=OWN)
@@ -168,7 +211,7 @@ class ScanOptions:
                 if f.name in SHAPING and getattr(self, f.name) != f.default}
 
 
-SHAPING = ("prompt_format", "no_input_format", "separator", "message_fields")
+SHAPING = ("prompt_format", "no_input_format", "separator", "message_fields", "roles", "drop_system_message")
 
 
 @dataclass(frozen=True)
@@ -232,7 +275,7 @@ class PlanSettings:
     # settings newer than the plan schema are left out of `to_dict` at their default (`Record.UNLESS_DEFAULT`)
     val_set_size: float = setting(0, "Hold out samples for evaluation: a fraction in (0, 1) or a count; a seeded "
                                      "draw, never trained on, planned once as the eval plan.", HoldOut(),
-                                  shown="0: none", record=Record.UNLESS_DEFAULT, spellings=(axolotl("val_set_size"),))
+                                  shown="0: none", record=Record.UNLESS_DEFAULT)
     # a recipe's datasets in recipe order (`plancc.planner.mixture`); empty for one source
     mixture: tuple[MixEntry, ...] = setting((), "A recipe's datasets and how each mixes.", Mixture(MixEntry),
                                             flag=Flag.NONE, record=Record.UNLESS_DEFAULT, derived=True)
@@ -294,7 +337,8 @@ class RunOptions:
 
     num_proc: int = setting(1, "Tokenizer processes (results identical for any count).", Positive(2**10),
                             flag=Flag.OWN, record=Record.NEVER,
-                            spellings=(axolotl("dataset_processes"), trl("dataset_num_proc")))
+                            spellings=(axolotl("dataset_processes"), axolotl("dataset_num_proc"),
+                                       trl("dataset_num_proc")))
 
     def __post_init__(self) -> None:
         normalize(self)

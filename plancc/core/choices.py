@@ -72,6 +72,14 @@ class TrainOn(Choice):
     LAST_TURN = "last_turn"
 
 
+class EndOfTurn(Choice):
+    """What a chat turn's end is, for `train_on_eos`: the template's markup after the content (up to the next turn),
+    or the eos and `eot_tokens` tokens found just after the content (Axolotl's rule)."""
+
+    MARKUP = "markup"
+    TOKENS = "tokens"
+
+
 class DatasetRole(Choice):
     """What a recipe's dataset is for: training, or the eval plan only."""
 

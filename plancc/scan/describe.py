@@ -6,17 +6,20 @@ from __future__ import annotations
 from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
 from plancc.scan import formats
-from plancc.scan.sources.tokenizer import Tok, load_tokenizer, spec_of
+from plancc.scan.sources.tokenizer import Tok, load_tokenizer, spec_of, with_tokens
 from plancc.store.scan_record import ScanRecord
 
 
 def recorded_tokenizer(record: ScanRecord, tokenizer: str | None = None) -> Tok:
-    """The tokenizer `record` names; `tokenizer` is where it is now, if it moved."""
+    """The tokenizer `record` names, with the tokens the scan added; `tokenizer` is where it is now, if it moved."""
     spec = spec_of(record.tokenizer, tokenizer)
     if spec is None:
         raise InputError("the scan recorded no tokenizer (its source was already tokenized): give the tokenizer "
                          "to decode with (--tokenizer)")
-    return load_tokenizer(spec)
+    options = record.options
+    added = (tuple(options.special_tokens), tuple(options.added_tokens), tuple(options.added_special_tokens)) \
+        if options is not None else ((), (), ())
+    return with_tokens(load_tokenizer(spec), *added) if any(added) else load_tokenizer(spec)
 
 
 def trained(record: ScanRecord) -> str:

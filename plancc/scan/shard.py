@@ -30,23 +30,24 @@ from plancc.config.settings import ScanOptions
 from plancc.core.hashing import canonical_hash
 from plancc.errors import InputError, SettingsError
 from plancc.scan import formats
-from plancc.scan.formats import Encoded, Encoding, RowError
+from plancc.scan.formats import Encoded, Encoding, RowError, turn_ends
 from plancc.scan.sources import templates
 from plancc.scan.sources.chat import has_generation_tags, reads_clock
 from plancc.scan.sources.parallel import encode_rows
 from plancc.scan.sources.read import Located, locate
 from plancc.scan.sources.rows import Manifest, RowReader
 from plancc.scan.sources.samples import finish
-from plancc.scan.sources.tokenizer import BUILTIN, Tok, load_tokenizer
+from plancc.scan.sources.tokenizer import BUILTIN, Tok, scan_tokenizer
 from plancc.store import outputs, schemas, token_writer
 from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import COUNTS, Counted, PartRange, RecordedOptions, ScanRecord, Template
 from plancc.store.scan_store import ScanDir
 
-SCAN_VERSION = 9  # 9: token stores hash each row (a digest independent of the shards); 8: strftime_now is midnight UTC
-# in the C locale (a scan that read the machine's time zone is not reused); 7: a turn whose text renders to nothing is
-# not trained (blank_turns); 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed
-# in shards (a multi-part token store when several); 3: the token store
+SCAN_VERSION = 10  # 10: token stores hash each row (a digest independent of the shards); 9: a text that already ends
+# in the eos gets no second one (a scan that appended one is not reused); 8: strftime_now is midnight UTC in the C
+# locale (a scan that read the machine's time zone is not reused); 7: a turn whose text renders to nothing is not
+# trained (blank_turns); 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in
+# shards (a multi-part token store when several); 3: the token store
 SHARD_ROWS = 65_536  # rows per shard of a local scan: memory per shard and resume granularity, never the result
 PROBE_ROWS = 1_000  # rows the format is detected from (the first of the source, the same for every shard)
 Progress = Callable[[str, int, int], None] | None
@@ -134,7 +135,7 @@ class ScanJob:
 
 def identity(source: str, options: ScanOptions) -> tuple[Tok | None, templates.ChatTemplate | None, Located]:
     """The tokenizer, chat template and location of a scan: all that its cache key needs besides the content."""
-    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    tok = scan_tokenizer(options)
     return tok, templates.resolve(options.chat_template, tok), locate(str(source))
 
 
@@ -156,6 +157,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
             _check_tagged(chat, options)
             warnings += filter(None, [templates.marker_warning(chat, tok)])
             warnings += _clock_note(chat, options)
+            warnings += turn_ends.check(tok, chat.text, chat.name, options)
     opts = recorded_options(options, tok, template)
     key = scan_key(reader.fingerprint, opts)
     described = chat.describe() if chat else None
@@ -202,7 +204,7 @@ def _encode(job: ScanJob, reader: RowReader, lo: int, hi: int, *, num_proc: int,
     src = formats.map_columns(reader.read(lo, hi), options.columns)
     fmt = formats.get(job.format)
     work, fmt = fmt.shape(fmt.canonical(src, options), options)
-    tok = load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    tok = scan_tokenizer(options)
     how = Encoding(tok, options, job.template)
     shifted = None if progress is None else (lambda phase, done, total: progress(phase, lo + done, job.rows))
     try:

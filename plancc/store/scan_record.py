@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from plancc.config import registry
-from plancc.config.checks import Pairs, Positive, Roles, Switch
+from plancc.config.checks import NamedTokens, Pairs, Positive, Roles, Switch, Tokens
 from plancc.config.fields import Record
 from plancc.config.settings import ScanOptions
 from plancc.core.choices import Choice
@@ -83,9 +83,9 @@ def _reader(d: registry.Declared) -> Any:
         return lambda where, key, v: _of(where, key, v, (bool,), "true or false")
     if isinstance(check, Positive):
         return _int
-    if isinstance(check, Pairs):
+    if isinstance(check, Pairs | NamedTokens):
         return _pairs
-    if isinstance(check, Roles):
+    if isinstance(check, Roles | Tokens):
         return _texts
     nullable = d.default is None or d.setting.record == Record.WHEN_USED
     return lambda where, key, v: _text(where, key, v, nullable)
@@ -119,7 +119,7 @@ class _Recorded:
             if (d.setting.record == Record.WHEN_USED and value is None) or (
                     d.setting.record == Record.UNLESS_DEFAULT and value == d.default):
                 continue
-            out[d.name] = [list(p) for p in value] if isinstance(d.setting.check, Pairs) else \
+            out[d.name] = [list(p) for p in value] if isinstance(d.setting.check, Pairs | NamedTokens) else \
                 list(value) if isinstance(value, tuple) else value
         return out
 

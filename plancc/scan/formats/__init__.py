@@ -36,14 +36,14 @@ from __future__ import annotations
 from plancc.config.fields import flag
 from plancc.config.settings import ScanOptions
 from plancc.errors import InputError, SettingsError, clip
-from plancc.scan.formats import alpaca, messages, prompt_completion, text, tokenized
+from plancc.scan.formats import alpaca, input_output, messages, prompt_completion, text, tokenized
 from plancc.scan.formats.base import Encoded, Encoding, RowError, RowFormat
 from plancc.scan.formats.columns import map_columns
 from plancc.scan.sources.read import Source
 
 # detection order: the first whose columns a source has is its format
 FORMATS: tuple[RowFormat, ...] = (tokenized.FORMAT, messages.FORMAT, alpaca.FORMAT, prompt_completion.FORMAT,
-                                  text.FORMAT)
+                                  input_output.FORMAT, text.FORMAT)
 _BY_NAME = {f.name: f for f in FORMATS}
 
 

@@ -23,7 +23,7 @@ from plancc.config.formats import BY_NAME
 from plancc.config.settings import ScanOptions
 from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import InputError, clip
-from plancc.scan.formats import columns
+from plancc.scan.formats import columns, turn_ends
 from plancc.scan.formats.base import Encoded, Encoding, RowError, RowFormat
 from plancc.scan.formats.tokens import flat, heads
 from plancc.scan.sources.chat import Renderer, TemplateProblem, Turn, normalize
@@ -93,35 +93,48 @@ def _stored(message: dict[str, Any], j: int) -> dict[str, Any]:
         raise TemplateProblem(f"message {j} ({role}): {exc}") from None
 
 
-def _restored(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A canonical row's messages as the template gets them: normalized, their `extras` put back."""
-    return [{**m, **json.loads(stored["extras"])} if stored.get("extras") else m
-            for m, stored in zip(normalize(conversation), conversation, strict=True)]
-
-
 def _normalized(src: Source, name: str | None, message_fields: tuple[tuple[str, str], ...]) -> pa.Table:
-    """Every row normalized (`chat.normalize`: other field names, content parts, tool calls; TRL's conversational
-    prompt + completion when `name` is None, whose prompt's turns get `training` false)."""
+    """Every row normalized (`chat.normalize`: other field names, content parts, tool calls, the per-turn flag; TRL's
+    conversational prompt + completion when `name` is None, whose prompt's turns get `training` false), roles as the
+    source names them (`encode` renames them, once)."""
     rows = columns.column_values(src, name) if name is not None else zip(
         columns.column_values(src, "prompt"), columns.column_values(src, "completion"), strict=True)
     normalized = []
     for i, value in enumerate(rows):
         try:
             if name is None:
-                prompt = [{**m, "training": False} for m in normalize(value[0], message_fields)]
-                turns = prompt + normalize(value[1], message_fields)
+                prompt = [{**m, "training": False} for m in normalize(value[0], message_fields, {})]
+                turns = prompt + normalize(value[1], message_fields, {})
             else:
-                turns = normalize(value, message_fields)
+                turns = normalize(value, message_fields, {})
             normalized.append([_stored(m, j) for j, m in enumerate(turns)])
         except TemplateProblem as exc:
             raise InputError(f"{src.where(i)}: column '{name or 'prompt/completion'}', {exc}") from None
     return pa.table({"messages": pa.array(normalized)})
 
 
-def _chosen(turns: list[Turn], options: ScanOptions) -> list[Turn]:
-    """The turns trained: those of `roles_to_train`, or only the last of them (`train_on = last_turn`)."""
-    trained = [t for t in turns if t.role in options.roles_to_train]
-    return trained[-1:] if options.train_on == "last_turn" else trained
+def conversation(stored: list[dict[str, Any]], options: ScanOptions) -> list[dict[str, Any]]:
+    """A canonical row's messages as the template gets them: their `extras` put back, roles renamed (`roles`, else
+    `chat.ROLE_MAP`), the leading system turn left out with `drop_system_message` (Axolotl's rule: only a first
+    turn)."""
+    renamed = normalize(stored, (), dict(options.roles) if options.roles else None)
+    messages = [{**m, **json.loads(kept["extras"])} if kept.get("extras") else m
+                for m, kept in zip(renamed, stored, strict=True)]
+    if options.drop_system_message and messages and messages[0]["role"] == "system":
+        messages = messages[1:]
+    return messages
+
+
+def trained_turns(messages: list[dict[str, Any]], options: ScanOptions) -> list[bool]:
+    """Whether each turn is trained: its flag (`training`) when it has one, else `train_on_inputs` (every turn) or
+    its role in `roles_to_train`; with `train_on = last_turn`, only the last of those."""
+    roles = set(options.roles_to_train)
+    train = [m["training"] if m.get("training") is not None else options.train_on_inputs or m["role"] in roles
+             for m in messages]
+    if options.train_on == "last_turn" and any(train):
+        last = max(i for i, t in enumerate(train) if t)
+        train = [i == last for i in range(len(train))]
+    return train
 
 
 def _renders_nothing(renderer: Renderer, messages: list[dict[str, str]], text: str, turn: Turn) -> bool:
@@ -138,17 +151,34 @@ def _turn_spans(renderer: Renderer, messages: list[dict[str, str]], options: Sca
                 ) -> tuple[str, list[tuple[int, int]], bool, bool]:
     """Rendered text, the character spans trained (tokens starting inside one are supervised), whether the
     trained turns' content is empty (only end-of-turn markup is trained) and whether a turn to train was left out
-    because its text renders to nothing (`_renders_nothing`)."""
-    eos, roles_to_train = options.train_on_eos, options.roles_to_train
-    roles = {m["role"] for m in messages} if eos == "all" else set(roles_to_train)
-    text, turns = renderer.turns(messages, roles, split=eos != "turn" or roles_to_train != ("assistant",))
-    chosen = _chosen(turns, options)
-    trained = [t for t in chosen if not _renders_nothing(renderer, messages, text, t)]
+    because its text renders to nothing (`_renders_nothing`). Ends are the template's markup (`end_of_turn
+    markup`)."""
+    eos = options.train_on_eos
+    train = trained_turns(messages, options)
+    chosen = [i for i, t in enumerate(train) if t]
+    located = [i for i, m in enumerate(messages) if m.get("training") is not False] if eos == "all" else chosen
+    split = eos != "turn" or any(messages[i]["role"] != "assistant" for i in located)
+    text, turns = renderer.turns(messages, located, split=split)
+    trained = [t for t in turns if train[t.index] and not _renders_nothing(renderer, messages, text, t)]
     spans = [(t.start, t.content_end) for t in trained]
     ends = {"turn": trained, "last": trained[-1:], "all": turns, "none": []}[eos]
     spans += [(t.content_end, t.end) for t in ends]
     empty = all(not messages[t.index]["content"].strip() for t in trained)
     return text, spans, empty, len(trained) < len(chosen)
+
+
+def _turn_marks(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
+                ) -> tuple[str, list[tuple[int, int, bool]], bool, bool]:
+    """Rendered text and, for `end_of_turn tokens` (`turn_ends`), each turn looked at as (content start, content
+    end, trained): the trained ones, and every one when an end of turn is trained for all; whether the trained
+    turns' content is empty, and whether a turn to train renders to nothing (left out, as Axolotl leaves it)."""
+    train = trained_turns(messages, options)
+    every = "all" in (options.train_on_eos, turn_ends.eot_rule(options))
+    text, turns = renderer.turns(messages, [i for i, t in enumerate(train) if t or every], split=True)
+    shown = [t for t in turns if not _renders_nothing(renderer, messages, text, t)]
+    trained = [t for t in shown if train[t.index]]
+    empty = all(not messages[t.index]["content"].strip() for t in trained)
+    return text, [(t.start, t.content_end, train[t.index]) for t in shown], empty, len(trained) < sum(train)
 
 
 def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
@@ -188,7 +218,7 @@ class Messages(RowFormat):
     named = BY_NAME["messages"]
     detected_by = "messages/conversations"
     chat: ClassVar[bool] = True
-    shaping: ClassVar[tuple[str, ...]] = ("message_fields",)
+    shaping: ClassVar[tuple[str, ...]] = ("message_fields", "roles", "drop_system_message")
 
     def detects(self, src: Source) -> bool:
         """A `messages` or `conversations` column, or `prompt` and `completion` both lists of messages."""
@@ -214,11 +244,12 @@ class Messages(RowFormat):
             raise ValueError("messages need a chat template")
         options = how.options
         renderer = Renderer(how.template, how.tok.bos_token, how.tok.eos_token, options.template_date)
-        locate = _tagged_spans if renderer.tagged else _turn_spans
+        by_tokens = options.end_of_turn == "tokens" and not renderer.tagged
+        locate = _tagged_spans if renderer.tagged else _turn_marks if by_tokens else _turn_spans
         texts, spans, empty, blank = [], [], [], []
         for i, conv in enumerate(table.column("messages").to_pylist()):
             try:
-                messages = _restored(conv)
+                messages = conversation(conv, options)
             except TemplateProblem as exc:
                 raise RowError(row0 + i, f"column 'messages', {exc}") from None
             try:
@@ -232,7 +263,11 @@ class Messages(RowFormat):
         texts = heads(how.tok, texts, False, how.keep)  # spans past a cut select no token
         encodings = how.tok.tokenizer.encode_batch(texts, add_special_tokens=False)
         ids, offsets = flat(encodings)
-        labels = _mask(ids, offsets, encodings, spans, renderer.tagged)
+        if by_tokens:
+            labels = turn_ends.labels(ids, offsets, encodings, spans, turn_ends.end_ids(how.tok, how.template,
+                                                                                        options), options)
+        else:
+            labels = _mask(ids, offsets, encodings, spans, renderer.tagged)
         return Encoded(ids, labels, offsets, np.array(empty, dtype=bool), {"blank": np.array(blank, dtype=bool)})
 
     def trained(self, options: ScanOptions, *, generation: bool = False) -> str:

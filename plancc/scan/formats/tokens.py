@@ -42,9 +42,15 @@ def flat(encodings) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _append(ids: np.ndarray, offsets: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
-    """Append `token` to every sample."""
-    out = np.insert(ids, offsets[1:], np.int32(token))
-    return out, offsets + np.arange(len(offsets), dtype=np.int64)
+    """Append `token` to every sample that does not already end in it (a text that ends in the eos gets no second
+    one, as Axolotl and TRL give none)."""
+    lengths = np.diff(offsets)
+    last = ids[np.maximum(offsets[1:] - 1, 0)] if len(ids) else np.zeros(len(lengths), np.int32)
+    add = ~((lengths > 0) & (last == token))
+    out = np.insert(ids, offsets[1:][add], np.int32(token))
+    shifts = np.zeros(len(offsets), np.int64)
+    np.cumsum(add, out=shifts[1:])
+    return out, offsets + shifts
 
 
 def _join(p_ids, p_off, c_ids, c_off, inputs: bool) -> Encoded:

@@ -170,20 +170,19 @@ class Renderer:
 
     def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Full rendering and the [start, end) character spans of every assistant turn (content + end of turn)."""
-        full, turns = self.turns(messages, {"assistant"}, split=False)
+        full, turns = self.turns(messages, [i for i, m in enumerate(messages) if m["role"] == "assistant"],
+                                 split=False)
         return full, [(t.start, t.end) for t in turns if t.end > t.start]
 
-    def turns(self, messages: list[dict[str, str]], roles: set[str] | frozenset[str], split: bool = True
-              ) -> tuple[str, list[Turn]]:
-        """Full rendering and where each turn of one of `roles` lies in it (`split`: where its content ends and
-        its end-of-turn markup starts, one more rendering a turn; else `content_end` is its end)."""
+    def turns(self, messages: list[dict[str, str]], which: list[int], split: bool = True) -> tuple[str, list[Turn]]:
+        """Full rendering and where each turn of `which` (indices, ascending) lies in it (`split`: where its content
+        ends and its end-of-turn markup starts, one more rendering a turn; else `content_end` is its end)."""
         full = self.render(messages)
         out: list[Turn] = []
         cursor = 0
-        for i, m in enumerate(messages):
-            if m["role"] in roles and m.get("training") is not False:  # False: a prompt's turn (`formats.messages`)
-                out.append(self._turn(messages, i, full, cursor, split))
-                cursor = out[-1].end
+        for i in which:
+            out.append(self._turn(messages, i, full, cursor, split))
+            cursor = out[-1].end
         return full, out
 
     def _markup(self, messages: list[dict[str, str]], i: int, turn: str, prefix: str) -> tuple[int, int]:
@@ -231,17 +230,22 @@ def _common(a: str, b: str) -> int:
 MESSAGE_EXTRAS = ("tool_calls", "tool_call_id", "name", "training")  # kept for the template (`training`: spans)
 
 
-def normalize(conversation: Any, fields: tuple[tuple[str, str], ...] = ()) -> list[dict[str, Any]]:
+def normalize(conversation: Any, fields: tuple[tuple[str, str], ...] = (),
+              roles: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """`[{role, content}]` or ShareGPT `[{from, value}]` into `[{role, content}]` with standard role names.
 
-    `fields` maps `role`/`content` onto other message keys (`--message-fields role=speaker`). Every turn must have
-    a string `content` (or `value`), or a list of OpenAI content parts whose text parts are joined in order: a turn
-    without one is an error, not an empty turn, unless it calls tools (`tool_calls`). `tool_calls` (a list, or JSON
-    text of one), `tool_call_id`, `name` and `training` are kept when set, as the template gets them in
-    transformers (`name` 5 stays a number); an object or list where a name belongs is an error."""
+    `fields` maps `role`/`content` onto other message keys (`--message-fields role=speaker`) and `training` onto the
+    key of a per-turn flag (default `training`; "" reads none). `roles` renames roles (None: `ROLE_MAP`; a name it
+    does not hold is kept as it is). Every turn must have a string `content` (or `value`), or a list of OpenAI
+    content parts whose text parts are joined in order: a turn without one is an error, not an empty turn, unless it
+    calls tools (`tool_calls`). `tool_calls` (a list, or JSON text of one), `tool_call_id`, `name` and the flag (as
+    `training`, true or false) are kept when set, as the template gets them in transformers (`name` 5 stays a
+    number); an object or list where a name belongs is an error."""
     if not isinstance(conversation, list):
         raise TemplateProblem(f"expected a list of messages, got {type(conversation).__name__}")
     names = dict(fields)
+    renamed = ROLE_MAP if roles is None else roles
+    flag = names.get("training", "training")
     out = []
     for j, m in enumerate(conversation):
         if not isinstance(m, dict):
@@ -252,9 +256,14 @@ def normalize(conversation: Any, fields: tuple[tuple[str, str], ...] = ()) -> li
         if not isinstance(role, str):
             raise TemplateProblem(f"message {j}: field '{names.get('role', 'role')}' (or 'from') is "
                                   f"{'missing' if role is None else type(role).__name__}, expected a string")
-        message = {"role": ROLE_MAP.get(role, role), "content": _content(m.get(key), j, role, key, m)}
+        message = {"role": renamed.get(role, role), "content": _content(m.get(key), j, role, key, m)}
         message.update((extra, _extra(extra, m[extra], j, role)) for extra in MESSAGE_EXTRAS
-                       if m.get(extra) is not None)
+                       if extra != "training" and m.get(extra) is not None)
+        if flag and m.get(flag) is not None:
+            if not isinstance(m[flag], bool):
+                raise TemplateProblem(f"message {j} ({role}): field '{flag}' is {type(m[flag]).__name__} "
+                                      f"{clip(m[flag], 40)}, expected true or false (whether the turn is trained)")
+            message["training"] = m[flag]
         out.append(message)
     return out
 

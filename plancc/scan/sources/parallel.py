@@ -24,7 +24,7 @@ from plancc.core.machine import address_room, mapped_bytes, usable_cpus
 from plancc.errors import PlanccError, PlanccWarning, SettingsError
 from plancc.scan import formats
 from plancc.scan.formats import Encoded, Encoding, RowError, RowFormat
-from plancc.scan.sources.tokenizer import BUILTIN, load_tokenizer
+from plancc.scan.sources.tokenizer import BUILTIN, scan_tokenizer
 
 Progress = Callable[[str, int, int], None] | None
 
@@ -45,7 +45,7 @@ def _work(args: tuple) -> tuple[str, int, str]:
     with pa.memory_map(in_path) as source:
         table = pa.ipc.open_file(source).read_all().slice(a, b - a)
         try:
-            how = Encoding(load_tokenizer(options.tokenizer), options, template)
+            how = Encoding(scan_tokenizer(options), options, template)
             enc = formats.get(name).encode(table, how, row0=a)
         except RowError as exc:
             return "error", exc.row, exc.message

@@ -11,11 +11,13 @@ fingerprinted on its own (`plancc.scan.sources.templates`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -101,6 +103,40 @@ def load_tokenizer(spec: str) -> Tok:
     if not path.exists() and HUB_ID.fullmatch(spec) and not spec.endswith(".json"):
         path = hub_snapshot(spec)
     return _load_tokenizer(spec, str(path.absolute()))
+
+
+def scan_tokenizer(options: Any) -> Tok | None:
+    """The tokenizer a scan with `options` (`ScanOptions` or the record's `RecordedOptions`, whose `tokenizer` is
+    where to load it from here) tokenizes with: `tokenizer`, with `special_tokens`, `added_tokens` and
+    `added_special_tokens` applied as the trainer's tokenizer will have them; None without one."""
+    if options.tokenizer is None:
+        return None
+    tok = load_tokenizer(options.tokenizer)
+    added = (tuple(options.special_tokens), tuple(options.added_tokens), tuple(options.added_special_tokens))
+    return with_tokens(tok, *added) if any(added) else tok
+
+
+@functools.lru_cache(maxsize=8)
+def with_tokens(tok: Tok, special: tuple[tuple[str, str], ...], added: tuple[str, ...] = (),
+                added_special: tuple[str, ...] = ()) -> Tok:
+    """`tok` as Hugging Face's `add_special_tokens` and `add_tokens` leave it (Axolotl's order): each named token of
+    `special` (bos_token, eos_token, pad_token, unk_token) made special, then `added` added as ordinary tokens, then
+    `added_special` as special ones; a token not in the vocabulary gets the next id. The eos and bos become the
+    named ones; the post-processor is kept (the bos a text starts with is the tokenizer's own)."""
+    tokenizer = Tokenizer.from_str(tok.tokenizer.to_str())
+    named = dict(special)
+    for _, token in special:
+        tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)])
+    if added:
+        tokenizer.add_tokens([AddedToken(token, normalized=False) for token in added])
+    if added_special:
+        tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in added_special])
+    eos, bos = named.get("eos_token", tok.eos_token), named.get("bos_token", tok.bos_token)
+    return dataclasses.replace(
+        tok, tokenizer=tokenizer, eos_token=eos, eos_id=tokenizer.token_to_id(eos) if eos is not None else None,
+        bos_token=bos, vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        fingerprint=_content(tokenizer.to_str(), eos, bos),
+        file_fingerprint=file_fingerprint(tokenizer.to_str().encode(), eos, bos))
 
 
 def spec_of(recorded: str | None, override: str | None = None) -> str | None:
