@@ -23,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plancc.cli import app
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, load_tokens
 from plancc.store import parquet, schemas, token_digest, token_store, token_writer
@@ -344,7 +345,7 @@ def _rewrite_ids_and_rehash(plan_dir: Path, value: int | None, *, top: bool = Tr
         if value is None:
             ids = np.roll(ids, 1)
         else:
-            ids[labels != token_store.IGNORE_INDEX] = value
+            ids[labels != IGNORE_INDEX] = value
         kept = {key: m.header[key] for key in ("fingerprints", "labels_shifted", "chunk_tokens", "chunk_rows")}
         del m
         shutil.rmtree(d)  # never write through a hard link into the scan cache

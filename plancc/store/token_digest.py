@@ -14,7 +14,10 @@ the same digest from a local scan, a Ray scan or merged shards, and a plan binds
 
 Opening hashes only the block hashes (a store of 100M rows has about 100k: constant work at any token count);
 rows are verified lazily: a reader checks a block's row hashes against its block hash and the rows' tokens against
-their row hashes the first time it reads them (`token_store.verify_chunk`).
+their row hashes the first time it reads them (`token_store.verify_rows`).
+
+`compare_samples` binds a store's rows to a samples table (each sample's length, label count and `token_hash`,
+the hash the dataset fingerprint is computed from): what a plan checks of the rows it uses.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 import numpy as np
 import orjson
 import xxhash
+
+from plancc.core.plan_arrays import IGNORE_INDEX
 
 BLOCK_ROWS = 1024  # row hashes per block: 8 KiB read to check a block, ~100k block hashes hashed at open per 100M rows
 DIGEST_KEYS = ("block_rows", "content_hash", "fingerprints", "labels_shifted", "max_id", "rows", "tokens")
@@ -86,8 +91,66 @@ def digest(header: dict[str, Any]) -> str:
                                                   option=orjson.OPT_SORT_KEYS))
 
 
-def stretches(read, rows: int, step: int = 1 << 20) -> Iterator[np.ndarray]:
-    """Row hashes [0, rows) a stretch at a time through `read(a, b)` (their bytes): bounded memory, and pages read
-    through a file stay out of the reader's resident set."""
+def stretches(row_hashes: Any, rows: int, step: int = 1 << 20) -> Iterator[np.ndarray]:
+    """Row hashes [0, rows) of `row_hashes` (a map, or a multi-part store's `Concat`) a stretch at a time: bounded
+    memory, and a multi-part store's parts read one after another."""
     for a in range(0, rows, step):
-        yield np.frombuffer(read(a, min(a + step, rows)), dtype="<u8")
+        yield np.asarray(row_hashes[a:min(a + step, rows)], dtype="<u8")
+
+
+def _row_blocks(starts: np.ndarray, ends: np.ndarray, block: int) -> Iterator[tuple[int, int, int, int]]:
+    """Rows [i, j) at a time, with the tokens [a, b) they span: about `block` tokens (at least one row) each."""
+    i = 0
+    while i < starts.shape[0]:
+        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
+        yield i, j, int(starts[i]), int(ends[i:j].max())
+        i = j
+
+
+def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
+    """Supervised labels (!= -100) of each row [starts[i], ends[i]) (ascending), a block of tokens at a time, so
+    that memory stays bounded on a mapped store."""
+    out = np.empty(starts.shape[0], dtype=np.int64)
+    for i, j, a, b in _row_blocks(starts, ends, block):
+        sup = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
+        out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
+    return out
+
+
+def sample_hashes(ids, labels, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
+    """`token_hash` of each row [starts[i], ends[i]) (ascending), a block of tokens at a time (bounded memory on
+    a mapped or multi-part store)."""
+    from plancc.store.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
+
+    out = np.empty(starts.shape[0], dtype=np.uint64)
+    for i, j, a, b in _row_blocks(starts, ends, block):
+        off = np.stack([starts[i:j] - a, ends[i:j] - a], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps them
+        x, y = np.asarray(ids[a:b]), np.asarray(labels[a:b])
+        out[i:j] = token_hashes(x, off, y, off)[::2]
+    return out
+
+
+def compare_samples(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, samples: Any, *,
+                    hashes: bool = True) -> str | None:
+    """None when every sample of `samples` (a samples table, sorted by sample_id) has its recorded length, label
+    count (and, with `hashes`, content hash) in these rows; else what differs, naming the first such sample."""
+    sid = samples.column("sample_id").to_numpy()
+    if sid.size and (sid.min() < 0 or sid.max() >= offsets.shape[0] - 1):
+        return f"the plan uses sample_id {int(sid.max())} but the dataset has {offsets.shape[0] - 1} rows"
+    starts, ends = np.asarray(offsets[sid]), np.asarray(offsets[sid + 1])
+    outside = np.flatnonzero((starts < 0) | (ends < starts) | (ends > ids.shape[0]))
+    if outside.size:
+        return f"the row offsets of {outside.size} samples are out of range (first: sample_id {int(sid[outside[0]])})"
+    bad = np.flatnonzero(ends - starts != samples.column("length").to_numpy())
+    if bad.size:
+        return f"{bad.size} samples changed length (first: sample_id {int(sid[bad[0]])})"
+    bad = np.flatnonzero(label_counts(labels, starts, ends) != samples.column("label_count").to_numpy())
+    if bad.size:
+        return f"{bad.size} samples changed their supervised label count (first: sample_id {int(sid[bad[0]])})"
+    if hashes:
+        bad = np.flatnonzero(sample_hashes(ids, labels, starts, ends) != samples.column("token_hash").to_numpy())
+        if bad.size:
+            return (f"{bad.size} samples changed content (dataset fingerprint mismatch; first: sample_id "
+                    f"{int(sid[bad[0]])})")
+    return None

@@ -14,7 +14,7 @@ A store is a directory (`tokens/` in a scan or plan directory)::
 
 Why flat `.npy` and not Arrow IPC: one contiguous array per column is what the collator gathers from (one
 vectorized index over all samples, no record-batch boundaries, no int32 list-offset limit at 2**31 tokens), and
-`numpy.load(mmap_mode="r")` maps it with no copy and no dependency: pages come from the OS page cache, shared by
+a memory map reads it with no copy: pages come from the OS page cache, shared by
 every rank of a node, and a process's memory grows only with the pages it touches. The format is readable by any
 tool (numpy, or plain offsets arithmetic); `to_table` wraps the maps as a zero-copy Arrow table with
 `input_ids`/`labels` columns that `datasets.Dataset(table)` accepts.
@@ -29,28 +29,30 @@ fingerprints, the whole dataset's `blocks.npy` and `content_hash`, and its own `
     tokens/part-00000/   a single store: rows 0 .. n0-1 of the dataset
     tokens/part-00001/   rows n0 .. n0+n1-1
 
-`open_store` maps it as one dataset: `offsets` and `chunks` are the parts' concatenated (shifted; O(rows) at open,
-no token read), `input_ids`/`labels` a `Concat` of the parts' maps that indexes like one array (a row never spans
-two parts, so a row's slice is a view of one map). Stores are written, joined into parts and placed by hard links
-in `token_writer`.
+`open_store` opens it as one dataset from its header and block hashes (`token_parts`): a part is opened, checked
+against the header's record of it and mapped the first time one of its rows is read, so that opening takes the same
+descriptors for 1 part or 1,000; `input_ids`/`labels`/`row_hashes` index like one array (a row never spans two
+parts, so a row's slice is a view of one part's map) and `offsets` like the whole store's. Every array is mapped
+without holding a descriptor (`token_parts.map_array`). Stores are written, joined into parts and placed by hard
+links in `token_writer`.
 
 The store's `digest` (`token_digest`) depends on its rows and their order only, never on how they are split into
 parts or chunks: the same rows scanned locally, on Ray or in merged shards give one digest, which a plan binds.
 Verification scales with what a reader touches: `open_store` checks the header (its `header_hash`), every file's
 size and dtype, the offsets' ends, the chunk index hash and `content_hash` over the block hashes (work in
-proportion to rows / BLOCK_ROWS, no token read); `verify_chunk` checks one chunk: its rows' hashes against the
-block hashes that cover them, and its tokens against the row hashes (read through the files, so that the pages
-stay out of the reader's resident set); readers call it the first time they touch a chunk; `verify_all` checks
-every block and chunk. The dataset fingerprint keeps its meaning: it is computed from the samples table's
-per-sample `token_hash`, which the store records at write and a plan compares at open.
+proportion to rows / BLOCK_ROWS, no token read); `verify_rows` checks rows: their row hashes against the block
+hashes that cover them (a multi-part store's own, which its digest binds, not its parts'), and their tokens against
+the row hashes; readers call it the first time they touch a chunk; `verify_all` checks every block and chunk (and
+`parts_problem` opens every part). The dataset fingerprint keeps its meaning: it is computed from the samples
+table's per-sample `token_hash`, which the store records at write and a plan compares at open.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -58,10 +60,10 @@ import numpy as np
 import orjson
 import xxhash
 
-from plancc.core.plan_arrays import IGNORE_INDEX
-from plancc.errors import PlanccError
+from plancc.errors import PlanccError, descriptors_hint, out_of_descriptors
 from plancc.store import token_digest
 from plancc.store.schemas import TOKENS_DIR
+from plancc.store.token_parts import Concat, Joined, PartOffsets, Parts, map_array
 
 FORMAT = "plancc.tokens/3"  # 3: row hashes and a digest independent of the part layout; 2: header_hash
 HEADER_FILE = "tokens.json"
@@ -75,8 +77,8 @@ ARRAYS = {  # file stem -> dtype
 }
 CHUNK_TOKENS = 8192
 CHUNK_ROWS = 64  # at most: a chunk of short rows costs a row hash each to verify
-HEADER_KEYS = sorted(["block_rows", "chunk_rows", "chunk_tokens", "chunks", "content_hash", "fingerprints", "format", "header_hash",
-                      "index_hash", "labels_shifted", "max_id", "rows", "tokens"])
+HEADER_KEYS = sorted(["block_rows", "chunk_rows", "chunk_tokens", "chunks", "content_hash", "fingerprints", "format",
+                      "header_hash", "index_hash", "labels_shifted", "max_id", "rows", "tokens"])
 PARTS_FORMAT = "plancc.tokens-parts/3"
 PARTS_KEYS = sorted(["block_rows", "content_hash", "fingerprints", "format", "header_hash", "labels_shifted",
                      "max_id", "parts", "rows", "tokens"])
@@ -96,70 +98,26 @@ class FileTypeError(PlanccError):
     """A path where plancc reads a file holds a FIFO, device, socket or directory: refused before any read."""
 
 
-class Concat:
-    """Read-only 1-D arrays (the parts' memory maps) indexed as their concatenation, without copying them: a slice
-    inside one part is a view of its map; a slice across parts or an index array gathers from each part."""
-
-    def __init__(self, parts: list[np.ndarray]):
-        self.parts = parts
-        self.starts = np.zeros(len(parts) + 1, np.int64)
-        np.cumsum([p.shape[0] for p in parts], out=self.starts[1:])
-        self.dtype = parts[0].dtype if parts else np.dtype("<i4")
-        self.shape = (int(self.starts[-1]),)
-        self.size, self.ndim = self.shape[0], 1
-
-    def __len__(self) -> int:
-        return self.size
-
-    def _part(self, i: int) -> int:
-        return int(np.searchsorted(self.starts, i, side="right") - 1)
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            a, b, step = key.indices(self.size)
-            if step != 1 or b <= a:
-                return self[np.arange(a, b, step, dtype=np.int64)] if step != 1 else np.zeros(0, self.dtype)
-            k = self._part(a)
-            if b <= self.starts[k + 1]:
-                return self.parts[k][a - self.starts[k]:b - self.starts[k]]
-            last = self._part(b - 1)
-            return np.concatenate([self.parts[j][max(a - self.starts[j], 0):min(b, self.starts[j + 1]) -
-                                                 self.starts[j]] for j in range(k, last + 1)])
-        if np.isscalar(key):
-            i = int(key) + (self.size if int(key) < 0 else 0)
-            k = self._part(i)
-            return self.parts[k][i - self.starts[k]]
-        idx = np.asarray(key, dtype=np.int64)
-        out = np.empty(idx.shape, self.dtype)
-        which = np.searchsorted(self.starts, idx, side="right") - 1
-        for k in np.unique(which).tolist():
-            sel = which == k
-            out[sel] = self.parts[k][idx[sel] - self.starts[k]]
-        return out
-
-    def max(self):
-        """Largest value over all parts (the vocabulary bound)."""
-        return max(int(p.max()) for p in self.parts if p.size)
-
-
 @dataclass(frozen=True)
 class MappedTokens:
-    """A store opened read-only: memory maps (no data read yet), the block hashes and its header; `parts`: a
-    multi-part store's parts (each a single store), empty for a single store."""
+    """A store opened read-only: memory maps (no data read yet), the block hashes and its header. A multi-part
+    store's arrays are its parts' as one (`token_parts`: `Concat`, `PartOffsets`; `chunks` `Joined`, read only by
+    checks of the whole store), its `blocks` the whole dataset's, and `parts` its parts (each a single store, mapped
+    when first read); a single store's `parts` is empty."""
 
     path: Path
     input_ids: np.ndarray | Concat
     labels: np.ndarray | Concat
-    offsets: np.ndarray  # plain views of the maps (slicing a np.memmap runs Python code per slice)
-    chunks: np.ndarray
+    offsets: np.ndarray | PartOffsets
+    chunks: np.ndarray | Joined
+    row_hashes: np.ndarray | Concat
     blocks: np.ndarray  # the whole dataset's block hashes (checked against content_hash at open)
     header: dict[str, Any]
-    parts: tuple[MappedTokens, ...] = ()
-    files: dict[str, Reader] = field(default_factory=dict)  # input_ids/labels/row_hashes, for `verify_chunk`
+    parts: Parts[MappedTokens] | tuple[()] = ()
 
     @property
     def num_chunks(self) -> int:
-        """Chunks in the store (the units a reader verifies)."""
+        """Chunks in the store (the units a reader verifies; a multi-part store's: reads every part's index)."""
         return int(self.chunks.shape[0] - 1)
 
     @property
@@ -210,34 +168,7 @@ def open_dir(path: str | Path, error: type[PlanccError], *, dir_fd: int | None =
     except NotADirectoryError:
         raise error(f"{shown} is not a directory") from None
     except OSError as exc:
-        raise error(f"{shown}: cannot open it ({exc.strerror or exc})") from None
-
-
-@dataclass(frozen=True)
-class Reader:
-    """Reads elements of a mapped array through its open file (or, joined, through each part's in row order)."""
-
-    files: tuple[BinaryIO, ...]
-    offsets: tuple[int, ...]  # each file's array offset (its .npy header size)
-    starts: tuple[int, ...]  # first element of each file (len(files) + 1 entries)
-    itemsize: int
-
-    def pread(self, a: int, b: int) -> bytes:
-        """Elements [a, b) read through the files, not the maps: the pages land in the shared page cache without
-        joining this process's resident set (a reader maps only the pages of the rows it uses)."""
-        out = []
-        for f, off, lo, hi in zip(self.files, self.offsets, self.starts, self.starts[1:], strict=False):
-            x, y = max(a, lo), min(b, hi)
-            if x < y:
-                out.append(os.pread(f.fileno(), (y - x) * self.itemsize, off + (x - lo) * self.itemsize))
-        return b"".join(out)
-
-    @staticmethod
-    def join(readers: list[Reader]) -> Reader:
-        """The parts' readers as one, in row order."""
-        starts = np.cumsum([0] + [r.starts[-1] for r in readers]).tolist()
-        return Reader(tuple(r.files[0] for r in readers), tuple(r.offsets[0] for r in readers), tuple(starts),
-                      readers[0].itemsize)
+        raise error(f"{shown}: cannot open it{_why(exc)}") from None
 
 
 # ---------------------------------------------------------------- hashes (what the writer records)
@@ -277,30 +208,40 @@ def store_in(folder: str | Path) -> Path | None:
     return next((p for p in (Path(folder), Path(folder) / TOKENS_DIR) if is_store(p)), None)
 
 
-def _map(path: Path, dir_fd: int, name: str, length: int) -> tuple[np.memmap, Reader]:
-    """Array `name` of the store opened through `dir_fd`: its map, and a reader over the same open file."""
+def _map(path: Path, dir_fd: int, name: str, length: int) -> np.ndarray:
+    """Array `name` of the store opened through `dir_fd`, checked against the header's dtype and length, mapped."""
     where = f"token store {path}: {name}.npy"
     try:
         f = open_file(f"{name}.npy", dir_fd=dir_fd, shown=path / f"{name}.npy")
     except FileNotFoundError:
         raise TokenStoreError(f"{where} is missing") from None
     except OSError as exc:
-        raise TokenStoreError(f"{where}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        version = np.lib.format.read_magic(f)
-        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
-        shape, _, dtype = read(f)  # 1-D: Fortran order is the same layout
-    except Exception as exc:  # a damaged header reaches numpy's literal parser: SyntaxError, TokenError, ...
-        raise TokenStoreError(f"{where} is not a readable .npy file ({type(exc).__name__}: {exc or 'empty'})") from None
-    if dtype != ARRAYS[name] or len(shape) != 1 or shape[0] != length:
-        raise TokenStoreError(f"{where} holds {dtype}[{shape}], its header says {ARRAYS[name]}[{length}] (a file was "
-                              "replaced or truncated)")
-    offset, size = f.tell(), os.fstat(f.fileno()).st_size
-    if offset + length * dtype.itemsize != size:
-        raise TokenStoreError(f"{where} has {size - offset - length * dtype.itemsize} bytes beyond its array (a file "
-                              "was appended to or replaced)")
-    arr = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
-    return arr, Reader((f,), (offset,), (0, length), dtype.itemsize)
+        raise TokenStoreError(f"{where}: cannot read it{_why(exc)}") from None
+    with f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
+            shape, _, dtype = read(f)  # 1-D: Fortran order is the same layout
+        except Exception as exc:  # a damaged header reaches numpy's literal parser: SyntaxError, TokenError, ...
+            raise TokenStoreError(f"{where} is not a readable .npy file ({type(exc).__name__}: {exc or 'empty'})"
+                                  ) from None
+        if dtype != ARRAYS[name] or len(shape) != 1 or shape[0] != length:
+            raise TokenStoreError(f"{where} holds {dtype}[{shape}], its header says {ARRAYS[name]}[{length}] (a file "
+                                  "was replaced or truncated)")
+        offset, size = f.tell(), os.fstat(f.fileno()).st_size
+        if offset + length * dtype.itemsize != size:
+            raise TokenStoreError(f"{where} has {size - offset - length * dtype.itemsize} bytes beyond its array (a "
+                                  "file was appended to or replaced)")
+        try:
+            return map_array(f, offset, dtype, length)
+        except OSError as exc:
+            raise TokenStoreError(f"{where}: cannot map it{_why(exc)}") from None
+
+
+def _why(exc: OSError) -> str:
+    """` (REASON)` of a failed open or map for a message, with what to do when the process ran out of file
+    descriptors."""
+    return f" ({exc.strerror or exc})" + (f"; {descriptors_hint()}" if out_of_descriptors(exc) else "")
 
 
 def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
@@ -314,7 +255,7 @@ def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
     except FileNotFoundError:
         raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
     except OSError as exc:
-        raise TokenStoreError(f"token store {path}: cannot read {HEADER_FILE} ({exc.strerror or exc})") from None
+        raise TokenStoreError(f"token store {path}: cannot read {HEADER_FILE}{_why(exc)}") from None
     except orjson.JSONDecodeError as exc:
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} is not valid JSON ({exc})") from None
     got = header.get("format") if isinstance(header, dict) else None
@@ -335,10 +276,11 @@ def _counts(header: dict[str, Any], names: tuple[str, ...]) -> bool:
 
 
 def open_store(path: str | Path, dir_fd: int | None = None) -> MappedTokens:
-    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash).
+    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index and content hashes).
 
-    Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened), so
-    the store is read whole from the directory that was there at open, whatever later replaces its path."""
+    Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened; a
+    multi-part store holds a copy of it to open its parts when first read), so the store is read whole from the
+    directory that was there at open, whatever later replaces its path."""
     path = Path(path)
     own = dir_fd is None
     if own:
@@ -368,9 +310,8 @@ def _open_single(path: Path, dir_fd: int) -> MappedTokens:
     lengths = {"input_ids": tokens, "labels": tokens, "offsets": rows + 1, "chunks": chunks + 1, "row_hashes": rows,
                "blocks": token_digest.block_count(rows, header["block_rows"])}
     maps = {name: _map(path, dir_fd, name, n) for name, n in lengths.items()}
-    m = MappedTokens(path, maps["input_ids"][0], maps["labels"][0], np.asarray(maps["offsets"][0]),
-                     np.asarray(maps["chunks"][0]), _blocks(path, maps["blocks"][0], header), header,
-                     files={n: maps[n][1] for n in ("input_ids", "labels", "row_hashes")})
+    m = MappedTokens(path, maps["input_ids"], maps["labels"], maps["offsets"], maps["chunks"], maps["row_hashes"],
+                     _blocks(path, maps["blocks"], header), header)
     if int(m.offsets[0]) != 0 or int(m.offsets[-1]) != tokens or int(m.chunks[0]) != 0 or int(m.chunks[-1]) != rows:
         raise TokenStoreError(f"token store {path}: offsets.npy or chunks.npy does not span the store's "
                               f"{rows} rows and {tokens} tokens (a file was changed)")
@@ -389,50 +330,83 @@ def _blocks(path: Path, blocks: np.ndarray, header: dict[str, Any]) -> np.ndarra
 
 
 def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens:
-    """A multi-part store as one: every part opened (constant-cost checks) and bound to the header's record, and
-    the whole dataset's block hashes."""
+    """A multi-part store as one, from its header and block hashes alone: each part is mapped (and bound to the
+    header's record of it) the first time one of its rows is read (`token_parts`), through a descriptor of the
+    store's folder, the one the store holds whatever its number of parts."""
     if (sorted(header) != PARTS_KEYS or not isinstance(header["parts"], list) or not header["parts"]
             or not _counts(header, ("rows", "tokens", "block_rows")) or header["block_rows"] < 1
             or type(header["labels_shifted"]) is not bool):
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)}, values of the wrong type "
                               f"or no parts; a multi-part store's header holds exactly {PARTS_KEYS}")
-    parts = []
-    for p in header["parts"]:
-        if (not isinstance(p, dict) or sorted(p) != PART_KEYS or not isinstance(p["dir"], str)
-                or Path(p["dir"]).name != p["dir"] or p["dir"] in ("", ".", "..")):
+    keys = set(PART_KEYS)
+    for p in header["parts"]:  # a thousand parts: plain tests, no Path per part
+        if not (type(p) is dict and p.keys() == keys and type(p["rows"]) is int and p["rows"] >= 0
+                and type(p["tokens"]) is int and p["tokens"] >= 0 and type(p["dir"]) is str
+                and p["dir"] not in ("", ".", "..") and "/" not in p["dir"] and "\0" not in p["dir"]):
             raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it "
                                   f"with exactly {PART_KEYS}")
-        where = path / p["dir"]
-        try:
-            part_fd = open_dir(p["dir"], TokenStoreError, dir_fd=dir_fd, shown=f"token store {where}")
-        except FileNotFoundError:
-            raise TokenStoreError(f"token store {path}: its part {p['dir']} is missing") from None
-        try:
-            m = _open_single(where, part_fd)
-        finally:
-            os.close(part_fd)
-        if m.parts:
-            raise TokenStoreError(f"token store {where}: a part is itself multi-part")
-        got = {k: m.header[k] for k in ("rows", "tokens", "header_hash")}
-        if got != {k: p.get(k) for k in got} or m.header["labels_shifted"] != header["labels_shifted"]:
-            raise TokenStoreError(f"token store {where} holds {got} but {path / HEADER_FILE} records "
-                                  f"{ {k: p.get(k) for k in got} } (a part was replaced or rewritten)")
-        parts.append(m)
-    rows = np.cumsum([0] + [m.header["rows"] for m in parts])
-    tokens = np.cumsum([0] + [m.header["tokens"] for m in parts])
-    max_id = max(m.header["max_id"] for m in parts)
-    if int(rows[-1]) != header["rows"] or int(tokens[-1]) != header["tokens"] or max_id != header["max_id"]:
-        raise TokenStoreError(f"token store {path}: its parts hold {int(rows[-1])} rows, {int(tokens[-1])} tokens and "
-                              f"ids up to {max_id}; {HEADER_FILE} says {header['rows']}, {header['tokens']} and "
+    records = header["parts"]
+    rows, tokens = [p["rows"] for p in records], [p["tokens"] for p in records]
+    if sum(rows) != header["rows"] or sum(tokens) != header["tokens"]:
+        raise TokenStoreError(f"token store {path}: its parts hold {sum(rows)} rows and {sum(tokens)} tokens; "
+                              f"{HEADER_FILE} says {header['rows']} and {header['tokens']}")
+    blocks = _blocks(path, _map(path, dir_fd, "blocks", token_digest.block_count(sum(rows), header["block_rows"])),
+                     header)
+    try:
+        held = os.dup(dir_fd)
+    except OSError as exc:
+        raise TokenStoreError(f"token store {path}: cannot hold it open{_why(exc)}") from None
+    parts: Parts[MappedTokens] = Parts(rows, tokens, lambda k: _open_part(path, held, header, k))
+    weakref.finalize(parts, os.close, held)
+    ids, hashes = ARRAYS["input_ids"], ARRAYS["row_hashes"]
+    return MappedTokens(path, Concat(parts.token_starts, lambda k: parts[k].input_ids, ids),
+                        Concat(parts.token_starts, lambda k: parts[k].labels, ids),
+                        PartOffsets(parts, lambda k: parts[k].offsets), Joined(lambda: _chunk_bounds(parts)),
+                        Concat(parts.row_starts, lambda k: parts[k].row_hashes, hashes), blocks, header, parts)
+
+
+def _open_part(path: Path, dir_fd: int, header: dict[str, Any], k: int) -> MappedTokens:
+    """Part `k` of a multi-part store, opened through the store's folder, refused unless it is the part the header
+    records (rows, tokens, header hash, label layout, ids within the store's largest)."""
+    p = header["parts"][k]
+    where = path / p["dir"]
+    try:
+        part_fd = open_dir(p["dir"], TokenStoreError, dir_fd=dir_fd, shown=f"token store {where}")
+    except FileNotFoundError:
+        raise TokenStoreError(f"token store {path}: its part {p['dir']} is missing") from None
+    try:
+        m = _open_single(where, part_fd)
+    finally:
+        os.close(part_fd)
+    if m.parts:
+        raise TokenStoreError(f"token store {where}: a part is itself multi-part")
+    got = {k: m.header[k] for k in ("rows", "tokens", "header_hash")}
+    if got != {k: p.get(k) for k in got} or m.header["labels_shifted"] != header["labels_shifted"]:
+        raise TokenStoreError(f"token store {where} holds {got} but {path / HEADER_FILE} records "
+                              f"{ {k: p.get(k) for k in got} } (a part was replaced or rewritten)")
+    if m.header["max_id"] > header["max_id"]:
+        raise TokenStoreError(f"token store {where} holds ids up to {m.header['max_id']}, {path / HEADER_FILE} says "
                               f"{header['max_id']}")
-    blocks, _ = _map(path, dir_fd, "blocks", token_digest.block_count(header["rows"], header["block_rows"]))
-    offsets = np.concatenate([[0]] + [np.asarray(m.offsets[1:]) + t for m, t in zip(parts, tokens, strict=False)])
-    chunks = np.concatenate([[0]] + [np.asarray(m.chunks[1:]) + r for m, r in zip(parts, rows, strict=False)])
-    full = {**header, **{k: parts[0].header[k] for k in ("chunk_tokens", "chunk_rows")}}
-    return MappedTokens(path, Concat([m.input_ids for m in parts]), Concat([m.labels for m in parts]),
-                        offsets.astype(np.int64), chunks.astype(np.int64), _blocks(path, blocks, header), full,
-                        tuple(parts), {n: Reader.join([m.files[n] for m in parts])
-                                       for n in ("input_ids", "labels", "row_hashes")})
+    return m
+
+
+def _chunk_bounds(parts: Parts[MappedTokens]) -> np.ndarray:
+    """The whole store's chunk bounds (rows): every part's, in row order (reads every part's index)."""
+    shifted = [np.asarray(m.chunks[1:]) + r for m, r in zip(parts, parts.row_starts, strict=False)]
+    return np.concatenate([np.zeros(1, np.int64), *shifted]).astype(np.int64)
+
+
+def parts_problem(m: MappedTokens) -> str | None:
+    """None when every part of a multi-part store opens and is the part its header records (what a reader checks
+    of a part when it first reads one of its rows) and the parts hold ids up to the header's `max_id`; else what is
+    wrong. Reads every part's header and chunk index (a single store: nothing to check)."""
+    try:
+        found = max((part.header["max_id"] for part in m.parts), default=m.header["max_id"])
+    except TokenStoreError as exc:
+        return str(exc)
+    if found != m.header["max_id"]:
+        return (f"token store {m.path}: its parts hold ids up to {found}; {HEADER_FILE} says {m.header['max_id']}")
+    return None
 
 
 def layout_problem(m: MappedTokens) -> str | None:
@@ -447,27 +421,30 @@ def layout_problem(m: MappedTokens) -> str | None:
 
 
 def _rows_match(m: MappedTokens, lo: int, hi: int, stored: np.ndarray) -> bool:
-    """Whether rows [lo, hi)'s tokens, read through the files, hash to `stored` (their recorded row hashes)."""
+    """Whether rows [lo, hi)'s tokens hash to `stored` (their recorded row hashes)."""
     a, b = int(m.offsets[lo]), int(m.offsets[hi])
     if not 0 <= a <= b <= m.input_ids.shape[0]:
         return False
-    got = token_digest.row_hashes(m.files["input_ids"].pread(a, b), m.files["labels"].pread(a, b),
-                                  np.asarray(m.offsets[lo:hi + 1]) - a)
+    got = token_digest.row_hashes(m.input_ids[a:b], m.labels[a:b], np.asarray(m.offsets[lo:hi + 1]) - a)
     return np.array_equal(got, stored)
 
 
-def verify_chunk(m: MappedTokens, k: int) -> bool:
-    """True when chunk `k`'s rows still hash to their row hashes, and those to the block hashes that cover them
-    (which `content_hash` bound at open)."""
-    lo, hi = int(m.chunks[k]), int(m.chunks[k + 1])
+def verify_rows(m: MappedTokens, lo: int, hi: int) -> bool:
+    """True when rows [lo, hi) (of the whole store: sample ids) still hash to their row hashes, and those to the
+    block hashes that cover them (which `content_hash` bound at open; a block may span two parts)."""
     if not (0 <= lo <= hi <= m.rows):
         return False
     size = m.header["block_rows"]
     first, last = lo // size, token_digest.block_count(hi, size)
-    stored = np.frombuffer(m.files["row_hashes"].pread(first * size, min(last * size, m.rows)), dtype="<u8")
+    stored = np.asarray(m.row_hashes[first * size:min(last * size, m.rows)])
     if not np.array_equal(token_digest.block_hashes([stored], size), m.blocks[first:last]):
         return False
     return _rows_match(m, lo, hi, stored[lo - first * size:hi - first * size])
+
+
+def verify_chunk(m: MappedTokens, k: int) -> bool:
+    """True when chunk `k`'s rows still hash to their row hashes and those to their block hashes (`verify_rows`)."""
+    return verify_rows(m, int(m.chunks[k]), int(m.chunks[k + 1]))
 
 
 def chunk_where(m: MappedTokens, k: int) -> str:
@@ -486,16 +463,16 @@ def verify_all(m: MappedTokens) -> int | None:
     """The first chunk that does not match, or None: every block of row hashes against its block hash, then every
     chunk's rows against their row hashes (reads the whole store once). A block that does not match names the first
     chunk over it whose rows do not match their hashes (a row hash edited), else its first chunk."""
-    size, read = m.header["block_rows"], m.files["row_hashes"].pread
-    got = token_digest.block_hashes(token_digest.stretches(read, m.rows), size)
+    size, chunks = m.header["block_rows"], np.asarray(m.chunks)
+    got = token_digest.block_hashes(token_digest.stretches(m.row_hashes, m.rows), size)
     bad = np.flatnonzero(got != m.blocks) if got.shape == m.blocks.shape else np.zeros(1, np.int64)
-    chunks = range(m.num_chunks)
+    which = range(m.num_chunks)
     if bad.size:
         lo, hi = int(bad[0]) * size, min((int(bad[0]) + 1) * size, m.rows)
-        first, last = np.searchsorted(m.chunks, [lo, max(hi - 1, lo)], side="right") - 1
-        chunks = range(int(first), int(last) + 1)
-    return next((k for k in chunks if not _rows_match(m, int(m.chunks[k]), int(m.chunks[k + 1]), np.frombuffer(
-        read(int(m.chunks[k]), int(m.chunks[k + 1])), dtype="<u8"))), chunks[0] if bad.size else None)
+        first, last = np.searchsorted(chunks, [lo, max(hi - 1, lo)], side="right") - 1
+        which = range(int(first), int(last) + 1)
+    return next((k for k in which if not _rows_match(m, int(chunks[k]), int(chunks[k + 1]), np.asarray(
+        m.row_hashes[int(chunks[k]):int(chunks[k + 1])]))), which[0] if bad.size else None)
 
 
 def to_table(path: str | Path):
@@ -509,61 +486,3 @@ def to_table(path: str | Path):
     off = pa.array(np.asarray(m.offsets))
     return pa.table({"input_ids": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.input_ids))),
                      "labels": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.labels)))})
-
-
-def _row_blocks(starts: np.ndarray, ends: np.ndarray, block: int) -> Iterator[tuple[int, int, int, int]]:
-    """Rows [i, j) at a time, with the tokens [a, b) they span: about `block` tokens (at least one row) each."""
-    i = 0
-    while i < starts.shape[0]:
-        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
-        yield i, j, int(starts[i]), int(ends[i:j].max())
-        i = j
-
-
-def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
-    """Supervised labels (!= -100) of each row [starts[i], ends[i]) (ascending), a block of tokens at a time, so
-    that memory stays bounded on a mapped store."""
-    out = np.empty(starts.shape[0], dtype=np.int64)
-    for i, j, a, b in _row_blocks(starts, ends, block):
-        sup = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
-        out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
-    return out
-
-
-def sample_hashes(ids, labels, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
-    """`token_hash` of each row [starts[i], ends[i]) (ascending), a block of tokens at a time (bounded memory on
-    a mapped or multi-part store)."""
-    from plancc.store.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
-
-    out = np.empty(starts.shape[0], dtype=np.uint64)
-    for i, j, a, b in _row_blocks(starts, ends, block):
-        off = np.stack([starts[i:j] - a, ends[i:j] - a], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps them
-        x, y = np.asarray(ids[a:b]), np.asarray(labels[a:b])
-        out[i:j] = token_hashes(x, off, y, off)[::2]
-    return out
-
-
-def compare_samples(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, samples: Any, *,
-                    hashes: bool = True) -> str | None:
-    """None when every sample of `samples` (a samples table, sorted by sample_id) has its recorded length, label
-    count (and, with `hashes`, content hash) in these rows; else what differs, naming the first such sample."""
-    sid = samples.column("sample_id").to_numpy()
-    if sid.size and (sid.min() < 0 or sid.max() >= offsets.shape[0] - 1):
-        return f"the plan uses sample_id {int(sid.max())} but the dataset has {offsets.shape[0] - 1} rows"
-    starts, ends = np.asarray(offsets[sid]), np.asarray(offsets[sid + 1])
-    outside = np.flatnonzero((starts < 0) | (ends < starts) | (ends > ids.shape[0]))
-    if outside.size:
-        return f"the row offsets of {outside.size} samples are out of range (first: sample_id {int(sid[outside[0]])})"
-    bad = np.flatnonzero(ends - starts != samples.column("length").to_numpy())
-    if bad.size:
-        return f"{bad.size} samples changed length (first: sample_id {int(sid[bad[0]])})"
-    bad = np.flatnonzero(label_counts(labels, starts, ends) != samples.column("label_count").to_numpy())
-    if bad.size:
-        return f"{bad.size} samples changed their supervised label count (first: sample_id {int(sid[bad[0]])})"
-    if hashes:
-        bad = np.flatnonzero(sample_hashes(ids, labels, starts, ends) != samples.column("token_hash").to_numpy())
-        if bad.size:
-            return (f"{bad.size} samples changed content (dataset fingerprint mismatch; first: sample_id "
-                    f"{int(sid[bad[0]])})")
-    return None

@@ -116,12 +116,12 @@ def _single_parts(path: Path) -> list[Path]:
 def _row_hashes(path: Path) -> Iterator[np.ndarray]:
     """The row hashes of the single store at `path` a stretch at a time, refused (`TokenStoreError`) unless they
     hash to its own block hashes: the joined store's block hashes are computed from row hashes its parts vouch
-    for. The store is open only while its hashes are read (one part's files at a time)."""
+    for."""
     m = open_store(path)
-    got = token_digest.block_hashes(token_digest.stretches(m.files["row_hashes"].pread, m.rows), m.header["block_rows"])
+    got = token_digest.block_hashes(token_digest.stretches(m.row_hashes, m.rows), m.header["block_rows"])
     if not np.array_equal(got, m.blocks):
         raise TokenStoreError(f"token store {m.path}: row_hashes.npy changed since it was written")
-    yield from token_digest.stretches(m.files["row_hashes"].pread, m.rows)
+    yield from token_digest.stretches(m.row_hashes, m.rows)
 
 
 def write_parts(directory: str | Path, stores: list[Path], *, fingerprints: dict[str, str],
