@@ -59,3 +59,27 @@ def test_open_and_load_exits_0_every_time(plan):
         runs = list(pool.map(lambda _: _run(plan), range(50)))
     failed = [(r.returncode, r.stderr[-300:]) for r in runs if r.returncode != 0]
     assert not failed, failed
+
+
+# the same plan read the way `plancc validate`/`inspect` and a compile read Parquet (their processes leave through
+# `os._exit`): Arrow decodes on its worker threads there
+REVIEW_SCRIPT = """
+import os, sys
+from plancc.store.plan import Plan
+threads = lambda: len(os.listdir("/proc/self/task"))
+before = threads()
+plan = Plan(sys.argv[1])
+rows = plan.files.read_rows(["epoch", "index", "sample_ids"]).num_rows + plan.files.read_samples().num_rows
+print(before, threads(), rows)
+"""
+
+
+def test_reading_outside_the_runtime_keeps_arrows_threads(plan):
+    """Only the runtime's reads are single-threaded: the same reads of a plan opened as `Plan` (review, compile)
+    decode on Arrow's worker threads."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", REVIEW_SCRIPT, str(plan)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    before, after, rows = map(int, out.stdout.split())
+    assert after > before and rows > 0, out.stdout

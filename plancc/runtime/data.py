@@ -141,7 +141,7 @@ class ChunkGuard:
         """The plan; a worker's copy (given its path) opens it only to name the sample of a changed chunk, so that
         starting a worker does not verify every epoch again."""
         if not isinstance(self._plan, Plan):
-            self._plan = Plan(self._plan)
+            self._plan = Plan(self._plan, threads=False)
         return self._plan
 
     def check(self, rows: np.ndarray) -> None:
@@ -239,7 +239,7 @@ def _read_any(path: Path) -> pa.Table:
         files = [path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
         return pa.concat_tables([_read_any(f) for f in files])
     try:
-        table, loose = data_files.read_file(str(path))
+        table, loose = data_files.read_file(str(path), threads=False)  # a training process: `parquet.read_table`
     except InputError as exc:
         raise PlanMismatchError(f"cannot read tokenized data: {exc}") from None
     if loose:
@@ -328,7 +328,7 @@ def _passed(fd: int) -> object | None:
 def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool, verify: bool) -> TokenStore:
     """A worker's copy of the plan's own store: the plan opened through the directory its parent holds (by path
     when no descriptor came), its store refused unless it is the one the parent opened."""
-    plan = Plan(plan_path) if handle is None else Plan(plan_path, dir_fd=handle.detach())
+    plan = Plan(plan_path, threads=False) if handle is None else Plan(plan_path, dir_fd=handle.detach(), threads=False)
     try:
         m = plan.tokens()
     except PlanMismatchError as exc:

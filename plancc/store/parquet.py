@@ -30,11 +30,6 @@ from plancc.store.schemas import (
     StoreError,
 )
 
-# Reads decode on the calling thread: an Arrow worker thread alive when the interpreter exits can abort the process
-# (SIGABRT, "terminate called without an active exception", apache/arrow#34314), and a process that reads a plan is
-# the user's (a training script, a torchrun worker), which exits as Python does. Decoding a plan's columns is cheap.
-THREADS = False
-
 
 def file_metadata(kind: str, fingerprints: dict[str, Any], settings: dict[str, Any]) -> dict[bytes, bytes]:
     """The key-value metadata every sibling Parquet file of a plan carries: kind, schema version,
@@ -167,16 +162,21 @@ def _check_columns(table_schema: pa.Schema, expected: pa.Schema, path: Path) -> 
 
 
 def read_table(source: str | Path | Held, expected: pa.Schema, *, columns: list[str] | None = None,
-               filters=None) -> pa.Table:
-    """Read a Parquet table after checking it has the expected columns and types."""
+               filters=None, threads: bool = True) -> pa.Table:
+    """Read a Parquet table after checking it has the expected columns and types.
+
+    `threads=False` decodes on the calling thread, for a process that reads a plan for training (`PlanFiles` of the
+    runtime): an Arrow worker thread alive when the interpreter exits can abort the process (SIGABRT, "terminate
+    called without an active exception", apache/arrow#34314), and a training script or torchrun worker exits as
+    Python does. Compiling and scanning keep Arrow's threads."""
     held = as_held(source)
     path, pf = held.path, held.parquet()
     _check_columns(pf.schema_arrow, expected, path)
     try:
         if filters is None:  # the plain reader: skips importing pyarrow.dataset (half a second per process)
-            return pf.read(columns=columns, use_threads=THREADS)
-        return pq.read_table(pa.BufferReader(held.buffer), columns=columns, filters=filters, use_threads=THREADS,
-                             pre_buffer=False)
+            return pf.read(columns=columns, use_threads=threads)
+        return pq.read_table(pa.BufferReader(held.buffer), columns=columns, filters=filters, use_threads=threads,
+                             pre_buffer=threads)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreError(f"{path} is corrupt: {exc}") from None
 
@@ -240,13 +240,14 @@ def read_arrow(path: str | Path) -> pa.Table:
             return pa.ipc.open_stream(source).read_all()
 
 
-def read_samples(source: str | Path | Held) -> pa.Table:
+def read_samples(source: str | Path | Held, *, threads: bool = True) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types and nulls are refused
-    (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it)."""
+    (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it). `threads`: as for
+    `read_table`."""
     held = as_held(source)
     path = held.path
     names = SAMPLES_SCHEMA.names + ([DATASET_COLUMN] if DATASET_COLUMN in held.parquet().schema_arrow.names else [])
-    table = read_table(held, SAMPLES_SCHEMA, columns=names)
+    table = read_table(held, SAMPLES_SCHEMA, columns=names, threads=threads)
     for name in table.column_names:
         values = table.column(name)
         if values.null_count:

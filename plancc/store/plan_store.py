@@ -39,16 +39,7 @@ from plancc.store.fingerprint import (
     plan_fingerprint,
 )
 from plancc.store.manifest import EvalSummary, Manifest, ManifestError
-from plancc.store.parquet import (
-    THREADS,
-    Held,
-    column,
-    hold,
-    nested_arrays,
-    read_file_meta,
-    read_samples,
-    read_table,
-)
+from plancc.store.parquet import Held, column, hold, nested_arrays, read_file_meta, read_samples, read_table
 from plancc.store.samples import dataset_codes, samples_fingerprints
 from plancc.store.schemas import (
     BEFORE_FILE,
@@ -101,8 +92,9 @@ class PlanFiles:
     write (`Manifest.from_json`). `read_*` read one file; `*_problems` check one file each.
     """
 
-    def __init__(self, path: str | Path, *, dir_fd: int | None = None):
+    def __init__(self, path: str | Path, *, dir_fd: int | None = None, threads: bool = True):
         p = Path(path)
+        self.threads = threads  # whether Arrow may decode on its worker threads (`parquet.read_table`)
         if p.is_file() and p.name == PLAN_FILE:
             p = p.parent
         self.path = p
@@ -246,7 +238,7 @@ class PlanFiles:
     # ------------------------------------------------------------ samples and metrics
     def read_samples(self) -> pa.Table:
         """The plan's samples table (check it with `samples_problems`)."""
-        return read_samples(self.held(SAMPLES_FILE))
+        return read_samples(self.held(SAMPLES_FILE), threads=self.threads)
 
     def samples_problems(self, table: pa.Table) -> list[str]:
         """The samples' content against the dataset and metadata fingerprints."""
@@ -257,7 +249,7 @@ class PlanFiles:
 
     def read_metrics(self) -> pa.Table:
         """The plan's metrics table (check it with `metrics_problems`)."""
-        return read_table(self.held(METRICS_FILE), metrics_schema())
+        return read_table(self.held(METRICS_FILE), metrics_schema(), threads=self.threads)
 
     def metrics_problems(self, table: pa.Table) -> list[str]:
         """The metrics rows against the checksum the plan file records."""
@@ -272,7 +264,7 @@ class PlanFiles:
 
     def read_before(self) -> pa.Table:
         """The before stage's label count per microbatch of every epoch, as compile stored it."""
-        return read_table(self.held(BEFORE_FILE), BEFORE_SCHEMA)
+        return read_table(self.held(BEFORE_FILE), BEFORE_SCHEMA, threads=self.threads)
 
     def before_problems(self, table: pa.Table) -> list[str]:
         """The before rows against the checksum the plan file records, and their (epoch, index) order."""
@@ -296,7 +288,7 @@ class PlanFiles:
     # ------------------------------------------------------------ eval plan
     def read_eval(self) -> pa.Table:
         """The eval plan's rows in file (= index) order (check them with `eval_problems`)."""
-        return read_table(self.source(EVAL_FILE), EVAL_SCHEMA, columns=EVAL_SCHEMA.names)
+        return read_table(self.source(EVAL_FILE), EVAL_SCHEMA, columns=EVAL_SCHEMA.names, threads=self.threads)
 
     def eval_problems(self, table: pa.Table) -> list[str]:
         """The eval rows against their layout (index, rank = index % world_size), the eval fingerprint and the
@@ -328,7 +320,7 @@ class PlanFiles:
         s = self.manifest.settings
         columns = ["sample_id", *([DATASET_COLUMN] if s.mixture else [])]
         try:
-            samples = read_table(self.held(SAMPLES_FILE), SAMPLES_SCHEMA, columns=columns)
+            samples = read_table(self.held(SAMPLES_FILE), SAMPLES_SCHEMA, columns=columns, threads=self.threads)
             index = redraw.dataset_index(*dataset_codes(samples), s) if s.mixture else None
             expected = redraw.eval_ids(column(samples, "sample_id"), s, index)
         except (StoreError, SettingsError, KeyError) as exc:
@@ -351,7 +343,7 @@ class PlanFiles:
         if problems:
             return problems
         try:
-            epoch = column(held.parquet().read(columns=["epoch"], use_threads=THREADS), "epoch")
+            epoch = column(held.parquet().read(columns=["epoch"], use_threads=self.threads), "epoch")
         except (pa.ArrowException, OSError, ValueError) as exc:
             return [f"{self.plan_file} is corrupt: {exc}"]
         want = np.array([e.batches for e in self.manifest.epochs], dtype=np.int64)
@@ -394,7 +386,7 @@ class PlanFiles:
     def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
         """Plan rows matching Parquet `filters` on the plan columns (row groups skipped on their statistics), in
         file order: (epoch, rank, index)."""
-        return read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns, filters=filters)
+        return read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns, filters=filters, threads=self.threads)
 
     def row_count(self) -> int:
         """Rows of the plan file, all epochs, from its footer (`validate` compares it with the epochs' rows)."""
@@ -403,7 +395,7 @@ class PlanFiles:
     def read_epoch(self, epoch: int, columns: list[str] | None = None) -> pa.Table:
         """One epoch's rows in global order (a filtered read: the same one the runtime verifies and replays)."""
         table = read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns or EPOCH_COLUMNS,
-                           filters=[("epoch", "=", int(epoch))])
+                           filters=[("epoch", "=", int(epoch))], threads=self.threads)
         index = column(table, "index")
         if index.shape[0] > 1 and not bool(np.all(index[1:] > index[:-1])):
             table = table.take(pc.sort_indices(table, [("index", "ascending")]))
