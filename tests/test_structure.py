@@ -10,8 +10,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "plancc"
 FILES = sorted(ROOT.rglob("*.py"))
-MAX_MODULE_LINES = 600
-MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+# Longer on purpose, with why: numba kernels whose split into helpers made the compiler stop hoisting and fusing
+# their inner loops (a 1.2-1.4x slower balancing stage, docs/benchmarks.md "The trade kernel"); their steps are
+# named by comments and their callees document every parameter.
+LONGER = {
+    "plancc/planner/balance/_exchange.py::_trade_pairs": "the trade search's one hot loop over candidate pairs",
+    "plancc/planner/balance/_common.py::_exchange_span": "one window's exchange rounds, inlined into the kernels",
+}
 
 # a measurement: a time, a throughput, a ratio or share of time or size, an iteration rate, what a run took
 NUMBER = r"\d+(?:[.,]\d+)*"
@@ -71,7 +78,8 @@ def test_no_module_over_the_line_limit():
 
 def test_no_function_over_the_line_limit():
     over = [f"{relative(p)}::{name} ({lines} lines)" for p in FILES
-            for name, lines in long_functions(p.read_text(encoding="utf-8"))]
+            for name, lines in long_functions(p.read_text(encoding="utf-8"))
+            if f"{relative(p)}::{name}" not in LONGER]
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines (give each job its own function): {over}"
 
 
@@ -103,3 +111,9 @@ def test_the_figure_pattern_finds_measurements_and_passes_design_facts():
     assert [s for s in facts if FIGURE.search(s)] == []
     assert docstrings('"""Mod."""\n\n\nclass A:\n    """Cls."""\n\n    def f(self):\n        """Fn."""\n') == [
         ("module", "Mod."), ("A", "Cls."), ("f", "Fn.")]
+
+
+def test_every_longer_function_exists_and_is_still_long():
+    """An allowance outlives nothing: each LONGER entry names a function that exists and is over the limit."""
+    found = {f"{relative(p)}::{name}" for p in FILES for name, _ in long_functions(p.read_text(encoding="utf-8"))}
+    assert set(LONGER) <= found, sorted(set(LONGER) - found)

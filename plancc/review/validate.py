@@ -32,7 +32,7 @@ from plancc.core.choices import DatasetRole, Mode, Shift
 from plancc.core.layout import tail_batches
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
-from plancc.review import recount
+from plancc.review import recount, recount_pairs
 from plancc.review.recount import Microbatches, Rows
 from plancc.store import parquet, redraw, schemas, token_digest, token_store
 from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
@@ -112,21 +112,28 @@ def check_rows(where: str, table: pa.Table, s: SampleArrays, settings: PlanSetti
     if settings.drop_last and tail_batches(n, settings.world_size, settings.grad_accum):
         problems.append(f"{where}: --drop-last plan ends with an incomplete update")
 
-    over = np.flatnonzero(mb.row_tokens > settings.row_capacity)
+    capacity = recount_pairs.row_settings(settings, s.kind).row_capacity
+    over = np.flatnonzero(mb.row_tokens > capacity)
     if over.size:
-        problems.append(f"{where}: {over.size} rows exceed capacity {settings.row_capacity} "
-                        f"(first: row {over[0]})")
+        problems.append(f"{where}: {over.size} rows exceed capacity {capacity} (first: row {over[0]})")
+    per_unit = 2 if s.kind == recount_pairs.PAIRED else 1  # a preference microbatch holds micro_batch_size pairs
     if settings.mode == Mode.PACKED:
         too_many = np.flatnonzero(np.diff(batch_bounds) > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
             problems.append(f"{where} row {too_many[0]}: the microbatch has too many rows")
     else:
         per_batch = recount.sums(np.diff(row_bounds), batch_bounds)
-        short = np.count_nonzero(per_batch != settings.micro_batch_size)  # the remainder's one microbatch
-        if short > 1 or (n and not 1 <= per_batch.min() <= per_batch.max() <= settings.micro_batch_size):
-            problems.append(f"{where}: microbatches do not hold exactly {settings.micro_batch_size} samples "
-                            "(but one, holding the remainder)")
-    for name, want in (("tokens", mb.tokens), ("label_count", mb.label_count), ("cost", mb.cost)):
+        most = settings.micro_batch_size * per_unit
+        short = np.count_nonzero(per_batch != most)  # the remainder's one microbatch
+        if short > 1 or (n and not per_unit <= per_batch.min() <= per_batch.max() <= most):
+            problems.append(f"{where}: microbatches do not hold exactly {most} samples (but one, holding the "
+                            "remainder)")
+    if s.kind == recount_pairs.PAIRED:
+        problems += recount_pairs.pair_problems(where, rows, s, settings.mode)
+    stored = recount_pairs.update_counts(recount_pairs.counts(rows, s, settings), settings) \
+        if "num_items" in table.column_names else {}  # a training plan's rows (not the eval plan's)
+    for name, want in (("tokens", mb.tokens), ("label_count", mb.label_count), ("cost", mb.cost),
+                       *stored.items()):
         msg = _mismatch(name, where, parquet.column(table, name), want)
         if msg:
             problems.append(msg)
@@ -140,7 +147,7 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
     fingerprint and manifest summary: `PlanFiles.eval_problems`."""
     size, path, none = plan.settings.val_set_size, plan.path / schemas.EVAL_FILE, np.zeros(0, dtype=np.int64)
     try:
-        expected = redraw.eval_ids(s.sample_id, plan.settings, index) if len(s) else none
+        expected = recount_pairs.eval_ids(s, plan.settings, index) if len(s) else none
     except SettingsError as exc:
         return [f"{plan.files.plan_file} metadata: {exc}"], none
     if not plan.manifest.has_eval:
@@ -386,20 +393,8 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     except schemas.StoreError as exc:
         return [str(exc)], None
     files = plan.files
-    problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
-    if files.has_rows_digest:  # what the runtime checks at open: the bytes and layout compile wrote
-        problems += files.body_problems()
-    tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))),
-              (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()), (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
-    if files.has_before:
-        tables.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
-    for name, kind, schema in tables:
-        problems += schema_problems(files.source(name), schema) + statistics_problems(files.source(name))
-        if kind != "plan":
-            problems += files.companion_problems(name, kind)
-    if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
-        problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
-                        f"{plan.fingerprints['dataset']}: the data changed since compile")
+    kind = plan.manifest.data_kind
+    problems = _file_problems(plan, dataset_fingerprint)
     try:
         samples = files.read_samples()
         metrics = files.read_metrics()
@@ -410,6 +405,9 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     if before is not None:
         problems += files.before_problems(before) + _before_problems(plan, before, metrics)
     s = parquet.sample_arrays(samples)
+    if s.kind != kind:
+        return [*problems, f"{schemas.SAMPLES_FILE} holds {s.kind} data but {schemas.PLAN_FILE} metadata says {kind} "
+                           "(data_kind)"], plan
     if (np.diff(s.sample_id) <= 0).any():
         return [*problems, f"{schemas.SAMPLES_FILE} is not sorted by unique sample_id"], plan
     if plan.manifest.samples != len(s):
@@ -417,19 +415,57 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
                         f"{len(s)}")
     index, recipe_problems = _recipe_index(plan, samples)
     problems += recipe_problems
-    recipe_rows: list[dict[str, Any]] = []
     found, eval_ids = _eval_problems(plan, s, index)
     problems += found + _eval_copies(plan, samples, eval_ids, index, notes)
     train = s if index is not None else s.take(np.flatnonzero(~np.isin(s.sample_id, eval_ids)))
     if index is not None:  # a recipe's held-out samples are in no dataset (they leave the mixture)
         index = np.where(np.isin(s.sample_id, eval_ids), -1, index)
+    found, after, recipe_rows = _epochs_problems(plan, train, index, eval_ids)
+    if after is None:  # an epoch could not be read: nothing to recount
+        return [*problems, *found], plan
+    problems += found + _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
+    problems += tokenized_problems(plan, samples, fast=fast,
+                                   tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
+    return problems, plan
+
+
+def _file_problems(plan: Plan, dataset_fingerprint: str | None) -> list[str]:
+    """What each file says of itself: header, manifest, body digest, schemas, statistics, companions, and the
+    given source's dataset fingerprint against the plan's."""
+    files, kind = plan.files, plan.manifest.data_kind
+    problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
+    if files.has_rows_digest:  # what the runtime checks at open: the bytes and layout compile wrote
+        problems += files.body_problems()
+    tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture), kind)),
+              (schemas.METRICS_FILE, "metrics", schemas.metrics_schema(kind)),
+              (schemas.PLAN_FILE, "plan", schemas.plan_schema(kind))]
+    if files.has_before:
+        tables.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
+    for name, role, schema in tables:
+        problems += schema_problems(files.source(name), schema) + statistics_problems(files.source(name))
+        if role != "plan":
+            problems += files.companion_problems(name, role)
+    if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
+        problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
+                        f"{plan.fingerprints['dataset']}: the data changed since compile")
+    return problems
+
+
+def _epochs_problems(plan: Plan, train: SampleArrays, index: np.ndarray | None, eval_ids: np.ndarray
+                     ) -> tuple[list[str], dict[int, dict[str, Any]] | None, list[dict[str, Any]]]:
+    """Every epoch's rows checked against the training samples (a recipe's drawn again from `index`), the epoch's
+    figures recounted from them (metrics after each stage; None when an epoch cannot be read, its error last among
+    the problems) and a recipe's per-dataset rows."""
+    files, kind = plan.files, plan.manifest.data_kind
+    problems: list[str] = []
     after: dict[int, dict[str, Any]] = {}
+    recipe_rows: list[dict[str, Any]] = []
     rows = 0
     for e in plan.epochs:
         try:
             table = files.read_epoch(e)
         except schemas.StoreError as exc:
-            return [*problems, str(exc)], plan
+            return [*problems, str(exc)], None, recipe_rows
         rows += table.num_rows
         found = files.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
         positions = redraw.epoch_positions(index, plan.settings, e) if index is not None else None
@@ -437,14 +473,14 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         more, epoch_rows, mb = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
         if epoch_rows is not None and mb is not None:
-            after[e] = recount.epoch_figures(epoch_rows, mb, len(s_e), plan.settings, plan.manifest.dropped_samples,
-                                             plan.manifest.truncated_samples)
+            per_row = 2 if kind == recount_pairs.PAIRED else 1  # the scan counts pairs, the metrics samples
+            after[e] = {**recount.epoch_figures(epoch_rows, mb, len(s_e), recount_pairs.row_settings(plan.settings, kind),
+                                                per_row * plan.manifest.dropped_samples,
+                                                per_row * plan.manifest.truncated_samples),
+                        **recount_pairs.figures(recount_pairs.counts(epoch_rows, s_e, plan.settings), plan.settings)}
             if positions is not None:
                 recipe_rows += _dataset_after(e, epoch_rows, s_e, index[positions], plan)
     total = files.row_count()
     if total != rows:
         problems.append(f"{schemas.PLAN_FILE} holds {total} rows, its epochs {plan.epochs[0]}..{plan.epochs[-1]} {rows}")
-    problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
-    problems += tokenized_problems(plan, samples, fast=fast,
-                                   tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
-    return problems, plan
+    return problems, after, recipe_rows
