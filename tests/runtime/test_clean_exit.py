@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.synthetic import build_plan
+from tests.support import REPO
 
 pytestmark = [pytest.mark.slow,  # spawns processes
               pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads counted in /proc")]
-ROOT = Path(__file__).parent.parent
+ROOT = REPO
 
 # open, load the tokens (every sample rehashed), feed rank 0's first epoch; print the process's threads after the
 # imports and at the end
