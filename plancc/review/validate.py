@@ -34,7 +34,7 @@ from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
 from plancc.review import recount, recount_pairs
 from plancc.review.recount import Microbatches, Rows
-from plancc.store import parquet, redraw, schemas, token_store
+from plancc.store import parquet, redraw, schemas, token_digest, token_store
 from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
 from plancc.store.plan import Plan
 from plancc.store.plan_store import PlanIntegrityError, eval_set_problem
@@ -364,7 +364,7 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
         problems += [f"{part.path}: {token_store.HEADER_FILE} max_id {part.header['max_id']} is not the largest id"
                      for part in m.parts or (m,)
                      if part.header["max_id"] != (int(part.input_ids.max()) if part.input_ids.size else -1)][:1]
-    problem = token_store.compare_samples(m.input_ids, m.labels, m.offsets, samples)  # names the changed sample
+    problem = token_digest.compare_samples(m.input_ids, m.labels, m.offsets, samples)  # names the changed sample
     return [*problems, f"{tokens_dir} does not match the plan: {problem}"] if problem else problems
 
 

@@ -23,9 +23,10 @@ import pytest
 from typer.testing import CliRunner
 
 from plancc.cli import app
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.review.validate import validate_plan
 from plancc.runtime import PlanMismatchError, load_tokens
-from plancc.store import parquet, schemas, token_store, token_writer
+from plancc.store import parquet, schemas, token_digest, token_store, token_writer
 from plancc.store.plan import Plan
 from tests.support import REPO
 from tests.support.plans import byte_flip_verdicts
@@ -180,15 +181,18 @@ def test_a_header_rewritten_consistently_with_wrong_types_is_still_refused(plan)
     assert "values of the wrong type" in validate(plan, "--fast")
 
 
-def test_a_store_of_an_older_plancc_is_refused_with_what_to_do(plan):
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_a_store_of_an_older_plancc_is_refused_with_what_to_do(plan, version):
+    """Format 1 had no header hash; format 2's digest depended on how the scan was split (chunk hashes per part)."""
     for header_file in headers(plan):
         header = orjson.loads(header_file.read_bytes())
-        header["format"] = header["format"].replace("/2", "/1")
+        header["format"] = header["format"].replace("/3", f"/{version}")
         del header["header_hash"]
         header_file.unlink()
         header_file.write_bytes(orjson.dumps(header))
     out = validate(plan)
     assert "written by an older plancc" in out and "recompile the plan" in out, out
+    assert ("split" in out) == (version == "2"), out
     refused_by_runtime(plan)
 
 
@@ -196,13 +200,14 @@ def test_a_store_of_an_older_plancc_is_refused_with_what_to_do(plan):
 
 
 def inventory(plan_dir: Path) -> list[Path]:
-    """The files a plan holds: its four Parquet files and manifest, and its token store's header and five arrays (a
-    multi-part store: its own header and each part's)."""
+    """The files a plan holds: its four Parquet files and manifest, and its token store's header and six arrays (a
+    multi-part store: its own header and block hashes, and each part's header and arrays)."""
     tokens = plan_dir / schemas.TOKENS_DIR
     header = token_store.read_header(tokens)
     single = [token_store.HEADER_FILE, *(f"{name}.npy" for name in token_store.ARRAYS)]
     stored = ([tokens / name for name in single] if header["format"] != token_store.PARTS_FORMAT else
-              [tokens / token_store.HEADER_FILE, *(tokens / p["dir"] / name for p in header["parts"] for name in single)])
+              [tokens / token_store.HEADER_FILE, tokens / "blocks.npy",
+               *(tokens / p["dir"] / name for p in header["parts"] for name in single)])
     plan_files = [schemas.PLAN_FILE, schemas.SAMPLES_FILE, schemas.METRICS_FILE, schemas.BEFORE_FILE, schemas.MANIFEST_FILE]
     return sorted([*(plan_dir / name for name in plan_files), *stored])
 
@@ -326,28 +331,40 @@ def test_an_edited_samples_table_in_the_scan_cache_is_scanned_again(tmp_path):
 # ---------------------------------------------------------------- the store bound to the plan
 
 
-def _rewrite_ids_and_rehash(plan_dir: Path, value: int) -> None:
-    """Every supervised id of the plan's store set to `value`, then every chunk hash, `index_hash` and `header_hash`
-    recomputed (and a multi-part header's record of its parts): a store consistent in itself, with other tokens."""
-    top = plan_dir / schemas.TOKENS_DIR
-    header = token_store.read_header(top)
-    singles = [top / p["dir"] for p in header["parts"]] if header["format"] == token_store.PARTS_FORMAT else [top]
+def _rewrite_ids_and_rehash(plan_dir: Path, value: int | None, *, top: bool = True) -> None:
+    """Every supervised id of the plan's store set to `value` (None: every part's ids rotated by one, the largest
+    kept), then every row hash, block hash, `content_hash`,
+    `index_hash` and `header_hash` recomputed (and a multi-part header's record of its parts and, with `top`, its
+    block hashes of all rows): a store consistent in itself, with other tokens."""
+    tokens = plan_dir / schemas.TOKENS_DIR
+    header = token_store.read_header(tokens)
+    singles = [tokens / p["dir"] for p in header["parts"]] if header["format"] == token_store.PARTS_FORMAT else [tokens]
+    rows = []
     for k, d in enumerate(singles):
         m = token_store.open_store(d)
         ids, labels, offsets = np.array(m.input_ids), np.array(m.labels), np.array(m.offsets)
-        ids[labels != token_store.IGNORE_INDEX] = value
-        kept = {key: m.header[key] for key in ("fingerprints", "labels_shifted", "chunk_tokens")}
+        if value is None:
+            ids = np.roll(ids, 1)
+        else:
+            ids[labels != IGNORE_INDEX] = value
+        kept = {key: m.header[key] for key in ("fingerprints", "labels_shifted", "chunk_tokens", "chunk_rows")}
         del m
         shutil.rmtree(d)  # never write through a hard link into the scan cache
         token_writer.write_store(d, ids, labels, offsets, **kept)
-        if d != top:
+        rows.append(np.load(d / "row_hashes.npy"))
+        if d != tokens:
             new = token_store.read_header(d)
-            header["parts"][k].update({key: new[key] for key in ("index_hash", "header_hash")})
+            header["parts"][k].update(header_hash=new["header_hash"])
             header["max_id"] = max(header["max_id"], new["max_id"])
-    if singles != [top]:
-        (top / token_store.HEADER_FILE).unlink()
-        token_writer.write_header(top, {k: v for k, v in header.items() if k != "header_hash"})
-    assert token_store.open_store(top)  # consistent in itself: every open-time check of the store passes
+    if singles != [tokens]:
+        if top:
+            blocks = token_digest.block_hashes(rows, header["block_rows"])
+            (tokens / "blocks.npy").unlink()
+            np.save(tokens / "blocks.npy", blocks)
+            header["content_hash"] = token_digest.content_hash(blocks)
+        (tokens / token_store.HEADER_FILE).unlink()
+        token_writer.write_header(tokens, {k: v for k, v in header.items() if k != "header_hash"})
+    assert token_store.open_store(tokens)  # consistent in itself: every open-time check of the store passes
 
 
 @pytest.mark.parametrize("verify", ["chunks", "counts"])
@@ -356,6 +373,19 @@ def test_tokens_rewritten_and_rehashed_are_refused_at_open_by_the_default_checks
     with pytest.raises(PlanMismatchError, match="is not the token store this plan was compiled with"):
         load_tokens(plan, verify=verify)
     assert "is not the token store this plan was compiled with" in validate(plan, "--fast")
+
+
+@pytest.mark.parametrize("verify", ["chunks", "counts"])
+def test_parts_rewritten_under_the_blocks_of_the_whole_are_refused_before_their_tokens_are_read(parts, tmp_path,
+                                                                                                  verify):
+    """Every part rehashed, their record in the multi-part header too, but not the whole dataset's block hashes
+    (which the digest binds): the open passes; the first read of any row is refused, before it reaches a batch."""
+    plan_dir = Path(shutil.copytree(parts, tmp_path / "plan"))
+    _rewrite_ids_and_rehash(plan_dir, None, top=False)  # the header keeps every value the digest hashes
+    tokens = load_tokens(plan_dir, verify=verify)
+    with pytest.raises(PlanMismatchError, match="samples changed content"):
+        tokens.check(np.array([int(parquet.column(Plan(plan_dir).samples_table(), "sample_id")[-1])]))
+    assert "changed since it was written" in validate(plan_dir)
 
 
 def _edit_plan_meta(plan_dir: Path, change, *, everywhere: bool = False) -> None:

@@ -136,6 +136,11 @@ def byte_flip_verdicts(plan: Path, files: list[str], *, flips: int, seed: int, e
     return tally, silent
 
 
+def plan_files(plan_dir: Path) -> dict[str, bytes]:
+    """Every file of a plan directory but its token store's, by name: the Parquet files and the manifest."""
+    return {f.name: f.read_bytes() for f in sorted(plan_dir.iterdir()) if f.is_file()}
+
+
 # ---------------------------------------------------------------- a consistent forgery of the eval plan
 
 

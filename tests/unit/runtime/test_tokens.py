@@ -122,7 +122,7 @@ def test_tampered_chunk_is_refused_before_any_of_it_is_fed(tmp_path):
     assert res.exit_code == 1 and f"first: sample_id {victim})" in res.output
 
 
-@pytest.mark.parametrize("damage", ["truncate", "append", "index", "foreign"])
+@pytest.mark.parametrize("damage", ["truncate", "append", "index", "blocks", "foreign"])
 def test_open_refuses_a_damaged_or_foreign_store_at_constant_cost(tmp_path, damage):
     plan = build_plan(tmp_path, n=30, mode="padded", micro_batch_size=2, sequence_len=24)
     tokens = plan / schemas.TOKENS_DIR
@@ -134,11 +134,12 @@ def test_open_refuses_a_damaged_or_foreign_store_at_constant_cost(tmp_path, dama
         with open(tokens / "offsets.npy", "ab") as f:
             f.write(b"\0" * 8)
         match = "offsets.npy has 8 bytes beyond its array"
-    elif damage == "index":
-        h = np.load(tokens / "chunk_hashes.npy")
-        h[1] ^= 1
-        np.save(tokens / "chunk_hashes.npy", h)
-        match = "chunk_hashes.npy changed"
+    elif damage in ("index", "blocks"):
+        name = {"index": "chunks", "blocks": "blocks"}[damage]
+        h = np.load(tokens / f"{name}.npy")
+        h[-1] ^= 1
+        np.save(tokens / f"{name}.npy", h)
+        match = f"{name}.npy"  # a chunk bound moved: the span or the index hash refuses it
     else:  # another dataset's store in its place
         other = make_tokenized(30, seed=99, max_len=20)
         shutil.rmtree(tokens)

@@ -14,6 +14,7 @@ from plancc import api
 from plancc.config.settings import ScanOptions
 from plancc.scan import shard
 from plancc.store import schemas, token_store
+from tests.support.plans import plan_files
 from tests.support.sources import (
     DEEPSEEK_JSON,
     alpaca_rows,
@@ -34,7 +35,7 @@ def _assert_same_scan(a, b) -> None:
     ra, rb = (orjson.loads((d / schemas.SCAN_MANIFEST_FILE).read_bytes()) for d in (a, b))
     assert ra["fingerprints"] == rb["fingerprints"]
     sa, sb = token_store.open_store(a / schemas.TOKENS_DIR), token_store.open_store(b / schemas.TOKENS_DIR)
-    assert sa.header["fingerprints"] == sb.header["fingerprints"]
+    assert sa.header["fingerprints"] == sb.header["fingerprints"] and sa.digest == sb.digest
     assert token_store.verify_all(sb) is None
 
 
@@ -80,9 +81,9 @@ def test_ray_scan_identical_to_local(tmp_path, local_ray):
             _assert_same_scan(local, out)
         plans = [api.compile(d, tmp_path / f"plan-{d.name}", world_size=2, micro_batch_size=2)
                  for d in (local, tmp_path / f"ray-{i}-38")]
-        # every fingerprint but `tokens`, the digest of the stored files (one store vs parts chunked per part)
-        same = [{k: v for k, v in p.fingerprints.items() if k != "tokens"} for p in plans]
-        assert same[0] == same[1] and all(isinstance(p.fingerprints["tokens"], str) for p in plans)
+        # one store vs eight parts: the same digest, so every fingerprint and every plan file, byte for byte
+        assert plans[0].fingerprints == plans[1].fingerprints and isinstance(plans[0].fingerprints["tokens"], str)
+        assert plan_files(plans[0].path) == plan_files(plans[1].path)
 
 
 def test_ray_scan_reuses_finished_parts(tmp_path, local_ray):

@@ -28,6 +28,7 @@ from plancc.scan import merge, shard
 from plancc.scan.scanner import scan, scan_shard, write_scan
 from plancc.store import parquet, schemas, token_store, token_writer
 from tests.support import REPO
+from tests.support.plans import plan_files
 from tests.support.sources import alpaca_rows, chatterbot_conversations, deepseek_dir, write_rows
 
 ROOT = REPO
@@ -64,14 +65,6 @@ def _bytes(scan_dir: Path) -> bytes:
     return (scan_dir / schemas.SAMPLES_FILE).read_bytes()
 
 
-def _plan_fps(plan_dir: Path) -> dict:
-    """The plan's fingerprints but `tokens`: that one is the digest of the stored files (one store or parts, chunked
-    per part), which differs between a local and a sharded scan of the same samples."""
-    fps = orjson.loads((plan_dir / schemas.MANIFEST_FILE).read_bytes())["fingerprints"]
-    assert isinstance(fps.pop("tokens"), str)
-    return fps
-
-
 @pytest.mark.parametrize("data", [_alpaca, _chat], ids=["alpaca-json", "messages-jsonl"])
 def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
     source, options = data(tmp_path)
@@ -88,13 +81,16 @@ def test_local_many_shards_and_merged_parts_are_identical(tmp_path, data):
     for key in ("rows_read", "retained", "dropped_samples", "truncated_samples", "dropped_long", "format"):
         assert local.report.to_json()[key] == cut.report.to_json()[key] == merged.to_json()[key]
 
-    plans = {}
+    plans, digests = {}, {}
     for name in ("local", "cut", "merged"):
         api.compile(tmp_path / name, tmp_path / f"plan-{name}", **PLAN)
-        plans[name] = _plan_fps(tmp_path / f"plan-{name}")
+        plans[name] = plan_files(tmp_path / f"plan-{name}")
+        digests[name] = token_store.open_store(tmp_path / f"plan-{name}" / "tokens").digest
         problems, _ = validate_plan(str(tmp_path / f"plan-{name}"))
         assert problems == []
-    assert plans["local"] == plans["cut"] == plans["merged"]
+    # one store, parts of 9 rows, parts of a third: the store's digest and every plan file are the same bytes
+    assert len(set(digests.values())) == 1, digests
+    assert plans["local"] == plans["cut"] == plans["merged"] and "plan.parquet" in plans["local"]
     # the merged scan's multi-part store serves the plan compiled from the local scan (validate --dataset)
     assert validate_plan(str(tmp_path / "plan-local"), tokens_dir=tmp_path / "merged" / "tokens")[0] == []
 
@@ -121,6 +117,9 @@ def test_any_shard_count_and_size_gives_the_local_table(tmp_path_factory, rows, 
     merged = merge.merge(_parts(source, options, tmp / "parts", n), tmp / "merged")
     assert _bytes(tmp / "merged") == _bytes(tmp / "local")
     assert merged.to_json()["fingerprints"] == local.report.to_json()["fingerprints"]
+    stores = [token_store.open_store(tmp / name / "tokens") for name in ("local", "merged")]
+    assert stores[0].digest == stores[1].digest  # parts of any sizes: the digest of one store of the same rows
+    assert all(token_store.verify_all(m) is None for m in stores)
 
 
 def test_merge_refuses_parts_that_do_not_fit(tmp_path):

@@ -43,13 +43,14 @@ OLD = {
 RUN_TO_RUN = ("source", "source_paths", "seconds")
 # what changed on purpose since: the tokenizer's fingerprint is its identity by content (so the options' tokenizer,
 # the metadata fingerprint and the cache key follow), scan version 7 leaves turns without text untrained and counts
-# them (`blank_turns`), scan version 8 renders the template clock in UTC, 9 appends no second eos; the dataset
-# fingerprint, the rows and every count are the old writer's
+# them (`blank_turns`), scan version 8 renders the template clock in UTC, 9 appends no second eos, 10 writes token
+# stores whose digest is independent of the shards; the dataset fingerprint, the rows and every count are the old
+# writer's
 CONTENT_FP = "d1f33403f5d7609f7aeade2c7446857e"
-NOW = {**OLD, "key": "db50a9b2ebc0e74b2a36e514fe4928aa", "tokenizer_fingerprint": CONTENT_FP,
+NOW = {**OLD, "key": "2abed91acc21f8dfda02c05334903b38", "tokenizer_fingerprint": CONTENT_FP,
        "options": {**OLD["options"], "tokenizer": CONTENT_FP},
        "fingerprints": {**OLD["fingerprints"], "metadata": "8d6de1a7b49266e865fefeef05ef47d8"},
-       "plancc_scan_version": 9, "blank_turns": {"count": 0, "first_rows": []}}
+       "plancc_scan_version": 10, "blank_turns": {"count": 0, "first_rows": []}}
 runner = CliRunner()
 
 
