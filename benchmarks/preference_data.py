@@ -37,10 +37,11 @@ def alpaca_rows() -> list[dict]:
     return json.loads(ALPACA.read_text())
 
 
-def alpaca_pairs(n: int | None = None, seed: int = 0) -> list[dict[str, str]]:
+def alpaca_pairs(n: int | None = None, seed: int = 0, rows: list[dict] | None = None) -> list[dict[str, str]]:
     """`n` pairs (default: one per row; more repeat the rows with other rejected completions) of {prompt, chosen,
-    rejected}: the row's prompt, its output, and a seeded other row's output of a different length."""
-    rows = alpaca_rows()
+    rejected}: the row's prompt, its output, and a seeded other row's output of a different length. `rows`: Alpaca
+    rows (instruction, input, output) to pair, the shared Alpaca rows by default (the tests pass the project's own)."""
+    rows = alpaca_rows() if rows is None else rows
     rng = np.random.default_rng(seed)
     n = len(rows) if n is None else n
     out = []

@@ -12,7 +12,7 @@ from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 from trl import DPOConfig, KTOConfig, SFTConfig
 
-from benchmarks.preference_data import alpaca_pairs, build_preference_plan, tokenize_pairs, unpaired
+from benchmarks.preference_data import build_preference_plan, tokenize_pairs, unpaired
 from plancc.errors import PlanMismatchError
 from plancc.runtime import PlanCollator, PlanSampler, load_tokens, model_inputs
 from plancc.runtime.preference import kl_reference_point, preference_loss, sequence_logps
@@ -20,7 +20,7 @@ from plancc.runtime.trl import PlanSFTTrainer
 from plancc.runtime.trl_preference import PlanDPOTrainer, PlanKTOTrainer
 from plancc.store.parquet import sample_arrays
 from plancc.store.plan import verified_plan
-from tests.support.preference import BETA, one_at_a_time, reference_pair_loss
+from tests.support.preference import BETA, instruction_pairs, one_at_a_time, reference_pair_loss
 from tests.support.training import tiny_model
 
 pytestmark = pytest.mark.slow  # trains TRL's trainers
@@ -53,7 +53,7 @@ def common(out, **kw) -> dict:
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
     root = tmp_path_factory.mktemp("trl_pref")
-    tok = tokenize_pairs(alpaca_pairs(200, seed=4), lambda t: list(t.encode()), 256, limit=384)
+    tok = tokenize_pairs(instruction_pairs(200, seed=4), lambda t: list(t.encode()), 256, limit=384)
     settings = dict(mode="packed", micro_batch_size=1, sequence_len=384, grad_accum=2, val_set_size=6)
     return {"pairs": str(build_preference_plan(root / "pairs", tok, **settings)),
             "kto": str(build_preference_plan(root / "kto", unpaired(tok), **settings))}

@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+import orjson
 import torch
 import torch.nn.functional as F
 
+from benchmarks.preference_data import alpaca_pairs
 from plancc.runtime import model_inputs
 from plancc.runtime.preference import kl_reference_point, preference_loss, sequence_logps
+from tests.support import REPO
 
 BETA = 0.1
 OPTIONS = {"simpo": {"gamma": 0.5}, "kto": {"desirable_weight": 1.0, "undesirable_weight": 1.33}}
@@ -188,3 +191,10 @@ def _own_counts(b: dict, counts: torch.Tensor, loss_type: str) -> dict:
         return {"num_desirable_in_batch": int(d.sum()), "num_undesirable_in_batch": int((~d).sum())}
     return {"num_pairs_in_batch": b["num_sequences"] // 2,
             "num_chosen_items_in_batch": int(counts[b["chosen_index"]].sum())}
+
+
+def instruction_pairs(n: int, seed: int) -> list[dict[str, str]]:
+    """`alpaca_pairs` over the project's own instruction rows (`examples/data/instructions.jsonl`, written by
+    `examples/make_example_data.py`): tests use no data from outside the repository."""
+    rows = [orjson.loads(line) for line in (REPO / "examples" / "data" / "instructions.jsonl").read_bytes().splitlines()]
+    return alpaca_pairs(n, seed=seed, rows=rows)

@@ -15,9 +15,9 @@ from transformers import PreTrainedTokenizerFast
 from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
 
 import plancc
-from benchmarks.preference_data import alpaca_pairs
 from plancc.errors import PlanccError
 from plancc.runtime import load_tokens
+from tests.support.preference import instruction_pairs
 from tests.support.sources import DEEPSEEK_JSON, TEMPLATES, chatterbot_conversations, deepseek_dir
 
 pytestmark = pytest.mark.slow  # tokenizes hundreds of rows twice (plancc and TRL)
@@ -73,7 +73,7 @@ def assert_as_trl(samples: dict, trl: Dataset, *, paired: bool) -> int:
 @pytest.mark.parametrize("form", ["strings", "conversations", "implicit"])
 def test_pairs_render_as_trl_renders_them(tmp_path, form):
     if form == "strings":
-        rows = alpaca_pairs(60, seed=3)
+        rows = instruction_pairs(60, seed=3)
     else:
         rows = conversational_pairs(60)
         if form == "implicit":
@@ -85,7 +85,7 @@ def test_pairs_render_as_trl_renders_them(tmp_path, form):
 
 def test_unpaired_rows_render_as_trl_kto_renders_them(tmp_path):
     rows = [{"prompt": p["prompt"], "completion": p[side], "label": side == "chosen"}
-            for p in alpaca_pairs(40, seed=5) for side in ("chosen", "rejected")]
+            for p in instruction_pairs(40, seed=5) for side in ("chosen", "rejected")]
     plan, samples = compiled(tmp_path, rows)
     assert plan.manifest.data_kind == "unpaired_preference"
     assert [r["desirable"] for r, _, _ in samples.values()] == [r["label"] for r in rows]
