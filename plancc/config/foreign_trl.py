@@ -19,11 +19,13 @@ def trl_settings(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
                             "(preference or feedback data, not SFT data): plancc does not plan it yet")
     settings = {**tokenizer(data, ("tokenizer_name_or_path", "model_name_or_path")),
                 **reader.settings(data, TRL_READ)}
-    if data.get("assistant_only_loss"):
+    if not data.get("assistant_only_loss"):  # TRL's default: every token of a conversation, markup too
+        settings["train_on"] = "all_tokens"
+    elif data.get("completion_only_loss") is False:
+        reader.refuse_value("completion_only_loss", "false with assistant_only_loss true trains the assistant turns "
+                            "of a conversational prompt too, which plancc has no setting for: remove it")
+    else:
         settings["roles_to_train"] = ["assistant"]
-    elif data.get("assistant_only_loss") is False:  # TRL then trains every token of a conversation
-        reader.refuse_value("assistant_only_loss", "false trains every token of a conversation, its role markup "
-                            "too, which plancc has no setting for: set it true, or remove it")
     if isinstance(data.get("dataset_name"), str):
         split = {"split": data["dataset_train_split"]} if data.get("dataset_train_split") else {}
         settings["datasets"] = [{"path": data["dataset_name"], **split}]
