@@ -296,7 +296,7 @@ def test_a_whitespace_turn_is_trained_only_where_the_template_renders_it(tmp_pat
     ("--roles-to-train", "assistant,robot", "--roles-to-train: unknown role 'robot'; roles are system, user, "
                                              "assistant, tool"),
     ("--train-on-eos", "sometimes", "--train-on-eos must be one of turn, last, all, none; got 'sometimes'"),
-    ("--train-on", "first_turn", "--train-on must be one of all_turns, last_turn; got 'first_turn'"),
+    ("--train-on", "first_turn", "--train-on must be one of all_turns, last_turn, all_tokens; got 'first_turn'"),
     ("--template-date", "26/07/2024", "--template-date must be a date YYYY-MM-DD (e.g. 2024-07-26), got "
                                       "'26/07/2024'"),
 ])
