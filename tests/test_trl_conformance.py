@@ -76,6 +76,7 @@ CASES = [  # (format, TRL keys, chat template)
     ("messages", {"assistant_only_loss": True}, GENERATION_CHATML),
     ("conversational_pc", {}, TEMPLATES["llama3"][0]),
     ("conversational_pc", {"completion_only_loss": False}, TEMPLATES["chatml"][0]),
+    ("conversational_pc", {"assistant_only_loss": True}, GENERATION_CHATML),
     ("prompt_completion", {}, TEMPLATES["chatml"][0]),
     ("prompt_completion", {"completion_only_loss": False}, TEMPLATES["chatml"][0]),
     ("text", {}, TEMPLATES["chatml"][0]),
