@@ -9,6 +9,7 @@ length = min(prompt + completion, 4096), supervised labels = min(completion, len
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,14 +88,15 @@ def samples_table(tok: pa.Table, shift: str = "sample") -> pa.Table:
 
 
 def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min_len: int = 3, max_len: int = 24,
-               tok: pa.Table | None = None, **settings) -> Path:
-    """Write a tokenized Parquet and a compiled plan directory for it under `tmp`; returns the plan dir."""
+               tok: pa.Table | None = None, parts: int | None = None, **settings) -> Path:
+    """Write a tokenized Parquet and a compiled plan directory for it under `tmp`; returns the plan dir. `parts`: the
+    token store cut into that many parts (`write_tokens`)."""
     shift = settings.get("shift", "sample")
     if tok is None:
         tok = make_tokenized(n, seed=data_seed, min_len=min_len, max_len=max_len, shift=shift)
     tmp.mkdir(parents=True, exist_ok=True)
     table = samples_table(tok, shift)
-    path = write_tokens(tmp / "tokens", tok, table, shift)
+    path = write_tokens(tmp / "tokens", tok, table, shift, parts=parts)
     s = parquet.sample_arrays(table)
     ps = PlanSettings(seed=seed, **settings)
     run = compile_run(s, ps)
@@ -103,11 +105,24 @@ def build_plan(tmp: Path, *, n: int = 40, seed: int = 0, data_seed: int = 0, min
     return out
 
 
-def write_tokens(path: Path, tok: pa.Table, samples: pa.Table, shift: str = "sample") -> Path:
-    """A token store of `tok` (the targets column the shift reads), as a scan writes it."""
+def write_tokens(path: Path, tok: pa.Table, samples: pa.Table, shift: str = "sample", *,
+                 parts: int | None = None) -> Path:
+    """A token store of `tok` (the targets column the shift reads), as a scan writes it; with `parts`, a
+    multi-part store of that many parts of consecutive rows (as a sharded scan writes it)."""
     ids = tok.column("input_ids").combine_chunks()
     lab = tok.column("shift_labels" if shift == "none" else "labels").combine_chunks()
-    token_writer.write_store(path, ids.flatten().to_numpy(), lab.flatten().to_numpy(),
-                             np.asarray(ids.offsets, dtype=np.int64), fingerprints=samples_fingerprints(samples),
-                             labels_shifted=shift == "none", chunk_tokens=64)
+    ids_flat, lab_flat = ids.flatten().to_numpy(), lab.flatten().to_numpy()
+    off = np.asarray(ids.offsets, dtype=np.int64)
+    kw = dict(fingerprints=samples_fingerprints(samples), labels_shifted=shift == "none")
+    if parts is None:
+        token_writer.write_store(path, ids_flat, lab_flat, off, chunk_tokens=64, **kw)
+        return path
+    bounds = np.linspace(0, len(tok), parts + 1).astype(np.int64)
+    singles = [path.parent / f".{path.name}-part-{k}" for k in range(parts)]
+    for single, lo, hi in zip(singles, bounds, bounds[1:], strict=False):
+        a, b = off[lo], off[hi]
+        token_writer.write_store(single, ids_flat[a:b], lab_flat[a:b], off[lo:hi + 1] - a, chunk_tokens=64, **kw)
+    token_writer.write_parts(path, singles, **kw)  # hard links to the singles, removed once joined
+    for single in singles:
+        shutil.rmtree(single)
     return path

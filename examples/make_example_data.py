@@ -1,6 +1,7 @@
-"""Write the bundled examples: `examples/data/chat.jsonl`, 800 synthetic multi-turn chats, and
+"""Write the bundled examples: `examples/data/chat.jsonl`, 800 synthetic multi-turn chats,
 `examples/data/instructions.jsonl`, 300 alpaca-style records (instruction, optional input, output) for the
-two-dataset recipe `examples/recipe.toml`; each from its own seed.
+two-dataset recipe `examples/recipe.toml`, and `examples/data/pairs.jsonl`, 400 preference pairs (a question, its
+right answer chosen, a wrong one rejected: `examples/train_dpo.py`); each from its own seed.
 
 The mix mimics what makes batching hard in SFT: prompts and answers of very different lengths (one-word answers
 next to long step-by-step ones), a system prompt on some conversations, and one to three assistant turns.
@@ -63,6 +64,16 @@ def instruction(rng: random.Random) -> dict:
     return {"instruction": f"Multiply {a} by {b}.", "input": "", "output": str(a * b)}
 
 
+def preference(rng: random.Random) -> dict:
+    """One preference pair: a question, its right answer chosen, a wrong answer of another length rejected."""
+    user, right = (arithmetic if rng.random() < 0.5 else inventory)(rng)
+    while True:
+        _, wrong = (arithmetic if rng.random() < 0.5 else inventory)(rng)
+        if len(wrong) != len(right):
+            return {"prompt": [{"role": "user", "content": user}], "chosen": [{"role": "assistant", "content": right}],
+                    "rejected": [{"role": "assistant", "content": wrong}]}
+
+
 def write(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
@@ -76,6 +87,8 @@ def main() -> None:
     write(data / "chat.jsonl", [conversation(rng) for _ in range(800)])
     rng = random.Random(20261201)
     write(data / "instructions.jsonl", [instruction(rng) for _ in range(300)])
+    rng = random.Random(20261203)
+    write(data / "pairs.jsonl", [preference(rng) for _ in range(400)])
 
 
 if __name__ == "__main__":

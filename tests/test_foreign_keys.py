@@ -30,6 +30,8 @@ def test_every_trl_key_is_classified_once():
     assert sft <= classified, sorted(sft - classified)
     preference = {f.name for c in (trl.DPOConfig, trl.KTOConfig) for f in dataclasses.fields(c)} - sft
     assert preference == set(fk.TRL_PREFERENCE_ONLY)
+    dpo, kto = ({f.name for f in dataclasses.fields(c)} - sft for c in (trl.DPOConfig, trl.KTOConfig))
+    assert set(fk.TRL_KTO_ONLY) == kto - dpo and set(fk.TRL_DPO_AND_KTO) == kto & dpo
 
 
 def test_axolotl_classes_are_disjoint_and_name_what_to_do():

@@ -29,6 +29,8 @@ ROWS = {  # one row of each format, in its own column names
     "prompt_completion": {"prompt": "2+2=", "completion": "4"},
     "text": {"text": "The quick brown fox."},
     "input_output": {"segments": [{"text": "Q: 2+2?", "label": False}, {"text": " A: 4", "label": True}]},
+    "preference": {"prompt": "2+2=", "chosen": "4", "rejected": "5"},
+    "unpaired_preference": {"prompt": "2+2=", "completion": "4", "label": True},
 }
 
 
@@ -51,7 +53,8 @@ def test_each_format_detects_its_rows_and_reads_only_its_roles(tmp_path, name):
     fmt = formats.detect(src)
     assert fmt.name == name
     table = fmt.canonical(src, ScanOptions())
-    assert set(table.column_names) <= set(fmt.named.roles) <= set(names.ROLES)
+    derived = {"conversational"}  # the preference formats' flag of a row given as messages: read from no column
+    assert set(table.column_names) - derived <= set(fmt.named.roles) <= set(names.ROLES)
     assert table.num_rows == 2
 
 

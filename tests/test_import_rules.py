@@ -91,6 +91,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 EXCEPTIONS = {
     ("plancc.runtime.trl", "datasets"),  # TRL's SFTTrainer takes nothing but a datasets.Dataset
+    ("plancc.runtime.trl_preference", "datasets"),  # nor do its DPOTrainer and KTOTrainer
     # show decodes a sample with the plan's tokenizer, loaded exactly as the scan loaded it, and says what its format
     # trained: through the scan's one public entry for that
     ("plancc.review.show", "plancc.scan.describe"),

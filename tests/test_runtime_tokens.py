@@ -42,6 +42,17 @@ LAYOUTS = {
 }
 
 
+def _mapped_file(a: np.ndarray) -> str | None:
+    """The name of the file whose mapping holds `a`'s memory (None: anonymous memory, a copy)."""
+    address = a.__array_interface__["data"][0]
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)  # address range, perms, offset, device, inode[, path]
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= address < hi:
+            return Path(fields[5]).name if len(fields) == 6 else None
+    return None
+
+
 def _batches(plan, tokens, world=2):
     collator = PlanCollator.from_plan(plan)
     for r in range(world):
@@ -57,7 +68,8 @@ def test_mapped_store_gives_the_same_tensors_as_in_memory_loading(n, data_seed, 
     with tempfile.TemporaryDirectory() as tmp:
         plan = build_plan(Path(tmp), tok=tok, shift=shift, sequence_len=24, world_size=2, **LAYOUTS[layout])
         mapped = load_tokens(plan)
-        assert all(isinstance(a.base, np.memmap) for a in (mapped.input_ids, mapped.targets, mapped.offsets))
+        assert [_mapped_file(a) for a in (mapped.input_ids, mapped.targets, mapped.offsets)] == [
+            "input_ids.npy", "labels.npy", "offsets.npy"]  # maps of the store's files, not copies
         in_memory = TokenStore.from_table(tok, shift=shift)
         assert mapped.max_id == in_memory.max_id == int(in_memory.input_ids.max())  # the header's, no ids read
         got = list(_batches(plan, mapped))
@@ -76,9 +88,9 @@ def test_mapped_store_gives_the_same_tensors_as_in_memory_loading(n, data_seed, 
 def _flip_token(plan: Path, sample_id: int) -> None:
     """Edit one byte of one token of `sample_id` in the plan's input_ids.npy, in place (same size)."""
     m = token_store.open_store(plan / schemas.TOKENS_DIR)
-    pos = m.input_ids.offset + 4 * int(m.offsets[sample_id])
     path = plan / schemas.TOKENS_DIR / "input_ids.npy"
     data = bytearray(path.read_bytes())
+    pos = len(data) - 4 * m.input_ids.size + 4 * int(m.offsets[sample_id])  # after the .npy header
     data[pos] ^= 0x01
     path.write_bytes(bytes(data))
 
@@ -237,7 +249,7 @@ def test_worker_copies_reopen_the_maps_and_verify_their_own_reads(tmp_path):
     plan = build_plan(tmp_path, n=30, mode="packed", micro_batch_size=2, sequence_len=24)
     tokens = load_tokens(plan)
     copy = pickle.loads(pickle.dumps(tokens))  # what a spawned DataLoader worker receives
-    assert isinstance(copy.input_ids.base, np.memmap) and copy.guard.pending == copy.guard.mapped.num_chunks
+    assert _mapped_file(copy.input_ids) == "input_ids.npy" and copy.guard.pending == copy.guard.mapped.num_chunks
     assert len(pickle.dumps(tokens)) < 1000  # paths, not tokens
     _flip_token(plan, 5)
     with pytest.raises(PlanMismatchError, match=r"first: sample_id 5\)"):

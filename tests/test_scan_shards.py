@@ -297,8 +297,12 @@ def test_a_replaced_part_is_refused(tmp_path):
     for f in part.iterdir():
         f.unlink()
     _store(part, [[4, 6]])  # same shape, other content
-    with pytest.raises(token_store.TokenStoreError, match=r"part-00001 holds .* records .*replaced or rewritten"):
-        token_store.open_store(tmp_path / "ab")
+    m = token_store.open_store(tmp_path / "ab")  # the header alone: a part is checked when first read
+    assert m.input_ids[1] == 2
+    for read in (lambda: m.input_ids[3], lambda: m.offsets[3], lambda: m.parts[1]):
+        with pytest.raises(token_store.TokenStoreError, match=r"part-00001 holds .* records .*replaced or rewritten"):
+            read()
+    assert "part-00001 holds" in token_store.parts_problem(m)
     header = orjson.loads((tmp_path / "ab" / "tokens.json").read_bytes())
     header["parts"][0]["dir"] = "../a"
     (tmp_path / "ab" / "tokens.json").write_bytes(orjson.dumps(header))

@@ -95,6 +95,11 @@ def _agree(loaded: list[Loaded]) -> None:
 
 
 def _with_ids(d: Loaded, first_id: int) -> pa.Table:
+    kind = schemas.data_kind_of(d.samples.table.column_names)
+    if kind != "sft":  # its pairs (or labels) would be lost in the join: trained as SFT
+        raise InputError(f"dataset {d.spec.name!r} holds {kind} data: a recipe (several sources, or a config's "
+                         "datasets) plans SFT data only; compile preference data as one SOURCE, its settings in "
+                         "--config without datasets (docs/preference.md)")
     table = d.samples.table.select(schemas.SAMPLES_SCHEMA.names).cast(schemas.SAMPLES_SCHEMA)
     ids = parquet.column(table, "sample_id") + first_id
     table = table.set_column(0, schemas.SAMPLES_SCHEMA.field(0), parquet.arrow_array(ids, pa.int64()))

@@ -39,7 +39,7 @@ from plancc.store.fingerprint import (
     plan_fingerprint,
 )
 from plancc.store.manifest import DataPaths, EpochSummary, EvalSummary, Manifest
-from plancc.store.samples import samples_fingerprints
+from plancc.store.samples import kind_counts, samples_fingerprints
 from plancc.store.scan_record import ScanRecord
 from plancc.version import __version__
 
@@ -60,7 +60,8 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
         resolved, samples = join_recipe(resolved, cache_dir=cache_dir, progress=progress)
     settings = resolved.plan
     s = parquet.sample_arrays(samples.table)
-    drops = SourceDrops(samples.record.dropped_samples, samples.record.truncated_samples)
+    per_row = 2 if s.kind == "preference" else 1  # the scan counts pairs; the metrics count samples
+    drops = SourceDrops(per_row * samples.record.dropped_samples, per_row * samples.record.truncated_samples)
     eval_ids, shared = _eval_set(s, samples, settings)
     budget.check_fits(_trained_sizes(s, samples.index, settings, eval_ids), settings, available_memory())
     run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids, index=samples.index)
@@ -80,7 +81,7 @@ def _with_notes(record: ScanRecord, notes: tuple[str, ...]) -> ScanRecord:
 def _eval_set(s: SampleArrays, samples: Samples, settings: PlanSettings) -> tuple[np.ndarray | None, str | None]:
     """The held-out sample ids (None: no eval plan), and the warning when some have a training sample's tokens
     (an eval dataset that copies training data is refused: `holdout.shared_content`)."""
-    eval_ids = holdout.eval_ids(s.sample_id, settings, samples.index) if len(s) else None
+    eval_ids = holdout.eval_sample_ids(s, settings, samples.index) if len(s) else None
     if eval_ids is None:
         return None, None
     return eval_ids, holdout.shared_content(parquet.column(samples.table, "token_hash"), s.sample_id, eval_ids,
@@ -131,7 +132,7 @@ def _epoch_tables(epochs: list[EpochPlan], s: SampleArrays, settings: PlanSettin
     for p in epochs:
         cols = plan_columns(p, s, settings)
         fingerprints[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_tables.plan_table(cols))
+        tables.append(plan_tables.plan_table(cols, schemas.plan_schema(s.kind)))
         metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
         after = p.metrics[-1][1]
         summaries.append(EpochSummary(p.epoch, after["batches"], after["updates"], after["samples"],
@@ -144,7 +145,8 @@ def _epoch_tables(epochs: list[EpochPlan], s: SampleArrays, settings: PlanSettin
 def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table, EvalSummary, str]:
     """The eval plan as its table, what the manifest says of it, and its fingerprint."""
     cols = eval_columns(evaluation, settings)
-    return plan_tables.eval_table(cols), EvalSummary.of(cols, settings.world_size), eval_fingerprint(cols)
+    summary = EvalSummary.of(cols, settings.world_size, kind_counts(evaluation.samples))
+    return plan_tables.eval_table(cols), summary, eval_fingerprint(cols)
 
 
 def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays, settings: PlanSettings,
@@ -170,7 +172,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
     eval_table, eval_summary = None, None
     if evaluation is not None:
         eval_table, eval_summary, fingerprints["eval"] = _eval_table(evaluation, settings)
-    metrics = plan_tables.metrics_table(metric_rows)
+    metrics = plan_tables.metrics_table(metric_rows, s.kind)  # preference data adds its pair (or label) metrics
     before = plan_tables.before_table([p.epoch for p in epochs], [p.before_labels for p in epochs])
     manifest = Manifest(
         plancc=__version__, schema=schemas.SCHEMA_VERSION, fingerprints=fingerprints, settings=settings,
@@ -179,7 +181,7 @@ def write_plan_dir(out_dir: str | Path, samples_table: pa.Table, s: SampleArrays
         epochs=summaries, samples=samples_table.num_rows,
         checksums={"metrics": metrics_checksum(metrics.to_pylist()),
                    "before": before_checksum(parquet.column(before, "epoch"), parquet.column(before, "label_count"))},
-        eval=eval_summary, recipe=recipe)
+        eval=eval_summary, recipe=recipe, data_kind=s.kind)
     with outputs.atomic_directory(out_dir, overwrite=overwrite) as tmp:
         plan_tables.write_plan_files(tmp, manifest, rows, samples_table, metrics, before, eval_table)
         if tokenized is not None:  # hard links when the cache shares the filesystem: no second copy of the tokens

@@ -59,19 +59,23 @@ def show_cmd(
 
     console = Console(highlight=False, no_color=no_color)
     styled = console.is_terminal and not no_color
-    text = Text()
-    for part, supervised in view.segments:
-        if supervised and styled:
-            text.append(part, style=STYLE)
-        else:
-            text.append(f"{OPEN}{part}{CLOSE}" if supervised else part)
     origin = f" (dataset {view.dataset}, row {view.row})" if view.dataset is not None else ""
-    console.print(f"sample {view.sample_id}{origin}: {view.length:,} tokens, {view.label_count:,} labels, "
+    label = "" if view.desirable is None else f", {'desirable' if view.desirable else 'undesirable'}"
+    console.print(f"sample {view.sample_id}{origin}{label}: {view.length:,} tokens, {view.label_count:,} labels, "
                   f"{int(view.supervised.sum()):,} supervised tokens, first label supervised: "
                   f"{'yes' if view.first_label_supervised else 'no'}\ntokenizer {view.tokenizer}"
                   + (f"\ntrained: {view.trained}" if view.trained else ""), markup=False,
                   soft_wrap=True)
-    console.print(text, soft_wrap=True)
+    if view.partner is None:
+        console.print(_marked(view, styled), soft_wrap=True)
+    else:  # a preference pair: its chosen and its rejected completion side by side
+        pair = sorted((view, view.partner), key=lambda v: v.pair_role != "chosen")
+        t = Table(title=f"pair {view.pair_id}", title_justify="left", show_lines=True)
+        for v in pair:
+            t.add_column(f"{v.pair_role}: sample {v.sample_id} ({v.length:,} tokens, "
+                         f"{int(v.supervised.sum()):,} supervised)", overflow="fold", ratio=1)
+        t.add_row(*(_marked(v, styled) for v in pair))
+        console.print(t)
     if ids:
         t = Table("pos", "id", "piece", "label", "supervised")
         for i, (tid, piece, label, sup) in enumerate(zip(view.input_ids, view.pieces, view.labels, view.supervised,
@@ -79,6 +83,19 @@ def show_cmd(
             t.add_row(str(i), str(tid), Text(repr(piece)[1:-1]), str(label),
                       "yes" if sup else "", style=STYLE if sup and styled else None)
         console.print(t)
+
+
+def _marked(view, styled: bool):
+    """The view's decoded text, its supervised runs styled (or between OPEN and CLOSE)."""
+    from rich.text import Text
+
+    text = Text()
+    for part, supervised in view.segments:
+        if supervised and styled:
+            text.append(part, style=STYLE)
+        else:
+            text.append(f"{OPEN}{part}{CLOSE}" if supervised else part)
+    return text
 
 
 def _dropped(directory: Path, quiet: bool, json: bool) -> None:

@@ -36,11 +36,15 @@ def _share(n: int, of: int) -> str:
 
 
 def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
-    """samples kept/dropped/truncated, then tokenizer and template: the lines a scan and a compile share."""
+    """samples kept/dropped/truncated (preference pairs: counted as pairs), then tokenizer and template: the lines
+    a scan and a compile share."""
     dropped = _count(report, "dropped_samples", "dropped_long", "dropped_all_masked")
     truncated = _count(report, "truncated_samples", "truncated")
+    pairs = report.get("format") == "preference"  # the scan counts rows: a pair's two completions kept together
+    kept = kept // 2 if pairs else kept
     total = kept + dropped
-    lines = [f"samples    {kept:,} kept, {dropped:,} dropped{_share(dropped, total)}, {truncated:,} truncated"]
+    lines = [f"{'pairs  ' if pairs else 'samples'}    {kept:,} kept, {dropped:,} dropped{_share(dropped, total)}, "
+             f"{truncated:,} truncated"]
     tok = report.get("tokenizer")
     if isinstance(tok, str):  # a scan report names it and keeps its fingerprint beside
         tok = {"name": tok, "fingerprint": report.get("tokenizer_fingerprint")}
@@ -63,7 +67,8 @@ def _eval_lines(ev: dict[str, Any] | None, size: Any, recipe: dict[str, Any] | N
         return []
     evals = any(d["role"] == "eval" for d in (recipe or {}).get("datasets", []))
     why = ", ".join([*(["eval datasets"] if evals else []), *([f"--val-set-size {size}"] if size else [])])
-    return [f"eval       {ev['samples']:,} samples held out ({why}), {ev['label_count']:,} targets in "
+    held = f"{ev['pairs']:,} pairs ({ev['samples']:,} samples)" if "pairs" in ev else f"{ev['samples']:,} samples"
+    return [f"eval       {held} held out ({why}), {ev['label_count']:,} targets in "
             f"{ev['batches']:,} microbatches ({ev['batches_per_rank']:,} per rank)"]
 
 
@@ -84,21 +89,29 @@ def _dataset_lines(recipe: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+# the two CVs of a compile's epoch rows: what balancing evens out for each kind of data (docs/preference.md)
+CV_COLUMNS = {"sft": (("label CV", "label_cv"), ("update CV", "update_label_cv")),
+              "preference": (("pair CV", "pair_cv"), ("update pair CV", "update_pair_cv")),
+              "unpaired_preference": (("label CV", "label_cv"), ("desirable CV", "update_desirable_cv"))}
+
+
 def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[str, Any]]) -> list[str]:
     """Lines for `plancc compile`: where, samples, tokenizer, template, layout, then one row per epoch."""
     s = manifest["settings"]
     by = {(m["epoch"], m["stage"]): m for m in metrics}
+    kind = manifest.get("data_kind", "sft")
     lines = [f"plan       {output}", *_sample_lines(manifest["scan"], int(manifest["samples"])),
-             f"layout     {s['mode']}, {s['micro_batch_size']} x {s['sequence_len']} tokens, world {s['world_size']} "
+             f"layout     {s['mode']}, {s['micro_batch_size']} x "
+             f"{'pairs of 2 x ' if kind == 'preference' else ''}{s['sequence_len']} tokens, world {s['world_size']} "
              f"x accum {s['grad_accum']}, {len(manifest['epochs'])} epoch(s)",
              *_eval_lines(manifest.get("eval"), s.get("val_set_size"), manifest.get("recipe")),
              *_dataset_lines(manifest.get("recipe")),
-             "epoch  microbatches  updates  label CV       update CV      efficiency"]
+             f"epoch  microbatches  updates  {CV_COLUMNS[kind][0][0]:<13}  {CV_COLUMNS[kind][1][0]:<13}  "
+             "efficiency"]
     for e in manifest["epochs"][:MAX_EPOCH_ROWS]:
         before, after = by[(e["epoch"], "before")], by[(e["epoch"], "after")]
-        lines.append(f"{e['epoch']:<5}  {after['batches']:>12,}  {after['updates']:>7,}  "
-                     f"{before['label_cv']:.3f} → {after['label_cv']:.3f}  "
-                     f"{before['update_label_cv']:.3f} → {after['update_label_cv']:.3f}  "
+        cvs = "  ".join(f"{before[name]:.3f} → {after[name]:.3f}" for _, name in CV_COLUMNS[kind])
+        lines.append(f"{e['epoch']:<5}  {after['batches']:>12,}  {after['updates']:>7,}  {cvs}  "
                      f"{after['packing_efficiency']:>10.4f}")
     more = len(manifest["epochs"]) - MAX_EPOCH_ROWS
     if more > 0:

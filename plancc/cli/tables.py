@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from plancc.core.metric_columns import METRIC_COLUMNS
+from plancc.core.metric_columns import KIND_METRIC_COLUMNS, METRIC_COLUMNS
 from plancc.core.numbers import format_number
 
 # metrics shown first (and in this order) in the human table; the rest follow in METRIC_COLUMNS order
 HEADLINE = ("samples", "batches", "updates", "label_cv", "update_label_cv", "packing_efficiency", "padding_ratio",
             "max_naive_weight_skew")
+# a preference plan's headline: pairs (or labels) per microbatch and update, shown after HEADLINE when present
+KIND_HEADLINE = ("pairs", "pair_cv", "update_pair_cv", "update_chosen_label_cv", "desirable", "update_desirable_cv",
+                 "update_undesirable_cv")
 DATASET_METRICS = ("samples", "sample_share", "tokens", "token_share", "label_tokens", "label_share")
 
 
@@ -44,13 +47,15 @@ def plan_table(view: Any, max_ids: int = 8):
     from rich.table import Table
 
     t = Table()
+    pairs = bool(view.rows) and "num_pairs" in view.rows[0]  # a preference plan: pairs side by side, chosen first
     for name in ("epoch", "update", "step", "rank", "index", "rows", "samples", "tokens", "labels", "cost",
-                 "upd labels"):
+                 "upd labels", *(("pairs", "upd pairs") if pairs else ())):
         t.add_column(name, justify="right", no_wrap=True)
-    t.add_column("sample ids (rows split by |)", overflow="fold")
+    t.add_column("sample ids (rows split by |" + ("; pairs chosen,rejected" if pairs else "") + ")", overflow="fold")
     for r in view.rows:
         t.add_row(*(str(r[k]) for k in ("epoch", "update", "micro_step", "rank", "index", "rows", "samples",
                                          "tokens", "label_count", "cost", "num_items")),
+                  *((str(r["samples"] // 2), str(r["num_pairs"])) if pairs else ()),
                   format_ids(r["sample_ids"], max_ids))
     return t
 
@@ -72,7 +77,9 @@ def metrics_tables(rows: list[dict[str, Any]], compact: bool = False):
     the headline metrics and the before and after stages (fits 80 columns)."""
     from rich.table import Table
 
-    names = list(HEADLINE) + ([] if compact else [n for n, _ in METRIC_COLUMNS if n not in HEADLINE])
+    kinds = [n for cols in KIND_METRIC_COLUMNS.values() for n, _ in cols]
+    names = [*HEADLINE, *KIND_HEADLINE] + ([] if compact else [n for n, _ in METRIC_COLUMNS if n not in HEADLINE]
+                                           + [n for n in kinds if n not in KIND_HEADLINE])
     tables = []
     for e in sorted({r["epoch"] for r in rows}):
         stages = [r for r in rows if r["epoch"] == e and (not compact or r["stage"] in ("before", "after"))]

@@ -41,8 +41,10 @@ PAD_MULTIPLE = 64  # Axolotl's collator pads to this multiple unless pad_to_mult
 def axolotl_settings(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
     """The plancc settings of Axolotl config `data` (every key sorted by `reader`)."""
     if data.get("rl"):
-        raise SettingsError(f"config file {reader.path}: rl: {data['rl']} trains on preference or feedback data, "
-                            "not SFT data: plancc does not plan it yet (an SFT config has no rl key)")
+        raise SettingsError(f"config file {reader.path}: rl: {data['rl']} trains on preference or feedback data "
+                            "rendered by Axolotl's own prompt strategies, which plancc does not reproduce: compile "
+                            "the rows as plancc preference data (prompt, chosen, rejected; docs/preference.md) and "
+                            "train with PlanDPOTrainer or PlanKTOTrainer")
     settings = {**tokenizer(data, ("tokenizer_config", "base_model_config", "base_model")),
                 "max_dropped": 1.0,  # Axolotl drops rows too long or with nothing to train, however many (said)
                 "drop_eos_only": True,  # an empty output or text gets no eos in Axolotl: nothing to train

@@ -100,8 +100,9 @@ AXOLOTL_LAYOUT_KEYS = ("batch_size", "batch_flattening", "multipack_real_batches
 
 # Axolotl top-level keys refused: key -> why, and what to do
 AXOLOTL_UNSUPPORTED = {
-    "rl": ("preference or reward training (dpo, ipo, orpo, kto, simpo, grpo): not SFT data; plancc plans SFT only "
-           "until preference plans land"),
+    "rl": ("preference or reward training (dpo, ipo, orpo, kto, simpo, grpo): Axolotl renders those rows with its "
+           "own prompt strategies, which plancc does not reproduce; compile them as plancc preference data "
+           "(docs/preference.md)"),
     "reward_model": "a reward model's paired data is not SFT data",
     "process_reward_model": "stepwise reward data is not SFT data",
     "pretraining_dataset": "streamed pretraining data: scan the files as format text instead",
@@ -389,10 +390,16 @@ TRL_TRAINING_ONLY = (
 
 
 # keys DPOConfig or KTOConfig has and SFTConfig has not: a config holding one trains on preference or unpaired-
-# feedback data, refused until preference plans land
+# feedback data (docs/preference.md); they set the loss, not the data, and are named in the note
 TRL_PREFERENCE_ONLY = (
     "beta", "desirable_weight", "disable_dropout", "discopop_tau", "f_alpha_divergence_coef",
     "f_divergence_type", "label_smoothing", "ld_alpha", "loss_weights", "precompute_ref_batch_size",
     "precompute_ref_log_probs", "ref_model_mixup_alpha", "ref_model_sync_steps", "sync_ref_model",
     "undesirable_weight", "use_weighting",
 )
+
+# the ones only KTOConfig has: a config holding one trains on unpaired feedback (format unpaired_preference)
+TRL_KTO_ONLY = ("desirable_weight", "undesirable_weight")
+# the ones DPOConfig and KTOConfig both have: which of the two trainers, the data tells
+TRL_DPO_AND_KTO = ("beta", "disable_dropout", "precompute_ref_batch_size", "precompute_ref_log_probs",
+                   "ref_model_mixup_alpha", "ref_model_sync_steps", "sync_ref_model")

@@ -30,6 +30,9 @@ NAMED = (
     FormatName("messages", ("messages", "conversations"), axolotl=("chat_template",)),
     FormatName("text", ("text",), axolotl=("completion",)),
     FormatName("input_output", ("segments",), axolotl=("input_output",)),
+    # preference data (docs/preference.md): each completion its own sample, a pair's kept or dropped together
+    FormatName("preference", ("prompt", "chosen", "rejected")),
+    FormatName("unpaired_preference", ("prompt", "completion", "label")),
 )
 
 BY_NAME = {f.name: f for f in NAMED}

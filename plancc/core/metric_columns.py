@@ -46,3 +46,24 @@ METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
     ("rank_attention_cv", "float"),
     ("max_naive_weight_skew", "float"),
 )
+
+# preference plans add these (docs/preference.md): pairs per microbatch and per update (the DPO denominator), the
+# chosen completions' targets per update (ORPO's NLL denominator); unpaired (KTO) plans the labels per update
+KIND_METRIC_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "sft": (),
+    "preference": (
+        ("pairs", "int"),
+        ("mean_pairs", "float"),
+        ("pair_cv", "float"),
+        ("mean_global_update_pairs", "float"),
+        ("update_pair_cv", "float"),
+        ("update_chosen_label_cv", "float"),
+    ),
+    "unpaired_preference": (
+        ("desirable", "int"),
+        ("undesirable", "int"),
+        ("mean_global_update_desirable", "float"),
+        ("update_desirable_cv", "float"),
+        ("update_undesirable_cv", "float"),
+    ),
+}

@@ -32,15 +32,31 @@ class SampleArrays:
     length: np.ndarray  # int64
     label_count: np.ndarray  # int64, labels != -100 (or shift_labels != -100 for shift "none")
     first_label_supervised: np.ndarray  # bool
+    # preference data (docs/preference.md): pairs name each completion's pair and whether it is the chosen one;
+    # unpaired (KTO) data its label. None for SFT samples.
+    pair_id: np.ndarray | None = None  # int64
+    chosen: np.ndarray | None = None  # bool
+    desirable: np.ndarray | None = None  # bool
 
     def __len__(self) -> int:
         return int(self.length.shape[0])
 
+    @property
+    def kind(self) -> str:
+        """`sft`, `preference` (pairs: the planner's unit is a pair) or `unpaired_preference` (KTO)."""
+        if self.pair_id is not None:
+            return "preference"
+        return "unpaired_preference" if self.desirable is not None else "sft"
+
     def take(self, positions: np.ndarray) -> SampleArrays:
         """The samples at `positions` (a multiset: a recipe's epoch, `plancc.planner.mixture`; a position twice is the
         sample twice)."""
+        def part(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[positions]
+
         return SampleArrays(self.sample_id[positions], self.length[positions], self.label_count[positions],
-                            self.first_label_supervised[positions])
+                            self.first_label_supervised[positions], part(self.pair_id), part(self.chosen),
+                            part(self.desirable))
 
     def targets(self, shift: str) -> np.ndarray:
         """Supervised targets each sample contributes when it starts its own sequence (docs/spec.md §3).

@@ -20,6 +20,7 @@ from plancc.core import layout
 from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums
 from plancc.planner import pack
 from plancc.planner.holdout import ORDER_STREAM, stream_rng
+from plancc.planner.units import planning_units
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,9 @@ class EvalPlan:
 def eval_plan(eval_s: SampleArrays, settings: PlanSettings) -> EvalPlan:
     """The eval samples in the training layout (packed or grouped like `pack.shuffled_batches`), in one seeded
     order; see the module docstring."""
-    return EvalPlan(eval_s, pack.shuffled_batches(eval_s, settings, stream_rng(settings.seed, ORDER_STREAM)))
+    units = planning_units(eval_s, settings)  # preference pairs stay together (`plancc.planner.units`)
+    return EvalPlan(eval_s, units.expand(pack.shuffled_batches(units.facts, units.settings,
+                                                               stream_rng(settings.seed, ORDER_STREAM))))
 
 
 def eval_columns(ev: EvalPlan, settings: PlanSettings) -> dict[str, np.ndarray]:

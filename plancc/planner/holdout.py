@@ -19,6 +19,7 @@ from plancc.config.settings import MixEntry, PlanSettings
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
 from plancc.planner.mixture import eval_positions
+from plancc.planner.units import PAIRED, pair_members
 
 HOLDOUT_STREAM = 1  # spawn keys of the two random streams next to the epochs' (seed, epoch) ones
 ORDER_STREAM = 2
@@ -84,6 +85,19 @@ def eval_ids(sample_ids: np.ndarray, settings: PlanSettings, index: np.ndarray |
         _check_left(index[train & ~np.isin(ids, drawn)], index[train], settings)
         out = np.union1d(out, drawn)
     return out if out.size else None
+
+
+def eval_sample_ids(s: SampleArrays, settings: PlanSettings, index: np.ndarray | None = None) -> np.ndarray | None:
+    """`eval_ids` of the samples `s`; preference pairs are drawn as pairs (by `pair_id`, one draw a pair) and held
+    out whole."""
+    if s.kind != PAIRED:
+        return eval_ids(s.sample_id, settings, index)
+    members = pair_members(s)
+    pair_ids = s.pair_id[members[:, 0]]
+    held = eval_ids(pair_ids, settings, None if index is None else index[members[:, 0]])
+    if held is None:
+        return None
+    return np.sort(s.sample_id[members[np.isin(pair_ids, held)].reshape(-1)])
 
 
 def _check_left(left: np.ndarray, before: np.ndarray, settings: PlanSettings) -> None:

@@ -19,7 +19,8 @@ import numpy as np
 from plancc.config.settings import PlanSettings
 from plancc.core.choices import Mode
 from plancc.core.layout import complete_updates, optimizer_updates, tail_batches, update_grid
-from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums, segment_sum
+from plancc.planner.units import PAIRED, UNPAIRED, Units, capacity_settings
 
 
 def _mean_std(x: np.ndarray) -> tuple[float, float]:
@@ -127,6 +128,55 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "rank_attention_cv": rank_cv[1],
         "max_naive_weight_skew": skew,
     }
+
+
+def summarize_plan(b: Batches, s: SampleArrays, settings: PlanSettings,
+                   drops: SourceDrops = NO_DROPS) -> dict[str, int | float | None]:
+    """`summarize` of a plan's microbatches of samples with the capacity its rows have, plus the pair (or label)
+    figures of preference data (`plancc.planner.units`)."""
+    row = summarize(b, s, capacity_settings(settings, s.kind), drops)
+    if s.kind == PAIRED:
+        chosen = s.chosen[b.samples]
+        row.update(_pair_summary(_per_batch(b, chosen), _per_batch(b, entry_targets(b, s, settings.shift) * chosen),
+                                 settings))
+    elif s.kind == UNPAIRED:
+        desirable = s.desirable[b.samples]
+        row.update(_label_summary(_per_batch(b, desirable), _per_batch(b, ~desirable), settings))
+    return row
+
+
+def summarize_units(units: Units, b: Batches, settings: PlanSettings,
+                    drops: SourceDrops = NO_DROPS) -> dict[str, int | float | None]:
+    """`summarize_plan` of unit microbatches `b` (`plancc.planner.units`) as the plan holds them: expanded."""
+    return summarize_plan(units.expand(b), units.samples, settings, drops)
+
+
+def _per_batch(b: Batches, per_entry: np.ndarray) -> np.ndarray:
+    """Per microbatch, the sum of a value given for each entry of `b.samples`."""
+    return segment_sum(segment_sum(per_entry.astype(np.int64), b.row_bounds), b.batch_bounds)
+
+
+def _update_cv(values: np.ndarray, settings: PlanSettings) -> tuple[float, float]:
+    """(mean, CV) of the complete updates' totals of a per-microbatch value."""
+    mean, std = _mean_std(update_grid(values, settings.world_size, settings.grad_accum).sum(axis=(1, 2)))
+    return mean, _cv(mean, std)
+
+
+def _pair_summary(pairs: np.ndarray, chosen_targets: np.ndarray, settings: PlanSettings) -> dict[str, int | float]:
+    """Pairs per microbatch and per update, and the CV of the updates' chosen-completion targets."""
+    mean, std = _mean_std(pairs)
+    mean_u, cv_u = _update_cv(pairs, settings)
+    return {"pairs": int(pairs.sum()), "mean_pairs": mean, "pair_cv": _cv(mean, std),
+            "mean_global_update_pairs": mean_u, "update_pair_cv": cv_u,
+            "update_chosen_label_cv": _update_cv(chosen_targets, settings)[1]}
+
+
+def _label_summary(desirable: np.ndarray, undesirable: np.ndarray, settings: PlanSettings) -> dict[str, int | float]:
+    """Desirable and undesirable completions in all and their CV per update."""
+    mean_d, cv_d = _update_cv(desirable, settings)
+    return {"desirable": int(desirable.sum()), "undesirable": int(undesirable.sum()),
+            "mean_global_update_desirable": mean_d, "update_desirable_cv": cv_d,
+            "update_undesirable_cv": _update_cv(undesirable, settings)[1]}
 
 
 def entry_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:

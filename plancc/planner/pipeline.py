@@ -13,10 +13,11 @@ import numpy as np
 
 from plancc.config.settings import PlanSettings
 from plancc.core import jit, layout
-from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums, batch_targets
+from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums, batch_targets, segment_sum
 from plancc.errors import SettingsError
 from plancc.planner import balance, evaluation, holdout, mixture, pack
-from plancc.planner.metrics import NO_DROPS, SourceDrops, summarize
+from plancc.planner.metrics import NO_DROPS, SourceDrops, entry_targets, summarize_units
+from plancc.planner.units import PAIRED, UNPAIRED, Units, planning_units, update_totals
 
 Progress = Callable[[str, int, int], None]
 
@@ -49,13 +50,14 @@ def drop_tail(b: Batches, settings: PlanSettings) -> Batches:
     return Batches(b.samples[: row_bounds[-1]], row_bounds, batch_bounds)
 
 
-def check_fits(s: SampleArrays, settings: PlanSettings) -> None:
-    """Every sample must fit one row; the scan drops or truncates over-long ones, a foreign table may not."""
+def check_fits(s: SampleArrays, settings: PlanSettings, unit: str = "sample") -> None:
+    """Every sample (or pair, its `unit`) must fit one row; the scan drops or truncates over-long ones, a foreign
+    table may not."""
     too_long = np.flatnonzero(s.length > settings.max_sample_len)
     if too_long.size:
         i = int(too_long[0])
         raise SettingsError(
-            f"{too_long.size} samples are longer than {settings.max_sample_len} tokens (first: sample_id "
+            f"{too_long.size} {unit}s are longer than {settings.max_sample_len} tokens (first: {unit}_id "
             f"{int(s.sample_id[i])}, length {int(s.length[i])}); raise --sequence-len or rescan with --long drop"
         )
 
@@ -75,26 +77,29 @@ def before_batches(s: SampleArrays, settings: PlanSettings, epoch: int) -> tuple
     return b, rng
 
 
-def plan_epoch(s: SampleArrays, settings: PlanSettings, epoch: int, progress: Progress | None = None,
+def plan_epoch(s: SampleArrays | Units, settings: PlanSettings, epoch: int, progress: Progress | None = None,
                drops: SourceDrops = NO_DROPS, index: np.ndarray | None = None) -> EpochPlan:
-    """Pack `epoch` (a recipe's: its mixture, `index` each sample's dataset), then run every balancing stage in
-    turn, summarizing the plan after each."""
+    """Pack `epoch` (a recipe's: its mixture, `index` each unit's dataset), then run every balancing stage in
+    turn, summarizing the plan after each. Pack and balance move units (`plancc.planner.units`: samples, or the
+    pairs of preference data); the epoch's microbatches name samples."""
+    units = s if isinstance(s, Units) else planning_units(s, settings)
     positions = mixture.plan_positions(index, settings, epoch)
     if positions is not None:
         if positions.size == 0:
             raise SettingsError(f"epoch {epoch} of the recipe holds no training sample")
-        s = s.take(positions)
-    b, rng = before_batches(s, settings, epoch)
-    before_labels = batch_targets(b, s, settings.shift)
-    metrics = [("before", summarize(b, s, settings, drops))]
-    passes = balance.stages(settings, rng)
+        units, positions = units.take(positions)
+    b, rng = before_batches(units.facts, units.settings, epoch)
+    before_labels = batch_targets(units.expand(b), units.samples, settings.shift)
+    metrics = [("before", summarize_units(units, b, settings, drops))]
+    passes = balance.stages(units.settings, rng)
     for done, (name, stage) in enumerate(passes, 1):
-        b = stage(b, s, settings)
-        metrics.append((name, summarize(b, s, settings, drops)))
+        b = stage(b, units.objective(name), units.settings)
+        metrics.append((name, summarize_units(units, b, settings, drops)))
         if progress:
             progress(f"balancing epoch {epoch}", done, len(passes))
     metrics.append(("after", metrics[-1][1]))
-    return EpochPlan(epoch, b, metrics, before_labels, s if positions is not None else None, positions)
+    return EpochPlan(epoch, units.expand(b), metrics, before_labels, units.samples if positions is not None else None,
+                     positions)
 
 
 def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | None = None,
@@ -103,13 +108,16 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
     recipe's dataset of each sample (its position in `settings.mixture`)."""
     if len(s) == 0:
         raise SettingsError("the samples table is empty: nothing to plan")
-    check_fits(s, settings)
+    units = planning_units(s, settings)
+    check_fits(units.facts, units.settings, "pair" if units.members is not None else "sample")
+    if index is not None and units.members is not None:
+        index = index[units.members[:, 0]]  # a pair's dataset
     plans = []
     with jit.compile_notice(progress):
         for epoch in range(settings.epochs):
             if progress:
                 progress("planning epochs", epoch, settings.epochs)
-            plans.append(plan_epoch(s, settings, epoch, progress, drops, index))
+            plans.append(plan_epoch(units, settings, epoch, progress, drops, index))
         if progress:
             progress("planning epochs", settings.epochs, settings.epochs)
     return plans
@@ -132,7 +140,7 @@ def compile_run(s: SampleArrays, settings: PlanSettings, progress: Progress | No
     either, the plain `compile_plan` of every sample. `index`: a recipe's dataset of each sample, whose held-out
     samples leave the mixture (index -1), so each dataset's counts apply to the samples it trains on."""
     if eval_ids is None and len(s):
-        eval_ids = holdout.eval_ids(s.sample_id, settings, index)
+        eval_ids = holdout.eval_sample_ids(s, settings, index)
     if eval_ids is None:
         return CompiledRun(s, compile_plan(s, settings, progress, drops, index), None)
     train, held = holdout.split(s, eval_ids)
@@ -165,4 +173,23 @@ def plan_columns(p: EpochPlan, s: SampleArrays, settings: PlanSettings) -> dict[
         "cost": sums.cost,
         "num_items": layout.num_items(labels, W, G),
         "complete_update": layout.in_complete_update(n, W, G),
+        **kind_columns(b, s, settings),
     }
+
+
+def kind_columns(b: Batches, s: SampleArrays, settings: PlanSettings) -> dict[str, np.ndarray]:
+    """The plan table's columns for preference data (docs/preference.md), each the total of its microbatch's whole
+    update on all ranks: pairs and the chosen completions' targets (paired), desirable and undesirable completions
+    (unpaired); none for SFT."""
+    def per_batch(per_entry: np.ndarray) -> np.ndarray:
+        return update_totals(segment_sum(segment_sum(per_entry.astype(np.int64), b.row_bounds), b.batch_bounds),
+                             settings)
+
+    if s.kind == PAIRED:
+        chosen = s.chosen[b.samples]
+        return {"num_pairs": per_batch(chosen), "num_chosen_items": per_batch(
+            entry_targets(b, s, settings.shift) * chosen)}
+    if s.kind == UNPAIRED:
+        desirable = s.desirable[b.samples]
+        return {"num_desirable": per_batch(desirable), "num_undesirable": per_batch(~desirable)}
+    return {}

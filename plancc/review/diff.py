@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from plancc.core.metric_columns import METRIC_COLUMNS
+from plancc.core.metric_columns import KIND_METRIC_COLUMNS, METRIC_COLUMNS
 from plancc.errors import SettingsError
 from plancc.review import diff_noise, diff_rows
 from plancc.review.diff_churn import MetricsByStage, churn, metrics_by_stage
@@ -169,6 +169,9 @@ def _changed(a: Any, b: Any) -> bool:
     return a != b
 
 
+KINDS = tuple(c for cols in KIND_METRIC_COLUMNS.values() for c in cols)  # preference plans' metrics
+
+
 def _metric_changes(old: MetricsByStage, new: MetricsByStage, epochs: list[int]) -> list[dict[str, Any]]:
     """Per epoch and stage (of either plan): where it exists, and each metric that changed."""
     metrics = []
@@ -180,7 +183,7 @@ def _metric_changes(old: MetricsByStage, new: MetricsByStage, epochs: list[int])
                                      "status": "both" if mo and mn else ("old_only" if mo else "new_only"),
                                      "changes": []}
             if mo and mn:
-                for name in [c for c, _ in METRIC_COLUMNS] + ["padding_ratio"]:
+                for name in [c for c, _ in (*METRIC_COLUMNS, *KINDS)] + ["padding_ratio"]:
                     a, b = mo.get(name), mn.get(name)
                     if _changed(a, b):
                         delta = (b - a) if a is not None and b is not None else None

@@ -164,6 +164,8 @@ def setting_changes(old: Plan, new: Plan, sides: dict[str, tuple[DatasetSide | N
         names = (ro.tokenizer, rn.tokenizer) if ro.tokenizer != rn.tokenizer else \
             (f"{ro.tokenizer} (old vocabulary)", f"{rn.tokenizer} (new vocabulary)")
         out.append(_change("tokenizer", *names, None))
+    if old.manifest.data_kind != new.manifest.data_kind:  # SFT or preference data (docs/preference.md): what the plan trains
+        out.append(_change("data_kind", old.manifest.data_kind, new.manifest.data_kind, None))
     recipe = bool(old.settings.mixture or new.settings.mixture)
     for name, (a, b) in sides.items():
         if a is not None and b is not None:

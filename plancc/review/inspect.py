@@ -117,7 +117,8 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
     if limit < 0:
         raise PlanccError(f"--limit must be >= 0, got {limit}")
     filters = _filters(plan, epoch, update, rank, micro_step) or None
-    head = plan.files.read_rows(SCALAR_COLUMNS, filters)
+    scalar = SCALAR_COLUMNS + plan.files.kind_columns  # a preference plan's update totals too (pairs, ...)
+    head = plan.files.read_rows(scalar, filters)
     head = head.take(pc.sort_indices(head, [("epoch", "ascending"), ("index", "ascending")]))
     matching = head.num_rows
     tokens = int(pc.sum(head.column("tokens")).as_py() or 0)
@@ -140,7 +141,7 @@ def plan_view(plan_dir: str | Path, *, epoch: int | None = None, update: int | N
         for i in range(shown.num_rows):
             r0, r1 = int(batch_bounds[i]), int(batch_bounds[i + 1])
             sample_rows = [flat[row_bounds[r]: row_bounds[r + 1]].tolist() for r in range(r0, r1)]
-            rows.append({**{k: scalars[k][i] for k in SCALAR_COLUMNS}, "rows": r1 - r0,
+            rows.append({**{k: scalars[k][i] for k in scalar}, "rows": r1 - r0,
                          "samples": int(row_bounds[r1] - row_bounds[r0]), "sample_ids": sample_rows})
     return PlanView(plan.settings.to_dict(), plan.fingerprints, matching, tokens, labels, rows)
 

@@ -9,7 +9,7 @@ that multi-byte characters stay whole.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,19 @@ class SampleView:
     dataset: str | None = None  # a recipe's: the sample's dataset and its row there (`plancc.build.recipe`)
     row: int | None = None
     trained: str = ""  # what the scan trained (`plancc.scan.describe.trained`)
+    # preference data (docs/preference.md): the completion's pair and role, or its label; and the pair's other one
+    pair_id: int | None = None
+    pair_role: str | None = None
+    desirable: bool | None = None
+    partner: SampleView | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The view as `show --json` prints it."""
-        return {"sample_id": self.sample_id, "dataset": self.dataset, "row": self.row,
+        kind = {k: v for k, v in (("pair_id", self.pair_id), ("pair_role", self.pair_role),
+                                  ("desirable", self.desirable)) if v is not None}
+        if self.partner is not None:
+            kind["partner"] = self.partner.to_json()
+        return {**kind, "sample_id": self.sample_id, "dataset": self.dataset, "row": self.row,
                 "length": self.length, "label_count": self.label_count,
                 "first_label_supervised": self.first_label_supervised, "tokenizer": self.tokenizer,
                 "trained": self.trained,
@@ -90,13 +99,12 @@ def _dataset_row(recipe: dict[str, Any], table: Any, at: int, sample_id: int) ->
 
 
 def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = None) -> SampleView:
-    """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now."""
-    from plancc.scan.describe import recorded_tokenizer, trained
-
+    """Sample `sample_id` of a plan or scan directory; `tokenizer` overrides where the recorded one is now. A
+    preference completion comes with the other completion of its pair (`partner`)."""
     stored = _stored(directory)
     if stored is None:
         raise InputError(f"{directory} is not a plan or scan directory (no {schemas.SAMPLES_FILE})")
-    table, record = stored.table, stored.record
+    table = stored.table
     ids = parquet.column(table, "sample_id")
     at = int(np.searchsorted(ids, sample_id))
     if at == len(ids) or ids[at] != sample_id:
@@ -107,7 +115,22 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     if stored.tokens is None:
         raise InputError(f"{directory} has no {schemas.TOKENS_DIR}/ (it was compiled from a bare samples table): "
                          "nothing to decode")
-    first_row = record.part.lo if record.part else 0  # a partial scan's store starts at its first row
+    view = _decoded(stored, at, tokenizer)
+    if schemas.PAIR_ID_COLUMN not in table.column_names:
+        return view
+    pair = parquet.column(table, schemas.PAIR_ID_COLUMN)
+    other = np.flatnonzero((pair == pair[at]) & (ids != sample_id))
+    return replace(view, partner=_decoded(stored, int(other[0]), tokenizer) if other.size else None)
+
+
+def _decoded(stored: StoredSamples, at: int, tokenizer: str | None) -> SampleView:
+    """The view of the sample at row `at` of the stored samples table."""
+    from plancc.scan.describe import recorded_tokenizer, trained
+
+    table, record = stored.table, stored.record
+    sample_id = int(parquet.column(table, "sample_id")[at])
+    sequences = 2 if schemas.PAIR_ID_COLUMN in table.column_names else 1  # samples of a source row (a pair: 2)
+    first_row = record.part.lo * sequences if record.part else 0  # a partial scan's store starts at its first row
     input_ids, labels, shifted = _stored_row(stored.tokens, sample_id - first_row)
     supervised = labels != IGNORE_INDEX
     if shifted:
@@ -118,11 +141,18 @@ def sample_view(directory: str | Path, sample_id: int, tokenizer: str | None = N
     runs = zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(input_ids)]]), strict=True)
     segments = [(decode(input_ids[a:b].tolist(), skip_special_tokens=False), bool(supervised[a])) for a, b in runs]
     pieces = [decode([int(i)], skip_special_tokens=False) for i in input_ids]
-    return SampleView(int(sample_id), int(parquet.column(table, "length")[at]),
+    names = table.column_names
+    kind = {"pair_id": int(parquet.column(table, schemas.PAIR_ID_COLUMN)[at]) if schemas.PAIR_ID_COLUMN in names
+            else None,
+            "pair_role": table.column(schemas.PAIR_ROLE_COLUMN)[at].as_py() if schemas.PAIR_ROLE_COLUMN in names
+            else None,
+            "desirable": bool(parquet.column(table, schemas.DESIRABLE_COLUMN)[at]) if schemas.DESIRABLE_COLUMN in names
+            else None}
+    return SampleView(sample_id, int(parquet.column(table, "length")[at]),
                       int(parquet.column(table, "label_count")[at]),
                       bool(parquet.column(table, "first_label_supervised")[at]), input_ids, labels, supervised,
-                      segments, pieces, tok.name, *_dataset_row(_recipe(stored), table, at, int(sample_id)),
-                      trained(record))
+                      segments, pieces, tok.name, *_dataset_row(_recipe(stored), table, at, sample_id),
+                      trained(record), **kind)
 
 
 def _targets(labels: np.ndarray, offsets: np.ndarray, shifted: bool) -> np.ndarray:

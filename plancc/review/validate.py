@@ -32,7 +32,7 @@ from plancc.core.choices import DatasetRole, Mode, Shift
 from plancc.core.layout import tail_batches
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
-from plancc.review import recount
+from plancc.review import recount, recount_pairs
 from plancc.review.recount import Microbatches, Rows
 from plancc.store import parquet, redraw, schemas, token_store
 from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
@@ -112,21 +112,28 @@ def check_rows(where: str, table: pa.Table, s: SampleArrays, settings: PlanSetti
     if settings.drop_last and tail_batches(n, settings.world_size, settings.grad_accum):
         problems.append(f"{where}: --drop-last plan ends with an incomplete update")
 
-    over = np.flatnonzero(mb.row_tokens > settings.row_capacity)
+    capacity = recount_pairs.row_settings(settings, s.kind).row_capacity
+    over = np.flatnonzero(mb.row_tokens > capacity)
     if over.size:
-        problems.append(f"{where}: {over.size} rows exceed capacity {settings.row_capacity} "
-                        f"(first: row {over[0]})")
+        problems.append(f"{where}: {over.size} rows exceed capacity {capacity} (first: row {over[0]})")
+    per_unit = 2 if s.kind == recount_pairs.PAIRED else 1  # a preference microbatch holds micro_batch_size pairs
     if settings.mode == Mode.PACKED:
         too_many = np.flatnonzero(np.diff(batch_bounds) > (settings.micro_batch_size if settings.real_batches else 1))
         if too_many.size:
             problems.append(f"{where} row {too_many[0]}: the microbatch has too many rows")
     else:
         per_batch = recount.sums(np.diff(row_bounds), batch_bounds)
-        short = np.count_nonzero(per_batch != settings.micro_batch_size)  # the remainder's one microbatch
-        if short > 1 or (n and not 1 <= per_batch.min() <= per_batch.max() <= settings.micro_batch_size):
-            problems.append(f"{where}: microbatches do not hold exactly {settings.micro_batch_size} samples "
-                            "(but one, holding the remainder)")
-    for name, want in (("tokens", mb.tokens), ("label_count", mb.label_count), ("cost", mb.cost)):
+        most = settings.micro_batch_size * per_unit
+        short = np.count_nonzero(per_batch != most)  # the remainder's one microbatch
+        if short > 1 or (n and not per_unit <= per_batch.min() <= per_batch.max() <= most):
+            problems.append(f"{where}: microbatches do not hold exactly {most} samples (but one, holding the "
+                            "remainder)")
+    if s.kind == recount_pairs.PAIRED:
+        problems += recount_pairs.pair_problems(where, rows, s, settings.mode)
+    stored = recount_pairs.update_counts(recount_pairs.counts(rows, s, settings), settings) \
+        if "num_items" in table.column_names else {}  # a training plan's rows (not the eval plan's)
+    for name, want in (("tokens", mb.tokens), ("label_count", mb.label_count), ("cost", mb.cost),
+                       *stored.items()):
         msg = _mismatch(name, where, parquet.column(table, name), want)
         if msg:
             problems.append(msg)
@@ -140,7 +147,7 @@ def _eval_problems(plan: Plan, s, index: np.ndarray | None) -> tuple[list[str], 
     fingerprint and manifest summary: `PlanFiles.eval_problems`."""
     size, path, none = plan.settings.val_set_size, plan.path / schemas.EVAL_FILE, np.zeros(0, dtype=np.int64)
     try:
-        expected = redraw.eval_ids(s.sample_id, plan.settings, index) if len(s) else none
+        expected = recount_pairs.eval_ids(s, plan.settings, index) if len(s) else none
     except SettingsError as exc:
         return [f"{plan.files.plan_file} metadata: {exc}"], none
     if not plan.manifest.has_eval:
@@ -330,6 +337,9 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
     chunk hash, the chunk layout, and every planned sample's length, label count and content hash (reads the
     store)."""
     tokens_dir = m.path
+    problem = token_store.parts_problem(m)
+    if problem:
+        return [problem]
     for key in ("dataset", "metadata"):
         got = m.header["fingerprints"].get(key)
         if got != fingerprints[key]:
@@ -386,14 +396,16 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
     if files.has_rows_digest:  # what the runtime checks at open: the bytes and layout compile wrote
         problems += files.body_problems()
-    tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture))),
-              (schemas.METRICS_FILE, "metrics", schemas.metrics_schema()), (schemas.PLAN_FILE, "plan", schemas.PLAN_SCHEMA)]
+    kind = plan.manifest.data_kind
+    tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture), kind)),
+              (schemas.METRICS_FILE, "metrics", schemas.metrics_schema(kind)),
+              (schemas.PLAN_FILE, "plan", schemas.plan_schema(kind))]
     if files.has_before:
         tables.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
-    for name, kind, schema in tables:
+    for name, role, schema in tables:
         problems += schema_problems(files.source(name), schema) + statistics_problems(files.source(name))
-        if kind != "plan":
-            problems += files.companion_problems(name, kind)
+        if role != "plan":
+            problems += files.companion_problems(name, role)
     if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
         problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
                         f"{plan.fingerprints['dataset']}: the data changed since compile")
@@ -407,6 +419,9 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     if before is not None:
         problems += files.before_problems(before) + _before_problems(plan, before, metrics)
     s = parquet.sample_arrays(samples)
+    if s.kind != kind:
+        return [*problems, f"{schemas.SAMPLES_FILE} holds {s.kind} data but {schemas.PLAN_FILE} metadata says {kind} "
+                           "(data_kind)"], plan
     if (np.diff(s.sample_id) <= 0).any():
         return [*problems, f"{schemas.SAMPLES_FILE} is not sorted by unique sample_id"], plan
     if plan.manifest.samples != len(s):
@@ -434,8 +449,11 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
         more, epoch_rows, mb = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
         if epoch_rows is not None and mb is not None:
-            after[e] = recount.epoch_figures(epoch_rows, mb, len(s_e), plan.settings, plan.manifest.dropped_samples,
-                                             plan.manifest.truncated_samples)
+            per_row = 2 if kind == recount_pairs.PAIRED else 1  # the scan counts pairs, the metrics samples
+            after[e] = {**recount.epoch_figures(epoch_rows, mb, len(s_e), recount_pairs.row_settings(plan.settings, kind),
+                                                per_row * plan.manifest.dropped_samples,
+                                                per_row * plan.manifest.truncated_samples),
+                        **recount_pairs.figures(recount_pairs.counts(epoch_rows, s_e, plan.settings), plan.settings)}
             if positions is not None:
                 recipe_rows += _dataset_after(e, epoch_rows, s_e, index[positions], plan)
     total = files.row_count()

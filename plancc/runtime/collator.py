@@ -42,7 +42,7 @@ class PlanCollator:
     """`collator(microbatch, tokens) -> batch dict` for one plan's layout and shift semantics."""
 
     def __init__(self, *, mode: str, shift: str, pad_multiple: int = 1, pad_token_id: int = 0,
-                 check_counts: bool = True, loop_threshold: int = 48):
+                 check_counts: bool = True, loop_threshold: int = 48, fields: Any = None):
         if mode not in tuple(Mode):
             raise ValueError(f"unknown mode {mode!r}")
         if shift not in tuple(Shift):
@@ -50,12 +50,18 @@ class PlanCollator:
         self.mode, self.shift, self.pad_multiple = Mode(mode), Shift(shift), int(pad_multiple)
         self.pad_token_id, self.check_counts = int(pad_token_id), check_counts
         self.loop_threshold = int(loop_threshold)  # up to this many samples: per-sample slice copies
+        self.fields = fields  # `fields(collator, mb, tokens, batch)`: more of a batch (a preference plan's pairs)
         self._ar = np.arange(4096, dtype=np.int64)
 
     @classmethod
     def from_plan(cls, plan: str | Plan, **kwargs: Any) -> PlanCollator:
-        """A collator for the plan's layout, shift and padding multiple (`kwargs`: pad token, ...)."""
+        """A collator for the plan's layout, shift and padding multiple (`kwargs`: pad token, ...); a preference
+        plan's batches also say which sequence is whose (`fields`: `plancc.runtime.pairs.PreferenceFields`)."""
         plan = verified_plan(plan)
+        if plan.manifest.data_kind != "sft" and "fields" not in kwargs:
+            from plancc.runtime.pairs import PreferenceFields
+
+            kwargs["fields"] = PreferenceFields.of_plan(plan)
         return cls(mode=plan.settings.mode, shift=plan.settings.shift, pad_multiple=plan.settings.pad_multiple, **kwargs)
 
     def arrays(self, mb: Microbatch, tokens: TokenStore) -> dict[str, Any]:
@@ -183,6 +189,8 @@ class PlanCollator:
         batch["plan"] = {"epoch": mb.epoch, "index": mb.index, "update": mb.update, "micro_step": mb.micro_step,
                          "position": mb.position, "last_in_update": mb.last_in_update,
                          "placeholder": mb.index < 0}
+        if self.fields is not None:
+            batch.update(self.fields(self, mb, tokens, batch))
         return batch
 
 

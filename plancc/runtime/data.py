@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from plancc.core.choices import Shift
-from plancc.errors import InputError, PlanMismatchError
-from plancc.store import token_store
+from plancc.errors import InputError, PlanMismatchError, out_of_descriptors
+from plancc.store import token_parts, token_store
 from plancc.store.plan import Plan, verified_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
@@ -87,8 +87,8 @@ class TokenStore:
         g = self.guard
         if g.own:
             return (_reopen_own, (_passed(g.plan.files.dir_fd), str(g.plan_path), g.mapped.digest,
-                                  g.allow_dataset_change))
-        return (_reopen, (str(g.mapped.path), str(g.plan_path), g.mapped.digest, g.allow_dataset_change))
+                                  g.allow_dataset_change, g.verify))
+        return (_reopen, (str(g.mapped.path), str(g.plan_path), g.mapped.digest, g.allow_dataset_change, g.verify))
 
     @classmethod
     def from_table(cls, table: pa.Table, *, shift: str = "sample", where: str = "dataset") -> TokenStore:
@@ -107,16 +107,29 @@ class TokenStore:
         return cls(ids, lab, ids_off)
 
 
+class _Chunks:
+    """One single store's chunks (a multi-part store's part), and which of them this process has verified."""
+
+    def __init__(self, m: token_store.MappedTokens, first_row: int):
+        self.m, self.first_row = m, first_row  # `first_row`: its row 0 in the whole store (a sample id)
+        self.bounds = np.asarray(m.chunks)  # a plain view: cheaper to search than the memmap object
+        self.verified = np.zeros(m.num_chunks, dtype=bool)
+        self.pending = m.num_chunks
+
+
 class ChunkGuard:
-    """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk."""
+    """Verifies a mapped store chunk by chunk, the first time this process reads a row of each chunk (a multi-part
+    store part by part: a part's chunk index is read when one of its rows first is). `pending`: chunks (of a
+    multi-part store: parts) not yet all verified; none under `verify=False` (verify="none": the guard then only
+    says how a worker reopens the store, and its copy checks nothing either)."""
 
     def __init__(self, mapped: token_store.MappedTokens, plan: Plan | Path, allow_dataset_change: bool, *,
-                 own: bool = False):
+                 own: bool = False, verify: bool = True):
         self.mapped, self._plan, self.allow_dataset_change = mapped, plan, allow_dataset_change
-        self.own = own  # `mapped` is the plan's own store (`Plan.tokens`)
-        self.bounds = np.asarray(mapped.chunks)  # a plain view: cheaper to search than the memmap object
-        self.verified = np.zeros(mapped.num_chunks, dtype=bool)
-        self.pending = mapped.num_chunks
+        self.own, self.verify = own, verify  # own: `mapped` is the plan's own store (`Plan.tokens`)
+        self._single = None if mapped.parts else _Chunks(mapped, 0)
+        self._parts: dict[int, _Chunks] = {}
+        self.pending = 0 if not verify else self._single.pending if self._single is not None else len(mapped.parts)
 
     @property
     def plan_path(self) -> Path:
@@ -134,20 +147,45 @@ class ChunkGuard:
     def check(self, rows: np.ndarray) -> None:
         """Hash each not yet verified chunk that `rows` touch; refuse a changed one naming its first planned
         sample."""
-        ks = np.searchsorted(self.bounds, rows, side="right") - 1
-        seen = self.verified[ks]
+        if self._single is not None:
+            self._check(self._single, rows)
+            self.pending = self._single.pending
+            return
+        parts = self.mapped.parts
+        which = parts.of_rows(rows)
+        for k in np.flatnonzero(np.bincount(which, minlength=1)).tolist():
+            chunks = self._parts.get(k)
+            if chunks is None:
+                try:
+                    part = parts[k]
+                except (token_store.TokenStoreError, token_store.FileTypeError) as exc:
+                    if out_of_descriptors(exc):  # not the data: this process's limit (the message says so)
+                        raise
+                    raise PlanMismatchError(f"{exc}; recompile the plan (or rescan the data)") from None
+                chunks = self._parts[k] = _Chunks(part, int(parts.row_starts[k]))
+            if chunks.pending:
+                self._check(chunks, rows[which == k] - chunks.first_row)
+                self.pending -= chunks.pending == 0
+
+    def check_all(self) -> None:
+        """Verify every chunk now (reads the whole store)."""
+        self.check(np.arange(int(self.mapped.header["rows"]), dtype=np.int64))
+
+    def _check(self, chunks: _Chunks, rows: np.ndarray) -> None:
+        ks = np.searchsorted(chunks.bounds, rows, side="right") - 1
+        seen = chunks.verified[ks]
         if seen.all():
             return
-        for k in np.unique(ks[~seen]).tolist():
-            if not token_store.verify_chunk(self.mapped, k):
-                self._changed(k)
-            self.verified[k] = True
-            self.pending -= 1
+        for k in np.flatnonzero(np.bincount(ks[~seen], minlength=1)).tolist():
+            if not token_store.verify_chunk(chunks.m, k):
+                self._changed(chunks, k)
+            chunks.verified[k] = True
+            chunks.pending -= 1
 
-    def _changed(self, k: int) -> None:
-        m = self.mapped
-        where = token_store.chunk_where(m, k)
-        problem = _first_differing(self.plan, m, int(m.chunks[k]), int(m.chunks[k + 1]))
+    def _changed(self, chunks: _Chunks, k: int) -> None:
+        lo, hi = int(chunks.bounds[k]) + chunks.first_row, int(chunks.bounds[k + 1]) + chunks.first_row
+        where = f"{chunks.m.path} chunk {k} (rows {lo}..{hi - 1})"
+        problem = _first_differing(self.plan, self.mapped, lo, hi)
         if problem is None:
             warnings.warn(f"{where} changed since it was written, but not in any sample of the plan {self.plan.path}"
                           "; training on it", stacklevel=4)
@@ -257,7 +295,7 @@ def load_tokens(plan: str | Path | Plan, *, data: str | Path | pa.Table | None =
 
 def _mapped(plan: Plan, m: token_store.MappedTokens, verify: str, allow: bool, *, own: bool = False) -> TokenStore:
     path = m.path
-    guard = ChunkGuard(m, plan, allow, own=own) if verify != "none" else None
+    guard = ChunkGuard(m, plan, allow, own=own, verify=verify != "none")
     tokens = _over_maps(m, guard)
     if verify == "none":
         return tokens
@@ -266,7 +304,7 @@ def _mapped(plan: Plan, m: token_store.MappedTokens, verify: str, allow: bool, *
                                  f"plan has shift {plan.settings.shift!r}", allow)
     fp, want = m.header.get("fingerprints", {}).get("dataset"), plan.fingerprints.get("dataset")
     if verify == "hash" or m.digest != plan.fingerprints.get("tokens"):  # every chunk now, then the proof
-        guard.check(np.asarray(m.chunks[:-1]))
+        guard.check_all()
         return _checked(plan, tokens, str(path), "hash", allow)
     if fp != want:
         _refuse(plan, str(path), f"it holds dataset fingerprint {fp}, the plan was compiled from {want} (another "
@@ -284,7 +322,7 @@ def _passed(fd: int) -> object | None:
     return reduction.DupFd(fd) if context.get_spawning_popen() is not None else None
 
 
-def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool) -> TokenStore:
+def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool, verify: bool) -> TokenStore:
     """A worker's copy of the plan's own store: the plan opened through the directory its parent holds (by path
     when no descriptor came), its store refused unless it is the one the parent opened."""
     plan = Plan(plan_path) if handle is None else Plan(plan_path, dir_fd=handle.detach())
@@ -296,10 +334,10 @@ def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool) -> TokenS
     if m is None or m.digest != digest:
         raise PlanMismatchError(f"the token store of {plan_path} was replaced since this run opened it (digest "
                                 f"{m.digest if m else None}, the run opened {digest}): restart the run")
-    return _over_maps(m, ChunkGuard(m, plan, allow, own=True))
+    return _over_maps(m, ChunkGuard(m, plan, allow, own=True, verify=verify))
 
 
-def _reopen(path: str, plan_path: str, digest: str, allow: bool) -> TokenStore:
+def _reopen(path: str, plan_path: str, digest: str, allow: bool, verify: bool) -> TokenStore:
     """A worker's copy of data given as `data=`: the store reopened by path, refused unless it is the one the
     parent opened (a store replaced meanwhile would give this worker other tokens than the parent's batches
     expect)."""
@@ -307,17 +345,16 @@ def _reopen(path: str, plan_path: str, digest: str, allow: bool) -> TokenStore:
     if m.digest != digest:
         raise PlanMismatchError(f"token store {path} was replaced since this run opened it (digest {m.digest}, the "
                                 f"run opened {digest}): restart the run")
-    return _over_maps(m, ChunkGuard(m, Path(plan_path), allow))
+    return _over_maps(m, ChunkGuard(m, Path(plan_path), allow, verify=verify))
 
 
 def _over_maps(m: token_store.MappedTokens, guard: ChunkGuard | None) -> TokenStore:
-    """Plain ndarray views of the maps: slicing a `np.memmap` runs Python code per slice, a view does not. A
-    multi-part store's tokens stay a `token_store.Concat` of the parts' views (indexed like one array)."""
+    """Plain ndarray views of the maps (slicing a `np.memmap` runs Python code per slice, a view does not); a
+    multi-part store's arrays stay its parts' as one (`token_parts`: each part mapped when first read)."""
     def view(a):
-        return token_store.Concat([np.asarray(p) for p in a.parts]) if isinstance(a, token_store.Concat) else \
-            np.asarray(a)
+        return a if isinstance(a, token_parts.Concat | token_parts.PartOffsets) else np.asarray(a)
 
-    return TokenStore(view(m.input_ids), view(m.labels), np.asarray(m.offsets), guard=guard,
+    return TokenStore(view(m.input_ids), view(m.labels), view(m.offsets), guard=guard,
                       max_id=int(m.header["max_id"]))
 
 

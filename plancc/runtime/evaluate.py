@@ -94,6 +94,9 @@ def evaluate_plan(model: torch.nn.Module, plan: str | Path | Plan, tokens: Token
     Without torch.distributed, `rank`/`world_size` pick one share and the result covers that share only. `loss`:
     how each batch's CE is computed (`plancc.runtime.forward.LOSS_PATHS`; all give the same sum)."""
     plan = verified_plan(plan)
+    if plan.manifest.data_kind != "sft":
+        raise PlanMismatchError(f"{plan.path} holds {plan.manifest.data_kind} data: its eval loss is a pair mean, not a token "
+                                "mean; use plancc.runtime.preference_eval.evaluate_preference")
     tokens = load_tokens(plan) if tokens is None else tokens
     sampler = PlanEvalSampler(plan, rank=rank, world_size=world_size)
     loader = eval_loader(PlanDataset(tokens, PlanCollator.from_plan(plan, pad_token_id=pad_token_id)), sampler,

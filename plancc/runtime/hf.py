@@ -78,6 +78,10 @@ from plancc.store.atomic import fsync_dir
 from plancc.store.plan import Plan, replay_grad_accum, verified_plan
 
 STATE_FILE = "plancc_sampler.json"
+# the trainers of each kind of plan (`Manifest.data_kind`), named when a plan reaches another kind's trainer
+TRAINER_OF = {"sft": "PlanTrainer or PlanSFTTrainer",
+              "preference": "PlanDPOTrainer (plancc.runtime.trl_preference)",
+              "unpaired_preference": "PlanKTOTrainer (plancc.runtime.trl_preference)"}
 
 
 class _EpochStream:
@@ -148,6 +152,7 @@ class PlanTrainer(Trainer):
     `plancc.runtime.forward`; the Trainer's `compute_loss_func` takes precedence over it). A
     `processing_class` must be the tokenizer the plan was compiled with (`plancc.runtime.check_tokenizer`)."""
 
+    data_kind = "sft"  # what the plans it trains hold (`Manifest.data_kind`): preference trainers train theirs
     loss_paths: tuple[str, ...] = LOSS_PATHS
 
     def __init__(self, *args: Any, plan: str | Path | Plan, tokens: TokenStore | None = None,
@@ -156,6 +161,9 @@ class PlanTrainer(Trainer):
         if loss not in self.loss_paths:
             raise ValueError(f"loss={loss!r}: choose one of {', '.join(self.loss_paths)}")
         self.plan, self.plan_loss = verified_plan(plan), loss
+        if self.plan.manifest.data_kind != self.data_kind:
+            raise PlanMismatchError(f"{self.plan.path} holds {self.plan.manifest.data_kind} data; {type(self).__name__} trains "
+                                    f"{self.data_kind} data: use {TRAINER_OF[self.plan.manifest.data_kind]}")
         if kwargs.get("processing_class") is not None:  # saved with every checkpoint: it must be the plan's
             check_tokenizer(self.plan, kwargs["processing_class"])
         self.allow_dataset_change, self.explicit_mask = allow_dataset_change, explicit_mask
@@ -293,10 +301,7 @@ class PlanTrainer(Trainer):
         was_training = self.model.training
         self.model.eval()  # while logging too: what TRL's `log` reads to tell eval logs from training ones
         try:
-            totals = eval_totals(model, loader, explicit_mask=self.explicit_mask, loss=self._eval_loss_path())
-            result = eval_result(totals, plan,
-                            distributed=self.args.world_size > 1)
-            metrics = {f"{metric_key_prefix}_loss": result.loss, f"{metric_key_prefix}_targets": result.targets,
+            metrics = {**self.plan_eval_metrics(model, loader, plan, metric_key_prefix),
                        **speed_metrics(metric_key_prefix, start, num_samples=plan.manifest.eval.samples,
                                        num_steps=len(sampler))}
             self.log(metrics)
@@ -305,6 +310,13 @@ class PlanTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         self._memory_tracker.stop_and_update_metrics(metrics)
         return metrics
+
+    def plan_eval_metrics(self, model: Any, loader: Any, plan: Plan, prefix: str) -> dict[str, float]:
+        """The eval plan's figures (this rank's batches in `loader`, one all-reduce): `<prefix>_loss`, the exact
+        token-mean loss, and `<prefix>_targets`, the global count it divides by."""
+        totals = eval_totals(model, loader, explicit_mask=self.explicit_mask, loss=self._eval_loss_path())
+        result = eval_result(totals, plan, distributed=self.args.world_size > 1)
+        return {f"{prefix}_loss": result.loss, f"{prefix}_targets": result.targets}
 
     # ------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

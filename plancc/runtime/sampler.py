@@ -80,15 +80,17 @@ class Microbatch(list):
     A placeholder (see module docstring) is empty, has `index == -1` and `label_count == 0`.
     """
 
-    __slots__ = ("epoch", "index", "label_count", "last_in_update", "micro_step", "num_items", "position",
-                 "rows", "update")
+    __slots__ = ("counts", "epoch", "index", "label_count", "last_in_update", "micro_step", "num_items",
+                 "position", "rows", "update")
 
     def __init__(self, ids, *, epoch: int, index: int, update: int, micro_step: int, position: int,
-                 last_in_update: bool, rows: np.ndarray, label_count: int, num_items: int):
+                 last_in_update: bool, rows: np.ndarray, label_count: int, num_items: int,
+                 counts: dict[str, int] | None = None):
         super().__init__(ids)
         self.epoch, self.index, self.update, self.micro_step = epoch, index, update, micro_step
         self.position, self.last_in_update, self.rows = position, last_in_update, rows
         self.label_count, self.num_items = label_count, num_items
+        self.counts = counts or {}  # a preference plan's update totals (`RankEpoch.counts`): pairs, ...
 
     @property
     def placeholder(self) -> bool:
@@ -215,10 +217,11 @@ class PlanSampler:
             return Microbatch(ids, epoch=self.epoch, index=int(ep.index[position]), update=update,
                               micro_step=micro_step, position=position, last_in_update=last,
                               rows=rows - rows[0], label_count=int(ep.label_count[position]),
-                              num_items=int(ep.num_items[position]))
+                              num_items=int(ep.num_items[position]),
+                              counts={k: int(v[position]) for k, v in ep.counts.items()})
         return Microbatch([], epoch=self.epoch, index=-1, update=update, micro_step=micro_step, position=position,
                           last_in_update=last, rows=np.zeros(1, dtype=np.int64), label_count=0,
-                          num_items=ep.tail_num_items)
+                          num_items=ep.tail_num_items, counts=ep.tail_counts)
 
     def __iter__(self) -> Iterator[Microbatch]:
         self._pending_resume = False
@@ -391,7 +394,7 @@ class PlanEvalSampler:
         """This rank's eval microbatch (or placeholder) at `position`."""
         share, last = self.share, position == len(self) - 1
         common = dict(epoch=-1, update=0, micro_step=position, position=position, last_in_update=last,
-                      num_items=share.total_label_count)
+                      num_items=share.total_label_count, counts=share.counts)
         if position >= len(share):
             return Microbatch([], index=-1, rows=np.zeros(1, dtype=np.int64), label_count=0, **common)
         r0, r1 = int(share.batch_bounds[position]), int(share.batch_bounds[position + 1])

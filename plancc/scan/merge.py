@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from plancc.errors import InputError
+from plancc.scan import formats
 from plancc.scan.sources.samples import FIRST_ROWS, check_drops, check_retained, drop_warning
 from plancc.store import outputs, schemas, token_store, token_writer
 from plancc.store.samples import samples_fingerprints
@@ -141,9 +142,10 @@ def _part_samples(p: Part) -> pa.Table:
     except InputError:
         raise InputError(f"merge: part {p.path}: its samples table or token store does not match its recorded "
                          "fingerprints (a file was changed or swapped in); rescan this shard") from None
-    if m.header["rows"] != p.hi - p.lo:
+    k = formats.get(p.report.format).sequences if p.report.format else 1  # sequences a source row gives
+    if m.header["rows"] != k * (p.hi - p.lo):
         raise InputError(f"merge: part {p.path}: its token store holds {m.header['rows']} rows, its range "
-                         f"{p.lo}..{p.hi - 1} has {p.hi - p.lo}")
+                         f"{p.lo}..{p.hi - 1} gives {k * (p.hi - p.lo)}")
     return table
 
 

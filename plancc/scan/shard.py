@@ -133,6 +133,16 @@ class ScanJob:
                        Manifest.from_dict(d["manifest"]), ScanOptions(**d["options"]), d["format"], d["template"],
                        d["key"], ScanRecord.from_json(d["report"], "scan job"))
 
+    @property
+    def sequences(self) -> int:
+        """Sequences each source row gives (`RowFormat.sequences`: a preference pair's two completions)."""
+        return formats.get(self.format).sequences
+
+    @property
+    def data_kind(self) -> str:
+        """What the samples table holds (`schemas.data_kind_of`): sft, or the format's preference data."""
+        return formats.get(self.format).data_kind
+
     def reader(self) -> RowReader:
         """A reader of this job's source that trusts the job's manifest (no recount)."""
         return RowReader(self.located, self.options.split, manifest=self.manifest)
@@ -157,7 +167,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
     if fmt.tokenizes:
         if tok is None:
             raise needs_tokenizer(str(source), fmt.name)
-        if fmt.chat:
+        if fmt.needs_template(probe):
             chat = templates.require(template, tok)
             _check_decided(chat, options)
             warnings += filter(None, [templates.marker_warning(chat, tok)])
@@ -243,12 +253,10 @@ def scan_part(job: ScanJob, lo: int, hi: int, out_dir: str | Path, *, reader: Ro
     if lo < hi:
         enc, shifted, where = _encode(job, reader or job.reader(), lo, hi, num_proc=num_proc, pool=pool,
                                       progress=progress)
-        done = finish(enc, job.options, where, labels_shifted=shifted)
-        ids = pa.array(done.samples.column("sample_id").to_numpy() + lo, pa.int64())
-        samples = done.samples.set_column(0, schemas.SAMPLES_SCHEMA.field("sample_id"), ids)
-        counts, tokens = _global(done.report, lo), done.tokenized
+        done = finish(enc, job.options, where, labels_shifted=shifted, sequences=job.sequences, first_row=lo)
+        samples, counts, tokens = done.samples, _global(done.report, lo), done.tokenized
     else:  # more shards than rows: an empty part keeps the coverage whole
-        samples, tokens = schemas.SAMPLES_SCHEMA.empty_table(), Encoded.empty()
+        samples, tokens = schemas.samples_schema(False, job.data_kind).empty_table(), Encoded.empty()
         counts = ScanRecord.of(rows_read=0, retained=0, dropped_samples=0, truncated_samples=0,
                                **{k: Counted(0, ()) for k in COUNTS})
     report = part_report(job, lo, hi, counts, samples, time.perf_counter() - started)

@@ -20,6 +20,10 @@ from plancc.core.hashing import canonical_hash
 PLAN_FINGERPRINT_COLUMNS = ("index", "update", "rank", "micro_step", "batch_bounds", "row_bounds", "sample_ids",
                             "tokens", "label_count", "cost", "num_items")
 
+# a preference plan's update totals (`schemas.KIND_PLAN_FIELDS`): hashed when the plan has them, so SFT plans keep
+# the fingerprints they had
+KIND_FINGERPRINT_COLUMNS = ("num_pairs", "num_chosen_items", "num_desirable", "num_undesirable")
+
 EVAL_FINGERPRINT_COLUMNS = ("index", "rank", "batch_bounds", "row_bounds", "sample_ids", "tokens", "label_count", "cost")
 
 
@@ -91,7 +95,8 @@ def plan_fingerprint(cols: dict[str, np.ndarray]) -> str:
     `cols` holds the plan columns as arrays plus the nested `sample_ids` as CSR (`sample_ids`, `row_bounds`,
     `batch_bounds`); compile hashes what it writes and the store hashes what it reads with this one function.
     """
-    return array_digest(*(cols[k] for k in PLAN_FINGERPRINT_COLUMNS))
+    return array_digest(*(cols[k] for k in PLAN_FINGERPRINT_COLUMNS),
+                        *(cols[k] for k in KIND_FINGERPRINT_COLUMNS if k in cols))
 
 
 def eval_fingerprint(cols: dict[str, np.ndarray]) -> str:

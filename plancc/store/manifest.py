@@ -22,11 +22,14 @@ from plancc.store.scan_record import ScanRecord, ScanRecordError
 from plancc.store.schemas import TOKENS_DIR, StoreError
 
 REQUIRED = ("checksums", "data", "epochs", "fingerprints", "plancc", "samples", "scan", "schema", "settings")
-OPTIONAL = ("eval", "recipe")
+OPTIONAL = ("eval", "recipe", "data_kind")
 # copies of the scan record's entries older plans hold at the top level: accepted when read, never written
 LEGACY_KEYS = ("rows_read", "dropped_samples", "truncated_samples", "tokenizer", "chat_template", "warnings")
 EPOCH_KEYS = ("epoch", "batches", "updates", "samples", "dropped_samples")
 EVAL_KEYS = ("samples", "batches", "batches_per_rank", "tokens", "label_count", "cost")
+# a preference plan's eval totals (docs/preference.md): what its eval loss divides by
+EVAL_KIND_KEYS = ("pairs", "desirable", "undesirable")
+DATA_KINDS = ("sft", "preference", "unpaired_preference")
 
 
 class ManifestError(StoreError):
@@ -58,17 +61,20 @@ class EvalSummary:
     tokens: int
     label_count: int
     cost: int
+    counts: dict[str, int] = field(default_factory=dict)  # a preference plan's: pairs, or (un)desirable completions
 
     @staticmethod
-    def of(cols: dict[str, np.ndarray], world_size: int) -> EvalSummary:
-        """The summary of eval plan columns (`evaluation.eval_columns`, or read back from `eval.parquet`)."""
+    def of(cols: dict[str, np.ndarray], world_size: int, counts: dict[str, int] | None = None) -> EvalSummary:
+        """The summary of eval plan columns (`evaluation.eval_columns`, or read back from `eval.parquet`), with a
+        preference plan's `counts` (`samples.kind_counts`)."""
         n = int(cols["index"].shape[0])
         return EvalSummary(int(cols["sample_ids"].shape[0]), n, layout.steps_per_rank(n, world_size),
-                           int(cols["tokens"].sum()), int(cols["label_count"].sum()), int(cols["cost"].sum()))
+                           int(cols["tokens"].sum()), int(cols["label_count"].sum()), int(cols["cost"].sum()),
+                           dict(counts or {}))
 
     def to_json(self) -> dict[str, int]:
         """As the manifest writes it."""
-        return {k: getattr(self, k) for k in EVAL_KEYS}
+        return {**self.counts, **{k: getattr(self, k) for k in EVAL_KEYS}}
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,7 @@ class Manifest:
     checksums: dict[str, str]
     eval: EvalSummary | None = None
     recipe: dict[str, Any] | None = None
+    data_kind: str = "sft"  # what the plan trains: SFT, or preference data (docs/preference.md)
     _json: dict[str, Any] | None = field(default=None, repr=False)  # exactly what was read (None: built to write)
 
     # ------------------------------------------------------------ facts held by the scan record
@@ -152,6 +159,8 @@ class Manifest:
             out["eval"] = self.eval.to_json()
         if self.recipe is not None:
             out["recipe"] = self.recipe
+        if self.data_kind != "sft":  # written only for preference plans: SFT manifests keep their bytes
+            out["data_kind"] = self.data_kind
         return out
 
     def __getitem__(self, key: str) -> Any:
@@ -189,8 +198,9 @@ class Manifest:
                            data.get("tokenized")),
             epochs=tuple(EpochSummary(**{k: e[k] for k in EPOCH_KEYS}) for e in d["epochs"]),
             samples=d["samples"], checksums=d["checksums"],
-            eval=EvalSummary(**{k: d["eval"][k] for k in EVAL_KEYS}) if "eval" in d else None,
-            recipe=d.get("recipe"), _json=d)
+            eval=EvalSummary(**{k: d["eval"][k] for k in EVAL_KEYS},
+                             counts={k: d["eval"][k] for k in EVAL_KIND_KEYS if k in d["eval"]}) if "eval" in d else None,
+            recipe=d.get("recipe"), data_kind=d.get("data_kind", "sft"), _json=d)
 
 
 def _is(value: Any, type_: type) -> bool:
@@ -231,6 +241,10 @@ def shape_problem(d: dict[str, Any]) -> str | None:
             return f"epochs[{i}] is {e!r}, expected an object of integers {list(EPOCH_KEYS)}"
     if "eval" in d and not (isinstance(d["eval"], dict) and all(_is(d["eval"].get(k), int) for k in EVAL_KEYS)):
         return f"eval is {d['eval']!r}, expected an object of integers {list(EVAL_KEYS)}"
+    if d.get("data_kind", "sft") not in DATA_KINDS:
+        return f"data_kind is {d['data_kind']!r}, expected one of {', '.join(DATA_KINDS)}"
+    if "eval" in d and not all(_is(d["eval"][k], int) for k in EVAL_KIND_KEYS if k in d["eval"]):
+        return f"eval is {d['eval']!r}, its {'/'.join(EVAL_KIND_KEYS)} counts must be integers"
     recipe = d.get("recipe")
     if recipe is not None and not (isinstance(recipe, dict) and all(
             isinstance(recipe.get(k), list) and all(isinstance(x, dict) for x in recipe[k])

@@ -23,11 +23,16 @@ from plancc.store import token_store
 from plancc.store.schemas import (
     ARROW_SCHEMA_KEY,
     DATASET_COLUMN,
+    DESIRABLE_COLUMN,
     META_KEY,
+    PAIR_ID_COLUMN,
+    PAIR_ROLE_COLUMN,
+    PAIR_ROLES,
     ROWS_KEY,
-    SAMPLES_SCHEMA,
     SCHEMA_VERSION,
     StoreError,
+    data_kind_of,
+    samples_schema,
 )
 
 
@@ -239,24 +244,37 @@ def read_samples(source: str | Path | Held) -> pa.Table:
     (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it)."""
     held = as_held(source)
     path = held.path
-    names = SAMPLES_SCHEMA.names + ([DATASET_COLUMN] if DATASET_COLUMN in held.parquet().schema_arrow.names else [])
-    table = read_table(held, SAMPLES_SCHEMA, columns=names)
+    present = held.parquet().schema_arrow.names
+    schema = samples_schema(DATASET_COLUMN in present, data_kind_of(present))
+    table = read_table(held, schema, columns=schema.names)
     for name in table.column_names:
         values = table.column(name)
         if values.null_count:
             row = pc.index(pc.is_null(values), True).as_py()
             raise StoreError(f"{path} row {row}: column '{name}' is null ({values.null_count} nulls); a samples table "
                              "has a value in every row")
+    if PAIR_ROLE_COLUMN in table.column_names:
+        bad = pc.invert(pc.is_in(table.column(PAIR_ROLE_COLUMN), pa.array(PAIR_ROLES)))
+        if pc.any(bad).as_py():
+            row = pc.index(bad, True).as_py()
+            raise StoreError(f"{path} row {row}: column '{PAIR_ROLE_COLUMN}' is "
+                             f"{table.column(PAIR_ROLE_COLUMN)[row].as_py()!r}, expected one of {', '.join(PAIR_ROLES)}")
     return table
 
 
 def sample_arrays(table: pa.Table) -> SampleArrays:
-    """The planner's view of a samples table (sorted by sample_id): its columns as int64/bool arrays."""
+    """The planner's view of a samples table (sorted by sample_id): its columns as int64/bool arrays, and the pair
+    or label columns of preference data."""
+    names = table.column_names
     return SampleArrays(
         sample_id=column(table, "sample_id").astype(np.int64, copy=False),
         length=column(table, "length").astype(np.int64),
         label_count=column(table, "label_count").astype(np.int64),
         first_label_supervised=column(table, "first_label_supervised"),
+        pair_id=column(table, PAIR_ID_COLUMN).astype(np.int64, copy=False) if PAIR_ID_COLUMN in names else None,
+        chosen=(column(pa.table({"chosen": pc.equal(table.column(PAIR_ROLE_COLUMN), PAIR_ROLES[0])}), "chosen")
+                if PAIR_ROLE_COLUMN in names else None),
+        desirable=column(table, DESIRABLE_COLUMN) if DESIRABLE_COLUMN in names else None,
     )
 
 

@@ -19,7 +19,7 @@ other is `plan.files` (`plancc.store.plan_store.PlanFiles`), the reader `validat
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,9 @@ class EpochMicrobatches:
     num_items: np.ndarray
     total_batches: int
     tail_num_items: int
+    # a preference plan's update totals by column (`PlanFiles.kind_columns`: pairs, chosen targets, ...), and the tail's
+    counts: dict[str, np.ndarray] = field(default_factory=dict)
+    tail_counts: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -91,6 +94,7 @@ class EvalMicrobatches:
     label_count: np.ndarray
     total_batches: int
     total_label_count: int
+    counts: dict[str, int] = field(default_factory=dict)  # a preference plan's eval totals (`eval_counts`)
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -180,31 +184,38 @@ class Plan:
         if rank is not None and not 0 <= rank < W:
             raise SettingsError(f"rank {rank}: the plan has ranks 0..{W - 1}" if world_size is None
                                 else f"rank {rank} is outside world_size {W}")
-        total, keep, mine, tail_num_items = self._share(int(epoch), W, rank)
+        kinds = self.files.kind_columns  # a preference plan's update totals (pairs, ...)
+        total, keep, mine, tail = self._share(int(epoch), W, rank, kinds)
         ids, row_bounds, batch_bounds = nested_arrays(mine.column("sample_ids"))
         update, ranks, micro_step = (a[keep] for a in layout.update_mapping(total, W, G))
         return EpochMicrobatches(
             int(epoch), keep, update, ranks, micro_step, ids, row_bounds, batch_bounds, column(mine, "tokens"),
-            column(mine, "label_count"), column(mine, "num_items"), total, tail_num_items)
+            column(mine, "label_count"), column(mine, "num_items"), total, tail["num_items"],
+            {name: column(mine, name) for name in kinds}, {name: tail[name] for name in kinds})
 
-    def _share(self, epoch: int, world_size: int, rank: int | None) -> tuple[int, np.ndarray, pa.Table, int]:
+    def _share(self, epoch: int, world_size: int, rank: int | None, kinds: list[str]
+               ) -> tuple[int, np.ndarray, pa.Table, dict[str, int]]:
         """(the epoch's microbatches, the global indices of `rank`'s share under `world_size` (all when None),
-        their rows in that order, the tail update's `num_items`). A plan whose body digest vouches for its rows
-        (`verify`) reads only the share's row groups; an older plan's epoch is read whole and verified first."""
+        their rows in that order, the tail update's `num_items` and `kinds` totals (0 without a tail)). A plan
+        whose body digest vouches for its rows (`verify`) reads only the share's row groups; an older plan's epoch
+        is read whole and verified first."""
         s, body = self.settings, self._body()
         table = None if body else self._verified_epoch(epoch)
         total = self.manifest.epochs[epoch].batches if table is None else table.num_rows  # `_body` checked the count
         keep = np.arange(total, dtype=np.int64) if rank is None else layout.rank_indices(total, world_size, rank)
         tail = layout.complete_batches(total, s.world_size, s.grad_accum)
+        counted = ["num_items", *kinds]
         if table is not None:
-            tail_num_items = int(column(table, "num_items")[tail]) if tail < total else 0
-            return total, keep, table.select(SHARE_COLUMNS).take(pa.array(keep)), tail_num_items
-        try:
-            mine = self.files.read_microbatches(epoch, keep, SHARE_COLUMNS)
-            tail_row = self.files.read_microbatches(epoch, np.array([tail]), ["num_items"]) if tail < total else None
-        except PlanIntegrityError as exc:
-            _refuse([str(exc)])
-        return total, keep, mine, int(column(tail_row, "num_items")[0]) if tail_row is not None else 0
+            tail_row = table.select(counted).slice(tail, 1) if tail < total else None
+            mine = table.select([*SHARE_COLUMNS, *kinds]).take(pa.array(keep))
+        else:
+            try:
+                mine = self.files.read_microbatches(epoch, keep, [*SHARE_COLUMNS, *kinds])
+                tail_row = self.files.read_microbatches(epoch, np.array([tail]), counted) if tail < total else None
+            except PlanIntegrityError as exc:
+                _refuse([str(exc)])
+        return total, keep, mine, {name: int(column(tail_row, name)[0]) if tail_row is not None else 0
+                                   for name in counted}
 
     def eval(self, rank: int | None = None, world_size: int = 1) -> EvalMicrobatches:
         """The eval plan's microbatches (only `rank`'s of a `world_size` split when given: every `world_size`-th,
@@ -219,7 +230,7 @@ class Plan:
         ids, row_bounds, batch_bounds = nested_arrays(mine.column("sample_ids"))
         assert self.manifest.eval is not None  # checked by `_verified_eval`
         return EvalMicrobatches(keep, ids, row_bounds, batch_bounds, column(mine, "label_count"), table.num_rows,
-                                self.manifest.eval.label_count)
+                                self.manifest.eval.label_count, eval_counts(self.manifest))
 
     def samples_table(self) -> pa.Table:
         """The plan's samples table, checked against the dataset and metadata fingerprints (and its file's
@@ -354,6 +365,14 @@ _MOVED: dict[str, tuple[Any, str]] = {
         "read_before", "before_problems", "before_labels", "read_eval", "eval_problems", "read_rows", "read_epoch",
         "epoch_problems", "row_count")},
 }
+
+
+def eval_counts(manifest: Manifest) -> dict[str, int]:
+    """A preference plan's eval totals under the plan table's column names (what a preference loss over the whole
+    eval set divides by: `num_pairs`, or `num_desirable` and `num_undesirable`); empty for SFT or without an eval
+    plan."""
+    counts = manifest.eval.counts if manifest.eval is not None else {}
+    return {f"num_{name}": value for name, value in counts.items()}
 
 
 def check_epoch(epochs: list[int], epoch: int) -> None:

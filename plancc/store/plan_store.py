@@ -39,24 +39,36 @@ from plancc.store.fingerprint import (
     plan_fingerprint,
 )
 from plancc.store.manifest import EvalSummary, Manifest, ManifestError
-from plancc.store.parquet import Held, column, hold, nested_arrays, read_file_meta, read_samples, read_table
-from plancc.store.samples import dataset_codes, samples_fingerprints
+from plancc.store.parquet import (
+    Held,
+    column,
+    hold,
+    nested_arrays,
+    read_file_meta,
+    read_samples,
+    read_table,
+    sample_arrays,
+)
+from plancc.store.samples import dataset_codes, kind_counts, samples_fingerprints
 from plancc.store.schemas import (
     BEFORE_FILE,
     BEFORE_SCHEMA,
     DATASET_COLUMN,
     EVAL_FILE,
     EVAL_SCHEMA,
+    KIND_PLAN_FIELDS,
     MANIFEST_FILE,
     METRICS_FILE,
+    PAIR_ID_COLUMN,
+    PAIR_ROLE_COLUMN,
     PLAN_FILE,
-    PLAN_SCHEMA,
     SAMPLES_FILE,
-    SAMPLES_SCHEMA,
     SCHEMA_VERSION,
     TOKENS_DIR,
     StoreError,
     metrics_schema,
+    plan_schema,
+    samples_schema,
 )
 
 EPOCH_COLUMNS = ["index", "update", "rank", "micro_step", "sample_ids", "tokens", "label_count", "cost", "num_items",
@@ -156,6 +168,17 @@ class PlanFiles:
         return self._files.get(name) or self.path / name
 
     # ------------------------------------------------------------ the token store
+    @property
+    def data_kind(self) -> str:
+        """What the plan trains: `sft`, or preference data's `preference` (pairs) or `unpaired_preference` (KTO)
+        (docs/preference.md)."""
+        return self.manifest.data_kind
+
+    @property
+    def kind_columns(self) -> list[str]:
+        """The plan table's columns for its `data_kind` (`schemas.KIND_PLAN_FIELDS`; none for SFT)."""
+        return [f.name for f in KIND_PLAN_FIELDS.get(self.data_kind, ())]
+
     def data_problems(self) -> list[str]:
         """`data.tokens` and `fingerprints.tokens` must agree: a plan either ships and binds `tokens/`, or neither."""
         m = self.manifest
@@ -307,7 +330,11 @@ class PlanFiles:
             problems.append(f"{path}: its {n} rows do not hash to the plan's eval fingerprint (rows edited, deleted, "
                             "reordered or samples exchanged)")
         recorded = self.manifest.eval.to_json() if self.manifest.eval is not None else None
-        found = first_difference(recorded, EvalSummary.of(cols, W).to_json())
+        counts = None
+        if self.data_kind != "sft":  # what a preference loss divides the eval set's sum by: from the samples held out
+            held = sample_arrays(self.read_samples())
+            counts = kind_counts(held.take(np.searchsorted(held.sample_id, ids)))
+        found = first_difference(recorded, EvalSummary.of(cols, W, counts).to_json())
         if found:
             problems.append(f"{self.plan_file} metadata: eval.{found} (recomputed from {EVAL_FILE})")
         return problems
@@ -317,11 +344,17 @@ class PlanFiles:
         table's ids and the settings (`redraw.eval_ids`). Rows swapped for training samples, with the eval
         fingerprint and summary recomputed into every file, hash consistently but are not that draw."""
         s = self.manifest.settings
-        columns = ["sample_id", *([DATASET_COLUMN] if s.mixture else [])]
+        paired = self.data_kind == "preference"
+        columns = ["sample_id", *([DATASET_COLUMN] if s.mixture else []),
+                   *([PAIR_ID_COLUMN, PAIR_ROLE_COLUMN] if paired else [])]
         try:
-            samples = read_table(self.held(SAMPLES_FILE), SAMPLES_SCHEMA, columns=columns)
+            samples = read_table(self.held(SAMPLES_FILE), samples_schema(bool(s.mixture), self.data_kind),
+                                 columns=columns)
             index = redraw.dataset_index(*dataset_codes(samples), s) if s.mixture else None
-            expected = redraw.eval_ids(column(samples, "sample_id"), s, index)
+            ids = column(samples, "sample_id")
+            expected = (redraw.eval_ids(ids, s, index) if not paired else redraw.pair_eval_ids(
+                ids, column(samples, PAIR_ID_COLUMN), pc.equal(samples.column(PAIR_ROLE_COLUMN), "chosen").to_numpy(),
+                s, index))
         except (StoreError, SettingsError, KeyError) as exc:
             return [f"{self.path / EVAL_FILE}: the held-out draw cannot be made again ({exc})"]
         found = eval_set_problem(nested_arrays(table.column("sample_ids"))[0], expected, s)
@@ -338,7 +371,8 @@ class PlanFiles:
         """Every row of every epoch as compile wrote it, without decoding them (`plan_body.body_problems`), and each
         epoch's row count (its `epoch` column) as the manifest's `epochs[e].batches`, what samplers size epochs by."""
         held = self.held(PLAN_FILE)
-        problems = schema_problems(held, PLAN_SCHEMA) or plan_body.body_problems(held, len(PLAN_SCHEMA))
+        schema = plan_schema(self.data_kind)
+        problems = schema_problems(held, schema) or plan_body.body_problems(held, len(schema))
         if problems:
             return problems
         try:
@@ -385,7 +419,7 @@ class PlanFiles:
     def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
         """Plan rows matching Parquet `filters` on the plan columns (row groups skipped on their statistics), in
         file order: (epoch, rank, index)."""
-        return read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns, filters=filters)
+        return read_table(self.held(PLAN_FILE), plan_schema(self.data_kind), columns=columns, filters=filters)
 
     def row_count(self) -> int:
         """Rows of the plan file, all epochs, from its footer (`validate` compares it with the epochs' rows)."""
@@ -393,7 +427,8 @@ class PlanFiles:
 
     def read_epoch(self, epoch: int, columns: list[str] | None = None) -> pa.Table:
         """One epoch's rows in global order (a filtered read: the same one the runtime verifies and replays)."""
-        table = read_table(self.held(PLAN_FILE), PLAN_SCHEMA, columns=columns or EPOCH_COLUMNS,
+        table = read_table(self.held(PLAN_FILE), plan_schema(self.data_kind),
+                           columns=columns or EPOCH_COLUMNS + self.kind_columns,
                            filters=[("epoch", "=", int(epoch))])
         index = column(table, "index")
         if index.shape[0] > 1 and not bool(np.all(index[1:] > index[:-1])):
@@ -410,7 +445,7 @@ class PlanFiles:
         settings = self.manifest.settings
         W, G, P = settings.world_size, settings.grad_accum, settings.batches_per_update
         n = table.num_rows
-        cols = {name: column(table, name) for name in EPOCH_COLUMNS if name != "sample_ids"}
+        cols = {name: column(table, name) for name in EPOCH_COLUMNS + self.kind_columns if name != "sample_ids"}
         update, rank, micro_step = layout.update_mapping(n, W, G)
         expect = {
             "index": (np.arange(n), "the row's position in the epoch"),

@@ -32,14 +32,15 @@ from plancc.store.schemas import (
     PLAN_FILE,
     PLAN_SCHEMA,
     SAMPLES_FILE,
+    data_kind_of,
     metrics_schema,
     samples_schema,
 )
 
 
-def metrics_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """Rows of {epoch, stage, metric...} as the metrics table."""
-    schema = metrics_schema()
+def metrics_table(rows: list[dict[str, Any]], kind: str = "sft") -> pa.Table:
+    """Rows of {epoch, stage, metric...} as the metrics table (of a plan of `kind`: `schemas.data_kind_of`)."""
+    schema = metrics_schema(kind)
     arrays = [string_array([row[f.name] for row in rows]) if pa.types.is_string(f.type)
               else optional_array([row.get(f.name) for row in rows], f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -80,7 +81,7 @@ def write_plan_files(directory: Path, manifest: Manifest, rows: pa.Table, sample
     plan_meta = {META_KEY: orjson.dumps({**record, "kind": "plan"}, option=orjson.OPT_SORT_KEYS)}
     plan_body.write_rows(rows, directory / PLAN_FILE, plan_meta)
     fingerprints, settings = record["fingerprints"], record["settings"]
-    schema = samples_schema(DATASET_COLUMN in samples.column_names)
+    schema = samples_schema(DATASET_COLUMN in samples.column_names, data_kind_of(samples.column_names))
     write_parquet(samples.select(schema.names).cast(schema), directory / SAMPLES_FILE,
                   file_metadata("samples", fingerprints, settings))
     write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))

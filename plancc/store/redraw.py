@@ -78,6 +78,15 @@ def eval_ids(sample_ids: np.ndarray, settings: PlanSettings, index: np.ndarray |
     return np.sort(out)
 
 
+def pair_eval_ids(sample_ids: np.ndarray, pair_ids: np.ndarray, chosen: np.ndarray, settings: PlanSettings,
+                  index: np.ndarray | None = None) -> np.ndarray:
+    """`eval_ids` as preference data holds out: whole pairs, drawn by their `pair_id` (one id a pair, the chosen
+    completion's `index`), both completions of each held-out pair."""
+    first = np.flatnonzero(chosen)
+    held = eval_ids(pair_ids[first], settings, None if index is None else index[first])
+    return np.sort(np.asarray(sample_ids, dtype=np.int64)[np.isin(pair_ids, held)])
+
+
 def mixture_counts(sizes: np.ndarray, settings: PlanSettings) -> np.ndarray:
     """Samples each mixture entry contributes to an epoch (0 for eval datasets)."""
     counts = np.zeros(len(settings.mixture), dtype=np.int64)

@@ -9,10 +9,11 @@ import pyarrow as pa
 
 from plancc.config.settings import ROLES
 from plancc.core.hashing import canonical_hash
+from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import InputError
 from plancc.store.fingerprint import array_digest, dataset_fingerprint, metadata_fingerprint
-from plancc.store.parquet import column
-from plancc.store.schemas import DATASET_COLUMN, SAMPLES_SCHEMA
+from plancc.store.parquet import column, sample_arrays
+from plancc.store.schemas import DATASET_COLUMN, SAMPLES_SCHEMA, data_kind_of, samples_schema
 
 
 def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None = None) -> dict[str, str]:
@@ -21,6 +22,11 @@ def samples_fingerprints(table: pa.Table, identity: dict[str, str | None] | None
     if DATASET_COLUMN in table.column_names:  # a recipe's: which dataset each sample is of is what the plan saw
         codes, names = dataset_codes(table)
         identity = {**(identity or {}), "datasets": canonical_hash({"names": names, "codes": array_digest(codes)})}
+    kind = data_kind_of(table.column_names)
+    if kind != "sft":  # preference data: which completions pair up (or are desirable) is what the plan saw too
+        arrays = sample_arrays(table)
+        labels = [arrays.pair_id, arrays.chosen] if kind == "preference" else [arrays.desirable]
+        identity = {**(identity or {}), kind: array_digest(*(a.astype(np.int64) for a in labels))}
     return {
         "dataset": dataset_fingerprint(col["sample_id"], col["token_hash"]),
         "metadata": metadata_fingerprint(col["sample_id"], col["length"], col["label_count"],
@@ -57,8 +63,23 @@ def near_samples_table(path: Path, names: set[str]) -> None:
     """Refuse a Parquet file that is a samples table but for some columns (it has sample_id, length and label_count
     and no column any source format reads): telling its format would fail with a message about formats."""
     if {"sample_id", "length", "label_count"} <= names and not names & set(ROLES):
-        want = set(SAMPLES_SCHEMA.names)
+        want = set(samples_schema(False, data_kind_of(names)).names)
         wrong = [f"lacks {sorted(want - names)}"] if want - names else []
         wrong += [f"has {sorted(names - want)} besides"] if names - want else []
         raise InputError(f"{path} looks like a samples table but {' and '.join(wrong)}: a samples table has exactly "
-                         f"the columns {SAMPLES_SCHEMA.names} (schemas/samples.arrow.json)")
+                         f"the columns {sorted(want)} (schemas/samples.arrow.json)")
+
+
+def is_samples_table(names: set[str]) -> bool:
+    """Whether Parquet columns `names` are exactly a samples table's (SFT, or preference data's)."""
+    return names == set(samples_schema(False, data_kind_of(names)).names)
+
+
+def kind_counts(s: SampleArrays) -> dict[str, int]:
+    """What a preference loss over all of `s` divides by: its pairs, or its desirable and undesirable completions
+    (nothing for SFT samples)."""
+    if s.kind == "preference":
+        return {"pairs": int(s.chosen.sum())}
+    if s.kind == "unpaired_preference":
+        return {"desirable": int(s.desirable.sum()), "undesirable": int((~s.desirable).sum())}
+    return {}

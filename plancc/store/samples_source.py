@@ -18,10 +18,10 @@ from plancc.store import atomic
 from plancc.store.outputs import output_kind
 from plancc.store.parquet import read_file_meta, read_samples
 from plancc.store.plan import Plan
-from plancc.store.samples import check_samples, near_samples_table
+from plancc.store.samples import check_samples, is_samples_table, near_samples_table
 from plancc.store.scan_record import RecordedOptions, ScanRecord
 from plancc.store.scan_store import ScanDir
-from plancc.store.schemas import PLAN_FILE, SAMPLES_FILE, SAMPLES_SCHEMA, SCAN_MANIFEST_FILE, StoreError
+from plancc.store.schemas import PLAN_FILE, SAMPLES_FILE, SCAN_MANIFEST_FILE, StoreError
 
 KINDS = ("plan", "scan", "table")
 
@@ -49,8 +49,8 @@ def samples_kind(path: str | Path) -> str | None:
             return None
         return "plan" if (p / PLAN_FILE).is_file() else "scan" if (p / SCAN_MANIFEST_FILE).is_file() else None
     try:
-        return "table" if p.suffix.lower() == ".parquet" and set(pq.read_schema(p).names) == set(
-            SAMPLES_SCHEMA.names) else None
+        return "table" if p.suffix.lower() == ".parquet" and is_samples_table(set(pq.read_schema(p).names)) \
+            else None
     except (pa.ArrowException, OSError):
         return None
 
@@ -84,7 +84,7 @@ def open_samples(path: str | Path) -> StoredSamples | None:
             names = set(pq.read_schema(p).names)
         except (pa.ArrowException, OSError) as exc:
             raise InputError(f"{p}: not a readable Parquet file ({exc})") from None
-        if names != set(SAMPLES_SCHEMA.names):
+        if not is_samples_table(names):
             near_samples_table(p, names)
             return None
         return _table(p)

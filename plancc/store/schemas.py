@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from plancc.core.metric_columns import METRIC_COLUMNS
+from plancc.core.metric_columns import KIND_METRIC_COLUMNS, METRIC_COLUMNS
+from plancc.core.pairs import DESIRABLE_COLUMN, PAIR_ID_COLUMN, PAIR_ROLE_COLUMN, PAIR_ROLES  # noqa: F401 (re-exported)
 from plancc.errors import PlanccError
 
 SCHEMA_VERSION = 1
@@ -37,10 +38,29 @@ SAMPLES_SCHEMA = pa.schema(
 DATASET_COLUMN = "dataset"  # a recipe's samples table: the name of each sample's dataset (`plancc.config.recipe`)
 RECIPE_SAMPLES_SCHEMA = SAMPLES_SCHEMA.append(pa.field(DATASET_COLUMN, pa.string(), nullable=False))
 
+# preference data (docs/preference.md): each completion is a sample; paired data names its pair and role, unpaired
+# (KTO) data its label. An SFT samples table has none of these columns.
+KIND_FIELDS = {
+    "sft": (),
+    "preference": (pa.field(PAIR_ID_COLUMN, pa.int64(), nullable=False),
+                   pa.field(PAIR_ROLE_COLUMN, pa.string(), nullable=False)),
+    "unpaired_preference": (pa.field(DESIRABLE_COLUMN, pa.bool_(), nullable=False),),
+}
 
-def samples_schema(recipe: bool) -> pa.Schema:
-    """The samples table's schema: a recipe's has the `dataset` column."""
-    return RECIPE_SAMPLES_SCHEMA if recipe else SAMPLES_SCHEMA
+
+def data_kind_of(names: list[str] | set[str]) -> str:
+    """What a samples table with columns `names` holds: `sft`, `preference` (pairs) or `unpaired_preference`."""
+    return next((kind for kind, extra in KIND_FIELDS.items() if extra and {f.name for f in extra} <= set(names)),
+                "sft")
+
+
+def samples_schema(recipe: bool, kind: str = "sft") -> pa.Schema:
+    """The samples table's schema: preference data adds its pair (or label) columns, a recipe's the `dataset`
+    column."""
+    schema = SAMPLES_SCHEMA
+    for extra in KIND_FIELDS[kind]:
+        schema = schema.append(extra)
+    return schema.append(RECIPE_SAMPLES_SCHEMA.field(DATASET_COLUMN)) if recipe else schema
 
 
 PLAN_SCHEMA = pa.schema(
@@ -58,6 +78,24 @@ PLAN_SCHEMA = pa.schema(
         pa.field("complete_update", pa.bool_(), nullable=False),
     ]
 )
+
+# preference plans (docs/preference.md): per microbatch, totals of its whole update on all ranks
+KIND_PLAN_FIELDS = {
+    "sft": (),
+    "preference": (pa.field("num_pairs", pa.int64(), nullable=False),
+                   pa.field("num_chosen_items", pa.int64(), nullable=False)),
+    "unpaired_preference": (pa.field("num_desirable", pa.int64(), nullable=False),
+                            pa.field("num_undesirable", pa.int64(), nullable=False)),
+}
+
+
+def plan_schema(kind: str = "sft") -> pa.Schema:
+    """The plan table's schema for a plan of `kind` (`data_kind_of`): preference plans add their update totals."""
+    schema = PLAN_SCHEMA
+    for extra in KIND_PLAN_FIELDS[kind]:
+        schema = schema.append(extra)
+    return schema
+
 
 BEFORE_SCHEMA = pa.schema(
     [
@@ -85,10 +123,11 @@ class StoreError(PlanccError):
     """A plan or scan file is missing, corrupt, foreign or of another schema version; the message names it."""
 
 
-def metrics_schema() -> pa.Schema:
-    """The metrics table's Arrow schema: epoch, stage, then every metric column (int64 or float64, nullable)."""
+def metrics_schema(kind: str = "sft") -> pa.Schema:
+    """The metrics table's Arrow schema: epoch, stage, then every metric column (int64 or float64, nullable), and
+    those of preference data for its `kind` of plan."""
     types = {"int": pa.int64(), "float": pa.float64()}
     return pa.schema(
         [pa.field("epoch", pa.int32(), nullable=False), pa.field("stage", pa.string(), nullable=False)]
-        + [pa.field(name, types[kind]) for name, kind in METRIC_COLUMNS]
+        + [pa.field(name, types[t]) for name, t in (*METRIC_COLUMNS, *KIND_METRIC_COLUMNS[kind])]
     )

@@ -26,26 +26,29 @@ largest id, fingerprints and its own `header_hash`::
     tokens/part-00000/   a single store: rows 0 .. n0-1 of the dataset
     tokens/part-00001/   rows n0 .. n0+n1-1
 
-`open_store` maps it as one dataset: `offsets`, `chunks` and `chunk_hashes` are the parts' concatenated (shifted;
-O(rows) at open, no token read), `input_ids`/`labels` a `Concat` of the parts' maps that indexes like one array
-(a row never spans two parts, so a row's slice is a view of one map). Stores are written, joined into parts and
-placed by hard links in `token_writer`.
+`open_store` opens it as one dataset from its header alone (`token_parts`): a part is opened, checked against the
+header's record of it and mapped the first time one of its rows is read, so that opening costs the same for 1 part
+or 1,000; `input_ids`/`labels` index like one array (a row never spans two parts, so a row's slice is a view of one
+part's map) and `offsets` like the whole store's. Every array is mapped without holding a descriptor (`token_parts.map_array`): a
+process needs one descriptor per multi-part store, whatever its parts and whatever it reads. Stores are written,
+joined into parts and placed by hard links in `token_writer`.
 
 Verification scales with what a reader touches: `open_store` checks the header (its `header_hash`: a value such as
 `chunk_tokens` or `max_id` that nothing else binds is edited in vain), every file's size and dtype, the offsets' ends
 and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of ids and labels
-at the default size, microseconds of hashing: docs/benchmarks.md; read through the file, so that the chunk's pages
-stay out of the reader's resident set) and is what readers call the first time they touch a chunk; `verify_all`
-rehashes every chunk. The dataset fingerprint keeps its meaning: it is computed from the
-samples table's per-sample `token_hash`, which the store records at write and a plan compares at open.
+at the default size, microseconds of hashing: docs/benchmarks.md) and is what readers call the first time they
+touch a chunk; `verify_all` rehashes every chunk (and `parts_problem` opens every part). The dataset fingerprint
+keeps its meaning: it is computed from the samples table's per-sample `token_hash`, which the store records at
+write and a plan compares at open.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -54,8 +57,9 @@ import orjson
 import xxhash
 
 from plancc.core.plan_arrays import IGNORE_INDEX
-from plancc.errors import PlanccError
+from plancc.errors import PlanccError, descriptors_hint, out_of_descriptors
 from plancc.store.schemas import TOKENS_DIR
+from plancc.store.token_parts import Concat, Joined, PartOffsets, Parts, map_array
 
 FORMAT = "plancc.tokens/2"  # 2: the header carries header_hash (1 did not: an edited chunk_tokens went unseen)
 HEADER_FILE = "tokens.json"
@@ -83,66 +87,21 @@ class FileTypeError(PlanccError):
     """A path where plancc reads a file holds a FIFO, device, socket or directory: refused before any read."""
 
 
-class Concat:
-    """Read-only 1-D arrays (the parts' memory maps) indexed as their concatenation, without copying them: a slice
-    inside one part is a view of its map; a slice across parts or an index array gathers from each part."""
-
-    def __init__(self, parts: list[np.ndarray]):
-        self.parts = parts
-        self.starts = np.zeros(len(parts) + 1, np.int64)
-        np.cumsum([p.shape[0] for p in parts], out=self.starts[1:])
-        self.dtype = parts[0].dtype if parts else np.dtype("<i4")
-        self.shape = (int(self.starts[-1]),)
-        self.size, self.ndim = self.shape[0], 1
-
-    def __len__(self) -> int:
-        return self.size
-
-    def _part(self, i: int) -> int:
-        return int(np.searchsorted(self.starts, i, side="right") - 1)
-
-    def __getitem__(self, key):
-        if isinstance(key, slice):
-            a, b, step = key.indices(self.size)
-            if step != 1 or b <= a:
-                return self[np.arange(a, b, step, dtype=np.int64)] if step != 1 else np.zeros(0, self.dtype)
-            k = self._part(a)
-            if b <= self.starts[k + 1]:
-                return self.parts[k][a - self.starts[k]:b - self.starts[k]]
-            last = self._part(b - 1)
-            return np.concatenate([self.parts[j][max(a - self.starts[j], 0):min(b, self.starts[j + 1]) -
-                                                 self.starts[j]] for j in range(k, last + 1)])
-        if np.isscalar(key):
-            i = int(key) + (self.size if int(key) < 0 else 0)
-            k = self._part(i)
-            return self.parts[k][i - self.starts[k]]
-        idx = np.asarray(key, dtype=np.int64)
-        out = np.empty(idx.shape, self.dtype)
-        which = np.searchsorted(self.starts, idx, side="right") - 1
-        for k in np.unique(which).tolist():
-            sel = which == k
-            out[sel] = self.parts[k][idx[sel] - self.starts[k]]
-        return out
-
-    def max(self):
-        """Largest value over all parts (the vocabulary bound)."""
-        return max(int(p.max()) for p in self.parts if p.size)
-
-
 @dataclass(frozen=True)
 class MappedTokens:
-    """A store opened read-only: memory maps (no data read yet) and its header; `parts`: a multi-part store's
-    parts (each a single store), empty for a single store."""
+    """A store opened read-only: memory maps (no data read yet) and its header. A multi-part store's arrays are
+    its parts' as one (`token_parts`: `Concat`, `PartOffsets`; `chunks` and `chunk_hashes` `Joined`, read only by
+    checks of the whole store) and `parts` its parts (each a single store, mapped when first read); a single
+    store's `parts` is empty."""
 
     path: Path
     input_ids: np.ndarray | Concat
     labels: np.ndarray | Concat
-    offsets: np.ndarray
-    chunks: np.ndarray
-    chunk_hashes: np.ndarray
+    offsets: np.ndarray | PartOffsets
+    chunks: np.ndarray | Joined
+    chunk_hashes: np.ndarray | Joined
     header: dict[str, Any]
-    parts: tuple[MappedTokens, ...] = ()
-    files: dict[str, Reader] = field(default_factory=dict)  # input_ids/labels: their open files, for `verify_chunk`
+    parts: Parts[MappedTokens] | tuple[()] = ()
 
     @property
     def num_chunks(self) -> int:
@@ -192,34 +151,7 @@ def open_dir(path: str | Path, error: type[PlanccError], *, dir_fd: int | None =
     except NotADirectoryError:
         raise error(f"{shown} is not a directory") from None
     except OSError as exc:
-        raise error(f"{shown}: cannot open it ({exc.strerror or exc})") from None
-
-
-@dataclass(frozen=True)
-class Reader:
-    """Reads elements of a mapped array through its open file (or, joined, through each part's in row order)."""
-
-    files: tuple[BinaryIO, ...]
-    offsets: tuple[int, ...]  # each file's array offset (its .npy header size)
-    starts: tuple[int, ...]  # first element of each file (len(files) + 1 entries)
-    itemsize: int
-
-    def pread(self, a: int, b: int) -> bytes:
-        """Elements [a, b) read through the files, not the maps: the pages land in the shared page cache without
-        joining this process's resident set (a reader maps only the pages of the rows it uses)."""
-        out = []
-        for f, off, lo, hi in zip(self.files, self.offsets, self.starts, self.starts[1:], strict=False):
-            x, y = max(a, lo), min(b, hi)
-            if x < y:
-                out.append(os.pread(f.fileno(), (y - x) * self.itemsize, off + (x - lo) * self.itemsize))
-        return b"".join(out)
-
-    @staticmethod
-    def join(readers: list[Reader]) -> Reader:
-        """The parts' readers as one, in row order."""
-        starts = np.cumsum([0] + [r.starts[-1] for r in readers]).tolist()
-        return Reader(tuple(r.files[0] for r in readers), tuple(r.offsets[0] for r in readers), tuple(starts),
-                      readers[0].itemsize)
+        raise error(f"{shown}: cannot open it{_why(exc)}") from None
 
 
 # ---------------------------------------------------------------- hashes (what the writer records)
@@ -268,30 +200,40 @@ def store_in(folder: str | Path) -> Path | None:
     return next((p for p in (Path(folder), Path(folder) / TOKENS_DIR) if is_store(p)), None)
 
 
-def _map(path: Path, dir_fd: int, name: str, length: int) -> tuple[np.memmap, Reader]:
-    """Array `name` of the store opened through `dir_fd`: its map, and a reader over the same open file."""
+def _map(path: Path, dir_fd: int, name: str, length: int) -> np.ndarray:
+    """Array `name` of the store opened through `dir_fd`, checked against the header's dtype and length, mapped."""
     where = f"token store {path}: {name}.npy"
     try:
         f = open_file(f"{name}.npy", dir_fd=dir_fd, shown=path / f"{name}.npy")
     except FileNotFoundError:
         raise TokenStoreError(f"{where} is missing") from None
     except OSError as exc:
-        raise TokenStoreError(f"{where}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        version = np.lib.format.read_magic(f)
-        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
-        shape, _, dtype = read(f)  # 1-D: Fortran order is the same layout
-    except Exception as exc:  # a damaged header reaches numpy's literal parser: SyntaxError, TokenError, ...
-        raise TokenStoreError(f"{where} is not a readable .npy file ({type(exc).__name__}: {exc or 'empty'})") from None
-    if dtype != ARRAYS[name] or len(shape) != 1 or shape[0] != length:
-        raise TokenStoreError(f"{where} holds {dtype}[{shape}], its header says {ARRAYS[name]}[{length}] (a file was "
-                              "replaced or truncated)")
-    offset, size = f.tell(), os.fstat(f.fileno()).st_size
-    if offset + length * dtype.itemsize != size:
-        raise TokenStoreError(f"{where} has {size - offset - length * dtype.itemsize} bytes beyond its array (a file "
-                              "was appended to or replaced)")
-    arr = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
-    return arr, Reader((f,), (offset,), (0, length), dtype.itemsize)
+        raise TokenStoreError(f"{where}: cannot read it{_why(exc)}") from None
+    with f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
+            shape, _, dtype = read(f)  # 1-D: Fortran order is the same layout
+        except Exception as exc:  # a damaged header reaches numpy's literal parser: SyntaxError, TokenError, ...
+            raise TokenStoreError(f"{where} is not a readable .npy file ({type(exc).__name__}: {exc or 'empty'})"
+                                  ) from None
+        if dtype != ARRAYS[name] or len(shape) != 1 or shape[0] != length:
+            raise TokenStoreError(f"{where} holds {dtype}[{shape}], its header says {ARRAYS[name]}[{length}] (a file "
+                                  "was replaced or truncated)")
+        offset, size = f.tell(), os.fstat(f.fileno()).st_size
+        if offset + length * dtype.itemsize != size:
+            raise TokenStoreError(f"{where} has {size - offset - length * dtype.itemsize} bytes beyond its array (a "
+                                  "file was appended to or replaced)")
+        try:
+            return map_array(f, offset, dtype, length)
+        except OSError as exc:
+            raise TokenStoreError(f"{where}: cannot map it{_why(exc)}") from None
+
+
+def _why(exc: OSError) -> str:
+    """` (REASON)` of a failed open or map for a message, with what to do when the process ran out of file
+    descriptors."""
+    return f" ({exc.strerror or exc})" + (f"; {descriptors_hint()}" if out_of_descriptors(exc) else "")
 
 
 def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
@@ -305,7 +247,7 @@ def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
     except FileNotFoundError:
         raise TokenStoreError(f"{path} is not a token store (no {HEADER_FILE})") from None
     except OSError as exc:
-        raise TokenStoreError(f"token store {path}: cannot read {HEADER_FILE} ({exc.strerror or exc})") from None
+        raise TokenStoreError(f"token store {path}: cannot read {HEADER_FILE}{_why(exc)}") from None
     except orjson.JSONDecodeError as exc:
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} is not valid JSON ({exc})") from None
     got = header.get("format") if isinstance(header, dict) else None
@@ -328,8 +270,9 @@ def _counts(header: dict[str, Any], names: tuple[str, ...]) -> bool:
 def open_store(path: str | Path, dir_fd: int | None = None) -> MappedTokens:
     """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash).
 
-    Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened), so
-    the store is read whole from the directory that was there at open, whatever later replaces its path."""
+    Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened; a
+    multi-part store holds a copy of it to open its parts when first read), so the store is read whole from the
+    directory that was there at open, whatever later replaces its path."""
     path = Path(path)
     own = dir_fd is None
     if own:
@@ -356,8 +299,7 @@ def _open_single(path: Path, dir_fd: int) -> MappedTokens:
     rows, tokens, chunks = header["rows"], header["tokens"], header["chunks"]
     lengths = {"input_ids": tokens, "labels": tokens, "offsets": rows + 1, "chunks": chunks + 1, "chunk_hashes": chunks}
     maps = {name: _map(path, dir_fd, name, n) for name, n in lengths.items()}
-    m = MappedTokens(path, *(maps[n][0] for n in lengths), header,
-                     files={n: maps[n][1] for n in ("input_ids", "labels")})
+    m = MappedTokens(path, *(maps[n] for n in lengths), header)
     if int(m.offsets[0]) != 0 or int(m.offsets[-1]) != tokens or int(m.chunks[0]) != 0 or int(m.chunks[-1]) != rows:
         raise TokenStoreError(f"token store {path}: offsets.npy or chunks.npy does not span the store's "
                               f"{rows} rows and {tokens} tokens (a file was changed)")
@@ -367,47 +309,80 @@ def _open_single(path: Path, dir_fd: int) -> MappedTokens:
 
 
 def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens:
-    """A multi-part store as one: every part opened (constant-cost checks) and bound to the header's record."""
+    """A multi-part store as one, from its header alone: each part is mapped (and bound to the header's record of
+    it) the first time one of its rows is read (`token_parts`), through a descriptor of the store's folder, the
+    one the store holds whatever its number of parts."""
     if (sorted(header) != PARTS_KEYS or not isinstance(header["parts"], list) or not header["parts"]
             or not _counts(header, ("rows", "tokens")) or type(header["labels_shifted"]) is not bool):
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)}, values of the wrong type "
                               f"or no parts; a multi-part store's header holds exactly {PARTS_KEYS}")
-    parts = []
-    for p in header["parts"]:
-        if (not isinstance(p, dict) or sorted(p) != PART_KEYS or not isinstance(p["dir"], str)
-                or Path(p["dir"]).name != p["dir"] or p["dir"] in ("", ".", "..")):
+    keys = set(PART_KEYS)
+    for p in header["parts"]:  # a thousand parts: plain tests, no Path per part
+        if not (type(p) is dict and p.keys() == keys and type(p["rows"]) is int and p["rows"] >= 0
+                and type(p["tokens"]) is int and p["tokens"] >= 0 and type(p["dir"]) is str
+                and p["dir"] not in ("", ".", "..") and "/" not in p["dir"] and "\0" not in p["dir"]):
             raise TokenStoreError(f"token store {path}: {HEADER_FILE} lists a part {p!r} that is not a folder in it "
                                   f"with exactly {PART_KEYS}")
-        where = path / p["dir"]
-        try:
-            part_fd = open_dir(p["dir"], TokenStoreError, dir_fd=dir_fd, shown=f"token store {where}")
-        except FileNotFoundError:
-            raise TokenStoreError(f"token store {path}: its part {p['dir']} is missing") from None
-        try:
-            m = _open_single(where, part_fd)
-        finally:
-            os.close(part_fd)
-        if m.parts:
-            raise TokenStoreError(f"token store {where}: a part is itself multi-part")
-        got = {k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}
-        if got != {k: p.get(k) for k in got} or m.header["labels_shifted"] != header["labels_shifted"]:
-            raise TokenStoreError(f"token store {where} holds {got} but {path / HEADER_FILE} records "
-                                  f"{ {k: p.get(k) for k in got} } (a part was replaced or rewritten)")
-        parts.append(m)
-    rows = np.cumsum([0] + [m.header["rows"] for m in parts])
-    tokens = np.cumsum([0] + [m.header["tokens"] for m in parts])
-    max_id = max(m.header["max_id"] for m in parts)
-    if int(rows[-1]) != header["rows"] or int(tokens[-1]) != header["tokens"] or max_id != header["max_id"]:
-        raise TokenStoreError(f"token store {path}: its parts hold {int(rows[-1])} rows, {int(tokens[-1])} tokens and "
-                              f"ids up to {max_id}; {HEADER_FILE} says {header['rows']}, {header['tokens']} and "
+    records = header["parts"]
+    rows, tokens = [p["rows"] for p in records], [p["tokens"] for p in records]
+    if sum(rows) != header["rows"] or sum(tokens) != header["tokens"]:
+        raise TokenStoreError(f"token store {path}: its parts hold {sum(rows)} rows and {sum(tokens)} tokens; "
+                              f"{HEADER_FILE} says {header['rows']} and {header['tokens']}")
+    try:
+        held = os.dup(dir_fd)
+    except OSError as exc:
+        raise TokenStoreError(f"token store {path}: cannot hold it open{_why(exc)}") from None
+    parts: Parts[MappedTokens] = Parts(rows, tokens, lambda k: _open_part(path, held, header, k))
+    weakref.finalize(parts, os.close, held)
+    dtype = ARRAYS["input_ids"]
+    return MappedTokens(path, Concat(parts.token_starts, lambda k: parts[k].input_ids, dtype),
+                        Concat(parts.token_starts, lambda k: parts[k].labels, dtype),
+                        PartOffsets(parts, lambda k: parts[k].offsets), Joined(lambda: _chunk_bounds(parts)),
+                        Joined(lambda: np.concatenate([np.asarray(m.chunk_hashes) for m in parts])), header, parts)
+
+
+def _open_part(path: Path, dir_fd: int, header: dict[str, Any], k: int) -> MappedTokens:
+    """Part `k` of a multi-part store, opened through the store's folder, refused unless it is the part the header
+    records (rows, tokens, chunk index and header hashes, label layout, ids within the store's largest)."""
+    p = header["parts"][k]
+    where = path / p["dir"]
+    try:
+        part_fd = open_dir(p["dir"], TokenStoreError, dir_fd=dir_fd, shown=f"token store {where}")
+    except FileNotFoundError:
+        raise TokenStoreError(f"token store {path}: its part {p['dir']} is missing") from None
+    try:
+        m = _open_single(where, part_fd)
+    finally:
+        os.close(part_fd)
+    if m.parts:
+        raise TokenStoreError(f"token store {where}: a part is itself multi-part")
+    got = {k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}
+    if got != {k: p.get(k) for k in got} or m.header["labels_shifted"] != header["labels_shifted"]:
+        raise TokenStoreError(f"token store {where} holds {got} but {path / HEADER_FILE} records "
+                              f"{ {k: p.get(k) for k in got} } (a part was replaced or rewritten)")
+    if m.header["max_id"] > header["max_id"]:
+        raise TokenStoreError(f"token store {where} holds ids up to {m.header['max_id']}, {path / HEADER_FILE} says "
                               f"{header['max_id']}")
-    offsets = np.concatenate([[0]] + [np.asarray(m.offsets[1:]) + t for m, t in zip(parts, tokens, strict=False)])
-    chunks = np.concatenate([[0]] + [np.asarray(m.chunks[1:]) + r for m, r in zip(parts, rows, strict=False)])
-    hashes = np.concatenate([np.asarray(m.chunk_hashes) for m in parts])
-    full = {**header, "chunk_tokens": parts[0].header["chunk_tokens"]}
-    return MappedTokens(path, Concat([m.input_ids for m in parts]), Concat([m.labels for m in parts]),
-                        offsets.astype(np.int64), chunks.astype(np.int64), hashes.astype(np.uint64), full,
-                        tuple(parts), {n: Reader.join([m.files[n] for m in parts]) for n in ("input_ids", "labels")})
+    return m
+
+
+def _chunk_bounds(parts: Parts[MappedTokens]) -> np.ndarray:
+    """The whole store's chunk bounds (rows): every part's, in row order (reads every part's index)."""
+    shifted = [np.asarray(m.chunks[1:]) + r for m, r in zip(parts, parts.row_starts, strict=False)]
+    return np.concatenate([np.zeros(1, np.int64), *shifted]).astype(np.int64)
+
+
+def parts_problem(m: MappedTokens) -> str | None:
+    """None when every part of a multi-part store opens and is the part its header records (what a reader checks
+    of a part when it first reads one of its rows) and the parts hold ids up to the header's `max_id`; else what is
+    wrong. Reads every part's header and chunk index (a single store: nothing to check)."""
+    try:
+        found = max((part.header["max_id"] for part in m.parts), default=m.header["max_id"])
+    except TokenStoreError as exc:
+        return str(exc)
+    if found != m.header["max_id"]:
+        return (f"token store {m.path}: its parts hold ids up to {found}; {HEADER_FILE} says {m.header['max_id']}")
+    return None
 
 
 def layout_problem(m: MappedTokens) -> str | None:
@@ -429,8 +404,8 @@ def verify_chunk(m: MappedTokens, k: int) -> bool:
         return False
     h = xxhash.xxh3_64()
     h.update(np.ascontiguousarray(np.diff(m.offsets[lo:hi + 1]), dtype="<i8").data)
-    h.update(m.files["input_ids"].pread(a, b))
-    h.update(m.files["labels"].pread(a, b))
+    h.update(np.ascontiguousarray(m.input_ids[a:b]).data)  # a chunk lies in one part: a view of its map
+    h.update(np.ascontiguousarray(m.labels[a:b]).data)
     return h.intdigest() == int(m.chunk_hashes[k])
 
 

@@ -36,14 +36,24 @@ from __future__ import annotations
 from plancc.config.fields import flag
 from plancc.config.settings import ScanOptions
 from plancc.errors import InputError, SettingsError, clip
-from plancc.scan.formats import alpaca, input_output, messages, prompt_completion, text, tokenized
+from plancc.scan.formats import (
+    alpaca,
+    input_output,
+    messages,
+    preference,
+    prompt_completion,
+    text,
+    tokenized,
+    unpaired_preference,
+)
 from plancc.scan.formats.base import Encoded, Encoding, RowError, RowFormat
 from plancc.scan.formats.columns import map_columns
 from plancc.scan.sources.read import Source
 
 # detection order: the first whose columns a source has is its format
-FORMATS: tuple[RowFormat, ...] = (tokenized.FORMAT, messages.FORMAT, alpaca.FORMAT, prompt_completion.FORMAT,
-                                  input_output.FORMAT, text.FORMAT)
+# (preference data before the formats whose columns it shares: its rows are never SFT rows)
+FORMATS: tuple[RowFormat, ...] = (tokenized.FORMAT, preference.FORMAT, unpaired_preference.FORMAT, messages.FORMAT,
+                                  alpaca.FORMAT, prompt_completion.FORMAT, input_output.FORMAT, text.FORMAT)
 _BY_NAME = {f.name: f for f in FORMATS}
 
 
@@ -65,28 +75,27 @@ def detect(src: Source) -> RowFormat:
     )
 
 
-def refuse_preference(src: Source) -> None:
+def refuse_as_sft(src: Source, fmt: RowFormat) -> None:
     """Preference pairs (chosen/rejected) and unpaired feedback (prompt, completion and a label) are never compiled
     as SFT: trained as SFT, a rejected or undesirable completion would be taught as a target."""
-    cols = set(src.column_names)
+    preference = next((f for f in FORMATS if f.data_kind != "sft" and f.detects(src)), None)
+    if fmt.data_kind != "sft" or preference is None:
+        return
     where = src.paths[0] if src.paths else "source"
-    if {"chosen", "rejected"} <= cols:
-        raise InputError(f"{where}: columns chosen and rejected are preference pairs (DPO, ORPO, ...), not SFT data: "
-                         "plancc does not plan them yet; to train on the chosen answers as SFT, keep only them "
-                         "(e.g. prompt+chosen as prompt+completion)")
-    if {"completion", "label"} <= cols:
-        raise InputError(f"{where}: a label column beside prompt and completion is unpaired feedback (KTO), not SFT "
-                         "data: plancc does not plan it yet; to train on the completions as SFT, drop the label column "
-                         "(and the rows it marks undesirable)")
+    what = ("columns chosen and rejected are preference pairs (DPO, ORPO, ...)" if preference.sequences > 1 else
+            "a label column beside prompt and completion is unpaired feedback (KTO)")
+    raise InputError(f"{where}: {what}, not SFT data: --format {fmt.name} would train every completion, rejected or "
+                     f"undesirable too; compile them as format {preference.name} (what auto-detection picks), or "
+                     "drop those columns to train SFT")
 
 
 def choose(probe: Source, options: ScanOptions) -> RowFormat:
     """The scan's format, from its first rows `probe` (columns mapped): `--format`, or the one their columns
     imply; checked now that it reads them (a missing or mistyped column is named before any work) and that no
     text-shaping setting is for another format (it would do nothing)."""
-    if options.format != "tokenized":
-        refuse_preference(probe)
     fmt = detect(probe) if options.format == "auto" else get(options.format)
+    if fmt.name != "tokenized":
+        refuse_as_sft(probe, fmt)
     fmt.canonical(probe, options)
     for name in options.shaping():
         owner = next(f for f in FORMATS if name in f.shaping)

@@ -120,6 +120,7 @@ class RowFormat(ABC):
     named: ClassVar[FormatName]
     detected_by: ClassVar[str]  # the columns that say a source is of it, as the detection error lists them
     sequences: ClassVar[int] = 1  # sequences each source row gives (`Encoded`)
+    data_kind: ClassVar[str] = "sft"  # what its samples table holds (`schemas.data_kind_of`)
     tokenizes: ClassVar[bool] = True  # rows are text: a scan of them needs a tokenizer
     chat: ClassVar[bool] = False  # rows are conversations: a scan of them needs a chat template
     shaping: ClassVar[tuple[str, ...]] = ()  # the text-shaping settings (`ScanOptions.shaping`) it reads
@@ -145,6 +146,11 @@ class RowFormat(ABC):
     def text_format(self, options: ScanOptions) -> dict[str, Any] | None:
         """What the scan record says about how a row's fields became the text tokenized (None: nothing)."""
         return None
+
+    def needs_template(self, probe: Source) -> bool:
+        """Whether a scan of rows like `probe`'s (the first rows, columns mapped) needs a chat template: the
+        format's rows are conversations (`chat`), or some of them may be (preference data)."""
+        return self.chat
 
     def labels_shifted(self, options: ScanOptions) -> bool:
         """Whether `encode` gives labels already shifted (a tokenized source's `shift_labels`)."""

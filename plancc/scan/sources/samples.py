@@ -63,18 +63,32 @@ class Finished:
     report: ScanRecord  # the counts (rows_read, retained, dropped and truncated samples, COUNTS)
 
 
-def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, labels_shifted: bool) -> Finished:
+def _per_row(mask: np.ndarray, k: int) -> np.ndarray:
+    """Per source row, whether any of its `k` sequences is marked."""
+    return mask.reshape(-1, k).any(axis=1) if k > 1 else mask
+
+
+def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, labels_shifted: bool,
+           sequences: int = 1, first_row: int = 0) -> Finished:
     """Apply the long policy and shift, count labels, drop unsupervised samples, hash, build the samples table
-    (rows of one shard: `check_retained` checks the whole scan kept some)."""
+    (rows of one shard starting at source row `first_row`: `check_retained` checks the whole scan kept some).
+
+    A format giving `sequences` k > 1 a row (a preference pair: `plancc.scan.formats`) keeps or drops a row's
+    sequences together: one too long (under `--long drop`) or without a target drops the row, each is truncated on
+    its own; counts are of rows. Sample `first_row * k + i` is sequence i; the rows' attributes (`pair_role`,
+    `desirable`) become the samples table's columns, a pair's `pair_id` its row."""
+    k = sequences
     lengths = np.diff(enc.offsets)
     over = lengths > options.sequence_len
-    counts: dict[str, Any] = {"rows_read": len(lengths)}
+    row_over = _per_row(over, k)
+    counts: dict[str, Any] = {"rows_read": len(lengths) // k}
     if over.any() and options.long == "error":
-        row = int(np.flatnonzero(over)[0])
-        raise InputError(f"{where(row)}: sample has {lengths[row]} tokens, more than --sequence-len "
+        seq = int(np.flatnonzero(over)[0])
+        raise InputError(f"{where(seq // k)}: sample has {lengths[seq]} tokens, more than --sequence-len "
                          f"{options.sequence_len} (use --long truncate or --long drop, or raise --sequence-len)")
-    counts["truncated"] = _first_rows(over if options.long == "truncate" else np.zeros_like(over))
-    counts["dropped_long"] = _first_rows(over if options.long == "drop" else np.zeros_like(over))
+    dropped_long = row_over & (options.long == "drop")
+    counts["truncated"] = _first_rows(row_over if options.long == "truncate" else np.zeros_like(row_over))
+    counts["dropped_long"] = _first_rows(dropped_long)
     if options.long == "truncate" and over.any():
         enc = _truncate(enc, options.sequence_len)
         lengths = np.diff(enc.offsets)
@@ -87,28 +101,32 @@ def finish(enc: Encoded, options: ScanOptions, where: Callable[[int], str], *, l
     first = np.zeros(len(lengths), bool)
     if options.shift != "none":
         first[nonempty] = enc.labels[enc.offsets[:-1][nonempty]] != IGNORE_INDEX
-    targets = label_count - first
-    masked = (targets <= 0) & ~(over & (options.long == "drop"))
+    masked = _per_row(label_count - first <= 0, k) & ~dropped_long
     counts["dropped_all_masked"] = _first_rows(masked)
-    end_only = enc.end_only_rows() & ~masked & ~(over & (options.long == "drop"))
+    end_only = _per_row(enc.end_only_rows(), k) & ~masked & ~dropped_long
     counts["end_only"] = _first_rows(end_only)
-    counts["blank_turns"] = _first_rows(enc.attributes.get("blank", np.zeros(len(lengths), bool)))
-    keep = ~masked & ~(over & (options.long == "drop")) & ~(end_only & options.drop_eos_only)
-    counts["retained"] = int(keep.sum())
-    counts["dropped_samples"] = len(lengths) - counts["retained"]
+    counts["blank_turns"] = _first_rows(_per_row(enc.attributes.get("blank", np.zeros(len(lengths), bool)), k))
+    keep_row = ~masked & ~dropped_long & ~(end_only & options.drop_eos_only)
+    counts["retained"] = int(keep_row.sum())
+    counts["dropped_samples"] = len(keep_row) - counts["retained"]
     counts["truncated_samples"] = counts["truncated"].count
+    keep = np.repeat(keep_row, k)
     hashes = token_hashes(enc.ids, enc.offsets, enc.labels, enc.offsets)
     ids = np.flatnonzero(keep).astype(np.int64)
-    samples = pa.table(
-        {
-            "sample_id": pa.array(ids, pa.int64()),
-            "length": pa.array(lengths[keep].astype(np.int32), pa.int32()),
-            "label_count": pa.array(label_count[keep].astype(np.int32), pa.int32()),
-            "first_label_supervised": pa.array(first[keep], pa.bool_()),
-            "token_hash": pa.array(hashes[keep], pa.uint64()),
-        },
-        schema=schemas.SAMPLES_SCHEMA,
-    )
+    kind = schemas.data_kind_of({*enc.attributes, schemas.PAIR_ID_COLUMN} if k > 1 else enc.attributes)
+    columns = {
+        "sample_id": pa.array(ids + first_row * k, pa.int64()),
+        "length": pa.array(lengths[keep].astype(np.int32), pa.int32()),
+        "label_count": pa.array(label_count[keep].astype(np.int32), pa.int32()),
+        "first_label_supervised": pa.array(first[keep], pa.bool_()),
+        "token_hash": pa.array(hashes[keep], pa.uint64()),
+    }
+    if kind == "preference":
+        columns[schemas.PAIR_ID_COLUMN] = pa.array(ids // k + first_row, pa.int64())
+    for name in (schemas.PAIR_ROLE_COLUMN, schemas.DESIRABLE_COLUMN):
+        if name in enc.attributes:
+            columns[name] = pa.array(np.asarray(enc.attributes[name])[keep])
+    samples = pa.table(columns, schema=schemas.samples_schema(False, kind))
     return Finished(samples, enc, ScanRecord.of(**counts))
 
 
