@@ -39,7 +39,7 @@ bench: $(BIN)/plancc
 clean:
 	rm -rf out bench-out .pytest_cache .ruff_cache
 
-# A separate venv with Axolotl for the plugin's test (tests/test_integration_axolotl.py): Axolotl pins its own
+# A separate venv with Axolotl for the plugin's test (tests/runtime/test_axolotl.py): Axolotl pins its own
 # transformers/TRL, so it never shares the project's venv. The CPU torch wheel first, so Axolotl's deps keep it.
 AXOLOTL_VENV ?= /tmp/plancc-axolotl-venv
 AXOLOTL_VERSION ?= 0.19.0

@@ -110,9 +110,10 @@ def _one_source(source: str, resolved: Resolved, *, cache_dir: Path | None, prog
     return settle(resolved, [Stored(None, f"the scan of {source}", stored, resolved.scan)]), stored
 
 
-# scan record entries kept out of the plan: where this call found the source (`data` holds it), and how long the
-# scan took (a cold and a warm cache must give the same plan bytes)
-NOT_PLANNED = ("source_paths", "seconds")
+# scan record entries kept out of the plan: where this call found the source (`data` holds it), how long the scan
+# took (a cold and a warm cache must give the same plan bytes), and the parts a merged scan was joined from (a
+# local, a Ray and a sharded-then-merged scan of the same rows must give the same plan bytes)
+NOT_PLANNED = ("source_paths", "seconds", "merged_from")
 
 
 def data_paths(out_dir: str | Path, source_paths: tuple[str, ...], has_tokens: bool) -> DataPaths:

@@ -68,14 +68,8 @@ def show_cmd(
                   soft_wrap=True)
     if view.partner is None:
         console.print(_marked(view, styled), soft_wrap=True)
-    else:  # a preference pair: its chosen and its rejected completion side by side
-        pair = sorted((view, view.partner), key=lambda v: v.pair_role != "chosen")
-        t = Table(title=f"pair {view.pair_id}", title_justify="left", show_lines=True)
-        for v in pair:
-            t.add_column(f"{v.pair_role}: sample {v.sample_id} ({v.length:,} tokens, "
-                         f"{int(v.supervised.sum()):,} supervised)", overflow="fold", ratio=1)
-        t.add_row(*(_marked(v, styled) for v in pair))
-        console.print(t)
+    else:
+        console.print(_pair_table(view, styled))
     if ids:
         t = Table("pos", "id", "piece", "label", "supervised")
         for i, (tid, piece, label, sup) in enumerate(zip(view.input_ids, view.pieces, view.labels, view.supervised,
@@ -116,3 +110,16 @@ def _dropped(directory: Path, quiet: bool, json: bool) -> None:
     firsts = ", ".join(map(str, t["first_rows"])) + (", ..." if t["count"] > len(t["first_rows"]) else "")
     typer.echo(f"{len(listed['dropped']):,} rows dropped; {t['count']:,} truncated" + (f" (rows {firsts})"
                                                                                       if t["count"] else ""))
+
+
+def _pair_table(view, styled: bool):
+    """A preference pair: its chosen and its rejected completion side by side."""
+    from rich.table import Table
+
+    pair = sorted((view, view.partner), key=lambda v: v.pair_role != "chosen")
+    t = Table(title=f"pair {view.pair_id}", title_justify="left", show_lines=True)
+    for v in pair:
+        t.add_column(f"{v.pair_role}: sample {v.sample_id} ({v.length:,} tokens, "
+                     f"{int(v.supervised.sum()):,} supervised)", overflow="fold", ratio=1)
+    t.add_row(*(_marked(v, styled) for v in pair))
+    return t

@@ -5,7 +5,7 @@ The settings check `format` and `--columns` against it when they are resolved, t
 from a source by the columns no format reads, the CLI lists the names and foreign configs map Axolotl's dataset
 `type:` onto them: all of them sit below `plancc.scan`, which may not be imported from there. What a format does
 (detect, map, encode, describe) is its module in `plancc.scan.formats`, which takes its name and roles from
-`NAMED` here; `tests/test_format_registry.py` holds the two to the same formats.
+`NAMED` here; `tests/unit/scan/formats/test_registry.py` holds the two to the same formats.
 """
 
 from __future__ import annotations

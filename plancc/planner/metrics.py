@@ -60,9 +60,8 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
     `dropped_samples` counts every source sample missing from the epoch: the scan's drops plus --drop-last's."""
     sums = batch_sums(b, s, settings.shift, settings.mode, settings.pad_multiple)
     labels, tokens, cost, attention, rtok = sums.targets, sums.tokens, sums.cost, sums.attention, sums.rows.tokens
-    mean_l, std_l = _mean_std(labels)
-    mean_t, std_t = _mean_std(tokens)
-    mean_c, std_c = _mean_std(cost)
+    (mean_l, std_l), (mean_t, std_t), (mean_c, std_c), (mean_a, std_a) = map(_mean_std, (labels, tokens, cost,
+                                                                                         attention))
     total_tokens = int(tokens.sum())
     capacity = settings.row_capacity
     slots = b.num_rows * capacity if settings.mode == Mode.PACKED else int(cost.sum())
@@ -72,21 +71,8 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
     label_grid = update_grid(labels, W, G)
     update_totals = label_grid.sum(axis=(1, 2))
     mean_u, std_u = _mean_std(update_totals)
-    if n_upd:
-        per_update = label_grid.reshape(n_upd, -1)
-        means = update_totals / per_update.shape[1]
-        skew = float((means[:, None] / np.maximum(per_update, 1)).max())
-    else:
-        skew = 0.0
-    mean_a, std_a = _mean_std(attention)
-    if W > 1 and n_upd:  # per (update, micro-step): max - min across ranks
-        spread = [by_step.max(axis=1) - by_step.min(axis=1) for by_step in
-                  (update_grid(x, W, G).reshape(-1, W) for x in (cost, labels, attention))]
-        rank = [f(x) for x in spread for f in (lambda v: float(v.mean()), lambda v: int(v.max()))]
-        rank_cv = [_rank_total_cv(update_grid(x, W, G)) for x in (cost, attention)]
-    else:
-        rank = [0.0, 0, 0.0, 0, 0.0, 0]
-        rank_cv = [0.0, 0.0]
+    skew = _naive_weight_skew(label_grid, update_totals, n_upd)
+    rank, rank_cv = _rank_spreads(cost, labels, attention, W, G, n_upd)
 
     return {
         "samples": int(b.samples.shape[0]),
@@ -128,6 +114,28 @@ def summarize(b: Batches, s: SampleArrays, settings: PlanSettings,
         "rank_attention_cv": rank_cv[1],
         "max_naive_weight_skew": skew,
     }
+
+
+def _naive_weight_skew(label_grid: np.ndarray, update_totals: np.ndarray, n_upd: int) -> float:
+    """How much a mean-of-means loop over-weights a token: the largest ratio of an update's mean microbatch label
+    count to a microbatch's own (docs/spec.md)."""
+    if not n_upd:
+        return 0.0
+    per_update = label_grid.reshape(n_upd, -1)
+    means = update_totals / per_update.shape[1]
+    return float((means[:, None] / np.maximum(per_update, 1)).max())
+
+
+def _rank_spreads(cost: np.ndarray, labels: np.ndarray, attention: np.ndarray, W: int, G: int, n_upd: int
+                  ) -> tuple[list, list[float]]:
+    """(mean and max of the max - min across ranks per (update, micro-step) of cost, labels and attention; the
+    CV of the ranks' cost and attention totals), zeros for one rank or no complete update."""
+    if W <= 1 or not n_upd:
+        return [0.0, 0, 0.0, 0, 0.0, 0], [0.0, 0.0]
+    spread = [by_step.max(axis=1) - by_step.min(axis=1) for by_step in
+              (update_grid(x, W, G).reshape(-1, W) for x in (cost, labels, attention))]
+    rank = [f(x) for x in spread for f in (lambda v: float(v.mean()), lambda v: int(v.max()))]
+    return rank, [_rank_total_cv(update_grid(x, W, G)) for x in (cost, attention)]
 
 
 def summarize_plan(b: Batches, s: SampleArrays, settings: PlanSettings,

@@ -34,7 +34,7 @@ from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
 from plancc.review import recount, recount_pairs
 from plancc.review.recount import Microbatches, Rows
-from plancc.store import parquet, redraw, schemas, token_store
+from plancc.store import parquet, redraw, schemas, token_digest, token_store
 from plancc.store.file_checks import first_difference, repeated_sample, schema_problems, statistics_problems
 from plancc.store.plan import Plan
 from plancc.store.plan_store import PlanIntegrityError, eval_set_problem
@@ -364,7 +364,7 @@ def check_token_data(m: token_store.MappedTokens, samples: pa.Table, fingerprint
         problems += [f"{part.path}: {token_store.HEADER_FILE} max_id {part.header['max_id']} is not the largest id"
                      for part in m.parts or (m,)
                      if part.header["max_id"] != (int(part.input_ids.max()) if part.input_ids.size else -1)][:1]
-    problem = token_store.compare_samples(m.input_ids, m.labels, m.offsets, samples)  # names the changed sample
+    problem = token_digest.compare_samples(m.input_ids, m.labels, m.offsets, samples)  # names the changed sample
     return [*problems, f"{tokens_dir} does not match the plan: {problem}"] if problem else problems
 
 
@@ -393,22 +393,8 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     except schemas.StoreError as exc:
         return [str(exc)], None
     files = plan.files
-    problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
-    if files.has_rows_digest:  # what the runtime checks at open: the bytes and layout compile wrote
-        problems += files.body_problems()
     kind = plan.manifest.data_kind
-    tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture), kind)),
-              (schemas.METRICS_FILE, "metrics", schemas.metrics_schema(kind)),
-              (schemas.PLAN_FILE, "plan", schemas.plan_schema(kind))]
-    if files.has_before:
-        tables.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
-    for name, role, schema in tables:
-        problems += schema_problems(files.source(name), schema) + statistics_problems(files.source(name))
-        if role != "plan":
-            problems += files.companion_problems(name, role)
-    if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
-        problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
-                        f"{plan.fingerprints['dataset']}: the data changed since compile")
+    problems = _file_problems(plan, dataset_fingerprint)
     try:
         samples = files.read_samples()
         metrics = files.read_metrics()
@@ -429,19 +415,57 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
                         f"{len(s)}")
     index, recipe_problems = _recipe_index(plan, samples)
     problems += recipe_problems
-    recipe_rows: list[dict[str, Any]] = []
     found, eval_ids = _eval_problems(plan, s, index)
     problems += found + _eval_copies(plan, samples, eval_ids, index, notes)
     train = s if index is not None else s.take(np.flatnonzero(~np.isin(s.sample_id, eval_ids)))
     if index is not None:  # a recipe's held-out samples are in no dataset (they leave the mixture)
         index = np.where(np.isin(s.sample_id, eval_ids), -1, index)
+    found, after, recipe_rows = _epochs_problems(plan, train, index, eval_ids)
+    if after is None:  # an epoch could not be read: nothing to recount
+        return [*problems, *found], plan
+    problems += found + _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
+    problems += tokenized_problems(plan, samples, fast=fast,
+                                   tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
+    return problems, plan
+
+
+def _file_problems(plan: Plan, dataset_fingerprint: str | None) -> list[str]:
+    """What each file says of itself: header, manifest, body digest, schemas, statistics, companions, and the
+    given source's dataset fingerprint against the plan's."""
+    files, kind = plan.files, plan.manifest.data_kind
+    problems = files.header_problems() + files.manifest_problems() + _shared_problems(plan)
+    if files.has_rows_digest:  # what the runtime checks at open: the bytes and layout compile wrote
+        problems += files.body_problems()
+    tables = [(schemas.SAMPLES_FILE, "samples", schemas.samples_schema(bool(plan.settings.mixture), kind)),
+              (schemas.METRICS_FILE, "metrics", schemas.metrics_schema(kind)),
+              (schemas.PLAN_FILE, "plan", schemas.plan_schema(kind))]
+    if files.has_before:
+        tables.append((schemas.BEFORE_FILE, "before", schemas.BEFORE_SCHEMA))
+    for name, role, schema in tables:
+        problems += schema_problems(files.source(name), schema) + statistics_problems(files.source(name))
+        if role != "plan":
+            problems += files.companion_problems(name, role)
+    if dataset_fingerprint is not None and dataset_fingerprint != plan.fingerprints["dataset"]:
+        problems.append(f"dataset fingerprint {dataset_fingerprint} of the given source differs from the plan's "
+                        f"{plan.fingerprints['dataset']}: the data changed since compile")
+    return problems
+
+
+def _epochs_problems(plan: Plan, train: SampleArrays, index: np.ndarray | None, eval_ids: np.ndarray
+                     ) -> tuple[list[str], dict[int, dict[str, Any]] | None, list[dict[str, Any]]]:
+    """Every epoch's rows checked against the training samples (a recipe's drawn again from `index`), the epoch's
+    figures recounted from them (metrics after each stage; None when an epoch cannot be read, its error last among
+    the problems) and a recipe's per-dataset rows."""
+    files, kind = plan.files, plan.manifest.data_kind
+    problems: list[str] = []
     after: dict[int, dict[str, Any]] = {}
+    recipe_rows: list[dict[str, Any]] = []
     rows = 0
     for e in plan.epochs:
         try:
             table = files.read_epoch(e)
         except schemas.StoreError as exc:
-            return [*problems, str(exc)], plan
+            return [*problems, str(exc)], None, recipe_rows
         rows += table.num_rows
         found = files.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
         positions = redraw.epoch_positions(index, plan.settings, e) if index is not None else None
@@ -459,7 +483,4 @@ def _violations(plan_dir: str, dataset_fingerprint: str | None, *, fast: bool,
     total = files.row_count()
     if total != rows:
         problems.append(f"{schemas.PLAN_FILE} holds {total} rows, its epochs {plan.epochs[0]}..{plan.epochs[-1]} {rows}")
-    problems += _metrics_problems(plan, metrics, after) + _recipe_metrics_problems(plan, recipe_rows)
-    problems += tokenized_problems(plan, samples, fast=fast,
-                                   tokens_dir=Path(tokens_dir) if tokens_dir is not None else None)
-    return problems, plan
+    return problems, after, recipe_rows

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from plancc.store.token_store import IGNORE_INDEX
+from plancc.core.plan_arrays import IGNORE_INDEX
 
 # logits held at once: chunk rows x vocabulary fp32 values (16M: 64 MB, so ~130 tokens of a 128k vocabulary)
 CHUNK_ELEMENTS = 1 << 24

@@ -31,11 +31,11 @@ import numpy as np
 import torch
 
 from plancc.core.choices import Mode, Shift
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import PlanMismatchError
 from plancc.runtime.data import TokenStore
 from plancc.runtime.sampler import Microbatch
 from plancc.store.plan import Plan, verified_plan
-from plancc.store.token_store import IGNORE_INDEX
 
 
 class PlanCollator:

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from plancc.core.choices import Shift
 from plancc.errors import InputError, PlanMismatchError, out_of_descriptors
-from plancc.store import token_parts, token_store
+from plancc.store import token_digest, token_parts, token_store
 from plancc.store.plan import Plan, verified_plan
 
 VERIFY_MODES = ("chunks", "hash", "counts", "none")
@@ -141,7 +141,7 @@ class ChunkGuard:
         """The plan; a worker's copy (given its path) opens it only to name the sample of a changed chunk, so that
         starting a worker does not verify every epoch again."""
         if not isinstance(self._plan, Plan):
-            self._plan = Plan(self._plan)
+            self._plan = Plan(self._plan, threads=False)
         return self._plan
 
     def check(self, rows: np.ndarray) -> None:
@@ -151,18 +151,20 @@ class ChunkGuard:
             self._check(self._single, rows)
             self.pending = self._single.pending
             return
+        try:  # a part is opened (and checked against the header) when a row of it, or of its block, is first read
+            self._check_parts(rows)
+        except (token_store.TokenStoreError, token_store.FileTypeError) as exc:
+            if out_of_descriptors(exc):  # not the data: this process's limit (the message says so)
+                raise
+            raise PlanMismatchError(f"{exc}; recompile the plan (or rescan the data)") from None
+
+    def _check_parts(self, rows: np.ndarray) -> None:
         parts = self.mapped.parts
         which = parts.of_rows(rows)
         for k in np.flatnonzero(np.bincount(which, minlength=1)).tolist():
             chunks = self._parts.get(k)
             if chunks is None:
-                try:
-                    part = parts[k]
-                except (token_store.TokenStoreError, token_store.FileTypeError) as exc:
-                    if out_of_descriptors(exc):  # not the data: this process's limit (the message says so)
-                        raise
-                    raise PlanMismatchError(f"{exc}; recompile the plan (or rescan the data)") from None
-                chunks = self._parts[k] = _Chunks(part, int(parts.row_starts[k]))
+                chunks = self._parts[k] = _Chunks(parts[k], int(parts.row_starts[k]))
             if chunks.pending:
                 self._check(chunks, rows[which == k] - chunks.first_row)
                 self.pending -= chunks.pending == 0
@@ -177,7 +179,8 @@ class ChunkGuard:
         if seen.all():
             return
         for k in np.flatnonzero(np.bincount(ks[~seen], minlength=1)).tolist():
-            if not token_store.verify_chunk(chunks.m, k):
+            lo, hi = int(chunks.bounds[k]) + chunks.first_row, int(chunks.bounds[k + 1]) + chunks.first_row
+            if not token_store.verify_rows(self.mapped, lo, hi):  # the whole store's block hashes: its digest's
                 self._changed(chunks, k)
             chunks.verified[k] = True
             chunks.pending -= 1
@@ -199,7 +202,7 @@ def _first_differing(plan: Plan, m: token_store.MappedTokens, lo: int, hi: int) 
     a, b = np.searchsorted(samples.column("sample_id").to_numpy(), [lo, hi])
     if a == b:
         return None
-    return token_store.compare_samples(m.input_ids, m.labels, m.offsets, samples.slice(a, b - a))
+    return token_digest.compare_samples(m.input_ids, m.labels, m.offsets, samples.slice(a, b - a))
 
 
 def _flat(col: pa.ChunkedArray, where: str, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -236,7 +239,7 @@ def _read_any(path: Path) -> pa.Table:
         files = [path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
         return pa.concat_tables([_read_any(f) for f in files])
     try:
-        table, loose = data_files.read_file(str(path))
+        table, loose = data_files.read_file(str(path), threads=False)  # a training process: `parquet.read_table`
     except InputError as exc:
         raise PlanMismatchError(f"cannot read tokenized data: {exc}") from None
     if loose:
@@ -325,7 +328,7 @@ def _passed(fd: int) -> object | None:
 def _reopen_own(handle: Any, plan_path: str, digest: str, allow: bool, verify: bool) -> TokenStore:
     """A worker's copy of the plan's own store: the plan opened through the directory its parent holds (by path
     when no descriptor came), its store refused unless it is the one the parent opened."""
-    plan = Plan(plan_path) if handle is None else Plan(plan_path, dir_fd=handle.detach())
+    plan = Plan(plan_path, threads=False) if handle is None else Plan(plan_path, dir_fd=handle.detach(), threads=False)
     try:
         m = plan.tokens()
     except PlanMismatchError as exc:
@@ -376,7 +379,7 @@ def _checked(plan: Plan, tokens: TokenStore, where: str, verify: str, allow: boo
 
 def check_tokens(plan: Plan, tokens: TokenStore, *, hashes: bool = True) -> str | None:
     """None when every planned sample has the plan's length, label count (and content hash); else what differs."""
-    return token_store.compare_samples(tokens.input_ids, tokens.targets, tokens.offsets, plan.samples_table(),
+    return token_digest.compare_samples(tokens.input_ids, tokens.targets, tokens.offsets, plan.samples_table(),
                                        hashes=hashes)
 
 

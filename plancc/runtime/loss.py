@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from plancc.store.token_store import IGNORE_INDEX
+from plancc.core.plan_arrays import IGNORE_INDEX
 
 
 def token_loss_sum(logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from plancc.core.choices import Shift
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import PlanMismatchError
 from plancc.runtime.data import TokenStore
 from plancc.runtime.sampler import Microbatch
 from plancc.store.plan import Plan
 from plancc.store.schemas import PAIR_ROLES
-from plancc.store.token_store import IGNORE_INDEX
 
 PAIRED, UNPAIRED = "preference", "unpaired_preference"
 

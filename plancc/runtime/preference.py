@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plancc.store.token_store import IGNORE_INDEX
+from plancc.core.plan_arrays import IGNORE_INDEX
 
 LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo", "orpo", "kto")
 REFERENCE_FREE = ("simpo", "orpo")

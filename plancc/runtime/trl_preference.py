@@ -39,6 +39,7 @@ import torch
 from datasets import Dataset
 from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
 
+from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import PlanMismatchError
 from plancc.runtime.data import TokenStore, load_tokens
 from plancc.runtime.evaluate import plan_forward
@@ -46,7 +47,6 @@ from plancc.runtime.hf import TRAINER_OF, PlanTrainer
 from plancc.runtime.preference import REFERENCE_FREE, kl_reference_point, preference_loss, sequence_logps
 from plancc.runtime.preference_eval import batch_logps, preference_eval_result, preference_eval_totals
 from plancc.store.plan import Plan, verified_plan
-from plancc.store.token_store import IGNORE_INDEX
 
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo", "orpo")
 

@@ -43,10 +43,11 @@ from plancc.store.samples import samples_fingerprints
 from plancc.store.scan_record import COUNTS, Counted, PartRange, RecordedOptions, ScanRecord, Template
 from plancc.store.scan_store import ScanDir
 
-SCAN_VERSION = 9  # 9: a text that already ends in the eos gets no second one (a scan that appended one is not
-# reused); 8: strftime_now is midnight UTC in the C locale (a scan that read the machine's time zone is not reused);
-# 7: a turn whose text renders to nothing is not trained (blank_turns); 6: reports count end_only samples; 5: token
-# store headers carry header_hash; 4: streamed in shards (a multi-part token store when several); 3: the token store
+SCAN_VERSION = 10  # 10: token stores hash each row (a digest independent of the shards); 9: a text that already ends
+# in the eos gets no second one (a scan that appended one is not reused); 8: strftime_now is midnight UTC in the C
+# locale (a scan that read the machine's time zone is not reused); 7: a turn whose text renders to nothing is not
+# trained (blank_turns); 6: reports count end_only samples; 5: token store headers carry header_hash; 4: streamed in
+# shards (a multi-part token store when several); 3: the token store
 SHARD_ROWS = 65_536  # rows per shard of a local scan: memory per shard and resume granularity, never the result
 PROBE_ROWS = 1_000  # rows the format is detected from (the first of the source, the same for every shard)
 Progress = Callable[[str, int, int], None] | None

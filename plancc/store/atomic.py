@@ -57,6 +57,7 @@ import shutil
 import signal
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,14 +111,19 @@ def read_regular(path: Path) -> bytes | None:
 # ---------------------------------------------------------------- locks
 
 
+WRITER_PATIENCE = 5.0  # seconds a write waits for the lock before calling the output busy (a reader's recovery)
+
+
 @contextlib.contextmanager
-def _lock(parent: Path, name: str, *, wait: bool = False) -> Iterator[bool]:
-    """Hold `parent/.name.lock`; yields False (holding nothing) when a live process has it and `wait` is off.
+def _lock(parent: Path, name: str, *, wait: bool = False, patience: float = 0.0) -> Iterator[bool]:
+    """Hold `parent/.name.lock`; yields False (holding nothing) when a live process has it and `wait` is off, after
+    trying again for `patience` seconds (a reader's recovery holds it for a moment: `recover`).
 
     The holder unlinks the file before releasing it; a process that locked a file already unlinked (it opened it
     just before) sees the path point elsewhere and tries again, so two processes never both hold the lock.
     """
     path = parent / f".{name}.lock"
+    deadline = time.monotonic() + patience
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -127,6 +133,9 @@ def _lock(parent: Path, name: str, *, wait: bool = False) -> Iterator[bool]:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             os.close(fd)
+            if time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
             yield False
             return
         try:
@@ -378,7 +387,7 @@ def replace_directory(target: str | Path, check: Callable[[Path], None] | None =
     target = Path(os.path.realpath(target))
     parent, name = target.parent, target.name
     parent.mkdir(parents=True, exist_ok=True)
-    with _lock(parent, name) as held:
+    with _lock(parent, name, patience=WRITER_PATIENCE) as held:
         if not held:
             raise OutputBusy(f"another plancc process{_lock_owner(parent, name)} is writing {target} now; wait "
                              "for it or choose another -o")

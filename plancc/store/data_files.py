@@ -118,24 +118,26 @@ class _Whole:
         pass
 
 
-def _csv(path: str) -> Block:
-    return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
+def _csv(path: str, threads: bool) -> Block:
+    return pacsv.read_csv(path, read_options=pacsv.ReadOptions(use_threads=threads),
+                         parse_options=pacsv.ParseOptions(newlines_in_values=True)), {}
 
 
 @dataclass(frozen=True)
 class FileType:
     """How one suffix is read: whole (`whole`), by row range (`rows`), and whether it is UTF-8 text."""
 
-    whole: Callable[[str], Block]
+    whole: Callable[[str, bool], Block]  # (path, whether Arrow may decode on its worker threads)
     rows: Callable[[str], Rows]
     text: bool = False
 
 
 FILE_TYPES = {
-    ".jsonl": FileType(read_jsonl, JsonlRows, text=True),
-    ".json": FileType(read_json, _Whole, text=True),
-    ".parquet": FileType(lambda path: (pq.read_table(path), {}), _Parquet),
-    ".arrow": FileType(lambda path: (parquet.read_arrow(path), {}), _Arrow),
+    ".jsonl": FileType(lambda path, threads: read_jsonl(path), JsonlRows, text=True),
+    ".json": FileType(lambda path, threads: read_json(path), _Whole, text=True),
+    ".parquet": FileType(lambda path, threads: (pq.read_table(path, use_threads=threads, pre_buffer=threads), {}),
+                         _Parquet),
+    ".arrow": FileType(lambda path, threads: (parquet.read_arrow(path), {}), _Arrow),
     ".csv": FileType(_csv, _Whole, text=True),
 }
 SUFFIXES = tuple(FILE_TYPES)
@@ -168,13 +170,14 @@ def check_utf8(path: str, chunk_size: int = 1 << 22) -> None:
             done, lines, rest = done + cut, lines + block.count(b"\n", 0, cut), block[cut:]
 
 
-def read_file(path: str, *, checked: bool = False) -> Block:
-    """The whole file (`checked`: its UTF-8 is checked already); an error names the file (and line)."""
+def read_file(path: str, *, checked: bool = False, threads: bool = True) -> Block:
+    """The whole file (`checked`: its UTF-8 is checked already); an error names the file (and line). `threads`:
+    whether Arrow may decode on its worker threads (not in a process that reads a plan: `parquet.read_table`)."""
     kind = file_type(path)
     try:
         if kind.text and not checked:
             check_utf8(path)
-        return kind.whole(path)
+        return kind.whole(path, threads)
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:

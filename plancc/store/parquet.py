@@ -167,15 +167,21 @@ def _check_columns(table_schema: pa.Schema, expected: pa.Schema, path: Path) -> 
 
 
 def read_table(source: str | Path | Held, expected: pa.Schema, *, columns: list[str] | None = None,
-               filters=None) -> pa.Table:
-    """Read a Parquet table after checking it has the expected columns and types."""
+               filters=None, threads: bool = True) -> pa.Table:
+    """Read a Parquet table after checking it has the expected columns and types.
+
+    `threads=False` decodes on the calling thread, for a process that reads a plan for training (`PlanFiles` of the
+    runtime): an Arrow worker thread alive when the interpreter exits can abort the process (SIGABRT, "terminate
+    called without an active exception", apache/arrow#34314), and a training script or torchrun worker exits as
+    Python does. Compiling and scanning keep Arrow's threads."""
     held = as_held(source)
     path, pf = held.path, held.parquet()
     _check_columns(pf.schema_arrow, expected, path)
     try:
         if filters is None:  # the plain reader: skips importing pyarrow.dataset (half a second per process)
-            return pf.read(columns=columns, use_threads=True)
-        return pq.read_table(pa.BufferReader(held.buffer), columns=columns, filters=filters, use_threads=True)
+            return pf.read(columns=columns, use_threads=threads)
+        return pq.read_table(pa.BufferReader(held.buffer), columns=columns, filters=filters, use_threads=threads,
+                             pre_buffer=threads)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise StoreError(f"{path} is corrupt: {exc}") from None
 
@@ -239,14 +245,15 @@ def read_arrow(path: str | Path) -> pa.Table:
             return pa.ipc.open_stream(source).read_all()
 
 
-def read_samples(source: str | Path | Held) -> pa.Table:
+def read_samples(source: str | Path | Held, *, threads: bool = True) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types and nulls are refused
-    (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it)."""
+    (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it). `threads`: as for
+    `read_table`."""
     held = as_held(source)
     path = held.path
     present = held.parquet().schema_arrow.names
     schema = samples_schema(DATASET_COLUMN in present, data_kind_of(present))
-    table = read_table(held, schema, columns=schema.names)
+    table = read_table(held, schema, columns=schema.names, threads=threads)
     for name in table.column_names:
         values = table.column(name)
         if values.null_count:

@@ -115,8 +115,8 @@ class Plan:
     plan directory already open (what a spawned DataLoader worker gets from its parent).
     """
 
-    def __init__(self, path: str | Path, *, dir_fd: int | None = None):
-        self.files = PlanFiles(path, dir_fd=dir_fd)
+    def __init__(self, path: str | Path, *, dir_fd: int | None = None, threads: bool = True):
+        self.files = PlanFiles(path, dir_fd=dir_fd, threads=threads)  # threads: `parquet.read_table`'s
         self.path: Path = self.files.path
         self.manifest: Manifest = self.files.manifest
         self._tokens: token_store.MappedTokens | None = None  # the plan's own token store
@@ -416,10 +416,13 @@ def degenerate_warnings(manifest: Manifest) -> list[str]:
 
 def verified_plan(plan: str | Path | Plan) -> Plan:
     """`plan` (a path, or a `Plan` already open) verified for training (`Plan.verify`): what every runtime entry
-    point opens with, so that no microbatch of a changed plan is replayed."""
+    point opens with, so that no microbatch of a changed plan is replayed. Its files are decoded on the calling
+    thread from then on (a training process exits as Python does, with no Arrow worker thread alive:
+    `parquet.read_table`)."""
     if not isinstance(plan, Plan):
         try:
-            plan = Plan(plan)
+            plan = Plan(plan, threads=False)
         except (PlanIntegrityError, token_store.FileTypeError) as exc:
             raise PlanMismatchError(str(exc)) from None
+    plan.files.threads = False
     return plan.verify()

@@ -104,8 +104,9 @@ class PlanFiles:
     write (`Manifest.from_json`). `read_*` read one file; `*_problems` check one file each.
     """
 
-    def __init__(self, path: str | Path, *, dir_fd: int | None = None):
+    def __init__(self, path: str | Path, *, dir_fd: int | None = None, threads: bool = True):
         p = Path(path)
+        self.threads = threads  # whether Arrow may decode on its worker threads (`parquet.read_table`)
         if p.is_file() and p.name == PLAN_FILE:
             p = p.parent
         self.path = p
@@ -260,7 +261,7 @@ class PlanFiles:
     # ------------------------------------------------------------ samples and metrics
     def read_samples(self) -> pa.Table:
         """The plan's samples table (check it with `samples_problems`)."""
-        return read_samples(self.held(SAMPLES_FILE))
+        return read_samples(self.held(SAMPLES_FILE), threads=self.threads)
 
     def samples_problems(self, table: pa.Table) -> list[str]:
         """The samples' content against the dataset and metadata fingerprints."""
@@ -271,7 +272,7 @@ class PlanFiles:
 
     def read_metrics(self) -> pa.Table:
         """The plan's metrics table (check it with `metrics_problems`)."""
-        return read_table(self.held(METRICS_FILE), metrics_schema())
+        return read_table(self.held(METRICS_FILE), metrics_schema(), threads=self.threads)
 
     def metrics_problems(self, table: pa.Table) -> list[str]:
         """The metrics rows against the checksum the plan file records."""
@@ -286,7 +287,7 @@ class PlanFiles:
 
     def read_before(self) -> pa.Table:
         """The before stage's label count per microbatch of every epoch, as compile stored it."""
-        return read_table(self.held(BEFORE_FILE), BEFORE_SCHEMA)
+        return read_table(self.held(BEFORE_FILE), BEFORE_SCHEMA, threads=self.threads)
 
     def before_problems(self, table: pa.Table) -> list[str]:
         """The before rows against the checksum the plan file records, and their (epoch, index) order."""
@@ -310,7 +311,7 @@ class PlanFiles:
     # ------------------------------------------------------------ eval plan
     def read_eval(self) -> pa.Table:
         """The eval plan's rows in file (= index) order (check them with `eval_problems`)."""
-        return read_table(self.source(EVAL_FILE), EVAL_SCHEMA, columns=EVAL_SCHEMA.names)
+        return read_table(self.source(EVAL_FILE), EVAL_SCHEMA, columns=EVAL_SCHEMA.names, threads=self.threads)
 
     def eval_problems(self, table: pa.Table) -> list[str]:
         """The eval rows against their layout (index, rank = index % world_size), the eval fingerprint and the
@@ -349,7 +350,7 @@ class PlanFiles:
                    *([PAIR_ID_COLUMN, PAIR_ROLE_COLUMN] if paired else [])]
         try:
             samples = read_table(self.held(SAMPLES_FILE), samples_schema(bool(s.mixture), self.data_kind),
-                                 columns=columns)
+                                 columns=columns, threads=self.threads)
             index = redraw.dataset_index(*dataset_codes(samples), s) if s.mixture else None
             ids = column(samples, "sample_id")
             expected = (redraw.eval_ids(ids, s, index) if not paired else redraw.pair_eval_ids(
@@ -376,7 +377,7 @@ class PlanFiles:
         if problems:
             return problems
         try:
-            epoch = column(held.parquet().read(columns=["epoch"], use_threads=True), "epoch")
+            epoch = column(held.parquet().read(columns=["epoch"], use_threads=self.threads), "epoch")
         except (pa.ArrowException, OSError, ValueError) as exc:
             return [f"{self.plan_file} is corrupt: {exc}"]
         want = np.array([e.batches for e in self.manifest.epochs], dtype=np.int64)
@@ -419,7 +420,8 @@ class PlanFiles:
     def read_rows(self, columns: list[str] | None = None, filters: list[tuple] | None = None) -> pa.Table:
         """Plan rows matching Parquet `filters` on the plan columns (row groups skipped on their statistics), in
         file order: (epoch, rank, index)."""
-        return read_table(self.held(PLAN_FILE), plan_schema(self.data_kind), columns=columns, filters=filters)
+        return read_table(self.held(PLAN_FILE), plan_schema(self.data_kind), columns=columns, filters=filters,
+                          threads=self.threads)
 
     def row_count(self) -> int:
         """Rows of the plan file, all epochs, from its footer (`validate` compares it with the epochs' rows)."""
@@ -429,7 +431,7 @@ class PlanFiles:
         """One epoch's rows in global order (a filtered read: the same one the runtime verifies and replays)."""
         table = read_table(self.held(PLAN_FILE), plan_schema(self.data_kind),
                            columns=columns or EPOCH_COLUMNS + self.kind_columns,
-                           filters=[("epoch", "=", int(epoch))])
+                           filters=[("epoch", "=", int(epoch))], threads=self.threads)
         index = column(table, "index")
         if index.shape[0] > 1 and not bool(np.all(index[1:] > index[:-1])):
             table = table.take(pc.sort_indices(table, [("index", "ascending")]))

@@ -11,6 +11,7 @@ never spans two parts: a row's tokens are a view of one part's map.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, Generic, TypeVar
@@ -30,7 +31,13 @@ def map_array(f: BinaryIO, offset: int, dtype: np.dtype, length: int) -> np.ndar
         return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=(length,))
     import pyarrow as pa
 
-    with pa.memory_map(proc) as mm:
+    try:
+        mm = pa.memory_map(proc)
+    except OSError as exc:  # Arrow's IOError carries the errno only in its text
+        if "errno 24" in str(exc).lower():
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), proc) from None
+        raise
+    with mm:
         buffer = mm.read_buffer()
     return np.frombuffer(buffer, dtype=dtype, count=length, offset=offset)
 

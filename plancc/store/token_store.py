@@ -1,45 +1,50 @@
-"""The token store: the tokenized dataset as flat `.npy` arrays that every reader memory-maps, with chunk hashes.
+"""The token store: the tokenized dataset as flat `.npy` arrays that every reader memory-maps, with row hashes.
 
 A store is a directory (`tokens/` in a scan or plan directory)::
 
-    input_ids.npy     int32 [T]     every row's tokens, concatenated (row = sample_id)
-    labels.npy        int32 [T]     labels, same layout (already shifted when the scan ran with --shift none)
-    offsets.npy       int64 [N+1]   row i = input_ids[offsets[i]:offsets[i+1]]
-    chunks.npy        int64 [C+1]   chunk k = rows chunks[k]:chunks[k+1] (whole rows, ~CHUNK_TOKENS tokens)
-    chunk_hashes.npy  uint64 [C]    xxh3-64 of chunk k: its row lengths, then its ids, then its labels
-    tokens.json       counts, chunk size, the largest id, the samples' dataset/metadata fingerprints, a hash of
-                      the chunk index, and `header_hash`: a hash of all of its own other values
+    input_ids.npy   int32 [T]     every row's tokens, concatenated (row = sample_id)
+    labels.npy      int32 [T]     labels, same layout (already shifted when the scan ran with --shift none)
+    offsets.npy     int64 [N+1]   row i = input_ids[offsets[i]:offsets[i+1]]
+    chunks.npy      int64 [C+1]   chunk k = rows chunks[k]:chunks[k+1] (whole rows, ~CHUNK_TOKENS tokens, at most
+                                  CHUNK_ROWS rows): the unit a reader verifies at once
+    row_hashes.npy  uint64 [N]    each row's hash (`token_digest`: its ids and labels)
+    blocks.npy      uint64 [B]    a hash per BLOCK_ROWS row hashes, counted from row 0
+    tokens.json     counts, chunk size, the largest id, the samples' dataset/metadata fingerprints, a hash of the
+                    chunk index, `content_hash` (of blocks.npy), and `header_hash`: a hash of all of its own values
 
 Why flat `.npy` and not Arrow IPC: one contiguous array per column is what the collator gathers from (one
 vectorized index over all samples, no record-batch boundaries, no int32 list-offset limit at 2**31 tokens), and
-`numpy.load(mmap_mode="r")` maps it with no copy and no dependency: pages come from the OS page cache, shared by
+a memory map reads it with no copy: pages come from the OS page cache, shared by
 every rank of a node, and a process's memory grows only with the pages it touches. The format is readable by any
 tool (numpy, or plain offsets arithmetic); `to_table` wraps the maps as a zero-copy Arrow table with
 `input_ids`/`labels` columns that `datasets.Dataset(table)` accepts.
 
 A **multi-part** store (a sharded or streamed scan, `plancc merge`) is a directory of single stores, one per
-part in row order, under a header of format `plancc.tokens-parts/2` that lists them (`dir`, `rows`, `tokens`,
-`index_hash`, `header_hash`: a part swapped, truncated or rewritten is refused) with the whole dataset's counts,
-largest id, fingerprints and its own `header_hash`::
+part in row order, under a header of format `plancc.tokens-parts/3` that lists them (`dir`, `rows`, `tokens`,
+`header_hash`: a part swapped, truncated or rewritten is refused) with the whole dataset's counts, largest id,
+fingerprints, the whole dataset's `blocks.npy` and `content_hash`, and its own `header_hash`::
 
-    tokens/tokens.json   {"format": "plancc.tokens-parts/2", "parts": [{"dir": "part-00000", ...}, ...], ...}
+    tokens/tokens.json   {"format": "plancc.tokens-parts/3", "parts": [{"dir": "part-00000", ...}, ...], ...}
+    tokens/blocks.npy    the block hashes of all rows, counted from row 0 of the first part
     tokens/part-00000/   a single store: rows 0 .. n0-1 of the dataset
     tokens/part-00001/   rows n0 .. n0+n1-1
 
-`open_store` opens it as one dataset from its header alone (`token_parts`): a part is opened, checked against the
-header's record of it and mapped the first time one of its rows is read, so that opening costs the same for 1 part
-or 1,000; `input_ids`/`labels` index like one array (a row never spans two parts, so a row's slice is a view of one
-part's map) and `offsets` like the whole store's. Every array is mapped without holding a descriptor (`token_parts.map_array`): a
-process needs one descriptor per multi-part store, whatever its parts and whatever it reads. Stores are written,
-joined into parts and placed by hard links in `token_writer`.
+`open_store` opens it as one dataset from its header and block hashes (`token_parts`): a part is opened, checked
+against the header's record of it and mapped the first time one of its rows is read, so that opening takes the same
+descriptors for 1 part or 1,000; `input_ids`/`labels`/`row_hashes` index like one array (a row never spans two
+parts, so a row's slice is a view of one part's map) and `offsets` like the whole store's. Every array is mapped
+without holding a descriptor (`token_parts.map_array`). Stores are written, joined into parts and placed by hard
+links in `token_writer`.
 
-Verification scales with what a reader touches: `open_store` checks the header (its `header_hash`: a value such as
-`chunk_tokens` or `max_id` that nothing else binds is edited in vain), every file's size and dtype, the offsets' ends
-and the chunk index hash (constant work whatever T); `verify_chunk` rehashes one chunk (64 KiB of ids and labels
-at the default size, microseconds of hashing: docs/benchmarks.md) and is what readers call the first time they
-touch a chunk; `verify_all` rehashes every chunk (and `parts_problem` opens every part). The dataset fingerprint
-keeps its meaning: it is computed from the samples table's per-sample `token_hash`, which the store records at
-write and a plan compares at open.
+The store's `digest` (`token_digest`) depends on its rows and their order only, never on how they are split into
+parts or chunks: the same rows scanned locally, on Ray or in merged shards give one digest, which a plan binds.
+Verification scales with what a reader touches: `open_store` checks the header (its `header_hash`), every file's
+size and dtype, the offsets' ends, the chunk index hash and `content_hash` over the block hashes (work in
+proportion to rows / BLOCK_ROWS, no token read); `verify_rows` checks rows: their row hashes against the block
+hashes that cover them (a multi-part store's own, which its digest binds, not its parts'), and their tokens against
+the row hashes; readers call it the first time they touch a chunk; `verify_all` checks every block and chunk (and
+`parts_problem` opens every part). The dataset fingerprint keeps its meaning: it is computed from the samples
+table's per-sample `token_hash`, which the store records at write and a plan compares at open.
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ from __future__ import annotations
 import os
 import stat
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -56,27 +60,34 @@ import numpy as np
 import orjson
 import xxhash
 
-from plancc.core.plan_arrays import IGNORE_INDEX
 from plancc.errors import PlanccError, descriptors_hint, out_of_descriptors
+from plancc.store import token_digest
 from plancc.store.schemas import TOKENS_DIR
 from plancc.store.token_parts import Concat, Joined, PartOffsets, Parts, map_array
 
-FORMAT = "plancc.tokens/2"  # 2: the header carries header_hash (1 did not: an edited chunk_tokens went unseen)
+FORMAT = "plancc.tokens/3"  # 3: row hashes and a digest independent of the part layout; 2: header_hash
 HEADER_FILE = "tokens.json"
 ARRAYS = {  # file stem -> dtype
     "input_ids": np.dtype("<i4"),
     "labels": np.dtype("<i4"),
     "offsets": np.dtype("<i8"),
     "chunks": np.dtype("<i8"),
-    "chunk_hashes": np.dtype("<u8"),
+    "row_hashes": np.dtype("<u8"),
+    "blocks": np.dtype("<u8"),
 }
 CHUNK_TOKENS = 8192
-HEADER_KEYS = sorted(["chunk_tokens", "chunks", "fingerprints", "format", "header_hash", "index_hash",
-                      "labels_shifted", "max_id", "rows", "tokens"])
-PARTS_FORMAT = "plancc.tokens-parts/2"
-PARTS_KEYS = sorted(["fingerprints", "format", "header_hash", "labels_shifted", "max_id", "parts", "rows", "tokens"])
-PART_KEYS = sorted(["dir", "header_hash", "index_hash", "rows", "tokens"])  # one entry of a multi-part header's parts
-OLD_FORMATS = ("plancc.tokens/1", "plancc.tokens-parts/1")
+CHUNK_ROWS = 64  # at most: a chunk of short rows costs a row hash each to verify
+HEADER_KEYS = sorted(["block_rows", "chunk_rows", "chunk_tokens", "chunks", "content_hash", "fingerprints", "format",
+                      "header_hash", "index_hash", "labels_shifted", "max_id", "rows", "tokens"])
+PARTS_FORMAT = "plancc.tokens-parts/3"
+PARTS_KEYS = sorted(["block_rows", "content_hash", "fingerprints", "format", "header_hash", "labels_shifted",
+                     "max_id", "parts", "rows", "tokens"])
+PART_KEYS = sorted(["dir", "header_hash", "rows", "tokens"])  # one entry of a multi-part header's parts
+OLD_FORMATS = {  # format -> what the older plancc's store lacked
+    "plancc.tokens/1": "is not checksummed", "plancc.tokens-parts/1": "is not checksummed",
+    "plancc.tokens/2": "has a digest that depends on how the scan was split",
+    "plancc.tokens-parts/2": "has a digest that depends on how the scan was split",
+}
 
 
 class TokenStoreError(PlanccError):
@@ -89,30 +100,36 @@ class FileTypeError(PlanccError):
 
 @dataclass(frozen=True)
 class MappedTokens:
-    """A store opened read-only: memory maps (no data read yet) and its header. A multi-part store's arrays are
-    its parts' as one (`token_parts`: `Concat`, `PartOffsets`; `chunks` and `chunk_hashes` `Joined`, read only by
-    checks of the whole store) and `parts` its parts (each a single store, mapped when first read); a single
-    store's `parts` is empty."""
+    """A store opened read-only: memory maps (no data read yet), the block hashes and its header. A multi-part
+    store's arrays are its parts' as one (`token_parts`: `Concat`, `PartOffsets`; `chunks` `Joined`, read only by
+    checks of the whole store), its `blocks` the whole dataset's, and `parts` its parts (each a single store, mapped
+    when first read); a single store's `parts` is empty."""
 
     path: Path
     input_ids: np.ndarray | Concat
     labels: np.ndarray | Concat
     offsets: np.ndarray | PartOffsets
     chunks: np.ndarray | Joined
-    chunk_hashes: np.ndarray | Joined
+    row_hashes: np.ndarray | Concat
+    blocks: np.ndarray  # the whole dataset's block hashes (checked against content_hash at open)
     header: dict[str, Any]
     parts: Parts[MappedTokens] | tuple[()] = ()
 
     @property
     def num_chunks(self) -> int:
-        """Hash chunks in the store."""
-        return int(self.chunk_hashes.shape[0])
+        """Chunks in the store (the units a reader verifies; a multi-part store's: reads every part's index)."""
+        return int(self.chunks.shape[0] - 1)
+
+    @property
+    def rows(self) -> int:
+        """Rows in the store."""
+        return int(self.header["rows"])
 
     @property
     def digest(self) -> str:
-        """The store's content digest: its header's `header_hash`, which covers the chunk index hash (every chunk's
-        hash) of the store or of each part; a plan records it and compares it at open (constant work)."""
-        return self.header["header_hash"]
+        """The store's content digest (`token_digest.digest`): its rows and their order, not its layout; a plan
+        records it and compares it at open (constant work)."""
+        return token_digest.digest(self.header)
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
@@ -157,26 +174,17 @@ def open_dir(path: str | Path, error: type[PlanccError], *, dir_fd: int | None =
 # ---------------------------------------------------------------- hashes (what the writer records)
 
 
-def chunk_bounds(offsets: np.ndarray, chunk_tokens: int = CHUNK_TOKENS) -> np.ndarray:
-    """Row bounds of chunks of whole rows: a chunk starts at the first row starting at or after k*chunk_tokens."""
-    total = int(offsets[-1])
+def chunk_bounds(offsets: np.ndarray, chunk_tokens: int = CHUNK_TOKENS, chunk_rows: int = CHUNK_ROWS) -> np.ndarray:
+    """Row bounds of chunks of whole rows: a chunk starts at the first row starting at or after k*chunk_tokens, and
+    at every chunk_rows-th row."""
+    total, rows = int(offsets[-1]), offsets.shape[0] - 1
     starts = np.searchsorted(offsets[:-1], np.arange(0, max(total, 1), chunk_tokens, dtype=np.int64), side="left")
-    return np.unique(np.concatenate([[0], starts, [offsets.shape[0] - 1]])).astype(np.int64)
+    return np.unique(np.concatenate([[0], starts, np.arange(0, rows, chunk_rows), [rows]])).astype(np.int64)
 
 
-def chunk_hash(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, lo: int, hi: int) -> int:
-    """xxh3-64 of rows [lo, hi): their lengths (int64), then their ids and labels (int32, little-endian)."""
-    a, b = int(offsets[lo]), int(offsets[hi])
-    h = xxhash.xxh3_64()
-    h.update(np.ascontiguousarray(np.diff(offsets[lo:hi + 1]), dtype="<i8").data)
-    h.update(np.ascontiguousarray(ids[a:b], dtype="<i4").data)
-    h.update(np.ascontiguousarray(labels[a:b], dtype="<i4").data)
-    return h.intdigest()
-
-
-def index_hash(chunks: np.ndarray, hashes: np.ndarray) -> str:
-    """xxh3-128 of the chunk index (row bounds, then hashes): the header binds every chunk's hash through it."""
-    return xxhash.xxh3_128_hexdigest(chunks.astype("<i8").tobytes() + hashes.astype("<u8").tobytes())
+def index_hash(chunks: np.ndarray) -> str:
+    """xxh3-128 of the chunk index (its row bounds): the header binds the verification units through it."""
+    return xxhash.xxh3_128_hexdigest(np.ascontiguousarray(chunks, dtype="<i8").data)
 
 
 def header_hash(header: dict[str, Any]) -> str:
@@ -251,9 +259,9 @@ def read_header(path: str | Path, dir_fd: int | None = None) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} is not valid JSON ({exc})") from None
     got = header.get("format") if isinstance(header, dict) else None
-    if got in OLD_FORMATS:
+    if isinstance(got, str) and got in OLD_FORMATS:
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} has format {got!r}, written by an older plancc whose "
-                              "header is not checksummed: recompile the plan (or rescan: `plancc scan`)")
+                              f"store {OLD_FORMATS[got]}: recompile the plan (or rescan: `plancc scan`)")
     if got not in (FORMAT, PARTS_FORMAT):
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} has format {got!r}; this plancc reads {FORMAT} and "
                               f"{PARTS_FORMAT}")
@@ -268,7 +276,7 @@ def _counts(header: dict[str, Any], names: tuple[str, ...]) -> bool:
 
 
 def open_store(path: str | Path, dir_fd: int | None = None) -> MappedTokens:
-    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index hash).
+    """Map a store read-only after the constant-cost checks (header, sizes, dtypes, ends, index and content hashes).
 
     Every file is opened once, through one descriptor of the store's directory (`dir_fd`, else `path` opened; a
     multi-part store holds a copy of it to open its parts when first read), so the store is read whole from the
@@ -291,29 +299,43 @@ def _open_single(path: Path, dir_fd: int) -> MappedTokens:
     header = read_header(path, dir_fd)
     if header["format"] == PARTS_FORMAT:
         return _open_parts(path, dir_fd, header)
-    if (sorted(header) != HEADER_KEYS or not _counts(header, ("rows", "tokens", "chunks", "chunk_tokens"))
-            or header["chunk_tokens"] < 1 or type(header["max_id"]) is not int
+    if (sorted(header) != HEADER_KEYS
+            or not _counts(header, ("rows", "tokens", "chunks", "chunk_tokens", "chunk_rows", "block_rows"))
+            or min(header["chunk_tokens"], header["chunk_rows"], header["block_rows"]) < 1
+            or type(header["max_id"]) is not int
             or type(header["labels_shifted"]) is not bool or not isinstance(header["fingerprints"], dict)):
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)} or values of the wrong "
                               f"type; a store's header holds exactly {HEADER_KEYS}")
     rows, tokens, chunks = header["rows"], header["tokens"], header["chunks"]
-    lengths = {"input_ids": tokens, "labels": tokens, "offsets": rows + 1, "chunks": chunks + 1, "chunk_hashes": chunks}
+    lengths = {"input_ids": tokens, "labels": tokens, "offsets": rows + 1, "chunks": chunks + 1, "row_hashes": rows,
+               "blocks": token_digest.block_count(rows, header["block_rows"])}
     maps = {name: _map(path, dir_fd, name, n) for name, n in lengths.items()}
-    m = MappedTokens(path, *(maps[n] for n in lengths), header)
+    m = MappedTokens(path, maps["input_ids"], maps["labels"], maps["offsets"], maps["chunks"], maps["row_hashes"],
+                     _blocks(path, maps["blocks"], header), header)
     if int(m.offsets[0]) != 0 or int(m.offsets[-1]) != tokens or int(m.chunks[0]) != 0 or int(m.chunks[-1]) != rows:
         raise TokenStoreError(f"token store {path}: offsets.npy or chunks.npy does not span the store's "
                               f"{rows} rows and {tokens} tokens (a file was changed)")
-    if index_hash(np.asarray(m.chunks), np.asarray(m.chunk_hashes)) != header.get("index_hash"):
-        raise TokenStoreError(f"token store {path}: chunks.npy or chunk_hashes.npy changed since it was written")
+    if index_hash(m.chunks) != header["index_hash"] or (m.chunks[1:] < m.chunks[:-1]).any():
+        raise TokenStoreError(f"token store {path}: chunks.npy changed since it was written")
     return m
 
 
+def _blocks(path: Path, blocks: np.ndarray, header: dict[str, Any]) -> np.ndarray:
+    """The block hashes, in memory, refused unless they hash to the header's `content_hash`."""
+    blocks = np.array(blocks)
+    if token_digest.content_hash(blocks) != header["content_hash"]:
+        raise TokenStoreError(f"token store {path}: blocks.npy changed since it was written (its block hashes do "
+                              f"not hash to the content_hash in {HEADER_FILE})")
+    return blocks
+
+
 def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens:
-    """A multi-part store as one, from its header alone: each part is mapped (and bound to the header's record of
-    it) the first time one of its rows is read (`token_parts`), through a descriptor of the store's folder, the
-    one the store holds whatever its number of parts."""
+    """A multi-part store as one, from its header and block hashes alone: each part is mapped (and bound to the
+    header's record of it) the first time one of its rows is read (`token_parts`), through a descriptor of the
+    store's folder, the one the store holds whatever its number of parts."""
     if (sorted(header) != PARTS_KEYS or not isinstance(header["parts"], list) or not header["parts"]
-            or not _counts(header, ("rows", "tokens")) or type(header["labels_shifted"]) is not bool):
+            or not _counts(header, ("rows", "tokens", "block_rows")) or header["block_rows"] < 1
+            or type(header["labels_shifted"]) is not bool):
         raise TokenStoreError(f"token store {path}: {HEADER_FILE} has keys {sorted(header)}, values of the wrong type "
                               f"or no parts; a multi-part store's header holds exactly {PARTS_KEYS}")
     keys = set(PART_KEYS)
@@ -328,22 +350,24 @@ def _open_parts(path: Path, dir_fd: int, header: dict[str, Any]) -> MappedTokens
     if sum(rows) != header["rows"] or sum(tokens) != header["tokens"]:
         raise TokenStoreError(f"token store {path}: its parts hold {sum(rows)} rows and {sum(tokens)} tokens; "
                               f"{HEADER_FILE} says {header['rows']} and {header['tokens']}")
+    blocks = _blocks(path, _map(path, dir_fd, "blocks", token_digest.block_count(sum(rows), header["block_rows"])),
+                     header)
     try:
         held = os.dup(dir_fd)
     except OSError as exc:
         raise TokenStoreError(f"token store {path}: cannot hold it open{_why(exc)}") from None
     parts: Parts[MappedTokens] = Parts(rows, tokens, lambda k: _open_part(path, held, header, k))
     weakref.finalize(parts, os.close, held)
-    dtype = ARRAYS["input_ids"]
-    return MappedTokens(path, Concat(parts.token_starts, lambda k: parts[k].input_ids, dtype),
-                        Concat(parts.token_starts, lambda k: parts[k].labels, dtype),
+    ids, hashes = ARRAYS["input_ids"], ARRAYS["row_hashes"]
+    return MappedTokens(path, Concat(parts.token_starts, lambda k: parts[k].input_ids, ids),
+                        Concat(parts.token_starts, lambda k: parts[k].labels, ids),
                         PartOffsets(parts, lambda k: parts[k].offsets), Joined(lambda: _chunk_bounds(parts)),
-                        Joined(lambda: np.concatenate([np.asarray(m.chunk_hashes) for m in parts])), header, parts)
+                        Concat(parts.row_starts, lambda k: parts[k].row_hashes, hashes), blocks, header, parts)
 
 
 def _open_part(path: Path, dir_fd: int, header: dict[str, Any], k: int) -> MappedTokens:
     """Part `k` of a multi-part store, opened through the store's folder, refused unless it is the part the header
-    records (rows, tokens, chunk index and header hashes, label layout, ids within the store's largest)."""
+    records (rows, tokens, header hash, label layout, ids within the store's largest)."""
     p = header["parts"][k]
     where = path / p["dir"]
     try:
@@ -356,7 +380,7 @@ def _open_part(path: Path, dir_fd: int, header: dict[str, Any], k: int) -> Mappe
         os.close(part_fd)
     if m.parts:
         raise TokenStoreError(f"token store {where}: a part is itself multi-part")
-    got = {k: m.header[k] for k in ("rows", "tokens", "index_hash", "header_hash")}
+    got = {k: m.header[k] for k in ("rows", "tokens", "header_hash")}
     if got != {k: p.get(k) for k in got} or m.header["labels_shifted"] != header["labels_shifted"]:
         raise TokenStoreError(f"token store {where} holds {got} but {path / HEADER_FILE} records "
                               f"{ {k: p.get(k) for k in got} } (a part was replaced or rewritten)")
@@ -386,27 +410,41 @@ def parts_problem(m: MappedTokens) -> str | None:
 
 
 def layout_problem(m: MappedTokens) -> str | None:
-    """None when every (part's) chunk index splits its rows at its `chunk_tokens`; else what differs."""
+    """None when every (part's) chunk index splits its rows at its `chunk_tokens` and `chunk_rows`; else what
+    differs."""
     for part in m.parts or (m,):
-        if not np.array_equal(chunk_bounds(part.offsets, part.header["chunk_tokens"]), part.chunks):
-            return (f"{part.path}: chunks.npy does not split the rows at chunk_tokens={part.header['chunk_tokens']} "
-                    f"({HEADER_FILE} or the offsets changed)")
+        size = {k: part.header[k] for k in ("chunk_tokens", "chunk_rows")}
+        if not np.array_equal(chunk_bounds(part.offsets, **size), part.chunks):
+            return (f"{part.path}: chunks.npy does not split the rows at chunk_tokens={size['chunk_tokens']} and "
+                    f"chunk_rows={size['chunk_rows']} ({HEADER_FILE} or the offsets changed)")
     return None
 
 
-def verify_chunk(m: MappedTokens, k: int) -> bool:
-    """True when chunk `k` still hashes to its recorded hash (the same bytes `chunk_hash` reads)."""
-    lo, hi = int(m.chunks[k]), int(m.chunks[k + 1])
-    if not (0 <= lo <= hi <= m.offsets.shape[0] - 1):
-        return False
+def _rows_match(m: MappedTokens, lo: int, hi: int, stored: np.ndarray) -> bool:
+    """Whether rows [lo, hi)'s tokens hash to `stored` (their recorded row hashes)."""
     a, b = int(m.offsets[lo]), int(m.offsets[hi])
     if not 0 <= a <= b <= m.input_ids.shape[0]:
         return False
-    h = xxhash.xxh3_64()
-    h.update(np.ascontiguousarray(np.diff(m.offsets[lo:hi + 1]), dtype="<i8").data)
-    h.update(np.ascontiguousarray(m.input_ids[a:b]).data)  # a chunk lies in one part: a view of its map
-    h.update(np.ascontiguousarray(m.labels[a:b]).data)
-    return h.intdigest() == int(m.chunk_hashes[k])
+    got = token_digest.row_hashes(m.input_ids[a:b], m.labels[a:b], np.asarray(m.offsets[lo:hi + 1]) - a)
+    return np.array_equal(got, stored)
+
+
+def verify_rows(m: MappedTokens, lo: int, hi: int) -> bool:
+    """True when rows [lo, hi) (of the whole store: sample ids) still hash to their row hashes, and those to the
+    block hashes that cover them (which `content_hash` bound at open; a block may span two parts)."""
+    if not (0 <= lo <= hi <= m.rows):
+        return False
+    size = m.header["block_rows"]
+    first, last = lo // size, token_digest.block_count(hi, size)
+    stored = np.asarray(m.row_hashes[first * size:min(last * size, m.rows)])
+    if not np.array_equal(token_digest.block_hashes([stored], size), m.blocks[first:last]):
+        return False
+    return _rows_match(m, lo, hi, stored[lo - first * size:hi - first * size])
+
+
+def verify_chunk(m: MappedTokens, k: int) -> bool:
+    """True when chunk `k`'s rows still hash to their row hashes and those to their block hashes (`verify_rows`)."""
+    return verify_rows(m, int(m.chunks[k]), int(m.chunks[k + 1]))
 
 
 def chunk_where(m: MappedTokens, k: int) -> str:
@@ -422,8 +460,19 @@ def chunk_where(m: MappedTokens, k: int) -> str:
 
 
 def verify_all(m: MappedTokens) -> int | None:
-    """The first chunk that does not match its hash, or None (reads the whole store)."""
-    return next((k for k in range(m.num_chunks) if not verify_chunk(m, k)), None)
+    """The first chunk that does not match, or None: every block of row hashes against its block hash, then every
+    chunk's rows against their row hashes (reads the whole store once). A block that does not match names the first
+    chunk over it whose rows do not match their hashes (a row hash edited), else its first chunk."""
+    size, chunks = m.header["block_rows"], np.asarray(m.chunks)
+    got = token_digest.block_hashes(token_digest.stretches(m.row_hashes, m.rows), size)
+    bad = np.flatnonzero(got != m.blocks) if got.shape == m.blocks.shape else np.zeros(1, np.int64)
+    which = range(m.num_chunks)
+    if bad.size:
+        lo, hi = int(bad[0]) * size, min((int(bad[0]) + 1) * size, m.rows)
+        first, last = np.searchsorted(chunks, [lo, max(hi - 1, lo)], side="right") - 1
+        which = range(int(first), int(last) + 1)
+    return next((k for k in which if not _rows_match(m, int(chunks[k]), int(chunks[k + 1]), np.asarray(
+        m.row_hashes[int(chunks[k]):int(chunks[k + 1])]))), which[0] if bad.size else None)
 
 
 def to_table(path: str | Path):
@@ -437,61 +486,3 @@ def to_table(path: str | Path):
     off = pa.array(np.asarray(m.offsets))
     return pa.table({"input_ids": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.input_ids))),
                      "labels": pa.LargeListArray.from_arrays(off, pa.array(np.asarray(m.labels)))})
-
-
-def _row_blocks(starts: np.ndarray, ends: np.ndarray, block: int) -> Iterator[tuple[int, int, int, int]]:
-    """Rows [i, j) at a time, with the tokens [a, b) they span: about `block` tokens (at least one row) each."""
-    i = 0
-    while i < starts.shape[0]:
-        j = max(i + 1, int(np.searchsorted(starts, starts[i] + block, side="right")))
-        yield i, j, int(starts[i]), int(ends[i:j].max())
-        i = j
-
-
-def label_counts(labels: np.ndarray, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
-    """Supervised labels (!= -100) of each row [starts[i], ends[i]) (ascending), a block of tokens at a time, so
-    that memory stays bounded on a mapped store."""
-    out = np.empty(starts.shape[0], dtype=np.int64)
-    for i, j, a, b in _row_blocks(starts, ends, block):
-        sup = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(np.asarray(labels[a:b]) != IGNORE_INDEX, out=sup[1:])
-        out[i:j] = sup[ends[i:j] - a] - sup[starts[i:j] - a]
-    return out
-
-
-def row_hashes(ids, labels, starts: np.ndarray, ends: np.ndarray, block: int = 1 << 24) -> np.ndarray:
-    """`token_hash` of each row [starts[i], ends[i]) (ascending), a block of tokens at a time (bounded memory on
-    a mapped or multi-part store)."""
-    from plancc.store.fingerprint import token_hashes  # lazy: compiled hashing, only when asked
-
-    out = np.empty(starts.shape[0], dtype=np.uint64)
-    for i, j, a, b in _row_blocks(starts, ends, block):
-        off = np.stack([starts[i:j] - a, ends[i:j] - a], axis=1).reshape(-1)  # rows as CSR pairs; [::2] keeps them
-        x, y = np.asarray(ids[a:b]), np.asarray(labels[a:b])
-        out[i:j] = token_hashes(x, off, y, off)[::2]
-    return out
-
-
-def compare_samples(ids: np.ndarray, labels: np.ndarray, offsets: np.ndarray, samples: Any, *,
-                    hashes: bool = True) -> str | None:
-    """None when every sample of `samples` (a samples table, sorted by sample_id) has its recorded length, label
-    count (and, with `hashes`, content hash) in these rows; else what differs, naming the first such sample."""
-    sid = samples.column("sample_id").to_numpy()
-    if sid.size and (sid.min() < 0 or sid.max() >= offsets.shape[0] - 1):
-        return f"the plan uses sample_id {int(sid.max())} but the dataset has {offsets.shape[0] - 1} rows"
-    starts, ends = np.asarray(offsets[sid]), np.asarray(offsets[sid + 1])
-    outside = np.flatnonzero((starts < 0) | (ends < starts) | (ends > ids.shape[0]))
-    if outside.size:
-        return f"the row offsets of {outside.size} samples are out of range (first: sample_id {int(sid[outside[0]])})"
-    bad = np.flatnonzero(ends - starts != samples.column("length").to_numpy())
-    if bad.size:
-        return f"{bad.size} samples changed length (first: sample_id {int(sid[bad[0]])})"
-    bad = np.flatnonzero(label_counts(labels, starts, ends) != samples.column("label_count").to_numpy())
-    if bad.size:
-        return f"{bad.size} samples changed their supervised label count (first: sample_id {int(sid[bad[0]])})"
-    if hashes:
-        bad = np.flatnonzero(row_hashes(ids, labels, starts, ends) != samples.column("token_hash").to_numpy())
-        if bad.size:
-            return (f"{bad.size} samples changed content (dataset fingerprint mismatch; first: sample_id "
-                    f"{int(sid[bad[0]])})")
-    return None

@@ -12,7 +12,7 @@ Why the names live apart from the behaviour: the settings check `format` and `--
 (a misspelt format in a config file is named there, with the file), the store tells a samples table from a
 source by the columns formats read, and the CLI lists the names; all of them sit below the scan and may not import
 it. So the names and roles are plain data one layer down, and this package holds what needs Arrow, a tokenizer or
-a chat template. `tests/test_format_registry.py` holds the two to the same formats.
+a chat template. `tests/unit/scan/formats/test_registry.py` holds the two to the same formats.
 
 A scan runs a format as: `detect` (or `--format`) on the first rows → per shard `map_columns` → `canonical` →
 `shape` → `encode` (in worker processes for the formats that tokenize) → the samples table (`sources.samples`).
