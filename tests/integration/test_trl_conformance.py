@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import plancc
 from plancc.cli import app
 from plancc.store.token_store import open_store
-from tests.sources_fixtures import (
+from tests.support.sources import (
     DEEPSEEK_JSON,
     GENERATION_CHATML,
     TEMPLATES,
@@ -89,7 +89,7 @@ def test_a_trl_config_compiles_to_what_sft_trainer_trains(tmp_path, kind, keys, 
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from tests.runtime_helpers import tiny_model
+    from tests.support.training import tiny_model
 
     datasets = pytest.importorskip("datasets")
     rows = _rows(kind)
