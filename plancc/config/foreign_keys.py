@@ -298,9 +298,10 @@ TRL_HONOURED = {
     "model_name_or_path": "tokenizer (when tokenizer_name_or_path is not set)",
     "max_length": "sequence_len",
     "max_seq_length": "sequence_len (older TRL spelling of max_length)",
-    "completion_only_loss": "train_on_inputs = not completion_only_loss",
-    "assistant_only_loss": ("true: roles_to_train assistant; false is refused (TRL then trains every token of a "
-                            "conversation, role markup too, which plancc has no setting for)"),
+    "completion_only_loss": ("train_on_inputs = not completion_only_loss (false: a prompt is trained too, of a "
+                             "conversational prompt/completion every token; refused with assistant_only_loss true)"),
+    "assistant_only_loss": ("true: roles_to_train assistant; false or unset: train_on all_tokens (TRL's loss on "
+                            "conversational data: every token, role markup too)"),
     "per_device_train_batch_size": "micro_batch_size",
     "gradient_accumulation_steps": "grad_accum",
     "num_train_epochs": "epochs (a whole number)",

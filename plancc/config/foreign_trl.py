@@ -16,15 +16,24 @@ def trl_settings(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
     preference = [k for k in data if k in TRL_PREFERENCE_ONLY]
     settings = {**tokenizer(data, ("tokenizer_name_or_path", "model_name_or_path")),
                 **reader.settings(data, (*TRL_READ, *preference)), **_preference(data, preference, reader)}
-    if data.get("assistant_only_loss"):
-        settings["roles_to_train"] = ["assistant"]
-    elif data.get("assistant_only_loss") is False:  # TRL then trains every token of a conversation
-        reader.refuse_value("assistant_only_loss", "false trains every token of a conversation, its role markup "
-                            "too, which plancc has no setting for: set it true, or remove it")
+    if not preference:
+        settings.update(_sft_loss(data, reader))
     if isinstance(data.get("dataset_name"), str):
         split = {"split": data["dataset_train_split"]} if data.get("dataset_train_split") else {}
         settings["datasets"] = [{"path": data["dataset_name"], **split}]
     return settings
+
+
+def _sft_loss(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
+    """What SFTTrainer trains of a conversation: with `assistant_only_loss` the assistant turns, else every token,
+    markup too (`train_on all_tokens`; a conversational prompt's by `completion_only_loss`, read as
+    train_on_inputs)."""
+    if not data.get("assistant_only_loss"):
+        return {"train_on": "all_tokens"}
+    if data.get("completion_only_loss") is False:
+        reader.refuse_value("completion_only_loss", "false with assistant_only_loss true trains the assistant turns "
+                            "of a conversational prompt too, which plancc has no setting for: remove it")
+    return {"roles_to_train": ["assistant"]}
 
 
 def _preference(data: dict[str, Any], preference: list[str], reader: Reader) -> dict[str, Any]:

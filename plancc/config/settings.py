@@ -181,8 +181,10 @@ class ScanOptions:
                                            "every turn (chat).", Switch(),
                                     off="--no-train-on-inputs", record=ADDED, dataset=OWN,
                                     spellings=(axolotl("train_on_inputs"), trl("completion_only_loss", _negated)))
-    train_on: TrainOn = setting(TrainOn.ALL_TURNS, "Chat: all_turns, or last_turn (only the last trained turn).",
-                                OneOf(TrainOn), record=ADDED, dataset=OWN)
+    train_on: TrainOn = setting(TrainOn.ALL_TURNS, "Chat: all_turns, last_turn (only the last trained turn), or "
+                                                   "all_tokens (every token, markup too; of a conversational "
+                                                   "prompt/completion the completion's, or all with train_on_inputs: "
+                                                   "TRL's loss).", OneOf(TrainOn), record=ADDED, dataset=OWN)
     end_of_turn: EndOfTurn = setting(
         EndOfTurn.MARKUP, "Chat: what train_on_eos trains after a turn: markup (the template's text from the end of "
                           "its content to the next turn) or tokens (the eos, and eot_tokens by train_on_eot, found "

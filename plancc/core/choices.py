@@ -66,10 +66,12 @@ class TrainOnEos(Choice):
 
 
 class TrainOn(Choice):
-    """Which of a conversation's trained turns are trained: all of them, or only the last."""
+    """Which of a conversation's trained turns are trained: all of them, or only the last; or every token of the
+    conversation, its markup too (TRL's loss on conversational data)."""
 
     ALL_TURNS = "all_turns"
     LAST_TURN = "last_turn"
+    ALL_TOKENS = "all_tokens"
 
 
 class EndOfTurn(Choice):

@@ -62,18 +62,24 @@ def recorded_options(options: ScanOptions, tok: Tok | None,
 
 
 TAG_FIXED = ("roles_to_train", "train_on_eos")  # what a template's {% generation %} blocks decide themselves
+EVERY_TOKEN_FIXED = (*TAG_FIXED, "end_of_turn", "eot_tokens", "train_on_eot")  # moot when every token is trained
 
 
-def _check_tagged(chat: templates.ChatTemplate, options: ScanOptions) -> None:
-    """A template whose `{% generation %}` blocks mark what is trained leaves no room for roles_to_train or
-    train_on_eos: one set anyway is an error rather than a setting silently ignored."""
-    if not has_generation_tags(chat.text):
+def _check_decided(chat: templates.ChatTemplate, options: ScanOptions) -> None:
+    """`train_on = all_tokens`, or a template whose `{% generation %}` blocks mark what is trained, leaves no room
+    for the settings that choose turns and ends: one set anyway is an error rather than a setting silently
+    ignored."""
+    if options.train_on == "all_tokens":
+        fixed, why = EVERY_TOKEN_FIXED, "train_on all_tokens trains every token (leave it unset)"
+    elif has_generation_tags(chat.text):
+        fixed, why = TAG_FIXED, (f"chat template {chat.name} marks what is trained with {{% generation %}} blocks "
+                                 "(leave it unset, or use a template without them)")
+    else:
         return
     defaults = ScanOptions()
-    for name in TAG_FIXED:
+    for name in fixed:
         if getattr(options, name) != getattr(defaults, name):
-            raise SettingsError(f"{name} cannot apply: chat template {chat.name} marks what is trained with "
-                                "{% generation %} blocks (leave it unset, or use a template without them)", name)
+            raise SettingsError(f"{name} cannot apply: {why}", name)
 
 
 def _clock_note(chat: templates.ChatTemplate, options: ScanOptions) -> list[str]:
@@ -164,7 +170,7 @@ def prepare(source: str, options: ScanOptions, *, reader: RowReader | None = Non
             raise needs_tokenizer(str(source), fmt.name)
         if fmt.needs_template(probe):
             chat = templates.require(template, tok)
-            _check_tagged(chat, options)
+            _check_decided(chat, options)
             warnings += filter(None, [templates.marker_warning(chat, tok)])
             warnings += _clock_note(chat, options)
             warnings += turn_ends.check(tok, chat.text, chat.name, options)

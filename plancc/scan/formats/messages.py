@@ -8,7 +8,9 @@ Read from a `messages` or `conversations` column: `{role, content}` or ShareGPT 
 with `--message-fields`), OpenAI content parts (text parts joined), tool calls; or TRL's conversational
 prompt/completion (`prompt` and `completion` both lists of messages: the prompt's turns are context, never
 trained). `plancc.scan.sources.chat` renders and finds each turn's span; a template with `{% generation %}`
-blocks says itself what is trained.
+blocks says itself what is trained. `train_on = all_tokens` trains every token, markup too (TRL's loss when
+`assistant_only_loss` is off): of a conversational prompt/completion, the tokens after the prompt rendered with
+its generation prompt (from where the two tokenizations part, as TRL counts), or every one with `train_on_inputs`.
 """
 
 from __future__ import annotations
@@ -192,6 +194,35 @@ def _tagged_spans(renderer: Renderer, messages: list[dict[str, str]], options: S
     return text, spans, all(not m["content"].strip() for m in replies), False
 
 
+def _all_tokens(renderer: Renderer, messages: list[dict[str, str]], options: ScanOptions
+                ) -> tuple[str, str | None, bool, bool]:
+    """`train_on = all_tokens`: the rendered text, the rendering of what is not trained (a conversational prompt:
+    the turns flagged untrained at its head, with the generation prompt; None: nothing, as with `train_on_inputs`)
+    and whether the trained turns' content is empty."""
+    head = next((i for i, m in enumerate(messages) if m.get("training") is not False), len(messages))
+    late = next((i for i, m in enumerate(messages[head:], head) if m.get("training") is False), None)
+    if late is not None:
+        raise TemplateProblem(f"turn {late} is flagged untrained after a trained one: train_on all_tokens trains "
+                              "every token after the conversation's leading untrained turns (its prompt)")
+    prompt = None if options.train_on_inputs or head == 0 else renderer.render(messages[:head], True)
+    trained = messages if prompt is None else messages[head:]
+    return renderer.render(messages), prompt, all(not m["content"].strip() for m in trained), False
+
+
+def _after_prompts(tokenizer, ids: np.ndarray, offsets: np.ndarray, prompts: list[str | None]) -> np.ndarray:
+    """Labels of `train_on = all_tokens`: every token, less each row's leading tokens that its prompt's own
+    tokenization shares (TRL's rule: the completion starts where the two part)."""
+    labels = ids.copy()
+    given = [i for i, p in enumerate(prompts) if p is not None]
+    for i, enc in zip(given, tokenizer.encode_batch([prompts[i] for i in given], add_special_tokens=False),
+                      strict=True):
+        row, prompt = ids[offsets[i]:offsets[i + 1]], np.asarray(enc.ids, dtype=ids.dtype)
+        n = min(len(row), len(prompt))
+        parted = np.flatnonzero(row[:n] != prompt[:n])
+        labels[offsets[i]:offsets[i] + (int(parted[0]) if len(parted) else n)] = IGNORE_INDEX
+    return labels
+
+
 def _mask(ids: np.ndarray, offsets: np.ndarray, encodings, spans: list, overlap: bool) -> np.ndarray:
     """Labels: each row's tokens that start inside one of its spans (`overlap`: that overlap one) keep their id."""
     labels = np.full(len(ids), IGNORE_INDEX, np.int32)
@@ -244,8 +275,10 @@ class Messages(RowFormat):
             raise ValueError("messages need a chat template")
         options = how.options
         renderer = Renderer(how.template, how.tok.bos_token, how.tok.eos_token, options.template_date)
-        by_tokens = options.end_of_turn == "tokens" and not renderer.tagged
-        locate = _tagged_spans if renderer.tagged else _turn_marks if by_tokens else _turn_spans
+        everything = options.train_on == "all_tokens"
+        by_tokens = options.end_of_turn == "tokens" and not renderer.tagged and not everything
+        locate = (_all_tokens if everything else _tagged_spans if renderer.tagged else _turn_marks if by_tokens
+                  else _turn_spans)
         texts, spans, empty, blank = [], [], [], []
         for i, conv in enumerate(table.column("messages").to_pylist()):
             try:
@@ -263,7 +296,9 @@ class Messages(RowFormat):
         texts = heads(how.tok, texts, False, how.keep)  # spans past a cut select no token
         encodings = how.tok.tokenizer.encode_batch(texts, add_special_tokens=False)
         ids, offsets = flat(encodings)
-        if by_tokens:
+        if everything:
+            labels = _after_prompts(how.tok.tokenizer, ids, offsets, spans)
+        elif by_tokens:
             labels = turn_ends.labels(ids, offsets, encodings, spans, turn_ends.end_ids(how.tok, how.template,
                                                                                         options), options)
         else:
@@ -272,6 +307,8 @@ class Messages(RowFormat):
 
     def trained(self, options: ScanOptions, *, generation: bool = False) -> str:
         """The template's `{% generation %}` blocks, or `roles_to_train` and `train_on_eos`; and `train_on`."""
+        if options.train_on == "all_tokens":
+            return f"every token, markup too (train_on all_tokens), train_on_inputs {str(options.train_on_inputs).lower()}"
         if generation:
             return f"the chat template's {{% generation %}} blocks, train_on {options.train_on}"
         return (f"roles_to_train {','.join(options.roles_to_train)}, train_on_eos {options.train_on_eos}, "

@@ -236,18 +236,24 @@ def test_axolotl_excess_length_strategy_and_dataset_num_proc_are_read(tmp_path, 
     assert got.scan.long == long and got.run.num_proc == 3
 
 
-def test_trl_loss_keys_map_onto_train_on_inputs_and_roles_to_train(tmp_path):
-    """completion_only_loss is not train_on_inputs; assistant_only_loss true trains the assistant turns, false
-    (TRL's whole-conversation loss, which plancc has no setting for) is refused, naming it."""
+def test_trl_loss_keys_map_onto_train_on_inputs_roles_to_train_and_train_on(tmp_path):
+    """completion_only_loss is not train_on_inputs; assistant_only_loss true trains the assistant turns, false or
+    unset every token of a conversation (TRL's loss: train_on all_tokens); true beside completion_only_loss false is
+    refused, naming it."""
     from plancc.config.foreign import translate
 
     for value in (True, False):
         trl = translate({"output_dir": "o", "completion_only_loss": value}, tmp_path / "sft.yaml")
         assert trl.kind == "trl" and trl.settings["train_on_inputs"] is (not value)
+        assert trl.settings["train_on"] == "all_tokens"
     only = translate({"output_dir": "o", "assistant_only_loss": True}, tmp_path / "sft.yaml")
     assert only.settings["roles_to_train"] == ["assistant"] and only.ignored == ["output_dir"]
-    with pytest.raises(SettingsError, match=r"'assistant_only_loss' \(false trains every token"):
-        translate({"output_dir": "o", "assistant_only_loss": False}, tmp_path / "sft.yaml")
+    assert "train_on" not in only.settings
+    every = translate({"output_dir": "o", "assistant_only_loss": False}, tmp_path / "sft.yaml")
+    assert every.settings["train_on"] == "all_tokens" and "roles_to_train" not in every.settings
+    with pytest.raises(SettingsError, match=r"'completion_only_loss' \(false with assistant_only_loss true"):
+        translate({"output_dir": "o", "assistant_only_loss": True, "completion_only_loss": False},
+                  tmp_path / "sft.yaml")
 
 
 def test_axolotl_datasets_each_train_by_their_own_keys(tmp_path):

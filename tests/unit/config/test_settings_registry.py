@@ -208,7 +208,7 @@ def test_another_tools_keys_are_honoured_noted_or_refused(tmp_path):
 def test_a_trl_key_set_to_null_leaves_the_setting_unset(tmp_path):
     got = foreign.translate({"output_dir": "o", "completion_only_loss": None, "seed": None, "packing": False},
                             tmp_path / "sft.yaml")
-    assert got.settings == {"mode": "padded"}
+    assert got.settings == {"mode": "padded", "train_on": "all_tokens"}  # TRL's loss without assistant_only_loss
 
 
 def test_an_error_names_the_key_the_config_wrote(tmp_path):

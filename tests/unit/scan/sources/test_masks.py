@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import plancc
 from plancc.cli import app
 from plancc.config.settings import ScanOptions
-from plancc.errors import SettingsError
+from plancc.errors import InputError, SettingsError
 from plancc.scan.scanner import scan
 from plancc.scan.sources import clock
 from plancc.scan.sources.tokenizer import load_tokenizer
@@ -208,6 +208,27 @@ def test_train_on_last_turn(tmp_path):
         assert got == [last["content"] + "<|im_end|>\n"]
 
 
+def test_train_on_all_tokens_trains_every_token_but_a_leading_untrained_prompt(tmp_path):
+    """all_tokens: every token of the conversation, markup too, but the leading turns flagged untrained and the
+    generation prompt after them (a prompt); a turn flagged untrained after a trained one is a one-line row error."""
+    convs = chatterbot_conversations(20)
+    flagged = [[{**m, "train": False} if i < len(c) - 1 else m for i, m in enumerate(c)] for c in convs]
+    runs = _chat_runs(tmp_path / "f", flagged, train_on="all_tokens", message_fields={"training": "train"})
+    assert runs == [[c[-1]["content"] + "<|im_end|>\n"] for c in convs]
+    for conv, got in zip(convs, _chat_runs(tmp_path / "a", convs, train_on="all_tokens"), strict=True):
+        assert got == ["".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conv)]
+    late = [[*c[:-1], {**c[-1], "train": False}] for c in convs[:1]]
+    with pytest.raises(InputError, match=r"chat\.jsonl.*line 1.*turn \d+ is flagged untrained after a trained one"):
+        _chat_runs(tmp_path / "l", late, train_on="all_tokens", message_fields={"training": "train"})
+
+
+@pytest.mark.parametrize("setting", [{"roles_to_train": ["user"]}, {"train_on_eos": "none"},
+                                     {"end_of_turn": "tokens"}])
+def test_train_on_all_tokens_refuses_the_settings_it_decides(tmp_path, setting):
+    with pytest.raises(SettingsError, match=r"cannot apply: train_on all_tokens trains every token"):
+        _chat_runs(tmp_path, chatterbot_conversations(2), train_on="all_tokens", **setting)
+
+
 def _pair_rows(tmp_path, rows, **settings):
     tmp_path.mkdir(exist_ok=True)
     src = write_rows(tmp_path / "alpaca.jsonl", rows)
@@ -296,7 +317,7 @@ def test_a_whitespace_turn_is_trained_only_where_the_template_renders_it(tmp_pat
     ("--roles-to-train", "assistant,robot", "--roles-to-train: unknown role 'robot'; roles are system, user, "
                                              "assistant, tool"),
     ("--train-on-eos", "sometimes", "--train-on-eos must be one of turn, last, all, none; got 'sometimes'"),
-    ("--train-on", "first_turn", "--train-on must be one of all_turns, last_turn; got 'first_turn'"),
+    ("--train-on", "first_turn", "--train-on must be one of all_turns, last_turn, all_tokens; got 'first_turn'"),
     ("--template-date", "26/07/2024", "--template-date must be a date YYYY-MM-DD (e.g. 2024-07-26), got "
                                       "'26/07/2024'"),
 ])
