@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
+
+from figures import spread
 
 WORK = Path(os.environ.get("PLANCC_BENCH_DIR", "/tmp/plancc-bench"))
 
@@ -98,10 +99,6 @@ def measure(plan: Path, runs: int) -> list[dict]:
         done = subprocess.run([sys.executable, "-c", CHILD, str(plan)], check=True, capture_output=True, text=True)
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return results
-
-
-def spread(values: list[float], fmt: str) -> str:
-    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 def main() -> None:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
+
+from figures import spread
 
 WORK = Path(os.environ.get("PLANCC_BENCH_DIR", "/tmp/plancc-bench"))
 SAMPLES = 20_000
@@ -73,10 +74,6 @@ def measure(path: Path, runs: int) -> list[dict] | str:
             return done.stderr.strip().splitlines()[-1][:160]
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return results
-
-
-def spread(values: list[float], fmt: str) -> str:
-    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 def main() -> None:
