@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from plancc.config.formats import PAIRED
+
 MAX_EPOCH_ROWS = 4  # more epochs: the first ones, then a pointer to `inspect metrics`
 
 
@@ -40,7 +42,7 @@ def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
     a scan and a compile share."""
     dropped = _count(report, "dropped_samples", "dropped_long", "dropped_all_masked")
     truncated = _count(report, "truncated_samples", "truncated")
-    pairs = report.get("format") == "preference"  # the scan counts rows: a pair's two completions kept together
+    pairs = report.get("format") in PAIRED  # the scan counts rows: a pair's two completions kept together
     kept = kept // 2 if pairs else kept
     total = kept + dropped
     lines = [f"{'pairs  ' if pairs else 'samples'}    {kept:,} kept, {dropped:,} dropped{_share(dropped, total)}, "

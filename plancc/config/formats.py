@@ -33,9 +33,13 @@ NAMED = (
     # preference data (docs/preference.md): each completion its own sample, a pair's kept or dropped together
     FormatName("preference", ("prompt", "chosen", "rejected")),
     FormatName("unpaired_preference", ("prompt", "completion", "label")),
+    # Axolotl's `rl: dpo|ipo|simpo` pairs of `type: chat_template.default`: never detected, named by the config
+    FormatName("axolotl_preference", ("messages", "chosen", "rejected")),
 )
 
 BY_NAME = {f.name: f for f in NAMED}
 FORMATS = ("auto", *(f.name for f in NAMED))  # the values of the `format` setting
 ROLES = tuple(dict.fromkeys(role for f in NAMED for role in f.roles))  # every column some format reads
+PAIRED = ("preference", "axolotl_preference")  # the formats whose rows are pairs (two samples a row)
+PREFERENCE = (*PAIRED, "unpaired_preference")  # the formats of preference data (never SFT)
 AXOLOTL_TYPES = {kind: f.name for f in NAMED for kind in f.axolotl}  # Axolotl `type:` -> format

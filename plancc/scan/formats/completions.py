@@ -105,9 +105,10 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def render(prompts: list[str], completions: list[list[str]], conversational: np.ndarray, how: Encoding,
-           row0: int) -> Encoded:
+           row0: int, *, prompt_end: bool = False) -> Encoded:
     """Each row's completions (`completions[j][i]`: completion j of row i) as sequences, row by row: the prompt
-    and the completion tokenized whole, the prompt tokens (the shorter of the row's common prefixes) masked."""
+    and the completion tokenized whole, the prompt tokens (the shorter of the row's common prefixes; with
+    `prompt_end`, as many as the prompt alone has: TRL 1.9's DPOTrainer, which Axolotl 0.19.0 runs) masked."""
     tok, options = how.tok, how.options
     k, n = len(completions), len(prompts)
     renderer = Renderer(how.template, tok.bos_token, tok.eos_token, options.template_date) if conversational.any() \
@@ -133,8 +134,11 @@ def render(prompts: list[str], completions: list[list[str]], conversational: np.
         raise RowError(row0, "rows mix strings and messages")
     p_ids, p_off = token_ids(tok, heads(tok, alone, special, how.keep), special)
     parts = [token_ids(tok, heads(tok, texts, special, how.keep), special) for texts in whole]
-    starts = np.array([[_common(p_ids[p_off[i]:p_off[i + 1]], ids[off[i]:off[i + 1]]) for ids, off in parts]
-                       for i in range(n)], dtype=np.int64).reshape(n, k).min(axis=1)
+    if prompt_end:
+        starts = np.diff(p_off)
+    else:
+        starts = np.array([[_common(p_ids[p_off[i]:p_off[i + 1]], ids[off[i]:off[i + 1]]) for ids, off in parts]
+                           for i in range(n)], dtype=np.int64).reshape(n, k).min(axis=1)
     seq_ids, seq_labels, lengths = [], [], []
     for i in range(n):
         for ids, off in parts:

@@ -1,0 +1,172 @@
+"""`axolotl_preference`: preference pairs as Axolotl 0.19.0 trains them with `rl: dpo`, `ipo` or `simpo` and
+`type: chat_template.default`: a conversation (`messages`, the prompt) and a chosen and a rejected reply.
+
+Axolotl's strategy turns each row into three strings with the chat template, and its trainer then treats them as
+TRL's string pairs (docs/preference.md, "Axolotl")::
+
+    prompt    render(messages, generation prompt)
+    chosen    render([user "[[dummy_message]]", chosen]) from the first occurrence of the reply's content, with
+              trailing whitespace stripped (its end-of-turn markup is kept: "4<|eot_id|>")
+    sequence  tok(prompt + chosen + eos text unless it ends so), special tokens added, a doubled leading bos
+              dropped; the prompt's own tokens masked (the completion starts right after them)
+
+`messages` is a list of messages or one string (a user turn); a reply is a string (an assistant turn), one
+message, or a list whose last message is the reply. Messages are read by `message_fields` (role, content) and
+their roles renamed by `roles` (Axolotl's default: user, assistant, system and tool as themselves); a role the map
+does not name is an error, as it is in Axolotl. Axolotl keeps a pair when its prompt's and each reply's tokens
+(without special tokens, counted apart) come to at most `sequence_len`, then cuts each sequence to `sequence_len`:
+so does this format (`long drop`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from plancc.config.formats import BY_NAME
+from plancc.config.settings import ScanOptions
+from plancc.core.pairs import PAIR_ROLE_COLUMN, PAIR_ROLES
+from plancc.errors import InputError
+from plancc.scan.formats import columns, completions
+from plancc.scan.formats.base import Encoded, Encoding, RowError
+from plancc.scan.formats.preference import Preference
+from plancc.scan.formats.tokens import heads, token_ids
+from plancc.scan.sources.chat import Renderer, TemplateProblem
+from plancc.scan.sources.read import Source
+
+DUMMY = {"role": "user", "content": "[[dummy_message]]"}  # the turn Axolotl renders before each reply
+DEFAULT_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "tool": "tool"}
+REPLIES = ("chosen", "rejected")
+
+
+class AxolotlPreference(Preference):
+    """A prompt conversation and two replies, rendered as Axolotl's `chat_template.default` DPO strategy does."""
+
+    named = BY_NAME["axolotl_preference"]
+    detected_by = "messages+chosen+rejected (--format axolotl_preference)"
+    shaping: ClassVar[tuple[str, ...]] = ("message_fields", "roles")
+
+    def detects(self, src: Source) -> bool:
+        """Never: its rows look like TRL's implicit-prompt pairs; an Axolotl config or `--format` names it."""
+        return False
+
+    def needs_template(self, probe: Source) -> bool:
+        return True
+
+    def canonical(self, src: Source, options: ScanOptions) -> pa.Table:
+        """`prompt` (the messages), `chosen` and `rejected` (one message each) as JSON, read and renamed."""
+        completions.check_options(options, self.name)
+        keys = {"role": "role", "content": "content", **dict(options.message_fields)}
+        roles = dict(options.roles) or DEFAULT_ROLES
+        out: dict[str, list[str]] = {}
+        for name in ("messages", *REPLIES):
+            if name not in src.column_names:
+                raise columns.missing(src, self.name, name)
+            default = "user" if name == "messages" else "assistant"
+            out[name] = [json.dumps(_messages(src, i, name, value, default, keys, roles))
+                         for i, value in enumerate(columns.column_values(src, name))]
+        return pa.table({"prompt": pa.array(out["messages"], pa.large_string()),
+                         **{r: pa.array(out[r], pa.large_string()) for r in REPLIES}})
+
+    def encode(self, table: pa.Table, how: Encoding, row0: int = 0) -> Encoded:
+        """Axolotl's strings (module docstring) encoded as TRL encodes string pairs, then cut as Axolotl cuts."""
+        tok = how.tok
+        renderer = Renderer(how.template, tok.bos_token, tok.eos_token, how.options.template_date)
+        prompts, replies = [], [[], []]
+        for i, row in enumerate(table.to_pylist()):
+            try:
+                prompts.append(renderer.render(json.loads(row["prompt"]), add_generation_prompt=True))
+                for j, name in enumerate(REPLIES):
+                    replies[j].append(_reply(renderer, json.loads(row[name])[0]))
+            except TemplateProblem as exc:
+                raise RowError(row0 + i, str(exc)) from None
+        enc = completions.render(prompts, replies, np.zeros(len(prompts), dtype=bool), how, row0, prompt_end=True)
+        bos = tok.tokenizer.token_to_id(tok.bos_token) if tok.bos_token else None
+        if bos is not None:
+            enc = _single_bos(enc, bos)
+        if how.options.long in ("drop", "truncate"):
+            enc = _cut(enc, _fits(prompts, replies, how), how.options.sequence_len)
+        enc.attributes[PAIR_ROLE_COLUMN] = np.tile(np.array(PAIR_ROLES, dtype=object), table.num_rows)
+        return enc
+
+    def trained(self, options: ScanOptions, *, generation: bool = False) -> str:
+        return ("the chosen and the rejected reply (from its content on, its end-of-turn markup and the eos "
+                "included); the prompt never")
+
+
+def _messages(src: Source, row: int, name: str, value: Any, default: str, keys: dict[str, str],
+              roles: dict[str, str]) -> list[dict[str, str]]:
+    """A cell as `[{role, content}]`: a string is one `default`-role turn; a reply keeps its last message."""
+    if isinstance(value, str):
+        return [{"role": default, "content": value}]
+    if name != "messages" and isinstance(value, list) and value:
+        value = value[-1]
+    given = [value] if isinstance(value, dict) and name != "messages" else value
+    if not isinstance(given, list) or not given:
+        raise InputError(f"{src.where(row)}: column '{name}' is {type(value).__name__}, expected a string or "
+                         f"{'a list of messages' if name == 'messages' else 'a message or a list of messages'}")
+    out = []
+    for j, m in enumerate(given):
+        role, content = (m.get(keys["role"]), m.get(keys["content"])) if isinstance(m, dict) else (None, None)
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise InputError(f"{src.where(row)}: column '{name}', message {j}: needs string fields "
+                             f"'{keys['role']}' and '{keys['content']}'")
+        if role not in roles:
+            raise InputError(f"{src.where(row)}: column '{name}', message {j}: role {role!r} is not one roles maps "
+                             f"({', '.join(roles)}); add it to roles")
+        out.append({"role": roles[role], "content": content})
+    return out
+
+
+def _reply(renderer: Renderer, message: dict[str, str]) -> str:
+    """A reply rendered after the dummy user turn, from its content's first occurrence, trailing space stripped."""
+    text = renderer.render([DUMMY, message])
+    return text[text.find(message["content"]):].rstrip()
+
+
+def _single_bos(enc: Encoded, bos: int) -> Encoded:
+    """Each sequence that starts with the bos twice without its first (Axolotl's DPO trainer drops it: the
+    rendered prompt holds the bos and the tokenizer adds another)."""
+    if not enc.ids.size:
+        return enc
+    starts = enc.offsets[:-1]
+    second = np.minimum(starts + 1, enc.ids.shape[0] - 1)
+    double = (np.diff(enc.offsets) >= 2) & (enc.ids[np.minimum(starts, enc.ids.shape[0] - 1)] == bos) \
+        & (enc.ids[second] == bos)
+    if not double.any():
+        return enc
+    keep = np.ones(enc.ids.shape[0], dtype=bool)
+    keep[starts[double]] = False
+    offsets = enc.offsets - np.concatenate([[0], np.cumsum(double)])
+    return Encoded(enc.ids[keep], enc.labels[keep], offsets, enc.end_only, enc.attributes)
+
+
+def _fits(prompts: list[str], replies: list[list[str]], how: Encoding) -> np.ndarray:
+    """Which pairs Axolotl keeps: prompt and reply tokens (no special tokens, counted apart) within
+    `sequence_len`, for both replies."""
+    tok, limit = how.tok, how.options.sequence_len
+
+    def counts(texts: list[str]) -> np.ndarray:
+        return np.diff(token_ids(tok, heads(tok, texts, False, how.keep), False)[1])
+
+    prompt = counts(prompts)
+    return np.all([prompt + counts(texts) <= limit for texts in replies], axis=0)
+
+
+def _cut(enc: Encoded, fits: np.ndarray, limit: int) -> Encoded:
+    """The sequences of pairs that `fits` cut to `limit` tokens (TRL's collator keeps a sequence's start); the
+    others left whole, for the scan's long policy to drop."""
+    lengths = np.diff(enc.offsets)
+    cut = np.repeat(fits, 2) & (lengths > limit)
+    if not cut.any():
+        return enc
+    new = np.where(cut, limit, lengths)
+    keep = np.arange(enc.ids.shape[0]) - np.repeat(enc.offsets[:-1], lengths) < np.repeat(new, lengths)
+    offsets = np.concatenate([[0], np.cumsum(new)]).astype(np.int64)
+    return Encoded(enc.ids[keep], enc.labels[keep], offsets, enc.end_only, enc.attributes)
+
+
+FORMAT = AxolotlPreference()
