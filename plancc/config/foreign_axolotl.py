@@ -20,7 +20,6 @@ from plancc.config.foreign_reader import (
     AXOLOTL_ENTRY_READ,
     AXOLOTL_PAIR_FIELDS,
     AXOLOTL_PAIR_READ,
-    AXOLOTL_PAIR_ROLES,
     AXOLOTL_READ,
     AXOLOTL_ROLES,
     BUILTIN_TEMPLATES,
@@ -206,27 +205,24 @@ def _type(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, Any]:
 
 
 def _pairs(entry: dict[str, Any], where: str, reader: Reader, rl: str) -> dict[str, Any]:
-    """An `rl` entry of `type: chat_template.default`, as Axolotl's DPO strategy reads it: the prompt's messages,
-    the chosen and rejected fields, the message keys and Axolotl's DPO role map; the keys that strategy does not
-    read refused (they would do nothing)."""
+    """An `rl` entry of `type: chat_template.default`, as Axolotl 0.19.0 reads it: its DPO dataset schema keeps the
+    path, split and the three field names and drops every other key, so its strategy reads the messages' `role`
+    and `content` with its default roles and the top-level chat template; a key it drops is refused (it would
+    do nothing there)."""
     kind = entry.get("type")
     if kind not in AXOLOTL_RL_TYPES:
         raise SettingsError(f"config file {reader.path}: {where} has type {kind!r} with rl: {rl}, which plancc does "
                             f"not read; types: {', '.join(AXOLOTL_RL_TYPES)} (Axolotl's chat_template.default)")
     own = reader.settings(entry, AXOLOTL_ENTRY_READ, f"{where}.", entry=True)
-    for key in entry:
-        if key not in AXOLOTL_PAIR_READ and (key in AXOLOTL_ENTRY_READ or key in registry.spellings("axolotl",
-                                                                                                  entry=True)):
-            if key != "split" and entry[key] is not None:
-                reader.refuse_value(f"{where}.{key}", f"Axolotl's DPO strategy ({kind}) does not read it: remove it")
-    names = {role: entry.get(f"field_{role}") or role for role in ("messages", "chosen", "rejected")}
-    spec: dict[str, Any] = {"format": "axolotl_preference", "columns": names,
-                            "message_fields": _message_keys(entry, where, reader),
-                            "roles": _roles(entry, where, reader.path, AXOLOTL_PAIR_ROLES)}
-    template = chat_template(entry, reader.path)
-    if template is not None:
-        spec["chat_template"] = template
-    return {**spec, **({"split": own["split"]} if "split" in own else {})}
+    spelled = registry.spellings("axolotl", entry=True)
+    for key, value in entry.items():
+        if value is not None and key not in (*AXOLOTL_PAIR_READ, "split") and (key in AXOLOTL_ENTRY_READ
+                                                                              or key in spelled):
+            reader.refuse_value(f"{where}.{key}", f"Axolotl 0.19.0's DPO dataset schema drops it, so it does nothing "
+                                "(messages are read by role and content, roles user, assistant, system, tool, "
+                                "with the top-level chat_template): remove it")
+    columns = {role: entry.get(f"field_{role}") or role for role in ("messages", "chosen", "rejected")}
+    return {"format": "axolotl_preference", "columns": columns, **({"split": own["split"]} if "split" in own else {})}
 
 
 def _message_keys(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, str]:
@@ -250,7 +246,7 @@ def _chat(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, Any]:
     spec: dict[str, Any] = {"format": "messages", "columns": {"messages": entry.get("field_messages") or "messages"},
                             "message_fields": {k: v for k, v in fields.items() if k in ("role", "content", "training")},
                             "end_of_turn": "tokens"}
-    roles = _roles(entry, where, reader.path, AXOLOTL_ROLES)
+    roles = _roles(entry, where, reader.path)
     spec["roles"] = roles
     if entry.get("roles_to_train") is not None:
         given = entry["roles_to_train"]
@@ -268,11 +264,11 @@ def _chat(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, Any]:
     return spec
 
 
-def _roles(entry: dict[str, Any], where: str, path: Path, default: dict[str, str]) -> dict[str, str]:
-    """`roles` (`{role: [source names]}`) as {source name: role}; Axolotl's `default` map without it."""
+def _roles(entry: dict[str, Any], where: str, path: Path) -> dict[str, str]:
+    """`roles` (`{role: [source names]}`) as {source name: role}; Axolotl's default map without it."""
     given = entry.get("roles")
     if given is None:
-        return dict(default)
+        return dict(AXOLOTL_ROLES)
     if not isinstance(given, dict) or not all(isinstance(v, list) and all(isinstance(s, str) for s in v)
                                               for v in given.values()):
         raise SettingsError(f"config file {path}: {where}.roles must map each role to a list of source names "

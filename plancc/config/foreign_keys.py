@@ -58,18 +58,21 @@ AXOLOTL_HONOURED = {
     "shuffle_before_merging_datasets": "nothing: the order of the prepared rows; plancc plans its own seeded order",
     "tokenizer_use_fast": "true only (the tokenizer.json); false is refused",
     "tokenizer_type": "AutoTokenizer, PreTrainedTokenizerFast only (the tokenizer.json); others are refused",
-    "rl": ("format axolotl_preference (dpo, ipo, simpo with type chat_template.default; the loss is the trainer's: "
-           "PlanDPOTrainer's loss_type); orpo, kto and online methods are refused"),
+    "rl": ("format axolotl_preference (dpo, ipo with type chat_template.default; the loss is the trainer's: "
+           "PlanDPOTrainer's loss_type); simpo, orpo, kto and online methods are refused"),
 }
 
 
-# `rl` values honoured: their pairs are rendered by Axolotl's DPO strategies and tokenized as TRL's DPOTrainer (dpo,
-# ipo) or CPOTrainer (simpo) tokenizes string pairs, alike for pairs that fit (docs/preference.md)
-AXOLOTL_RL_HONOURED = ("dpo", "ipo", "simpo")
+# `rl` values honoured: their pairs are rendered by Axolotl's DPO strategy and tokenized by TRL's DPOTrainer
+# (docs/preference.md)
+AXOLOTL_RL_HONOURED = ("dpo", "ipo")
 # `rl` entry types honoured (Axolotl loads `chat_template` as `chat_template.default`)
 AXOLOTL_RL_TYPES = ("chat_template", "chat_template.default")
 # `rl` values refused: why, and what to do
 AXOLOTL_RL_REFUSED = {
+    "simpo": ("Axolotl 0.19.0 trains SimPO with TRL's CPOTrainer, which tokenizes the pairs by its own rules (one "
+              "bos, its own cut of long pairs), not reproduced yet: compile the pairs as plancc preference data "
+              "(docs/preference.md) and train with loss_type simpo"),
     "orpo": ("Axolotl 0.19.0 renders ORPO pairs with its chat_template.argilla strategy and TRL's ORPOTrainer "
              "tokenizes them by its own rules, which plancc does not reproduce yet: compile the pairs as plancc "
              "preference data (docs/preference.md) and train with loss_type orpo"),

@@ -33,11 +33,10 @@ AXOLOTL_ENTRY_READ = ("path", "data_files", "type", "field_messages", "message_p
                       "split_thinking", "template_thinking_key", "preprocess_shards", "input_format",
                       "field_chosen", "field_rejected")
 AXOLOTL_PAIR_FIELDS = ("field_chosen", "field_rejected")  # an `rl` entry's reply fields (refused without `rl`)
-# the keys Axolotl's DPO chat_template.default strategy reads of an `rl` entry (the others would do nothing)
-AXOLOTL_PAIR_READ = ("path", "data_files", "type", "field_messages", *AXOLOTL_PAIR_FIELDS, "message_property_mappings",
-                     "message_field_role", "message_field_content", "roles", "chat_template", "chat_template_jinja",
-                     "ds_type", "preprocess_shards", "input_format")
-AXOLOTL_PAIR_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "tool": "tool"}  # its default
+# the keys of an `rl` entry that Axolotl 0.19.0's DPO dataset schema keeps (with `split`), or that change nothing
+# (the others it drops: its strategy never sees them)
+AXOLOTL_PAIR_READ = ("path", "data_files", "type", "field_messages", *AXOLOTL_PAIR_FIELDS, "ds_type",
+                     "preprocess_shards", "input_format")
 TRL_READ = ("tokenizer_name_or_path", "model_name_or_path", "dataset_name", "dataset_train_split",
             "assistant_only_loss", *fk.TRL_LAYOUT_KEYS)
 

@@ -33,7 +33,7 @@ NAMED = (
     # preference data (docs/preference.md): each completion its own sample, a pair's kept or dropped together
     FormatName("preference", ("prompt", "chosen", "rejected")),
     FormatName("unpaired_preference", ("prompt", "completion", "label")),
-    # Axolotl's `rl: dpo|ipo|simpo` pairs of `type: chat_template.default`: never detected, named by the config
+    # Axolotl's `rl: dpo|ipo` pairs of `type: chat_template.default`: never detected, named by the config
     FormatName("axolotl_preference", ("messages", "chosen", "rejected")),
 )
 

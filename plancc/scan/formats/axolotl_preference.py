@@ -1,4 +1,4 @@
-"""`axolotl_preference`: preference pairs as Axolotl 0.19.0 trains them with `rl: dpo`, `ipo` or `simpo` and
+"""`axolotl_preference`: preference pairs as Axolotl 0.19.0 trains them with `rl: dpo` or `ipo` and
 `type: chat_template.default`: a conversation (`messages`, the prompt) and a chosen and a rejected reply.
 
 Axolotl's strategy turns each row into three strings with the chat template, and its trainer then treats them as
@@ -7,8 +7,9 @@ TRL's string pairs (docs/preference.md, "Axolotl")::
     prompt    render(messages, generation prompt)
     chosen    render([user "[[dummy_message]]", chosen]) from the first occurrence of the reply's content, with
               trailing whitespace stripped (its end-of-turn markup is kept: "4<|eot_id|>")
-    sequence  tok(prompt + chosen + eos text unless it ends so), special tokens added, a doubled leading bos
-              dropped; the prompt's own tokens masked (the completion starts right after them)
+    sequence  tok(prompt + chosen + eos text unless it ends so), special tokens added (a template that renders
+              the bos gets a second one: Axolotl's fix for that is never called by TRL 1.9.0's DPOTrainer); the
+              prompt's own tokens masked (the completion starts right after them)
 
 `messages` is a list of messages or one string (a user turn); a reply is a string (an assistant turn), one
 message, or a list whose last message is the reply. Messages are read by `message_fields` (role, content) and
@@ -84,9 +85,6 @@ class AxolotlPreference(Preference):
             except TemplateProblem as exc:
                 raise RowError(row0 + i, str(exc)) from None
         enc = completions.render(prompts, replies, np.zeros(len(prompts), dtype=bool), how, row0, prompt_end=True)
-        bos = tok.tokenizer.token_to_id(tok.bos_token) if tok.bos_token else None
-        if bos is not None:
-            enc = _single_bos(enc, bos)
         if how.options.long in ("drop", "truncate"):
             enc = _cut(enc, _fits(prompts, replies, how), how.options.sequence_len)
         enc.attributes[PAIR_ROLE_COLUMN] = np.tile(np.array(PAIR_ROLES, dtype=object), table.num_rows)
@@ -125,23 +123,6 @@ def _reply(renderer: Renderer, message: dict[str, str]) -> str:
     """A reply rendered after the dummy user turn, from its content's first occurrence, trailing space stripped."""
     text = renderer.render([DUMMY, message])
     return text[text.find(message["content"]):].rstrip()
-
-
-def _single_bos(enc: Encoded, bos: int) -> Encoded:
-    """Each sequence that starts with the bos twice without its first (Axolotl's DPO trainer drops it: the
-    rendered prompt holds the bos and the tokenizer adds another)."""
-    if not enc.ids.size:
-        return enc
-    starts = enc.offsets[:-1]
-    second = np.minimum(starts + 1, enc.ids.shape[0] - 1)
-    double = (np.diff(enc.offsets) >= 2) & (enc.ids[np.minimum(starts, enc.ids.shape[0] - 1)] == bos) \
-        & (enc.ids[second] == bos)
-    if not double.any():
-        return enc
-    keep = np.ones(enc.ids.shape[0], dtype=bool)
-    keep[starts[double]] = False
-    offsets = enc.offsets - np.concatenate([[0], np.cumsum(double)])
-    return Encoded(enc.ids[keep], enc.labels[keep], offsets, enc.end_only, enc.attributes)
 
 
 def _fits(prompts: list[str], replies: list[list[str]], how: Encoding) -> np.ndarray:
