@@ -12,9 +12,9 @@ TRL's string pairs (docs/preference.md, "Axolotl")::
               prompt's own tokens masked (the completion starts right after them)
 
 `messages` is a list of messages or one string (a user turn); a reply is a string (an assistant turn), one
-message, or a list whose last message is the reply. Messages are read by `message_fields` (role, content) and
-their roles renamed by `roles` (Axolotl's default: user, assistant, system and tool as themselves); a role the map
-does not name is an error, as it is in Axolotl. Axolotl keeps a pair when its prompt's and each reply's tokens
+message, or a list whose last message is the reply. Messages are read by their `role` and `content`, roles user,
+assistant, system and tool: what Axolotl 0.19.0's strategy reads once its DPO dataset schema has dropped any other
+mapping (`message_property_mappings`, `roles`); another role is an error, as it is in Axolotl. Axolotl keeps a pair when its prompt's and each reply's tokens
 (without special tokens, counted apart) come to at most `sequence_len`, then cuts each sequence to `sequence_len`:
 so does this format (`long drop`).
 """
@@ -39,7 +39,7 @@ from plancc.scan.sources.chat import Renderer, TemplateProblem
 from plancc.scan.sources.read import Source
 
 DUMMY = {"role": "user", "content": "[[dummy_message]]"}  # the turn Axolotl renders before each reply
-DEFAULT_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "tool": "tool"}
+ROLES = ("user", "assistant", "system", "tool")
 REPLIES = ("chosen", "rejected")
 
 
@@ -48,7 +48,7 @@ class AxolotlPreference(Preference):
 
     named = BY_NAME["axolotl_preference"]
     detected_by = "messages+chosen+rejected (--format axolotl_preference)"
-    shaping: ClassVar[tuple[str, ...]] = ("message_fields", "roles")
+    chat: ClassVar[bool] = True
 
     def detects(self, src: Source) -> bool:
         """Never: its rows look like TRL's implicit-prompt pairs; an Axolotl config or `--format` names it."""
@@ -58,19 +58,16 @@ class AxolotlPreference(Preference):
         return True
 
     def canonical(self, src: Source, options: ScanOptions) -> pa.Table:
-        """`prompt` (the messages), `chosen` and `rejected` (one message each) as JSON, read and renamed."""
+        """`messages` (the prompt), `chosen` and `rejected` (one message each) as JSON, checked."""
         completions.check_options(options, self.name)
-        keys = {"role": "role", "content": "content", **dict(options.message_fields)}
-        roles = dict(options.roles) or DEFAULT_ROLES
         out: dict[str, list[str]] = {}
         for name in ("messages", *REPLIES):
             if name not in src.column_names:
                 raise columns.missing(src, self.name, name)
             default = "user" if name == "messages" else "assistant"
-            out[name] = [json.dumps(_messages(src, i, name, value, default, keys, roles))
+            out[name] = [json.dumps(_messages(src, i, name, value, default))
                          for i, value in enumerate(columns.column_values(src, name))]
-        return pa.table({"prompt": pa.array(out["messages"], pa.large_string()),
-                         **{r: pa.array(out[r], pa.large_string()) for r in REPLIES}})
+        return pa.table({name: pa.array(values, pa.large_string()) for name, values in out.items()})
 
     def encode(self, table: pa.Table, how: Encoding, row0: int = 0) -> Encoded:
         """Axolotl's strings (module docstring) encoded as TRL encodes string pairs, then cut as Axolotl cuts."""
@@ -79,7 +76,7 @@ class AxolotlPreference(Preference):
         prompts, replies = [], [[], []]
         for i, row in enumerate(table.to_pylist()):
             try:
-                prompts.append(renderer.render(json.loads(row["prompt"]), add_generation_prompt=True))
+                prompts.append(renderer.render(json.loads(row["messages"]), add_generation_prompt=True))
                 for j, name in enumerate(REPLIES):
                     replies[j].append(_reply(renderer, json.loads(row[name])[0]))
             except TemplateProblem as exc:
@@ -95,8 +92,7 @@ class AxolotlPreference(Preference):
                 "included); the prompt never")
 
 
-def _messages(src: Source, row: int, name: str, value: Any, default: str, keys: dict[str, str],
-              roles: dict[str, str]) -> list[dict[str, str]]:
+def _messages(src: Source, row: int, name: str, value: Any, default: str) -> list[dict[str, str]]:
     """A cell as `[{role, content}]`: a string is one `default`-role turn; a reply keeps its last message."""
     if isinstance(value, str):
         return [{"role": default, "content": value}]
@@ -108,14 +104,14 @@ def _messages(src: Source, row: int, name: str, value: Any, default: str, keys: 
                          f"{'a list of messages' if name == 'messages' else 'a message or a list of messages'}")
     out = []
     for j, m in enumerate(given):
-        role, content = (m.get(keys["role"]), m.get(keys["content"])) if isinstance(m, dict) else (None, None)
+        role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None)
         if not isinstance(role, str) or not isinstance(content, str):
-            raise InputError(f"{src.where(row)}: column '{name}', message {j}: needs string fields "
-                             f"'{keys['role']}' and '{keys['content']}'")
-        if role not in roles:
-            raise InputError(f"{src.where(row)}: column '{name}', message {j}: role {role!r} is not one roles maps "
-                             f"({', '.join(roles)}); add it to roles")
-        out.append({"role": roles[role], "content": content})
+            raise InputError(f"{src.where(row)}: column '{name}', message {j}: needs string fields 'role' and "
+                             "'content'")
+        if role not in ROLES:
+            raise InputError(f"{src.where(row)}: column '{name}', message {j}: role {role!r} is not one Axolotl's "
+                             f"DPO strategy reads ({', '.join(ROLES)}); rename it in the data")
+        out.append({"role": role, "content": content})
     return out
 
 
