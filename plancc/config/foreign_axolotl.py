@@ -218,7 +218,7 @@ def _pairs(entry: dict[str, Any], where: str, reader: Reader, rl: str) -> dict[s
     for key, value in entry.items():
         if value is not None and key not in (*AXOLOTL_PAIR_READ, "split") and (key in AXOLOTL_ENTRY_READ
                                                                               or key in spelled):
-            reader.refuse_value(f"{where}.{key}", f"Axolotl 0.19.0's DPO dataset schema drops it, so it does nothing "
+            reader.refuse_value(f"{where}.{key}", "Axolotl 0.19.0's DPO dataset schema drops it, so it does nothing "
                                 "(messages are read by role and content, roles user, assistant, system, tool, "
                                 "with the top-level chat_template): remove it")
     columns = {role: entry.get(f"field_{role}") or role for role in ("messages", "chosen", "rejected")}

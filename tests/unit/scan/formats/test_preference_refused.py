@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import plancc
-from plancc.errors import InputError, PlanccError, SettingsError
+from plancc.errors import InputError, PlanccError
 from tests.support import REPO
 from tests.support.sources import pc_rows, write_rows
 
