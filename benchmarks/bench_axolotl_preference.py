@@ -27,18 +27,18 @@ Results: docs/preference.md ("Axolotl").
 from __future__ import annotations
 
 import argparse
-import collections
 import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.bench_axolotl_conformance import compare, plancc_rows  # noqa: E402
+from benchmarks.bench_axolotl_conformance import first_difference, outcome, table_row  # noqa: E402
 
 DEFAULT_PYTHON = Path("/tmp/plancc-axolotl-venv/bin/python")
 DEFAULT_MODEL = Path("/tmp/axo-scratch-axolotl/llama-3.2-tokenizer")
@@ -175,11 +175,14 @@ def main() -> None:
         return worker(*args.axolotl_worker)
     if not args.data.is_file():
         args.data = ROOT.parents[1] / "shared" / "data" / "alpaca-cleaned-1000.json"
+    from transformers import AutoTokenizer
+
     data = args.work / "data"
     write_data(data, args.data, args.corpus, args.rows)
     results = {}
-    print("| variant | what | Axolotl sequences | plancc sequences | identical | labels differ | ids differ |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | what | Axolotl sequences | plancc sequences | identical | labels differ | ids differ | "
+          "identical share |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.variants.split(","):
         top, file, entry, sequence_len, what = VARIANTS[name]
         work = args.work / "variants" / name
@@ -192,28 +195,12 @@ def main() -> None:
                "PYTHONPATH": ""}
         done = subprocess.run([str(args.axolotl_python), __file__, "--axolotl-worker", str(config),
                                str(work / "axolotl.jsonl")], env=env, capture_output=True, text=True)
-        if done.returncode:
-            failed = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            print(f"| {name} | {what} | Axolotl failed: {failed} |")
-            results[name] = {"axolotl_error": failed}
-            continue
-        theirs = [(tuple(r["input_ids"]), tuple(r["labels"]))
-                  for r in map(json.loads, (work / "axolotl.jsonl").read_text().splitlines())]
-        ours, refused = plancc_rows(config, work / "plan")
-        if refused:
-            print(f"| {name} | {what} | {len(theirs)} | refused (exit 2): {refused} |")
-            results[name] = {"axolotl": len(theirs), "refused": refused}
-            continue
-        c = compare(theirs, ours)
-        results[name] = c
-        print(f"| {name} | {what} | {c['axolotl']} | {c['plancc']} | {c['identical']} | {c['labels_differ']} | "
-              f"{c['ids_differ']} |")
-        if c["identical"] < c["axolotl"]:
-            mine = collections.Counter(ours)
-            odd = next(r for r in theirs if not mine[r])
-            near = next((o for o in ours if o[0][:6] == odd[0][:6]), None)
-            print(f"    first differing: axolotl {odd[0][:12]}... len {len(odd[0])}, plancc "
-                  f"{near[0][:12] if near else None}... len {len(near[0]) if near else None}", file=sys.stderr)
+        failed = (done.stderr.strip().splitlines() or ["(no output)"])[-1] if done.returncode else None
+        results[name], theirs, ours = outcome(failed, config, work)
+        print(table_row(name, what, results[name]))
+        if "identical" in results[name] and results[name]["identical"] < len(theirs):
+            print(textwrap.indent(first_difference(theirs, ours, AutoTokenizer.from_pretrained(args.model)), "  "),
+                  file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -14,7 +14,6 @@ import collections
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +22,12 @@ import pytest
 import plancc
 from plancc.store.token_store import open_store
 from tests.support import REPO
+from tests.support.axolotl import axolotl_python as venv_python
 from tests.support.preference import instruction_pairs
 from tests.support.sources import write_rows
 
 pytestmark = pytest.mark.slow  # runs Axolotl in a subprocess
 
-VENV = Path(os.environ.get("PLANCC_AXOLOTL_VENV", "/tmp/plancc-axolotl-venv"))
 WORKER = REPO / "benchmarks" / "bench_axolotl_preference.py"
 # chatml that renders the bos first, as Llama 3's template does: TRL then adds a second one
 BOS_CHATML = ("{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
@@ -38,16 +37,7 @@ BOS_CHATML = ("{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + m
 
 @pytest.fixture(scope="module")
 def axolotl_python() -> Path:
-    if not (VENV / "bin" / "axolotl").exists():
-        if os.environ.get("PLANCC_AXOLOTL_INSTALL") != "1":
-            pytest.skip(f"no Axolotl venv at {VENV}: run `make axolotl-venv` (or set PLANCC_AXOLOTL_INSTALL=1)")
-        try:
-            subprocess.run(["make", "axolotl-venv", f"AXOLOTL_VENV={VENV}", f"PYTHON={sys.executable}"], cwd=REPO,
-                           check=True, capture_output=True, text=True, timeout=3600)
-        except (subprocess.SubprocessError, OSError) as exc:
-            tail = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines()[-1:]
-            pytest.skip(f"Axolotl 0.19.0 could not be installed into {VENV} (`make axolotl-venv`): {tail}")
-    return VENV / "bin" / "python"
+    return venv_python()
 
 
 @pytest.fixture(scope="module")
