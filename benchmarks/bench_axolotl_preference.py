@@ -38,25 +38,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.bench_axolotl_conformance import first_difference, outcome, table_row  # noqa: E402
+from benchmarks.bench_axolotl_conformance import BASE, first_difference, outcome, table_row  # noqa: E402
 
 DEFAULT_PYTHON = Path("/tmp/plancc-axolotl-venv/bin/python")
 DEFAULT_MODEL = Path("/tmp/axo-scratch-axolotl/llama-3.2-tokenizer")
 DEFAULT_CORPUS = Path("/tmp/axo-extra-axolotl/chatterbot_corpus/data/english")
 SYSTEM = "You are a friendly assistant. This conversation is about {topic}."
 
-BASE = """\
-base_model: {model}
-sequence_len: {sequence_len}
-micro_batch_size: 2
-gradient_accumulation_steps: 1
-num_epochs: 1
-learning_rate: 0.0002
-optimizer: adamw_torch
-output_dir: {work}/out
-dataset_prepared_path: {work}/prepared
-val_set_size: 0
-"""
 ENTRY = "datasets:\n  - path: {data}/{file}\n    type: chat_template.default\n"
 FIELDS = "    field_messages: conversation\n    field_chosen: better\n    field_rejected: worse\n"
 # keys Axolotl 0.19.0's DPO dataset schema drops (its strategy never sees them): plancc refuses them
@@ -189,7 +177,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         config = work / "axolotl.yml"
-        config.write_text(BASE.format(model=args.model, work=work, sequence_len=sequence_len) + top
+        base = BASE.replace("sequence_len: 2048", f"sequence_len: {sequence_len}").replace("sample_packing: true\n", "")
+        config.write_text(base.format(model=args.model, work=work) + top
                           + ENTRY.format(data=data, file=file) + entry)
         env = {**os.environ, "AXOLOTL_DO_NOT_TRACK": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
                "PYTHONPATH": ""}
