@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from plancc.config.registry import BOTH
 from plancc.config.settings import PlanSettings
+from plancc.core import pairs
 from plancc.core.choices import DatasetRole, Mode, Shift
 from plancc.core.layout import tail_batches
 from plancc.core.plan_arrays import SampleArrays
@@ -461,6 +462,8 @@ def _epochs_problems(plan: Plan, train: SampleArrays, index: np.ndarray | None, 
     after: dict[int, dict[str, Any]] = {}
     recipe_rows: list[dict[str, Any]] = []
     rows = 0
+    members = pairs.pair_members(train.sample_id, train.pair_id, train.chosen) \
+        if index is not None and kind == recount_pairs.PAIRED else None  # the mixture draws pairs whole
     for e in plan.epochs:
         try:
             table = files.read_epoch(e)
@@ -468,7 +471,8 @@ def _epochs_problems(plan: Plan, train: SampleArrays, index: np.ndarray | None, 
             return [*problems, str(exc)], None, recipe_rows
         rows += table.num_rows
         found = files.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
-        positions = redraw.epoch_positions(index, plan.settings, e) if index is not None else None
+        positions = None if index is None else np.sort(pairs.pair_samples(members, redraw.epoch_positions(
+            pairs.per_pair(index, members), plan.settings, e)))
         s_e = train.take(positions) if positions is not None else train
         more, epoch_rows, mb = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first
