@@ -90,7 +90,8 @@ def check_rows(where: str, table: pa.Table, s: SampleArrays, settings: PlanSetti
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
     unknown = s.sample_id[pos] != ids
     if unknown.any():
-        return [f"{where}: {int(unknown.sum())} sample ids are not in {schemas.SAMPLES_FILE} "
+        among = f"the epoch's mixture draw of {schemas.SAMPLES_FILE}" if settings.mixture else schemas.SAMPLES_FILE
+        return [f"{where}: {int(unknown.sum())} sample ids are not in {among} "
                 f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None, None
     rows = Rows(pos, row_bounds, batch_bounds)
     mb = recount.microbatches(rows, s, settings)
