@@ -269,3 +269,24 @@ def test_each_updates_pair_count_is_what_the_collator_feeds_the_loss(scans, tmp_
     want = layout.num_items(own[order], plan.settings.world_size, plan.settings.grad_accum)
     assert np.array_equal(parquet.column(rows, "num_pairs")[order], want)
     _collated_pairs(plan.path)
+
+
+def test_a_recipe_of_unpaired_kto_datasets_keeps_each_label(tmp_path):
+    rows = instruction_pairs(30, seed=6)
+    feedback = [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in rows
+                for k in ("chosen", "rejected")]
+    sources = [write_rows(tmp_path / f"{name}.jsonl", part) for name, part in
+               (("good", feedback[:36]), ("more", feedback[36:]))]
+    plan = plancc.compile([str(sources[0]), {"path": str(sources[1]), "repeat": 1.5}], tmp_path / "p",
+                          cache_dir=tmp_path / "c", val_set_size=4, **SCAN)
+    assert plan.manifest.data_kind == "unpaired_preference" and validate_plan(str(plan.path))[0] == []
+    samples = parquet.read_samples(plan.path / schemas.SAMPLES_FILE)
+    labels = dict(zip(parquet.column(samples, "sample_id").tolist(),
+                      parquet.column(samples, schemas.DESIRABLE_COLUMN).tolist(), strict=True))
+    first = plan.manifest.recipe["datasets"][1]["first_id"]
+    assert all(labels[first + i] == (i % 2 == 0) for i in range(0, 24) if first + i in labels)  # its own rows' labels
+    rows0 = plan.files.read_epoch(0)
+    desirable = [sum(labels[i] for row in mb for i in row) for mb in rows0.column("sample_ids").to_pylist()]
+    order = np.argsort(parquet.column(rows0, "index"), kind="stable")
+    want = layout.num_items(np.asarray(desirable)[order], plan.settings.world_size, plan.settings.grad_accum)
+    assert np.array_equal(parquet.column(rows0, "num_desirable")[order], want)
