@@ -8,13 +8,18 @@ recipe order:
 
 * sample ids: dataset d's ids are offset by the rows of the token stores before it (`first_id`): sample_id
   `first_id + row` is row `row` of dataset d, so ids stay unique, sorted, and the row a trainer reads;
-* the samples table: the datasets' tables concatenated, with a `dataset` column (the dataset's name);
+* pair ids (preference data): offset by `first_pair`, the pairs those rows hold (half of them: `_pair_span`), so
+  they are unique across the recipe and sample `2p + role` stays pair p's completion;
+* one kind of data: SFT, pairs or unpaired (KTO) rows in every dataset (mixing them is an error naming both);
+* the samples table: the datasets' tables concatenated (with their pair or label columns), with a `dataset` column
+  (the dataset's name);
 * the token store: a multi-part store (`token_writer.write_parts`) of the datasets' stores, hard-linked from the
   scan cache into `recipes/KEY/` of the cache (KEY: the datasets' fingerprints, names and order), written once:
   compiles of the same recipe at once wait for the one writing it and reuse it; the runtime maps
   it as one store, so its per-sample read stays O(1) and each chunk is still hashed on first read;
 * the record: rows, drops and cuts summed, the tokenizer (one for the recipe: datasets scanned with different
-  ones are an error naming both), and per dataset its counts, fingerprints, first id and mix (`datasets`).
+  ones are an error naming both), and per dataset its counts, fingerprints, first id and mix (`datasets`; for
+  pairs also `first_pair` and `pairs`, the pairs kept).
 """
 
 from __future__ import annotations
