@@ -111,9 +111,7 @@ def _collated_pairs(plan_dir: Path) -> None:
 mixes = st.tuples(st.sampled_from(["repeat", "weight"]), st.sampled_from([0.5, 0.7, 1, 1.5, 2.5]))
 
 
-@pytest.mark.slow  # whole compiles, validated and collated (about 5 s an example; the planner's draw over many
-# more cases: tests/unit/planner/test_pair_mixture.py)
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6, deadline=None)  # whole compiles: the planner's draw over many more, test_pair_mixture.py
 @given(a=mixes, b=mixes, epochs=st.integers(1, 3), evals=st.booleans(), val=st.sampled_from([0, 0.1, 3]),
        mode=st.sampled_from(["packed", "padded"]), world=st.integers(1, 2), accum=st.integers(1, 2),
        seed=st.integers(0, 99))
