@@ -20,7 +20,6 @@ from typing import Any
 from plancc.config import foreign, recipe, registry
 from plancc.config.fields import did_you_mean, flag
 from plancc.config.files import beside, read_config_file
-from plancc.config.formats import PREFERENCE
 from plancc.config.recipe import CONFIG_DATASETS, DatasetSpec
 from plancc.config.settings import PlanSettings, RunOptions, ScanOptions
 from plancc.core.choices import ConfigFormat
@@ -76,8 +75,6 @@ def resolve(source: Any = None, *, config: str | Path | None = None, config_form
         raise SettingsError(f"--config-format {config_format} describes a --config file; none was given",
                             "config_format")
     file = read_config(Path(config), config_format) if config else NO_CONFIG
-    if source is None:
-        source, file = _lone_pairs(file)
     given = typed_settings(scan, plan, keywords)
     unknown = sorted(set(given) - set(registry.GIVEN))
     if unknown:
@@ -99,17 +96,6 @@ def resolve(source: Any = None, *, config: str | Path | None = None, config_form
     for spec in datasets or ():
         spec.scan_options(resolved.scan)  # a dataset's own settings, checked before any work
     return resolved
-
-
-def _lone_pairs(file: ConfigFile) -> tuple[str | None, ConfigFile]:
-    """A config whose one dataset (and no eval dataset) is preference data compiles it as one source, its entry's
-    settings the config's (a recipe plans SFT data only): an Axolotl `rl` config, typically."""
-    entry = file.train[0] if len(file.train) == 1 and not file.evals else None
-    if not isinstance(entry, dict) or entry.get("format") not in PREFERENCE or not set(entry) - {"path"} <= set(
-            registry.GIVEN):
-        return None, file
-    own = {k: v for k, v in entry.items() if k != "path"}
-    return entry["path"], dataclasses.replace(file, settings={**file.settings, **own}, train=[])
 
 
 def _build(stage: str, values: dict[str, Any], extra: dict[str, Any]) -> Any:

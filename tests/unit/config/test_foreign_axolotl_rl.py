@@ -1,9 +1,10 @@
 """An Axolotl `rl: dpo` or `ipo` config with `type: chat_template.default` compiles as format
-`axolotl_preference` (its one dataset as the source, the fields Axolotl's DPO schema keeps as columns, the loss
+`axolotl_preference` (its datasets a recipe of pairs, the fields Axolotl's DPO schema keeps as columns, the loss
 keys noted); every other `rl`, type, or entry key that schema drops is one exit-2 line saying why."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,11 +50,13 @@ def test_an_rl_config_maps_onto_the_axolotl_preference_format(tmp_path, rl):
     assert {"rl_beta", "learning_rate"} <= set(got.ignored)
 
 
-def test_an_rl_config_compiles_its_dataset_as_one_preference_source(tmp_path):
+def test_an_rl_config_compiles_its_dataset_as_pairs(tmp_path):
     res = _compile(tmp_path, _config(tmp_path))
     assert res.returncode == 0, res.stderr
     plan = plancc.open_plan(tmp_path / "plan")
-    assert plan.manifest.data_kind == "preference" and plan.scan_record.format == "axolotl_preference"
+    manifest = json.loads((tmp_path / "plan" / "manifest.json").read_text())
+    assert plan.manifest.data_kind == "preference"
+    assert [d["format"] for d in manifest["recipe"]["datasets"]] == ["axolotl_preference"]
     assert plan.samples_table().num_rows == 2 * len(ROWS)
 
 
