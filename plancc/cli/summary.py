@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from plancc.config.formats import PAIRED
-
+PAIRED = ("preference", "axolotl_preference")  # the formats whose rows are pairs (two sequences a row)
 MAX_EPOCH_ROWS = 4  # more epochs: the first ones, then a pointer to `inspect metrics`
 
 

@@ -40,5 +40,4 @@ NAMED = (
 BY_NAME = {f.name: f for f in NAMED}
 FORMATS = ("auto", *(f.name for f in NAMED))  # the values of the `format` setting
 ROLES = tuple(dict.fromkeys(role for f in NAMED for role in f.roles))  # every column some format reads
-PAIRED = ("preference", "axolotl_preference")  # the formats whose rows are pairs (two samples a row)
 AXOLOTL_TYPES = {kind: f.name for f in NAMED for kind in f.axolotl}  # Axolotl `type:` -> format

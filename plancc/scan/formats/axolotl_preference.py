@@ -55,6 +55,7 @@ class AxolotlPreference(Preference):
         return False
 
     def needs_template(self, probe: Source) -> bool:
+        """Always: every row is rendered with the chat template."""
         return True
 
     def canonical(self, src: Source, options: ScanOptions) -> pa.Table:
@@ -88,6 +89,7 @@ class AxolotlPreference(Preference):
         return enc
 
     def trained(self, options: ScanOptions, *, generation: bool = False) -> str:
+        """Each reply as Axolotl cuts it, with its markup and the eos; never the prompt."""
         return ("the chosen and the rejected reply (from its content on, its end-of-turn markup and the eos "
                 "included); the prompt never")
 

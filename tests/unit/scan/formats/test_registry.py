@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from plancc.cli.summary import PAIRED
 from plancc.config import formats as names
 from plancc.config.settings import SHAPING, ScanOptions
 from plancc.scan import formats
@@ -48,6 +49,7 @@ def test_the_registry_and_the_settings_name_the_same_formats():
         assert fmt.named is names.BY_NAME[fmt.name]
         assert formats.get(fmt.name) is fmt
     assert set(names.AXOLOTL_TYPES.values()) <= set(registered)
+    assert set(PAIRED) == {f.name for f in formats.FORMATS if f.sequences == 2}  # what the summaries count as pairs
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
