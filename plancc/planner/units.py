@@ -70,7 +70,7 @@ class Units:
         if self.members is None:
             return dataclasses.replace(self, samples=self.samples.take(positions), facts=self.facts.take(positions),
                                        objectives={k: v.take(positions) for k, v in self.objectives.items()}), positions
-        held = self.members[positions].reshape(-1)
+        held = np.take(self.members, positions, axis=0).reshape(-1)  # take: indexing 2-D rows is ~7x slower
         members = np.arange(held.shape[0], dtype=np.int64).reshape(-1, 2)
         return dataclasses.replace(self, samples=self.samples.take(held), facts=self.facts.take(positions),
                                    members=members,
@@ -81,7 +81,7 @@ class Units:
         the unit's place (one row in packed and flattened layouts, two adjacent rows padded)."""
         if self.members is None:
             return b
-        samples = self.members[b.samples].reshape(-1)
+        samples = np.take(self.members, b.samples, axis=0).reshape(-1)  # (`take`, above)
         if self.settings.mode == Mode.PADDED:
             return Batches(samples, np.arange(samples.shape[0] + 1, dtype=np.int64), b.batch_bounds * 2)
         return Batches(samples, b.row_bounds * 2, b.batch_bounds)
