@@ -231,6 +231,29 @@ def compare(theirs: list[tuple], ours: list[tuple]) -> dict[str, int]:
     return out
 
 
+def outcome(failed: str | None, config: Path, work: Path) -> tuple[dict, list[tuple], list[tuple]]:
+    """What one variant gave (Axolotl's failure, plancc's refusal, or the comparison), and each tool's rows
+    (Axolotl's in `work`/axolotl.jsonl)."""
+    if failed:
+        return {"axolotl_error": failed}, [], []
+    theirs = [(tuple(r["input_ids"]), tuple(r["labels"]))
+              for r in map(json.loads, (work / "axolotl.jsonl").read_text().splitlines())]
+    ours, refused = plancc_rows(config, work / "plan")
+    if refused:
+        return {"axolotl": len(theirs), "refused": refused}, theirs, ours
+    return compare(theirs, ours), theirs, ours
+
+
+def table_row(name: str, what: str, c: dict) -> str:
+    """One variant's line of the results table (`outcome`'s first value)."""
+    if "axolotl_error" in c:
+        return f"| {name} | {what} | Axolotl failed: {c['axolotl_error']} |"
+    if "refused" in c:
+        return f"| {name} | {what} | {c['axolotl']} | refused (exit 2): {c['refused']} |"
+    return (f"| {name} | {what} | {c['axolotl']} | {c['plancc']} | {c['identical']} | {c['labels_differ']} | "
+            f"{c['ids_differ']} | {c['identical'] / max(c['axolotl'], 1):.2%} |")
+
+
 def first_difference(theirs: list[tuple], ours: list[tuple], tokenizer) -> str:
     """One differing Axolotl row, decoded beside plancc's closest (same ids, else same first 8 ids)."""
     mine = set(ours)
@@ -277,23 +300,11 @@ def main() -> None:
         config = work / "axolotl.yml"
         base = BASE.replace("sequence_len: 2048\n", "") if "sequence_len:" in top else BASE  # a variant's own
         config.write_text(base.format(model=model, work=work) + top + "datasets:\n" + entries.format(data=data))
-        failed = axolotl_rows(site, config, work / "axolotl.jsonl")
-        if failed:
-            print(f"| {name} | {what} | Axolotl failed: {failed} |")
-            results[name] = {"axolotl_error": failed}
+        results[name], theirs, ours = outcome(axolotl_rows(site, config, work / "axolotl.jsonl"), config, work)
+        print(table_row(name, what, results[name]))
+        c = results[name]
+        if "identical" not in c:
             continue
-        theirs = [(tuple(r["input_ids"]), tuple(r["labels"]))
-                  for r in map(json.loads, (work / "axolotl.jsonl").read_text().splitlines())]
-        ours, refused = plancc_rows(config, work / "plan")
-        if refused:
-            print(f"| {name} | {what} | {len(theirs)} | refused (exit 2): {refused} |")
-            results[name] = {"axolotl": len(theirs), "refused": refused}
-            continue
-        c = compare(theirs, ours)
-        results[name] = c
-        share = c["identical"] / max(c["axolotl"], 1)
-        print(f"| {name} | {what} | {c['axolotl']} | {c['plancc']} | {c['identical']} | {c['labels_differ']} | "
-              f"{c['ids_differ']} | {share:.2%} |")
         if args.show and c["identical"] < c["axolotl"]:
             print(textwrap.indent(first_difference(theirs, ours, tokenizer), "  "), file=sys.stderr)
     if args.json:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+PAIRED = ("preference", "axolotl_preference")  # the formats whose rows are pairs (two sequences a row)
 MAX_EPOCH_ROWS = 4  # more epochs: the first ones, then a pointer to `inspect metrics`
 
 
@@ -41,7 +42,7 @@ def _sample_lines(report: dict[str, Any], kept: int, paired: bool = False) -> li
     dropped = _count(report, "dropped_samples", "dropped_long", "dropped_all_masked")
     truncated = _count(report, "truncated_samples", "truncated")
     # the scan counts rows: a pair's two completions kept together (`paired`: a plan of pairs, a recipe's too)
-    pairs = paired or report.get("format") == "preference"
+    pairs = paired or report.get("format") in PAIRED
     kept = kept // 2 if pairs else kept
     total = kept + dropped
     lines = [f"{'pairs  ' if pairs else 'samples'}    {kept:,} kept, {dropped:,} dropped{_share(dropped, total)}, "

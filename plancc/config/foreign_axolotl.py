@@ -14,8 +14,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from plancc.config import registry
+from plancc.config.foreign_keys import AXOLOTL_RL_HONOURED, AXOLOTL_RL_REFUSED, AXOLOTL_RL_TYPES
 from plancc.config.foreign_reader import (
     AXOLOTL_ENTRY_READ,
+    AXOLOTL_PAIR_FIELDS,
+    AXOLOTL_PAIR_READ,
     AXOLOTL_READ,
     AXOLOTL_ROLES,
     BUILTIN_TEMPLATES,
@@ -40,11 +44,7 @@ PAD_MULTIPLE = 64  # Axolotl's collator pads to this multiple unless pad_to_mult
 
 def axolotl_settings(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
     """The plancc settings of Axolotl config `data` (every key sorted by `reader`)."""
-    if data.get("rl"):
-        raise SettingsError(f"config file {reader.path}: rl: {data['rl']} trains on preference or feedback data "
-                            "rendered by Axolotl's own prompt strategies, which plancc does not reproduce: compile "
-                            "the rows as plancc preference data (prompt, chosen, rejected; docs/preference.md) and "
-                            "train with PlanDPOTrainer or PlanKTOTrainer")
+    rl = _rl(data, reader)
     settings = {**tokenizer(data, ("tokenizer_config", "base_model_config", "base_model")),
                 "max_dropped": 1.0,  # Axolotl drops rows too long or with nothing to train, however many (said)
                 "drop_eos_only": True,  # an empty output or text gets no eos in Axolotl: nothing to train
@@ -57,8 +57,23 @@ def axolotl_settings(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
         entries = data.get(key) or []
         if not isinstance(entries, list):
             raise SettingsError(f"config file {reader.path}: {key} must be a list of datasets, got {entries!r}")
-        settings[target] = [_entry(e, f"{key}[{i}]", reader) for i, e in enumerate(entries)]
+        settings[target] = [_entry(e, f"{key}[{i}]", reader, rl) for i, e in enumerate(entries)]
     return settings
+
+
+def _rl(data: dict[str, Any], reader: Reader) -> str | None:
+    """`rl`: the preference methods whose pairs plancc renders as Axolotl does (`axolotl_preference`); any other
+    refused with why. The loss it names (and `rl_beta`, `simpo_gamma`, ...) is the trainer's: noted."""
+    rl = data.get("rl")
+    if not rl:
+        return None
+    if rl not in AXOLOTL_RL_HONOURED:
+        why = AXOLOTL_RL_REFUSED.get(rl, f"unknown; values: {', '.join([*AXOLOTL_RL_HONOURED, *AXOLOTL_RL_REFUSED])}")
+        raise SettingsError(f"config file {reader.path}: rl: {rl}: {why}")
+    if data.get("excess_length_strategy") == "truncate":
+        reader.refuse_value("excess_length_strategy", "truncate cuts an Axolotl preference reply by decoding a "
+                                                      "prefix of its tokens back to text: not reproduced; use drop")
+    return str(rl)
 
 
 def _tokens(data: dict[str, Any], reader: Reader) -> dict[str, Any]:
@@ -144,11 +159,17 @@ def chat_template(data: dict[str, Any], path: Path) -> str | None:
                         "file, or the template's text)")
 
 
-def _entry(entry: Any, where: str, reader: Reader) -> dict[str, Any]:
+def _entry(entry: Any, where: str, reader: Reader, rl: str | None) -> dict[str, Any]:
     """One Axolotl dataset entry as a plancc recipe entry, with its own settings."""
     if not isinstance(entry, dict) or not isinstance(entry.get("path") or entry.get("data_files"), str):
         raise SettingsError(f"config file {reader.path}: {where} needs a path, got {entry!r}")
     source = entry["data_files"] if isinstance(entry.get("data_files"), str) else entry["path"]
+    if rl is not None:
+        return {"path": source, **_pairs(entry, where, reader, rl)}
+    for key in AXOLOTL_PAIR_FIELDS:
+        if entry.get(key) is not None:
+            reader.refuse_value(f"{where}.{key}", "preference pairs (chosen/rejected) are not SFT data: set rl: "
+                                                  "dpo (docs/preference.md)")
     own = reader.settings(entry, AXOLOTL_ENTRY_READ, f"{where}.", entry=True)
     spec = _type(entry, where, reader)
     if spec["format"] != "messages":  # Axolotl reads these for chat_template entries only
@@ -183,8 +204,29 @@ def _type(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, Any]:
                         f"{', '.join(ENTRY_TYPES)}")
 
 
-def _chat(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, Any]:
-    """A `type: chat_template` entry, as Axolotl's strategy reads it (module docstring)."""
+def _pairs(entry: dict[str, Any], where: str, reader: Reader, rl: str) -> dict[str, Any]:
+    """An `rl` entry of `type: chat_template.default`, as Axolotl 0.19.0 reads it: its DPO dataset schema keeps the
+    path, split and the three field names and drops every other key, so its strategy reads the messages' `role`
+    and `content` with its default roles and the top-level chat template; a key it drops is refused (it would
+    do nothing there)."""
+    kind = entry.get("type")
+    if kind not in AXOLOTL_RL_TYPES:
+        raise SettingsError(f"config file {reader.path}: {where} has type {kind!r} with rl: {rl}, which plancc does "
+                            f"not read; types: {', '.join(AXOLOTL_RL_TYPES)} (Axolotl's chat_template.default)")
+    own = reader.settings(entry, AXOLOTL_ENTRY_READ, f"{where}.", entry=True)
+    spelled = registry.spellings("axolotl", entry=True)
+    for key, value in entry.items():
+        if value is not None and key not in (*AXOLOTL_PAIR_READ, "split") and (key in AXOLOTL_ENTRY_READ
+                                                                              or key in spelled):
+            reader.refuse_value(f"{where}.{key}", "Axolotl 0.19.0's DPO dataset schema drops it, so it does nothing "
+                                "(messages are read by role and content, roles user, assistant, system, tool, "
+                                "with the top-level chat_template): remove it")
+    columns = {role: entry.get(f"field_{role}") or role for role in ("messages", "chosen", "rejected")}
+    return {"format": "axolotl_preference", "columns": columns, **({"split": own["split"]} if "split" in own else {})}
+
+
+def _message_keys(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, str]:
+    """The message keys of role and content: `message_property_mappings`, or the legacy `message_field_*`."""
     fields = dict(entry.get("message_property_mappings") or {})
     for key in ("role", "content"):
         legacy = entry.get(f"message_field_{key}")
@@ -194,6 +236,12 @@ def _chat(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, Any]:
         fields[key] = legacy or fields.get(key) or key
     for key in sorted(set(fields) - {"role", "content"}):
         reader.refuse_value(f"{where}.message_property_mappings.{key}", "plancc maps role and content only")
+    return {k: fields[k] for k in ("role", "content")}
+
+
+def _chat(entry: dict[str, Any], where: str, reader: Reader) -> dict[str, Any]:
+    """A `type: chat_template` entry, as Axolotl's strategy reads it (module docstring)."""
+    fields = _message_keys(entry, where, reader)
     fields["training"] = entry.get("message_field_training") or ""
     spec: dict[str, Any] = {"format": "messages", "columns": {"messages": entry.get("field_messages") or "messages"},
                             "message_fields": {k: v for k, v in fields.items() if k in ("role", "content", "training")},

@@ -58,6 +58,30 @@ AXOLOTL_HONOURED = {
     "shuffle_before_merging_datasets": "nothing: the order of the prepared rows; plancc plans its own seeded order",
     "tokenizer_use_fast": "true only (the tokenizer.json); false is refused",
     "tokenizer_type": "AutoTokenizer, PreTrainedTokenizerFast only (the tokenizer.json); others are refused",
+    "rl": ("format axolotl_preference (dpo, ipo with type chat_template.default; the loss is the trainer's: "
+           "PlanDPOTrainer's loss_type); simpo, orpo, kto and online methods are refused"),
+}
+
+
+# `rl` values honoured: their pairs are rendered by Axolotl's DPO strategy and tokenized by TRL's DPOTrainer
+# (docs/preference.md)
+AXOLOTL_RL_HONOURED = ("dpo", "ipo")
+# `rl` entry types honoured (Axolotl loads `chat_template` as `chat_template.default`)
+AXOLOTL_RL_TYPES = ("chat_template", "chat_template.default")
+# `rl` values refused: why, and what to do
+AXOLOTL_RL_REFUSED = {
+    "simpo": ("Axolotl 0.19.0 trains SimPO with TRL's CPOTrainer, which tokenizes the pairs by its own rules (one "
+              "bos, its own cut of long pairs), not reproduced yet: compile the pairs as plancc preference data "
+              "(docs/preference.md) and train with loss_type simpo"),
+    "orpo": ("Axolotl 0.19.0 renders ORPO pairs with its chat_template.argilla strategy and TRL's ORPOTrainer "
+             "tokenizes them by its own rules, which plancc does not reproduce yet: compile the pairs as plancc "
+             "preference data (docs/preference.md) and train with loss_type orpo"),
+    "kto": ("Axolotl 0.19.0's KTO types (chatml.*, llama3.*, user_defined) write each prompt's text themselves and "
+            "TRL's KTOTrainer tokenizes it, which plancc does not reproduce yet: compile the rows as plancc "
+            "unpaired_preference data (docs/preference.md) and train with loss_type kto"),
+    "grpo": "online RL: completions are generated while training, so there is no dataset to plan",
+    "gdpo": "online RL: completions are generated while training, so there is no dataset to plan",
+    "ebft": "online RL: completions are generated while training, so there is no dataset to plan",
 }
 
 
@@ -100,9 +124,6 @@ AXOLOTL_LAYOUT_KEYS = ("batch_size", "batch_flattening", "multipack_real_batches
 
 # Axolotl top-level keys refused: key -> why, and what to do
 AXOLOTL_UNSUPPORTED = {
-    "rl": ("preference or reward training (dpo, ipo, orpo, kto, simpo, grpo): Axolotl renders those rows with its "
-           "own prompt strategies, which plancc does not reproduce; compile them as plancc preference data "
-           "(docs/preference.md)"),
     "reward_model": "a reward model's paired data is not SFT data",
     "process_reward_model": "stepwise reward data is not SFT data",
     "pretraining_dataset": "streamed pretraining data: scan the files as format text instead",
@@ -222,6 +243,8 @@ AXOLOTL_DATASET_HONOURED = {
     "template_thinking_key": "thinking_key (where split_thinking puts the reasoning)",
     "preprocess_shards": "nothing: preprocessing in shards does not change the rows",
     "input_format": "nothing: Axolotl 0.19.0 reads it nowhere (its schema has it)",
+    "field_chosen": "columns chosen=FIELD (with rl; refused without it: preference pairs are not SFT data)",
+    "field_rejected": "columns rejected=FIELD (with rl; refused without it)",
 }
 
 
@@ -246,8 +269,6 @@ AXOLOTL_DATASET_UNSUPPORTED = {
     "logprobs_field": "distillation targets are not token labels",
     "temperature": "distillation targets are not token labels",
     "trust_remote_code": "plancc never runs a dataset's own code",
-    "field_chosen": "preference data (chosen/rejected): not SFT data",
-    "field_rejected": "preference data (chosen/rejected): not SFT data",
 }
 
 

@@ -25,12 +25,18 @@ SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
 # the keys read here (module docstring), top level and per dataset entry
 AXOLOTL_READ = ("tokenizer_config", "base_model_config", "base_model", "datasets", "test_datasets", "chat_template",
                 "chat_template_jinja", "special_tokens", "default_system_message", "shuffle_merged_datasets",
-                "shuffle_before_merging_datasets", "tokenizer_use_fast", "tokenizer_type",
+                "shuffle_before_merging_datasets", "tokenizer_use_fast", "tokenizer_type", "rl",
                 *fk.AXOLOTL_LAYOUT_KEYS)
 AXOLOTL_ENTRY_READ = ("path", "data_files", "type", "field_messages", "message_property_mappings",
                       "message_field_role", "message_field_content", "message_field_training", "field", "ds_type",
                       "roles", "roles_to_train", "chat_template", "chat_template_jinja", "field_thinking",
-                      "split_thinking", "template_thinking_key", "preprocess_shards", "input_format")
+                      "split_thinking", "template_thinking_key", "preprocess_shards", "input_format",
+                      "field_chosen", "field_rejected")
+AXOLOTL_PAIR_FIELDS = ("field_chosen", "field_rejected")  # an `rl` entry's reply fields (refused without `rl`)
+# the keys of an `rl` entry that Axolotl 0.19.0's DPO dataset schema keeps (with `split`), or that change nothing
+# (the others it drops: its strategy never sees them)
+AXOLOTL_PAIR_READ = ("path", "data_files", "type", "field_messages", *AXOLOTL_PAIR_FIELDS, "ds_type",
+                     "preprocess_shards", "input_format")
 TRL_READ = ("tokenizer_name_or_path", "model_name_or_path", "dataset_name", "dataset_train_split",
             "assistant_only_loss", *fk.TRL_LAYOUT_KEYS)
 

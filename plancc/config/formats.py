@@ -33,6 +33,8 @@ NAMED = (
     # preference data (docs/preference.md): each completion its own sample, a pair's kept or dropped together
     FormatName("preference", ("prompt", "chosen", "rejected")),
     FormatName("unpaired_preference", ("prompt", "completion", "label")),
+    # Axolotl's `rl: dpo|ipo` pairs of `type: chat_template.default`: never detected, named by the config
+    FormatName("axolotl_preference", ("messages", "chosen", "rejected")),
 )
 
 BY_NAME = {f.name: f for f in NAMED}

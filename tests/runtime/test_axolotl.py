@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,28 +22,18 @@ import torch
 import plancc
 from plancc.runtime import evaluate_plan
 from tests.support import REPO
+from tests.support.axolotl import axolotl_python as venv_python
 from tests.support.training import rel_err
 
 pytestmark = pytest.mark.slow  # builds a venv once, runs Axolotl in subprocesses
 
 ROOT = REPO
-VENV = Path(os.environ.get("PLANCC_AXOLOTL_VENV", "/tmp/plancc-axolotl-venv"))
 LR, STEPS = 0.5, 3
 
 
 @pytest.fixture(scope="session")
 def axolotl_python() -> Path:
-    python = VENV / "bin" / "python"
-    if not (VENV / "bin" / "axolotl").exists():
-        if os.environ.get("PLANCC_AXOLOTL_INSTALL") != "1":
-            pytest.skip(f"no Axolotl venv at {VENV}: run `make axolotl-venv` (or set PLANCC_AXOLOTL_INSTALL=1)")
-        try:
-            subprocess.run(["make", "axolotl-venv", f"AXOLOTL_VENV={VENV}", f"PYTHON={sys.executable}"], cwd=ROOT,
-                           check=True, capture_output=True, text=True, timeout=3600)
-        except (subprocess.SubprocessError, OSError) as exc:
-            tail = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines()[-1:]
-            pytest.skip(f"Axolotl 0.19.0 could not be installed into {VENV} (`make axolotl-venv`): {tail}")
-    return python
+    return venv_python()
 
 
 def write_model_and_tokenizer(where: Path, *, eos: str = "<|im_end|>") -> Path:

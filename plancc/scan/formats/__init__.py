@@ -38,6 +38,7 @@ from plancc.config.settings import ScanOptions
 from plancc.errors import InputError, SettingsError, clip
 from plancc.scan.formats import (
     alpaca,
+    axolotl_preference,
     input_output,
     messages,
     preference,
@@ -52,8 +53,9 @@ from plancc.scan.sources.read import Source
 
 # detection order: the first whose columns a source has is its format
 # (preference data before the formats whose columns it shares: its rows are never SFT rows)
-FORMATS: tuple[RowFormat, ...] = (tokenized.FORMAT, preference.FORMAT, unpaired_preference.FORMAT, messages.FORMAT,
-                                  alpaca.FORMAT, prompt_completion.FORMAT, input_output.FORMAT, text.FORMAT)
+FORMATS: tuple[RowFormat, ...] = (tokenized.FORMAT, preference.FORMAT, unpaired_preference.FORMAT,
+                                  axolotl_preference.FORMAT, messages.FORMAT, alpaca.FORMAT, prompt_completion.FORMAT,
+                                  input_output.FORMAT, text.FORMAT)
 _BY_NAME = {f.name: f for f in FORMATS}
 
 

@@ -123,9 +123,10 @@ def _interleave(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
 
 
 def render(prompts: list[str], completions: list[list[str]], conversational: np.ndarray, how: Encoding,
-           row0: int) -> Encoded:
+           row0: int, *, prompt_end: bool = False) -> Encoded:
     """Each row's completions (`completions[j][i]`: completion j of row i) as sequences, row by row: the prompt
-    and the completion tokenized whole, the prompt tokens (the shorter of the row's common prefixes) masked."""
+    and the completion tokenized whole, the prompt tokens (the shorter of the row's common prefixes; with
+    `prompt_end`, as many as the prompt alone has: TRL 1.9's DPOTrainer, which Axolotl 0.19.0 runs) masked."""
     tok, options = how.tok, how.options
     k, n = len(completions), len(prompts)
     renderer = Renderer(how.template, tok.bos_token, tok.eos_token, options.template_date) if conversational.any() \
@@ -151,7 +152,10 @@ def render(prompts: list[str], completions: list[list[str]], conversational: np.
         raise RowError(row0, "rows mix strings and messages")
     p_ids, p_off = token_ids(tok, heads(tok, alone, special, how.keep), special)
     parts = [token_ids(tok, heads(tok, texts, special, how.keep), special) for texts in whole]
-    starts = np.min([_common(p_ids, p_off, ids, off) for ids, off in parts], axis=0)  # the pair's shorter prompt
+    if prompt_end:  # as many as the prompt alone has
+        starts = np.diff(p_off)
+    else:  # the pair's shorter prompt
+        starts = np.min([_common(p_ids, p_off, ids, off) for ids, off in parts], axis=0)
     seq_ids, offsets = _interleave(parts)
     labels = seq_ids.copy()  # a sequence's first `starts` tokens (its row's) are the prompt's
     labels[np.arange(seq_ids.shape[0]) < np.repeat(offsets[:-1] + np.repeat(starts, k), np.diff(offsets))] = IGNORE_INDEX

@@ -1,6 +1,6 @@
 """Preference pairs and unpaired feedback are never compiled as SFT: a rejected or undesirable completion would be
 taught as a target. Auto-detection compiles them as preference plans (docs/preference.md); an SFT format forced on
-them is one exit-2 line saying so, with nothing written. Axolotl and TRL preference configs are not read yet."""
+them is one exit-2 line saying so, with nothing written."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import plancc
-from plancc.errors import InputError, PlanccError, SettingsError
+from plancc.errors import InputError, PlanccError
 from tests.support import REPO
 from tests.support.sources import pc_rows, write_rows
 
@@ -31,15 +31,6 @@ def test_preference_or_feedback_rows_are_refused_as_sft(tmp_path, rows, says):
         with pytest.raises(InputError, match=says):
             plancc.compile(src, tmp_path / "plan", tokenizer="builtin", chat_template="chatml", sequence_len=64,
                            format=fmt, cache_dir=tmp_path / "cache")
-    assert not (tmp_path / "plan").exists()
-
-
-def test_an_axolotl_rl_config_is_refused(tmp_path):
-    src = write_rows(tmp_path / "rows.jsonl", PAIRS)
-    axolotl = tmp_path / "dpo.yml"
-    axolotl.write_text(f"base_model: builtin\nrl: dpo\ndatasets:\n  - path: {src}\n    type: chat_template.default\n")
-    with pytest.raises(SettingsError, match="rl: dpo trains on preference or feedback data rendered by Axolotl"):
-        plancc.compile(None, tmp_path / "plan", config=axolotl, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "plan").exists()
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from plancc.cli.summary import PAIRED
 from plancc.config import formats as names
 from plancc.config.settings import SHAPING, ScanOptions
 from plancc.scan import formats
@@ -31,7 +32,10 @@ ROWS = {  # one row of each format, in its own column names
     "input_output": {"segments": [{"text": "Q: 2+2?", "label": False}, {"text": " A: 4", "label": True}]},
     "preference": {"prompt": "2+2=", "chosen": "4", "rejected": "5"},
     "unpaired_preference": {"prompt": "2+2=", "completion": "4", "label": True},
+    "axolotl_preference": {"messages": CHAT[:1], "chosen": "4", "rejected": "5"},
 }
+FORCED = {"axolotl_preference"}  # never detected: named by --format or an Axolotl config
+DETECTED = sorted(set(ROWS) - FORCED)
 
 
 def _source(tmp_path, row: dict, name: str = "d.jsonl"):
@@ -45,13 +49,15 @@ def test_the_registry_and_the_settings_name_the_same_formats():
         assert fmt.named is names.BY_NAME[fmt.name]
         assert formats.get(fmt.name) is fmt
     assert set(names.AXOLOTL_TYPES.values()) <= set(registered)
+    assert set(PAIRED) == {f.name for f in formats.FORMATS if f.sequences == 2}  # what the summaries count as pairs
 
 
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_each_format_detects_its_rows_and_reads_only_its_roles(tmp_path, name):
     src = _source(tmp_path, ROWS[name])
-    fmt = formats.detect(src)
-    assert fmt.name == name
+    fmt = formats.get(name)
+    assert fmt.detects(src) == (name not in FORCED)
+    assert name in FORCED or formats.detect(src) is fmt
     table = fmt.canonical(src, ScanOptions())
     derived = {"conversational"}  # the preference formats' flag of a row given as messages: read from no column
     assert set(table.column_names) - derived <= set(fmt.named.roles) <= set(names.ROLES)
@@ -73,7 +79,8 @@ def test_each_format_gives_its_number_of_sequences_a_row(tmp_path, name):
     assert all(len(values) == len(enc.offsets) - 1 for values in enc.attributes.values())
 
 
-@pytest.mark.parametrize(("first", "second"), list(combinations([f.name for f in formats.FORMATS], 2)))
+@pytest.mark.parametrize(("first", "second"), list(combinations([f.name for f in formats.FORMATS
+                                                                  if f.name not in FORCED], 2)))
 def test_a_source_with_the_columns_of_two_formats_is_the_one_detection_tries_first(tmp_path, first, second):
     src = _source(tmp_path, {**ROWS[second], **ROWS[first]})
     assert formats.detect(src).name == first
