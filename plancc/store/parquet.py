@@ -193,7 +193,7 @@ def column(table: pa.Table, name: str) -> np.ndarray:
     third of a second of every command. The buffers hold the same values (a view for numbers, unpacked bits for
     booleans).
     """
-    arr = table.column(name).combine_chunks()
+    arr = whole(table.column(name))
     t = arr.type
     if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
         return numbers(arr)
@@ -201,6 +201,12 @@ def column(table: pa.Table, name: str) -> np.ndarray:
         bits = np.unpackbits(np.frombuffer(arr.buffers()[1], dtype=np.uint8), bitorder="little")
         return bits[arr.offset: arr.offset + len(arr)].astype(bool)
     return arr.to_numpy(zero_copy_only=False)
+
+
+def whole(values: pa.ChunkedArray) -> pa.Array:
+    """A column as one Arrow array: its only chunk as it is (`combine_chunks` copies even one chunk: a 100M-sample
+    compile read each samples column that way three times over), else its chunks joined."""
+    return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
 
 
 def numbers(arr: pa.Array) -> np.ndarray:
@@ -266,17 +272,19 @@ def read_samples(source: str | Path | Held, *, threads: bool = True) -> pa.Table
             row = pc.index(bad, True).as_py()
             raise StoreError(f"{path} row {row}: column '{PAIR_ROLE_COLUMN}' is "
                              f"{table.column(PAIR_ROLE_COLUMN)[row].as_py()!r}, expected one of {', '.join(PAIR_ROLES)}")
+    pa.default_memory_pool().release_unused()  # the decoding's buffers: ~15 bytes a sample otherwise kept all compile
     return table
 
 
 def sample_arrays(table: pa.Table) -> SampleArrays:
-    """The planner's view of a samples table (sorted by sample_id): its columns as int64/bool arrays, and the pair
-    or label columns of preference data."""
+    """The planner's view of a samples table (sorted by sample_id): its columns as numpy arrays, and the pair or
+    label columns of preference data. Numbers are read-only views of the table's buffers (lengths and label counts
+    int32 as the schema stores them): at 100M samples an int64 copy of each would cost 1.6 GB all compile."""
     names = table.column_names
     return SampleArrays(
         sample_id=column(table, "sample_id").astype(np.int64, copy=False),
-        length=column(table, "length").astype(np.int64),
-        label_count=column(table, "label_count").astype(np.int64),
+        length=column(table, "length"),
+        label_count=column(table, "label_count"),
         first_label_supervised=column(table, "first_label_supervised"),
         pair_id=column(table, PAIR_ID_COLUMN).astype(np.int64, copy=False) if PAIR_ID_COLUMN in names else None,
         chosen=(column(pa.table({"chosen": pc.equal(table.column(PAIR_ROLE_COLUMN), PAIR_ROLES[0])}), "chosen")
@@ -288,7 +296,7 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
 def nested_arrays(sample_ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(flat sample ids, row bounds, batch bounds) of a `list<list<int64>>` column, without a Python loop (or
     pandas: the buffers are read as `column` reads them)."""
-    batches = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
+    batches = whole(sample_ids) if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
     rows = batches.flatten()
     batch_bounds = numbers(batches.offsets).astype(np.int64)
     row_bounds = numbers(rows.offsets).astype(np.int64)

@@ -31,10 +31,12 @@ def span(batches: Batches, settings: PlanSettings) -> int:
 
 
 def item_values(batches: Batches, samples: SampleArrays, shift: str) -> np.ndarray:
-    """Per plan position, the targets its sample adds to a row it does not start (row shift) or always."""
-    if shift == "row":
-        return samples.label_count[batches.samples].astype(np.int64, copy=False)
-    return samples.targets(shift)[batches.samples].astype(np.int64, copy=False)
+    """Per plan position, the targets its sample adds to a row it does not start (row shift) or always
+    (`SampleArrays.targets`, gathered first: no temporaries the size of the samples table)."""
+    values = samples.label_count[batches.samples].astype(np.int64, copy=False)
+    if shift == "sample":
+        values -= samples.first_label_supervised[batches.samples]
+    return values
 
 
 def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:

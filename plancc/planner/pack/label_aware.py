@@ -36,16 +36,28 @@ def pack_label_aware(lengths: np.ndarray, values: np.ndarray, capacity: int, sta
     There are `len(start_tok)` rows; row r already holds `start_tok[r]` tokens with `start_val[r]` labels (the
     samples pinned first in their rows, or nothing). `rng` orders the rows that `close_left_out` packs again.
     """
+    return pack_by_excess(lengths, *label_excess(lengths, values, start_tok, start_val), capacity, start_tok, rng)
+
+
+def label_excess(lengths: np.ndarray, values: np.ndarray, start_tok: np.ndarray, start_val: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(each item's, each row's start) labels beyond their length's share: values - rho * lengths, rho the labels
+    a token over items and rows together. A caller that holds nothing else of `values` frees them before packing."""
+    rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
+    excess = lengths * -rho  # with one item-sized temporary instead of two
+    excess += values
+    return excess, start_val - rho * start_tok
+
+
+def pack_by_excess(lengths: np.ndarray, excess: np.ndarray, start_excess: np.ndarray, capacity: int,
+                   start_tok: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
+    """`pack_label_aware` from `label_excess`'s figures."""
     rows = start_tok.shape[0]
     if rows == 0 or lengths.shape[0] + np.count_nonzero(start_tok) < rows:
         return None
     order = longest_first(lengths)
-    rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
-    excess = lengths * -rho  # values - rho * lengths, with one 10M temporary instead of two
-    excess += values
     for small in LADDER:
-        assign = _deal_then_fill(lengths, excess, order, capacity, start_tok,
-                                 start_val - rho * start_tok, small, rng)
+        assign = _deal_then_fill(lengths, excess, order, capacity, start_tok, start_excess, small, rng)
         if assign is not None:
             return assign
     return None
