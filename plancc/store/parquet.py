@@ -215,15 +215,27 @@ def numbers(arr: pa.Array) -> np.ndarray:
 
 
 def arrow_array(values: np.ndarray, type_: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
-    """A numeric or boolean Arrow array over numpy's bytes (see `column` for why not `pa.array`); `valid` masks."""
+    """A numeric or boolean Arrow array over numpy's bytes (see `column` for why not `pa.array`); `valid` masks.
+    Integers narrowed to a smaller type (the plan's int32 list offsets) are checked to fit: a cast would wrap."""
     n = len(values)
     if pa.types.is_boolean(type_):
         data = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
     else:
-        data = np.ascontiguousarray(values, dtype=np.dtype(str(type_)))
+        data = np.ascontiguousarray(values, dtype=_fitting(np.asarray(values), np.dtype(str(type_))))
     bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
     nulls = 0 if valid is None else int(n - np.count_nonzero(valid))
     return pa.Array.from_buffers(type_, n, [bitmap, pa.py_buffer(data)], null_count=nulls)
+
+
+def _fitting(values: np.ndarray, dtype: np.dtype) -> np.dtype:
+    """`dtype`, once integer `values` are known to fit it (refused with the first value that does not)."""
+    if values.size and values.dtype.kind in "iu" and dtype.kind in "iu" and dtype.itemsize < values.dtype.itemsize:
+        info = np.iinfo(dtype)
+        lo, hi = int(values.min()), int(values.max())
+        if lo < info.min or hi > info.max:
+            raise StoreError(f"{hi if hi > info.max else lo:,} does not fit a {dtype} column (at most {info.max:,}): "
+                             "a plan's epoch holds fewer samples and rows than that; plan fewer samples an epoch")
+    return dtype
 
 
 def optional_array(values: list[Any], type_: pa.DataType) -> pa.Array:
@@ -251,10 +263,12 @@ def read_arrow(path: str | Path) -> pa.Table:
             return pa.ipc.open_stream(source).read_all()
 
 
-def read_samples(source: str | Path | Held, *, threads: bool = True) -> pa.Table:
+def read_samples(source: str | Path | Held, *, threads: bool = False) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types and nulls are refused
     (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it). `threads`: as for
-    `read_table`."""
+    `read_table`; off by default: a few flat columns decode as fast on the calling thread, and only then does
+    releasing the decoding's buffers below reach them (Arrow's allocator keeps what a worker thread freed: 25
+    bytes a sample, held all compile)."""
     held = as_held(source)
     path = held.path
     present = held.parquet().schema_arrow.names
@@ -272,7 +286,7 @@ def read_samples(source: str | Path | Held, *, threads: bool = True) -> pa.Table
             row = pc.index(bad, True).as_py()
             raise StoreError(f"{path} row {row}: column '{PAIR_ROLE_COLUMN}' is "
                              f"{table.column(PAIR_ROLE_COLUMN)[row].as_py()!r}, expected one of {', '.join(PAIR_ROLES)}")
-    pa.default_memory_pool().release_unused()  # the decoding's buffers: ~15 bytes a sample otherwise kept all compile
+    pa.default_memory_pool().release_unused()
     return table
 
 
