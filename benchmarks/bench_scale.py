@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,19 +47,19 @@ def samples_file(n: int) -> Path:
     WORK.mkdir(parents=True, exist_ok=True)
     schema = pa.schema([("sample_id", pa.int64()), ("length", pa.int32()), ("label_count", pa.int32()),
                         ("first_label_supervised", pa.bool_()), ("token_hash", pa.uint64())])
-    with tempfile.NamedTemporaryFile(dir=WORK, suffix=".tmp", delete=False) as tmp:
-        with pq.ParquetWriter(tmp.name, schema) as writer:
-            for k, lo in enumerate(range(0, n, CHUNK)):
-                s = sft_mix(min(CHUNK, n - lo), seed=[0, k])
-                ids = s.sample_id + lo
-                writer.write_table(pa.table({
-                    "sample_id": ids,
-                    "length": s.length.astype(np.int32),
-                    "label_count": s.label_count.astype(np.int32),
-                    "first_label_supervised": s.first_label_supervised,
-                    "token_hash": ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15),
-                }, schema=schema))
-    os.replace(tmp.name, path)
+    tmp = WORK / f".scale-samples-{n}-{os.getpid()}.tmp"
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for k, lo in enumerate(range(0, n, CHUNK)):
+            s = sft_mix(min(CHUNK, n - lo), seed=[0, k])
+            ids = s.sample_id + lo
+            writer.write_table(pa.table({
+                "sample_id": ids,
+                "length": s.length.astype(np.int32),
+                "label_count": s.label_count.astype(np.int32),
+                "first_label_supervised": s.first_label_supervised,
+                "token_hash": ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15),
+            }, schema=schema))
+    os.replace(tmp, path)
     return path
 
 

@@ -127,10 +127,7 @@ def _pair_facts(s: SampleArrays, members: np.ndarray, settings: PlanSettings) ->
     """One entry per pair: the unit facts of the module docstring."""
     c, r = members[:, 0], members[:, 1]
     length_c, length_r = s.length[c].astype(np.int64), s.length[r].astype(np.int64)  # a pair's sums: no wrap
-    if settings.mode == Mode.PADDED:
-        length = 2 * np.maximum(length_c, length_r)
-    else:
-        length = length_c + length_r
+    length = 2 * np.maximum(length_c, length_r) if settings.mode == Mode.PADDED else length_c + length_r
     # the rejected completion starts its own sequence (its first label no target) except where it continues the
     # chosen one's row under a plain row shift
     own_start = settings.shift == Shift.SAMPLE or (settings.shift == Shift.ROW and settings.mode == Mode.PADDED)
