@@ -255,7 +255,8 @@ def permute_rows(b: Batches, row_order: np.ndarray) -> tuple[np.ndarray, np.ndar
     bounds = np.zeros(row_order.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
     starts = b.row_bounds[:-1][row_order]
-    gather = np.repeat(starts - bounds[:-1], sizes) + np.arange(bounds[-1], dtype=np.int64)
+    gather = np.repeat(starts - bounds[:-1], sizes)
+    gather += np.arange(bounds[-1], dtype=np.int64)  # in place: one item-sized temporary, not two
     return b.samples[gather], bounds
 
 
