@@ -81,7 +81,7 @@ def repack_label_aware(batches: Batches, samples: SampleArrays, *, n_span: int, 
     cost = batch_cost(batches, samples, pad_multiple)
     peak = int(cost.max())
     capacity = min(capacity, peak // int(head.rows_per_batch().max()))
-    lengths = samples.length[head.samples].astype(np.int64)
+    lengths = samples.length[head.samples]  # as stored (int32): every sum over them is taken in int64
     values = common.item_values(head, samples, shift)
     pinned = np.zeros(lengths.shape[0], dtype=bool)
     start_tok = np.zeros(head.num_rows, dtype=np.int64)

@@ -55,19 +55,19 @@ def pack_by_excess(lengths: np.ndarray, excess: np.ndarray, start_excess: np.nda
     rows = start_tok.shape[0]
     if rows == 0 or lengths.shape[0] + np.count_nonzero(start_tok) < rows:
         return None
-    order = longest_first(lengths)
     for small in LADDER:
-        assign = _deal_then_fill(lengths, excess, order, capacity, start_tok, start_excess, small, rng)
+        assign = _deal_then_fill(lengths, excess, capacity, start_tok, start_excess, small, rng)
         if assign is not None:
             return assign
     return None
 
 
-def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, order: np.ndarray, capacity: int,
-                    start_tok: np.ndarray, start_excess: np.ndarray, small: float, rng: np.random.Generator
-                    ) -> np.ndarray | None:
-    """One rung: `order` is longest first, `excess` each item's labels beyond its length's share."""
+def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, capacity: int, start_tok: np.ndarray,
+                    start_excess: np.ndarray, small: float, rng: np.random.Generator) -> np.ndarray | None:
+    """One rung: items dealt longest first, `excess` each item's labels beyond its length's share. Each item-sized
+    array is freed once used (the order too: a rung that fails sorts again), for the sake of 100M-sample plans."""
     n, rows = lengths.shape[0], start_tok.shape[0]
+    order = longest_first(lengths)
     row_tok = start_tok.astype(np.int64)
     row_excess = start_excess.astype(np.float64)
     assign = np.full(n, -1, dtype=np.int64)
@@ -90,10 +90,12 @@ def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, order: np.ndarray, 
         dealt += float(lengths[items].sum())
         deferred.append(late)
     rest = np.concatenate([*deferred, order[k:]])
+    del deferred, order
     rest = rest[longest_first(lengths[rest])]
     placed, _ = best_fit(lengths[rest].astype(np.int64, copy=False), int(capacity), row_tok, False)
-    assign[rest] = placed
-    if (placed < 0).any() and not close_left_out(lengths, assign, start_tok, capacity, rng):
+    assign[rest] = placed  # every item is dealt or in `rest`: any item left out is one of `placed`
+    del rest, placed
+    if (assign < 0).any() and not close_left_out(lengths, assign, start_tok, capacity, rng):
         return None
     if (np.bincount(assign, minlength=rows) + start_tok).min() == 0:
         return None
