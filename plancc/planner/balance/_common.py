@@ -82,7 +82,7 @@ def split(batches: Batches, n_span: int) -> tuple[Batches, np.ndarray, np.ndarra
 
 def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_batches: np.ndarray) -> Batches:
     """`split`'s inverse: the span followed by the tail as it was."""
-    samples = np.concatenate([head.samples, tail_samples]).astype(np.int64)
+    samples = np.concatenate([head.samples, tail_samples]).astype(np.int64, copy=False)  # no second copy
     row_bounds = np.concatenate([head.row_bounds, head.row_bounds[-1] + np.cumsum(tail_rows)]).astype(np.int64)
     batch_bounds = np.concatenate([head.batch_bounds, head.batch_bounds[-1] + np.cumsum(tail_batches)])
     return Batches(samples, row_bounds, batch_bounds.astype(np.int64))
