@@ -204,8 +204,8 @@ def column(table: pa.Table, name: str) -> np.ndarray:
 
 
 def whole(values: pa.ChunkedArray) -> pa.Array:
-    """A column as one Arrow array: its only chunk as it is (`combine_chunks` copies even one chunk: a 100M-sample
-    compile read each samples column that way three times over), else its chunks joined."""
+    """A column as one Arrow array: its only chunk as it is (`combine_chunks` copies even one chunk, so every read
+    of a samples column made a copy, and the planner kept one), else its chunks joined."""
     return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
 
 
@@ -267,8 +267,8 @@ def read_samples(source: str | Path | Held, *, threads: bool = False) -> pa.Tabl
     """A samples table (from a scan or a plan); validated columns, casts to canonical types and nulls are refused
     (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it). `threads`: as for
     `read_table`; off by default: a few flat columns decode as fast on the calling thread, and only then does
-    releasing the decoding's buffers below reach them (Arrow's allocator keeps what a worker thread freed: 25
-    bytes a sample, held all compile)."""
+    releasing the decoding's buffers below reach them (Arrow's allocator keeps what a worker thread freed, and
+    a compile would hold it to the end)."""
     held = as_held(source)
     path = held.path
     present = held.parquet().schema_arrow.names
@@ -293,7 +293,7 @@ def read_samples(source: str | Path | Held, *, threads: bool = False) -> pa.Tabl
 def sample_arrays(table: pa.Table) -> SampleArrays:
     """The planner's view of a samples table (sorted by sample_id): its columns as numpy arrays, and the pair or
     label columns of preference data. Numbers are read-only views of the table's buffers (lengths and label counts
-    int32 as the schema stores them): at 100M samples an int64 copy of each would cost 1.6 GB all compile."""
+    int32 as the schema stores them): an int64 copy of each would be held all compile (docs/benchmarks.md, Scale)."""
     names = table.column_names
     return SampleArrays(
         sample_id=column(table, "sample_id").astype(np.int64, copy=False),

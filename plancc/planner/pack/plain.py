@@ -34,7 +34,7 @@ def pack_best_fit(lengths: np.ndarray, capacity: int, rng: np.random.Generator) 
         raise ValueError(f"an item of length {int(lengths.max())} exceeds the row capacity {capacity}")
     shuffled = rng.permutation(n)
     order = shuffled[longest_first(lengths[shuffled])]
-    del shuffled  # each item-sized array is freed once used: at 100M samples each costs 800 MB
+    del shuffled  # each item-sized array is freed once used (docs/benchmarks.md, Scale)
     sizes = lengths[order].astype(np.int64, copy=False)
     assign, rows = best_fit(sizes, int(capacity), np.zeros(0, dtype=np.int64), True)
     assign, rows = _give_back_rows(sizes, assign, rows, int(capacity), rng)
