@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 DEMO_OUT ?= out/chat-plan
 RECIPE_OUT ?= out/recipe-plan
 
-.PHONY: install kernels demo test lint bench clean axolotl-venv
+.PHONY: install kernels demo test lint bench bench-scale clean axolotl-venv
 
 install: $(BIN)/plancc kernels demo
 
@@ -35,6 +35,10 @@ test: $(BIN)/plancc
 
 bench: $(BIN)/plancc
 	$(BIN)/python benchmarks/run_all.py
+
+# compile at 10M, 50M and 100M samples alone (part of `make bench` too): needs ~9 GiB of memory, ~10 min of CPU
+bench-scale: $(BIN)/plancc
+	$(BIN)/python benchmarks/bench_scale.py
 
 clean:
 	rm -rf out bench-out .pytest_cache .ruff_cache

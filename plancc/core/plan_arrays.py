@@ -26,11 +26,14 @@ IGNORE_INDEX = -100  # a label that is no target: what the scan writes and the l
 
 @dataclass(frozen=True)
 class SampleArrays:
-    """Per-sample facts the planner needs, indexed by position in the samples table."""
+    """Per-sample facts the planner needs, indexed by position in the samples table.
+
+    Lengths and label counts are int32 as a samples table stores them (or int64): whoever computes with them
+    gathers what it needs and widens that to int64 first, so no sum, product or difference can wrap."""
 
     sample_id: np.ndarray  # int64
-    length: np.ndarray  # int64
-    label_count: np.ndarray  # int64, labels != -100 (or shift_labels != -100 for shift "none")
+    length: np.ndarray  # int32 or int64
+    label_count: np.ndarray  # int32 or int64, labels != -100 (or shift_labels != -100 for shift "none")
     first_label_supervised: np.ndarray  # bool
     # preference data (docs/preference.md): pairs name each completion's pair and whether it is the chosen one;
     # unpaired (KTO) data its label. None for SFT samples.
@@ -66,7 +69,7 @@ class SampleArrays:
         their first label (see `row_targets`).
         """
         if shift == Shift.NONE:
-            return self.label_count
+            return self.label_count.astype(np.int64, copy=False)
         return self.label_count - self.first_label_supervised.astype(np.int64)
 
     @cached_property
@@ -252,7 +255,8 @@ def permute_rows(b: Batches, row_order: np.ndarray) -> tuple[np.ndarray, np.ndar
     bounds = np.zeros(row_order.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
     starts = b.row_bounds[:-1][row_order]
-    gather = np.repeat(starts - bounds[:-1], sizes) + np.arange(bounds[-1], dtype=np.int64)
+    gather = np.repeat(starts - bounds[:-1], sizes)
+    gather += np.arange(bounds[-1], dtype=np.int64)  # in place: one item-sized temporary, not two
     return b.samples[gather], bounds
 
 

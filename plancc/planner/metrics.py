@@ -192,7 +192,7 @@ def entry_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
     only a row's first sample loses its first label."""
     from plancc.core.choices import Shift
 
-    count, first_label = s.label_count[b.samples], s.first_label_supervised[b.samples]
+    count, first_label = s.label_count[b.samples].astype(np.int64), s.first_label_supervised[b.samples]
     if shift == Shift.NONE:
         return count
     if shift == Shift.ROW:

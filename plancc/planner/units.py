@@ -111,15 +111,13 @@ def pair_members(s: SampleArrays) -> np.ndarray:
 def _pair_facts(s: SampleArrays, members: np.ndarray, settings: PlanSettings) -> SampleArrays:
     """One entry per pair: the unit facts of the module docstring."""
     c, r = members[:, 0], members[:, 1]
-    if settings.mode == Mode.PADDED:
-        length = 2 * np.maximum(s.length[c], s.length[r])
-    else:
-        length = s.length[c] + s.length[r]
+    length_c, length_r = s.length[c].astype(np.int64), s.length[r].astype(np.int64)  # a pair's sums: no wrap
+    length = 2 * np.maximum(length_c, length_r) if settings.mode == Mode.PADDED else length_c + length_r
     # the rejected completion starts its own sequence (its first label no target) except where it continues the
     # chosen one's row under a plain row shift
     own_start = settings.shift == Shift.SAMPLE or (settings.shift == Shift.ROW and settings.mode == Mode.PADDED)
     second = s.first_label_supervised[r].astype(np.int64) if own_start else 0
-    return SampleArrays(s.pair_id[c], length, s.label_count[c] + s.label_count[r] - second,
+    return SampleArrays(s.pair_id[c], length, s.label_count[c].astype(np.int64) + s.label_count[r] - second,
                         s.first_label_supervised[c].copy())
 
 

@@ -193,7 +193,7 @@ def column(table: pa.Table, name: str) -> np.ndarray:
     third of a second of every command. The buffers hold the same values (a view for numbers, unpacked bits for
     booleans).
     """
-    arr = table.column(name).combine_chunks()
+    arr = whole(table.column(name))
     t = arr.type
     if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
         return numbers(arr)
@@ -203,21 +203,39 @@ def column(table: pa.Table, name: str) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)
 
 
+def whole(values: pa.ChunkedArray) -> pa.Array:
+    """A column as one Arrow array: its only chunk as it is (`combine_chunks` copies even one chunk, so every read
+    of a samples column made a copy, and the planner kept one), else its chunks joined."""
+    return values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+
+
 def numbers(arr: pa.Array) -> np.ndarray:
     """A null-free integer or float Arrow array's values: a read-only view of its buffer (see `column`)."""
     return np.frombuffer(arr.buffers()[1], dtype=np.dtype(str(arr.type)))[arr.offset: arr.offset + len(arr)]
 
 
 def arrow_array(values: np.ndarray, type_: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
-    """A numeric or boolean Arrow array over numpy's bytes (see `column` for why not `pa.array`); `valid` masks."""
+    """A numeric or boolean Arrow array over numpy's bytes (see `column` for why not `pa.array`); `valid` masks.
+    Integers narrowed to a smaller type (the plan's int32 list offsets) are checked to fit: a cast would wrap."""
     n = len(values)
     if pa.types.is_boolean(type_):
         data = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
     else:
-        data = np.ascontiguousarray(values, dtype=np.dtype(str(type_)))
+        data = np.ascontiguousarray(values, dtype=_fitting(np.asarray(values), np.dtype(str(type_))))
     bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
     nulls = 0 if valid is None else int(n - np.count_nonzero(valid))
     return pa.Array.from_buffers(type_, n, [bitmap, pa.py_buffer(data)], null_count=nulls)
+
+
+def _fitting(values: np.ndarray, dtype: np.dtype) -> np.dtype:
+    """`dtype`, once integer `values` are known to fit it (refused with the first value that does not)."""
+    if values.size and values.dtype.kind in "iu" and dtype.kind in "iu" and dtype.itemsize < values.dtype.itemsize:
+        info = np.iinfo(dtype)
+        lo, hi = int(values.min()), int(values.max())
+        if lo < info.min or hi > info.max:
+            raise StoreError(f"{hi if hi > info.max else lo:,} does not fit a {dtype} column (at most {info.max:,}): "
+                             "a plan's epoch holds fewer samples and rows than that; plan fewer samples an epoch")
+    return dtype
 
 
 def optional_array(values: list[Any], type_: pa.DataType) -> pa.Array:
@@ -245,10 +263,12 @@ def read_arrow(path: str | Path) -> pa.Table:
             return pa.ipc.open_stream(source).read_all()
 
 
-def read_samples(source: str | Path | Held, *, threads: bool = True) -> pa.Table:
+def read_samples(source: str | Path | Held, *, threads: bool = False) -> pa.Table:
     """A samples table (from a scan or a plan); validated columns, casts to canonical types and nulls are refused
     (the planner's kernels read the raw buffers: a null would be whatever bytes lie under it). `threads`: as for
-    `read_table`."""
+    `read_table`; off by default: a few flat columns decode as fast on the calling thread, and only then does
+    releasing the decoding's buffers below reach them (Arrow's allocator keeps what a worker thread freed, and
+    a compile would hold it to the end)."""
     held = as_held(source)
     path = held.path
     present = held.parquet().schema_arrow.names
@@ -266,17 +286,19 @@ def read_samples(source: str | Path | Held, *, threads: bool = True) -> pa.Table
             row = pc.index(bad, True).as_py()
             raise StoreError(f"{path} row {row}: column '{PAIR_ROLE_COLUMN}' is "
                              f"{table.column(PAIR_ROLE_COLUMN)[row].as_py()!r}, expected one of {', '.join(PAIR_ROLES)}")
+    pa.default_memory_pool().release_unused()
     return table
 
 
 def sample_arrays(table: pa.Table) -> SampleArrays:
-    """The planner's view of a samples table (sorted by sample_id): its columns as int64/bool arrays, and the pair
-    or label columns of preference data."""
+    """The planner's view of a samples table (sorted by sample_id): its columns as numpy arrays, and the pair or
+    label columns of preference data. Numbers are read-only views of the table's buffers (lengths and label counts
+    int32 as the schema stores them): an int64 copy of each would be held all compile (docs/benchmarks.md, Scale)."""
     names = table.column_names
     return SampleArrays(
         sample_id=column(table, "sample_id").astype(np.int64, copy=False),
-        length=column(table, "length").astype(np.int64),
-        label_count=column(table, "label_count").astype(np.int64),
+        length=column(table, "length"),
+        label_count=column(table, "label_count"),
         first_label_supervised=column(table, "first_label_supervised"),
         pair_id=column(table, PAIR_ID_COLUMN).astype(np.int64, copy=False) if PAIR_ID_COLUMN in names else None,
         chosen=(column(pa.table({"chosen": pc.equal(table.column(PAIR_ROLE_COLUMN), PAIR_ROLES[0])}), "chosen")
@@ -288,7 +310,7 @@ def sample_arrays(table: pa.Table) -> SampleArrays:
 def nested_arrays(sample_ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(flat sample ids, row bounds, batch bounds) of a `list<list<int64>>` column, without a Python loop (or
     pandas: the buffers are read as `column` reads them)."""
-    batches = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
+    batches = whole(sample_ids) if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
     rows = batches.flatten()
     batch_bounds = numbers(batches.offsets).astype(np.int64)
     row_bounds = numbers(rows.offsets).astype(np.int64)

@@ -31,10 +31,12 @@ def span(batches: Batches, settings: PlanSettings) -> int:
 
 
 def item_values(batches: Batches, samples: SampleArrays, shift: str) -> np.ndarray:
-    """Per plan position, the targets its sample adds to a row it does not start (row shift) or always."""
-    if shift == "row":
-        return samples.label_count[batches.samples].astype(np.int64, copy=False)
-    return samples.targets(shift)[batches.samples].astype(np.int64, copy=False)
+    """Per plan position, the targets its sample adds to a row it does not start (row shift) or always
+    (`SampleArrays.targets`, gathered first: no temporaries the size of the samples table)."""
+    values = samples.label_count[batches.samples].astype(np.int64, copy=False)
+    if shift == "sample":
+        values -= samples.first_label_supervised[batches.samples]
+    return values
 
 
 def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +82,7 @@ def split(batches: Batches, n_span: int) -> tuple[Batches, np.ndarray, np.ndarra
 
 def join(head: Batches, tail_samples: np.ndarray, tail_rows: np.ndarray, tail_batches: np.ndarray) -> Batches:
     """`split`'s inverse: the span followed by the tail as it was."""
-    samples = np.concatenate([head.samples, tail_samples]).astype(np.int64)
+    samples = np.concatenate([head.samples, tail_samples]).astype(np.int64, copy=False)  # no second copy
     row_bounds = np.concatenate([head.row_bounds, head.row_bounds[-1] + np.cumsum(tail_rows)]).astype(np.int64)
     batch_bounds = np.concatenate([head.batch_bounds, head.batch_bounds[-1] + np.cumsum(tail_batches)])
     return Batches(samples, row_bounds, batch_bounds.astype(np.int64))

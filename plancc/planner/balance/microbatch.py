@@ -47,7 +47,7 @@ from plancc.config.settings import PlanSettings
 from plancc.core.plan_arrays import Batches, SampleArrays, batch_cost, batch_targets
 from plancc.planner.balance import _common as common
 from plancc.planner.balance._redeal import deal_equal_lengths
-from plancc.planner.pack.label_aware import pack_label_aware
+from plancc.planner.pack.label_aware import label_excess, pack_by_excess
 
 ROUNDS = 64  # pairing rounds per window and pass (a window stops early after IDLE idle rounds)
 TOL = 0.02  # label gaps under 2% of the mean microbatch are not worth a trade
@@ -81,7 +81,7 @@ def repack_label_aware(batches: Batches, samples: SampleArrays, *, n_span: int, 
     cost = batch_cost(batches, samples, pad_multiple)
     peak = int(cost.max())
     capacity = min(capacity, peak // int(head.rows_per_batch().max()))
-    lengths = samples.length[head.samples]
+    lengths = samples.length[head.samples]  # as stored (int32): every sum over them is taken in int64
     values = common.item_values(head, samples, shift)
     pinned = np.zeros(lengths.shape[0], dtype=bool)
     start_tok = np.zeros(head.num_rows, dtype=np.int64)
@@ -93,12 +93,15 @@ def repack_label_aware(batches: Batches, samples: SampleArrays, *, n_span: int, 
         pinned[first] = True
         start_tok[rows], start_val[rows] = lengths[first], values[first]
         free = ~pinned
-    assign = pack_label_aware(lengths[free], values[free], capacity, start_tok, start_val, rng)
-    del lengths, values
+    excess, start_excess = label_excess(lengths[free], values[free], start_tok, start_val)
+    del values  # what `pack_label_aware` does, with each item-sized array freed once used
+    assign = pack_by_excess(lengths[free], excess, start_excess, capacity, start_tok, rng)
+    del lengths, excess
     if assign is None:
         return batches
     row_of = head.row_of_sample()
     row_of[free] = assign
+    del assign
     new = common.rebuild_rows(head, row_of, pinned)
     new_cost = batch_cost(new, samples, pad_multiple)
     if new_cost.max() > peak or new_cost.sum() > cost[:n_span].sum():

@@ -36,26 +36,38 @@ def pack_label_aware(lengths: np.ndarray, values: np.ndarray, capacity: int, sta
     There are `len(start_tok)` rows; row r already holds `start_tok[r]` tokens with `start_val[r]` labels (the
     samples pinned first in their rows, or nothing). `rng` orders the rows that `close_left_out` packs again.
     """
+    return pack_by_excess(lengths, *label_excess(lengths, values, start_tok, start_val), capacity, start_tok, rng)
+
+
+def label_excess(lengths: np.ndarray, values: np.ndarray, start_tok: np.ndarray, start_val: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(each item's, each row's start) labels beyond their length's share: values - rho * lengths, rho the labels
+    a token over items and rows together. A caller that holds nothing else of `values` frees them before packing."""
+    rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
+    excess = lengths * -rho  # with one item-sized temporary instead of two
+    excess += values
+    return excess, start_val - rho * start_tok
+
+
+def pack_by_excess(lengths: np.ndarray, excess: np.ndarray, start_excess: np.ndarray, capacity: int,
+                   start_tok: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
+    """`pack_label_aware` from `label_excess`'s figures."""
     rows = start_tok.shape[0]
     if rows == 0 or lengths.shape[0] + np.count_nonzero(start_tok) < rows:
         return None
-    order = longest_first(lengths)
-    rho = (values.sum() + start_val.sum()) / max(int(lengths.sum() + start_tok.sum()), 1)
-    excess = lengths * -rho  # values - rho * lengths, with one 10M temporary instead of two
-    excess += values
     for small in LADDER:
-        assign = _deal_then_fill(lengths, excess, order, capacity, start_tok,
-                                 start_val - rho * start_tok, small, rng)
+        assign = _deal_then_fill(lengths, excess, capacity, start_tok, start_excess, small, rng)
         if assign is not None:
             return assign
     return None
 
 
-def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, order: np.ndarray, capacity: int,
-                    start_tok: np.ndarray, start_excess: np.ndarray, small: float, rng: np.random.Generator
-                    ) -> np.ndarray | None:
-    """One rung: `order` is longest first, `excess` each item's labels beyond its length's share."""
+def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, capacity: int, start_tok: np.ndarray,
+                    start_excess: np.ndarray, small: float, rng: np.random.Generator) -> np.ndarray | None:
+    """One rung: items dealt longest first, `excess` each item's labels beyond its length's share. Each item-sized
+    array is freed once used (the order too: a rung that fails sorts again), for the sake of 100M-sample plans."""
     n, rows = lengths.shape[0], start_tok.shape[0]
+    order = longest_first(lengths)
     row_tok = start_tok.astype(np.int64)
     row_excess = start_excess.astype(np.float64)
     assign = np.full(n, -1, dtype=np.int64)
@@ -78,10 +90,12 @@ def _deal_then_fill(lengths: np.ndarray, excess: np.ndarray, order: np.ndarray, 
         dealt += float(lengths[items].sum())
         deferred.append(late)
     rest = np.concatenate([*deferred, order[k:]])
+    del deferred, order
     rest = rest[longest_first(lengths[rest])]
     placed, _ = best_fit(lengths[rest].astype(np.int64, copy=False), int(capacity), row_tok, False)
-    assign[rest] = placed
-    if (placed < 0).any() and not close_left_out(lengths, assign, start_tok, capacity, rng):
+    assign[rest] = placed  # every item is dealt or in `rest`: any item left out is one of `placed`
+    del rest, placed
+    if (assign < 0).any() and not close_left_out(lengths, assign, start_tok, capacity, rng):
         return None
     if (np.bincount(assign, minlength=rows) + start_tok).min() == 0:
         return None

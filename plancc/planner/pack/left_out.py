@@ -28,6 +28,7 @@ def close_left_out(lengths: np.ndarray, assign: np.ndarray, start_tok: np.ndarra
     of rows, else by exact fills. False (and `assign` as it was) if neither closes.
 
     `start_tok[r]` is what row r holds before any item (pinned samples); `rng` orders the rows that repack."""
+    lengths = lengths.astype(np.int64, copy=False)  # the kernels' sums in int64 whatever the lengths' type
     return (_close_by_strides(lengths, assign, start_tok, capacity, rng)
             or fill_exactly(lengths, assign, start_tok, capacity, rng))
 

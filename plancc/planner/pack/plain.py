@@ -34,10 +34,13 @@ def pack_best_fit(lengths: np.ndarray, capacity: int, rng: np.random.Generator) 
         raise ValueError(f"an item of length {int(lengths.max())} exceeds the row capacity {capacity}")
     shuffled = rng.permutation(n)
     order = shuffled[longest_first(lengths[shuffled])]
+    del shuffled  # each item-sized array is freed once used (docs/benchmarks.md, Scale)
     sizes = lengths[order].astype(np.int64, copy=False)
     assign, rows = best_fit(sizes, int(capacity), np.zeros(0, dtype=np.int64), True)
     assign, rows = _give_back_rows(sizes, assign, rows, int(capacity), rng)
+    del sizes
     new_row = rng.permutation(rows)[assign]  # rows in a seeded random order: each item's new row
+    del assign
     by_row = stable_order(new_row, rows)
     bounds = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(new_row, minlength=rows), out=bounds[1:])
