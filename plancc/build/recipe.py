@@ -8,13 +8,18 @@ recipe order:
 
 * sample ids: dataset d's ids are offset by the rows of the token stores before it (`first_id`): sample_id
   `first_id + row` is row `row` of dataset d, so ids stay unique, sorted, and the row a trainer reads;
-* the samples table: the datasets' tables concatenated, with a `dataset` column (the dataset's name);
+* pair ids (preference data): offset by `first_pair`, the pairs those rows hold (half of them: `_pair_span`), so
+  they are unique across the recipe and sample `2p + role` stays pair p's completion;
+* one kind of data: SFT, pairs or unpaired (KTO) rows in every dataset (mixing them is an error naming both);
+* the samples table: the datasets' tables concatenated (with their pair or label columns), with a `dataset` column
+  (the dataset's name);
 * the token store: a multi-part store (`token_writer.write_parts`) of the datasets' stores, hard-linked from the
   scan cache into `recipes/KEY/` of the cache (KEY: the datasets' fingerprints, names and order), written once:
   compiles of the same recipe at once wait for the one writing it and reuse it; the runtime maps
   it as one store, so its per-sample read stays O(1) and each chunk is still hashed on first read;
 * the record: rows, drops and cuts summed, the tokenizer (one for the recipe: datasets scanned with different
-  ones are an error naming both), and per dataset its counts, fingerprints, first id and mix (`datasets`).
+  ones are an error naming both), and per dataset its counts, fingerprints, first id and mix (`datasets`; for
+  pairs also `first_pair` and `pairs`, the pairs kept).
 """
 
 from __future__ import annotations
@@ -94,15 +99,40 @@ def _agree(loaded: list[Loaded]) -> None:
                                 "recipe has one tokenizer")
 
 
-def _with_ids(d: Loaded, first_id: int) -> pa.Table:
-    kind = schemas.data_kind_of(d.samples.table.column_names)
-    if kind != "sft":  # its pairs (or labels) would be lost in the join: trained as SFT
-        raise InputError(f"dataset {d.spec.name!r} holds {kind} data: a recipe (several sources, or a config's "
-                         "datasets) plans SFT data only; compile preference data as one SOURCE, its settings in "
-                         "--config without datasets (docs/preference.md)")
-    table = d.samples.table.select(schemas.SAMPLES_SCHEMA.names).cast(schemas.SAMPLES_SCHEMA)
-    ids = parquet.column(table, "sample_id") + first_id
-    table = table.set_column(0, schemas.SAMPLES_SCHEMA.field(0), parquet.arrow_array(ids, pa.int64()))
+KIND_NAMES = {"sft": "SFT data", "preference": "preference pairs", "unpaired_preference": "unpaired (KTO) data"}
+
+
+def _one_kind(loaded: list[Loaded]) -> str:
+    """The recipe's kind of data (`schemas.data_kind_of`): every dataset's; the first that differs is an error
+    naming it with the first dataset (pairs and SFT samples, or pairs and KTO labels, have no common unit)."""
+    kinds = [schemas.data_kind_of(d.samples.table.column_names) for d in loaded]
+    for d, kind in zip(loaded[1:], kinds[1:], strict=True):
+        if kind != kinds[0]:
+            raise InputError(f"dataset {loaded[0].spec.name!r} holds {KIND_NAMES[kinds[0]]} ({kinds[0]}) but dataset "
+                             f"{d.spec.name!r} holds {KIND_NAMES[kind]} ({kind}): a recipe's datasets are all SFT "
+                             "data, all preference pairs or all unpaired (KTO) data; compile each kind as a plan of "
+                             "its own (docs/preference.md)")
+    return kinds[0]
+
+
+def _pair_span(d: Loaded) -> int:
+    """Pair ids dataset d's pairs may take: half the rows its sample ids address (a pair is two rows: scanned
+    data keeps sample_id = 2 x pair_id + role), or one past its largest pair id if that is more."""
+    return max(d.rows // 2, int(parquet.column(d.samples.table, schemas.PAIR_ID_COLUMN).max()) + 1)
+
+
+def _offset(table: pa.Table, name: str, by: int) -> pa.Table:
+    """`table` with int64 column `name` raised by `by`."""
+    i = table.schema.get_field_index(name)
+    return table.set_column(i, table.schema.field(i), parquet.arrow_array(parquet.column(table, name) + by, pa.int64()))
+
+
+def _with_ids(d: Loaded, kind: str, first_id: int, first_pair: int) -> pa.Table:
+    """Dataset d's samples table in the recipe's id space (module docstring), with its `dataset` column."""
+    schema = schemas.samples_schema(False, kind)
+    table = _offset(d.samples.table.select(schema.names).cast(schema), "sample_id", first_id)
+    if kind == "preference":
+        table = _offset(table, schemas.PAIR_ID_COLUMN, first_pair)
     return table.append_column(schemas.RECIPE_SAMPLES_SCHEMA.field(schemas.DATASET_COLUMN),
                                _repeated(d.spec.name, table.num_rows))
 
@@ -187,11 +217,15 @@ def join_recipe(resolved: Resolved, *, cache_dir: Path | None = None, progress: 
     with the settings settled by the stored scans among them (`plancc.build.carry`)."""
     resolved, loaded = _load_all(resolved, cache_dir=cache_dir, progress=progress)
     _agree(loaded)
-    tables, datasets, first_id = [], [], 0
+    kind = _one_kind(loaded)
+    tables, datasets, first_id, first_pair = [], [], 0, 0
     for d in loaded:
         rows = d.rows
-        tables.append(_with_ids(d, first_id))
+        tables.append(_with_ids(d, kind, first_id, first_pair))
         datasets.append(_summary(d, first_id, rows))
+        if kind == "preference":
+            datasets[-1] |= {"first_pair": first_pair, "pairs": d.samples.table.num_rows // 2}
+            first_pair += _pair_span(d)
         first_id += rows
     table = pa.concat_tables(tables).combine_chunks()
     record = _record(loaded, datasets)

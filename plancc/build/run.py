@@ -63,7 +63,8 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     per_row = 2 if s.kind == "preference" else 1  # the scan counts pairs; the metrics count samples
     drops = SourceDrops(per_row * samples.record.dropped_samples, per_row * samples.record.truncated_samples)
     eval_ids, shared = _eval_set(s, samples, settings)
-    budget.check_fits(_trained_sizes(s, samples.index, settings, eval_ids), settings, available_memory())
+    budget.check_fits(_trained_sizes(s, samples.index, settings, eval_ids), settings, available_memory(),
+                      per_unit=2 if s.kind == "preference" else 1)
     run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids, index=samples.index)
     mixed = None if samples.datasets is None else {
         "datasets": samples.datasets, "metrics": epoch_metrics(run.epochs, samples, settings.shift)}
@@ -90,8 +91,11 @@ def _eval_set(s: SampleArrays, samples: Samples, settings: PlanSettings) -> tupl
 
 def _trained_sizes(s: SampleArrays, index: np.ndarray | None, settings: PlanSettings,
                    eval_ids: np.ndarray | None) -> np.ndarray:
-    """The samples each mixture entry trains on (for one source: all but the held-out ones)."""
+    """The units (samples, or pairs: what a mixture counts) each mixture entry trains on (for one source: all but
+    the held-out ones)."""
     trained = ~np.isin(s.sample_id, eval_ids) if eval_ids is not None else np.ones(len(s), dtype=bool)
+    if s.kind == "preference":
+        trained &= s.chosen  # a pair counted once: by its chosen completion
     if index is None:
         return np.array([int(trained.sum())])
     return np.bincount(index[trained & (index >= 0)], minlength=len(settings.mixture))

@@ -35,12 +35,13 @@ def _share(n: int, of: int) -> str:
     return f" ({100 * n / of:.1f}%)" if n and of else ""
 
 
-def _sample_lines(report: dict[str, Any], kept: int) -> list[str]:
+def _sample_lines(report: dict[str, Any], kept: int, paired: bool = False) -> list[str]:
     """samples kept/dropped/truncated (preference pairs: counted as pairs), then tokenizer and template: the lines
     a scan and a compile share."""
     dropped = _count(report, "dropped_samples", "dropped_long", "dropped_all_masked")
     truncated = _count(report, "truncated_samples", "truncated")
-    pairs = report.get("format") == "preference"  # the scan counts rows: a pair's two completions kept together
+    # the scan counts rows: a pair's two completions kept together (`paired`: a plan of pairs, a recipe's too)
+    pairs = paired or report.get("format") == "preference"
     kept = kept // 2 if pairs else kept
     total = kept + dropped
     lines = [f"{'pairs  ' if pairs else 'samples'}    {kept:,} kept, {dropped:,} dropped{_share(dropped, total)}, "
@@ -81,11 +82,12 @@ def _dataset_lines(recipe: dict[str, Any] | None) -> list[str]:
     for d in recipe["datasets"]:
         mix = f"repeat {d['repeat']:g}x" if "repeat" in d else f"weight {d['weight']:g}"
         row = after.get(d["name"])
-        share = (f"; epoch 0: {row['samples']:,} samples, {100 * row['label_share']:.1f}% of label tokens"
+        per, unit = (2, "pairs") if "pairs" in d else (1, "samples")  # preference datasets count pairs
+        share = (f"; epoch 0: {row['samples'] // per:,} {unit}, {100 * row['label_share']:.1f}% of label tokens"
                  if row and d["role"] == "train" else "")
         lines.append(f"dataset    {d['name']} ({d['role']}, {mix if d['role'] == 'train' else 'not trained on'}): "
-                     f"{d['retained']:,} kept, {d['dropped_samples']:,} dropped, {d['truncated_samples']:,} "
-                     f"truncated{share}")
+                     f"{d['retained'] // per:,} {'pairs ' if per == 2 else ''}kept, {d['dropped_samples']:,} dropped, "
+                     f"{d['truncated_samples']:,} truncated{share}")
     return lines
 
 
@@ -100,7 +102,7 @@ def compile_summary(output: str, manifest: dict[str, Any], metrics: list[dict[st
     s = manifest["settings"]
     by = {(m["epoch"], m["stage"]): m for m in metrics}
     kind = manifest.get("data_kind", "sft")
-    lines = [f"plan       {output}", *_sample_lines(manifest["scan"], int(manifest["samples"])),
+    lines = [f"plan       {output}", *_sample_lines(manifest["scan"], int(manifest["samples"]), kind == "preference"),
              f"layout     {s['mode']}, {s['micro_batch_size']} x "
              f"{'pairs of 2 x ' if kind == 'preference' else ''}{s['sequence_len']} tokens, world {s['world_size']} "
              f"x accum {s['grad_accum']}, {len(manifest['epochs'])} epoch(s)",

@@ -21,17 +21,18 @@ PLANNED_SAMPLE_BYTES = 100  # peak bytes per planned sample (module docstring), 
 MOST_PLANNED = 2**40  # planned samples of a whole run, whatever the memory: counts stay far inside int64
 
 
-def check_fits(sizes: np.ndarray | None, settings: PlanSettings, available: int | None) -> None:
+def check_fits(sizes: np.ndarray | None, settings: PlanSettings, available: int | None, per_unit: int = 1) -> None:
     """Refuse a plan of more samples than fit in `available` bytes (None: unknown, only `MOST_PLANNED` holds), naming
-    the setting that asks for them. `sizes`: the samples of each mixture entry (or of the one source) each epoch
-    draws on; None before the data is loaded: one each, the least a dataset holds, so that what the settings alone
-    ask for (a repeat of 1e9, `--samples-per-epoch`, `--epochs`) is refused before any work."""
+    the setting that asks for them. `sizes`: the units of each mixture entry (or of the one source) each epoch
+    draws on, `per_unit` samples each (a preference pair: 2); None before the data is loaded: one each, the least
+    a dataset holds, so that what the settings alone ask for (a repeat of 1e9, `--samples-per-epoch`, `--epochs`)
+    is refused before any work."""
     mixture = settings.mixture
     at_least = "at least " if sizes is None else ""
     if sizes is None:
         sizes = np.ones(max(len(mixture), 1), dtype=np.int64)
-    targets = epoch_sizes(sizes, mixture, settings.samples_per_epoch) if mixture else \
-        np.asarray(sizes, dtype=np.float64)
+    targets = per_unit * (epoch_sizes(sizes, mixture, settings.samples_per_epoch) if mixture else
+                          np.asarray(sizes, dtype=np.float64))
     per_epoch = float(targets.sum())
     planned = per_epoch * settings.epochs
     most = MOST_PLANNED if available is None else min(MOST_PLANNED, available // PLANNED_SAMPLE_BYTES)

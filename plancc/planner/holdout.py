@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from plancc.config.settings import MixEntry, PlanSettings
+from plancc.core import pairs
 from plancc.core.plan_arrays import SampleArrays
 from plancc.errors import SettingsError
 from plancc.planner.mixture import eval_positions
@@ -93,11 +94,11 @@ def eval_sample_ids(s: SampleArrays, settings: PlanSettings, index: np.ndarray |
     if s.kind != PAIRED:
         return eval_ids(s.sample_id, settings, index)
     members = pair_members(s)
-    pair_ids = s.pair_id[members[:, 0]]
-    held = eval_ids(pair_ids, settings, None if index is None else index[members[:, 0]])
+    pair_ids = pairs.per_pair(s.pair_id, members)
+    held = eval_ids(pair_ids, settings, None if index is None else pairs.per_pair(index, members))
     if held is None:
         return None
-    return np.sort(s.sample_id[members[np.isin(pair_ids, held)].reshape(-1)])
+    return np.sort(s.sample_id[pairs.pair_samples(members, np.flatnonzero(np.isin(pair_ids, held)))])
 
 
 def _check_left(left: np.ndarray, before: np.ndarray, settings: PlanSettings) -> None:

@@ -14,6 +14,9 @@ the crossing window's earlier samples last, so no window holds a sample twice: a
 only when the count asks for more than n. The stream is seeded from (seed, dataset), the epoch picks the window:
 the same settings give the same multiset on any machine.
 
+Preference data is drawn by pairs: the pipeline gives each pair one position (`plancc.core.pairs`), so every count
+above counts pairs and a pair is taken, repeated or left out with both its completions.
+
 `eval` datasets (a recipe's `eval_datasets`) are in the samples table but never in a training epoch:
 `eval_positions` names them for the eval plan. A mixture is `PlanSettings.mixture`: a tuple of `MixEntry`.
 """

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from plancc.config.settings import PlanSettings
-from plancc.core import jit, layout
+from plancc.core import jit, layout, pairs
 from plancc.core.plan_arrays import Batches, SampleArrays, batch_sums, batch_targets, segment_sum
 from plancc.errors import SettingsError
 from plancc.planner import balance, evaluation, holdout, mixture, pack
@@ -110,8 +110,8 @@ def compile_plan(s: SampleArrays, settings: PlanSettings, progress: Progress | N
         raise SettingsError("the samples table is empty: nothing to plan")
     units = planning_units(s, settings)
     check_fits(units.facts, units.settings, "pair" if units.members is not None else "sample")
-    if index is not None and units.members is not None:
-        index = index[units.members[:, 0]]  # a pair's dataset
+    if index is not None:  # each unit's dataset: the mixture draws pairs whole
+        index = pairs.per_pair(index, units.members)
     plans = []
     with jit.compile_notice(progress):
         for epoch in range(settings.epochs):

@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plancc.config.settings import PlanSettings
-from plancc.core import layout
+from plancc.core import layout, pairs
 from plancc.core.choices import Mode, Shift
 from plancc.core.plan_arrays import Batches, SampleArrays
-from plancc.errors import InputError
 
 PAIRED, UNPAIRED = "preference", "unpaired_preference"
 LEXICAL_MOST = 4096  # a desirable completion's weight in the accumulation objective, at most (see `_labelled`)
@@ -70,7 +69,7 @@ class Units:
         if self.members is None:
             return dataclasses.replace(self, samples=self.samples.take(positions), facts=self.facts.take(positions),
                                        objectives={k: v.take(positions) for k, v in self.objectives.items()}), positions
-        held = self.members[positions].reshape(-1)
+        held = pairs.pair_samples(self.members, positions)
         members = np.arange(held.shape[0], dtype=np.int64).reshape(-1, 2)
         return dataclasses.replace(self, samples=self.samples.take(held), facts=self.facts.take(positions),
                                    members=members,
@@ -105,22 +104,8 @@ def _unit_settings(settings: PlanSettings) -> PlanSettings:
 
 
 def pair_members(s: SampleArrays) -> np.ndarray:
-    """(pairs, 2) positions of each pair's chosen and rejected completion, pairs in `pair_id` order; a pair
-    without exactly one of each is an error naming it."""
-    order = np.lexsort((~s.chosen, s.pair_id))
-    pid, chosen = s.pair_id[order], s.chosen[order]
-    starts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
-    sizes = np.diff(np.r_[starts, pid.shape[0]])
-    bad = np.flatnonzero(sizes != 2)
-    if bad.size == 0:
-        bad = np.flatnonzero(~chosen[starts] | chosen[starts + 1])
-    if bad.size:
-        k = starts[bad[0]]
-        ids = s.sample_id[order[k:k + sizes[bad[0]]]].tolist()
-        roles = ["chosen" if c else "rejected" for c in chosen[k:k + sizes[bad[0]]]]
-        raise InputError(f"samples table: pair {int(pid[k])} has completions {roles} (sample ids {ids}); a pair "
-                         "holds one chosen and one rejected completion, kept or dropped together")
-    return order.reshape(-1, 2)
+    """(pairs, 2) positions of each pair's chosen and rejected completion in `s` (`plancc.core.pairs.pair_members`)."""
+    return pairs.pair_members(s.sample_id, s.pair_id, s.chosen)
 
 
 def _pair_facts(s: SampleArrays, members: np.ndarray, settings: PlanSettings) -> SampleArrays:

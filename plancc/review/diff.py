@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from plancc.core import pairs
 from plancc.core.metric_columns import KIND_METRIC_COLUMNS, METRIC_COLUMNS
 from plancc.errors import SettingsError
 from plancc.review import diff_noise, diff_rows
@@ -70,6 +71,8 @@ def eval_changes(old: Plan, new: Plan) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- datasets and their rows
 
+PAIR_MIX = np.uint64(0x9E3779B97F4A7C15)  # an odd constant: (chosen, rejected) hashes -> one pair hash, order kept
+
 
 def _status(a: DatasetSide | None, b: DatasetSide | None) -> str:
     if a is None or b is None:
@@ -81,10 +84,18 @@ def _status(a: DatasetSide | None, b: DatasetSide | None) -> str:
 
 
 def _dataset_rows(samples: pa.Table, side: DatasetSide, recipe: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(dataset rows, content hashes) of one dataset's samples, in row order."""
+    """(dataset rows, content hashes) of one dataset's samples, in row order. A preference pair is one source row:
+    its row is its pair id's (less the dataset's `first_pair`), its content both completions' hashes mixed."""
     if recipe and schemas.DATASET_COLUMN in samples.column_names:
         samples = samples.filter(pc.equal(samples.column(schemas.DATASET_COLUMN), side.name))
-    return column(samples, "sample_id").astype(np.int64) - side.first_id, column(samples, "token_hash")
+    hashes = column(samples, "token_hash")
+    if schemas.PAIR_ID_COLUMN not in samples.column_names:
+        return column(samples, "sample_id").astype(np.int64) - side.first_id, hashes
+    pair_id = column(samples, schemas.PAIR_ID_COLUMN)
+    members = pairs.pair_members(column(samples, "sample_id"), pair_id,
+                                 pc.equal(samples.column(schemas.PAIR_ROLE_COLUMN), "chosen").to_numpy())
+    chosen, rejected = hashes[members[:, 0]], hashes[members[:, 1]]
+    return pairs.per_pair(pair_id, members) - side.first_pair, chosen * PAIR_MIX ^ rejected
 
 
 def _names(side: DatasetSide) -> diff_rows.RowNames:

@@ -66,6 +66,7 @@ class DatasetSide:
     template: str | None = None  # the chat template's name
     source_fingerprint: str | None = None
     files: tuple[tuple[str, int], ...] = ()
+    first_pair: int = 0  # preference data: pair_id - first_pair is the dataset row
 
     def to_json(self) -> dict[str, Any]:
         """What the report shows of the side."""
@@ -89,7 +90,8 @@ def dataset_sides(plan: Plan) -> dict[str, DatasetSide]:
         fingerprints=d.get("fingerprints", {}), mix={k: d[k] for k in MIX if k in d},
         options=RecordedOptions.from_json(d["options"], where) if "options" in d else None,
         template=d.get("chat_template"), source_fingerprint=d.get("source_fingerprint"),
-        files=tuple((str(n), int(r)) for n, r in d.get("source_files", []))) for d in recipe["datasets"]}
+        files=tuple((str(n), int(r)) for n, r in d.get("source_files", [])),
+        first_pair=int(d.get("first_pair", 0))) for d in recipe["datasets"]}
 
 
 def plain(value: Any) -> Any:

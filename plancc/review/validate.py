@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from plancc.config.registry import BOTH
 from plancc.config.settings import PlanSettings
+from plancc.core import pairs
 from plancc.core.choices import DatasetRole, Mode, Shift
 from plancc.core.layout import tail_batches
 from plancc.core.plan_arrays import SampleArrays
@@ -89,7 +90,8 @@ def check_rows(where: str, table: pa.Table, s: SampleArrays, settings: PlanSetti
     pos = np.minimum(np.searchsorted(s.sample_id, ids), len(s) - 1)
     unknown = s.sample_id[pos] != ids
     if unknown.any():
-        return [f"{where}: {int(unknown.sum())} sample ids are not in {schemas.SAMPLES_FILE} "
+        among = f"the epoch's mixture draw of {schemas.SAMPLES_FILE}" if settings.mixture else schemas.SAMPLES_FILE
+        return [f"{where}: {int(unknown.sum())} sample ids are not in {among} "
                 f"(first: {int(ids[np.flatnonzero(unknown)[0]])})"], None, None
     rows = Rows(pos, row_bounds, batch_bounds)
     mb = recount.microbatches(rows, s, settings)
@@ -461,6 +463,8 @@ def _epochs_problems(plan: Plan, train: SampleArrays, index: np.ndarray | None, 
     after: dict[int, dict[str, Any]] = {}
     recipe_rows: list[dict[str, Any]] = []
     rows = 0
+    members = pairs.pair_members(train.sample_id, train.pair_id, train.chosen) \
+        if index is not None and kind == recount_pairs.PAIRED else None  # the mixture draws pairs whole
     for e in plan.epochs:
         try:
             table = files.read_epoch(e)
@@ -468,7 +472,8 @@ def _epochs_problems(plan: Plan, train: SampleArrays, index: np.ndarray | None, 
             return [*problems, str(exc)], None, recipe_rows
         rows += table.num_rows
         found = files.epoch_problems(e, table) + _held_out_in_training(e, table, eval_ids)
-        positions = redraw.epoch_positions(index, plan.settings, e) if index is not None else None
+        positions = None if index is None else np.sort(pairs.pair_samples(members, redraw.epoch_positions(
+            pairs.per_pair(index, members), plan.settings, e)))
         s_e = train.take(positions) if positions is not None else train
         more, epoch_rows, mb = check_epoch(e, table, s_e, plan.settings)
         problems += sorted(found + more, key=lambda p: " row " not in p)  # those naming a row first

@@ -15,6 +15,10 @@ remainder): c // n full passes, and c % n = p samples from a stream of permutati
 `SeedSequence([seed, 0x6D6978, d])`. Epoch e takes stream positions [e·p, (e+1)·p). Permutation 0 is a
 permutation of range(n); permutation j permutes the first n - t entries of permutation j-1 and, after them, its
 last t = (j·n) mod p (the window that crosses into permutation j keeps its earlier samples out of reach).
+
+**Pairs** (preference data): both draws are made over pairs, not completions: a pair is one id (its `pair_id`,
+`pair_eval_ids`) or one position (pairs in `pair_id` order, each with its chosen completion's dataset:
+`plancc.core.pairs`), and what is drawn is both completions of each pair drawn.
 """
 
 from __future__ import annotations

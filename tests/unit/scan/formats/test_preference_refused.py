@@ -62,18 +62,23 @@ def test_a_trl_dpo_or_kto_config_plans_its_preference_data(tmp_path, rows, extra
     assert plan.settings.micro_batch_size == 2  # pairs a microbatch, as TRL's per_device_train_batch_size
 
 
+def test_a_trl_dpo_config_naming_its_dataset_plans_it_as_a_recipe_of_pairs(tmp_path):
+    src = write_rows(tmp_path / "rows.jsonl", PAIRS)
+    plan = plancc.compile(None, tmp_path / "plan", config=_trl_config(tmp_path, f"beta: 0.1\ndataset_name: {src}\n"),
+                          cache_dir=tmp_path / "cache")
+    assert plan.manifest.data_kind == "preference" and plan.manifest.recipe["datasets"][0]["pairs"] == len(PAIRS)
+
+
 @pytest.mark.parametrize(("rows", "extra", "says"), [
     (pc_rows(8), "desirable_weight: 1.0\n", "unpaired_preference"),  # a KTO config on SFT rows
     (PAIRS, "desirable_weight: 1.0\nloss_weights: [1.0]\n", "desirable_weight is a KTOConfig key and loss_weights"),
     (PAIRS, "beta: 0.1\nassistant_only_loss: true\n", "assistant_only_loss belongs to an SFT config"),
-    (PAIRS, "beta: 0.1\ndataset_name: {src}\n", "a recipe .*plans SFT data only; compile preference data as one SOURCE"),
 ])
 def test_a_trl_preference_config_that_cannot_hold_is_refused(tmp_path, rows, extra, says):
     src = write_rows(tmp_path / "rows.jsonl", rows)
     config = _trl_config(tmp_path, extra.format(src=src))
     with pytest.raises(PlanccError, match=says):
-        plancc.compile(None if "dataset_name" in extra else src, tmp_path / "plan", config=config,
-                       cache_dir=tmp_path / "cache")
+        plancc.compile(src, tmp_path / "plan", config=config, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "plan").exists()
 
 
