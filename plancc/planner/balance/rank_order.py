@@ -87,14 +87,14 @@ def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W:
     micro-steps swapped between two ranks where that lowers the sum of squares of the ranks' label totals and does
     not raise that of their work totals. At a fixed pair total, a sum of squares that does not grow leaves both
     new totals between the old two, so the ranks' work spread cannot grow either."""
-    n_upd, per_update = order.shape
-    G = per_update // W
+    n_upd = order.shape[0]
     rows = np.arange(n_upd)
-    subsets = (np.arange(1, 1 << G)[:, None] >> np.arange(G)[None, :]) & 1  # (2^G - 1, G): steps swapped
     # (updates, G, W); work as floats: squared attention totals overflow int64
-    o = order.reshape(n_upd, G, W).copy()
-    x = work[rows[:, None], order].reshape(n_upd, G, W).astype(np.float64)
-    y = labels[rows[:, None], order].reshape(n_upd, G, W).astype(np.float64)
+    o = order.reshape(n_upd, -1, W).copy()
+    x = work[rows[:, None], order].reshape(o.shape).astype(np.float64)
+    y = labels[rows[:, None], order].reshape(o.shape).astype(np.float64)
+    G = o.shape[1]
+    subsets = (np.arange(1, 1 << G)[:, None] >> np.arange(G)[None, :]) & 1  # (2^G - 1, G): steps swapped
     w_tot, l_tot = x.sum(axis=1), y.sum(axis=1)
     for _ in range(SWEEPS):
         for r1, r2 in itertools.combinations(range(W), 2):
@@ -112,7 +112,7 @@ def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W:
                 moved = np.where(take, d[rows, best], 0.0)
                 tot[:, r1] += moved
                 tot[:, r2] -= moved
-    return o.reshape(n_upd, per_update)
+    return o.reshape(order.shape)
 
 
 def rank_work(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> np.ndarray:
