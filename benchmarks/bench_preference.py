@@ -10,7 +10,8 @@ real DeepSeek tokenizer, planned packed (4 pairs a microbatch of 2 x 2048 tokens
 per microbatch and per update before and after balancing, the chosen targets' CV per update, and the packing
 efficiency against an SFT plan of the very same sequences in rows of the same capacity. `speed`: planning `--pairs`
 synthetic pairs (the SFT mix's lengths, `pair_mix`) against planning twice as many SFT samples of the same
-lengths, the same settings, one epoch; min / median / max over `--seeds` data seeds, the two interleaved.
+lengths, the same settings, one epoch; min / median / max over `--seeds` data seeds, the two interleaved, in wall
+time and in CPU time (all of the process's threads: on a machine shared with other work, the steadier figure).
 """
 
 from __future__ import annotations
@@ -73,22 +74,23 @@ def balance(n: int, seeds: int) -> None:
 
 
 def speed(n: int, seeds: int) -> None:
-    ratios, t_pairs, t_sft = [], [], []
+    wall: dict[str, list[float]] = {"pairs": [], "sft": []}
+    cpu: dict[str, list[float]] = {"pairs": [], "sft": []}
     settings = PlanSettings(**SETTINGS)
     for seed in range(seeds):
-        pairs = pair_mix(n, seed=seed, sequence_len=SETTINGS["sequence_len"])
-        sft = sft_mix(2 * n, seed, SETTINGS["sequence_len"])
+        data = {"pairs": pair_mix(n, seed=seed, sequence_len=SETTINGS["sequence_len"]),
+                "sft": sft_mix(2 * n, seed, SETTINGS["sequence_len"])}
         compile_plan(pair_mix(1000, seed), settings)  # kernels compiled before any clock runs
         compile_plan(sft_mix(2000, seed), settings)
-        start = time.perf_counter()
-        compile_plan(pairs, settings)
-        t_pairs.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        compile_plan(sft, settings)
-        t_sft.append(time.perf_counter() - start)
-        ratios.append(t_pairs[-1] / t_sft[-1])
+        for kind, samples in data.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            compile_plan(samples, settings)
+            wall[kind].append(time.perf_counter() - start)
+            cpu[kind].append(time.process_time() - start_cpu)
     print(f"planning {n:,} pairs vs {2 * n:,} SFT samples (same lengths), {SETTINGS}, seeds 0..{seeds - 1}")
-    print(f"  pairs {_spread(t_pairs, 's')}   SFT {_spread(t_sft, 's')}   ratio {_spread(ratios)}")
+    for clock, t in (("wall", wall), ("CPU", cpu)):  # CPU: every thread of the process, steadier on a shared machine
+        ratios = [p / q for p, q in zip(t["pairs"], t["sft"], strict=True)]
+        print(f"  {clock:4s} pairs {_spread(t['pairs'], 's')}   SFT {_spread(t['sft'], 's')}   ratio {_spread(ratios)}")
 
 
 def _spread(values: list[float], unit: str = "") -> str:

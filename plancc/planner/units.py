@@ -80,7 +80,7 @@ class Units:
         the unit's place (one row in packed and flattened layouts, two adjacent rows padded)."""
         if self.members is None:
             return b
-        samples = self.members[b.samples].reshape(-1)
+        samples = pairs.pair_samples(self.members, b.samples)
         if self.settings.mode == Mode.PADDED:
             return Batches(samples, np.arange(samples.shape[0] + 1, dtype=np.int64), b.batch_bounds * 2)
         return Batches(samples, b.row_bounds * 2, b.batch_bounds)

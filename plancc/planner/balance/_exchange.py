@@ -238,7 +238,8 @@ def _trade_round(window_mbs, order, round_index, pairs, memo, state, rules, tabl
         pos_a, pos_b = order[q], order[size - 1 - (q + round_index) % half]  # pos_a: more labels
         mb_a, mb_b = window_mbs[pos_a], window_mbs[pos_b]
         fruitless = memo[pos_a, pos_b] > memo[size, pos_a] and memo[pos_a, pos_b] > memo[size, pos_b]
-        if (state.mb_val[mb_a] - state.mb_val[mb_b] > rules.tol or rules.tok_weight != 0.0) and not fruitless:
+        # a gap of one label cannot narrow (labels move in whole units): searching it finds nothing
+        if (state.mb_val[mb_a] - state.mb_val[mb_b] > max(rules.tol, 1) or rules.tok_weight != 0.0) and not fruitless:
             pairs[n_pairs, 0], pairs[n_pairs, 1] = mb_a, mb_b
             pairs[n_pairs, 3], pairs[n_pairs, 4] = pos_a, pos_b
             n_pairs += 1
@@ -458,7 +459,7 @@ def exchange_windows(win_bounds, win_mbs, state, rules):
 
     Round 0 pairs the heaviest microbatch with the lightest, the second with the second lightest, ...; round r
     rotates the light partners by r, so a heavy microbatch meets a new partner (and new exact-length subsets) each
-    round. Pairs whose label gap is at most `tol` are left alone. A window stops after IDLE idle rounds in a row
+    round. Pairs whose label gap is at most `tol`, or one label (no trade narrows it), are left alone. A window stops after IDLE idle rounds in a row
     (rounds that lower its spread by under MIN_GAIN: at small capacities trades go on finding crumbs for long).
     Windows share no microbatch, row or sample, so they run in parallel with the same result on any thread count.
 

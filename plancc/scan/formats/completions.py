@@ -98,10 +98,28 @@ def implicit_prompt(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
     return chosen[:cut], chosen[cut:], rejected[cut:]
 
 
-def _common(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(a.shape[0], b.shape[0])
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
+def _common(a_ids: np.ndarray, a_off: np.ndarray, b_ids: np.ndarray, b_off: np.ndarray) -> np.ndarray:
+    """Per sequence i of two CSR batches, how many tokens a's sequence i and b's share from their start."""
+    size = np.minimum(np.diff(a_off), np.diff(b_off))
+    first = np.cumsum(size) - size  # where each sequence's compared tokens start among all of them
+    seq = np.repeat(np.arange(size.shape[0]), size)
+    within = np.arange(int(size.sum())) - first[seq]
+    differ = np.flatnonzero(a_ids[a_off[:-1][seq] + within] != b_ids[b_off[:-1][seq] + within])
+    out = size.copy()
+    firsts = differ[np.r_[True, seq[differ][1:] != seq[differ][:-1]]] if differ.size else differ
+    out[seq[firsts]] = within[firsts]
+    return out
+
+
+def _interleave(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """CSR batches of n sequences each as one batch in row order: sequence i of every part, then sequence i + 1."""
+    lengths = np.stack([np.diff(off) for _, off in parts], axis=1).reshape(-1)
+    offsets = np.zeros(lengths.shape[0] + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    base = np.cumsum([0, *(ids.shape[0] for ids, _ in parts[:-1])])
+    source = np.stack([b + off[:-1] for b, (_, off) in zip(base, parts, strict=True)], axis=1).reshape(-1)
+    ids = np.concatenate([ids for ids, _ in parts]) if parts else np.zeros(0, np.int32)
+    return ids[np.repeat(source - offsets[:-1], lengths) + np.arange(int(offsets[-1]))].astype(np.int32), offsets
 
 
 def render(prompts: list[str], completions: list[list[str]], conversational: np.ndarray, how: Encoding,
@@ -133,23 +151,13 @@ def render(prompts: list[str], completions: list[list[str]], conversational: np.
         raise RowError(row0, "rows mix strings and messages")
     p_ids, p_off = token_ids(tok, heads(tok, alone, special, how.keep), special)
     parts = [token_ids(tok, heads(tok, texts, special, how.keep), special) for texts in whole]
-    starts = np.array([[_common(p_ids[p_off[i]:p_off[i + 1]], ids[off[i]:off[i + 1]]) for ids, off in parts]
-                       for i in range(n)], dtype=np.int64).reshape(n, k).min(axis=1)
-    seq_ids, seq_labels, lengths = [], [], []
-    for i in range(n):
-        for ids, off in parts:
-            x = ids[off[i]:off[i + 1]]
-            y = x.copy()
-            y[:starts[i]] = IGNORE_INDEX
-            seq_ids.append(x)
-            seq_labels.append(y)
-            lengths.append(x.shape[0])
-    offsets = np.zeros(n * k + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    starts = np.min([_common(p_ids, p_off, ids, off) for ids, off in parts], axis=0)  # the pair's shorter prompt
+    seq_ids, offsets = _interleave(parts)
+    labels = seq_ids.copy()  # a sequence's first `starts` tokens (its row's) are the prompt's
+    labels[np.arange(seq_ids.shape[0]) < np.repeat(offsets[:-1] + np.repeat(starts, k), np.diff(offsets))] = IGNORE_INDEX
     empty = np.stack([blank([completions[j][i] if not conversational[i] else _content(completions[j][i])
                              for i in range(n)]) for j in range(k)], axis=1).reshape(-1)
-    cat = (lambda a: np.concatenate(a).astype(np.int32)) if seq_ids else (lambda a: np.zeros(0, np.int32))
-    return Encoded(cat(seq_ids), cat(seq_labels), offsets, empty)
+    return Encoded(seq_ids, labels, offsets, empty)
 
 
 def _content(text: str) -> str:

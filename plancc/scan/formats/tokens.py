@@ -19,7 +19,9 @@ content (`turn`: every trained turn's, `last`: the last trained turn's only, `al
 
 from __future__ import annotations
 
-from itertools import chain
+import functools
+import re
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -82,20 +84,63 @@ def blank(texts: list[str]) -> np.ndarray:
 
 
 def token_ids(tok: Tok, texts: list[str], special: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Flat ids and offsets of `texts`. The built-in tokenizer's ids are the UTF-8 bytes, read straight into numpy
-    unless a text contains special-token markup (`<|`), which the tokenizer itself must split out."""
-    if tok.byte_ids and not any("<|" in t for t in texts):
-        try:
-            data = [t.encode("utf-8") for t in texts]
-        except UnicodeEncodeError:
-            data = None
-        if data is not None:
-            offsets = np.zeros(len(data) + 1, np.int64)
-            np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=len(data)), out=offsets[1:])
-            return np.frombuffer(b"".join(data), dtype=np.uint8).astype(np.int32), offsets
+    """Flat ids and offsets of `texts`. The built-in tokenizer's ids are read straight into numpy (`_byte_ids`);
+    any other tokenizer, or added tokens it cannot split out as the tokenizer does, runs the tokenizer."""
+    found = _byte_ids(tok, texts) if tok.byte_ids else None
+    if found is not None:
+        return found
     fast = getattr(tok.tokenizer, "encode_batch_fast", None)  # no offsets: ids are all we read
     encode = fast if fast is not None else tok.tokenizer.encode_batch
     return flat(encode(texts, add_special_tokens=special))
+
+
+def _byte_ids(tok: Tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The built-in tokenizer's ids without running it: a text's UTF-8 bytes, each added token in it (special-token
+    markup such as the eos a preference completion ends with) its own id, matched leftmost-longest as the tokenizer
+    matches them. None where that is not the tokenizer's result (`_added_tokens`) or a text is not valid UTF-8."""
+    added = _added_tokens(tok)
+    if added is None:
+        return None
+    pattern, id_of = added
+    try:
+        data = [t.encode("utf-8") for t in texts]
+    except UnicodeEncodeError:
+        return None
+    # a text holding added tokens: its bytes without them, and where (text, byte in it) each one goes with its id
+    where_text, where_byte, token_ids_ = [], [], []
+    added_count = np.zeros(len(texts), np.int64)
+    for i in [] if pattern is None else [i for i, t in enumerate(texts) if pattern.search(t)]:
+        pieces = pattern.split(texts[i])  # text, token, text, ..., text (the pattern's group keeps the tokens)
+        raw = [p.encode("utf-8") for p in pieces[0::2]]
+        data[i] = b"".join(raw)
+        where_byte.extend(accumulate(map(len, raw[:-1])))
+        token_ids_.extend(id_of[t] for t in pieces[1::2])
+        where_text.extend([i] * (len(raw) - 1))
+        added_count[i] = len(raw) - 1
+    byte_offsets = np.zeros(len(data) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=len(data)), out=byte_offsets[1:])
+    ids = np.frombuffer(b"".join(data), dtype=np.uint8).astype(np.int32)
+    if not token_ids_:
+        return ids, byte_offsets
+    at = byte_offsets[np.asarray(where_text, np.int64)] + np.asarray(where_byte, np.int64)
+    offsets = byte_offsets.copy()
+    np.cumsum(added_count, out=added_count)
+    offsets[1:] += added_count
+    return np.insert(ids, at, np.asarray(token_ids_, np.int32)), offsets
+
+
+@functools.lru_cache(maxsize=8)
+def _added_tokens(tok: Tok) -> tuple[re.Pattern | None, dict[str, int]] | None:
+    """(a pattern matching the tokenizer's added tokens, longest first, or None without any; each one's id), or
+    None where the tokenizer would not split them out plainly: an added token that strips the space beside it,
+    matches whole words only or is matched after normalizing."""
+    tokens = tok.tokenizer.get_added_tokens_decoder()
+    if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in tokens.values()):
+        return None
+    id_of = {t.content: i for i, t in tokens.items()}
+    if not id_of:
+        return None, id_of
+    return re.compile("(" + "|".join(re.escape(c) for c in sorted(id_of, key=len, reverse=True)) + ")"), id_of
 
 
 def _head(tok: Tok, text: str, special: bool, keep: int) -> str:

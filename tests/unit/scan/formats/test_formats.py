@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from plancc.config.settings import ScanOptions
 from plancc.errors import InputError
 from plancc.scan.formats.alpaca import ALPACA_NO_INPUT, ALPACA_WITH_INPUT
 from plancc.scan.scanner import scan
-from plancc.scan.sources.tokenizer import load_tokenizer
+from plancc.scan.sources.tokenizer import load_tokenizer, with_tokens
 from plancc.store import token_store
 from tests.support.sources import DEEPSEEK_JSON, alpaca_rows, pc_rows, write_rows
 
@@ -218,6 +218,26 @@ def test_builtin_byte_fast_path_equals_tokenizer(texts):
 
     ids, offsets = token_ids(TOK, texts, True)
     expected = [TOK.tokenizer.encode(t).ids for t in texts]
+    assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(texts))] == expected
+
+
+ADDED = with_tokens(TOK, (("eos_token", "</s>"),), ("[X]", "<|im"), ("<|eos|>x",))  # prefixes of other tokens too
+MARKUP = st.sampled_from(["<|eos|>", "<|im_start|>", "<|im_end|>", "<|bos|>", "</s>", "[X]", "<|im", "<|eos|>x",
+                          "<|", "[X", "</", "x"])
+
+
+@given(pieces=st.lists(st.lists(st.one_of(st.text(max_size=8), MARKUP), max_size=6), min_size=1, max_size=5),
+       added=st.booleans())
+@example(pieces=[["a", "[X]", "b"], ["c", "</s>"]], added=True)  # added tokens without `<|` markup
+def test_builtin_byte_fast_path_splits_added_tokens_as_the_tokenizer_does(pieces, added):
+    """Texts holding special-token markup (a preference completion ends with the eos text) or added tokens, even
+    ones that are a prefix of another: the fast path's ids are the tokenizer's own."""
+    from plancc.scan.formats.tokens import token_ids
+
+    tok = ADDED if added else TOK
+    texts = ["".join(p) for p in pieces]
+    ids, offsets = token_ids(tok, texts, True)
+    expected = [tok.tokenizer.encode(t).ids for t in texts]
     assert [ids[offsets[i]:offsets[i + 1]].tolist() for i in range(len(texts))] == expected
 
 

@@ -1,0 +1,51 @@
+"""The trade search (`plancc.planner.balance._exchange`): what a pair of microbatches can and cannot gain."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from plancc.planner.balance._common import SCAN
+from plancc.planner.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, _trade_pairs
+from plancc.planner.balance._subset_tables import window_tables
+
+ROW = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 30)), min_size=1, max_size=12)  # (tokens, labels)
+
+
+def _two_microbatches(a: list[tuple[int, int]], b: list[tuple[int, int]], gap: int, slack: int):
+    """State and tables of two one-row microbatches holding `a` and `b`, the first `gap` labels heavier (the
+    lighter row's first sample takes what it lacks), each row `slack` tokens short of its capacity."""
+    length = np.array([x for x, _ in a + b], dtype=np.int64)
+    value = np.array([y for _, y in a + b], dtype=np.int64)
+    missing = gap - (value[: len(a)].sum() - value[len(a):].sum())
+    value[0 if missing > 0 else len(a)] += abs(missing)
+    bounds = np.array([0, len(a), len(a) + len(b)], dtype=np.int64)
+    row_tok = np.add.reduceat(length, bounds[:-1])
+    row_val = np.add.reduceat(value, bounds[:-1])
+    state = State(bounds, np.arange(len(length), dtype=np.int64), np.repeat(np.arange(2), [len(a), len(b)]),
+                  np.zeros(len(length), dtype=np.bool_), length, value, row_tok, row_val.copy(), row_val.copy(),
+                  row_tok.copy(), row_tok + slack, np.arange(3, dtype=np.int64))
+    window = np.arange(2, dtype=np.int64)
+    return state, window_tables(window, state, np.zeros(2, dtype=np.int64))
+
+
+@given(a=ROW, b=ROW, gap=st.integers(0, 1), slack=st.integers(0, 60), mode=st.sampled_from([PACKED, FLATTENED, PADDED]))
+def test_microbatches_one_label_apart_never_trade(a, b, gap, slack, mode):
+    """Labels move in whole samples, so no trade narrows a gap of one (or none): the rounds skip such pairs
+    instead of searching them (`_trade_round`), which is exact only while this holds."""
+    state, tables = _two_microbatches(a, b, gap, slack)
+    before = [x.copy() for x in (state.row_of, state.mb_val, state.row_tok)]
+    rules = Rules(pad_multiple=1, peak=1 << 40, cost_mode=mode, max_sub=3 if mode == PACKED else 2, tok_weight=0.0,
+                  square=False, rounds=1, scan_limit=SCAN, tol=0)
+    assert _trade_pairs(np.array([[0, 1, 0]], dtype=np.int64), state, rules, tables) == 0
+    assert all((x == y).all() for x, y in zip(before, (state.row_of, state.mb_val, state.row_tok), strict=True))
+
+
+def test_microbatches_two_labels_apart_trade():
+    """The same search does narrow a gap of two: the skip above is the only pairs it leaves out."""
+    state, tables = _two_microbatches([(5, 1), (5, 1)], [(5, 0), (5, 0)], 2, 0)
+    rules = Rules(pad_multiple=1, peak=1 << 40, cost_mode=PACKED, max_sub=3, tok_weight=0.0, square=False, rounds=1,
+                  scan_limit=SCAN, tol=0)
+    assert _trade_pairs(np.array([[0, 1, 0]], dtype=np.int64), state, rules, tables) == 1
+    assert state.mb_val.tolist() == [1, 1]
