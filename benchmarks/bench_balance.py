@@ -18,7 +18,8 @@ the in-process plan time; never one draw.
 `--reference PATH` runs the reference sampler beside plancc on the same arrays, imported from the user's Axolotl
 checkout at PATH (its root or its `src/`; nothing of it lives in this project): `MultipackBatchSampler`'s packing,
 then `label_balance.balance_labels` where that checkout has it (else the plain packing, said in the output). Both are judged by plancc's metrics on their microbatches; times are in-process (plancc: `plan_epoch`;
-reference: building the sampler and its batches), reported as ratios reference / plancc per draw.
+reference: building the sampler and its batches), wall and CPU seconds (every thread), reported as ratios
+plancc / reference per draw.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def quality(n: int, mode: str, mbs: int) -> tuple[dict, dict]:
 
 
 def rank_cost_cv(cost: np.ndarray, n_upd: int, w: int, g: int) -> float:
-    """Mean over complete updates of the CV of the W ranks' total cost (micro-step-major layout)."""
+    """Mean over complete updates of the CV of the W ranks' total `cost` (micro-step-major layout); of the
+    microbatches' labels, the rank label CV."""
     per_rank = cost[: n_upd * w * g].reshape(n_upd, g, w).sum(axis=1).astype(np.float64)
     return float((per_rank.std(axis=1) / per_rank.mean(axis=1)).mean())
 
@@ -136,6 +138,13 @@ def seed_table(sizes: list[int], seeds: list[int], mbs: int) -> None:
               f"{mmm(r['rank_cv'], '.4f')} | {mmm(r['seconds'], '.1f')} |", flush=True)
 
 
+def timed(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, its wall seconds and its CPU seconds (every thread of this process: numba's too)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
 def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> None:
     """Packed microbatches: plancc vs the reference's packing + balance_labels on the same draws."""
     import reference
@@ -150,8 +159,8 @@ def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> 
           f"({what}), min / median / max")
     print()
     print("| samples | label CV plancc | reference | update CV plancc | reference | rows plancc | reference | "
-          "plan s plancc | reference | time ratio reference / plancc |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "plan s plancc | reference | CPU s plancc | reference | time plancc / reference, wall | CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     warm = sft_mix(2000, seed=0)  # compiles the reference's kernels (numba, no disk cache) and loads plancc's
     reference.microbatches(sampler_cls, balanced, warm, settings, 0)
@@ -160,19 +169,20 @@ def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> 
         r: dict[str, list[float]] = {}
         for seed in seeds:
             s = sft_mix(n, seed=seed)
-            start = time.perf_counter()
-            ours = summarize(plan_epoch(s, settings, 0).batches, s, settings)
-            t_ours = time.perf_counter() - start
-            b, t_ref = reference.microbatches(sampler_cls, balanced, s, settings, seed)
+            plan, t_ours, c_ours = timed(plan_epoch, s, settings, 0)
+            ours = summarize(plan.batches, s, settings)
+            (b, _), t_ref, c_ref = timed(reference.microbatches, sampler_cls, balanced, s, settings, seed)
             ref = summarize(b, s, settings)
             for key, value in (("cv", ours["label_cv"]), ("cv_ref", ref["label_cv"]),
                                ("ucv", ours["update_label_cv"]), ("ucv_ref", ref["update_label_cv"]),
                                ("rows", ours["packed_rows"]), ("rows_ref", ref["packed_rows"]),
-                               ("s", t_ours), ("s_ref", t_ref), ("ratio", t_ref / t_ours)):
+                               ("s", t_ours), ("s_ref", t_ref), ("cpu", c_ours), ("cpu_ref", c_ref),
+                               ("ratio", t_ours / t_ref), ("cpu_ratio", c_ours / c_ref)):
                 r.setdefault(key, []).append(value)
         print(f"| {n:,} | {mmm(r['cv'], '.4f')} | {mmm(r['cv_ref'], '.4f')} | {mmm(r['ucv'], '.5f')} | "
               f"{mmm(r['ucv_ref'], '.5f')} | {mmm(r['rows'], '.0f')} | {mmm(r['rows_ref'], '.0f')} | "
-              f"{mmm(r['s'], '.2f')} | {mmm(r['s_ref'], '.2f')} | {mmm(r['ratio'], '.1f')}x |", flush=True)
+              f"{mmm(r['s'], '.2f')} | {mmm(r['s_ref'], '.2f')} | {mmm(r['cpu'], '.2f')} | {mmm(r['cpu_ref'], '.2f')} | "
+              f"{mmm(r['ratio'], '.3f')} | {mmm(r['cpu_ratio'], '.3f')} |", flush=True)
 
 
 def mmm(v: list[float], fmt: str) -> str:
@@ -187,6 +197,7 @@ FIXED_METRICS = (  # (metrics key or derived name, header, format); lower is bet
     ("max_batch_cost", "peak cost", ".0f"),
     ("span_peak", "peak in complete updates", ".0f"),
     ("rank_cost_cv", "rank cost CV", ".4f"),
+    ("rank_label_cv", "rank label CV", ".4f"),
     ("attention_cv", "attention CV", ".4f"),
     ("update_label_cv", "update CV", ".5f"),
 )
@@ -194,10 +205,12 @@ FIXED_METRICS = (  # (metrics key or derived name, header, format); lower is bet
 
 def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
     """The FIXED_METRICS of one plan (plancc's or the reference's), by plancc's metric definitions."""
-    from plancc.core.plan_arrays import batch_cost
+    from plancc.core.plan_arrays import batch_cost, batch_targets
     from plancc.planner.metrics import summarize
 
     m = summarize(b, s, settings)
+    m["rank_label_cv"] = rank_cost_cv(batch_targets(b, s, settings.shift), m["complete_updates"],
+                                      settings.world_size, settings.grad_accum)
     m["cost_cv"] = m["std_batch_cost"] / m["mean_batch_cost"]
     m["padding_tokens"] = m["padding_tokens"] / 1e6
     span = m["complete_updates"] * settings.batches_per_update  # the tail after it is left as drawn, by both tools
@@ -215,34 +228,34 @@ def fixed_table(sizes: list[int], seeds: list[int], reference_path: str | None,
     print(f"fixed-count layouts, micro_batch_size 4, sequence_len 4096, W=8, G=4, data seeds "
           f"{','.join(map(str, seeds))}: min / median / max")
     print()
-    heads = [h for _, h, _ in FIXED_METRICS] + ["plan s"]
+    heads = [h for _, h, _ in FIXED_METRICS] + ["plan s", "CPU s"]
     print("| layout, samples | plan | " + " | ".join(heads) + " |")
     print("|---" * (len(heads) + 2) + "|")
-    keys = [(k, f) for k, _, f in FIXED_METRICS] + [("s", ".1f")]
+    keys = [(k, f) for k, _, f in FIXED_METRICS] + [("s", ".2f"), ("cpu", ".2f")]
     for mode in layouts:
         settings = settings_for(mode, 4)
+        warm = sft_mix(2000, seed=0)  # loads plancc's kernels before the first timed plan
+        plan_epoch(warm, settings, 0)
         for n in sizes:
             ours: dict[str, list[float]] = {}
             theirs: dict[str, list[float]] = {}
             for seed in seeds:
                 s = sft_mix(n, seed=seed)
-                start = time.perf_counter()
-                b = plan_epoch(s, settings, 0).batches
-                for k, v in (*fixed_metrics(b, s, settings).items(), ("s", time.perf_counter() - start)):
+                plan, wall, cpu = timed(plan_epoch, s, settings, 0)
+                for k, v in (*fixed_metrics(plan.batches, s, settings).items(), ("s", wall), ("cpu", cpu)):
                     ours.setdefault(k, []).append(v)
                 if ref:
-                    start = time.perf_counter()
-                    rb = reference.fixed_count(ref, s.length, s.targets(settings.shift), mode, 4,
-                                               settings.world_size, settings.grad_accum, seed=settings.seed)
-                    for k, v in (*fixed_metrics(rb, s, settings).items(), ("s", time.perf_counter() - start)):
+                    rb, wall, cpu = timed(reference.fixed_count, ref, s.length, s.targets(settings.shift), mode, 4,
+                                          settings.world_size, settings.grad_accum, seed=settings.seed)
+                    for k, v in (*fixed_metrics(rb, s, settings).items(), ("s", wall), ("cpu", cpu)):
                         theirs.setdefault(k, []).append(v)
             print(f"| {mode} {n:,} | plancc | " + " | ".join(mmm(ours[k], f) for k, f in keys) + " |")
             if ref:
                 print("| | reference | " + " | ".join(mmm(theirs[k], f) for k, f in keys) + " |")
-                wins = [sum(a <= b for a, b in zip(ours[k], theirs[k], strict=True)) for k, _ in keys[:-1]]
-                ratio = mmm([b / a for a, b in zip(ours["s"], theirs["s"], strict=True)], ".1f")
-                print("| | plancc <= reference | " + " | ".join(f"{w}/{len(seeds)}" for w in wins) +
-                      f" | {ratio}x faster |", flush=True)
+                wins = [sum(a <= b for a, b in zip(ours[k], theirs[k], strict=True)) for k, _ in keys[:-2]]
+                ratios = [mmm([a / b for a, b in zip(ours[k], theirs[k], strict=True)], ".3f") for k in ("s", "cpu")]
+                print("| | plancc <= reference; time plancc / reference | " +
+                      " | ".join(f"{w}/{len(seeds)}" for w in wins) + f" | {ratios[0]} | {ratios[1]} |", flush=True)
     if ref:
         print()
         print(f"reference = LabelBalancedRandomSampler + order_batches_by_rank from {reference_path}, on the same "

@@ -214,28 +214,43 @@ def _cost_allowed(mb_a, mb_b, row_a, row_b, trade, before, items, n_items, item_
 
 
 @numba.njit(cache=True)
-def _trade_round(window_mbs, order, round_index, pairs, state, rules, tables):
+def _trade_round(window_mbs, order, round_index, pairs, memo, state, rules, tables):
     """One pairing round of a window: each pair makes its best trade (`_trade_pairs`), if any, in place; returns
     the number made.
+
+    A pair's search reads only its two microbatches, so a pair that found no trade finds none again until one of
+    them trades: `memo` skips it (rotating partners bring the same pairs back every `window // 2` rounds).
 
     Args:
         window_mbs: int64 (window,) — the window's microbatches.
         order: int64 (window,) — positions in `window_mbs` by label count, heaviest first (`_by_labels`).
         round_index: int — the round: the light partners rotate by it (`exchange_windows`).
-        pairs: int64 (window // 2, 2) — scratch for the round's pairs (one allocation a window, not a round).
+        pairs: int64 (window // 2, 5) — scratch for the round's pairs: (mb_a, mb_b, traded, position of mb_a,
+            of mb_b) (one allocation a window, not a round).
+        memo: int64 (window + 1, window) — rows 0..window-1: the round a pair of positions last found no trade
+            (-1: never); row `window`: the round each position last traded (-1: never). Updated here.
         state, rules, tables: `State` (changed in place), `Rules`, the window's `Tables`.
     """
     size = window_mbs.shape[0]
     half = size // 2
     n_pairs = 0
     for q in range(half):  # the pairs share no microbatch, so a trade never changes whether another pair trades
-        mb_a = window_mbs[order[q]]  # more labels
-        mb_b = window_mbs[order[size - 1 - (q + round_index) % half]]
+        pos_a, pos_b = order[q], order[size - 1 - (q + round_index) % half]  # pos_a: more labels
+        mb_a, mb_b = window_mbs[pos_a], window_mbs[pos_b]
+        fruitless = memo[pos_a, pos_b] > memo[size, pos_a] and memo[pos_a, pos_b] > memo[size, pos_b]
         # a gap of one label cannot narrow (labels move in whole units): searching it finds nothing
-        if state.mb_val[mb_a] - state.mb_val[mb_b] > max(rules.tol, 1) or rules.tok_weight != 0.0:
+        if (state.mb_val[mb_a] - state.mb_val[mb_b] > max(rules.tol, 1) or rules.tok_weight != 0.0) and not fruitless:
             pairs[n_pairs, 0], pairs[n_pairs, 1] = mb_a, mb_b
+            pairs[n_pairs, 3], pairs[n_pairs, 4] = pos_a, pos_b
             n_pairs += 1
-    return _trade_pairs(pairs[:n_pairs], state, rules, tables)
+    made = _trade_pairs(pairs[:n_pairs], state, rules, tables)
+    for pair in range(n_pairs):
+        pos_a, pos_b = pairs[pair, 3], pairs[pair, 4]
+        if pairs[pair, 2]:
+            memo[size, pos_a] = memo[size, pos_b] = round_index
+        else:
+            memo[pos_a, pos_b] = round_index
+    return made
 
 
 NO_TRADE = (-1, -1, 0, 0, 0, 0, 0, 0, 0, 0)  # `_trade_pairs`' best trade before it finds one
@@ -252,7 +267,7 @@ def _trade_pairs(pairs, state, rules, tables):
     inlined) reference-counts every array of `state` and `tables` (module docstring).
 
     Args:
-        pairs: int64 (pairs, 2) — (mb_a, mb_b) per pair.
+        pairs: int64 (pairs, >= 3) — (mb_a, mb_b, traded) per pair; `traded` (1 or 0) is written.
         state, rules, tables: `State` (changed in place), `Rules`, the window's `Tables` (rebuilt where stale).
     """
     bounds = state.batch_bounds
@@ -318,6 +333,7 @@ def _trade_pairs(pairs, state, rules, tables):
                     break
             if done:
                 break
+        pairs[pair, 2] = best[0] >= 0
         if best[0] >= 0:
             _apply_trade(mb_a, mb_b, best, state, tables)
             made += 1
@@ -423,11 +439,12 @@ def _window(window_mbs, state, rules, slot_of):
     idle = 0
     trades = 0
     order = np.arange(window_mbs.shape[0])
-    pairs = np.empty((window_mbs.shape[0] // 2, 2), dtype=np.int64)
+    pairs = np.empty((window_mbs.shape[0] // 2, 5), dtype=np.int64)
+    memo = np.full((window_mbs.shape[0] + 1, window_mbs.shape[0]), -1, dtype=np.int64)
     spread = _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
     for round_index in range(rules.rounds):
         _by_labels(order, window_mbs, state.mb_val)
-        trades += _trade_round(window_mbs, order, round_index, pairs, state, rules, tables)
+        trades += _trade_round(window_mbs, order, round_index, pairs, memo, state, rules, tables)
         before, spread = spread, _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
         idle = 0 if before - spread > MIN_GAIN * before else idle + 1
         if idle >= IDLE:

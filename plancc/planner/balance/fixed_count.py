@@ -85,7 +85,7 @@ def exchange_within_cost_cv(batches: Batches, samples: SampleArrays, settings: P
     if n_span < 2:
         return batches
     work = _work(batches, samples, settings)
-    bound = batches.num_batches * (work * work).sum(axis=1) / work.sum(axis=1) ** 2  # n Q / S^2 = CV^2 + 1
+    bound = float(batches.num_batches * (work * work).sum() / work.sum() ** 2)  # n Q / S^2 = CV^2 + 1
     for _ in range(passes):
         w = windows(batch_targets(batches, samples, settings.shift)[:n_span],
                     batch_cost(batches, samples, settings.pad_multiple)[:n_span])
@@ -98,12 +98,12 @@ def exchange_within_cost_cv(batches: Batches, samples: SampleArrays, settings: P
 
 
 def _work(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> np.ndarray:
-    """Per microbatch, as rows of floats, what the guard keeps from spreading: the cost (token slots).
+    """Per microbatch, as floats, what the guard keeps from spreading: the cost (token slots).
 
     Not the attention work (padded rows x padded length squared): holding its CV too, measured with `--cost
     attention`, kept fewer trades (more padding, a higher label CV) for no gain a rank sees; rank
     ordering evens attention out where ranks wait on it."""
-    return batch_cost(batches, samples, settings.pad_multiple).astype(np.float64)[None, :]
+    return batch_cost(batches, samples, settings.pad_multiple).astype(np.float64)
 
 
 def cost_halves_windows(labels: np.ndarray, cost: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -118,30 +118,31 @@ def cost_halves_windows(labels: np.ndarray, cost: np.ndarray, window: int) -> tu
 
 
 def _windows_within(batches: Batches, new: Batches, w_bounds: np.ndarray, w_members: np.ndarray, samples: SampleArrays,
-                    settings: PlanSettings, bound: np.ndarray) -> Batches:
-    """`batches` with the microbatches of the windows of `new` that keep n * sum(x^2) / sum(x)^2 <= `bound` for every
-    row x of `_work` (the cost)."""
+                    settings: PlanSettings, bound: float) -> Batches:
+    """`batches` with the microbatches of the windows of `new` that keep n * sum(x^2) / sum(x)^2 <= `bound` for the
+    costs x (`_work`). The greedy walk over windows is sequential, so it runs on Python floats (numpy calls per
+    window, tens of thousands a plan, cost a twentieth of the stage)."""
     n_win = w_bounds.shape[0] - 1
     win_of = np.full(batches.num_batches, -1, dtype=np.int64)
     win_of[w_members] = np.repeat(np.arange(n_win, dtype=np.int64), np.diff(w_bounds))
     x0, x1 = _work(batches, samples, settings), _work(new, samples, settings)
     inside = win_of >= 0
-    d_sum = np.stack([np.bincount(win_of[inside], weights=d[inside], minlength=n_win) for d in x1 - x0])
-    d_sq = np.stack([np.bincount(win_of[inside], weights=d[inside], minlength=n_win) for d in x1 * x1 - x0 * x0])
+    d_sum = np.bincount(win_of[inside], weights=(x1 - x0)[inside], minlength=n_win)
+    d_sq = np.bincount(win_of[inside], weights=(x1 * x1 - x0 * x0)[inside], minlength=n_win)
     batch_of_pos = batches.batch_of_row()[batches.row_of_sample()]
     span_pos = win_of[batch_of_pos] >= 0
     moved = np.zeros(n_win, dtype=bool)
     moved[np.unique(win_of[batch_of_pos][(new.samples != batches.samples) & span_pos])] = True
     n = batches.num_batches
-    total, squares = x0.sum(axis=1), (x0 * x0).sum(axis=1)
+    total, squares = float(x0.sum()), float((x0 * x0).sum())
     # first-order change of the cost's CV^2 bound expression per token saved: most CV-friendly first
-    slope = (n * d_sq[0] - bound[0] * 2 * total[0] * d_sum[0]) / np.maximum(-d_sum[0], 1.0)
+    slope = (n * d_sq - bound * 2 * total * d_sum) / np.maximum(-d_sum, 1.0)
     take = np.zeros(n_win, dtype=bool)
-    for w in np.argsort(slope, kind="stable"):
-        if not moved[w]:
-            continue
-        t, q = total + d_sum[:, w], squares + d_sq[:, w]
-        if (n * q <= bound * t * t).all():
+    d_sum_of, d_sq_of = d_sum.tolist(), d_sq.tolist()
+    order = np.argsort(slope, kind="stable")
+    for w in order[moved[order]].tolist():
+        t, q = total + d_sum_of[w], squares + d_sq_of[w]
+        if n * q <= bound * t * t:
             take[w], total, squares = True, t, q
     if not take.any():
         return batches

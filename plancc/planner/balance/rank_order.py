@@ -16,11 +16,20 @@ many short ones, and ranks wait on the slowest.
 
 An update's new order is kept only when none of the per-step spread sum, the per-step spread maximum and the
 rank-total spread grows and one of them (or, at equal work spreads, a label spread) shrinks; otherwise its own
-micro-steps are kept and only step 2 is tried on them, kept when the rank-total spread shrinks. Update membership
-never changes; the tail stays in place. Cost: two sorts of the span and G vectorised passes.
+micro-steps are kept and only step 2 is tried on them, kept when the rank-total spread shrinks.
+
+3. Labels: two ranks swap their members of some micro-steps (any subset of the G steps) where that lowers the sum
+   of squares of the ranks' label totals without raising the sum of squares or the spread of their work totals.
+   A swap inside a step changes no step's spread, so it costs the work balance nothing, and it evens the labels
+   each rank's gradient sums over. Each update takes its best such swap per pair of ranks, over two sweeps.
+
+Update membership never changes; the tail stays in place. Cost: two sorts of the span, G vectorised passes and
+2 * W * (W - 1) / 2 vectorised swap searches over 2^G - 1 step subsets.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -61,12 +70,49 @@ def order_ranks(batches: Batches, samples: SampleArrays, settings: PlanSettings)
     tie_better = ties & (new[3] <= base[3]) & (new[4] <= base[4]) & ((new[3] < base[3]) | (new[4] < base[4]))
     take_new = not_worse & (better | tie_better)
     take_own = ~take_new & (own[2] < base[2])
-    if not (take_new.any() or take_own.any()):
-        return batches
     local = np.where(take_new[:, None], grouped, np.where(take_own[:, None], dealt, keep_own))
+    local = even_rank_labels(local, work, labels, W)
+    if (local == keep_own).all():
+        return batches
     perm = np.arange(batches.num_batches, dtype=np.int64)
     perm[:n_span] = (local + rows * P).reshape(-1)
     return permute_batches(batches, perm)
+
+
+SWEEPS = 2  # rounds over the rank pairs of step 3; a third finds next to nothing
+
+
+def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W: int) -> np.ndarray:
+    """Step 3 (module docstring): `order` (updates, W*G; local position m*W + r -> microbatch) with members of
+    micro-steps swapped between two ranks where that lowers the sum of squares of the ranks' label totals and does
+    not raise that of their work totals. At a fixed pair total, a sum of squares that does not grow leaves both
+    new totals between the old two, so the ranks' work spread cannot grow either."""
+    n_upd = order.shape[0]
+    rows = np.arange(n_upd)
+    # (updates, G, W); work as floats: squared attention totals overflow int64
+    o = order.reshape(n_upd, -1, W).copy()
+    x = work[rows[:, None], order].reshape(o.shape).astype(np.float64)
+    y = labels[rows[:, None], order].reshape(o.shape).astype(np.float64)
+    G = o.shape[1]
+    subsets = (np.arange(1, 1 << G)[:, None] >> np.arange(G)[None, :]) & 1  # (2^G - 1, G): steps swapped
+    w_tot, l_tot = x.sum(axis=1), y.sum(axis=1)
+    for _ in range(SWEEPS):
+        for r1, r2 in itertools.combinations(range(W), 2):
+            dw, dl = ((v[:, :, r2] - v[:, :, r1]) @ subsets.T for v in (x, y))  # (updates, subsets) moved to r1
+            # half of (a + d)^2 + (b - d)^2 - a^2 - b^2 = 2d(a - b + d), for r1's total a and r2's total b
+            l_gain = dl * (l_tot[:, r1] - l_tot[:, r2] + dl.T).T
+            w_gain = dw * (w_tot[:, r1] - w_tot[:, r2] + dw.T).T
+            score = np.where((l_gain < 0) & (w_gain <= 0), l_gain, 0.0)
+            best = score.argmin(axis=1)
+            take = score[rows, best] < 0
+            swap = subsets[best].astype(bool) & take[:, None]  # (updates, G)
+            for v in (o, x, y):
+                v[swap, r1], v[swap, r2] = v[swap, r2], v[swap, r1]
+            for tot, d in ((w_tot, dw), (l_tot, dl)):
+                moved = np.where(take, d[rows, best], 0.0)
+                tot[:, r1] += moved
+                tot[:, r2] -= moved
+    return o.reshape(order.shape)
 
 
 def rank_work(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> np.ndarray:

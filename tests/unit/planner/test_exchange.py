@@ -38,7 +38,7 @@ def test_microbatches_one_label_apart_never_trade(a, b, gap, slack, mode):
     before = [x.copy() for x in (state.row_of, state.mb_val, state.row_tok)]
     rules = Rules(pad_multiple=1, peak=1 << 40, cost_mode=mode, max_sub=3 if mode == PACKED else 2, tok_weight=0.0,
                   square=False, rounds=1, scan_limit=SCAN, tol=0)
-    assert _trade_pairs(np.array([[0, 1]], dtype=np.int64), state, rules, tables) == 0
+    assert _trade_pairs(np.array([[0, 1, 0]], dtype=np.int64), state, rules, tables) == 0
     assert all((x == y).all() for x, y in zip(before, (state.row_of, state.mb_val, state.row_tok), strict=True))
 
 
@@ -47,5 +47,5 @@ def test_microbatches_two_labels_apart_trade():
     state, tables = _two_microbatches([(5, 1), (5, 1)], [(5, 0), (5, 0)], 2, 0)
     rules = Rules(pad_multiple=1, peak=1 << 40, cost_mode=PACKED, max_sub=3, tok_weight=0.0, square=False, rounds=1,
                   scan_limit=SCAN, tol=0)
-    assert _trade_pairs(np.array([[0, 1]], dtype=np.int64), state, rules, tables) == 1
+    assert _trade_pairs(np.array([[0, 1, 0]], dtype=np.int64), state, rules, tables) == 1
     assert state.mb_val.tolist() == [1, 1]
