@@ -13,17 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synthetic import sft_mix
+from figures import child_usage
+from synthetic import mix_table, sft_mix
 
 WORK = Path(os.environ.get("PLANCC_BENCH_DIR", "/tmp/plancc-bench"))
 FLAGS = ["--micro-batch-size", "4", "--sequence-len", "4096", "--world-size", "8", "--grad-accum", "4", "--quiet"]
@@ -32,28 +29,16 @@ FLAGS = ["--micro-batch-size", "4", "--sequence-len", "4096", "--world-size", "8
 def samples_file(n: int) -> Path:
     path = WORK / f"samples-{n}.parquet"
     if not path.exists():
-        s = sft_mix(n, seed=0)
         WORK.mkdir(parents=True, exist_ok=True)
-        table = pa.table({
-            "sample_id": s.sample_id,
-            "length": s.length.astype("int32"),
-            "label_count": s.label_count.astype("int32"),
-            "first_label_supervised": s.first_label_supervised,
-            "token_hash": s.sample_id.astype("uint64") * np.uint64(0x9E3779B97F4A7C15),
-        })
+        table = mix_table(sft_mix(n, seed=0))
         pq.write_table(table, path)
     return path
 
 
 def run_once(cmd: list[str]) -> tuple[float, float]:
     """(seconds, peak RSS in MiB) of one child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}")
-    return elapsed, usage.ru_maxrss / 1024
+    usage = child_usage(cmd)
+    return usage["wall"], usage["rss"] * 1024
 
 
 def main() -> None:

@@ -19,18 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).parent))
-from figures import spread
-from synthetic import sft_mix
+from figures import child_usage, spread
+from synthetic import mix_table, sft_mix
 
 WORK = Path(os.environ.get("PLANCC_BENCH_DIR", "/tmp/plancc-bench"))
 CHUNK = 5_000_000
@@ -50,28 +47,9 @@ def samples_file(n: int) -> Path:
     tmp = WORK / f".scale-samples-{n}-{os.getpid()}.tmp"
     with pq.ParquetWriter(tmp, schema) as writer:
         for k, lo in enumerate(range(0, n, CHUNK)):
-            s = sft_mix(min(CHUNK, n - lo), seed=[0, k])
-            ids = s.sample_id + lo
-            writer.write_table(pa.table({
-                "sample_id": ids,
-                "length": s.length.astype(np.int32),
-                "label_count": s.label_count.astype(np.int32),
-                "first_label_supervised": s.first_label_supervised,
-                "token_hash": ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15),
-            }, schema=schema))
+            writer.write_table(mix_table(sft_mix(min(CHUNK, n - lo), seed=[0, k]), lo).cast(schema))
     os.replace(tmp, path)
     return path
-
-
-def run_once(cmd: list[str]) -> dict[str, float]:
-    """Wall and CPU seconds and peak RSS (GiB) of one child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed ({os.waitstatus_to_exitcode(status)}): {' '.join(cmd)}")
-    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss / 2**20}
 
 
 def balance_figures(plan_dir: Path) -> dict[str, float]:
@@ -95,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     out = WORK / "scale-plan"
-    run_once(compile_cmd(samples_file(100_000), out, 0))  # warm-up: numba's on-disk cache
+    child_usage(compile_cmd(samples_file(100_000), out, 0))  # warm-up: numba's on-disk cache
     print("| samples | runs | wall s (min / median / max) | CPU s | peak RSS GiB | update label CV | "
           "microbatch label CV | packing efficiency |")
     print("|---|---|---|---|---|---|---|---|")
@@ -105,7 +83,7 @@ def main() -> None:
         runs = []
         for seed in seeds:
             for _ in range(args.runs):
-                runs.append({"samples": n, "seed": seed, **run_once(compile_cmd(src, out, seed)),
+                runs.append({"samples": n, "seed": seed, **child_usage(compile_cmd(src, out, seed)),
                              **balance_figures(out)})
         record += runs
         cols = [spread([r[k] for r in runs], fmt) for k, fmt in

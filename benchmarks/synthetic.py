@@ -43,6 +43,19 @@ def sft_mix(n: int, seed: int = 0, sequence_len: int = 4096) -> SampleArrays:
 VOCAB = 48
 
 
+def mix_table(s: SampleArrays, first_id: int = 0) -> pa.Table:
+    """A samples table of the synthetic mix as `plancc compile` reads one, ids from `first_id` (token hashes derived
+    from the ids: the compile only fingerprints them)."""
+    ids = s.sample_id + first_id
+    return pa.table({
+        "sample_id": ids,
+        "length": s.length.astype(np.int32),
+        "label_count": s.label_count.astype(np.int32),
+        "first_label_supervised": s.first_label_supervised,
+        "token_hash": ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15),
+    })
+
+
 def make_tokenized(n: int, *, seed: int = 0, min_len: int = 3, max_len: int = 24, shift: str = "sample",
                    vocab: int = VOCAB) -> pa.Table:
     """Samples with a masked prompt and a supervised completion of very uneven length (1 token .. most of it)."""
