@@ -459,8 +459,9 @@ def exchange_windows(win_bounds, win_mbs, state, rules):
 
     Round 0 pairs the heaviest microbatch with the lightest, the second with the second lightest, ...; round r
     rotates the light partners by r, so a heavy microbatch meets a new partner (and new exact-length subsets) each
-    round. Pairs whose label gap is at most `tol`, or one label (no trade narrows it), are left alone. A window stops after IDLE idle rounds in a row
-    (rounds that lower its spread by under MIN_GAIN: at small capacities trades go on finding crumbs for long).
+    round. Pairs whose label gap is at most `tol`, or one label (no trade narrows it), are left alone. A window
+    stops after IDLE idle rounds in a row (rounds that lower its spread by under MIN_GAIN: at small capacities trades
+    go on finding crumbs for long).
     Windows share no microbatch, row or sample, so they run in parallel with the same result on any thread count.
 
     Args:
