@@ -17,11 +17,11 @@ time and in CPU time (all of the process's threads: on a machine shared with oth
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
 
+from benchmarks.figures import spread
 from benchmarks.preference_data import alpaca_pairs, pair_mix
 from benchmarks.synthetic import sft_mix
 from plancc.config.settings import PlanSettings
@@ -94,8 +94,8 @@ def speed(n: int, seeds: int) -> None:
 
 
 def _spread(values: list[float], unit: str = "") -> str:
-    return (f"{min(values):.4g}{unit} / {statistics.median(values):.4g}{unit} / {max(values):.4g}{unit}"
-            " (min/median/max)")
+    """`spread` with 4 significant digits, `unit` after each figure."""
+    return spread(values, ".4g").replace(" / ", f"{unit} / ") + f"{unit} (min/median/max)"
 
 
 def main() -> None:
