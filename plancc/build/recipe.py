@@ -243,8 +243,8 @@ def epoch_metrics(epochs: list[Any], joined: Samples, shift: str) -> list[dict[s
     rows: list[dict[str, Any]] = []
     for p in epochs:
         s, index = p.samples, joined.index[p.positions]
-        rows += dataset_rows(p.epoch, "before", names, index, s.length, s.targets(shift))
+        rows += dataset_rows(p.epoch, "before", names, index, s.length, s.targets(shift), s.chosen)
         b = p.batches
         rows += dataset_rows(p.epoch, "after", names, index[b.samples], s.length[b.samples],
-                             entry_targets(b, s, shift))
+                             entry_targets(b, s, shift), None if s.chosen is None else s.chosen[b.samples])
     return rows

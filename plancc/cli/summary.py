@@ -84,7 +84,8 @@ def _dataset_lines(recipe: dict[str, Any] | None) -> list[str]:
         mix = f"repeat {d['repeat']:g}x" if "repeat" in d else f"weight {d['weight']:g}"
         row = after.get(d["name"])
         per, unit = (2, "pairs") if "pairs" in d else (1, "samples")  # preference datasets count pairs
-        share = (f"; epoch 0: {row['samples'] // per:,} {unit}, {100 * row['label_share']:.1f}% of label tokens"
+        share = (f"; epoch 0: {row.get('pairs', row['samples'] // per):,} {unit}, "
+                 f"{100 * row['label_share']:.1f}% of label tokens"
                  if row and d["role"] == "train" else "")
         lines.append(f"dataset    {d['name']} ({d['role']}, {mix if d['role'] == 'train' else 'not trained on'}): "
                      f"{d['retained'] // per:,} {'pairs ' if per == 2 else ''}kept, {d['dropped_samples']:,} dropped, "

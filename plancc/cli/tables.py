@@ -105,11 +105,12 @@ def dataset_tables(rows: list[dict[str, Any]]):
         by = {(r["dataset"], r["stage"]): r for r in rows if r["epoch"] == e}
         t = Table(title=f"epoch {e} by dataset", title_justify="left")
         t.add_column("dataset")
-        for name in DATASET_METRICS:
+        names = ("pairs", *DATASET_METRICS) if any("pairs" in r for r in rows) else DATASET_METRICS
+        for name in names:
             t.add_column(name, justify="right")
         for dataset in dict.fromkeys(r["dataset"] for r in rows if r["epoch"] == e):
             before, after = by[(dataset, "before")], by[(dataset, "after")]
             t.add_row(dataset, *(format_number(after[n]) if before[n] == after[n] else
-                                 f"{format_number(before[n])} → {format_number(after[n])}" for n in DATASET_METRICS))
+                                 f"{format_number(before[n])} → {format_number(after[n])}" for n in names))
         tables.append(t)
     return tables

@@ -203,13 +203,16 @@ def entry_targets(b: Batches, s: SampleArrays, shift: str) -> np.ndarray:
 
 
 def dataset_rows(epoch: int, stage: str, names: list[str], dataset: np.ndarray, length: np.ndarray,
-                 targets: np.ndarray) -> list[dict[str, int | float | str]]:
+                 targets: np.ndarray, chosen: np.ndarray | None = None) -> list[dict[str, int | float | str]]:
     """A recipe's per-dataset metrics of one epoch and stage: samples, tokens and label tokens of each dataset
-    (entries given by their `dataset` index, `length` and `targets`) and its share of the epoch's."""
+    (entries given by their `dataset` index, `length` and `targets`) and its share of the epoch's. Pairs (`chosen`
+    given) add `pairs`: a pair's unit is two samples, and a pair drawn twice counts twice, as it trains twice."""
     k = len(names)
     totals = [np.bincount(dataset, weights=w, minlength=k) for w in (None, length, targets)]
+    pairs = None if chosen is None else np.bincount(dataset, weights=chosen, minlength=k)
     whole = [float(t.sum()) for t in totals]
     return [{"epoch": epoch, "stage": stage, "dataset": name, "samples": int(totals[0][d]),
+             **({} if pairs is None else {"pairs": int(pairs[d])}),
              "tokens": int(totals[1][d]), "label_tokens": int(totals[2][d]),
              **{f"{what}_share": (float(totals[i][d]) / whole[i] if whole[i] else 0.0)
                 for i, what in enumerate(("sample", "token", "label"))}}

@@ -143,9 +143,10 @@ def differs(stored: int | float | None, recounted: int | float | None) -> bool:
 
 
 def dataset_figures(epoch: int, names: list[str], dataset: np.ndarray, length: np.ndarray,
-                    targets: np.ndarray) -> list[dict[str, int | float | str]]:
-    """A recipe epoch's per-dataset figures (samples, tokens, label tokens and their shares of the epoch's) from
-    its entries' `dataset` (position in the mixture), `length` and supervised `targets`."""
+                    targets: np.ndarray, chosen: np.ndarray | None = None) -> list[dict[str, int | float | str]]:
+    """A recipe epoch's per-dataset figures (samples, tokens, label tokens and their shares of the epoch's; pairs,
+    the chosen completions, where `chosen` is given) from its entries' `dataset` (position in the mixture), `length`
+    and supervised `targets`."""
     k = len(names)
     counts = np.bincount(dataset, minlength=k)
     tokens = np.array([int(length[dataset == d].sum()) for d in range(k)], dtype=np.int64)
@@ -154,6 +155,7 @@ def dataset_figures(epoch: int, names: list[str], dataset: np.ndarray, length: n
     for d, name in enumerate(names):
         row: dict[str, int | float | str] = {"epoch": epoch, "stage": "after", "dataset": name,
                                              "samples": int(counts[d]), "tokens": int(tokens[d]),
+                                             **({} if chosen is None else {"pairs": int(chosen[dataset == d].sum())}),
                                              "label_tokens": int(labels[d])}
         for what, values in (("sample", counts), ("token", tokens), ("label", labels)):
             whole = int(values.sum())

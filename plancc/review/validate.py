@@ -228,7 +228,8 @@ def _dataset_after(epoch: int, rows: Rows, s_e: SampleArrays, index: np.ndarray,
     whose datasets `index` gives)."""
     names = [m.name for m in plan.settings.mixture]
     return recount.dataset_figures(epoch, names, index[rows.pos], s_e.length[rows.pos],
-                                   recount.entry_targets(rows, s_e, plan.settings.shift))
+                                   recount.entry_targets(rows, s_e, plan.settings.shift),
+                                   None if s_e.chosen is None else s_e.chosen[rows.pos])
 
 
 def _recipe_metrics_problems(plan: Plan, recomputed: list[dict[str, Any]]) -> list[str]:

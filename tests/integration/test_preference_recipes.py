@@ -155,6 +155,7 @@ def test_every_mixture_operation_moves_whole_pairs(scans, tmp_path_factory, a, b
         after = {r["dataset"]: r for r in plan.manifest.recipe["metrics"] if r["epoch"] == e and r["stage"] == "after"}
         assert {n: after[n]["samples"] for n in ("a", "b")} == {n: 2 * sum(seen[p] for p in trained[n])
                                                               for n in ("a", "b")}
+        assert {n: after[n]["pairs"] for n in ("a", "b")} == {n: sum(seen[p] for p in trained[n]) for n in ("a", "b")}
     assert {n: datasets[n]["pairs"] for n in datasets} == {n: sum(d == n for _, _, d in pairs.values())
                                                            for n in datasets}
     _collated_pairs(plan.path)
@@ -217,6 +218,10 @@ def test_the_user_tour_compiles_inspects_validates_and_diffs_in_pairs(scans, tmp
     assert f"held (eval, not trained on): {held['pairs']} pairs kept" in res.output
     assert f"eval       {held['pairs']} pairs ({2 * held['pairs']} samples) held out (eval datasets)" in res.output
     assert CliRunner().invoke(app, ["validate", str(tmp_path / "p")]).exit_code == 0
+    by = CliRunner().invoke(app, ["inspect", "metrics", str(tmp_path / "p"), "--by", "dataset", "--epoch", "0"])
+    after = {r["dataset"]: r for r in plan.manifest.recipe["metrics"] if r["epoch"] == 0 and r["stage"] == "after"}
+    assert by.exit_code == 0 and "pairs" in by.output.splitlines()[2], by.output
+    assert f"epoch 0: {after['a']['pairs']:,} pairs" in res.output
     sample = b["first_id"] + 1
     shown = CliRunner().invoke(app, ["show", str(tmp_path / "p"), "--sample", str(sample), "--no-color"])
     assert shown.exit_code == 0 and f"pair {(sample - 1) // 2}" in shown.output and "dataset b" in shown.output
