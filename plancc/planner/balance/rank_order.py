@@ -18,18 +18,23 @@ An update's new order is kept only when none of the per-step spread sum, the per
 rank-total spread grows and one of them (or, at equal work spreads, a label spread) shrinks; otherwise its own
 micro-steps are kept and only step 2 is tried on them, kept when the rank-total spread shrinks.
 
-3. Labels: two ranks swap their members of some micro-steps (any subset of the G steps) where that lowers the sum
-   of squares of the ranks' label totals without raising the sum of squares or the spread of their work totals.
-   A swap inside a step changes no step's spread, so it costs the work balance nothing, and it evens the labels
-   each rank's gradient sums over. Each update takes its best such swap per pair of ranks, over two sweeps.
+3. Labels: two ranks may also swap their members of some micro-steps (any subset of the G steps) without changing
+   any step's spread; that evens the label totals each rank's gradient sums over. Per update, every pair of ranks
+   (in rounds of disjoint pairs) takes its best swap: two sweeps of swaps that lower the sum of squares of the
+   ranks' label totals without raising that of their work totals (at a fixed pair total both new totals then lie
+   between the old two), then one sweep at each of three falling prices that trade the two sums of squares (as
+   shares of the update's totals), every rank's work total kept within the update's old [min, max]. Each sweep
+   ends on a candidate order, and each update takes one: the fewest rank label CV summed over the updates whose
+   rank work CV summed is at most the input's (a Lagrange multiplier, found by bisection). The work price is paid
+   where labels gain most per unit of it; no update's slowest rank or rank work spread grows, nor the mean rank
+   work CV over the updates (for `--cost tokens`, the metrics' `rank_cost_cv`).
 
 Update membership never changes; the tail stays in place. Cost: two sorts of the span, G vectorised passes and
-2 * W * (W - 1) / 2 vectorised swap searches over 2^G - 1 step subsets.
+5 * (W - 1) vectorised rounds of W / 2 swap searches over 2^(G-1) - 1 step subsets (swapping the other steps
+instead leaves the same two totals).
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 
@@ -79,40 +84,108 @@ def order_ranks(batches: Batches, samples: SampleArrays, settings: PlanSettings)
     return permute_batches(batches, perm)
 
 
-SWEEPS = 2  # rounds over the rank pairs of step 3; a third finds next to nothing
+# Step 3's sweeps over the rank pairs, in order, each ending on a candidate: (price, sweeps). None: only swaps that
+# raise no work sum of squares; a number: the price of the work shares' squares against the label shares'. 1e4
+# then 1e3 pay off at 200k flattened, 1e2 at padded (rank label CV 0.001-0.002 lower than without it).
+SCHEDULE = ((None, 2), (1e4, 1), (1e3, 1), (1e2, 1))
 
 
-def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W: int) -> np.ndarray:
+def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W: int,
+                     schedule: tuple[tuple[float | None, int], ...] = SCHEDULE) -> np.ndarray:
     """Step 3 (module docstring): `order` (updates, W*G; local position m*W + r -> microbatch) with members of
-    micro-steps swapped between two ranks where that lowers the sum of squares of the ranks' label totals and does
-    not raise that of their work totals. At a fixed pair total, a sum of squares that does not grow leaves both
-    new totals between the old two, so the ranks' work spread cannot grow either."""
+    micro-steps swapped between two ranks to even the ranks' label totals; each update takes one of the candidates
+    that `schedule`'s sweeps end on (`choose`)."""
     n_upd = order.shape[0]
-    rows = np.arange(n_upd)
-    # (updates, G, W); work as floats: squared attention totals overflow int64
-    o = order.reshape(n_upd, -1, W).copy()
-    x = work[rows[:, None], order].reshape(o.shape).astype(np.float64)
-    y = labels[rows[:, None], order].reshape(o.shape).astype(np.float64)
+    rows = np.arange(n_upd)[:, None]
+    o = order.reshape(n_upd, -1, W).transpose(2, 1, 0).copy()  # (W, G, updates): rank-major, cheap to index
+    # work and labels, (W, 2, G, updates); floats: squared attention totals overflow int64
+    v = np.stack([x[rows, order].reshape(n_upd, -1, W) for x in (work, labels)]).transpose(3, 0, 2, 1)
+    v = v.astype(np.float64, order="C")
+    tot = v.sum(axis=2)  # (W, 2, updates)
+    bounds = tot[:, 0].min(axis=0), tot[:, 0].max(axis=0)
+    # a price weighs squares of shares of the update's totals, so one price fits every update and layout
+    share = (np.maximum(tot[:, 1].sum(axis=0), 1) / np.maximum(tot[:, 0].sum(axis=0), 1)) ** 2
     G = o.shape[1]
-    subsets = (np.arange(1, 1 << G)[:, None] >> np.arange(G)[None, :]) & 1  # (2^G - 1, G): steps swapped
-    w_tot, l_tot = x.sum(axis=1), y.sum(axis=1)
-    for _ in range(SWEEPS):
-        for r1, r2 in itertools.combinations(range(W), 2):
-            dw, dl = ((v[:, :, r2] - v[:, :, r1]) @ subsets.T for v in (x, y))  # (updates, subsets) moved to r1
-            # half of (a + d)^2 + (b - d)^2 - a^2 - b^2 = 2d(a - b + d), for r1's total a and r2's total b
-            l_gain = dl * (l_tot[:, r1] - l_tot[:, r2] + dl.T).T
-            w_gain = dw * (w_tot[:, r1] - w_tot[:, r2] + dw.T).T
-            score = np.where((l_gain < 0) & (w_gain <= 0), l_gain, 0.0)
-            best = score.argmin(axis=1)
-            take = score[rows, best] < 0
-            swap = subsets[best].astype(bool) & take[:, None]  # (updates, G)
-            for v in (o, x, y):
-                v[swap, r1], v[swap, r2] = v[swap, r2], v[swap, r1]
-            for tot, d in ((w_tot, dw), (l_tot, dl)):
-                moved = np.where(take, d[rows, best], 0.0)
-                tot[:, r1] += moved
-                tot[:, r2] -= moved
-    return o.reshape(order.shape)
+    # swapping steps S or the others leaves the same two totals (exchanged): S never holds step 0
+    subsets = ((np.arange(1, 1 << (G - 1))[:, None] >> np.arange(G - 1)[None, :]) & 1) @ np.eye(G - 1, G, 1)
+    candidates = []
+    for price, sweeps in schedule:
+        for _ in range(sweeps if G > 1 else 0):
+            for r1, r2 in pair_rounds(W):
+                swap_pairs(o, v, tot, r1, r2, subsets, None if price is None else price * share, bounds)
+        candidates.append(o.copy())
+    candidates = np.stack(candidates).transpose(0, 3, 2, 1).reshape(-1, *order.shape)
+    w_cv, l_cv = (np.stack([rank_cv(x, c, W) for c in candidates]) for x in (work, labels))
+    return candidates[choose(w_cv, l_cv, rank_cv(work, order, W).sum()), np.arange(n_upd)]
+
+
+def pair_rounds(W: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every pair of W ranks once, in rounds of disjoint pairs (round-robin), so a round swaps them all at once."""
+    ring = list(range(W + W % 2))  # an odd W gets a dummy rank W, whose pair sits the round out
+    out = []
+    for _ in range(len(ring) - 1):
+        pairs = [(ring[i], ring[-1 - i]) for i in range(len(ring) // 2)]
+        r1, r2 = np.array([p for p in pairs if W not in p]).reshape(-1, 2).T
+        out.append((r1, r2))
+        ring.insert(1, ring.pop())
+    return out
+
+
+def swap_pairs(o: np.ndarray, v: np.ndarray, tot: np.ndarray, r1: np.ndarray, r2: np.ndarray, subsets: np.ndarray,
+               price: np.ndarray | None, bounds: tuple[np.ndarray, np.ndarray]) -> None:
+    """In place (rank-major arrays of `even_rank_labels`): per update, the best swap of the members of some
+    micro-steps (`subsets`, 0/1 over steps) between ranks r1[j] and r2[j] (disjoint pairs). It lowers the ranks'
+    label sum of squares, raising no work sum of squares (`price` None); or it lowers that plus `price` (per
+    update) times the work's, every work total staying within `bounds`."""
+    d = subsets @ (v[r2] - v[r1])  # (pairs, 2, subsets, updates): moved to r1
+    gap = tot[r1] - tot[r2]  # (pairs, 2, updates): r1's total less r2's
+    if price is None:  # (a + d)^2 + (b - d)^2 <= a^2 + b^2 for d between 0 and b - a
+        lo, hi = np.minimum(0, -gap[:, 0]), np.maximum(0, -gap[:, 0])
+    else:
+        lo = np.maximum(bounds[0] - tot[r1, 0], tot[r2, 0] - bounds[1])
+        hi = np.minimum(bounds[1] - tot[r1, 0], tot[r2, 0] - bounds[0])
+    # half the change of a^2 + b^2 when d moves from r2's total b to r1's a: d(a - b + d)
+    score = d[:, 1] * (gap[:, 1, None] + d[:, 1])  # (pairs, subsets, updates)
+    if price is not None:
+        score += price * d[:, 0] * (gap[:, 0, None] + d[:, 0])
+    score[(d[:, 0] < lo[:, None]) | (d[:, 0] > hi[:, None])] = 0.0
+    best = score.argmin(axis=1)[:, None]  # (pairs, 1, updates)
+    take = np.take_along_axis(score, best, axis=1) < 0
+    swap = subsets.T.astype(bool)[:, best[:, 0]].swapaxes(0, 1) & take  # (pairs, G, updates)
+    for x, s in ((o, swap), (v, swap[:, None])):
+        x1, x2 = x[r1], x[r2]
+        x[r1], x[r2] = np.where(s, x2, x1), np.where(s, x1, x2)
+    moved = np.where(take, np.take_along_axis(d, best[:, None], axis=2)[:, :, 0], 0.0)  # (pairs, 2, updates)
+    tot[r1] += moved
+    tot[r2] -= moved
+
+
+def choose(w_cv: np.ndarray, l_cv: np.ndarray, budget: float) -> np.ndarray:
+    """Per update (column), a candidate (row) of the rank work and label CVs (candidates, updates): the fewest label
+    CV summed over the updates with the work CV summed at most `budget`, by the Lagrange multiplier (bisection)
+    that just meets it. Candidate 0 everywhere where that does not beat it (a multiplier reaches only the hull of
+    each update's (work, label) points), so candidate 0 must fit the budget."""
+    cols = np.arange(w_cv.shape[1])
+
+    def pick(log_mu: float) -> np.ndarray:
+        return (l_cv + 10.0 ** log_mu * w_cv).argmin(axis=0)
+
+    lo, hi = -12.0, 12.0
+    for _ in range(48):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if w_cv[pick(mid), cols].sum() <= budget else (mid, hi)
+    k = pick(hi)
+    if w_cv[k, cols].sum() > budget or l_cv[k, cols].sum() >= l_cv[0].sum():
+        return np.zeros_like(k)
+    return k
+
+
+def rank_cv(x: np.ndarray, order: np.ndarray, W: int) -> np.ndarray:
+    """Per update, the CV of the W ranks' totals of `x` (0 where they sum to 0); `order` (updates, W*G)."""
+    totals = x[np.arange(order.shape[0])[:, None], order].reshape(order.shape[0], -1, W).sum(axis=1)
+    totals = totals.astype(np.float64)
+    mean = totals.mean(axis=1)
+    return totals.std(axis=1) / np.where(mean > 0, mean, 1)
 
 
 def rank_work(batches: Batches, samples: SampleArrays, settings: PlanSettings) -> np.ndarray:
