@@ -20,9 +20,9 @@ micro-steps are kept and only step 2 is tried on them, kept when the rank-total 
 
 3. Labels: two ranks may also swap their members of some micro-steps (any subset of the G steps) without changing
    any step's spread; that evens the label totals each rank's gradient sums over. Per update, every pair of ranks
-   (in rounds of disjoint pairs) takes its best swap: two sweeps of swaps that lower the sum of squares of the
-   ranks' label totals without raising that of their work totals (at a fixed pair total both new totals then lie
-   between the old two), then one sweep at each of three falling prices that trade the two sums of squares (as
+   (in rounds of disjoint pairs) takes its best swap: a sweep of swaps that lower the sum of squares of the ranks'
+   label totals without raising that of their work totals (at a fixed pair total both new totals then lie between
+   the old two), then one sweep at each of three falling prices that trade the two sums of squares (as
    shares of the update's totals), every rank's work total kept within the update's old [min, max]. Each sweep
    ends on a candidate order, and each update takes one: the fewest rank label CV summed over the updates whose
    rank work CV summed is at most the input's (a Lagrange multiplier, found by bisection). The work price is paid
@@ -30,7 +30,7 @@ micro-steps are kept and only step 2 is tried on them, kept when the rank-total 
    work CV over the updates (for `--cost tokens`, the metrics' `rank_cost_cv`).
 
 Update membership never changes; the tail stays in place. Cost: two sorts of the span, G vectorised passes and
-5 * (W - 1) vectorised rounds of W / 2 swap searches over 2^(G-1) - 1 step subsets (swapping the other steps
+4 * (W - 1) vectorised rounds of W / 2 swap searches over 2^(G-1) - 1 step subsets (swapping the other steps
 instead leaves the same two totals).
 """
 
@@ -87,7 +87,7 @@ def order_ranks(batches: Batches, samples: SampleArrays, settings: PlanSettings)
 # Step 3's sweeps over the rank pairs, in order, each ending on a candidate: (price, sweeps). None: only swaps that
 # raise no work sum of squares; a number: the price of the work shares' squares against the label shares'. 1e4
 # then 1e3 pay off at 200k flattened, 1e2 at padded (rank label CV 0.001-0.002 lower than without it).
-SCHEDULE = ((None, 2), (1e4, 1), (1e3, 1), (1e2, 1))
+SCHEDULE = ((None, 1), (1e4, 1), (1e3, 1), (1e2, 1))
 
 
 def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W: int,
@@ -97,23 +97,24 @@ def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W:
     that `schedule`'s sweeps end on (`choose`)."""
     n_upd = order.shape[0]
     rows = np.arange(n_upd)[:, None]
-    o = order.reshape(n_upd, -1, W).transpose(2, 1, 0).copy()  # (W, G, updates): rank-major, cheap to index
-    # work and labels, (W, 2, G, updates); floats: squared attention totals overflow int64
-    v = np.stack([x[rows, order].reshape(n_upd, -1, W) for x in (work, labels)]).transpose(3, 0, 2, 1)
-    v = v.astype(np.float64, order="C")
-    tot = v.sum(axis=2)  # (W, 2, updates)
+    # work, labels and microbatch, (W, 3, G, updates): rank-major, cheap to index; floats: squared attention
+    # totals overflow int64 (and every microbatch index is exact)
+    v = np.stack([x[rows, order].reshape(n_upd, -1, W) for x in (work, labels)] + [order.reshape(n_upd, -1, W)])
+    v = v.transpose(3, 0, 2, 1).astype(np.float64, order="C")
+    tot = v[:, :2].sum(axis=2)  # (W, 2, updates)
     bounds = tot[:, 0].min(axis=0), tot[:, 0].max(axis=0)
     # a price weighs squares of shares of the update's totals, so one price fits every update and layout
     share = (np.maximum(tot[:, 1].sum(axis=0), 1) / np.maximum(tot[:, 0].sum(axis=0), 1)) ** 2
-    G = o.shape[1]
-    # swapping steps S or the others leaves the same two totals (exchanged): S never holds step 0
-    subsets = ((np.arange(1, 1 << (G - 1))[:, None] >> np.arange(G - 1)[None, :]) & 1) @ np.eye(G - 1, G, 1)
+    G = v.shape[2]
+    # swapping steps S or the others leaves the same two totals (exchanged), so S never holds step 0: the bits of
+    # 2, 4, ..., 2^G - 2 over the steps
+    subsets = ((np.arange(2, 1 << G, 2)[:, None] >> np.arange(G)) & 1).astype(np.float64)
     candidates = []
     for price, sweeps in schedule:
         for _ in range(sweeps if G > 1 else 0):
             for r1, r2 in pair_rounds(W):
-                swap_pairs(o, v, tot, r1, r2, subsets, None if price is None else price * share, bounds)
-        candidates.append(o.copy())
+                swap_pairs(v, tot, r1, r2, subsets, None if price is None else price * share, bounds)
+        candidates.append(v[:, 2].astype(np.int64))
     candidates = np.stack(candidates).transpose(0, 3, 2, 1).reshape(-1, *order.shape)
     w_cv, l_cv = (np.stack([rank_cv(x, c, W) for c in candidates]) for x in (work, labels))
     return candidates[choose(w_cv, l_cv, rank_cv(work, order, W).sum()), np.arange(n_upd)]
@@ -131,13 +132,14 @@ def pair_rounds(W: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def swap_pairs(o: np.ndarray, v: np.ndarray, tot: np.ndarray, r1: np.ndarray, r2: np.ndarray, subsets: np.ndarray,
+def swap_pairs(v: np.ndarray, tot: np.ndarray, r1: np.ndarray, r2: np.ndarray, subsets: np.ndarray,
                price: np.ndarray | None, bounds: tuple[np.ndarray, np.ndarray]) -> None:
     """In place (rank-major arrays of `even_rank_labels`): per update, the best swap of the members of some
-    micro-steps (`subsets`, 0/1 over steps) between ranks r1[j] and r2[j] (disjoint pairs). It lowers the ranks'
-    label sum of squares, raising no work sum of squares (`price` None); or it lowers that plus `price` (per
-    update) times the work's, every work total staying within `bounds`."""
-    d = subsets @ (v[r2] - v[r1])  # (pairs, 2, subsets, updates): moved to r1
+    micro-steps (`subsets`, row i the bits of 2 * (i + 1) over the steps) between ranks r1[j] and r2[j] (disjoint
+    pairs). It lowers the ranks' label sum of squares, raising no work sum of squares (`price` None); or it lowers
+    that plus `price` (per update) times the work's, every work total staying within `bounds`."""
+    v1, v2 = v[r1], v[r2]  # (pairs, 3, G, updates)
+    d = subsets @ (v2[:, :2] - v1[:, :2])  # (pairs, 2, subsets, updates): moved to r1
     gap = tot[r1] - tot[r2]  # (pairs, 2, updates): r1's total less r2's
     if price is None:  # (a + d)^2 + (b - d)^2 <= a^2 + b^2 for d between 0 and b - a
         lo, hi = np.minimum(0, -gap[:, 0]), np.maximum(0, -gap[:, 0])
@@ -148,13 +150,11 @@ def swap_pairs(o: np.ndarray, v: np.ndarray, tot: np.ndarray, r1: np.ndarray, r2
     score = d[:, 1] * (gap[:, 1, None] + d[:, 1])  # (pairs, subsets, updates)
     if price is not None:
         score += price * d[:, 0] * (gap[:, 0, None] + d[:, 0])
-    score[(d[:, 0] < lo[:, None]) | (d[:, 0] > hi[:, None])] = 0.0
+    score = np.where((d[:, 0] >= lo[:, None]) & (d[:, 0] <= hi[:, None]), score, 0.0)
     best = score.argmin(axis=1)[:, None]  # (pairs, 1, updates)
     take = np.take_along_axis(score, best, axis=1) < 0
-    swap = subsets.T.astype(bool)[:, best[:, 0]].swapaxes(0, 1) & take  # (pairs, G, updates)
-    for x, s in ((o, swap), (v, swap[:, None])):
-        x1, x2 = x[r1], x[r2]
-        x[r1], x[r2] = np.where(s, x2, x1), np.where(s, x1, x2)
+    swap = ((2 * best + 2) >> np.arange(v.shape[2])[:, None] & 1).astype(bool) & take  # (pairs, G, updates)
+    v[r1], v[r2] = np.where(swap[:, None], v2, v1), np.where(swap[:, None], v1, v2)
     moved = np.where(take, np.take_along_axis(d, best[:, None], axis=2)[:, :, 0], 0.0)  # (pairs, 2, updates)
     tot[r1] += moved
     tot[r2] -= moved
