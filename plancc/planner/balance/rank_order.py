@@ -20,17 +20,18 @@ micro-steps are kept and only step 2 is tried on them, kept when the rank-total 
 
 3. Labels: two ranks may also swap their members of some micro-steps (any subset of the G steps) without changing
    any step's spread; that evens the label totals each rank's gradient sums over. Per update, every pair of ranks
-   (in rounds of disjoint pairs) takes its best swap: a sweep of swaps that lower the sum of squares of the ranks'
-   label totals without raising that of their work totals (at a fixed pair total both new totals then lie between
-   the old two), then one sweep at each of three falling prices that trade the two sums of squares (as
+   (in rounds of disjoint pairs) takes its best swap: two sweeps of swaps that lower the sum of squares of the
+   ranks' label totals without raising that of their work totals (at a fixed pair total both new totals then lie
+   between the old two), then one sweep at each of three falling prices that trade the two sums of squares (as
    shares of the update's totals), every rank's work total kept within the update's old [min, max]. Each sweep
    ends on a candidate order, and each update takes one: the fewest rank label CV summed over the updates whose
-   rank work CV summed is at most the input's (a Lagrange multiplier, found by bisection). The work price is paid
-   where labels gain most per unit of it; no update's slowest rank or rank work spread grows, nor the mean rank
-   work CV over the updates (for `--cost tokens`, the metrics' `rank_cost_cv`).
+   rank work CV summed is at most the free swaps' (a Lagrange multiplier, found by bisection). So the work some
+   updates give up for labels, others save: no update's slowest rank or rank work spread grows, and the mean rank
+   work CV over the updates (for `--cost tokens`, the metrics' `rank_cost_cv`) ends at most where the free swaps
+   leave it.
 
 Update membership never changes; the tail stays in place. Cost: two sorts of the span, G vectorised passes and
-4 * (W - 1) vectorised rounds of W / 2 swap searches over 2^(G-1) - 1 step subsets (swapping the other steps
+5 * (W - 1) vectorised rounds of W / 2 swap searches over 2^(G-1) - 1 step subsets (swapping the other steps
 instead leaves the same two totals).
 """
 
@@ -87,7 +88,7 @@ def order_ranks(batches: Batches, samples: SampleArrays, settings: PlanSettings)
 # Step 3's sweeps over the rank pairs, in order, each ending on a candidate: (price, sweeps). None: only swaps that
 # raise no work sum of squares; a number: the price of the work shares' squares against the label shares'. 1e4
 # then 1e3 pay off at 200k flattened, 1e2 at padded (rank label CV 0.001-0.002 lower than without it).
-SCHEDULE = ((None, 1), (1e4, 1), (1e3, 1), (1e2, 1))
+SCHEDULE = ((None, 2), (1e4, 1), (1e3, 1), (1e2, 1))
 
 
 def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W: int,
@@ -117,7 +118,7 @@ def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W:
         candidates.append(v[:, 2].astype(np.int64))
     candidates = np.stack(candidates).transpose(0, 3, 2, 1).reshape(-1, *order.shape)
     w_cv, l_cv = (np.stack([rank_cv(x, c, W) for c in candidates]) for x in (work, labels))
-    return candidates[choose(w_cv, l_cv, rank_cv(work, order, W).sum()), np.arange(n_upd)]
+    return candidates[choose(w_cv, l_cv), np.arange(n_upd)]
 
 
 def pair_rounds(W: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -160,12 +161,13 @@ def swap_pairs(v: np.ndarray, tot: np.ndarray, r1: np.ndarray, r2: np.ndarray, s
     tot[r2] -= moved
 
 
-def choose(w_cv: np.ndarray, l_cv: np.ndarray, budget: float) -> np.ndarray:
+def choose(w_cv: np.ndarray, l_cv: np.ndarray) -> np.ndarray:
     """Per update (column), a candidate (row) of the rank work and label CVs (candidates, updates): the fewest label
-    CV summed over the updates with the work CV summed at most `budget`, by the Lagrange multiplier (bisection)
-    that just meets it. Candidate 0 everywhere where that does not beat it (a multiplier reaches only the hull of
-    each update's (work, label) points), so candidate 0 must fit the budget."""
+    CV summed over the updates with the work CV summed at most candidate 0's, by the Lagrange multiplier
+    (bisection) that just meets it; candidate 0 everywhere where that does not beat it (a multiplier reaches only
+    the hull of each update's (work, label) points)."""
     cols = np.arange(w_cv.shape[1])
+    budget = w_cv[0].sum()
 
     def pick(log_mu: float) -> np.ndarray:
         return (l_cv + 10.0 ** log_mu * w_cv).argmin(axis=0)
