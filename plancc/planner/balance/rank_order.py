@@ -22,16 +22,16 @@ micro-steps are kept and only step 2 is tried on them, kept when the rank-total 
    any step's spread; that evens the label totals each rank's gradient sums over. Per update, every pair of ranks
    (in rounds of disjoint pairs) takes its best swap: two sweeps of swaps that lower the sum of squares of the
    ranks' label totals without raising that of their work totals (at a fixed pair total both new totals then lie
-   between the old two), then one sweep at each of three falling prices that trade the two sums of squares (as
-   shares of the update's totals), every rank's work total kept within the update's old [min, max]. Each sweep
-   ends on a candidate order, and each update takes one: the fewest rank label CV summed over the updates whose
+   between the old two), then one sweep at each of two falling prices that trade the two sums of squares (as
+   shares of the update's totals), every rank's work total kept within the update's old [min, max]. The free
+   sweeps and each price end on a candidate order, and each update takes one: the fewest rank label CV summed over the updates whose
    rank work CV summed is at most the free swaps' (a Lagrange multiplier, found by bisection). So the work some
    updates give up for labels, others save: no update's slowest rank or rank work spread grows, and the mean rank
    work CV over the updates (for `--cost tokens`, the metrics' `rank_cost_cv`) ends at most where the free swaps
    leave it.
 
 Update membership never changes; the tail stays in place. Cost: two sorts of the span, G vectorised passes and
-5 * (W - 1) vectorised rounds of W / 2 swap searches over 2^(G-1) - 1 step subsets (swapping the other steps
+4 * (W - 1) vectorised rounds of W / 2 swap searches over 2^(G-1) - 1 step subsets (swapping the other steps
 instead leaves the same two totals).
 """
 
@@ -86,9 +86,10 @@ def order_ranks(batches: Batches, samples: SampleArrays, settings: PlanSettings)
 
 
 # Step 3's sweeps over the rank pairs, in order, each ending on a candidate: (price, sweeps). None: only swaps that
-# raise no work sum of squares; a number: the price of the work shares' squares against the label shares'. 1e4
-# then 1e3 pay off at 200k flattened, 1e2 at padded (rank label CV 0.001-0.002 lower than without it).
-SCHEDULE = ((None, 2), (1e4, 1), (1e3, 1), (1e2, 1))
+# raise no work sum of squares; a number: the price of the work shares' squares against the label shares'. 1e4 then
+# 1e3 lower 200k flattened's rank label CV by about 0.007 over the free sweeps alone; a sweep at 1e2 after them
+# would gain padded 0.0015 more for a fifth more time.
+SCHEDULE = ((None, 2), (1e4, 1), (1e3, 1))
 
 
 def even_rank_labels(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W: int,
