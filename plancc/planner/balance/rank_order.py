@@ -24,11 +24,11 @@ micro-steps are kept and only step 2 is tried on them, kept when the rank-total 
    ranks' label totals without raising that of their work totals (at a fixed pair total both new totals then lie
    between the old two), then one sweep at each of two falling prices that trade the two sums of squares (as
    shares of the update's totals), every rank's work total kept within the update's old [min, max]. The free
-   sweeps and each price end on a candidate order, and each update takes one: the fewest rank label CV summed over the updates whose
-   rank work CV summed is at most the free swaps' (a Lagrange multiplier, found by bisection). So the work some
-   updates give up for labels, others save: no update's slowest rank or rank work spread grows, and the mean rank
-   work CV over the updates (for `--cost tokens`, the metrics' `rank_cost_cv`) ends at most where the free swaps
-   leave it.
+   sweeps and each price end on a candidate order, and each update takes one: the fewest rank label CV summed
+   over the updates whose rank work CV summed is at most the free sweeps' (a Lagrange multiplier, found by
+   bisection). So the work some updates give up for labels, others save: no update's slowest rank or rank work
+   spread grows, and the mean rank work CV over the updates (for `--cost tokens`, the metrics' `rank_cost_cv`)
+   ends at most where the free sweeps leave it.
 
 Update membership never changes; the tail stays in place. Cost: two sorts of the span, G vectorised passes and
 4 * (W - 1) vectorised rounds of W / 2 swap searches over 2^(G-1) - 1 step subsets (swapping the other steps
@@ -108,7 +108,7 @@ BLOCK = 512  # most updates swept at once: a round's arrays then stay in a core'
 
 def sweep_candidates(order: np.ndarray, work: np.ndarray, labels: np.ndarray, W: int,
                      schedule: tuple[tuple[float | None, int], ...]) -> np.ndarray:
-    """The orders (sweeps of `schedule`, updates, W*G) that `schedule`'s sweeps end on (`even_rank_labels`)."""
+    """The candidate orders, (len(schedule), updates, W*G), that `schedule`'s stages end on (`even_rank_labels`)."""
     n_upd = order.shape[0]
     rows = np.arange(n_upd)[:, None]
     # work, labels and microbatch, (W, 3, G, updates): rank-major, cheap to index; floats: squared attention
