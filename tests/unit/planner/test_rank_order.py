@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from plancc.planner.balance import rank_order
 from plancc.planner.balance.rank_order import SCHEDULE, choose, even_rank_labels, pair_rounds, rank_cv
 
 SHAPES = [(2, 1), (2, 4), (3, 2), (4, 3), (5, 2), (8, 4)]  # (W, G)
@@ -90,3 +92,10 @@ def test_pair_rounds_meet_every_pair_once_in_disjoint_rounds(W):
     for r1, r2 in rounds:
         ranks = np.concatenate([r1, r2])
         assert len(set(ranks.tolist())) == len(ranks) and ranks.max() < W
+
+
+def test_blocks_of_updates_change_nothing():
+    order, work, labels = draw(1, 4, 3, n_upd=11, spread=1000)
+    whole = even_rank_labels(order, work, labels, 4)
+    with mock.patch.object(rank_order, "BLOCK", 3):  # blocks of 3, 3, 3 and 2 updates
+        assert np.array_equal(even_rank_labels(order, work, labels, 4), whole)
