@@ -42,7 +42,8 @@ def dataset_codes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
 
 def check_samples(table: pa.Table, path: Path) -> None:
     """Refuse a samples table plancc cannot plan (one line naming `path`, the row and what is wrong): ids negative,
-    unsorted or repeated, a length that is not positive, a label count outside [0, length], no rows."""
+    unsorted or repeated, a length that is not positive, a label count outside [0, length], a supervised first label
+    that the label count leaves out (the planner's target counts would go negative), no rows."""
     sid = column(table, "sample_id")
     length = column(table, "length")
     count = column(table, "label_count")
@@ -51,6 +52,8 @@ def check_samples(table: pa.Table, path: Path) -> None:
         (np.flatnonzero(np.diff(sid) <= 0) + 1, "sample_id is not strictly increasing (unsorted or duplicate)"),
         (np.flatnonzero(length <= 0), "length must be positive"),
         (np.flatnonzero((count < 0) | (count > length)), "label_count must be in [0, length]"),
+        (np.flatnonzero(column(table, "first_label_supervised") & (count == 0)),
+         "first_label_supervised is true but label_count is 0 (a supervised first label is one of the labels)"),
     ]
     for rows, what in problems:
         if rows.size:

@@ -100,6 +100,9 @@ def _set_value(samples: Path, name: str, row: int, value) -> pa.Array:
      "column 'length' has type double, expected int32"),
     (lambda s: {"length": _set_value(s, "length", 7, -3)}, "row 7: length must be positive"),
     (lambda s: {"label_count": _set_value(s, "label_count", 9, 10**6)}, "row 9: label_count must be in [0, length]"),
+    (lambda s: {"label_count": _set_value(s, "label_count", 11, 0),
+                "first_label_supervised": _set_value(s, "first_label_supervised", 11, True)},
+     "row 11: first_label_supervised is true but label_count is 0"),
     (lambda s: {"sample_id": _set_value(s, "sample_id", 5, 4)},
      "row 5: sample_id is not strictly increasing (unsorted or duplicate)"),
 ])
