@@ -9,6 +9,7 @@ Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from plancc.planner import budget, holdout
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
-from plancc.store import outputs, parquet, plan_tables, schemas, token_store, token_writer
+from plancc.store import outputs, parquet, plan_tables, schemas, spill, token_store, token_writer
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -65,6 +66,10 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     eval_ids, shared = _eval_set(s, samples, settings)
     budget.check_fits(_trained_sizes(s, samples.index, settings, eval_ids), settings, available_memory(),
                       per_unit=2 if s.kind == "preference" else 1)
+    samples = dataclasses.replace(samples, table=spill.spill_columns(samples.table, spill.WRITER_COLUMNS,
+                                                                     spill.spill_directory(out_dir)))
+    s = parquet.sample_arrays(samples.table)  # a view of the spilled table: the old one kept the old columns alive
+    pa.default_memory_pool().release_unused()  # their buffers, freed now, back to the system
     run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids, index=samples.index)
     mixed = None if samples.datasets is None else {
         "datasets": samples.datasets, "metrics": epoch_metrics(run.epochs, samples, settings.shift)}
