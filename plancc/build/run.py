@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from plancc.build.carry import Stored, settle
 from plancc.build.recipe import epoch_metrics, join_recipe
@@ -135,21 +134,19 @@ def data_paths(out_dir: str | Path, source_paths: tuple[str, ...], has_tokens: b
 
 
 def _epoch_tables(epochs: list[EpochPlan], s: SampleArrays, settings: PlanSettings
-                  ) -> tuple[pa.Table, dict[str, str], list[dict[str, Any]], tuple[EpochSummary, ...]]:
+                  ) -> tuple[plan_tables.PlanRows, dict[str, str], list[dict[str, Any]], tuple[EpochSummary, ...]]:
     """The planned epochs as the plan table's rows (sorted by epoch, rank, index: one rank's epoch is a filtered
     read), each epoch's plan fingerprint, the metric rows and what the manifest says of each epoch."""
-    tables, fingerprints, metric_rows, summaries = [], {}, [], []
+    columns, fingerprints, metric_rows, summaries = [], {}, [], []
     for p in epochs:
         cols = plan_columns(p, s, settings)
         fingerprints[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_tables.plan_table(cols, schemas.plan_schema(s.kind)))
+        columns.append(cols)
         metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
         after = p.metrics[-1][1]
         summaries.append(EpochSummary(p.epoch, after["batches"], after["updates"], after["samples"],
                                       after["dropped_samples"]))
-    rows = pa.concat_tables(tables)
-    rows = rows.take(pc.sort_indices(rows, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    return rows, fingerprints, metric_rows, tuple(summaries)
+    return plan_tables.PlanRows(columns, schemas.plan_schema(s.kind)), fingerprints, metric_rows, tuple(summaries)
 
 
 def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table, EvalSummary, str]:
