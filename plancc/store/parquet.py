@@ -91,11 +91,14 @@ class Held:
             if self.mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
                 self.mapping.madvise(mmap.MADV_DONTNEED, a, min(block, end - a))
 
-    def drop_pages(self) -> None:
-        """Drop the file's pages from this process's resident set (they stay in the shared page cache; a later
-        read maps them again)."""
+    def drop_pages(self, start: int, end: int) -> None:
+        """Drop the file's pages of bytes [start, end) from this process's resident set (they stay in the shared
+        page cache; a later read maps them again)."""
         if self.mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
-            self.mapping.madvise(mmap.MADV_DONTNEED)
+            start -= start % mmap.PAGESIZE
+            end = min(end, len(self.mapping))
+            if end > start:
+                self.mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def parquet(self) -> pq.ParquetFile:
         """The file as Parquet, its footer parsed once (refused naming the file when it is not Parquet)."""
@@ -320,7 +323,7 @@ def _read_by_group(held: Held, expected: pa.Schema, threads: bool) -> pa.Table:
                 chunks[name] += values.chunks
         at += part.num_rows
         del part
-        held.drop_pages()
+        held.drop_pages(*_byte_span(pf.metadata.row_group(g)))
     for name in schema.names:
         if name in nulls:
             count, row = nulls[name]
@@ -332,6 +335,13 @@ def _read_by_group(held: Held, expected: pa.Schema, threads: bool) -> pa.Table:
         [arrow_array(fixed[f.name], f.type) if f.name in fixed
          else pa.concat_arrays(chunks[f.name]) if chunks[f.name] else pa.nulls(0, f.type) for f in schema],
         schema=schema)
+
+
+def _byte_span(group: pq.RowGroupMetaData) -> tuple[int, int]:
+    """The bytes of the file a row group's column chunks take, [first, end)."""
+    chunks = [group.column(j) for j in range(group.num_columns)]
+    starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
+    return min(starts), max(a + c.total_compressed_size for a, c in zip(starts, chunks, strict=True))
 
 
 def sample_arrays(table: pa.Table) -> SampleArrays:
