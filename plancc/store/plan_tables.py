@@ -3,6 +3,7 @@ that writes them with the manifest (`write_plan_files`)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +112,13 @@ def write_plan_files(directory: Path, manifest: Manifest, rows: PlanRows, sample
     """
     record = manifest.to_json()
     plan_meta = {META_KEY: orjson.dumps({**record, "kind": "plan"}, option=orjson.OPT_SORT_KEYS)}
-    plan_body.write_row_groups(rows.schema, rows.epoch, rows.rank, rows.rows, directory / PLAN_FILE, plan_meta)
     fingerprints, settings = record["fingerprints"], record["settings"]
     schema = samples_schema(DATASET_COLUMN in samples.column_names, data_kind_of(samples.column_names))
-    write_parquet(samples.select(schema.names).cast(schema), directory / SAMPLES_FILE,
-                  file_metadata("samples", fingerprints, settings))
+    with ThreadPoolExecutor(1) as pool:  # the two large files compress on both cores (Arrow's writer frees the GIL)
+        samples_written = pool.submit(write_parquet, samples.select(schema.names).cast(schema),
+                                      directory / SAMPLES_FILE, file_metadata("samples", fingerprints, settings))
+        plan_body.write_row_groups(rows.schema, rows.epoch, rows.rank, rows.rows, directory / PLAN_FILE, plan_meta)
+        samples_written.result()
     write_parquet(metrics, directory / METRICS_FILE, file_metadata("metrics", fingerprints, settings))
     write_parquet(before, directory / BEFORE_FILE, file_metadata("before", fingerprints, settings))
     if evaluation is not None:
