@@ -56,6 +56,9 @@ def plan_table(cols: dict[str, Any], schema: pa.Schema = PLAN_SCHEMA) -> pa.Tabl
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+NESTED = ("sample_ids", "row_bounds", "batch_bounds")  # the CSR of `sample_ids`; every other column is per row
+
+
 class PlanRows:
     """Every epoch's plan rows in the plan file's order, (epoch, rank, index), made a row group at a time from each
     epoch's columns (`pipeline.plan_columns`, in index order): a sorted copy of the whole plan table was the
@@ -82,9 +85,6 @@ def _taken(cols: dict[str, Any], batches: np.ndarray) -> dict[str, Any]:
     nested = permute_batches(Batches(cols["sample_ids"], cols["row_bounds"], cols["batch_bounds"]), batches)
     return {**{name: values[batches] for name, values in cols.items() if name not in NESTED},
             "sample_ids": nested.samples, "row_bounds": nested.row_bounds, "batch_bounds": nested.batch_bounds}
-
-
-NESTED = ("sample_ids", "row_bounds", "batch_bounds")  # the CSR of `sample_ids`; every other column is per row
 
 
 def eval_table(cols: dict[str, Any]) -> pa.Table:
