@@ -11,7 +11,11 @@ The samples table is the SFT mix of `synthetic.sft_mix`, drawn in chunks of CHUN
 (seed, k)) and written one row group a chunk, so making the 100M table never holds more than a chunk; it is
 cached under $PLANCC_BENCH_DIR (default /tmp/plancc-bench).
 
-    python benchmarks/bench_scale.py [--sizes 10000000,50000000,100000000] [--runs 1] [--seeds 0]
+    python benchmarks/bench_scale.py [--sizes 10000000,50000000,100000000] [--runs 1] [--seeds 0] [--reference DIR]
+
+`--reference DIR` (a plancc source folder, e.g. `git archive main plancc | tar -x -C DIR`) runs that code's compile
+beside this checkout's, alternating run by run so both meet the same load, and prints a row of each ("before",
+"after"); every child then imports plancc from its folder alone (`python -P`, PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -59,9 +63,28 @@ def balance_figures(plan_dir: Path) -> dict[str, float]:
     return {k: after[k] for k in FIGURES}
 
 
-def compile_cmd(src: Path, out: Path, seed: int) -> list[str]:
-    return [sys.executable, "-m", "plancc", "compile", str(src), "-o", str(out), "--overwrite", "--seed", str(seed),
-            *FLAGS]
+HERE = Path(__file__).resolve().parent.parent  # this checkout: the folder holding its plancc/
+
+
+def compile_cmd(src: Path, out: Path, seed: int, code: Path | None = None) -> list[str]:
+    """The compile child; with `code`, one that imports plancc from that folder only (see `run`)."""
+    python = [sys.executable] if code is None else [sys.executable, "-P"]  # -P: not the working folder's plancc
+    return [*python, "-m", "plancc", "compile", str(src), "-o", str(out), "--overwrite", "--seed", str(seed), *FLAGS]
+
+
+def run(cmd: list[str], code: Path | None) -> dict[str, float]:
+    """`child_usage` of `cmd`, its plancc imported from `code` (None: as the environment finds it)."""
+    if code is None:
+        return child_usage(cmd)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(code)
+    try:
+        return child_usage(cmd)
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def main() -> None:
@@ -70,26 +93,31 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="runs per size and seed")
     ap.add_argument("--seeds", default="0", help="plan seeds, comma-separated")
     ap.add_argument("--json", type=Path, help="also write every run's figures here")
+    ap.add_argument("--reference", type=Path, help="a plancc source folder to run beside this checkout")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     out = WORK / "scale-plan"
-    child_usage(compile_cmd(samples_file(100_000), out, 0))  # warm-up: numba's on-disk cache
+    codes = {"": None} if args.reference is None else {" before": args.reference.resolve(), " after": HERE}
+    for code in codes.values():
+        run(compile_cmd(samples_file(100_000), out, 0, code), code)  # warm-up: numba's on-disk cache
     print("| samples | runs | wall s (min / median / max) | CPU s | peak RSS GiB | update label CV | "
           "microbatch label CV | packing efficiency |")
     print("|---|---|---|---|---|---|---|---|")
     record = []
     for n in (int(x) for x in args.sizes.split(",")):
         src = samples_file(n)
-        runs = []
+        runs: dict[str, list[dict]] = {label: [] for label in codes}
         for seed in seeds:
             for _ in range(args.runs):
-                runs.append({"samples": n, "seed": seed, **child_usage(compile_cmd(src, out, seed)),
-                             **balance_figures(out)})
-        record += runs
-        cols = [spread([r[k] for r in runs], fmt) for k, fmt in
-                (("wall", ".0f"), ("cpu", ".0f"), ("rss", ".2f"), ("update_label_cv", ".2e"), ("label_cv", ".4f"),
-                 ("packing_efficiency", ".4f"))]
-        print(f"| {n:,} | {len(runs)} | " + " | ".join(cols) + " |", flush=True)
+                for label, code in codes.items():  # alternating: both codes meet the same load
+                    runs[label].append({"samples": n, "seed": seed, "code": label.strip(),
+                                        **run(compile_cmd(src, out, seed, code), code), **balance_figures(out)})
+        for label, done in runs.items():
+            record += done
+            cols = [spread([r[k] for r in done], fmt) for k, fmt in
+                    (("wall", ".0f"), ("cpu", ".1f"), ("rss", ".2f"), ("update_label_cv", ".2e"), ("label_cv", ".4f"),
+                     ("packing_efficiency", ".4f"))]
+            print(f"| {n:,}{label} | {len(done)} | " + " | ".join(cols) + " |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(record, indent=1))
 

@@ -9,13 +9,13 @@ Data flows one way: source -> samples table (scan) -> per-epoch plans (compile) 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from plancc.build.carry import Stored, settle
 from plancc.build.recipe import epoch_metrics, join_recipe
@@ -30,7 +30,7 @@ from plancc.planner import budget, holdout
 from plancc.planner.evaluation import EvalPlan, eval_columns
 from plancc.planner.metrics import SourceDrops
 from plancc.planner.pipeline import EpochPlan, Progress, compile_run, plan_columns
-from plancc.store import outputs, parquet, plan_tables, schemas, token_store, token_writer
+from plancc.store import outputs, parquet, plan_tables, schemas, spill, token_store, token_writer
 from plancc.store.fingerprint import (
     before_checksum,
     config_fingerprint,
@@ -65,6 +65,10 @@ def compile_plan(resolved: Resolved, out_dir: str | Path, *, cache_dir: Path | N
     eval_ids, shared = _eval_set(s, samples, settings)
     budget.check_fits(_trained_sizes(s, samples.index, settings, eval_ids), settings, available_memory(),
                       per_unit=2 if s.kind == "preference" else 1)
+    samples = dataclasses.replace(samples, table=spill.spill_columns(samples.table, spill.WRITER_COLUMNS,
+                                                                     spill.spill_directory(out_dir)))
+    s = parquet.sample_arrays(samples.table)  # a view of the spilled table: the old one kept the old columns alive
+    pa.default_memory_pool().release_unused()  # their buffers, freed now, back to the system
     run = compile_run(s, settings, progress=progress, drops=drops, eval_ids=eval_ids, index=samples.index)
     mixed = None if samples.datasets is None else {
         "datasets": samples.datasets, "metrics": epoch_metrics(run.epochs, samples, settings.shift)}
@@ -130,21 +134,19 @@ def data_paths(out_dir: str | Path, source_paths: tuple[str, ...], has_tokens: b
 
 
 def _epoch_tables(epochs: list[EpochPlan], s: SampleArrays, settings: PlanSettings
-                  ) -> tuple[pa.Table, dict[str, str], list[dict[str, Any]], tuple[EpochSummary, ...]]:
+                  ) -> tuple[plan_tables.PlanRows, dict[str, str], list[dict[str, Any]], tuple[EpochSummary, ...]]:
     """The planned epochs as the plan table's rows (sorted by epoch, rank, index: one rank's epoch is a filtered
     read), each epoch's plan fingerprint, the metric rows and what the manifest says of each epoch."""
-    tables, fingerprints, metric_rows, summaries = [], {}, [], []
+    columns, fingerprints, metric_rows, summaries = [], {}, [], []
     for p in epochs:
         cols = plan_columns(p, s, settings)
         fingerprints[str(p.epoch)] = plan_fingerprint(cols)
-        tables.append(plan_tables.plan_table(cols, schemas.plan_schema(s.kind)))
+        columns.append(cols)
         metric_rows += [{"epoch": p.epoch, "stage": stage, **row} for stage, row in p.metrics]
         after = p.metrics[-1][1]
         summaries.append(EpochSummary(p.epoch, after["batches"], after["updates"], after["samples"],
                                       after["dropped_samples"]))
-    rows = pa.concat_tables(tables)
-    rows = rows.take(pc.sort_indices(rows, [("epoch", "ascending"), ("rank", "ascending"), ("index", "ascending")]))
-    return rows, fingerprints, metric_rows, tuple(summaries)
+    return plan_tables.PlanRows(columns, schemas.plan_schema(s.kind)), fingerprints, metric_rows, tuple(summaries)
 
 
 def _eval_table(evaluation: EvalPlan, settings: PlanSettings) -> tuple[pa.Table, EvalSummary, str]:

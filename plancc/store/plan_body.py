@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -81,12 +82,19 @@ class _Hashing:
 def write_rows(rows: pa.Table, path: Path, metadata: dict[bytes, bytes]) -> None:
     """Write the plan table (sorted by (epoch, rank, index)) in rank blocks, with `metadata` and the body digest
     (module docstring); deterministic bytes for identical rows and metadata."""
+    write_row_groups(rows.schema, column(rows, "epoch"), column(rows, "rank"), lambda a, b: rows.slice(a, b - a),
+                     path, metadata)
+
+
+def write_row_groups(schema: pa.Schema, epoch: np.ndarray, rank: np.ndarray, rows_at: Callable[[int, int], pa.Table],
+                     path: Path, metadata: dict[bytes, bytes]) -> None:
+    """`write_rows` of rows given by their sorted `epoch` and `rank` and, a row group at a time, by `rows_at(a, b)`
+    (rows a..b-1, one contiguous table): the writer never needs the whole sorted table at once."""
     sink = _Hashing(path)
     try:
-        with pq.ParquetWriter(sink, rows.schema.with_metadata(metadata), **_WRITE_OPTIONS) as writer:
-            bounds = group_bounds(column(rows, "epoch"), column(rows, "rank"))
-            for a, b in itertools.pairwise(bounds):
-                writer.write_table(rows.slice(a, b - a), row_group_size=b - a)
+        with pq.ParquetWriter(sink, schema.with_metadata(metadata), **_WRITE_OPTIONS) as writer:
+            for a, b in itertools.pairwise(group_bounds(epoch, rank)):
+                writer.write_table(rows_at(a, b), row_group_size=b - a)
             body = sink.size
             writer.add_key_value_metadata({ROWS_KEY: sink.digest.hexdigest().encode()})
     finally:

@@ -18,7 +18,7 @@ import numpy as np
 
 from plancc.planner.pack.best_fit import best_fit
 from plancc.planner.pack.left_out import close_left_out
-from plancc.planner.sort import longest_first, stable_order
+from plancc.planner.sort import longest_first_of, stable_order
 
 REPAIRS = 8  # rows more than 0.01% above the lower bound that the plain packing tries to give back
 CROWDED = 16  # samples a row on average from which rows above the lower bound are given back
@@ -30,11 +30,10 @@ def pack_best_fit(lengths: np.ndarray, capacity: int, rng: np.random.Generator) 
     Rows come out in a seeded random order; inside a row, items keep their placement order.
     """
     n = lengths.shape[0]
-    if n and int(lengths.max()) > capacity:
-        raise ValueError(f"an item of length {int(lengths.max())} exceeds the row capacity {capacity}")
-    shuffled = rng.permutation(n)
-    order = shuffled[longest_first(lengths[shuffled])]
-    del shuffled  # each item-sized array is freed once used (docs/benchmarks.md, Scale)
+    longest = int(lengths.max()) if n else 0
+    if longest > capacity:
+        raise ValueError(f"an item of length {longest} exceeds the row capacity {capacity}")
+    order = longest_first_of(rng.permutation(n), lengths, longest + 1)  # each item-sized array freed once used
     sizes = lengths[order].astype(np.int64, copy=False)
     assign, rows = best_fit(sizes, int(capacity), np.zeros(0, dtype=np.int64), True)
     assign, rows = _give_back_rows(sizes, assign, rows, int(capacity), rng)
