@@ -34,6 +34,8 @@ class Tables(NamedTuple):
     sub_len: np.ndarray  # (slots, SUB_CAP) each subset's tokens, the slot's subsets by length (ties: as enumerated)
     sub_val: np.ndarray  # (slots, SUB_CAP) each subset's labels, same order
     sub_mask: np.ndarray  # (slots, SUB_CAP) each subset's items, a bit per position in `items`, same order
+    sub_top: np.ndarray  # (slots, SUB_CAP) padded only: each subset's longest item, same order
+    rest_top: np.ndarray  # (slots, SUB_CAP) padded only: the slot's longest item outside each subset, same order
     new_len: np.ndarray  # (SUB_CAP,) scratch: a slot's subsets as enumerated, before sorting (tokens,
     new_val: np.ndarray  # (SUB_CAP,) labels,
     new_mask: np.ndarray  # (SUB_CAP,) masks)
@@ -187,13 +189,15 @@ def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
 
 
 @numba.njit(cache=True)
-def rebuild(slot, tables, item_len, item_val, max_sub, exact):
+def rebuild(slot, tables, item_len, item_val, max_sub, exact, tops):
     """Rebuild the table of `slot` (stale since its row traded: `Tables.valid`): enumerate, sort, store by length.
 
     Args:
         slot: int — a slot of the window.
         tables: `Tables` (the slot's table written).
         item_len, item_val, max_sub, exact: as `fill_subsets`.
+        tops: bool — also fill `sub_top` and `rest_top` (padded costs: the merge join then tests a trade's costs
+            with four loads, not two scans of the slots' items).
     """
     count = fill_subsets(tables.items[slot], tables.n_items[slot], item_len, item_val, max_sub, exact,
                          tables.new_len, tables.new_val, tables.new_mask)
@@ -203,26 +207,41 @@ def rebuild(slot, tables, item_len, item_val, max_sub, exact):
         tables.sub_len[slot, i] = tables.new_len[k]
         tables.sub_val[slot, i] = tables.new_val[k]
         tables.sub_mask[slot, i] = tables.new_mask[k]
+    for i in range(count if tops else 0):
+        mask = tables.sub_mask[slot, i]
+        inside = 0
+        outside = 0
+        for x in range(tables.n_items[slot]):
+            length = item_len[tables.items[slot, x]]
+            if (mask >> x) & 1:
+                inside = max(inside, length)
+            else:
+                outside = max(outside, length)
+        tables.sub_top[slot, i] = inside
+        tables.rest_top[slot, i] = outside
     tables.n_subsets[slot] = count
     tables.valid[slot] = True
 
 
 @numba.njit(cache=True)
-def window_tables(window_mbs, state, slot_of):
+def window_tables(window_mbs, state, slot_of, tops):
     """Subset tables for the kernel rows of the window's microbatches: item lists filled, every table stale.
 
     Args:
         window_mbs: int64 (window,) — the window's microbatches.
         state: `_exchange.State`.
         slot_of: int64 (kernel rows,) — written for the window's rows: each one's slot.
+        tops: bool — room for `sub_top` and `rest_top` (else they are empty).
     """
     n_slots = 0
     for mb in window_mbs:
         n_slots += state.batch_bounds[mb + 1] - state.batch_bounds[mb]
+    n_tops = n_slots if tops else 0
     tables = Tables(slot_of, np.zeros(n_slots, dtype=np.bool_), np.zeros(n_slots, dtype=np.int64),
                     np.empty((n_slots, LOCAL), np.int64), np.zeros(n_slots, dtype=np.int64),
                     np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
-                    np.empty((n_slots, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64),
+                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_tops, SUB_CAP), np.int64),
+                    np.empty((n_tops, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64),
                     np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64),
                     np.empty(LOCAL, np.int64), np.empty(LOCAL, np.int64))
     slot = 0
