@@ -27,13 +27,14 @@ subsets, rebuilt only after their row traded: O(SUB_CAP log) each) and a merge j
 `scan_limit` candidates, so O(microbatches x rounds x passes) with a constant of SUB_CAP x `scan_limit`
 candidate checks, in parallel over windows.
 
-The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the
-scalars that bound a trade and a window) and `Tables` (one window's subset tables, built and refilled in
-`_subset_tables`). numba reference-counts an array each time a variable takes it, and an `inline="always"` helper's
-parameters are such variables: inlining one that takes `State` or `Tables` costs two atomic operations per array
-of them (25 arrays) on every call, which made the trades a third slower. So only scalar helpers are inlined; the
-search indexes the structures in place, and what takes them whole (`rebuild`, `_apply_trade`) runs only where a
-table is stale or a trade is made.
+The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the scalars
+that bound a trade and a window) and `Tables` (one window's subset tables, built and refilled in `_subset_tables`).
+numba reference-counts an array each time a variable takes it, and a helper's parameters are such variables, inlined
+or not: a call that takes `State` or `Tables` costs two atomic operations per array of them (29 arrays), which made
+the trades a third slower when paid per pair, and still cost padded's many short rounds much when paid per round. So
+only scalar helpers are inlined and a window's rounds and searches run in one call (`_trade_rounds`); the search
+indexes the structures in place, and what takes them whole (`rebuild`, `_apply_trade`) runs only where a table is
+stale or a trade is made; padded costs come from per-subset columns of the tables, not from a call.
 
 Modes (`cost_mode`): PACKED (rows of items, capacity per row, microbatch cost = rows x padded longest row),
 FLATTENED (one row, exact item counts, cost = tokens), PADDED (one group of items per microbatch, exact counts,
@@ -150,8 +151,8 @@ def _secondary(items, slot, mask, item_len, length, square):
 
 @numba.njit(cache=True)
 def _cost_before(mb_a, mb_b, batch_bounds, row_tok, rules):
-    """The pair's cost total before a trade between microbatches `mb_a` and `mb_b` (packed, flattened). Args as
-    `_cost_allowed`."""
+    """The pair's cost total before a trade between microbatches `mb_a` and `mb_b` (packed, flattened).
+    Args as `_cost_allowed`."""
     return (_mb_cost(mb_a, -1, 0, -1, 0, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
             + _mb_cost(mb_b, -1, 0, -1, 0, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode))
 
@@ -159,7 +160,7 @@ def _cost_before(mb_a, mb_b, batch_bounds, row_tok, rules):
 @numba.njit(cache=True)
 def _cost_allowed(mb_a, mb_b, row_a, row_b, len_a, len_b, before, row_tok, batch_bounds, rules):
     """Whether a trade keeps both microbatches' costs within the peak and the pair's total within `before` (packed,
-    flattened; padded tests its costs in `_trade_pairs`, from the subset tables).
+    flattened; padded tests its costs in `_trade_rounds`, from the subset tables).
 
     Args:
         mb_a, mb_b, row_a, row_b: int — the microbatches and their kernel rows that trade.
@@ -356,7 +357,7 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
     Args:
         mb_a, mb_b: int — the microbatches of row_a and row_b.
         trade: 10 int64 — (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b), as
-            `_trade_pairs` finds it.
+            `_trade_rounds` finds it.
         state, tables: `State` and the window's `Tables`, changed in place.
     """
     row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b = trade
