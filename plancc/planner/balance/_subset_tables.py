@@ -45,7 +45,7 @@ class Tables(NamedTuple):
     keep_b: np.ndarray  # (LOCAL,)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def fill_subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, out_val, out_mask):
     """Fill a subset table: subsets of `items[:n_items]` of size 0 (unless `exact`), 1, 2, 3 (up to `max_sub`; triples
     only for rows of at most 16 items), at most SUB_CAP of them; returns how many.
@@ -109,7 +109,7 @@ def popcount(mask):
     return count
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def radix_order(keys, count, order, scratch):
     """Stable ascending order of the non-negative `keys[:count]` into `order[:count]`: LSD radix sort, 8 bits a pass.
 
@@ -152,7 +152,7 @@ def radix_order(keys, count, order, scratch):
             order[i] = scratch[i]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _insertion_order(keys, count, order):
     """`radix_order` of a short table (args as `radix_order`): stable insertion sort of positions by key."""
     for i in range(count):
@@ -191,6 +191,9 @@ def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
 @numba.njit(cache=True)
 def rebuild(slot, tables, item_len, item_val, max_sub, exact, tops):
     """Rebuild the table of `slot` (stale since its row traded: `Tables.valid`): enumerate, sort, store by length.
+
+    Every slot of every window is built at least once, so this runs about once per kernel row and pass: its helpers
+    (`fill_subsets`, `radix_order`) are inlined, one call a table instead of three.
 
     Args:
         slot: int — a slot of the window.
