@@ -30,11 +30,12 @@ candidate checks, in parallel over windows.
 The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the scalars
 that bound a trade and a window) and `Tables` (one window's subset tables, built and refilled in `_subset_tables`).
 numba reference-counts an array each time a variable takes it, and a helper's parameters are such variables, inlined
-or not: a call that takes `State` or `Tables` costs two atomic operations per array of them (29 arrays), which made
-the trades a third slower when paid per pair, and still cost padded's many short rounds much when paid per round. So
-only scalar helpers are inlined and a window's rounds and searches run in one call (`_trade_rounds`); the search
-indexes the structures in place, and what takes them whole (`rebuild`, `_apply_trade`) runs only where a table is
-stale or a trade is made; padded costs come from per-subset columns of the tables, not from a call.
+or not: a call that takes `State` or `Tables` costs two atomic operations per array of them (12 and 8: `Tables`
+keeps its columns in a few shared arrays for this reason), which made the trades a third slower when paid per pair,
+and still cost much when paid per round or per table rebuild. So only scalar helpers are inlined and a window's
+rounds and searches run in one call (`_trade_rounds`); the search indexes the structures in place, and what takes
+them whole (`rebuild`, `_apply_trade`) runs only where a table is stale or a trade is made; padded costs come from
+per-subset columns of the tables, not from a call.
 
 Modes (`cost_mode`): PACKED (rows of items, capacity per row, microbatch cost = rows x padded longest row),
 FLATTENED (one row, exact item counts, cost = tokens), PADDED (one group of items per microbatch, exact counts,
@@ -50,6 +51,11 @@ import numpy as np
 
 from plancc.core.jit import numba
 from plancc.planner.balance._subset_tables import (
+    LEN,
+    MASK,
+    REST,
+    TOP,
+    VAL,
     popcount,
     rebuild,
     refill,
@@ -281,27 +287,31 @@ def _trade_rounds(window_mbs, state, rules, tables):
                 n_sub_a, n_sub_b = tables.n_subsets[slot_a], tables.n_subsets[slot_b]
                 if n_sub_a == 0 or n_sub_b == 0:
                     continue
-                free_a, free_b = state.row_cap[row_a] - state.row_tok[row_a], state.row_cap[row_b] - state.row_tok[row_b]
+                free_a = state.row_cap[row_a] - state.row_tok[row_a]
+                free_b = state.row_cap[row_b] - state.row_tok[row_b]
                 # padded: a microbatch costs its items x its longest item, which the tables hold per subset
                 n_a, n_b = tables.n_items[slot_a], tables.n_items[slot_b]
                 if padded:  # any subset's longest item inside or outside it is the slot's longest
-                    before = (n_a * _padded(max(tables.sub_top[slot_a, 0], tables.rest_top[slot_a, 0]), rules.pad_multiple)
-                              + n_b * _padded(max(tables.sub_top[slot_b, 0], tables.rest_top[slot_b, 0]), rules.pad_multiple))
+                    top_a = max(tables.subsets[slot_a, TOP, 0], tables.subsets[slot_a, REST, 0])
+                    top_b = max(tables.subsets[slot_b, TOP, 0], tables.subsets[slot_b, REST, 0])
+                    before = n_a * _padded(top_a, rules.pad_multiple) + n_b * _padded(top_b, rules.pad_multiple)
                 else:
                     before = 0 if simple_cost else _cost_before(mb_a, mb_b, bounds, state.row_tok, rules)
                 start = 0
                 for i in range(n_sub_a):
-                    len_a, val_a, mask_a = tables.sub_len[slot_a, i], tables.sub_val[slot_a, i], tables.sub_mask[slot_a, i]
+                    len_a, val_a = tables.subsets[slot_a, LEN, i], tables.subsets[slot_a, VAL, i]
+                    mask_a = tables.subsets[slot_a, MASK, i]
                     size_a = popcount(mask_a)
-                    # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a, row_b at tok_b + len_a - len_b
+                    # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a,
+                    # row_b at tok_b + len_a - len_b <= cap_b
                     low, high = len_a - free_b, len_a + free_a
-                    while start < n_sub_b and tables.sub_len[slot_b, start] < low:
+                    while start < n_sub_b and tables.subsets[slot_b, LEN, start] < low:
                         start += 1
                     for j in range(start, min(start + rules.scan_limit, n_sub_b)):
-                        len_b = tables.sub_len[slot_b, j]
+                        len_b = tables.subsets[slot_b, LEN, j]
                         if len_b > high:
                             break
-                        val_b, mask_b = tables.sub_val[slot_b, j], tables.sub_mask[slot_b, j]
+                        val_b, mask_b = tables.subsets[slot_b, VAL, j], tables.subsets[slot_b, MASK, j]
                         gap = gap0 - 2 * (val_a - val_b)  # val_a - val_b labels move from A to B
                         # one test, no branch per condition (`|`): most candidates fail it, in no predictable pattern
                         if ((abs(gap) >= abs(gap0)) | ((size_a == 0) & (mask_b == 0))
@@ -318,9 +328,9 @@ def _trade_rounds(window_mbs, state, rules, tables):
                         if score >= best_score:
                             continue
                         if padded:
-                            cost_a = n_a * _padded(max(tables.rest_top[slot_a, i], tables.sub_top[slot_b, j]),
+                            cost_a = n_a * _padded(max(tables.subsets[slot_a, REST, i], tables.subsets[slot_b, TOP, j]),
                                                    rules.pad_multiple)
-                            cost_b = n_b * _padded(max(tables.rest_top[slot_b, j], tables.sub_top[slot_a, i]),
+                            cost_b = n_b * _padded(max(tables.subsets[slot_b, REST, j], tables.subsets[slot_a, TOP, i]),
                                                    rules.pad_multiple)
                             if cost_a > rules.peak or cost_b > rules.peak or cost_a + cost_b > before:
                                 continue
@@ -366,17 +376,17 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
     n_a = tables.n_items[slot_a]
     n_b = tables.n_items[slot_b]
     for x in range(n_a):  # (loops, not slice copies: see `_subset_tables.radix_order`)
-        tables.keep_a[x] = tables.items[slot_a, x]
+        tables.keep[0, x] = tables.items[slot_a, x]
     for x in range(n_b):
-        tables.keep_b[x] = tables.items[slot_b, x]
+        tables.keep[1, x] = tables.items[slot_b, x]
     for x in range(n_a):
         if (mask_a >> x) & 1:
-            state.row_of[tables.keep_a[x]] = row_b
+            state.row_of[tables.keep[0, x]] = row_b
     for x in range(n_b):
         if (mask_b >> x) & 1:
-            state.row_of[tables.keep_b[x]] = row_a
-    tables.n_items[slot_a] = refill(tables.items, slot_a, tables.keep_b, n_b, mask_b, tables.keep_a, n_a, mask_a)
-    tables.n_items[slot_b] = refill(tables.items, slot_b, tables.keep_a, n_a, mask_a, tables.keep_b, n_b, mask_b)
+            state.row_of[tables.keep[1, x]] = row_a
+    tables.n_items[slot_a] = refill(tables.items, slot_a, tables.keep[1], n_b, mask_b, tables.keep[0], n_a, mask_a)
+    tables.n_items[slot_b] = refill(tables.items, slot_b, tables.keep[0], n_a, mask_a, tables.keep[1], n_b, mask_b)
     tables.valid[slot_a] = False
     tables.valid[slot_b] = False
     state.row_tok[row_a] += len_b - len_a
