@@ -18,7 +18,8 @@ MAX_FUNCTION_LINES = 60
 # their inner loops (a 1.2-1.4x slower balancing stage, docs/benchmarks.md "The trade kernel"); their steps are
 # named by comments and their callees document every parameter.
 LONGER = {
-    "plancc/planner/balance/_exchange.py::_trade_pairs": "the trade search's one hot loop over candidate pairs",
+    "plancc/planner/balance/_exchange.py::_trade_rounds": "a window's rounds and the trade search's one hot loop: "
+                                                          "one call, not one a round (reference counts)",
     "plancc/planner/balance/_common.py::_exchange_span": "one window's exchange rounds, inlined into the kernels",
 }
 

@@ -27,13 +27,15 @@ subsets, rebuilt only after their row traded: O(SUB_CAP log) each) and a merge j
 `scan_limit` candidates, so O(microbatches x rounds x passes) with a constant of SUB_CAP x `scan_limit`
 candidate checks, in parallel over windows.
 
-The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the
-scalars that bound a trade and a window) and `Tables` (one window's subset tables, built and refilled in
-`_subset_tables`). numba reference-counts an array each time a variable takes it, and an `inline="always"` helper's
-parameters are such variables: inlining one that takes `State` or `Tables` costs two atomic operations per array
-of them (25 arrays) on every call, which made the trades a third slower. So only scalar helpers are inlined; the
-search indexes the structures in place, and what takes them whole (`rebuild`, `_apply_trade`) runs only where a
-table is stale or a trade is made.
+The kernel's data is three structures: `State` (the plan's arrays the trades read and change), `Rules` (the scalars
+that bound a trade and a window) and `Tables` (one window's subset tables, built and refilled in `_subset_tables`).
+numba reference-counts an array each time a variable takes it, and a helper's parameters are such variables, inlined
+or not: a call that takes `State` or `Tables` costs two atomic operations per array of them (12 and 8: `Tables`
+keeps its columns in a few shared arrays for this reason), which made the trades a third slower when paid per pair,
+and still cost much when paid per round or per table rebuild. So only scalar helpers are inlined and a window's
+rounds and searches run in one call (`_trade_rounds`); the search indexes the structures in place, and what takes
+them whole (`rebuild`, `_apply_trade`) runs only where a table is stale or a trade is made; padded costs come from
+per-subset columns of the tables, not from a call.
 
 Modes (`cost_mode`): PACKED (rows of items, capacity per row, microbatch cost = rows x padded longest row),
 FLATTENED (one row, exact item counts, cost = tokens), PADDED (one group of items per microbatch, exact counts,
@@ -49,6 +51,11 @@ import numpy as np
 
 from plancc.core.jit import numba
 from plancc.planner.balance._subset_tables import (
+    LEN,
+    MASK,
+    REST,
+    TOP,
+    VAL,
     popcount,
     rebuild,
     refill,
@@ -149,87 +156,51 @@ def _secondary(items, slot, mask, item_len, length, square):
 
 
 @numba.njit(cache=True)
-def _max_len_after(items, slot, n_items, item_len, out_mask, slot_in, in_mask):
-    """Longest item of slot `slot` after it gives up its `out_mask` items and takes the `in_mask` items of `slot_in`.
-
-    Args:
-        items: int64 (slots, LOCAL) — `Tables.items`.
-        slot: int — the slot whose longest item is asked for.
-        n_items: int — its items.
-        item_len: `State.item_len`.
-        out_mask: int64 — bit mask of the items it gives up (0: none).
-        slot_in: int — the slot it takes items from.
-        in_mask: int64 — bit mask of those items (0: none).
-    """
-    longest = 0
-    for x in range(n_items):
-        if (out_mask >> x) & 1:
-            continue
-        longest = max(longest, item_len[items[slot, x]])
-    x = 0
-    while in_mask >> x:  # up to the highest item taken
-        if (in_mask >> x) & 1:
-            longest = max(longest, item_len[items[slot_in, x]])
-        x += 1
-    return longest
-
-
-@numba.njit(cache=True)
-def _cost_before(mb_a, mb_b, slot_a, slot_b, items, n_items, item_len, row_tok, batch_bounds, rules):
-    """The pair's cost total before a trade between the kernel rows of slots `slot_a` (of `mb_a`) and `slot_b`
-    (of `mb_b`). Args as `_cost_allowed`."""
-    if rules.cost_mode == PADDED:
-        n_a, n_b = n_items[slot_a], n_items[slot_b]
-        cost_a = n_a * _padded(_max_len_after(items, slot_a, n_a, item_len, 0, slot_b, 0), rules.pad_multiple)
-        cost_b = n_b * _padded(_max_len_after(items, slot_b, n_b, item_len, 0, slot_a, 0), rules.pad_multiple)
-        return cost_a + cost_b
+def _cost_before(mb_a, mb_b, batch_bounds, row_tok, rules):
+    """The pair's cost total before a trade between microbatches `mb_a` and `mb_b` (packed, flattened).
+    Args as `_cost_allowed`."""
     return (_mb_cost(mb_a, -1, 0, -1, 0, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
             + _mb_cost(mb_b, -1, 0, -1, 0, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode))
 
 
 @numba.njit(cache=True)
-def _cost_allowed(mb_a, mb_b, row_a, row_b, trade, before, items, n_items, item_len, row_tok, batch_bounds, rules):
-    """Whether a trade keeps both microbatches' costs within the peak and the pair's total within `before`.
+def _cost_allowed(mb_a, mb_b, row_a, row_b, len_a, len_b, before, row_tok, batch_bounds, rules):
+    """Whether a trade keeps both microbatches' costs within the peak and the pair's total within `before` (packed,
+    flattened; padded tests its costs in `_trade_rounds`, from the subset tables).
 
     Args:
         mb_a, mb_b, row_a, row_b: int — the microbatches and their kernel rows that trade.
-        trade: (slot_a, slot_b, mask_a, mask_b, len_a, len_b) — row_a (in slot_a) gives its `mask_a` items
-            (`len_a` tokens) to row_b for row_b's `mask_b` items (`len_b`).
+        len_a, len_b: int — row_a gives `len_a` tokens to row_b for `len_b`.
         before: int — the pair's cost total before (`_cost_before`).
-        items, n_items: `Tables` arrays; item_len, row_tok, batch_bounds: `State` arrays (only these: every
-            array passed stays live through the caller's hot loop).
+        row_tok, batch_bounds: `State` arrays (only these: every array passed stays live through the caller's hot
+            loop).
         rules: `Rules`.
     """
-    slot_a, slot_b, mask_a, mask_b, len_a, len_b = trade
-    if rules.cost_mode == PADDED:
-        n_a, n_b = n_items[slot_a], n_items[slot_b]
-        cost_a = n_a * _padded(_max_len_after(items, slot_a, n_a, item_len, mask_a, slot_b, mask_b), rules.pad_multiple)
-        cost_b = n_b * _padded(_max_len_after(items, slot_b, n_b, item_len, mask_b, slot_a, mask_a), rules.pad_multiple)
-    else:
-        new_a = row_tok[row_a] - len_a + len_b
-        new_b = row_tok[row_b] - len_b + len_a
-        cost_a = _mb_cost(mb_a, row_a, new_a, row_b, new_b, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
-        cost_b = _mb_cost(mb_b, row_a, new_a, row_b, new_b, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
+    new_a = row_tok[row_a] - len_a + len_b
+    new_b = row_tok[row_b] - len_b + len_a
+    cost_a = _mb_cost(mb_a, row_a, new_a, row_b, new_b, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
+    cost_b = _mb_cost(mb_b, row_a, new_a, row_b, new_b, batch_bounds, row_tok, rules.pad_multiple, rules.cost_mode)
     return cost_a <= rules.peak and cost_b <= rules.peak and cost_a + cost_b <= before
 
 
 @numba.njit(cache=True)
-def _trade_round(window_mbs, order, round_index, pairs, memo, state, rules, tables):
-    """One pairing round of a window: each pair makes its best trade (`_trade_pairs`), if any, in place; returns
-    the number made.
+def _pair_up(window_mbs, order, round_index, pairs, memo, mb_val, rules):
+    """The pairs of a round worth searching, written to `pairs`; returns how many.
 
-    A pair's search reads only its two microbatches, so a pair that found no trade finds none again until one of
-    them trades: `memo` skips it (rotating partners bring the same pairs back every `window // 2` rounds).
+    Round r pairs the q-th heaviest microbatch with the (q + r)-th lightest (mod window // 2). A pair's search reads
+    only its two microbatches, so a pair that found no trade finds none again until one of them trades: `memo`
+    skips it (rotating partners bring the same pairs back every `window // 2` rounds).
 
     Args:
         window_mbs: int64 (window,) — the window's microbatches.
         order: int64 (window,) — positions in `window_mbs` by label count, heaviest first (`_by_labels`).
         round_index: int — the round: the light partners rotate by it (`exchange_windows`).
-        pairs: int64 (window // 2, 5) — scratch for the round's pairs: (mb_a, mb_b, traded, position of mb_a,
-            of mb_b) (one allocation a window, not a round).
+        pairs: int64 (window // 2, 5) — written: (mb_a, mb_b, traded, position of mb_a, of mb_b) per pair (one
+            allocation a window, not a round); `traded` is left to the search.
         memo: int64 (window + 1, window) — rows 0..window-1: the round a pair of positions last found no trade
-            (-1: never); row `window`: the round each position last traded (-1: never). Updated here.
-        state, rules, tables: `State` (changed in place), `Rules`, the window's `Tables`.
+            (-1: never); row `window`: the round each position last traded (-1: never) (`_remember`).
+        mb_val: `State.mb_val`.
+        rules: `Rules`.
     """
     size = window_mbs.shape[0]
     half = size // 2
@@ -239,105 +210,152 @@ def _trade_round(window_mbs, order, round_index, pairs, memo, state, rules, tabl
         mb_a, mb_b = window_mbs[pos_a], window_mbs[pos_b]
         fruitless = memo[pos_a, pos_b] > memo[size, pos_a] and memo[pos_a, pos_b] > memo[size, pos_b]
         # a gap of one label cannot narrow (labels move in whole units): searching it finds nothing
-        if (state.mb_val[mb_a] - state.mb_val[mb_b] > max(rules.tol, 1) or rules.tok_weight != 0.0) and not fruitless:
+        if (mb_val[mb_a] - mb_val[mb_b] > max(rules.tol, 1) or rules.tok_weight != 0.0) and not fruitless:
             pairs[n_pairs, 0], pairs[n_pairs, 1] = mb_a, mb_b
             pairs[n_pairs, 3], pairs[n_pairs, 4] = pos_a, pos_b
             n_pairs += 1
-    made = _trade_pairs(pairs[:n_pairs], state, rules, tables)
+    return n_pairs
+
+
+@numba.njit(cache=True)
+def _remember(pairs, n_pairs, memo, round_index):
+    """Book the round's outcome in `memo` (`_pair_up`): the round each traded position last traded, or the round
+    a pair last found nothing.
+
+    Args:
+        pairs: int64 (>= n_pairs, 5) — the round's pairs, `traded` written by the search.
+        n_pairs: int — pairs of the round.
+        memo: int64 (window + 1, window) — `_pair_up`'s memo, changed in place.
+        round_index: int — the round.
+    """
+    size = memo.shape[1]
     for pair in range(n_pairs):
         pos_a, pos_b = pairs[pair, 3], pairs[pair, 4]
         if pairs[pair, 2]:
             memo[size, pos_a] = memo[size, pos_b] = round_index
         else:
             memo[pos_a, pos_b] = round_index
-    return made
 
 
-NO_TRADE = (-1, -1, 0, 0, 0, 0, 0, 0, 0, 0)  # `_trade_pairs`' best trade before it finds one
+NO_TRADE = (-1, -1, 0, 0, 0, 0, 0, 0, 0, 0)  # a pair's best trade before its search finds one
 
 
 @numba.njit(cache=True)
-def _trade_pairs(pairs, state, rules, tables):
-    """Each pair (mb_a with more labels, mb_b) makes its best trade, if any, in place; returns the number made.
+def _trade_rounds(window_mbs, state, rules, tables):
+    """The pairing rounds of one window (see `exchange_windows`); returns the number of trades made.
 
-    A pair's best trade leaves the smallest label gap (plus weighted secondary gap) within the rules; the first one
-    leaving a gap within `tol` is good enough. For each subset of an A row, by length, B's subsets that keep both
-    rows within their capacity form a window of lengths that only moves up: a merge join of the two length-sorted
-    tables, `scan_limit` candidates each. The pairs' searches are written out in one call: a call per pair (even
-    inlined) reference-counts every array of `state` and `tables` (module docstring).
+    Each round sorts the window by labels, pairs it up (`_pair_up`), and each pair (mb_a with more labels, mb_b)
+    makes its best trade, if any, in place. A pair's best trade leaves the smallest label gap (plus weighted
+    secondary gap) within the rules; the first one leaving a gap within `tol` is good enough. For each subset of
+    an A row, by length, B's subsets that keep both rows within their capacity form a window of lengths that only
+    moves up: a merge join of the two length-sorted tables, `scan_limit` candidates each. The rounds and the
+    pairs' searches are written out in one call: a call per round or per pair (even inlined) reference-counts
+    every array of `state` and `tables` (module docstring), which cost a third of the trades' time.
 
     Args:
-        pairs: int64 (pairs, >= 3) — (mb_a, mb_b, traded) per pair; `traded` (1 or 0) is written.
+        window_mbs: int64 (window,) — the window's microbatches.
         state, rules, tables: `State` (changed in place), `Rules`, the window's `Tables` (rebuilt where stale).
     """
     bounds = state.batch_bounds
     exact = rules.cost_mode != PACKED
-    made = 0
-    for pair in range(pairs.shape[0]):
-        mb_a, mb_b = pairs[pair, 0], pairs[pair, 1]
-        gap0 = state.mb_val[mb_a] - state.mb_val[mb_b]
-        tgap0 = abs(state.mb_tok[mb_a] - state.mb_tok[mb_b])
-        best_score = float(gap0) * gap0 + rules.tok_weight * float(tgap0) * tgap0
-        best, done = NO_TRADE, False
-        rows_a, rows_b = bounds[mb_a + 1] - bounds[mb_a], bounds[mb_b + 1] - bounds[mb_b]
-        simple_cost = rules.cost_mode == PACKED and rules.pad_multiple == 1 and rows_a == 1 and rows_b == 1
-        for row_pair in range(rows_a * rows_b):  # a row each, unpadded (simple_cost): capacity bounds the cost
-            row_a, row_b = bounds[mb_a] + row_pair // rows_b, bounds[mb_b] + row_pair % rows_b
-            slot_a, slot_b = tables.slot_of[row_a], tables.slot_of[row_b]
-            if not tables.valid[slot_a]:  # (a call, not inlined: see the module docstring)
-                rebuild(slot_a, tables, state.item_len, state.item_val, rules.max_sub, exact)
-            if not tables.valid[slot_b]:
-                rebuild(slot_b, tables, state.item_len, state.item_val, rules.max_sub, exact)
-            n_sub_a, n_sub_b = tables.n_subsets[slot_a], tables.n_subsets[slot_b]
-            if n_sub_a == 0 or n_sub_b == 0:
-                continue
-            free_a, free_b = state.row_cap[row_a] - state.row_tok[row_a], state.row_cap[row_b] - state.row_tok[row_b]
-            before = 0 if simple_cost else _cost_before(mb_a, mb_b, slot_a, slot_b, tables.items, tables.n_items,
-                                                        state.item_len, state.row_tok, bounds, rules)
-            start = 0
-            for i in range(n_sub_a):
-                len_a, val_a, mask_a = tables.sub_len[slot_a, i], tables.sub_val[slot_a, i], tables.sub_mask[slot_a, i]
-                size_a = popcount(mask_a)
-                # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a, row_b at tok_b + len_a - len_b
-                low, high = len_a - free_b, len_a + free_a
-                while start < n_sub_b and tables.sub_len[slot_b, start] < low:
-                    start += 1
-                for j in range(start, min(start + rules.scan_limit, n_sub_b)):
-                    len_b = tables.sub_len[slot_b, j]
-                    if len_b > high:
-                        break
-                    val_b, mask_b = tables.sub_val[slot_b, j], tables.sub_mask[slot_b, j]
-                    gap = gap0 - 2 * (val_a - val_b)  # val_a - val_b labels move from A to B
-                    # one test, no branch per condition (`|`): most candidates fail it, in no predictable pattern
-                    if ((abs(gap) >= abs(gap0)) | ((size_a == 0) & (mask_b == 0))
-                            | (exact & (popcount(mask_b) != size_a))):
-                        continue
-                    tgap, sec_a, sec_b = 0, len_a, len_b
-                    if rules.cost_mode == FLATTENED or rules.tok_weight > 0.0:  # the secondary gap may not widen
-                        sec_a = _secondary(tables.items, slot_a, mask_a, state.item_len, len_a, rules.square)
-                        sec_b = _secondary(tables.items, slot_b, mask_b, state.item_len, len_b, rules.square)
-                        tgap = abs((state.mb_tok[mb_a] - sec_a + sec_b) - (state.mb_tok[mb_b] - sec_b + sec_a))
-                        if tgap > tgap0:
+    padded = rules.cost_mode == PADDED
+    trades = 0
+    size = window_mbs.shape[0]
+    order = np.arange(size)
+    pairs = np.empty((size // 2, 5), dtype=np.int64)
+    memo = np.full((size + 1, size), -1, dtype=np.int64)
+    idle = 0
+    spread = _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
+    for round_index in range(rules.rounds):
+        _by_labels(order, window_mbs, state.mb_val)
+        n_pairs = _pair_up(window_mbs, order, round_index, pairs, memo, state.mb_val, rules)
+        for pair in range(n_pairs):
+            mb_a, mb_b = pairs[pair, 0], pairs[pair, 1]
+            gap0 = state.mb_val[mb_a] - state.mb_val[mb_b]
+            tgap0 = abs(state.mb_tok[mb_a] - state.mb_tok[mb_b])
+            best_score = float(gap0) * gap0 + rules.tok_weight * float(tgap0) * tgap0
+            best, done = NO_TRADE, False
+            rows_a, rows_b = bounds[mb_a + 1] - bounds[mb_a], bounds[mb_b + 1] - bounds[mb_b]
+            simple_cost = rules.cost_mode == PACKED and rules.pad_multiple == 1 and rows_a == 1 and rows_b == 1
+            for row_pair in range(rows_a * rows_b):  # a row each, unpadded (simple_cost): capacity bounds the cost
+                row_a, row_b = bounds[mb_a] + row_pair // rows_b, bounds[mb_b] + row_pair % rows_b
+                slot_a, slot_b = tables.slot_of[row_a], tables.slot_of[row_b]
+                if not tables.valid[slot_a]:  # (a call, not inlined: see the module docstring)
+                    rebuild(slot_a, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
+                if not tables.valid[slot_b]:
+                    rebuild(slot_b, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
+                n_sub_a, n_sub_b = tables.n_subsets[slot_a], tables.n_subsets[slot_b]
+                if n_sub_a == 0 or n_sub_b == 0:
+                    continue
+                free_a = state.row_cap[row_a] - state.row_tok[row_a]
+                free_b = state.row_cap[row_b] - state.row_tok[row_b]
+                # padded: a microbatch costs its items x its longest item, which the tables hold per subset
+                n_a, n_b = tables.n_items[slot_a], tables.n_items[slot_b]
+                if padded:  # any subset's longest item inside or outside it is the slot's longest
+                    top_a = max(tables.subsets[slot_a, TOP, 0], tables.subsets[slot_a, REST, 0])
+                    top_b = max(tables.subsets[slot_b, TOP, 0], tables.subsets[slot_b, REST, 0])
+                    before = n_a * _padded(top_a, rules.pad_multiple) + n_b * _padded(top_b, rules.pad_multiple)
+                else:
+                    before = 0 if simple_cost else _cost_before(mb_a, mb_b, bounds, state.row_tok, rules)
+                start = 0
+                for i in range(n_sub_a):
+                    len_a, val_a = tables.subsets[slot_a, LEN, i], tables.subsets[slot_a, VAL, i]
+                    mask_a = tables.subsets[slot_a, MASK, i]
+                    size_a = popcount(mask_a)
+                    # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a,
+                    # row_b at tok_b + len_a - len_b <= cap_b
+                    low, high = len_a - free_b, len_a + free_a
+                    while start < n_sub_b and tables.subsets[slot_b, LEN, start] < low:
+                        start += 1
+                    for j in range(start, min(start + rules.scan_limit, n_sub_b)):
+                        len_b = tables.subsets[slot_b, LEN, j]
+                        if len_b > high:
+                            break
+                        val_b, mask_b = tables.subsets[slot_b, VAL, j], tables.subsets[slot_b, MASK, j]
+                        gap = gap0 - 2 * (val_a - val_b)  # val_a - val_b labels move from A to B
+                        # one test, no branch per condition (`|`): most candidates fail it, in no predictable pattern
+                        if ((abs(gap) >= abs(gap0)) | ((size_a == 0) & (mask_b == 0))
+                                | (exact & (popcount(mask_b) != size_a))):
                             continue
-                    score = float(gap) * gap + rules.tok_weight * float(tgap) * tgap
-                    if score >= best_score or not (simple_cost or _cost_allowed(
-                            mb_a, mb_b, row_a, row_b, (slot_a, slot_b, mask_a, mask_b, len_a, len_b), before,
-                            tables.items, tables.n_items, state.item_len, state.row_tok, bounds, rules)):
-                        continue
-                    best_score = score
-                    best = (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b)
-                    done = abs(gap) <= rules.tol and rules.tok_weight == 0.0
+                        tgap, sec_a, sec_b = 0, len_a, len_b
+                        if rules.cost_mode == FLATTENED or rules.tok_weight > 0.0:  # the secondary gap may not widen
+                            sec_a = _secondary(tables.items, slot_a, mask_a, state.item_len, len_a, rules.square)
+                            sec_b = _secondary(tables.items, slot_b, mask_b, state.item_len, len_b, rules.square)
+                            tgap = abs((state.mb_tok[mb_a] - sec_a + sec_b) - (state.mb_tok[mb_b] - sec_b + sec_a))
+                            if tgap > tgap0:
+                                continue
+                        score = float(gap) * gap + rules.tok_weight * float(tgap) * tgap
+                        if score >= best_score:
+                            continue
+                        if padded:
+                            cost_a = n_a * _padded(max(tables.subsets[slot_a, REST, i], tables.subsets[slot_b, TOP, j]),
+                                                   rules.pad_multiple)
+                            cost_b = n_b * _padded(max(tables.subsets[slot_b, REST, j], tables.subsets[slot_a, TOP, i]),
+                                                   rules.pad_multiple)
+                            if cost_a > rules.peak or cost_b > rules.peak or cost_a + cost_b > before:
+                                continue
+                        elif not (simple_cost or _cost_allowed(mb_a, mb_b, row_a, row_b, len_a, len_b, before,
+                                                               state.row_tok, bounds, rules)):
+                            continue
+                        best_score = score
+                        best = (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b)
+                        done = abs(gap) <= rules.tol and rules.tok_weight == 0.0
+                        if done:
+                            break
                     if done:
                         break
                 if done:
                     break
-            if done:
-                break
-        pairs[pair, 2] = best[0] >= 0
-        if best[0] >= 0:
-            _apply_trade(mb_a, mb_b, best, state, tables)
-            made += 1
-    return made
+            pairs[pair, 2] = best[0] >= 0
+            if best[0] >= 0:
+                _apply_trade(mb_a, mb_b, best, state, tables)
+                trades += 1
+        _remember(pairs, n_pairs, memo, round_index)
+        last, spread = spread, _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
+        idle = 0 if last - spread > MIN_GAIN * last else idle + 1
+        if idle >= IDLE:
+            break
+    return trades
 
 
 @numba.njit(cache=True)
@@ -349,7 +367,7 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
     Args:
         mb_a, mb_b: int — the microbatches of row_a and row_b.
         trade: 10 int64 — (row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b), as
-            `_trade_pairs` finds it.
+            `_trade_rounds` finds it.
         state, tables: `State` and the window's `Tables`, changed in place.
     """
     row_a, row_b, mask_a, mask_b, len_a, len_b, val_a, val_b, sec_a, sec_b = trade
@@ -358,17 +376,17 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
     n_a = tables.n_items[slot_a]
     n_b = tables.n_items[slot_b]
     for x in range(n_a):  # (loops, not slice copies: see `_subset_tables.radix_order`)
-        tables.keep_a[x] = tables.items[slot_a, x]
+        tables.keep[0, x] = tables.items[slot_a, x]
     for x in range(n_b):
-        tables.keep_b[x] = tables.items[slot_b, x]
+        tables.keep[1, x] = tables.items[slot_b, x]
     for x in range(n_a):
         if (mask_a >> x) & 1:
-            state.row_of[tables.keep_a[x]] = row_b
+            state.row_of[tables.keep[0, x]] = row_b
     for x in range(n_b):
         if (mask_b >> x) & 1:
-            state.row_of[tables.keep_b[x]] = row_a
-    tables.n_items[slot_a] = refill(tables.items, slot_a, tables.keep_b, n_b, mask_b, tables.keep_a, n_a, mask_a)
-    tables.n_items[slot_b] = refill(tables.items, slot_b, tables.keep_a, n_a, mask_a, tables.keep_b, n_b, mask_b)
+            state.row_of[tables.keep[1, x]] = row_a
+    tables.n_items[slot_a] = refill(tables.items, slot_a, tables.keep[1], n_b, mask_b, tables.keep[0], n_a, mask_a)
+    tables.n_items[slot_b] = refill(tables.items, slot_b, tables.keep[0], n_a, mask_a, tables.keep[1], n_b, mask_b)
     tables.valid[slot_a] = False
     tables.valid[slot_b] = False
     state.row_tok[row_a] += len_b - len_a
@@ -427,7 +445,7 @@ def _by_labels(order, window_mbs, mb_val):
 
 @numba.njit(cache=True)
 def _window(window_mbs, state, rules, slot_of):
-    """Pairing rounds of one window (see `exchange_windows`); touches only the window's rows and samples.
+    """Pairing rounds of one window (`_trade_rounds`); touches only the window's rows and samples.
 
     Args:
         window_mbs: int64 (window,) — the window's microbatches.
@@ -435,21 +453,7 @@ def _window(window_mbs, state, rules, slot_of):
         slot_of: int64 (kernel rows,) — `Tables.slot_of`.
     Returns: int, the trades made.
     """
-    tables = window_tables(window_mbs, state, slot_of)
-    idle = 0
-    trades = 0
-    order = np.arange(window_mbs.shape[0])
-    pairs = np.empty((window_mbs.shape[0] // 2, 5), dtype=np.int64)
-    memo = np.full((window_mbs.shape[0] + 1, window_mbs.shape[0]), -1, dtype=np.int64)
-    spread = _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
-    for round_index in range(rules.rounds):
-        _by_labels(order, window_mbs, state.mb_val)
-        trades += _trade_round(window_mbs, order, round_index, pairs, memo, state, rules, tables)
-        before, spread = spread, _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
-        idle = 0 if before - spread > MIN_GAIN * before else idle + 1
-        if idle >= IDLE:
-            break
-    return trades
+    return _trade_rounds(window_mbs, state, rules, window_tables(window_mbs, state, slot_of, rules.cost_mode == PADDED))
 
 
 @numba.njit(cache=True, parallel=True)

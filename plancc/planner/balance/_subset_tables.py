@@ -22,29 +22,32 @@ SHORT = 32  # tables of at most this many subsets are sorted by insertion (no di
 LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long row stays put
 
 
+LEN, VAL, MASK, TOP, REST = 0, 1, 2, 3, 4  # a subset table's columns (TOP and REST: padded only)
+ORDER, SORT = 3, 4  # rows of `Tables.scratch` after a table's LEN, VAL, MASK as enumerated: its order by length, and
+# scratch for sorting
+
+
 class Tables(NamedTuple):
     """One window's subset tables, a slot per kernel row of the window (`slot_of`), rebuilt after a trade.
-    Every array is int64 but `valid`."""
+    Every array is int64 but `valid`. Columns share an array (`subsets`, `scratch`, `keep`): every call that takes
+    the structure reference-counts each of its arrays (`_exchange`), and a table is built about once per kernel
+    row and pass."""
 
     slot_of: np.ndarray  # (kernel rows,) kernel row -> slot (shared by all windows; each writes its own rows)
     valid: np.ndarray  # bool (slots,) the slot's table is up to date
     n_items: np.ndarray  # (slots,) items of the slot (at most LOCAL, unpinned)
     items: np.ndarray  # (slots, LOCAL) the slot's items
     n_subsets: np.ndarray  # (slots,) subsets of the slot
-    sub_len: np.ndarray  # (slots, SUB_CAP) each subset's tokens, the slot's subsets by length (ties: as enumerated)
-    sub_val: np.ndarray  # (slots, SUB_CAP) each subset's labels, same order
-    sub_mask: np.ndarray  # (slots, SUB_CAP) each subset's items, a bit per position in `items`, same order
-    new_len: np.ndarray  # (SUB_CAP,) scratch: a slot's subsets as enumerated, before sorting (tokens,
-    new_val: np.ndarray  # (SUB_CAP,) labels,
-    new_mask: np.ndarray  # (SUB_CAP,) masks)
-    by_len: np.ndarray  # (SUB_CAP,) scratch: their order by length
-    sort_scratch: np.ndarray  # (SUB_CAP,) scratch for sorting
-    keep_a: np.ndarray  # (LOCAL,) scratch for a trade's item lists
-    keep_b: np.ndarray  # (LOCAL,)
+    # (slots, 3 or 5 columns, SUB_CAP) the slot's subsets by length (ties: as enumerated): column LEN their tokens,
+    # VAL their labels, MASK their items (a bit per position in `items`); padded also TOP, each subset's longest
+    # item, and REST, the slot's longest item outside it
+    subsets: np.ndarray
+    scratch: np.ndarray  # (5, SUB_CAP) a slot's subsets as enumerated (LEN, VAL, MASK), their ORDER by length, SORT
+    keep: np.ndarray  # (2, LOCAL) scratch for a trade's item lists
 
 
-@numba.njit(cache=True)
-def fill_subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, out_val, out_mask):
+@numba.njit(cache=True, inline="always")
+def fill_subsets(items, n_items, item_len, item_val, max_sub, exact, out):
     """Fill a subset table: subsets of `items[:n_items]` of size 0 (unless `exact`), 1, 2, 3 (up to `max_sub`; triples
     only for rows of at most 16 items), at most SUB_CAP of them; returns how many.
 
@@ -54,20 +57,20 @@ def fill_subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, ou
         item_len, item_val: `_exchange.State` arrays.
         max_sub: int — largest subset.
         exact: bool — no empty subset (trades keep item counts).
-        out_len, out_val, out_mask: int64 (SUB_CAP,) — each subset's tokens, labels and item bit mask, written.
+        out: int64 (>= 3, SUB_CAP) — rows LEN, VAL, MASK written: each subset's tokens, labels and item bit mask.
     """
     count = 0
     if not exact:
-        out_len[0] = 0
-        out_val[0] = 0
-        out_mask[0] = 0
+        out[LEN, 0] = 0
+        out[VAL, 0] = 0
+        out[MASK, 0] = 0
         count = 1
     for x in range(n_items):
         if count >= SUB_CAP:
             return count
-        out_len[count] = item_len[items[x]]
-        out_val[count] = item_val[items[x]]
-        out_mask[count] = np.int64(1) << x
+        out[LEN, count] = item_len[items[x]]
+        out[VAL, count] = item_val[items[x]]
+        out[MASK, count] = np.int64(1) << x
         count += 1
     if max_sub >= 2:
         for x in range(n_items):
@@ -76,9 +79,9 @@ def fill_subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, ou
             for y in range(x + 1, n_items):
                 if count >= SUB_CAP:
                     return count
-                out_len[count] = len_x + item_len[items[y]]
-                out_val[count] = val_x + item_val[items[y]]
-                out_mask[count] = (np.int64(1) << x) | (np.int64(1) << y)
+                out[LEN, count] = len_x + item_len[items[y]]
+                out[VAL, count] = val_x + item_val[items[y]]
+                out[MASK, count] = (np.int64(1) << x) | (np.int64(1) << y)
                 count += 1
     if max_sub >= 3 and n_items <= 16:
         for x in range(n_items):
@@ -90,9 +93,9 @@ def fill_subsets(items, n_items, item_len, item_val, max_sub, exact, out_len, ou
                 for z in range(y + 1, n_items):
                     if count >= SUB_CAP:
                         return count
-                    out_len[count] = len_xy + item_len[items[z]]
-                    out_val[count] = val_xy + item_val[items[z]]
-                    out_mask[count] = (np.int64(1) << x) | (np.int64(1) << y) | (np.int64(1) << z)
+                    out[LEN, count] = len_xy + item_len[items[z]]
+                    out[VAL, count] = val_xy + item_val[items[z]]
+                    out[MASK, count] = (np.int64(1) << x) | (np.int64(1) << y) | (np.int64(1) << z)
                     count += 1
     return count
 
@@ -107,7 +110,7 @@ def popcount(mask):
     return count
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def radix_order(keys, count, order, scratch):
     """Stable ascending order of the non-negative `keys[:count]` into `order[:count]`: LSD radix sort, 8 bits a pass.
 
@@ -150,7 +153,7 @@ def radix_order(keys, count, order, scratch):
             order[i] = scratch[i]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _insertion_order(keys, count, order):
     """`radix_order` of a short table (args as `radix_order`): stable insertion sort of positions by key."""
     for i in range(count):
@@ -162,10 +165,10 @@ def _insertion_order(keys, count, order):
         order[j + 1] = i
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
     """Write slot `slot`'s items after a trade: those it receives, then those it keeps (at most LOCAL); returns
-    the count.
+    the count. Inlined: `_exchange._apply_trade` then makes no call.
 
     Args:
         items: int64 (slots, LOCAL) — `Tables.items`, row `slot` written.
@@ -187,44 +190,59 @@ def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
 
 
 @numba.njit(cache=True)
-def rebuild(slot, tables, item_len, item_val, max_sub, exact):
+def rebuild(slot, tables, item_len, item_val, max_sub, exact, tops):
     """Rebuild the table of `slot` (stale since its row traded: `Tables.valid`): enumerate, sort, store by length.
+
+    Every slot of every window is built at least once, so this runs about once per kernel row and pass: its helpers
+    (`fill_subsets`, `radix_order`) are inlined, one call a table instead of three.
 
     Args:
         slot: int — a slot of the window.
         tables: `Tables` (the slot's table written).
         item_len, item_val, max_sub, exact: as `fill_subsets`.
+        tops: bool — also fill columns TOP and REST (padded costs: the merge join then tests a trade's costs
+            with four loads, not two scans of the slots' items).
     """
-    count = fill_subsets(tables.items[slot], tables.n_items[slot], item_len, item_val, max_sub, exact,
-                         tables.new_len, tables.new_val, tables.new_mask)
-    radix_order(tables.new_len, count, tables.by_len, tables.sort_scratch)
+    count = fill_subsets(tables.items[slot], tables.n_items[slot], item_len, item_val, max_sub, exact, tables.scratch)
+    radix_order(tables.scratch[LEN], count, tables.scratch[ORDER], tables.scratch[SORT])
     for i in range(count):
-        k = tables.by_len[i]
-        tables.sub_len[slot, i] = tables.new_len[k]
-        tables.sub_val[slot, i] = tables.new_val[k]
-        tables.sub_mask[slot, i] = tables.new_mask[k]
+        k = tables.scratch[ORDER, i]
+        tables.subsets[slot, LEN, i] = tables.scratch[LEN, k]
+        tables.subsets[slot, VAL, i] = tables.scratch[VAL, k]
+        tables.subsets[slot, MASK, i] = tables.scratch[MASK, k]
+    for i in range(count if tops else 0):
+        mask = tables.subsets[slot, MASK, i]
+        inside = 0
+        outside = 0
+        for x in range(tables.n_items[slot]):
+            length = item_len[tables.items[slot, x]]
+            if (mask >> x) & 1:
+                inside = max(inside, length)
+            else:
+                outside = max(outside, length)
+        tables.subsets[slot, TOP, i] = inside
+        tables.subsets[slot, REST, i] = outside
     tables.n_subsets[slot] = count
     tables.valid[slot] = True
 
 
 @numba.njit(cache=True)
-def window_tables(window_mbs, state, slot_of):
+def window_tables(window_mbs, state, slot_of, tops):
     """Subset tables for the kernel rows of the window's microbatches: item lists filled, every table stale.
 
     Args:
         window_mbs: int64 (window,) — the window's microbatches.
         state: `_exchange.State`.
         slot_of: int64 (kernel rows,) — written for the window's rows: each one's slot.
+        tops: bool — room for columns TOP and REST.
     """
     n_slots = 0
     for mb in window_mbs:
         n_slots += state.batch_bounds[mb + 1] - state.batch_bounds[mb]
     tables = Tables(slot_of, np.zeros(n_slots, dtype=np.bool_), np.zeros(n_slots, dtype=np.int64),
                     np.empty((n_slots, LOCAL), np.int64), np.zeros(n_slots, dtype=np.int64),
-                    np.empty((n_slots, SUB_CAP), np.int64), np.empty((n_slots, SUB_CAP), np.int64),
-                    np.empty((n_slots, SUB_CAP), np.int64), np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64),
-                    np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64), np.empty(SUB_CAP, np.int64),
-                    np.empty(LOCAL, np.int64), np.empty(LOCAL, np.int64))
+                    np.empty((n_slots, 5 if tops else 3, SUB_CAP), np.int64), np.empty((5, SUB_CAP), np.int64),
+                    np.empty((2, LOCAL), np.int64))
     slot = 0
     for mb in window_mbs:
         for row in range(state.batch_bounds[mb], state.batch_bounds[mb + 1]):
