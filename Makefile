@@ -36,7 +36,7 @@ test: $(BIN)/plancc
 bench: $(BIN)/plancc
 	$(BIN)/python benchmarks/run_all.py
 
-# compile at 10M, 50M and 100M samples alone (part of `make bench` too): needs ~9 GiB of memory, ~10 min of CPU
+# compile at 10M, 50M and 100M samples alone (part of `make bench` too): needs ~8 GiB of memory, ~10 min of CPU
 bench-scale: $(BIN)/plancc
 	$(BIN)/python benchmarks/bench_scale.py
 
