@@ -11,7 +11,7 @@ objective.
 | `fixed_count` (padded, flattened) | `fixed_count` | label variance, with total/peak cost (and flattened token variance, padded cost CV) not raised |
 | `accumulation` (W*G > 1) | `accumulation` | variance of update label totals |
 | `within_update` | `within_update` | label variance inside each update (samples of the update kept; padded cost CV not raised) |
-| `rank_order` (W > 1) | `rank_order` | rank spread of work (`--cost`): per micro-step (max and sum per update) and of the ranks' update totals; then the ranks' label totals at no cost in work |
+| `rank_order` (W > 1) | `rank_order` | rank spread of work (`--cost`): per micro-step (max and sum per update) and of the ranks' update totals; then the ranks' label totals (no update's work spread or slowest rank worse, mean rank work CV not raised) |
 """
 
 from __future__ import annotations
