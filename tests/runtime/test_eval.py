@@ -223,16 +223,19 @@ def _ddp_worker(rank: int, plan: str, root: str, port: int) -> None:
                       WORLD_SIZE="2")
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    out = {"plain": evaluate_plan(DDP(tiny_model(seed=7, layers=2, hidden=32)), plan).loss}
-    rec = EvalRecorder(plan)
-    trainer = PlanTrainer(model=tiny_model(seed=3), plan=plan, callbacks=[rec],
-                          args=args_for(f"{root}/hf", gradient_accumulation_steps=1, max_steps=2, ddp_backend="gloo",
-                                        eval_strategy="steps", eval_steps=1))
-    trainer.train()
-    out["trainer"] = [(step, got) for step, got, _ in rec.seen]
-    out["trainer_ref"] = [want for _, _, want in rec.seen]
-    with open(f"{root}/rank{rank}.json", "w") as f:
-        json.dump(out, f)
+    try:
+        out = {"plain": evaluate_plan(DDP(tiny_model(seed=7, layers=2, hidden=32)), plan).loss}
+        rec = EvalRecorder(plan)
+        trainer = PlanTrainer(model=tiny_model(seed=3), plan=plan, callbacks=[rec],
+                              args=args_for(f"{root}/hf", gradient_accumulation_steps=1, max_steps=2,
+                                            ddp_backend="gloo", eval_strategy="steps", eval_steps=1))
+        trainer.train()
+        out["trainer"] = [(step, got) for step, got, _ in rec.seen]
+        out["trainer_ref"] = [want for _, _, want in rec.seen]
+        with open(f"{root}/rank{rank}.json", "w") as f:
+            json.dump(out, f)
+    finally:  # a gloo group left for the interpreter's exit can abort the worker (SIGABRT) after its work is done
+        torch.distributed.destroy_process_group()
 
 
 def test_two_rank_ddp_eval_loss_is_the_exact_token_mean(plan, tmp_path):
