@@ -303,7 +303,7 @@ def _read_by_group(held: Held, expected: pa.Schema, threads: bool) -> pa.Table:
     _check_columns(pf.schema_arrow, expected, path)
     schema = pa.schema([pf.schema_arrow.field(name) for name in expected.names], metadata=pf.schema_arrow.metadata)
     n = pf.metadata.num_rows
-    fixed = {f.name: np.empty(n, dtype=np.dtype(str(f.type))) for f in schema
+    fixed = {f.name: np.empty(n, dtype=f.type.to_pandas_dtype()) for f in schema
              if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)}
     chunks: dict[str, list[pa.Array]] = {f.name: [] for f in schema if f.name not in fixed}
     nulls: dict[str, list[int]] = {}  # column -> [nulls, first null's row]
