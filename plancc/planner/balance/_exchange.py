@@ -299,14 +299,18 @@ def _trade_rounds(window_mbs, state, rules, tables):
                     before = 0 if simple_cost else _cost_before(mb_a, mb_b, bounds, state.row_tok, rules)
                 start = 0
                 for i in range(n_sub_a):
-                    len_a, val_a = tables.subsets[slot_a, LEN, i], tables.subsets[slot_a, VAL, i]
-                    mask_a = tables.subsets[slot_a, MASK, i]
-                    size_a = popcount(mask_a)
+                    len_a = tables.subsets[slot_a, LEN, i]
                     # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a,
                     # row_b at tok_b + len_a - len_b <= cap_b
                     low, high = len_a - free_b, len_a + free_a
                     while start < n_sub_b and tables.subsets[slot_b, LEN, start] < low:
                         start += 1
+                    if start == n_sub_b:
+                        break
+                    if tables.subsets[slot_b, LEN, start] > high:  # most subsets meet no partner (rows nearly full)
+                        continue
+                    val_a, mask_a = tables.subsets[slot_a, VAL, i], tables.subsets[slot_a, MASK, i]
+                    size_a = popcount(mask_a)
                     for j in range(start, min(start + rules.scan_limit, n_sub_b)):
                         len_b = tables.subsets[slot_b, LEN, j]
                         if len_b > high:

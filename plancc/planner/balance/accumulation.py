@@ -38,8 +38,8 @@ def _assign_block(values, n_updates, per_update):
     Returns: int64 (n_updates * per_update,) — positions into `values`, update by update.
     """
     n = values.shape[0]
-    order, scratch = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    radix_order(values.max() - values, n, order, scratch)  # largest first, ties in position order
+    order, scratch, digits = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(257, dtype=np.int64)
+    radix_order(values.max() - values, n, order, scratch, digits)  # largest first, ties in position order
     total = np.zeros(n_updates, dtype=np.int64)
     filled = np.zeros(n_updates, dtype=np.int64)
     update_of = np.empty(n, dtype=np.int64)
@@ -80,7 +80,7 @@ def _assign_block(values, n_updates, per_update):
         update_of[best_to] = heavy
         total[heavy] -= moved
         total[light] += moved
-    radix_order(update_of, n, order, scratch)  # update by update, each in position order
+    radix_order(update_of, n, order, scratch, digits)  # update by update, each in position order
     return order
 
 
