@@ -147,8 +147,8 @@ def radix_order(keys, count, order, scratch, digits):
         shift = p * width
         for d in range(mask + 2):
             digits[d] = 0
-        for i in range(count):
-            digits[((keys[src[i]] >> shift) & mask) + 1] += 1
+        for i in range(count):  # (the count of a digit does not depend on the order)
+            digits[((keys[i] >> shift) & mask) + 1] += 1
         for d in range(mask + 1):
             digits[d + 1] += digits[d]
         for i in range(count):
