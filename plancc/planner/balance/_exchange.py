@@ -57,7 +57,7 @@ from plancc.planner.balance._subset_tables import (
     TOP,
     VAL,
     popcount,
-    rebuild_stale,
+    rebuild,
     refill,
     window_tables,
 )
@@ -269,7 +269,6 @@ def _trade_rounds(window_mbs, state, rules, tables):
     for round_index in range(rules.rounds):
         _by_labels(order, window_mbs, state.mb_val)
         n_pairs = _pair_up(window_mbs, order, round_index, pairs, memo, state.mb_val, rules)
-        rebuild_stale(pairs, n_pairs, bounds, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
         for pair in range(n_pairs):
             mb_a, mb_b = pairs[pair, 0], pairs[pair, 1]
             gap0 = state.mb_val[mb_a] - state.mb_val[mb_b]
@@ -281,6 +280,10 @@ def _trade_rounds(window_mbs, state, rules, tables):
             for row_pair in range(rows_a * rows_b):  # a row each, unpadded (simple_cost): capacity bounds the cost
                 row_a, row_b = bounds[mb_a] + row_pair // rows_b, bounds[mb_b] + row_pair % rows_b
                 slot_a, slot_b = tables.slot_of[row_a], tables.slot_of[row_b]
+                if not tables.valid[slot_a]:  # (a call, not inlined: see the module docstring)
+                    rebuild(slot_a, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
+                if not tables.valid[slot_b]:
+                    rebuild(slot_b, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
                 n_sub_a, n_sub_b = tables.n_subsets[slot_a], tables.n_subsets[slot_b]
                 if n_sub_a == 0 or n_sub_b == 0:
                     continue

@@ -199,34 +199,11 @@ def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
 
 
 @numba.njit(cache=True)
-def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_sub, exact, tops):
-    """Rebuild the stale tables (`Tables.valid`) of every kernel row of a round's pairs, before their searches.
-
-    One call a round, not one a table: a call reference-counts each array it takes (`_exchange`), 20 atomic
-    operations that cost a sixth of a table's build. A round's pairs share no microbatch, so no search of the round
-    changes a table another one reads.
-
-    Args:
-        pairs: int64 (>= n_pairs, >= 2) — the round's pairs: columns 0 and 1 their microbatches (`_exchange._pair_up`).
-        n_pairs: int — pairs of the round.
-        batch_bounds: int64 (microbatches + 1,) — `_exchange.State.batch_bounds`.
-        tables, item_len, item_val, max_sub, exact, tops: as `rebuild`.
-    """
-    for pair in range(n_pairs):
-        for side in range(2):
-            mb = pairs[pair, side]
-            for row in range(batch_bounds[mb], batch_bounds[mb + 1]):
-                slot = tables.slot_of[row]
-                if not tables.valid[slot]:
-                    rebuild(slot, tables, item_len, item_val, max_sub, exact, tops)
-
-
-@numba.njit(cache=True, inline="always")
 def rebuild(slot, tables, item_len, item_val, max_sub, exact, tops):
     """Rebuild the table of `slot` (stale since its row traded: `Tables.valid`): enumerate, sort, store by length.
 
     Every slot of every window is built at least once, so this runs about once per kernel row and pass: its helpers
-    (`fill_subsets`, `radix_order`) are inlined, and so is it (`rebuild_stale`).
+    (`fill_subsets`, `radix_order`) are inlined, one call a table instead of three.
 
     Args:
         slot: int — a slot of the window.
