@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from plancc.planner.balance._common import SCAN
 from plancc.planner.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, _trade_rounds
-from plancc.planner.balance._subset_tables import window_tables
+from plancc.planner.balance._subset_tables import SUB_CAP, radix_order, window_tables
 
 ROW = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 30)), min_size=1, max_size=12)  # (tokens, labels)
 
@@ -50,3 +52,47 @@ def test_microbatches_two_labels_apart_trade():
                   scan_limit=SCAN, tol=0)
     assert _trade_rounds(np.arange(2, dtype=np.int64), state, rules, tables) == 1
     assert state.mb_val.tolist() == [1, 1]
+
+
+def _kept_subsets(lengths: list[int], values: list[int]) -> np.ndarray:
+    """(tokens, labels) of the subsets a table keeps, in its enumeration order: none, singles, pairs, triples (rows
+    of at most 16 samples), the first SUB_CAP of them (`_subset_tables.fill_subsets`)."""
+    items = range(len(lengths))
+    sizes = range(4 if len(lengths) <= 16 else 3)
+    subsets = [c for k in sizes for c in itertools.combinations(items, k)][:SUB_CAP]
+    return np.array([(sum(lengths[i] for i in c), sum(values[i] for i in c)) for c in subsets], dtype=np.int64)
+
+
+@given(a=ROW, b=ROW, gap=st.integers(2, 60), slack=st.integers(0, 8))
+def test_a_pair_reaches_the_best_trade_of_its_tables(a, b, gap, slack):
+    """One round (packed, no scan limit, no tolerance) leaves the pair at the narrowest label gap that any trade of
+    two kept subsets reaches within both rows' capacities, checked against every pair of them: the merge join's
+    shortcuts (a subset whose length window holds no partner is passed over before its labels are read; the
+    search ends where B's table does) drop no candidate."""
+    state, tables = _two_microbatches(a, b, gap, slack)
+    n_a = len(a)
+    sub_a = _kept_subsets(state.item_len[:n_a].tolist(), state.item_val[:n_a].tolist())
+    sub_b = _kept_subsets(state.item_len[n_a:].tolist(), state.item_val[n_a:].tolist())
+    len_a, len_b = sub_a[:, :1], sub_b[:, 0]
+    fits = ((state.row_tok[0] - len_a + len_b <= state.row_cap[0])
+            & (state.row_tok[1] - len_b + len_a <= state.row_cap[1]))
+    fits[0, 0] = False  # nothing for nothing
+    gaps = np.abs(gap - 2 * (sub_a[:, 1:] - sub_b[:, 1]))
+    best = min(gap, int(gaps[fits].min(initial=gap)))
+    rules = Rules(pad_multiple=1, peak=1 << 40, cost_mode=PACKED, max_sub=3, tok_weight=0.0, square=False, rounds=1,
+                  scan_limit=1 << 20, tol=0)
+    assert _trade_rounds(np.arange(2, dtype=np.int64), state, rules, tables) == (best < gap)
+    assert abs(int(state.mb_val[0] - state.mb_val[1])) == best
+
+
+@given(count=st.integers(0, 300), bits=st.integers(0, 40), distinct=st.integers(1, 400), seed=st.integers(0, 2**32 - 1))
+def test_radix_order_is_a_stable_argsort(count, bits, distinct, seed):
+    """The subset tables' (and the accumulation stage's) sort: the stable ascending order of the first `count` keys,
+    whatever their count (insertion up to SHORT) and size (digit width chosen from the largest key); keys drawn
+    from `distinct` values make ties."""
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 1 << bits, distinct)
+    keys = np.append(rng.choice(pool, count), rng.integers(0, 1 << 41, 3))  # keys past `count` are not sorted
+    order, scratch, digits = np.empty(count, np.int64), np.empty(count, np.int64), np.empty(257, np.int64)
+    radix_order(keys, count, order, scratch, digits)
+    assert order.tolist() == np.argsort(keys[:count], kind="stable").tolist()
