@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from plancc.store import parquet_footer
-from plancc.store.parquet import Held, column
+from plancc.store.parquet import Held
 from plancc.store.schemas import PLAN_ROW_GROUP, ROWS_KEY
 
 MIN_GROUP = 4096  # rows a row group holds before a block may start a new one: tiny plans keep few row groups
@@ -75,21 +75,15 @@ class _Hashing:
     def flush(self) -> None:
         self.file.flush()
 
-    def close(self) -> None:  # the writer's close; the file itself is closed by `write_rows`
+    def close(self) -> None:  # the writer's close; the file itself is closed by `write_row_groups`
         self.file.flush()
-
-
-def write_rows(rows: pa.Table, path: Path, metadata: dict[bytes, bytes]) -> None:
-    """Write the plan table (sorted by (epoch, rank, index)) in rank blocks, with `metadata` and the body digest
-    (module docstring); deterministic bytes for identical rows and metadata."""
-    write_row_groups(rows.schema, column(rows, "epoch"), column(rows, "rank"), lambda a, b: rows.slice(a, b - a),
-                     path, metadata)
 
 
 def write_row_groups(schema: pa.Schema, epoch: np.ndarray, rank: np.ndarray, rows_at: Callable[[int, int], pa.Table],
                      path: Path, metadata: dict[bytes, bytes]) -> None:
-    """`write_rows` of rows given by their sorted `epoch` and `rank` and, a row group at a time, by `rows_at(a, b)`
-    (rows a..b-1, one contiguous table): the writer never needs the whole sorted table at once."""
+    """Write the plan table in rank blocks, with `metadata` and the body digest (module docstring): rows given by their
+    sorted `epoch` and `rank` and, a row group at a time, by `rows_at(a, b)` (rows a..b-1, one contiguous table), so
+    the writer never needs the whole sorted table at once. Deterministic bytes for identical rows and metadata."""
     sink = _Hashing(path)
     try:
         with pq.ParquetWriter(sink, schema.with_metadata(metadata), **_WRITE_OPTIONS) as writer:

@@ -10,8 +10,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from plancc.review.validate import validate_plan
-from plancc.store import schemas
+from plancc.store import plan_body, schemas
 from plancc.store.fingerprint import token_hashes
+from plancc.store.parquet import column
+
+
+def write_plan_rows(rows: pa.Table, path: Path, metadata: dict[bytes, bytes]) -> None:
+    """Write a whole plan table, sorted by (epoch, rank, index), as compile writes its rows (`plan_body`): a rank
+    block a row group, the body digest in the footer. For tests that rewrite a plan's rows."""
+    plan_body.write_row_groups(rows.schema, column(rows, "epoch"), column(rows, "rank"),
+                               lambda a, b: rows.slice(a, b - a), path, metadata)
 
 
 def random_dataset(rng: np.random.Generator, n: int, max_len: int, mask_rate: float = 0.6
@@ -149,7 +157,7 @@ def swap_eval_for_training(plan: Path) -> None:
     fingerprint and summary recomputed into every file's metadata and manifest.json: every hash a reader checks
     then agrees, and only the held-out draw tells the rows are training samples."""
     from plancc.core import layout
-    from plancc.store import parquet, plan_body, plan_tables
+    from plancc.store import parquet, plan_tables
     from plancc.store.fingerprint import eval_fingerprint
     from plancc.store.manifest import EvalSummary
     from plancc.store.plan import Plan
@@ -170,6 +178,6 @@ def swap_eval_for_training(plan: Path) -> None:
         meta["fingerprints"] = manifest["fingerprints"]
         parquet.write_parquet(table.replace_schema_metadata(None), plan / name,
                               {schemas.META_KEY: json.dumps(meta, sort_keys=True).encode()})
-    plan_body.write_rows(pq.read_table(plan / schemas.PLAN_FILE).replace_schema_metadata(None), plan / schemas.PLAN_FILE,
-                         {schemas.META_KEY: json.dumps({**manifest, "kind": "plan"}, sort_keys=True).encode()})
+    write_plan_rows(pq.read_table(plan / schemas.PLAN_FILE).replace_schema_metadata(None), plan / schemas.PLAN_FILE,
+                    {schemas.META_KEY: json.dumps({**manifest, "kind": "plan"}, sort_keys=True).encode()})
     (plan / schemas.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))

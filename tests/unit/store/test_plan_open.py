@@ -23,6 +23,7 @@ from benchmarks.synthetic import build_plan
 from plancc.errors import PlanMismatchError
 from plancc.runtime import PlanSampler, verified_plan
 from plancc.store import plan_body, schemas
+from tests.support.plans import write_plan_rows
 
 W, G = 3, 2
 
@@ -105,7 +106,7 @@ def test_an_epoch_count_that_disagrees_with_the_rows_is_refused(plan):
     meta["epochs"][0]["batches"] += 1
     raw = json.dumps(meta, sort_keys=True).encode()
     (plan / schemas.MANIFEST_FILE).write_text(json.dumps({k: v for k, v in meta.items() if k != "kind"}))
-    plan_body.write_rows(rows.replace_schema_metadata(None), path, {schemas.META_KEY: raw})
+    write_plan_rows(rows.replace_schema_metadata(None), path, {schemas.META_KEY: raw})
     with pytest.raises(PlanMismatchError, match=r"its epochs hold \[\d+, \d+\] rows .* epochs\[\]\.batches say"):
         verified_plan(plan)
 

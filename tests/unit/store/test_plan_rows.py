@@ -15,6 +15,7 @@ from plancc.config.settings import PlanSettings
 from plancc.core.plan_arrays import SampleArrays
 from plancc.planner.pipeline import compile_plan, plan_columns
 from plancc.store import plan_body, plan_tables
+from tests.support.plans import write_plan_rows
 
 META = {b"plancc": b"{}"}
 
@@ -44,6 +45,6 @@ def test_rows_are_the_sorted_table(tmp_path_factory, n, seed, mode, world_size, 
     for a, b in itertools.pairwise(cut):
         assert rows.rows(a, b).equals(whole.slice(a, b - a)), (a, b)
     out = tmp_path_factory.mktemp("rows")
-    plan_body.write_rows(whole, out / "table.parquet", META)
+    write_plan_rows(whole, out / "table.parquet", META)
     plan_body.write_row_groups(rows.schema, rows.epoch, rows.rank, rows.rows, out / "groups.parquet", META)
     assert (out / "table.parquet").read_bytes() == (out / "groups.parquet").read_bytes()
