@@ -34,8 +34,8 @@ or not: a call that takes `State` or `Tables` costs two atomic operations per ar
 keeps its columns in a few shared arrays for this reason), which made the trades a third slower when paid per pair,
 and still cost much when paid per round or per table rebuild. So only scalar helpers are inlined and a window's
 rounds and searches run in one call (`_trade_rounds`); the search indexes the structures in place, and what takes
-them whole (`rebuild`, `_apply_trade`) runs only where a table is stale or a trade is made; padded costs come from
-per-subset columns of the tables, not from a call.
+them whole runs once a round (`rebuild_stale`, the round's table builds) or where a trade is made (`_apply_trade`);
+padded costs come from per-subset columns of the tables, not from a call.
 
 Modes (`cost_mode`): PACKED (rows of items, capacity per row, microbatch cost = rows x padded longest row),
 FLATTENED (one row, exact item counts, cost = tokens), PADDED (one group of items per microbatch, exact counts,
@@ -57,7 +57,7 @@ from plancc.planner.balance._subset_tables import (
     TOP,
     VAL,
     popcount,
-    rebuild,
+    rebuild_stale,
     refill,
     window_tables,
 )
@@ -269,6 +269,7 @@ def _trade_rounds(window_mbs, state, rules, tables):
     for round_index in range(rules.rounds):
         _by_labels(order, window_mbs, state.mb_val)
         n_pairs = _pair_up(window_mbs, order, round_index, pairs, memo, state.mb_val, rules)
+        rebuild_stale(pairs, n_pairs, bounds, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
         for pair in range(n_pairs):
             mb_a, mb_b = pairs[pair, 0], pairs[pair, 1]
             gap0 = state.mb_val[mb_a] - state.mb_val[mb_b]
@@ -280,10 +281,6 @@ def _trade_rounds(window_mbs, state, rules, tables):
             for row_pair in range(rows_a * rows_b):  # a row each, unpadded (simple_cost): capacity bounds the cost
                 row_a, row_b = bounds[mb_a] + row_pair // rows_b, bounds[mb_b] + row_pair % rows_b
                 slot_a, slot_b = tables.slot_of[row_a], tables.slot_of[row_b]
-                if not tables.valid[slot_a]:  # (a call, not inlined: see the module docstring)
-                    rebuild(slot_a, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
-                if not tables.valid[slot_b]:
-                    rebuild(slot_b, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
                 n_sub_a, n_sub_b = tables.n_subsets[slot_a], tables.n_subsets[slot_b]
                 if n_sub_a == 0 or n_sub_b == 0:
                     continue

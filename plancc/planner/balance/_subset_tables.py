@@ -1,10 +1,10 @@
 """A window's subset tables: for each kernel row of the window, the subsets of its samples a trade may move
 (`_exchange`), with their tokens, labels and item bit masks, sorted by length for the trade's merge join.
 
-A row's table is built lazily and rebuilt only after the row trades (`Tables.valid`); only its first LOCAL unpinned
-samples take part (a bit each in a mask), and only the first SUB_CAP subsets are kept: singles, then pairs, then
-triples (a longer table finds barely better trades for much more time). A table is stored in length order, each
-column (tokens, labels, mask) contiguous: the merge join reads candidates one after another, and most of them (99%
+A row's table is built when a round first pairs its microbatch and rebuilt only after the row trades
+(`Tables.valid`); only its first LOCAL unpinned samples take part (a bit each in a mask), and only the first SUB_CAP
+subsets are kept: singles, then pairs, then triples (a longer table finds barely better trades for much more time).
+A table is stored in length order, each column (tokens, labels, mask) contiguous: the merge join reads candidates one after another, and most of them (99%
 in fixed-count layouts) fail its first test, so a candidate's test must cost a few contiguous loads, not a lookup
 through an index.
 """
@@ -42,7 +42,8 @@ class Tables(NamedTuple):
     # VAL their labels, MASK their items (a bit per position in `items`); padded also TOP, each subset's longest
     # item, and REST, the slot's longest item outside it
     subsets: np.ndarray
-    scratch: np.ndarray  # (6, 257) a slot's subsets as enumerated (LEN, VAL, MASK), their ORDER by length, SORT, DIGITS
+    # (6, >= SUB_CAP and 257) a slot's subsets as enumerated (LEN, VAL, MASK), their ORDER by length, SORT, DIGITS
+    scratch: np.ndarray
     keep: np.ndarray  # (2, LOCAL) scratch for a trade's item lists
 
 
@@ -199,40 +200,54 @@ def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
 
 
 @numba.njit(cache=True)
-def rebuild(slot, tables, item_len, item_val, max_sub, exact, tops):
-    """Rebuild the table of `slot` (stale since its row traded: `Tables.valid`): enumerate, sort, store by length.
+def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_sub, exact, tops):
+    """Build the stale tables (`Tables.valid`: not built yet, or their row traded) of every kernel row of a round's
+    pairs, before their searches: enumerate (`fill_subsets`), sort (`radix_order`), store by length.
 
-    Every slot of every window is built at least once, so this runs about once per kernel row and pass: its helpers
-    (`fill_subsets`, `radix_order`) are inlined, one call a table instead of three.
+    Every slot of every window is built at least once, about once per kernel row and pass, so the builds of a round
+    share one call: a call reference-counts each array it takes (`_exchange`), 20 atomic operations for a table's
+    build, which in a fixed-count layout's ten-subset tables cost as much as the build. A round's pairs share no
+    microbatch, so no search of the round changes a table another one reads.
 
     Args:
-        slot: int — a slot of the window.
-        tables: `Tables` (the slot's table written).
+        pairs: int64 (>= n_pairs, >= 2) — the round's pairs: columns 0 and 1 their microbatches (`_exchange._pair_up`).
+        n_pairs: int — pairs of the round.
+        batch_bounds: int64 (microbatches + 1,) — `_exchange.State.batch_bounds`.
+        tables: `Tables` (the stale slots' tables written).
         item_len, item_val, max_sub, exact: as `fill_subsets`.
         tops: bool — also fill columns TOP and REST (padded costs: the merge join then tests a trade's costs
             with four loads, not two scans of the slots' items).
     """
-    count = fill_subsets(tables.items[slot], tables.n_items[slot], item_len, item_val, max_sub, exact, tables.scratch)
-    radix_order(tables.scratch[LEN], count, tables.scratch[ORDER], tables.scratch[SORT], tables.scratch[DIGITS])
-    for i in range(count):
-        k = tables.scratch[ORDER, i]
-        tables.subsets[slot, LEN, i] = tables.scratch[LEN, k]
-        tables.subsets[slot, VAL, i] = tables.scratch[VAL, k]
-        tables.subsets[slot, MASK, i] = tables.scratch[MASK, k]
-    for i in range(count if tops else 0):
-        mask = tables.subsets[slot, MASK, i]
-        inside = 0
-        outside = 0
-        for x in range(tables.n_items[slot]):
-            length = item_len[tables.items[slot, x]]
-            if (mask >> x) & 1:
-                inside = max(inside, length)
-            else:
-                outside = max(outside, length)
-        tables.subsets[slot, TOP, i] = inside
-        tables.subsets[slot, REST, i] = outside
-    tables.n_subsets[slot] = count
-    tables.valid[slot] = True
+    for pair in range(n_pairs):
+        for side in range(2):
+            mb = pairs[pair, side]
+            for row in range(batch_bounds[mb], batch_bounds[mb + 1]):
+                slot = tables.slot_of[row]
+                if tables.valid[slot]:
+                    continue
+                n_items = tables.n_items[slot]
+                count = fill_subsets(tables.items[slot], n_items, item_len, item_val, max_sub, exact, tables.scratch)
+                radix_order(tables.scratch[LEN], count, tables.scratch[ORDER], tables.scratch[SORT],
+                            tables.scratch[DIGITS])
+                for i in range(count):
+                    k = tables.scratch[ORDER, i]
+                    tables.subsets[slot, LEN, i] = tables.scratch[LEN, k]
+                    tables.subsets[slot, VAL, i] = tables.scratch[VAL, k]
+                    tables.subsets[slot, MASK, i] = tables.scratch[MASK, k]
+                for i in range(count if tops else 0):
+                    mask = tables.subsets[slot, MASK, i]
+                    inside = 0
+                    outside = 0
+                    for x in range(n_items):
+                        length = item_len[tables.items[slot, x]]
+                        if (mask >> x) & 1:
+                            inside = max(inside, length)
+                        else:
+                            outside = max(outside, length)
+                    tables.subsets[slot, TOP, i] = inside
+                    tables.subsets[slot, REST, i] = outside
+                tables.n_subsets[slot] = count
+                tables.valid[slot] = True
 
 
 @numba.njit(cache=True)
@@ -250,7 +265,8 @@ def window_tables(window_mbs, state, slot_of, tops):
         n_slots += state.batch_bounds[mb + 1] - state.batch_bounds[mb]
     tables = Tables(slot_of, np.zeros(n_slots, dtype=np.bool_), np.zeros(n_slots, dtype=np.int64),
                     np.empty((n_slots, LOCAL), np.int64), np.zeros(n_slots, dtype=np.int64),
-                    np.empty((n_slots, 5 if tops else 3, SUB_CAP), np.int64), np.empty((6, 257), np.int64),
+                    np.empty((n_slots, 5 if tops else 3, SUB_CAP), np.int64),
+                    np.empty((6, max(SUB_CAP, 257)), np.int64),
                     np.empty((2, LOCAL), np.int64))
     slot = 0
     for mb in window_mbs:
