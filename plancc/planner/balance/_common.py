@@ -50,12 +50,14 @@ def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.
     if n == 0:
         return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
     nw = -(-n // window)
-    order = np.argsort(-values, kind="stable")
-    win = np.arange(n, dtype=np.int64) % nw
-    members = order[np.argsort(win, kind="stable")]
+    low = int(values.min())
+    order = stable_order(values - low, int(values.max()) - low + 1, True)  # heaviest first, ties by position
+    # the deal: window w takes ranks w, w + nw, w + 2 nw, ... (a transposed grid, not an argsort of rank % nw)
+    ranks = np.arange(-(-n // nw) * nw, dtype=np.int64).reshape(-1, nw).T.ravel()
+    members = order[ranks[ranks < n]]
     bounds = np.zeros(nw + 1, dtype=np.int64)
-    np.cumsum(np.bincount(win, minlength=nw), out=bounds[1:])
-    return bounds, members.astype(np.int64)
+    np.cumsum(np.bincount(np.arange(n, dtype=np.int64) % nw, minlength=nw), out=bounds[1:])
+    return bounds, members
 
 
 def contiguous_windows(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
