@@ -51,7 +51,8 @@ def stratified_windows(values: np.ndarray, window: int) -> tuple[np.ndarray, np.
         return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
     nw = -(-n // window)
     low = int(values.min())
-    order = stable_order(values - low, int(values.max()) - low + 1, True)  # heaviest first, ties by position
+    keys = (values - low).astype(np.int64, copy=False)
+    order = stable_order(keys, int(values.max()) - low + 1, True)  # heaviest first, ties by position
     # the deal: window w takes ranks w, w + nw, w + 2 nw, ... (a transposed grid, not an argsort of rank % nw)
     ranks = np.arange(-(-n // nw) * nw, dtype=np.int64).reshape(-1, nw).T.ravel()
     members = order[ranks[ranks < n]]

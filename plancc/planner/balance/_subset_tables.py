@@ -4,9 +4,9 @@
 A row's table is built when a round first pairs its microbatch and rebuilt only after the row trades
 (`Tables.valid`); only its first LOCAL unpinned samples take part (a bit each in a mask), and only the first SUB_CAP
 subsets are kept: singles, then pairs, then triples (a longer table finds barely better trades for much more time).
-A table is stored in length order, each column (tokens, labels, mask) contiguous: the merge join reads candidates one after another, and most of them (99%
-in fixed-count layouts) fail its first test, so a candidate's test must cost a few contiguous loads, not a lookup
-through an index.
+A table is stored in length order, each column (tokens, labels, mask) contiguous: the merge join reads candidates
+one after another, and most of them (99% in fixed-count layouts) fail its first test, so a candidate's test must
+cost a few contiguous loads, not a lookup through an index.
 """
 
 from __future__ import annotations
@@ -205,12 +205,13 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
     pairs, before their searches: enumerate (`fill_subsets`), sort (`radix_order`), store by length.
 
     Every slot of every window is built at least once, about once per kernel row and pass, so the builds of a round
-    share one call: a call reference-counts each array it takes (`_exchange`), 20 atomic operations for a table's
-    build, which in a fixed-count layout's ten-subset tables cost as much as the build. A round's pairs share no
-    microbatch, so no search of the round changes a table another one reads.
+    share one call: a call reference-counts each array it takes (`_exchange`), 20 atomic operations a table when
+    each build was a call (one call a round measured 2-4% faster plans, most in the fixed-count layouts' ten-subset
+    tables). A round's pairs share no microbatch, so no search of the round changes a table another one reads.
 
     Args:
-        pairs: int64 (>= n_pairs, >= 2) — the round's pairs: columns 0 and 1 their microbatches (`_exchange._pair_up`).
+        pairs: int64 (>= n_pairs, >= 2) — the round's pairs: columns 0 and 1 their microbatches
+            (`_exchange._pair_up`).
         n_pairs: int — pairs of the round.
         batch_bounds: int64 (microbatches + 1,) — `_exchange.State.batch_bounds`.
         tables: `Tables` (the stale slots' tables written).
