@@ -20,8 +20,10 @@ from plancc.core.plan_arrays import (
     segment_sum,
 )
 from plancc.planner.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, exchange_windows
+from plancc.planner.balance._subset_tables import SUB_CAP
 from plancc.planner.sort import stable_order
 
+ORDERS_BYTES = 64 << 20  # subset tables keep their sort orders from pass to pass up to this size (a byte a subset)
 SCAN = 32  # partner subsets examined per subset (the length-sorted candidates nearest in length)
 
 
@@ -200,6 +202,8 @@ def _exchange_span(
     rules = Rules(pad_multiple=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
                   tok_weight=float(tok_weight), square=bool(square), rounds=int(rounds), scan_limit=SCAN,
                   tol=int(tol_share * mean))  # label gaps this small are not worth a trade
+    kept = n_rows if n_rows * SUB_CAP <= ORDERS_BYTES else 0  # the tables' orders from pass to pass (`State.orders`)
+    orders, ordered = np.empty((kept, SUB_CAP), dtype=np.uint8), np.zeros(kept, dtype=np.bool_)
     for p in range(passes):
         w_bounds, w_members = windows(p, mb_val)
         if p == 0 and mode != PADDED:  # samples still in plan order: each row's items are its CSR range
@@ -207,7 +211,7 @@ def _exchange_span(
         else:
             ri_bounds, ri = csr_by(row_of, n_rows)
         state = State(ri_bounds, ri, row_of, pinned, lengths, values, row_tok, row_val, mb_val, mb_tok, row_cap,
-                      k_batch_bounds)
+                      k_batch_bounds, orders, ordered)
         made = exchange_windows(w_bounds, w_members, state, rules)
         del state, ri  # 10M-item arrays: freed before the next pass's grouping and the rebuild below
         if made == 0:

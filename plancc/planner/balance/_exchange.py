@@ -71,7 +71,8 @@ PACKED, FLATTENED, PADDED = 0, 1, 2
 
 class State(NamedTuple):
     """The plan as the trades see it, over kernel rows (packed/flattened: plan rows; padded: one a microbatch).
-    Trades change `row_of` and the four totals in place; the rest is read only. Every array is int64 but `pinned`."""
+    Trades change `row_of` and the four totals in place; the rest is read only but the table orders' cache. Every
+    array is int64 but `pinned` and the cache's."""
 
     row_items_bounds: np.ndarray  # (kernel rows + 1,) CSR over kernel rows of the items each holds at the start
     row_items: np.ndarray  # (items,) the items of each kernel row, by that CSR
@@ -85,6 +86,10 @@ class State(NamedTuple):
     mb_tok: np.ndarray  # (microbatches,) the secondary value (tokens, or attention with `Rules.square`)
     row_cap: np.ndarray  # (kernel rows,) tokens a kernel row may hold
     batch_bounds: np.ndarray  # (microbatches + 1,) CSR of kernel rows per microbatch
+    # uint8 (kernel rows or none, SUB_CAP) a row's table order from an earlier pass (`_subset_tables.rebuild_stale`),
+    # valid where `ordered`: bool (kernel rows or none,) cleared when the row trades
+    orders: np.ndarray
+    ordered: np.ndarray
 
 
 class Rules(NamedTuple):
@@ -269,7 +274,8 @@ def _trade_rounds(window_mbs, state, rules, tables):
     for round_index in range(rules.rounds):
         _by_labels(order, window_mbs, state.mb_val)
         n_pairs = _pair_up(window_mbs, order, round_index, pairs, memo, state.mb_val, rules)
-        rebuild_stale(pairs, n_pairs, bounds, tables, state.item_len, state.item_val, rules.max_sub, exact, padded)
+        rebuild_stale(pairs, n_pairs, bounds, tables, state.item_len, state.item_val, rules.max_sub, exact, padded,
+                      state.orders, state.ordered)
         for pair in range(n_pairs):
             mb_a, mb_b = pairs[pair, 0], pairs[pair, 1]
             gap0 = state.mb_val[mb_a] - state.mb_val[mb_b]
@@ -390,6 +396,8 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
     tables.n_items[slot_b] = refill(tables.items, slot_b, tables.keep[0], n_a, mask_a, tables.keep[1], n_b, mask_b)
     tables.valid[slot_a] = False
     tables.valid[slot_b] = False
+    if row_a < state.ordered.shape[0]:  # their items change: an earlier pass's table orders no longer hold
+        state.ordered[row_a] = state.ordered[row_b] = False
     state.row_tok[row_a] += len_b - len_a
     state.row_tok[row_b] += len_a - len_b
     state.row_val[row_a] += val_b - val_a

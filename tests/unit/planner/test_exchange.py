@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,7 +28,8 @@ def _two_microbatches(a: list[tuple[int, int]], b: list[tuple[int, int]], gap: i
     row_val = np.add.reduceat(value, bounds[:-1])
     state = State(bounds, np.arange(len(length), dtype=np.int64), np.repeat(np.arange(2), [len(a), len(b)]),
                   np.zeros(len(length), dtype=np.bool_), length, value, row_tok, row_val.copy(), row_val.copy(),
-                  row_tok.copy(), row_tok + slack, np.arange(3, dtype=np.int64))
+                  row_tok.copy(), row_tok + slack, np.arange(3, dtype=np.int64), np.empty((0, SUB_CAP), np.uint8),
+                  np.zeros(0, dtype=np.bool_))
     window = np.arange(2, dtype=np.int64)
     return state, window_tables(window, state, np.zeros(2, dtype=np.int64), True)
 
@@ -96,3 +98,22 @@ def test_radix_order_is_a_stable_argsort(count, bits, distinct, seed):
     order, scratch, digits = np.empty(count, np.int64), np.empty(count, np.int64), np.empty(257, np.int64)
     radix_order(keys, count, order, scratch, digits)
     assert order.tolist() == np.argsort(keys[:count], kind="stable").tolist()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_table_orders_kept_across_passes_change_no_plan(monkeypatch, seed):
+    """Rows that did not trade keep their tables' sort orders from pass to pass (`State.orders`); with none kept
+    (`ORDERS_BYTES` 0) every table is sorted afresh, and the plans are the same. Rows of ~7 samples (capacity
+    4096, mbs 1) have 64-subset tables, sorted by radix, over twelve passes with trades in each."""
+    from benchmarks.synthetic import sft_mix
+    from plancc.config.settings import PlanSettings
+    from plancc.planner import pipeline
+    from plancc.planner.balance import _common
+
+    samples = sft_mix(12_000, seed=seed)
+    settings = PlanSettings(mode="packed", micro_batch_size=1, sequence_len=4096, world_size=8, grad_accum=4, seed=seed)
+    kept = pipeline.plan_epoch(samples, settings, 0).batches
+    monkeypatch.setattr(_common, "ORDERS_BYTES", 0)
+    fresh = pipeline.plan_epoch(samples, settings, 0).batches
+    for a, b in ((kept.samples, fresh.samples), (kept.row_bounds, fresh.row_bounds)):
+        assert np.array_equal(a, b)
