@@ -210,10 +210,9 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
     first looks (one a row and pass); the order is kept only from a first build, and a trade clears it
     (`_exchange._apply_trade`).
 
-    Every slot of every window is built at least once, about once per kernel row and pass, so the builds of a round
-    share one call: a call reference-counts each array it takes (`_exchange`), 20 atomic operations a table when
-    each build was a call (one call a round measured 2-4% faster plans, most in the fixed-count layouts' ten-subset
-    tables). A round's pairs share no microbatch, so no search of the round changes a table another one reads.
+    The builds of a round share one call: a call reference-counts each array it takes (`_exchange`), 20 atomic
+    operations a table when each build was one. A round's pairs share no microbatch, so no search of the round
+    changes a table another one reads.
 
     Args:
         pairs: int64 (>= n_pairs, >= 2) — the round's pairs: columns 0 and 1 their microbatches
@@ -253,20 +252,34 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
                     tables.subsets[slot, LEN, i] = tables.scratch[LEN, k]
                     tables.subsets[slot, VAL, i] = tables.scratch[VAL, k]
                     tables.subsets[slot, MASK, i] = tables.scratch[MASK, k]
-                for i in range(count if tops else 0):
-                    mask = tables.subsets[slot, MASK, i]
-                    inside = 0
-                    outside = 0
-                    for x in range(n_items):
-                        length = item_len[tables.items[slot, x]]
-                        if (mask >> x) & 1:
-                            inside = max(inside, length)
-                        else:
-                            outside = max(outside, length)
-                    tables.subsets[slot, TOP, i] = inside
-                    tables.subsets[slot, REST, i] = outside
+                if tops:
+                    _tops(tables.subsets, tables.items, slot, count, n_items, item_len)
                 tables.n_subsets[slot] = count
                 tables.valid[slot] = True
+
+
+@numba.njit(cache=True, inline="always")
+def _tops(subsets, items, slot, count, n_items, item_len):
+    """Columns TOP and REST of `slot`'s first `count` subsets (padded costs): each one's longest item, and the
+    slot's longest item outside it.
+
+    Args:
+        subsets, items: `Tables` arrays (`subsets` written).
+        slot, count, n_items: int — the slot, its subsets and its items.
+        item_len: `_exchange.State.item_len`.
+    """
+    for i in range(count):
+        mask = subsets[slot, MASK, i]
+        inside = 0
+        outside = 0
+        for x in range(n_items):
+            length = item_len[items[slot, x]]
+            if (mask >> x) & 1:
+                inside = max(inside, length)
+            else:
+                outside = max(outside, length)
+        subsets[slot, TOP, i] = inside
+        subsets[slot, REST, i] = outside
 
 
 @numba.njit(cache=True)
