@@ -202,7 +202,8 @@ def _exchange_span(
     rules = Rules(pad_multiple=int(settings.pad_multiple), peak=int(peak), cost_mode=mode, max_sub=int(max_sub),
                   tok_weight=float(tok_weight), square=bool(square), rounds=int(rounds), scan_limit=SCAN,
                   tol=int(tol_share * mean))  # label gaps this small are not worth a trade
-    kept = n_rows if n_rows * SUB_CAP <= ORDERS_BYTES else 0  # the tables' orders from pass to pass (`State.orders`)
+    # the tables' orders from pass to pass (`State.orders`): none for one pass (padded's passes, within-update)
+    kept = n_rows if passes > 1 and n_rows * SUB_CAP <= ORDERS_BYTES else 0
     orders, ordered = np.empty((kept, SUB_CAP), dtype=np.uint8), np.zeros(kept, dtype=np.bool_)
     for p in range(passes):
         w_bounds, w_members = windows(p, mb_val)
