@@ -50,20 +50,19 @@ from typing import NamedTuple
 import numpy as np
 
 from plancc.core.jit import numba
+from plancc.planner.balance._rounds import IDLE, MIN_GAIN, by_labels, pair_up, remember, window_spread
 from plancc.planner.balance._subset_tables import (
     LEN,
     MASK,
     REST,
     TOP,
     VAL,
+    has_length,
     popcount,
     rebuild_stale,
     refill,
     window_tables,
 )
-
-IDLE = 8  # idle rounds in a row before a window gives up
-MIN_GAIN = 0.002  # a round is idle when it lowers the window's spread (`_spread`) by less than this share
 
 # the kernel's cost modes (a layout's mode as a number numba compiles in as a constant)
 PACKED, FLATTENED, PADDED = 0, 1, 2
@@ -188,60 +187,6 @@ def _cost_allowed(mb_a, mb_b, row_a, row_b, len_a, len_b, before, row_tok, batch
     return cost_a <= rules.peak and cost_b <= rules.peak and cost_a + cost_b <= before
 
 
-@numba.njit(cache=True)
-def _pair_up(window_mbs, order, round_index, pairs, memo, mb_val, rules):
-    """The pairs of a round worth searching, written to `pairs`; returns how many.
-
-    Round r pairs the q-th heaviest microbatch with the (q + r)-th lightest (mod window // 2). A pair's search reads
-    only its two microbatches, so a pair that found no trade finds none again until one of them trades: `memo`
-    skips it (rotating partners bring the same pairs back every `window // 2` rounds).
-
-    Args:
-        window_mbs: int64 (window,) — the window's microbatches.
-        order: int64 (window,) — positions in `window_mbs` by label count, heaviest first (`_by_labels`).
-        round_index: int — the round: the light partners rotate by it (`exchange_windows`).
-        pairs: int64 (window // 2, 5) — written: (mb_a, mb_b, traded, position of mb_a, of mb_b) per pair (one
-            allocation a window, not a round); `traded` is left to the search.
-        memo: int64 (window + 1, window) — rows 0..window-1: the round a pair of positions last found no trade
-            (-1: never); row `window`: the round each position last traded (-1: never) (`_remember`).
-        mb_val: `State.mb_val`.
-        rules: `Rules`.
-    """
-    size = window_mbs.shape[0]
-    half = size // 2
-    n_pairs = 0
-    for q in range(half):  # the pairs share no microbatch, so a trade never changes whether another pair trades
-        pos_a, pos_b = order[q], order[size - 1 - (q + round_index) % half]  # pos_a: more labels
-        mb_a, mb_b = window_mbs[pos_a], window_mbs[pos_b]
-        fruitless = memo[pos_a, pos_b] > memo[size, pos_a] and memo[pos_a, pos_b] > memo[size, pos_b]
-        # a gap of one label cannot narrow (labels move in whole units): searching it finds nothing
-        if (mb_val[mb_a] - mb_val[mb_b] > max(rules.tol, 1) or rules.tok_weight != 0.0) and not fruitless:
-            pairs[n_pairs, 0], pairs[n_pairs, 1] = mb_a, mb_b
-            pairs[n_pairs, 3], pairs[n_pairs, 4] = pos_a, pos_b
-            n_pairs += 1
-    return n_pairs
-
-
-@numba.njit(cache=True)
-def _remember(pairs, n_pairs, memo, round_index):
-    """Book the round's outcome in `memo` (`_pair_up`): the round each traded position last traded, or the round
-    a pair last found nothing.
-
-    Args:
-        pairs: int64 (>= n_pairs, 5) — the round's pairs, `traded` written by the search.
-        n_pairs: int — pairs of the round.
-        memo: int64 (window + 1, window) — `_pair_up`'s memo, changed in place.
-        round_index: int — the round.
-    """
-    size = memo.shape[1]
-    for pair in range(n_pairs):
-        pos_a, pos_b = pairs[pair, 3], pairs[pair, 4]
-        if pairs[pair, 2]:
-            memo[size, pos_a] = memo[size, pos_b] = round_index
-        else:
-            memo[pos_a, pos_b] = round_index
-
-
 NO_TRADE = (-1, -1, 0, 0, 0, 0, 0, 0, 0, 0)  # a pair's best trade before its search finds one
 
 
@@ -249,7 +194,7 @@ NO_TRADE = (-1, -1, 0, 0, 0, 0, 0, 0, 0, 0)  # a pair's best trade before its se
 def _trade_rounds(window_mbs, state, rules, tables):
     """The pairing rounds of one window (see `exchange_windows`); returns the number of trades made.
 
-    Each round sorts the window by labels, pairs it up (`_pair_up`), and each pair (mb_a with more labels, mb_b)
+    Each round sorts the window by labels, pairs it up (`_rounds.pair_up`), and each pair (mb_a with more labels, mb_b)
     makes its best trade, if any, in place. A pair's best trade leaves the smallest label gap (plus weighted
     secondary gap) within the rules; the first one leaving a gap within `tol` is good enough. For each subset of
     an A row, by length, B's subsets that keep both rows within their capacity form a window of lengths that only
@@ -264,18 +209,19 @@ def _trade_rounds(window_mbs, state, rules, tables):
     bounds = state.batch_bounds
     exact = rules.cost_mode != PACKED
     padded = rules.cost_mode == PADDED
+    packed = rules.cost_mode == PACKED
     trades = 0
     size = window_mbs.shape[0]
     order = np.arange(size)
     pairs = np.empty((size // 2, 5), dtype=np.int64)
     memo = np.full((size + 1, size), -1, dtype=np.int64)
     idle = 0
-    spread = _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
+    spread = window_spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
     for round_index in range(rules.rounds):
-        _by_labels(order, window_mbs, state.mb_val)
-        n_pairs = _pair_up(window_mbs, order, round_index, pairs, memo, state.mb_val, rules)
+        by_labels(order, window_mbs, state.mb_val)
+        n_pairs = pair_up(window_mbs, order, round_index, pairs, memo, state.mb_val, rules)
         rebuild_stale(pairs, n_pairs, bounds, tables, state.item_len, state.item_val, rules.max_sub, exact, padded,
-                      state.orders, state.ordered)
+                      packed, state.orders, state.ordered)
         for pair in range(n_pairs):
             mb_a, mb_b = pairs[pair, 0], pairs[pair, 1]
             gap0 = state.mb_val[mb_a] - state.mb_val[mb_b]
@@ -301,11 +247,18 @@ def _trade_rounds(window_mbs, state, rules, tables):
                 else:
                     before = 0 if simple_cost else _cost_before(mb_a, mb_b, bounds, state.row_tok, rules)
                 start = 0
+                narrow = packed and free_a + free_b < 32  # B's lengths a subset of A may meet fit `has_length`
+                last_b = tables.subsets[slot_b, LEN, n_sub_b - 1]
                 for i in range(n_sub_a):
                     len_a = tables.subsets[slot_a, LEN, i]
                     # B's subset length len_b: row_a ends at tok_a - len_a + len_b <= cap_a,
                     # row_b at tok_b + len_a - len_b <= cap_b
                     low, high = len_a - free_b, len_a + free_a
+                    if narrow:  # most subsets meet no partner: skipped before the merge join's steps
+                        if low > last_b:
+                            break
+                        if not has_length(tables.subsets, slot_b, max(low, 0), high):
+                            continue
                     while start < n_sub_b and tables.subsets[slot_b, LEN, start] < low:
                         start += 1
                     if start == n_sub_b:
@@ -357,8 +310,8 @@ def _trade_rounds(window_mbs, state, rules, tables):
             if best[0] >= 0:
                 _apply_trade(mb_a, mb_b, best, state, tables)
                 trades += 1
-        _remember(pairs, n_pairs, memo, round_index)
-        last, spread = spread, _spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
+        remember(pairs, n_pairs, memo, round_index)
+        last, spread = spread, window_spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
         idle = 0 if last - spread > MIN_GAIN * last else idle + 1
         if idle >= IDLE:
             break
@@ -409,50 +362,6 @@ def _apply_trade(mb_a, mb_b, trade, state, tables):
 
 
 @numba.njit(cache=True)
-def _spread(window_mbs, mb_val, mb_tok, tok_weight):
-    """What the trades of a window lower: the sum of squared label deviations (plus weighted secondary ones).
-
-    Args:
-        window_mbs: int64 (window,) — the window's microbatches.
-        mb_val, mb_tok: `State` arrays.
-        tok_weight: float — `Rules.tok_weight`.
-    """
-    size = window_mbs.shape[0]
-    mean_val = 0.0
-    mean_tok = 0.0
-    for mb in window_mbs:
-        mean_val += mb_val[mb]
-        mean_tok += mb_tok[mb]
-    mean_val /= size
-    mean_tok /= size
-    out = 0.0
-    for mb in window_mbs:
-        out += (mb_val[mb] - mean_val) ** 2 + tok_weight * (mb_tok[mb] - mean_tok) ** 2
-    return out
-
-
-@numba.njit(cache=True)
-def _by_labels(order, window_mbs, mb_val):
-    """Sort `order` in place by label count, heaviest first, ties by position: insertion sort, since a round
-    changes only the few microbatches that traded (an argsort per round would sort from scratch).
-
-    Args:
-        order: int64 (window,) — positions in `window_mbs`, in last round's order.
-        window_mbs: int64 (window,) — the window's microbatches.
-        mb_val: `State.mb_val`.
-    """
-    for i in range(1, order.shape[0]):
-        pos = order[i]
-        val = mb_val[window_mbs[pos]]
-        j = i - 1
-        while j >= 0 and (mb_val[window_mbs[order[j]]] < val or (mb_val[window_mbs[order[j]]] == val
-                                                                  and order[j] > pos)):
-            order[j + 1] = order[j]
-            j -= 1
-        order[j + 1] = pos
-
-
-@numba.njit(cache=True)
 def _window(window_mbs, state, rules, slot_of):
     """Pairing rounds of one window (`_trade_rounds`); touches only the window's rows and samples.
 
@@ -462,7 +371,8 @@ def _window(window_mbs, state, rules, slot_of):
         slot_of: int64 (kernel rows,) — `Tables.slot_of`.
     Returns: int, the trades made.
     """
-    return _trade_rounds(window_mbs, state, rules, window_tables(window_mbs, state, slot_of, rules.cost_mode == PADDED))
+    columns = 5 if rules.cost_mode == PADDED else 4 if rules.cost_mode == PACKED else 3
+    return _trade_rounds(window_mbs, state, rules, window_tables(window_mbs, state, slot_of, columns))
 
 
 @numba.njit(cache=True, parallel=True)

@@ -23,6 +23,8 @@ LOCAL = 62  # samples of a row that take part (bit masks); the rest of a long ro
 
 
 LEN, VAL, MASK, TOP, REST = 0, 1, 2, 3, 4  # a subset table's columns (TOP and REST: padded only)
+BITS = 3  # packed only: column 3 holds the table's lengths as a bitmap (`has_length`), 32 bits to each of its words
+SPAN = 32 * SUB_CAP  # lengths the bitmap tells apart (longer ones share its bits, modulo SPAN: a power of two)
 ORDER, SORT, DIGITS = 3, 4, 5  # rows of `Tables.scratch` after a table's LEN, VAL, MASK as enumerated: its order by
 # length, scratch for sorting, and the sort's digit counts
 
@@ -38,9 +40,9 @@ class Tables(NamedTuple):
     n_items: np.ndarray  # (slots,) items of the slot (at most LOCAL, unpinned)
     items: np.ndarray  # (slots, LOCAL) the slot's items
     n_subsets: np.ndarray  # (slots,) subsets of the slot (-1: not built yet in this window)
-    # (slots, 3 or 5 columns, SUB_CAP) the slot's subsets by length (ties: as enumerated): column LEN their tokens,
-    # VAL their labels, MASK their items (a bit per position in `items`); padded also TOP, each subset's longest
-    # item, and REST, the slot's longest item outside it
+    # (slots, 3 to 5 columns, SUB_CAP) the slot's subsets by length (ties: as enumerated): column LEN their tokens,
+    # VAL their labels, MASK their items (a bit per position in `items`); packed also BITS, the lengths present;
+    # padded also TOP, each subset's longest item, and REST, the slot's longest item outside it
     subsets: np.ndarray
     # (6, >= SUB_CAP and 257) a slot's subsets as enumerated (LEN, VAL, MASK), their ORDER by length, SORT, DIGITS
     scratch: np.ndarray
@@ -200,7 +202,8 @@ def refill(items, slot, incoming, n_in, in_mask, own, n_own, own_mask):
 
 
 @numba.njit(cache=True)
-def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_sub, exact, tops, orders, ordered):
+def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_sub, exact, tops, bits, orders,
+                  ordered):
     """Build the stale tables (`Tables.valid`: not built yet, or their row traded) of every kernel row of a round's
     pairs, before their searches: enumerate (`fill_subsets`), sort (`radix_order`), store by length.
 
@@ -216,13 +219,14 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
 
     Args:
         pairs: int64 (>= n_pairs, >= 2) — the round's pairs: columns 0 and 1 their microbatches
-            (`_exchange._pair_up`).
+            (`_rounds.pair_up`).
         n_pairs: int — pairs of the round.
         batch_bounds: int64 (microbatches + 1,) — `_exchange.State.batch_bounds`.
         tables: `Tables` (the stale slots' tables written).
         item_len, item_val, max_sub, exact: as `fill_subsets`.
         tops: bool — also fill columns TOP and REST (padded costs: the merge join then tests a trade's costs
             with four loads, not two scans of the slots' items).
+        bits: bool — also fill column BITS (`has_length`).
         orders: uint8 (kernel rows, SUB_CAP), or no rows (no orders kept) — `_exchange.State.orders`, written.
         ordered: bool (as many rows) — which rows' `orders` hold, written.
     """
@@ -254,6 +258,8 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
                     tables.subsets[slot, MASK, i] = tables.scratch[MASK, k]
                 if tops:
                     _tops(tables.subsets, tables.items, slot, count, n_items, item_len)
+                if bits:
+                    _bits(tables.subsets, slot, count)
                 tables.n_subsets[slot] = count
                 tables.valid[slot] = True
 
@@ -282,8 +288,42 @@ def _tops(subsets, items, slot, count, n_items, item_len):
         subsets[slot, REST, i] = outside
 
 
+@numba.njit(cache=True, inline="always")
+def _bits(subsets, slot, count):
+    """Column BITS of `slot`'s table: bit `length % SPAN` set for the length of each of its first `count` subsets.
+
+    Args:
+        subsets: `Tables.subsets` (`slot`'s BITS written).
+        slot, count: int — the slot and its subsets.
+    """
+    for word in range(SUB_CAP):
+        subsets[slot, BITS, word] = 0
+    for i in range(count):
+        at = subsets[slot, LEN, i] & (SPAN - 1)
+        subsets[slot, BITS, at >> 5] |= np.int64(1) << (at & 31)
+
+
+@numba.njit(cache=True, inline="always")
+def has_length(subsets, slot, low, high):
+    """Whether `slot`'s table may hold a subset of `low` to `high` tokens (`high - low < 32`): False only where none
+    does. A few loads that rarely branch, where a step of the merge join mispredicts: most subsets of a nearly full
+    row meet no partner (`_exchange`).
+
+    Args:
+        subsets: `Tables.subsets` with column BITS.
+        slot: int — the slot.
+        low, high: int — the lengths, 0 <= low, high - low < 32 (none when high < low).
+    """
+    if high < low:
+        return False
+    at = low & (SPAN - 1)
+    word, shift = at >> 5, at & 31
+    window = (subsets[slot, BITS, word] >> shift) | (subsets[slot, BITS, (word + 1) & (SUB_CAP - 1)] << (32 - shift))
+    return (window & ((np.int64(1) << (high - low + 1)) - 1)) != 0
+
+
 @numba.njit(cache=True)
-def window_tables(window_mbs, state, slot_of, tops):
+def window_tables(window_mbs, state, slot_of, columns):
     """Subset tables for the kernel rows of the window's microbatches: item lists filled (by item), every table
     stale and never built (`n_subsets` -1).
 
@@ -291,14 +331,14 @@ def window_tables(window_mbs, state, slot_of, tops):
         window_mbs: int64 (window,) — the window's microbatches.
         state: `_exchange.State`.
         slot_of: int64 (kernel rows,) — written for the window's rows: each one's slot.
-        tops: bool — room for columns TOP and REST.
+        columns: int — a table's columns: 3, 4 (packed: BITS) or 5 (padded: TOP and REST).
     """
     n_slots = 0
     for mb in window_mbs:
         n_slots += state.batch_bounds[mb + 1] - state.batch_bounds[mb]
     tables = Tables(slot_of, np.zeros(n_slots, dtype=np.bool_), np.zeros(n_slots, dtype=np.int64),
                     np.empty((n_slots, LOCAL), np.int64), np.full(n_slots, -1, dtype=np.int64),
-                    np.empty((n_slots, 5 if tops else 3, SUB_CAP), np.int64),
+                    np.empty((n_slots, columns, SUB_CAP), np.int64),
                     np.empty((6, max(SUB_CAP, 257)), np.int64),
                     np.empty((2, LOCAL), np.int64))
     slot = 0

@@ -6,20 +6,29 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from plancc.planner.balance._common import SCAN
 from plancc.planner.balance._exchange import FLATTENED, PACKED, PADDED, Rules, State, _trade_rounds
-from plancc.planner.balance._subset_tables import SUB_CAP, radix_order, window_tables
+from plancc.planner.balance._subset_tables import (
+    BITS,
+    LEN,
+    SPAN,
+    SUB_CAP,
+    has_length,
+    radix_order,
+    window_tables,
+)
 
 ROW = st.lists(st.tuples(st.integers(1, 40), st.integers(0, 30)), min_size=1, max_size=12)  # (tokens, labels)
 
 
-def _two_microbatches(a: list[tuple[int, int]], b: list[tuple[int, int]], gap: int, slack: int):
-    """State and tables of two one-row microbatches holding `a` and `b`, the first `gap` labels heavier (the
-    lighter row's first sample takes what it lacks), each row `slack` tokens short of its capacity."""
-    length = np.array([x for x, _ in a + b], dtype=np.int64)
+def _two_microbatches(a: list[tuple[int, int]], b: list[tuple[int, int]], gap: int, slack: int, stretch: int = 1):
+    """State and tables of two one-row microbatches holding `a` and `b` (tokens times `stretch`), the first `gap`
+    labels heavier (the lighter row's first sample takes what it lacks), each row `slack` tokens short of its
+    capacity."""
+    length = np.array([x * stretch for x, _ in a + b], dtype=np.int64)
     value = np.array([y for _, y in a + b], dtype=np.int64)
     missing = gap - (value[: len(a)].sum() - value[len(a):].sum())
     value[0 if missing > 0 else len(a)] += abs(missing)
@@ -31,13 +40,13 @@ def _two_microbatches(a: list[tuple[int, int]], b: list[tuple[int, int]], gap: i
                   row_tok.copy(), row_tok + slack, np.arange(3, dtype=np.int64), np.empty((0, SUB_CAP), np.uint8),
                   np.zeros(0, dtype=np.bool_))
     window = np.arange(2, dtype=np.int64)
-    return state, window_tables(window, state, np.zeros(2, dtype=np.int64), True)
+    return state, window_tables(window, state, np.zeros(2, dtype=np.int64), 5)  # room for every mode's columns
 
 
 @given(a=ROW, b=ROW, gap=st.integers(0, 1), slack=st.integers(0, 60), mode=st.sampled_from([PACKED, FLATTENED, PADDED]))
 def test_microbatches_one_label_apart_never_trade(a, b, gap, slack, mode):
     """Labels move in whole samples, so no trade narrows a gap of one (or none): the rounds skip such pairs
-    instead of searching them (`_pair_up`), which is exact only while this holds. A secondary weight, however
+    instead of searching them (`_rounds.pair_up`), which is exact only while this holds. A secondary weight, however
     small, makes the rounds search every pair: the search itself finds nothing here."""
     state, tables = _two_microbatches(a, b, gap, slack)
     before = [x.copy() for x in (state.row_of, state.mb_val, state.row_tok)]
@@ -65,13 +74,15 @@ def _kept_subsets(lengths: list[int], values: list[int]) -> np.ndarray:
     return np.array([(sum(lengths[i] for i in c), sum(values[i] for i in c)) for c in subsets], dtype=np.int64)
 
 
-@given(a=ROW, b=ROW, gap=st.integers(2, 60), slack=st.integers(0, 8))
-def test_a_pair_reaches_the_best_trade_of_its_tables(a, b, gap, slack):
+@given(a=ROW, b=ROW, gap=st.integers(2, 60), slack=st.integers(0, 40), stretch=st.sampled_from([1, 997]))
+@example(a=[(4, 5), (6, 0), (2, 5)], b=[(10, 0)], gap=10, slack=0, stretch=1)  # the best partner is B's longest
+def test_a_pair_reaches_the_best_trade_of_its_tables(a, b, gap, slack, stretch):
     """One round (packed, no scan limit, no tolerance) leaves the pair at the narrowest label gap that any trade of
     two kept subsets reaches within both rows' capacities, checked against every pair of them: the merge join's
-    shortcuts (a subset whose length window holds no partner is passed over before its labels are read; the
-    search ends where B's table does) drop no candidate."""
-    state, tables = _two_microbatches(a, b, gap, slack)
+    shortcuts (a subset whose length window holds no partner is passed over before its labels are read, by the
+    lengths' bitmap where the window is narrow; the search ends where B's table does) drop no candidate, whether
+    the rows' free space makes the window narrow or wide, and with lengths past the bitmap's SPAN (`stretch`)."""
+    state, tables = _two_microbatches(a, b, gap, slack, stretch)
     n_a = len(a)
     sub_a = _kept_subsets(state.item_len[:n_a].tolist(), state.item_val[:n_a].tolist())
     sub_b = _kept_subsets(state.item_len[n_a:].tolist(), state.item_val[n_a:].tolist())
@@ -85,6 +96,23 @@ def test_a_pair_reaches_the_best_trade_of_its_tables(a, b, gap, slack):
                   scan_limit=1 << 20, tol=0)
     assert _trade_rounds(np.arange(2, dtype=np.int64), state, rules, tables) == (best < gap)
     assert abs(int(state.mb_val[0] - state.mb_val[1])) == best
+
+
+@given(near=st.lists(st.tuples(st.integers(-40, 40), st.integers(0, 2)), min_size=1, max_size=SUB_CAP),
+       low=st.integers(0, 3 * SPAN), width=st.integers(0, 32))
+def test_the_lengths_bitmap_misses_no_length(near, low, width):
+    """`has_length` of `low` to `low + width - 1` tokens is false exactly where no length of the table falls in that
+    range modulo SPAN: never false where a length is in it, and true past SPAN only by such a coincidence. The
+    lengths lie near `low` or near it plus a multiple of SPAN, so the range straddles their bits' words."""
+    from plancc.planner.balance._subset_tables import _bits
+
+    lengths = [max(low + offset + k * SPAN, 0) for offset, k in near]
+    subsets = np.zeros((1, BITS + 1, SUB_CAP), dtype=np.int64)
+    subsets[0, LEN, : len(lengths)] = sorted(lengths)
+    _bits(subsets, 0, len(lengths))
+    high = low + width - 1
+    assert has_length(subsets, 0, low, high) == any((x - low) % SPAN < width for x in lengths)
+    assert has_length(subsets, 0, low, high) or not any(low <= x <= high for x in lengths)
 
 
 @given(count=st.integers(0, 300), bits=st.integers(0, 40), distinct=st.integers(1, 400), seed=st.integers(0, 2**32 - 1))
