@@ -20,6 +20,8 @@ MAX_FUNCTION_LINES = 60
 LONGER = {
     "plancc/planner/balance/_exchange.py::_trade_rounds": "a window's rounds and the trade search's one hot loop: "
                                                           "one call, not one a round (reference counts)",
+    "plancc/planner/balance/_subset_tables.py::rebuild_stale": "a round's table builds and the sweep that loads "
+                                                               "their inputs first: one call (reference counts)",
     "plancc/planner/balance/_common.py::_exchange_span": "one window's exchange rounds, inlined into the kernels",
 }
 

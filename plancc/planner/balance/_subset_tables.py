@@ -215,7 +215,10 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
 
     The builds of a round share one call: a call reference-counts each array it takes (`_exchange`), 20 atomic
     operations a table when each build was one. A round's pairs share no microbatch, so no search of the round
-    changes a table another one reads.
+    changes a table another one reads. Its rows lie anywhere in the plan, so what their builds read (their items'
+    tokens and labels, their kept orders) is first read in one sweep, whose cache misses overlap, where one build
+    after another would wait on each of its misses in turn (the sum is stored so that the compiler keeps the
+    loads; a call of its own would cost the reference counts again).
 
     Args:
         pairs: int64 (>= n_pairs, >= 2) — the round's pairs: columns 0 and 1 their microbatches
@@ -231,6 +234,19 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
         ordered: bool (as many rows) — which rows' `orders` hold, written.
     """
     keep = orders.shape[0] > 0
+    ahead = 0
+    for pair in range(n_pairs):
+        for side in range(2):
+            mb = pairs[pair, side]
+            for row in range(batch_bounds[mb], batch_bounds[mb + 1]):
+                slot = tables.slot_of[row]
+                if tables.valid[slot]:
+                    continue
+                for x in range(tables.n_items[slot]):
+                    ahead += item_len[tables.items[slot, x]] + item_val[tables.items[slot, x]]
+                if keep:
+                    ahead += orders[row, 0] + orders[row, SUB_CAP - 1]
+    tables.scratch[SORT, 0] = ahead
     for pair in range(n_pairs):
         for side in range(2):
             mb = pairs[pair, side]
