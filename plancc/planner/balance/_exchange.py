@@ -218,6 +218,7 @@ def _trade_rounds(window_mbs, state, rules, tables):
     idle = 0
     spread = window_spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
     for round_index in range(rules.rounds):
+        traded_before = trades
         by_labels(order, window_mbs, state.mb_val)
         n_pairs = pair_up(window_mbs, order, round_index, pairs, memo, state.mb_val, rules)
         rebuild_stale(pairs, n_pairs, bounds, tables, state.item_len, state.item_val, rules.max_sub, exact, padded,
@@ -311,7 +312,9 @@ def _trade_rounds(window_mbs, state, rules, tables):
                 _apply_trade(mb_a, mb_b, best, state, tables)
                 trades += 1
         remember(pairs, n_pairs, memo, round_index)
-        last, spread = spread, window_spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
+        last = spread
+        if trades > traded_before:  # else the window is as it was
+            spread = window_spread(window_mbs, state.mb_val, state.mb_tok, rules.tok_weight)
         idle = 0 if last - spread > MIN_GAIN * last else idle + 1
         if idle >= IDLE:
             break
