@@ -27,8 +27,8 @@ from plancc.core.paths import cache_path
 # every module holding @numba.njit(cache=True) kernels (a test checks the list against the sources)
 KERNEL_MODULES = ("plancc.store.token_hash", "plancc.planner.sort", "plancc.core.row_sums", "plancc.planner.pack.best_fit",
                   "plancc.planner.pack._rows", "plancc.planner.pack.exact_fill", "plancc.planner.balance._cost_spread",
-                  "plancc.planner.balance._exchange", "plancc.planner.balance._subset_tables",
-                  "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.store.json_rows")
+                  "plancc.planner.balance._exchange", "plancc.planner.balance._rounds",
+                  "plancc.planner.balance._subset_tables", "plancc.planner.balance._redeal", "plancc.planner.balance.accumulation", "plancc.store.json_rows")
 COMPILING = "compiling kernels (first run only)"
 PACKAGE = Path(__file__).resolve().parent.parent  # the installed `plancc` folder
 INSTALLED = "_kernels"  # the installation's kernel cache, a folder of PACKAGE
