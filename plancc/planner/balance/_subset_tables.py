@@ -235,50 +235,47 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
     """
     keep = orders.shape[0] > 0
     ahead = 0
-    for pair in range(n_pairs):
-        for side in range(2):
-            mb = pairs[pair, side]
-            for row in range(batch_bounds[mb], batch_bounds[mb + 1]):
-                slot = tables.slot_of[row]
-                if tables.valid[slot]:
-                    continue
-                for x in range(tables.n_items[slot]):
-                    ahead += item_len[tables.items[slot, x]] + item_val[tables.items[slot, x]]
-                if keep:
-                    ahead += orders[row, 0] + orders[row, SUB_CAP - 1]
-    tables.scratch[SORT, 0] = ahead
-    for pair in range(n_pairs):
-        for side in range(2):
-            mb = pairs[pair, side]
-            for row in range(batch_bounds[mb], batch_bounds[mb + 1]):
-                slot = tables.slot_of[row]
-                if tables.valid[slot]:
-                    continue
-                n_items = tables.n_items[slot]
-                count = fill_subsets(tables.items[slot], n_items, item_len, item_val, max_sub, exact, tables.scratch)
-                first = keep and tables.n_subsets[slot] < 0  # the window's first build: items as dealt
-                if first and ordered[row]:
-                    for i in range(count):
-                        tables.scratch[ORDER, i] = orders[row, i]
-                else:
-                    radix_order(tables.scratch[LEN], count, tables.scratch[ORDER], tables.scratch[SORT],
-                                tables.scratch[DIGITS])
-                    if first:
+    for build in range(2):  # the same stale rows twice: first their inputs read, then their tables built
+        for pair in range(n_pairs):
+            for side in range(2):
+                mb = pairs[pair, side]
+                for row in range(batch_bounds[mb], batch_bounds[mb + 1]):
+                    slot = tables.slot_of[row]
+                    if tables.valid[slot]:
+                        continue
+                    n_items = tables.n_items[slot]
+                    if not build:
+                        for x in range(n_items):
+                            ahead += item_len[tables.items[slot, x]] + item_val[tables.items[slot, x]]
+                        if keep:
+                            ahead += orders[row, 0] + orders[row, SUB_CAP - 1]
+                        continue
+                    count = fill_subsets(tables.items[slot], n_items, item_len, item_val, max_sub, exact,
+                                         tables.scratch)
+                    first = keep and tables.n_subsets[slot] < 0  # the window's first build: items as dealt
+                    if first and ordered[row]:
                         for i in range(count):
-                            orders[row, i] = tables.scratch[ORDER, i]
-                        ordered[row] = True
-                for i in range(count):
-                    k = tables.scratch[ORDER, i]
-                    tables.subsets[slot, LEN, i] = tables.scratch[LEN, k]
-                    tables.subsets[slot, VAL, i] = tables.scratch[VAL, k]
-                    tables.subsets[slot, MASK, i] = tables.scratch[MASK, k]
-                if tops:
-                    _tops(tables.subsets, tables.items, slot, count, n_items, item_len)
-                if bits:
-                    _bits(tables.subsets, slot, count)
-                tables.n_subsets[slot] = count
-                tables.valid[slot] = True
-
+                            tables.scratch[ORDER, i] = orders[row, i]
+                    else:
+                        radix_order(tables.scratch[LEN], count, tables.scratch[ORDER], tables.scratch[SORT],
+                                    tables.scratch[DIGITS])
+                        if first:
+                            for i in range(count):
+                                orders[row, i] = tables.scratch[ORDER, i]
+                            ordered[row] = True
+                    for i in range(count):
+                        k = tables.scratch[ORDER, i]
+                        tables.subsets[slot, LEN, i] = tables.scratch[LEN, k]
+                        tables.subsets[slot, VAL, i] = tables.scratch[VAL, k]
+                        tables.subsets[slot, MASK, i] = tables.scratch[MASK, k]
+                    if tops:
+                        _tops(tables.subsets, tables.items, slot, count, n_items, item_len)
+                    if bits:
+                        _bits(tables.subsets, slot, count)
+                    tables.n_subsets[slot] = count
+                    tables.valid[slot] = True
+        if not build:
+            tables.scratch[SORT, 0] = ahead
 
 @numba.njit(cache=True, inline="always")
 def _tops(subsets, items, slot, count, n_items, item_len):
