@@ -36,6 +36,7 @@ from plancc.config.settings import PlanSettings
 from plancc.core.jit import numba
 from plancc.core.plan_arrays import Batches, SampleArrays, batch_cost, batch_targets, batch_tokens
 from plancc.planner.balance import _common as common
+from plancc.planner.sort import stable_order
 
 
 def deal_equal_lengths(batches: Batches, samples: SampleArrays, settings: PlanSettings, quantum: int = 1) -> Batches:
@@ -120,11 +121,12 @@ def _redeal(batches: Batches, settings: PlanSettings, key: np.ndarray, value: np
 
 
 @numba.njit(cache=True)
-def _by_key(key):
-    """Positions grouped by key, in position order inside a key (a counting sort).
+def _by_key(key, order):
+    """The positions `order` lists, grouped by key, in their `order` inside a key (a stable counting sort).
 
     Args:
         key: int64 (positions,) — non-negative class of each position.
+        order: int64 (positions,) — every position once.
     Returns: (int64 (max key + 2,) CSR bounds per key value, int64 (positions,) positions).
     """
     n = key.shape[0]
@@ -138,7 +140,7 @@ def _by_key(key):
         bounds[cls + 1] += bounds[cls]
     positions = np.empty(n, dtype=np.int64)
     fill = bounds[:-1].copy()
-    for i in range(n):
+    for i in order:
         positions[fill[key[i]]] = i
         fill[key[i]] += 1
     return bounds, positions
@@ -186,24 +188,25 @@ def _deal(key, value, mb_of, n_mb):
 
     Args:
         key: int64 (positions,) — class of each position (non-negative).
-        value: int64 (positions,) — what is evened out (labels, or tokens) per position's sample.
-        mb_of: int64 (positions,) — microbatch of each position.
+        value: int64 (positions,) — what is evened out (labels, or tokens) per position's sample, non-negative.
+        mb_of: int64 (positions,) — microbatch of each position, non-decreasing (positions in plan order).
         n_mb: int — microbatches.
     Returns: int64 (positions,).
     """
-    bounds, positions = _by_key(key)
+    bounds, positions = _by_key(key, np.arange(key.shape[0]))
     mean, spread, expect = _class_means(bounds, positions, value, mb_of, n_mb)
+    # each class's positions most value first (ties in position order): one counting sort by value, then by key
+    most_first = _by_key(key, stable_order(value, np.max(value) + 1 if key.shape[0] else 1, True))[1]
     take = np.arange(key.shape[0])
     longest = np.max(np.diff(bounds)) if bounds.shape[0] > 1 else 0
-    heap_key = np.empty(longest)  # a min-heap of microbatches by expected total
+    heap_key = np.empty(longest + 1)  # a min-heap of microbatches by expected total (+ a sentinel past its end)
     heap_at = np.empty(longest, dtype=np.int64)  # each one's next open slot
     for cls in np.argsort(-spread, kind="mergesort"):
         lo, hi = bounds[cls], bounds[cls + 1]
         if hi - lo < 2 or spread[cls] == 0:
             continue
-        group = positions[lo:hi]
-        samples_first = group[np.argsort(-value[group], kind="mergesort")]
-        slots = group[np.argsort(mb_of[group], kind="mergesort")]  # a microbatch's positions side by side
+        samples_first = most_first[lo:hi]
+        slots = positions[lo:hi]  # in position order: a microbatch's positions side by side
         size = 0
         for x in range(hi - lo):
             if x == 0 or mb_of[slots[x]] != mb_of[slots[x - 1]]:
@@ -232,23 +235,27 @@ def _deal(key, value, mb_of, n_mb):
 def _sift_down(heap_key, heap_at, size, entry):
     """Restore the min-heap below `entry` (ties keep the lower index on top: deterministic).
 
+    The smaller child is chosen without a branch (a sentinel of infinity past the heap's end stands in for a
+    missing right child): which child is smaller follows no pattern, and a mispredicted branch a level was most of
+    a deal's time.
+
     Args:
-        heap_key: float64 (>= size,) — the heap's keys.
+        heap_key: float64 (> size,) — the heap's keys; `heap_key[size]` is overwritten.
         heap_at: int64 (>= size,) — what each entry carries, moved with its key.
         size: int — entries in the heap.
         entry: int — the entry to sift down.
     """
-    while True:
-        child = 2 * entry + 1
-        if child >= size:
-            return
-        if child + 1 < size and heap_key[child + 1] < heap_key[child]:
-            child += 1
-        if heap_key[child] >= heap_key[entry]:
-            return
-        heap_key[child], heap_key[entry] = heap_key[entry], heap_key[child]
-        heap_at[child], heap_at[entry] = heap_at[entry], heap_at[child]
+    heap_key[size] = np.inf
+    key, at = heap_key[entry], heap_at[entry]
+    child = 2 * entry + 1
+    while child < size:
+        child += heap_key[child + 1] < heap_key[child]
+        if heap_key[child] >= key:
+            break
+        heap_key[entry], heap_at[entry] = heap_key[child], heap_at[child]
         entry = child
+        child = 2 * entry + 1
+    heap_key[entry], heap_at[entry] = key, at
 
 
 @numba.njit(cache=True)
@@ -270,7 +277,7 @@ def _trim(key, length, mb_of, bounds, pad_multiple):
     tokens = np.zeros(bounds.shape[0] - 1, dtype=np.int64)
     for i in range(n):
         tokens[mb_of[i]] += length[i]
-    starts, members = _by_key(key)
+    starts, members = _by_key(key, np.arange(n))
     for _ in range(n):
         heaviest = np.argmax(tokens)
         best, best_x, best_y = tokens[heaviest], -1, -1

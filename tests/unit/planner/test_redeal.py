@@ -154,3 +154,65 @@ def test_deal_cuts_the_label_spread_of_full_rows():
                                                           batch_targets(new, s, "sample"))]
     assert cv[1] < 0.75 * cv[0], cv  # 0.36 -> 0.26 on this mix
     assert np.array_equal(deal_equal_lengths(b, s, settings).samples, new.samples)  # deterministic
+
+
+def _textbook_deal(key, value, mb_of):
+    """`_deal` written plainly: per class (widest value spread first), its samples most value first (stable),
+    each to the microbatch lowest in expected total, from a binary min-heap sifted by comparing both children
+    (the right one only if strictly smaller) and stopping at the first child not below the entry."""
+    take = list(range(len(key)))
+    classes = sorted(set(key.tolist()))
+    members = {cls: [i for i in range(len(key)) if key[i] == cls] for cls in classes}
+    mean = {cls: sum(value[i] for i in members[cls]) / len(members[cls]) for cls in classes}
+    expect = [0.0] * (int(mb_of.max()) + 1)
+    for cls in classes:
+        for i in members[cls]:
+            expect[mb_of[i]] += mean[cls]
+    spread = np.zeros(int(key.max()) + 1, dtype=np.int64)
+    for cls in classes:
+        spread[cls] = max(value[i] for i in members[cls]) - min(value[i] for i in members[cls])
+
+    def sift(heap, size, entry):
+        while 2 * entry + 1 < size:
+            child = 2 * entry + 1
+            if child + 1 < size and heap[child + 1][0] < heap[child][0]:
+                child += 1
+            if heap[child][0] >= heap[entry][0]:
+                return
+            heap[child], heap[entry] = heap[entry], heap[child]
+            entry = child
+
+    for cls in np.argsort(-spread, kind="stable").tolist():
+        group = members.get(cls, [])
+        if len(group) < 2 or spread[cls] == 0:
+            continue
+        first = sorted(group, key=lambda i: -value[i])  # stable: ties in position order
+        heap = [[expect[mb_of[i]], x] for x, i in enumerate(group) if x == 0 or mb_of[i] != mb_of[group[x - 1]]]
+        size = len(heap)
+        for e in range(size // 2 - 1, -1, -1):
+            sift(heap, size, e)
+        for src in first:
+            x = heap[0][1]
+            mb = mb_of[group[x]]
+            take[group[x]] = src
+            expect[mb] += value[src] - mean[cls]
+            if x + 1 < len(group) and mb_of[group[x + 1]] == mb:
+                heap[0] = [expect[mb], x + 1]
+            else:
+                size -= 1
+                heap[0] = heap[size]
+            sift(heap, size, 0)
+    return take
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(2, 300), st.integers(1, 6), st.integers(1, 40), st.integers(1, 9))
+def test_the_deal_follows_the_textbook_heap_ties_included(seed, n, n_classes, n_mb, top):
+    # small values and few microbatches: many equal values and equal expected totals, where a heap's tie rule shows
+    from plancc.planner.balance._redeal import _deal
+
+    rng = np.random.default_rng(seed)
+    key = rng.integers(0, n_classes, n).astype(np.int64)
+    value = rng.integers(0, top + 1, n).astype(np.int64)
+    mb_of = np.sort(rng.integers(0, n_mb, n)).astype(np.int64)
+    got = _deal(key, value, mb_of, int(mb_of.max()) + 1)
+    assert got.tolist() == _textbook_deal(key, value, mb_of)
