@@ -268,7 +268,17 @@ def _trade_rounds(window_mbs, state, rules, tables):
                         continue
                     val_a, mask_a = tables.subsets[slot_a, VAL, i], tables.subsets[slot_a, MASK, i]
                     size_a = popcount(mask_a)
-                    for j in range(start, min(start + rules.scan_limit, n_sub_b)):
+                    stop = min(start + rules.scan_limit, n_sub_b)
+                    # exact counts: most of B's table is in reach, and 99% of its candidates fail the first test below;
+                    # a loop without a branch that counts those passing it (vectorized) skips most subsets
+                    if exact:
+                        hits = 0
+                        for j in range(start, stop):
+                            gap = gap0 - 2 * (val_a - tables.subsets[slot_b, VAL, j])
+                            hits += (abs(gap) < abs(gap0)) & (popcount(tables.subsets[slot_b, MASK, j]) == size_a)
+                        if hits == 0:
+                            continue
+                    for j in range(start, stop):
                         len_b = tables.subsets[slot_b, LEN, j]
                         if len_b > high:
                             break

@@ -98,6 +98,42 @@ def test_a_pair_reaches_the_best_trade_of_its_tables(a, b, gap, slack, stretch):
     assert abs(int(state.mb_val[0] - state.mb_val[1])) == best
 
 
+
+@given(a=ROW, b=ROW, gap=st.integers(2, 60), slack=st.integers(0, 40), mode=st.sampled_from([FLATTENED, PADDED]))
+def test_an_exact_count_pair_reaches_the_best_trade_of_its_tables(a, b, gap, slack, mode):
+    """The same in the fixed-count layouts (subsets of one or two samples, equal sizes a side): the count of each
+    subset's passing candidates that skips most subsets before the search drops none. Flattened: within both rows'
+    capacities and the token gap not widened; padded: no capacity, the pair's padded cost (items x longest item)
+    not raised."""
+    state, tables = _two_microbatches(a, b, gap, slack)
+    n_a, n_b = len(a), len(b)
+    lengths, values = state.item_len.tolist(), state.item_val.tolist()
+    subs = [[c for k in (1, 2) for c in itertools.combinations(range(lo, lo + n), k)] for lo, n in ((0, n_a), (n_a, n_b))]
+    tok_a, tok_b = (int(x) for x in state.row_tok)
+    before = n_a * max(lengths[:n_a]) + n_b * max(lengths[n_a:])
+    best = gap
+    for sa, sb in itertools.product(*subs):
+        if len(sa) != len(sb):
+            continue
+        len_a, len_b = sum(lengths[i] for i in sa), sum(lengths[i] for i in sb)
+        if mode == FLATTENED:
+            new_a, new_b = tok_a - len_a + len_b, tok_b - len_b + len_a
+            if new_a > state.row_cap[0] or new_b > state.row_cap[1] or abs(new_a - new_b) > abs(tok_a - tok_b):
+                continue
+        else:
+            top_a = max([lengths[i] for i in range(n_a) if i not in sa] + [lengths[i] for i in sb])
+            top_b = max([lengths[i] for i in range(n_a, n_a + n_b) if i not in sb] + [lengths[i] for i in sa])
+            if n_a * top_a + n_b * top_b > before:
+                continue
+        best = min(best, abs(gap - 2 * (sum(values[i] for i in sa) - sum(values[i] for i in sb))))
+    if mode == PADDED:  # padded kernel rows have no capacity
+        state.row_cap[:] = 1 << 40
+    rules = Rules(pad_multiple=1, peak=1 << 40, cost_mode=mode, max_sub=2, tok_weight=0.0, square=False, rounds=1,
+                  scan_limit=1 << 20, tol=0)
+    assert _trade_rounds(np.arange(2, dtype=np.int64), state, rules, tables) == (best < gap)
+    assert abs(int(state.mb_val[0] - state.mb_val[1])) == best
+
+
 @given(near=st.lists(st.tuples(st.integers(-40, 40), st.integers(0, 2)), min_size=1, max_size=SUB_CAP),
        low=st.integers(0, 3 * SPAN), width=st.integers(0, 32))
 def test_the_lengths_bitmap_misses_no_length(near, low, width):
