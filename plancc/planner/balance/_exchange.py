@@ -270,10 +270,11 @@ def _trade_rounds(window_mbs, state, rules, tables):
                     size_a = popcount(mask_a)
                     stop = min(start + rules.scan_limit, n_sub_b)
                     # exact counts: most of B's table is in reach, and 99% of its candidates fail the first test below;
-                    # a loop without a branch that counts those passing it (vectorized) skips most subsets
+                    # a loop without a branch that counts those passing it (vectorized: its index unsigned, so numba
+                    # adds no negative-index wrap and the loads stay contiguous, not gathers) skips most subsets
                     if exact:
                         hits = 0
-                        for j in range(start, stop):
+                        for j in range(np.uint64(start), np.uint64(stop)):
                             gap = gap0 - 2 * (val_a - tables.subsets[slot_b, VAL, j])
                             hits += (abs(gap) < abs(gap0)) & (popcount(tables.subsets[slot_b, MASK, j]) == size_a)
                         if hits == 0:
