@@ -24,6 +24,7 @@ from plancc.config.settings import PlanSettings
 from plancc.core.jit import numba
 from plancc.core.plan_arrays import Batches, SampleArrays, batch_cost, row_targets
 from plancc.planner.balance import _common as common
+from plancc.planner.sort import stable_order
 
 PASSES = 16  # passes of pairings (two without a swap end it)
 SPEND = 0.22  # share of the padding the label trades saved that evening the costs may spend
@@ -102,7 +103,10 @@ def _swap_passes(bounds, length, target, pad_multiple, peak, budget, passes):
     sums = np.array([cost.sum(), (cost * cost).sum(), att.sum(), (att * att).sum()])  # S and Q of cost, attention
     idle = 0
     for p in range(passes):
-        order = np.argsort(cost, kind="mergesort")
+        if peak <= 8 * n_mb:  # costs are whole numbers up to the peak: a counting sort, the same stable order
+            order = stable_order(cost.astype(np.int64), peak + 1)
+        else:
+            order = np.argsort(cost, kind="mergesort")
         swaps = 0
         extremes = p % 2 == 0
         for q in range(n_mb // 2 if extremes else n_mb - 1):
