@@ -19,7 +19,9 @@ the in-process plan time; never one draw.
 checkout at PATH (its root or its `src/`; nothing of it lives in this project): `MultipackBatchSampler`'s packing,
 then `label_balance.balance_labels` where that checkout has it (else the plain packing, said in the output). Both are judged by plancc's metrics on their microbatches; times are in-process (plancc: `plan_epoch`;
 reference: building the sampler and its batches), wall and CPU seconds (every thread), reported as ratios
-plancc / reference per draw.
+plancc / reference per draw. `--repeats N` makes each draw's plans N times, the two sides taking turns, and takes
+each side's median time: on a shared machine one side's run can meet a stall (a draw of plancc at 1M samples took
+3.7-4.9 s from run to run, the reference's 14.0-14.3 s).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -145,7 +148,17 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> None:
+def alternating(fns, repeats: int) -> list[tuple[object, float, float]]:
+    """Each of `fns` (no-argument calls) run `repeats` times, taking turns: per call, its first result and its median
+    wall and CPU seconds (a draw's time with a passing stall of the machine, on either side, outvoted)."""
+    runs: list[list[tuple[object, float, float]]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for out, fn in zip(runs, fns, strict=True):
+            out.append(timed(fn))
+    return [(r[0][0], statistics.median(x[1] for x in r), statistics.median(x[2] for x in r)) for r in runs]
+
+
+def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str, repeats: int = 1) -> None:
     """Packed microbatches: plancc vs the reference's packing + balance_labels on the same draws."""
     import reference
 
@@ -169,10 +182,10 @@ def reference_table(sizes: list[int], seeds: list[int], mbs: int, path: str) -> 
         r: dict[str, list[float]] = {}
         for seed in seeds:
             s = sft_mix(n, seed=seed)
-            plan, t_ours, c_ours = timed(plan_epoch, s, settings, 0)
-            ours = summarize(plan.batches, s, settings)
-            (b, _), t_ref, c_ref = timed(reference.microbatches, sampler_cls, balanced, s, settings, seed)
-            ref = summarize(b, s, settings)
+            (plan, t_ours, c_ours), ((b, _), t_ref, c_ref) = alternating(
+                (partial(plan_epoch, s, settings, 0),
+                 partial(reference.microbatches, sampler_cls, balanced, s, settings, seed)), repeats)
+            ours, ref = summarize(plan.batches, s, settings), summarize(b, s, settings)
             for key, value in (("cv", ours["label_cv"]), ("cv_ref", ref["label_cv"]),
                                ("ucv", ours["update_label_cv"]), ("ucv_ref", ref["update_label_cv"]),
                                ("rows", ours["packed_rows"]), ("rows_ref", ref["packed_rows"]),
@@ -219,7 +232,7 @@ def fixed_metrics(b, s, settings: PlanSettings) -> dict[str, float]:
 
 
 def fixed_table(sizes: list[int], seeds: list[int], reference_path: str | None,
-                layouts: tuple[str, ...] = ("flattened", "padded")) -> None:
+                layouts: tuple[str, ...] = ("flattened", "padded"), repeats: int = 1) -> None:
     """Padded and flattened (mbs 4, W=8, G=4): min / median / max over data seeds of FIXED_METRICS, with the
     reference's beside them and, per metric, on how many draws plancc is at least as good."""
     import reference
@@ -241,14 +254,14 @@ def fixed_table(sizes: list[int], seeds: list[int], reference_path: str | None,
             theirs: dict[str, list[float]] = {}
             for seed in seeds:
                 s = sft_mix(n, seed=seed)
-                plan, wall, cpu = timed(plan_epoch, s, settings, 0)
-                for k, v in (*fixed_metrics(plan.batches, s, settings).items(), ("s", wall), ("cpu", cpu)):
-                    ours.setdefault(k, []).append(v)
+                fns = [partial(plan_epoch, s, settings, 0)]
                 if ref:
-                    rb, wall, cpu = timed(reference.fixed_count, ref, s.length, s.targets(settings.shift), mode, 4,
-                                          settings.world_size, settings.grad_accum, seed=settings.seed)
-                    for k, v in (*fixed_metrics(rb, s, settings).items(), ("s", wall), ("cpu", cpu)):
-                        theirs.setdefault(k, []).append(v)
+                    fns.append(partial(reference.fixed_count, ref, s.length, s.targets(settings.shift), mode, 4,
+                                       settings.world_size, settings.grad_accum, seed=settings.seed))
+                for out, (made, wall, cpu) in zip((ours, theirs), alternating(fns, repeats), strict=False):
+                    batches = made.batches if out is ours else made
+                    for k, v in (*fixed_metrics(batches, s, settings).items(), ("s", wall), ("cpu", cpu)):
+                        out.setdefault(k, []).append(v)
             print(f"| {mode} {n:,} | plancc | " + " | ".join(mmm(ours[k], f) for k, f in keys) + " |")
             if ref:
                 print("| | reference | " + " | ".join(mmm(theirs[k], f) for k, f in keys) + " |")
@@ -314,17 +327,20 @@ def main() -> None:
     ap.add_argument("--seeds", help="data seeds: min / median / max of the goals over these draws instead")
     ap.add_argument("--mbs", type=int, default=4, help="with --seeds: rows of 4096 * MBS tokens")
     ap.add_argument("--reference", metavar="PATH", help="with --seeds: an Axolotl checkout whose sampler to run beside")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="with --reference: each draw's plans made this many times, the sides taking turns; the "
+                         "median time of each side")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.fixed or args.cost:
         seeds = [int(x) for x in (args.seeds or "0,1,2,3").split(",")]
         if args.fixed:
-            fixed_table(sizes, seeds, args.reference, tuple(args.layouts.split(",")))
+            fixed_table(sizes, seeds, args.reference, tuple(args.layouts.split(",")), args.repeats)
         if args.cost:
             cost_table(sizes, seeds)
         return
     if args.seeds and args.reference:
-        reference_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs, args.reference)
+        reference_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs, args.reference, args.repeats)
         return
     if args.seeds:
         seed_table(sizes, [int(x) for x in args.seeds.split(",")], args.mbs)
