@@ -236,8 +236,8 @@ def _sift_down(heap_key, heap_at, size, entry):
     """Restore the min-heap below `entry` (ties keep the lower index on top: deterministic).
 
     The smaller child is chosen without a branch (a sentinel of infinity past the heap's end stands in for a
-    missing right child): which child is smaller follows no pattern, and a mispredicted branch a level was most of
-    a deal's time.
+    missing right child): which child is smaller follows no pattern, so a branch there is mispredicted about every
+    other level, and the sifts are most of a deal's time.
 
     Args:
         heap_key: float64 (> size,) — the heap's keys; `heap_key[size]` is overwritten.
