@@ -277,6 +277,7 @@ def rebuild_stale(pairs, n_pairs, batch_bounds, tables, item_len, item_val, max_
         if not build:
             tables.scratch[SORT, 0] = ahead
 
+
 @numba.njit(cache=True, inline="always")
 def _tops(subsets, items, slot, count, n_items, item_len):
     """Columns TOP and REST of `slot`'s first `count` subsets (padded costs): each one's longest item, and the
